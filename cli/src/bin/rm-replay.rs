@@ -1,0 +1,219 @@
+//! `rm-replay`: replay a workload trace through the Lattice engine on a virtual clock.
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use lattice_cli::{bench, replay, report};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "rm-replay",
+    version,
+    about = "Replay a workload trace (SWF or Lattice JSONL) through the Lattice scheduler on a virtual clock",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    replay: ReplayArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measure whole-process replay speed and peak memory on real traces with each policy.
+    Bench(BenchArgs),
+    /// Rewrite the bundled demo trace from its seeded generator.
+    GenerateDemo {
+        #[arg(long, default_value = "traces/library/demo-128n.swf")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Folder holding KTH-SP2-1996-2.1-cln.swf.gz and LANL-CM5-1994-4.1-cln.swf.gz.
+    #[arg(long, default_value = "../shared/traces")]
+    traces_dir: PathBuf,
+    /// Traces to run instead of the two defaults.
+    #[arg(long = "trace")]
+    traces: Vec<PathBuf>,
+    /// Runs per configuration (the best and the median are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TenantFieldArg {
+    User,
+    Group,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Trace file: SWF (`.swf`, `.swf.gz`) or Lattice JSONL (`.jsonl`). Default: the bundled demo trace.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Node inventory YAML; default: the trace's MaxProcs/MaxNodes header, one node per --procs-per-node.
+    #[arg(long = "nodes", value_name = "INVENTORY")]
+    inventory: Option<PathBuf>,
+    /// SWF processors per node (job nodes = ceil(processors / N)).
+    #[arg(long, default_value_t = 1)]
+    procs_per_node: u32,
+    /// fcfs | easy | conservative | backfill (with --depth). Default: the profile's, else easy.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Backfill depth: reservations for the top N blocked allocations (0 = no backfill, 1 = EASY).
+    #[arg(long)]
+    depth: Option<u32>,
+    /// Compatibility mode: `pyss` reproduces pyss's EASY rule by rule (with --policy easy).
+    #[arg(long)]
+    compat: Option<String>,
+    /// Weight profile YAML (validated; picks the vCluster's policy when --policy is not given).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    /// Which vCluster of the profile to use when it defines several.
+    #[arg(long)]
+    vcluster: Option<String>,
+    /// Seed recorded in the summary (every random choice derives from it).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write summary.json, jobs.csv and engine_cost.json here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Fake quorum commit latency in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    commit_latency_ms: u64,
+    /// SWF field naming the tenant.
+    #[arg(long, value_enum, default_value = "user")]
+    tenant_field: TenantFieldArg,
+    /// Map the SWF queue field to vClusters `q<N>` (default: one vCluster).
+    #[arg(long)]
+    vcluster_by_queue: bool,
+    /// Run the invariant checker on every event (always on in debug builds).
+    #[arg(long)]
+    check: bool,
+    /// Print only `jobs=N passes=N` (for scripts and the benchmark).
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Cmd::Bench(b)) => run_bench(b),
+        Some(Cmd::GenerateDemo { out }) => {
+            let text = lattice_traces::synth::generate_swf(&lattice_traces::synth::SwfGenParams::demo());
+            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
+        None => run_replay(cli.replay),
+    }
+}
+
+fn run_replay(a: ReplayArgs) -> Result<()> {
+    let opts = replay::ReplayOptions {
+        trace: a.trace,
+        inventory: a.inventory,
+        procs_per_node: a.procs_per_node,
+        policy: a.policy,
+        depth: a.depth,
+        compat: a.compat,
+        weights: a.weights,
+        vcluster: a.vcluster,
+        seed: a.seed,
+        commit_latency_ms: a.commit_latency_ms,
+        tenant_field: match a.tenant_field {
+            TenantFieldArg::User => lattice_traces::TenantField::User,
+            TenantFieldArg::Group => lattice_traces::TenantField::Group,
+        },
+        vcluster_by_queue: a.vcluster_by_queue,
+        check_invariants: a.check || cfg!(debug_assertions),
+    };
+    let prepared = replay::prepare(&opts)?;
+    if !a.quiet {
+        for p in &prepared.workload.problems {
+            eprintln!("skipped: {p}");
+        }
+        let shown = prepared.workload.problems.len() as u64;
+        let total = prepared.workload.skipped_total();
+        if total > shown {
+            eprintln!(
+                "skipped: ... {} more (counts by reason are in the summary)",
+                total - shown
+            );
+        }
+    }
+    let bar = (!a.quiet && std::io::stdout().is_terminal() && prepared.workload.jobs.len() > 20_000).then(|| {
+        let pb = indicatif::ProgressBar::new(prepared.workload.jobs.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} jobs submitted ({per_sec}, eta {eta})")
+                .expect("valid template"),
+        );
+        pb
+    });
+    let mut progress = |done: u64, _total: u64| {
+        if let Some(b) = &bar {
+            b.set_position(done);
+        }
+    };
+    let result = replay::run(&prepared, &mut progress)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if a.quiet {
+        println!("jobs={} passes={}", result.summary.jobs, result.summary.passes);
+    } else {
+        let name = a
+            .output
+            .as_ref()
+            .and_then(|d| d.file_name())
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| result.summary.policy.clone());
+        print!("{}", report::render(&name, &result));
+    }
+    if let Some(dir) = &a.output {
+        replay::write_outputs(dir, &result)?;
+        if !a.quiet {
+            println!("Wrote {}/summary.json, jobs.csv, engine_cost.json", dir.display());
+        }
+    }
+    Ok(())
+}
+
+fn run_bench(b: BenchArgs) -> Result<()> {
+    let traces = if b.traces.is_empty() {
+        bench::default_traces(&b.traces_dir)
+    } else {
+        b.traces
+    };
+    if cfg!(debug_assertions) {
+        eprintln!("warning: this is a debug build; benchmark with `cargo run --release --bin rm-replay -- bench`");
+    }
+    println!(
+        "{:<32} {:<20} {:>8} {:>10} {:>10} {:>12} {:>10}",
+        "trace", "policy", "jobs", "best s", "median s", "jobs/s", "peak MiB"
+    );
+    let rows = bench::run(&traces, b.runs, |r| {
+        println!(
+            "{:<32} {:<20} {:>8} {:>10.3} {:>10.3} {:>12} {:>10.1}",
+            r.trace,
+            r.policy,
+            r.jobs,
+            r.wall_s_min,
+            r.wall_s_median,
+            report::thousands(r.jobs_per_s as u64),
+            r.peak_rss_mib
+        );
+    })?;
+    if let Some(p) = b.json {
+        std::fs::write(&p, serde_json::to_string_pretty(&rows)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! `lattice-cli` — the command-line tools. `rm-replay` replays a workload trace through the very engine
+//! the production runtime runs, on a virtual clock ([`replay`]), prints the seed's "RM-Replay Results"
+//! block ([`report`]), writes the output contract (`summary.json`, `jobs.csv`) and measures itself
+//! ([`bench`]). The `lattice` client of the runtime arrives with the runtime issue.
+
+pub mod bench;
+pub mod replay;
+pub mod report;
+
+/// The bundled demo trace (`traces/library/demo-128n.swf`), replayed when no `--trace` is given.
+pub const DEMO_TRACE: &str = include_str!("../../traces/library/demo-128n.swf");
+pub const DEMO_TRACE_NAME: &str = "traces/library/demo-128n.swf";

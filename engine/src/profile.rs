@@ -1,0 +1,221 @@
+//! The availability profile: how many nodes of each node class are free over future time.
+//!
+//! A step function over breakpoints `times[0] = now < times[1] < ...`; segment `i` covers
+//! `[times[i], times[i+1])` and the last segment extends forever. Running allocations add their nodes back
+//! at their estimated end (start + requested walltime); reservations and backfilled starts subtract.
+//! Counting per *class* (nodes with identical capabilities) keeps EASY's count semantics exact on
+//! homogeneous machines while honouring constraints on heterogeneous ones.
+
+use crate::time::{Duration, Time};
+
+/// Nodes taken per class: `(class, count)`.
+pub type Picks = Vec<(u16, u32)>;
+
+#[derive(Clone, Debug)]
+pub struct Profile {
+    classes: usize,
+    times: Vec<Time>,
+    /// Row-major: `free[i * classes + c]`.
+    free: Vec<i64>,
+}
+
+impl Profile {
+    /// A profile starting at `now` with `free_now[c]` nodes of class `c` free.
+    pub fn new(now: Time, free_now: &[u32]) -> Profile {
+        Profile {
+            classes: free_now.len(),
+            times: vec![now],
+            free: free_now.iter().map(|&x| x as i64).collect(),
+        }
+    }
+
+    pub fn now(&self) -> Time {
+        self.times[0]
+    }
+
+    pub fn segments(&self) -> usize {
+        self.times.len()
+    }
+
+    pub fn time_of(&self, seg: usize) -> Time {
+        self.times[seg]
+    }
+
+    pub fn free_at_segment(&self, seg: usize, class: u16) -> i64 {
+        self.free[seg * self.classes + class as usize]
+    }
+
+    /// Free nodes of every class right now.
+    pub fn free_total_now(&self) -> i64 {
+        self.free[..self.classes].iter().sum()
+    }
+
+    /// Nodes come back at `t` (a running allocation's estimated end). `t` is clamped to after `now`:
+    /// nodes that are busy now cannot be free now.
+    pub fn add_release(&mut self, t: Time, counts: &[(u16, u32)]) {
+        let t = t.max(Time(self.times[0].0 + 1));
+        let last = *self.times.last().expect("profile has a first segment");
+        let from = if t > last {
+            let row = self.row(self.times.len() - 1).to_vec();
+            self.times.push(t);
+            self.free.extend_from_slice(&row);
+            self.times.len() - 1
+        } else {
+            self.breakpoint(t)
+        };
+        for i in from..self.times.len() {
+            for &(c, n) in counts {
+                self.free[i * self.classes + c as usize] += n as i64;
+            }
+        }
+    }
+
+    fn row(&self, i: usize) -> &[i64] {
+        &self.free[i * self.classes..(i + 1) * self.classes]
+    }
+
+    /// Index of the segment that starts at `t`, splitting the segment containing `t` if needed.
+    fn breakpoint(&mut self, t: Time) -> usize {
+        match self.times.binary_search(&t) {
+            Ok(i) => i,
+            Err(i) => {
+                debug_assert!(i > 0, "breakpoint before the profile start");
+                let row = self.row(i - 1).to_vec();
+                self.times.insert(i, t);
+                let at = i * self.classes;
+                self.free.splice(at..at, row);
+                i
+            }
+        }
+    }
+
+    /// Can `k` nodes from the `eligible` classes be held from segment `seg`'s start for `walltime`
+    /// (`None` = forever)? On success `picks` holds how many nodes to take from each class (greedy in
+    /// `eligible` order). On failure returns the first segment worth trying next.
+    pub fn fit(
+        &self,
+        seg: usize,
+        walltime: Option<Duration>,
+        eligible: &[u16],
+        k: u32,
+        picks: &mut Picks,
+    ) -> Result<(), usize> {
+        let start = self.times[seg];
+        let end = walltime.map_or(Time::MAX, |w| start + w);
+        picks.clear();
+        picks.extend(eligible.iter().map(|&c| (c, u32::MAX)));
+        let mut i = seg;
+        while i < self.times.len() && (i == seg || self.times[i] < end) {
+            let row = self.row(i);
+            let mut total = 0i64;
+            for p in picks.iter_mut() {
+                let f = row[p.0 as usize].max(0);
+                total += f;
+                p.1 = p.1.min(f as u32);
+            }
+            if total < k as i64 {
+                // Every window containing segment i fails.
+                return Err(i + 1);
+            }
+            i += 1;
+        }
+        let mut need = k;
+        for p in picks.iter_mut() {
+            let take = p.1.min(need);
+            p.1 = take;
+            need -= take;
+        }
+        if need > 0 {
+            return Err(seg + 1);
+        }
+        picks.retain(|p| p.1 > 0);
+        Ok(())
+    }
+
+    /// The earliest breakpoint at which `k` eligible nodes are free for `walltime`, with the picks.
+    pub fn earliest(&self, walltime: Option<Duration>, eligible: &[u16], k: u32, picks: &mut Picks) -> Option<Time> {
+        let mut seg = 0;
+        while seg < self.times.len() {
+            match self.fit(seg, walltime, eligible, k, picks) {
+                Ok(()) => return Some(self.times[seg]),
+                Err(next) => seg = next,
+            }
+        }
+        None
+    }
+
+    /// Takes `picks` out of the profile over `[start, start + walltime)`.
+    pub fn reserve(&mut self, start: Time, walltime: Option<Duration>, picks: &[(u16, u32)]) {
+        let from = self.breakpoint(start);
+        let to = match walltime {
+            Some(w) => self.breakpoint(start + w),
+            None => self.times.len(),
+        };
+        for i in from..to {
+            for &(c, n) in picks {
+                let f = &mut self.free[i * self.classes + c as usize];
+                *f -= n as i64;
+                debug_assert!(*f >= 0, "profile overcommitted");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(s: u64) -> Option<Duration> {
+        Some(Duration::from_secs(s))
+    }
+
+    #[test]
+    fn earliest_start_waits_for_releases() {
+        // 10 nodes: 2 free now, 3 back at t=10s, 5 back at t=20s.
+        let mut p = Profile::new(Time::ZERO, &[2]);
+        p.add_release(Time::from_secs(10), &[(0, 3)]);
+        p.add_release(Time::from_secs(20), &[(0, 5)]);
+        let mut picks = Vec::new();
+        assert_eq!(p.earliest(d(100), &[0], 2, &mut picks), Some(Time::ZERO));
+        assert_eq!(p.earliest(d(100), &[0], 5, &mut picks), Some(Time::from_secs(10)));
+        assert_eq!(p.earliest(d(100), &[0], 10, &mut picks), Some(Time::from_secs(20)));
+        assert_eq!(p.earliest(d(100), &[0], 11, &mut picks), None);
+        assert_eq!(picks, Vec::<(u16, u32)>::new());
+    }
+
+    #[test]
+    fn reservation_blocks_overlapping_windows_only() {
+        let mut p = Profile::new(Time::ZERO, &[4]);
+        let mut picks = Vec::new();
+        // Reserve all 4 nodes over [10, 20).
+        p.reserve(Time::from_secs(10), d(10), &[(0, 4)]);
+        // A 1-node job of 10 s fits now (ends exactly at the reservation), one of 11 s does not.
+        assert!(p.fit(0, d(10), &[0], 1, &mut picks).is_ok());
+        assert!(p.fit(0, d(11), &[0], 1, &mut picks).is_err());
+        assert_eq!(p.earliest(d(11), &[0], 1, &mut picks), Some(Time::from_secs(20)));
+        // An unbounded job can never start before the reservation ends.
+        assert_eq!(p.earliest(None, &[0], 1, &mut picks), Some(Time::from_secs(20)));
+    }
+
+    #[test]
+    fn classes_are_counted_separately() {
+        // class 0: 2 free, class 1: 3 free.
+        let p = Profile::new(Time::ZERO, &[2, 3]);
+        let mut picks = Vec::new();
+        assert!(p.fit(0, d(5), &[1], 3, &mut picks).is_ok());
+        assert_eq!(picks, vec![(1, 3)]);
+        assert!(p.fit(0, d(5), &[0], 3, &mut picks).is_err());
+        assert!(p.fit(0, d(5), &[0, 1], 4, &mut picks).is_ok());
+        assert_eq!(picks, vec![(0, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn release_before_last_breakpoint_is_inserted() {
+        let mut p = Profile::new(Time::ZERO, &[0]);
+        p.add_release(Time::from_secs(20), &[(0, 1)]);
+        p.add_release(Time::from_secs(10), &[(0, 1)]);
+        assert_eq!(p.segments(), 3);
+        assert_eq!(p.free_at_segment(1, 0), 1);
+        assert_eq!(p.free_at_segment(2, 0), 2);
+    }
+}

@@ -1,0 +1,80 @@
+//! The event queue: a min-heap ordered by (time, rank, sequence). `rank` encodes which kinds of event go
+//! first at equal times; `sequence` (insertion order) breaks the remaining ties, so the order is total and
+//! deterministic.
+
+use lattice_engine::{AllocId, EndReason, Time};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The trace job at this index arrives.
+    Arrival(usize),
+    /// The fake quorum commits an outstanding proposal.
+    Commit(AllocId),
+    /// A fake node reports the allocation ended.
+    Completion(AllocId, EndReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub time: Time,
+    pub kind: EventKind,
+}
+
+#[derive(Default)]
+pub struct EventQueue {
+    heap: BinaryHeap<Reverse<(Time, u8, u64)>>,
+    payload: Vec<Option<EventKind>>,
+    seq: u64,
+}
+
+impl EventQueue {
+    pub fn push(&mut self, time: Time, rank: u8, kind: EventKind) {
+        self.heap.push(Reverse((time, rank, self.seq)));
+        self.payload.push(Some(kind));
+        self.seq += 1;
+    }
+
+    pub fn peek_time(&self) -> Option<Time> {
+        self.heap.peek().map(|r| r.0.0)
+    }
+
+    pub fn pop(&mut self) -> Option<Event> {
+        let Reverse((time, _, seq)) = self.heap.pop()?;
+        let kind = self.payload[seq as usize].take().expect("each event is popped once");
+        Some(Event { time, kind })
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_by_time_then_rank_then_insertion() {
+        let mut q = EventQueue::default();
+        q.push(Time(5), 2, EventKind::Arrival(0));
+        q.push(Time(5), 0, EventKind::Commit(AllocId(1)));
+        q.push(Time(1), 2, EventKind::Arrival(1));
+        q.push(Time(5), 2, EventKind::Arrival(2));
+        let order: Vec<EventKind> = std::iter::from_fn(|| q.pop()).map(|e| e.kind).collect();
+        assert_eq!(
+            order,
+            vec![
+                EventKind::Arrival(1),
+                EventKind::Commit(AllocId(1)),
+                EventKind::Arrival(0),
+                EventKind::Arrival(2)
+            ]
+        );
+    }
+}

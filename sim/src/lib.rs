@@ -1,0 +1,434 @@
+//! `lattice-sim` — the discrete-event simulator that drives `lattice-engine` on a virtual clock.
+//!
+//! It plays the parts the production runtime plays with real machines: an event queue ordered by
+//! (time, kind, sequence) is the clock; fake nodes run each allocation for its trace run time and kill it
+//! at its walltime (as the node agent does); a fake quorum commits the engine's proposals after a
+//! configurable latency (default 0) and validates node ownership. Metrics follow DESIGN.md §3 exactly, and
+//! an [`InvariantChecker`] can re-check the engine after every event.
+//!
+//! Event order (DESIGN.md §3): all events of a timestamp are applied — completions (including walltime
+//! kills) and quorum commits first, then arrivals in trace order — then one scheduling pass runs. With
+//! `--compat pyss` the order is pyss's: one event at a time, submissions before terminations, and the
+//! engine's pyss policy decides whether the event triggers a pass.
+//!
+//! Not here (yet): node failures, drains, staging, energy prices and the other dynamics of the workload
+//! issue; multi-vCluster quorum conflicts.
+
+pub mod events;
+pub mod invariants;
+pub mod metrics;
+pub mod quorum;
+
+pub use invariants::InvariantChecker;
+pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};
+
+use events::{EventKind, EventQueue};
+use lattice_engine::{
+    AllocId, AllocState, Dependency, Duration, EndReason, Engine, EngineConfig, NodeSpec, Policy, TenantId, Time,
+    VClusterId,
+};
+use lattice_traces::Workload;
+use quorum::FakeQuorum;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Simulation settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub policy: Policy,
+    /// Time from a proposal to the quorum's commit.
+    pub commit_latency: Duration,
+    /// Run the invariant checker after every event and pass.
+    pub check_invariants: bool,
+    /// Recorded in the summary (no decision in this version is random; later models draw from it).
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            policy: Policy::EASY,
+            commit_latency: Duration::ZERO,
+            check_invariants: cfg!(debug_assertions),
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("engine setup: {0}")]
+    Engine(#[from] lattice_engine::EngineError),
+    #[error("invariant violated at {time}: {message}")]
+    Invariant { time: Time, message: String },
+    #[error("the pyss-compatible policy needs a commit latency of 0 (pyss starts jobs at decision time)")]
+    PyssLatency,
+}
+
+/// Everything a replay produces.
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    pub summary: Summary,
+    /// One record per replayed allocation, in trace order.
+    pub jobs: Vec<JobRecord>,
+    pub cost: EngineCost,
+    pub invariant_checks: u64,
+}
+
+// Event ranks at equal times.
+const RANK_END: u8 = 0;
+const RANK_ARRIVAL: u8 = 2;
+const PYSS_RANK_ARRIVAL: u8 = 0;
+const PYSS_RANK_END: u8 = 1;
+
+/// Replays `workload` on `nodes`. `progress(done, total)` is called now and then with arrivals processed.
+pub fn simulate(
+    workload: &Workload,
+    nodes: Vec<NodeSpec>,
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SimResult, SimError> {
+    let pyss = cfg.policy == Policy::PyssEasy;
+    if pyss && cfg.commit_latency != Duration::ZERO {
+        return Err(SimError::PyssLatency);
+    }
+    let total_nodes = nodes.len() as u32;
+    let gpus_of: Vec<u32> = nodes.iter().map(|n| n.capabilities.gpu_count).collect();
+    let mut engine = Engine::new(EngineConfig { policy: cfg.policy }, nodes)?;
+    let tenant_map: Vec<TenantId> = workload.tenants.names().iter().map(|n| engine.add_tenant(n)).collect();
+    let vc_map: Vec<VClusterId> = workload
+        .vclusters
+        .names()
+        .iter()
+        .map(|n| engine.add_vcluster(n))
+        .collect();
+    let mut quorum = FakeQuorum::new(total_nodes as usize);
+    let has_deps = workload.jobs.iter().any(|j| !j.deps.is_empty());
+    let mut checker = cfg.check_invariants.then(|| {
+        let easy_like = matches!(cfg.policy, Policy::PyssEasy) || cfg.policy == Policy::EASY;
+        InvariantChecker::new(easy_like && cfg.commit_latency == Duration::ZERO && !has_deps)
+    });
+
+    let (rank_arrival, rank_end) = if pyss {
+        (PYSS_RANK_ARRIVAL, PYSS_RANK_END)
+    } else {
+        (RANK_ARRIVAL, RANK_END)
+    };
+    let mut q = EventQueue::default();
+    for (i, j) in workload.jobs.iter().enumerate() {
+        q.push(j.submit, rank_arrival, EventKind::Arrival(i));
+    }
+    // Trace index of each engine allocation, and engine id of each trace job.
+    let mut trace_of: Vec<usize> = Vec::with_capacity(workload.jobs.len());
+    let mut alloc_of: Vec<Option<AllocId>> = vec![None; workload.jobs.len()];
+    let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut pass_ns: Vec<u64> = Vec::new();
+    // pyss: allocations by estimated end, to release their nodes in the quorum at that time.
+    let mut pyss_ends: BTreeSet<(Time, AllocId)> = BTreeSet::new();
+    let total = workload.jobs.len() as u64;
+    let mut arrived = 0u64;
+    let mut notes = workload.notes.clone();
+    let mut defaulted_runtime = 0u64;
+
+    let fail = |time: Time, message: String| SimError::Invariant { time, message };
+
+    while let Some(now) = q.peek_time() {
+        // pyss handles one event per step; otherwise all events of the timestamp form one step.
+        loop {
+            let Some(ev) = q.pop() else { break };
+            if pyss {
+                while let Some(&(t, id)) = pyss_ends.first() {
+                    if t > now {
+                        break;
+                    }
+                    pyss_ends.pop_first();
+                    quorum.release(&engine, id);
+                }
+            }
+            match ev.kind {
+                EventKind::Arrival(i) => {
+                    arrived += 1;
+                    if arrived.is_multiple_of(4096) {
+                        progress(arrived, total);
+                    }
+                    let job = &workload.jobs[i];
+                    let mut spec = job.spec.clone();
+                    spec.tenant = tenant_map[spec.tenant.index()];
+                    spec.vcluster = vc_map[spec.vcluster.index()];
+                    spec.depends_on = job
+                        .deps
+                        .iter()
+                        .filter_map(|&(d, condition)| alloc_of[d].map(|on| Dependency { on, condition }))
+                        .collect();
+                    if spec.depends_on.len() != job.deps.len() {
+                        *rejected.entry("dependency_rejected".into()).or_default() += 1;
+                        continue;
+                    }
+                    match engine.handle_submit(now, spec) {
+                        Ok(id) => {
+                            debug_assert_eq!(id.index(), trace_of.len());
+                            trace_of.push(i);
+                            alloc_of[i] = Some(id);
+                        }
+                        Err(e) => {
+                            let reason = match e {
+                                lattice_engine::SubmitError::Unsatisfiable { .. } => "unsatisfiable",
+                                lattice_engine::SubmitError::PyssConstraints => "pyss_constraints",
+                                _ => "rejected",
+                            };
+                            *rejected.entry(reason.into()).or_default() += 1;
+                        }
+                    }
+                }
+                EventKind::Commit(id) => {
+                    commit(
+                        &mut engine,
+                        &mut quorum,
+                        &mut q,
+                        workload,
+                        &trace_of,
+                        id,
+                        now,
+                        rank_end,
+                        &mut defaulted_runtime,
+                    )
+                    .map_err(|m| fail(now, m))?;
+                }
+                EventKind::Completion(id, reason) => {
+                    quorum.release(&engine, id);
+                    if let Err(e) = engine.handle_completion(now, id, reason) {
+                        return Err(fail(now, format!("completion rejected by the engine: {e}")));
+                    }
+                }
+            }
+            if let Some(c) = checker.as_mut() {
+                c.on_event(&engine, now).map_err(|m| fail(now, m))?;
+            }
+            if pyss || q.peek_time() != Some(now) {
+                break;
+            }
+        }
+        let t0 = std::time::Instant::now();
+        let stats = engine.schedule(now);
+        if stats.ran {
+            pass_ns.push(t0.elapsed().as_nanos() as u64);
+        }
+        while let Some(p) = engine.poll_proposal() {
+            let id = p.alloc;
+            quorum.propose(p);
+            if cfg.commit_latency == Duration::ZERO {
+                commit(
+                    &mut engine,
+                    &mut quorum,
+                    &mut q,
+                    workload,
+                    &trace_of,
+                    id,
+                    now,
+                    rank_end,
+                    &mut defaulted_runtime,
+                )
+                .map_err(|m| fail(now, m))?;
+                if pyss && let Some(e) = engine.allocation(id).and_then(|a| a.estimated_end()) {
+                    pyss_ends.insert((e, id));
+                }
+            } else {
+                q.push(now + cfg.commit_latency, RANK_END, EventKind::Commit(id));
+            }
+        }
+        if stats.ran
+            && let Some(c) = checker.as_mut()
+        {
+            c.after_pass(&engine, now).map_err(|m| fail(now, m))?;
+        }
+    }
+    progress(total, total);
+    if defaulted_runtime > 0 {
+        notes.push(format!(
+            "{defaulted_runtime} allocations had no run time in the trace (no `complete` event): they ran to their walltime"
+        ));
+    }
+
+    let jobs = records(&engine, workload, &trace_of, &gpus_of);
+    let mut skipped = workload.skipped.clone();
+    for (k, v) in rejected {
+        *skipped.entry(k).or_default() += v;
+    }
+    let summary = summarize(workload, &engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
+    Ok(SimResult {
+        summary,
+        jobs,
+        cost: EngineCost::from_nanos(pass_ns),
+        invariant_checks: checker.map_or(0, |c| c.checks),
+    })
+}
+
+/// The quorum decides a proposal; on commit the fake nodes start the allocation.
+#[allow(clippy::too_many_arguments)]
+fn commit(
+    engine: &mut Engine,
+    quorum: &mut FakeQuorum,
+    q: &mut EventQueue,
+    workload: &Workload,
+    trace_of: &[usize],
+    id: AllocId,
+    now: Time,
+    rank_end: u8,
+    defaulted_runtime: &mut u64,
+) -> Result<(), String> {
+    if !quorum.decide(engine, id) {
+        return engine.handle_reject(now, id).map_err(|e| e.to_string());
+    }
+    engine.handle_commit(now, id).map_err(|e| e.to_string())?;
+    let job = &workload.jobs[trace_of[id.index()]];
+    let walltime = job.spec.lifecycle.walltime();
+    let run = match (job.runtime, walltime) {
+        (Some(r), _) => Some(r),
+        (None, Some(w)) => {
+            *defaulted_runtime += 1;
+            Some(w)
+        }
+        (None, None) => None,
+    };
+    // The fake node: ends at start + run, or kills at start + walltime.
+    match (run, walltime) {
+        (Some(r), Some(w)) if r > w => q.push(
+            now + w,
+            rank_end,
+            EventKind::Completion(id, EndReason::WalltimeExceeded),
+        ),
+        (Some(r), _) => {
+            let reason = if job.exit_ok {
+                EndReason::Success
+            } else {
+                EndReason::ExitFailure
+            };
+            q.push(now + r, rank_end, EventKind::Completion(id, reason));
+        }
+        (None, _) => {} // unbounded, never ends in this trace
+    }
+    Ok(())
+}
+
+fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], gpus_of: &[u32]) -> Vec<JobRecord> {
+    engine
+        .allocations()
+        .iter()
+        .map(|a| {
+            let job = &workload.jobs[trace_of[a.id.index()]];
+            let wait = a.started.map(|s| s.since(a.submitted));
+            let bsld = match (a.started, a.ended) {
+                (Some(s), Some(e)) => Some(metrics::bounded_slowdown(s.since(a.submitted), e.since(s))),
+                _ => None,
+            };
+            JobRecord {
+                id: job.id.clone(),
+                submit_s: a.submitted.as_secs_f64(),
+                start_s: a.started.map(Time::as_secs_f64),
+                end_s: a.started.and(a.ended).map(Time::as_secs_f64),
+                nodes: a.spec.nodes.min,
+                wait_s: wait.map(Duration::as_secs_f64),
+                bsld,
+                backfilled: a.backfilled && a.started.is_some(),
+                tenant: engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
+                vcluster: engine.vcluster(a.spec.vcluster).map(|v| v.name).unwrap_or_default(),
+                state: a.state.as_str(),
+                reason: a.end_reason.map_or("", |r| r.as_str()),
+                gpus: a.nodes.iter().map(|n| gpus_of[n.index()]).sum(),
+            }
+        })
+        .collect()
+    // Allocation ids follow submission order, which is the workload's (trace) order: no sort needed.
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summarize(
+    workload: &Workload,
+    engine: &Engine,
+    cfg: &SimConfig,
+    jobs: &[JobRecord],
+    skipped: BTreeMap<String, u64>,
+    total_nodes: u32,
+    quorum: &FakeQuorum,
+    notes: Vec<String>,
+) -> Summary {
+    let first_submit = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
+    let last_end = jobs.iter().filter_map(|j| j.end_s).fold(f64::NEG_INFINITY, f64::max);
+    let (first_submit, last_end) = if jobs.is_empty() || !last_end.is_finite() {
+        (0.0, 0.0)
+    } else {
+        (first_submit, last_end)
+    };
+    let span = (last_end - first_submit).max(0.0);
+    let capacity = total_nodes as f64 * span;
+    let all = metrics::group_metrics(jobs.iter(), capacity);
+    let mut per_tenant = BTreeMap::new();
+    let mut per_vcluster = BTreeMap::new();
+    let mut tenants: BTreeSet<&str> = BTreeSet::new();
+    let mut vcs: BTreeSet<&str> = BTreeSet::new();
+    for j in jobs {
+        tenants.insert(&j.tenant);
+        vcs.insert(&j.vcluster);
+    }
+    for t in tenants {
+        per_tenant.insert(
+            t.to_string(),
+            metrics::group_metrics(jobs.iter().filter(|j| j.tenant == t), capacity),
+        );
+    }
+    for v in vcs {
+        per_vcluster.insert(
+            v.to_string(),
+            metrics::group_metrics(jobs.iter().filter(|j| j.vcluster == v), capacity),
+        );
+    }
+    let count = |s: AllocState| engine.allocations().iter().filter(|a| a.state == s).count() as u64;
+    let ended: Vec<&JobRecord> = jobs.iter().filter(|j| j.end_s.is_some()).collect();
+    let turnaround: f64 = ended.iter().map(|j| j.end_s.unwrap_or(0.0) - j.submit_s).sum();
+    Summary {
+        trace: workload.source.clone(),
+        jobs: jobs.len() as u64,
+        skipped,
+        policy: cfg.policy.to_string(),
+        seed: cfg.seed,
+        nodes: total_nodes,
+        mean_wait_s: all.mean_wait_s,
+        p50_wait_s: all.p50_wait_s,
+        p95_wait_s: all.p95_wait_s,
+        p99_wait_s: all.p99_wait_s,
+        max_wait_s: all.max_wait_s,
+        mean_bsld: all.mean_bsld,
+        p95_bsld: all.p95_bsld,
+        utilization: all.utilization,
+        makespan_s: span,
+        backfilled: all.backfilled,
+        started: all.started,
+        completed: count(AllocState::Completed),
+        failed: count(AllocState::Failed),
+        walltime_kills: engine
+            .allocations()
+            .iter()
+            .filter(|a| a.end_reason == Some(EndReason::WalltimeExceeded))
+            .count() as u64,
+        unfinished: jobs.iter().filter(|j| j.end_s.is_none()).count() as u64,
+        mean_turnaround_s: if ended.is_empty() {
+            0.0
+        } else {
+            metrics::round6(turnaround / ended.len() as f64)
+        },
+        throughput_jobs_per_h: if span > 0.0 {
+            metrics::round6(ended.len() as f64 / (span / 3600.0))
+        } else {
+            0.0
+        },
+        node_hours: all.node_hours,
+        gpu_hours: all.gpu_hours,
+        first_submit_s: first_submit,
+        last_end_s: last_end,
+        passes: engine.passes(),
+        quorum_commits: quorum.commits,
+        quorum_rejections: quorum.rejections,
+        per_tenant,
+        per_vcluster,
+        notes,
+    }
+}

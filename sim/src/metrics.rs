@@ -1,0 +1,269 @@
+//! Metrics with the exact definitions of DESIGN.md §3:
+//!
+//! - wait = start − submit; percentiles are nearest-rank (`p`-th = the `ceil(p/100·n)`-th smallest).
+//! - bounded slowdown = max(1, (wait + run) / max(run, 10 s)), over allocations that ended.
+//! - utilization = Σ(nodes × run) / (total nodes × (last end − first submit)).
+//! - makespan = last end − first submit; throughput = ended allocations per hour of makespan.
+//! - backfilled = allocations started ahead of an earlier-queued allocation that still waited.
+
+use lattice_engine::Duration;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Bounded-slowdown threshold τ.
+pub const BSLD_TAU: Duration = Duration(10_000);
+
+/// One replayed allocation (a row of `jobs.csv`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub submit_s: f64,
+    pub start_s: Option<f64>,
+    pub end_s: Option<f64>,
+    pub nodes: u32,
+    pub wait_s: Option<f64>,
+    pub bsld: Option<f64>,
+    pub backfilled: bool,
+    pub tenant: String,
+    pub vcluster: String,
+    pub state: &'static str,
+    pub reason: &'static str,
+    /// GPUs held (Σ gpu_count over its nodes).
+    pub gpus: u32,
+}
+
+impl JobRecord {
+    pub const CSV_HEADER: &'static str =
+        "id,submit_s,start_s,end_s,nodes,wait_s,bsld,backfilled,tenant,vcluster,state,reason";
+
+    pub fn csv_row(&self, out: &mut String) {
+        use std::fmt::Write;
+        let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            csv_field(&self.id),
+            self.submit_s,
+            opt(self.start_s),
+            opt(self.end_s),
+            self.nodes,
+            opt(self.wait_s),
+            opt(self.bsld.map(round6)),
+            self.backfilled,
+            csv_field(&self.tenant),
+            csv_field(&self.vcluster),
+            self.state,
+            self.reason
+        );
+    }
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Rounds to 6 decimals so printed floats stay short; deterministic.
+pub fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// Metrics of a set of allocations (the whole run, one tenant or one vCluster).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GroupMetrics {
+    pub jobs: u64,
+    pub started: u64,
+    pub mean_wait_s: f64,
+    pub p50_wait_s: f64,
+    pub p95_wait_s: f64,
+    pub p99_wait_s: f64,
+    pub max_wait_s: f64,
+    pub mean_bsld: f64,
+    pub p95_bsld: f64,
+    pub utilization: f64,
+    pub node_hours: f64,
+    pub gpu_hours: f64,
+    pub backfilled: u64,
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Computes [`GroupMetrics`] over `jobs`; `capacity_node_s` = total nodes × span, for utilization.
+pub fn group_metrics<'a>(jobs: impl Iterator<Item = &'a JobRecord>, capacity_node_s: f64) -> GroupMetrics {
+    let mut m = GroupMetrics::default();
+    let mut waits = Vec::new();
+    let mut bslds = Vec::new();
+    let mut node_s = 0.0;
+    let mut gpu_s = 0.0;
+    for j in jobs {
+        m.jobs += 1;
+        m.backfilled += j.backfilled as u64;
+        if let Some(w) = j.wait_s {
+            waits.push(w);
+        }
+        if let Some(b) = j.bsld {
+            bslds.push(b);
+        }
+        if let (Some(s), Some(e)) = (j.start_s, j.end_s) {
+            node_s += j.nodes as f64 * (e - s);
+            gpu_s += j.gpus as f64 * (e - s);
+        }
+    }
+    m.started = waits.len() as u64;
+    waits.sort_by(f64::total_cmp);
+    bslds.sort_by(f64::total_cmp);
+    if !waits.is_empty() {
+        m.mean_wait_s = round6(waits.iter().sum::<f64>() / waits.len() as f64);
+        m.p50_wait_s = percentile(&waits, 50.0);
+        m.p95_wait_s = percentile(&waits, 95.0);
+        m.p99_wait_s = percentile(&waits, 99.0);
+        m.max_wait_s = *waits.last().expect("non-empty");
+    }
+    if !bslds.is_empty() {
+        m.mean_bsld = round6(bslds.iter().sum::<f64>() / bslds.len() as f64);
+        m.p95_bsld = round6(percentile(&bslds, 95.0));
+    }
+    if capacity_node_s > 0.0 {
+        m.utilization = round6(node_s / capacity_node_s);
+    }
+    m.node_hours = round6(node_s / 3600.0);
+    m.gpu_hours = round6(gpu_s / 3600.0);
+    m
+}
+
+/// bounded slowdown = max(1, (wait + run) / max(run, τ)).
+pub fn bounded_slowdown(wait: Duration, run: Duration) -> f64 {
+    let denom = run.max(BSLD_TAU).as_secs_f64();
+    ((wait.as_secs_f64() + run.as_secs_f64()) / denom).max(1.0)
+}
+
+/// `summary.json`: the output contract of DESIGN.md §3 (keys are stable once landed).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub trace: String,
+    pub jobs: u64,
+    pub skipped: BTreeMap<String, u64>,
+    pub policy: String,
+    pub seed: u64,
+    pub nodes: u32,
+    pub mean_wait_s: f64,
+    pub p50_wait_s: f64,
+    pub p95_wait_s: f64,
+    pub p99_wait_s: f64,
+    pub max_wait_s: f64,
+    pub mean_bsld: f64,
+    pub p95_bsld: f64,
+    pub utilization: f64,
+    pub makespan_s: f64,
+    pub backfilled: u64,
+    pub started: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub walltime_kills: u64,
+    pub unfinished: u64,
+    pub mean_turnaround_s: f64,
+    pub throughput_jobs_per_h: f64,
+    pub node_hours: f64,
+    pub gpu_hours: f64,
+    pub first_submit_s: f64,
+    pub last_end_s: f64,
+    /// Scheduling passes the engine ran (cycles).
+    pub passes: u64,
+    pub quorum_commits: u64,
+    pub quorum_rejections: u64,
+    pub per_tenant: BTreeMap<String, GroupMetrics>,
+    pub per_vcluster: BTreeMap<String, GroupMetrics>,
+    pub notes: Vec<String>,
+}
+
+/// Real CPU time spent in scheduling passes: reported apart from `summary.json`, which must stay
+/// byte-identical between runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EngineCost {
+    pub passes: u64,
+    pub cycle_cpu_ms_mean: f64,
+    pub cycle_cpu_ms_p99: f64,
+    pub cycle_cpu_ms_max: f64,
+    pub engine_cpu_ms_total: f64,
+}
+
+impl EngineCost {
+    pub fn from_nanos(mut ns: Vec<u64>) -> EngineCost {
+        if ns.is_empty() {
+            return EngineCost::default();
+        }
+        ns.sort_unstable();
+        let total: u64 = ns.iter().sum();
+        let ms: Vec<f64> = ns.iter().map(|&n| n as f64 / 1e6).collect();
+        EngineCost {
+            passes: ns.len() as u64,
+            cycle_cpu_ms_mean: round6(total as f64 / 1e6 / ns.len() as f64),
+            cycle_cpu_ms_p99: round6(percentile(&ms, 99.0)),
+            cycle_cpu_ms_max: round6(*ms.last().expect("non-empty")),
+            engine_cpu_ms_total: round6(total as f64 / 1e6),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(|x| x as f64).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 95.0), 95.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 50.0), 2.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn bounded_slowdown_definition() {
+        // run 100 s, wait 100 s: (100 + 100) / 100 = 2
+        assert_eq!(
+            bounded_slowdown(Duration::from_secs(100), Duration::from_secs(100)),
+            2.0
+        );
+        // run 1 s uses τ = 10 s: (9 + 1) / 10 = 1
+        assert_eq!(bounded_slowdown(Duration::from_secs(9), Duration::from_secs(1)), 1.0);
+        // never below 1
+        assert_eq!(bounded_slowdown(Duration::ZERO, Duration::ZERO), 1.0);
+        // run 0, wait 30: 30 / 10 = 3
+        assert_eq!(bounded_slowdown(Duration::from_secs(30), Duration::ZERO), 3.0);
+    }
+
+    #[test]
+    fn csv_quotes_fields_that_need_it() {
+        let r = JobRecord {
+            id: "a,b".into(),
+            submit_s: 1.5,
+            start_s: Some(2.0),
+            end_s: None,
+            nodes: 3,
+            wait_s: Some(0.5),
+            bsld: None,
+            backfilled: true,
+            tenant: "t".into(),
+            vcluster: "v".into(),
+            state: "running",
+            reason: "",
+            gpus: 0,
+        };
+        let mut s = String::new();
+        r.csv_row(&mut s);
+        assert_eq!(s, "\"a,b\",1.5,2,,3,0.5,,true,t,v,running,\n");
+    }
+}

@@ -1,0 +1,167 @@
+//! Node inventory YAML: a list of node entries, each optionally repeated `count` times.
+//!
+//! ```yaml
+//! nodes:
+//!   - prefix: gh          # names gh0000..gh0063 (or `name:` for a single node)
+//!     count: 64
+//!     gpu_type: GH200
+//!     gpu_count: 4
+//!     cpu_cores: 72
+//!     memory_gb: 512
+//!     features: [nvme_scratch]
+//!     group: 0            # dragonfly group
+//!     conformance: fw-2026-03   # any string; equal strings = one conformance group
+//!     vcluster: ml-training     # home vCluster (optional)
+//!     state: ready              # initial state (default ready)
+//! ```
+
+use crate::error::TraceError;
+use lattice_engine::{ConformanceFingerprint, GroupId, NodeCapabilities, NodeSpec, NodeState, Registry, VClusterId};
+use serde::Deserialize;
+use std::path::Path;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InventoryIn {
+    nodes: Vec<EntryIn>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryIn {
+    name: Option<String>,
+    prefix: Option<String>,
+    #[serde(default = "one")]
+    count: u32,
+    gpu_type: Option<String>,
+    #[serde(default)]
+    gpu_count: u32,
+    #[serde(default)]
+    cpu_cores: u32,
+    #[serde(default)]
+    memory_gb: u32,
+    #[serde(default)]
+    features: Vec<String>,
+    #[serde(default)]
+    group: u32,
+    #[serde(default)]
+    conformance: String,
+    vcluster: Option<String>,
+    #[serde(default = "ready")]
+    state: NodeState,
+}
+
+fn one() -> u32 {
+    1
+}
+fn ready() -> NodeState {
+    NodeState::Ready
+}
+
+/// A parsed inventory: node specs in id order and the vCluster names they reference.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    pub nodes: Vec<NodeSpec>,
+    pub vclusters: Registry,
+}
+
+pub fn read_inventory(path: &Path) -> Result<Inventory, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TraceError::io(path, e))?;
+    parse_inventory(&path.display().to_string(), &text)
+}
+
+pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> {
+    let err = |message: String| TraceError::Config {
+        file: file.to_string(),
+        message,
+    };
+    let inv: InventoryIn = yaml_serde::from_str(text).map_err(|e| err(e.to_string()))?;
+    let mut out = Inventory::default();
+    let mut names = std::collections::BTreeSet::new();
+    for (i, e) in inv.nodes.into_iter().enumerate() {
+        let at = format!("nodes[{i}]");
+        if e.count == 0 {
+            return Err(err(format!("{at}.count: must be at least 1")));
+        }
+        let home = e.vcluster.as_deref().map(|v| VClusterId(out.vclusters.intern(v)));
+        let caps = NodeCapabilities {
+            gpu_type: e.gpu_type.clone(),
+            gpu_count: e.gpu_count,
+            cpu_cores: e.cpu_cores,
+            memory_gb: e.memory_gb,
+            features: e.features.iter().cloned().collect(),
+        };
+        for k in 0..e.count {
+            let name = match (&e.name, &e.prefix) {
+                (Some(n), None) if e.count == 1 => n.clone(),
+                (Some(_), None) => return Err(err(format!("{at}: `name` names one node; use `prefix` with count"))),
+                (None, Some(p)) => format!("{p}{k:04}"),
+                (None, None) => format!("node{:05}", out.nodes.len()),
+                (Some(_), Some(_)) => return Err(err(format!("{at}: give `name` or `prefix`, not both"))),
+            };
+            if !names.insert(name.clone()) {
+                return Err(err(format!("{at}: duplicate node name `{name}`")));
+            }
+            out.nodes.push(NodeSpec {
+                name,
+                capabilities: caps.clone(),
+                group: GroupId(e.group),
+                conformance: ConformanceFingerprint(fnv1a(e.conformance.as_bytes())),
+                home_vcluster: home,
+                state: e.state,
+            });
+        }
+    }
+    if out.nodes.is_empty() {
+        return Err(err("the inventory has no nodes".into()));
+    }
+    Ok(out)
+}
+
+/// `n` identical ready CPU nodes (SWF replays without an inventory).
+pub fn homogeneous(n: u32) -> Inventory {
+    Inventory {
+        nodes: (0..n).map(|i| NodeSpec::plain(format!("n{i:05}"))).collect(),
+        vclusters: Registry::default(),
+    }
+}
+
+/// FNV-1a: a stable (platform- and run-independent) hash for conformance strings.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_entries() {
+        let y = "nodes:\n  - prefix: gh\n    count: 3\n    gpu_type: GH200\n    gpu_count: 4\n    features: [nvme_scratch]\n    group: 1\n    conformance: a\n    vcluster: ml\n  - name: login\n    state: drained\n";
+        let inv = parse_inventory("inv.yaml", y).unwrap();
+        assert_eq!(inv.nodes.len(), 4);
+        assert_eq!(inv.nodes[2].name, "gh0002");
+        assert_eq!(inv.nodes[0].capabilities.gpu_count, 4);
+        assert_eq!(inv.nodes[0].group, GroupId(1));
+        assert_eq!(inv.nodes[0].home_vcluster, Some(VClusterId(0)));
+        assert_eq!(inv.nodes[0].conformance, inv.nodes[1].conformance);
+        assert_ne!(inv.nodes[0].conformance, inv.nodes[3].conformance);
+        assert_eq!(inv.nodes[3].state, NodeState::Drained);
+    }
+
+    #[test]
+    fn errors_name_file_and_key() {
+        let e = parse_inventory("inv.yaml", "nodes:\n  - prefix: a\n    gpus: 4\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("inv.yaml:") && e.contains("gpus"), "{e}");
+        let e = parse_inventory("inv.yaml", "nodes:\n  - name: a\n  - name: a\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicate node name `a`"), "{e}");
+        let e = parse_inventory("inv.yaml", "nodes: []\n").unwrap_err().to_string();
+        assert!(e.contains("no nodes"), "{e}");
+    }
+}

@@ -1,0 +1,525 @@
+//! The JSONL event log (book: "Using RM-Replay", step 1), one event per line:
+//!
+//! ```text
+//! {"ts": "2026-03-01T00:00:01Z", "type": "submit", "alloc": {"id": "abc-123", "nodes": 64, "gpu_type": "GH200", "walltime": "72h", "tenant": "physics", "priority": 4}}
+//! {"ts": "2026-03-01T00:00:05Z", "type": "complete", "alloc_id": "abc-123", "duration": "68h", "exit": 0}
+//! ```
+//!
+//! `ts` is RFC 3339 or a number of seconds; virtual time 0 is the earliest `ts` of the file. The `submit`
+//! payload takes the scheduling-relevant fields of the Intent API request; unknown fields and unknown
+//! event types are errors naming the line. Bad lines are skipped and counted, never fatal.
+
+use crate::duration::parse_duration;
+use crate::error::{Problem, TraceError};
+use crate::workload::{TraceJob, Workload};
+use lattice_engine::{
+    AllocSpec, CheckpointKind, CheckpointSpec, Constraints, DependencyCondition, Duration, Lifecycle, NodeRange,
+    PreemptionClass, ProjectId, TenantId, Time, VClusterId,
+};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Event types this version reads.
+pub const EVENT_TYPES: &[&str] = &["submit", "complete"];
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Ts {
+    Secs(f64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DurationValue {
+    Secs(f64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Nodes {
+    Exact(u32),
+    Range { min: u32, max: u32 },
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConstraintsIn {
+    gpu_type: Option<String>,
+    gpu_count: Option<u32>,
+    cpu_cores: Option<u32>,
+    memory_gb: Option<u32>,
+    #[serde(default)]
+    features: Vec<String>,
+    /// Scheduler hint ("tight"): accepted, used by topology-aware placement later.
+    #[allow(dead_code)]
+    topology: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LifecycleIn {
+    #[serde(rename = "type")]
+    kind: String,
+    walltime: Option<DurationValue>,
+    min_nodes: Option<u32>,
+    max_nodes: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointIn {
+    strategy: String,
+    estimated_minutes: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DependsIn {
+    #[serde(rename = "ref")]
+    reference: String,
+    #[serde(default = "default_condition")]
+    condition: String,
+}
+
+fn default_condition() -> String {
+    "success".into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitIn {
+    id: Option<String>,
+    tenant: Option<String>,
+    project: Option<String>,
+    vcluster: Option<String>,
+    nodes: Nodes,
+    gpu_type: Option<String>,
+    constraints: Option<ConstraintsIn>,
+    walltime: Option<DurationValue>,
+    lifecycle: Option<LifecycleIn>,
+    /// Priority class 0-10 (the seed's example calls it `priority`).
+    #[serde(alias = "priority")]
+    preemption_class: Option<u8>,
+    checkpoint: Option<CheckpointIn>,
+    #[serde(default)]
+    depends_on: Vec<DependsIn>,
+    /// Actual run time, when the trace carries it on the submit instead of a `complete` event.
+    duration: Option<DurationValue>,
+}
+
+#[derive(Deserialize)]
+struct EventHead {
+    ts: Ts,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    alloc: SubmitIn,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    alloc_id: String,
+    duration: DurationValue,
+    #[serde(default)]
+    exit: i64,
+}
+
+/// Reads a JSONL trace file (plain or `.gz`).
+pub fn read_jsonl(path: &Path) -> Result<Workload, TraceError> {
+    let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
+    let text = crate::swf::decode(&bytes).map_err(|e| TraceError::io(path, e))?;
+    Ok(parse_jsonl(&path.display().to_string(), &text))
+}
+
+struct Pending {
+    ts_ms: i64,
+    line: u64,
+    job: TraceJob,
+    deps: Vec<(String, DependencyCondition)>,
+}
+
+/// Parses JSONL text. Never fails: bad lines are skipped and counted by reason with their line number.
+pub fn parse_jsonl(file: &str, text: &str) -> Workload {
+    let mut w = Workload {
+        source: file.to_string(),
+        ..Workload::default()
+    };
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut by_id: BTreeMap<String, usize> = BTreeMap::new();
+    let mut completions: Vec<(u64, CompleteEvent)> = Vec::new();
+    for (ln, line) in text.lines().enumerate() {
+        let line_no = ln as u64 + 1;
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let problem = |field: Option<&str>, reason: &str, message: String| Problem {
+            file: file.to_string(),
+            line: line_no,
+            field: field.map(str::to_string),
+            reason: reason.to_string(),
+            message,
+        };
+        let head: EventHead = match serde_json::from_str(t) {
+            Ok(h) => h,
+            Err(e) => {
+                w.skip(problem(None, "invalid_json", format!("not a trace event: {e}")));
+                continue;
+            }
+        };
+        let ts_ms = match ts_millis(&head.ts) {
+            Ok(v) => v,
+            Err(m) => {
+                w.skip(problem(Some("ts"), "invalid_field", m));
+                continue;
+            }
+        };
+        match head.kind.as_str() {
+            "submit" => {
+                let ev: SubmitEvent = match serde_json::from_str(t) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string()));
+                        continue;
+                    }
+                };
+                match submit_job(&mut w, ev.alloc, line_no) {
+                    Ok((job, deps)) => {
+                        if by_id.insert(job.id.clone(), pending.len()).is_some() {
+                            w.skip(problem(
+                                Some("alloc.id"),
+                                "duplicate_id",
+                                format!("id `{}` already submitted", job.id),
+                            ));
+                            continue;
+                        }
+                        pending.push(Pending {
+                            ts_ms,
+                            line: line_no,
+                            job,
+                            deps,
+                        });
+                    }
+                    Err((field, msg)) => w.skip(problem(Some(&field), "invalid_field", msg)),
+                }
+            }
+            "complete" => match serde_json::from_str::<CompleteEvent>(t) {
+                Ok(e) => completions.push((line_no, e)),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            other => w.skip(problem(
+                Some("type"),
+                "unknown_event_type",
+                format!("unknown event type `{other}` (known: {})", EVENT_TYPES.join(", ")),
+            )),
+        }
+    }
+    for (line, c) in completions {
+        let Some(&i) = by_id.get(&c.alloc_id) else {
+            w.skip(Problem {
+                file: file.to_string(),
+                line,
+                field: Some("alloc_id".into()),
+                reason: "unknown_alloc".into(),
+                message: format!("complete for `{}`, which was never submitted", c.alloc_id),
+            });
+            continue;
+        };
+        match duration_value(&c.duration) {
+            Ok(d) => {
+                pending[i].job.runtime = Some(d);
+                pending[i].job.exit_ok = c.exit == 0;
+            }
+            Err(m) => w.skip(Problem {
+                file: file.to_string(),
+                line,
+                field: Some("duration".into()),
+                reason: "invalid_field".into(),
+                message: m,
+            }),
+        }
+    }
+    let epoch = pending.iter().map(|p| p.ts_ms).min().unwrap_or(0);
+    // Submit order: by ts, then line.
+    pending.sort_by_key(|p| (p.ts_ms, p.line));
+    let index: BTreeMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.job.id.clone(), i)).collect();
+    let mut dropped: BTreeSet<usize> = BTreeSet::new();
+    let mut jobs: Vec<TraceJob> = Vec::with_capacity(pending.len());
+    let mut new_index = vec![usize::MAX; pending.len()];
+    for (i, mut p) in pending.into_iter().enumerate() {
+        p.job.submit = Time((p.ts_ms - epoch) as u64);
+        let mut ok = true;
+        for (r, cond) in &p.deps {
+            match index.get(r) {
+                Some(&j) if j < i && !dropped.contains(&j) => p.job.deps.push((new_index[j], *cond)),
+                _ => {
+                    w.skip(Problem {
+                        file: file.to_string(),
+                        line: p.line,
+                        field: Some("alloc.depends_on".into()),
+                        reason: "unknown_dependency".into(),
+                        message: format!("depends on `{r}`, which is not submitted earlier in the trace"),
+                    });
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            new_index[i] = jobs.len();
+            jobs.push(p.job);
+        } else {
+            dropped.insert(i);
+        }
+    }
+    w.jobs = jobs;
+    w
+}
+
+type Deps = Vec<(String, DependencyCondition)>;
+
+fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Deps), (String, String)> {
+    let f = |name: &str, m: String| (format!("alloc.{name}"), m);
+    let nodes = match a.nodes {
+        Nodes::Exact(n) => NodeRange::exact(n),
+        Nodes::Range { min, max } => NodeRange { min, max },
+    };
+    if nodes.min == 0 || nodes.min > nodes.max {
+        return Err(f(
+            "nodes",
+            format!("need 1 <= min <= max, got {}..{}", nodes.min, nodes.max),
+        ));
+    }
+    let mut constraints = Constraints::default();
+    if let Some(c) = a.constraints {
+        constraints = Constraints {
+            gpu_type: c.gpu_type,
+            gpu_count: c.gpu_count,
+            cpu_cores: c.cpu_cores,
+            memory_gb: c.memory_gb,
+            features: c.features.into_iter().collect(),
+        };
+    }
+    if let Some(g) = a.gpu_type {
+        constraints.gpu_type = Some(g);
+    }
+    let walltime = a
+        .walltime
+        .as_ref()
+        .map(duration_value)
+        .transpose()
+        .map_err(|m| f("walltime", m))?;
+    let lifecycle = match a.lifecycle {
+        None => match walltime {
+            Some(w) => Lifecycle::Bounded { walltime: w },
+            None => return Err(f("walltime", "a bounded allocation needs a walltime".into())),
+        },
+        Some(l) => {
+            let lw = l
+                .walltime
+                .as_ref()
+                .map(duration_value)
+                .transpose()
+                .map_err(|m| f("lifecycle.walltime", m))?;
+            match l.kind.as_str() {
+                "bounded" => match lw.or(walltime) {
+                    Some(w) => Lifecycle::Bounded { walltime: w },
+                    None => return Err(f("lifecycle.walltime", "a bounded allocation needs a walltime".into())),
+                },
+                "unbounded" => Lifecycle::Unbounded,
+                "reactive" => Lifecycle::Reactive {
+                    min_nodes: l.min_nodes.unwrap_or(nodes.min),
+                    max_nodes: l.max_nodes.unwrap_or(nodes.max),
+                },
+                other => {
+                    return Err(f(
+                        "lifecycle.type",
+                        format!("`{other}` is not one of bounded, unbounded, reactive"),
+                    ));
+                }
+            }
+        }
+    };
+    let preemption_class = match a.preemption_class {
+        None => PreemptionClass::default(),
+        Some(c) => PreemptionClass::new(c).ok_or_else(|| f("preemption_class", format!("{c} is not in 0..=10")))?,
+    };
+    let checkpoint = match a.checkpoint {
+        None => CheckpointSpec::default(),
+        Some(c) => CheckpointSpec {
+            kind: match c.strategy.as_str() {
+                "auto" => CheckpointKind::Auto,
+                "manual" => CheckpointKind::Manual,
+                "none" => CheckpointKind::None,
+                o => {
+                    return Err(f(
+                        "checkpoint.strategy",
+                        format!("`{o}` is not one of auto, manual, none"),
+                    ));
+                }
+            },
+            estimated_minutes: c.estimated_minutes,
+        },
+    };
+    let mut deps = Vec::new();
+    for d in a.depends_on {
+        let cond = match d.condition.as_str() {
+            "success" => DependencyCondition::Success,
+            "failure" => DependencyCondition::Failure,
+            "any" => DependencyCondition::Any,
+            o => {
+                return Err(f(
+                    "depends_on.condition",
+                    format!("`{o}` is not one of success, failure, any"),
+                ));
+            }
+        };
+        deps.push((d.reference, cond));
+    }
+    let runtime = a
+        .duration
+        .as_ref()
+        .map(duration_value)
+        .transpose()
+        .map_err(|m| f("duration", m))?;
+    let tenant = w.tenants.intern(a.tenant.as_deref().unwrap_or("default"));
+    let project = w.projects.intern(a.project.as_deref().unwrap_or("default"));
+    let vcluster = w.vclusters.intern(a.vcluster.as_deref().unwrap_or("default"));
+    let spec = AllocSpec {
+        tenant: TenantId(tenant),
+        project: ProjectId(project),
+        vcluster: VClusterId(vcluster),
+        nodes,
+        constraints,
+        lifecycle,
+        preemption_class,
+        checkpoint,
+        depends_on: Vec::new(),
+        task_group: None,
+    };
+    Ok((
+        TraceJob {
+            id: a.id.unwrap_or_else(|| format!("line-{line}")),
+            submit: Time::ZERO,
+            runtime,
+            exit_ok: true,
+            spec,
+            deps: Vec::new(),
+            line,
+        },
+        deps,
+    ))
+}
+
+fn ts_millis(ts: &Ts) -> Result<i64, String> {
+    match ts {
+        Ts::Secs(s) if s.is_finite() && *s >= 0.0 => Ok((s * 1000.0).round() as i64),
+        Ts::Secs(s) => Err(format!("timestamp {s} must be a non-negative number of seconds")),
+        Ts::Text(t) => {
+            let st = humantime::parse_rfc3339_weak(t).map_err(|e| format!("`{t}` is not an RFC 3339 time: {e}"))?;
+            let d = st
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| format!("`{t}` is before 1970"))?;
+            Ok(d.as_millis() as i64)
+        }
+    }
+}
+
+fn duration_value(d: &DurationValue) -> Result<Duration, String> {
+    match d {
+        DurationValue::Secs(s) if s.is_finite() && *s >= 0.0 => Ok(Duration((s * 1000.0).round() as u64)),
+        DurationValue::Secs(s) => Err(format!("duration {s} must be a non-negative number of seconds")),
+        DurationValue::Text(t) => parse_duration(t),
+    }
+}
+
+/// The field serde complained about, when its message names one.
+fn field_of(e: &serde_json::Error) -> Option<String> {
+    let m = e.to_string();
+    let start = m.find('`')? + 1;
+    let end = start + m[start..].find('`')?;
+    Some(m[start..end].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_example_parses() {
+        let text = r#"{"ts": "2026-03-01T00:00:01Z", "type": "submit", "alloc": {"id": "abc-123", "nodes": 64, "gpu_type": "GH200", "walltime": "72h", "tenant": "physics", "priority": 4}}
+{"ts": "2026-03-01T00:00:05Z", "type": "complete", "alloc_id": "abc-123", "duration": "68h", "exit": 0}
+{"ts": "2026-03-01T00:01:01Z", "type": "submit", "alloc": {"id": "b", "nodes": {"min": 2, "max": 4}, "walltime": "01:00:00", "depends_on": [{"ref": "abc-123", "condition": "any"}]}}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert!(w.problems.is_empty(), "{:?}", w.problems);
+        assert_eq!(w.jobs.len(), 2);
+        let a = &w.jobs[0];
+        assert_eq!(a.submit, Time::ZERO);
+        assert_eq!(a.runtime, Some(Duration::from_hours(68)));
+        assert_eq!(a.spec.constraints.gpu_type.as_deref(), Some("GH200"));
+        assert_eq!(a.spec.preemption_class.get(), 4);
+        assert_eq!(w.tenants.get(a.spec.tenant.0), Some("physics"));
+        let b = &w.jobs[1];
+        assert_eq!(b.submit, Time::from_secs(60));
+        assert_eq!(b.spec.nodes, NodeRange { min: 2, max: 4 });
+        assert_eq!(b.deps, vec![(0, DependencyCondition::Any)]);
+        assert_eq!(b.runtime, None);
+    }
+
+    #[test]
+    fn bad_lines_are_skipped_with_line_and_field() {
+        let text = r#"{"ts": 0, "type": "submit", "alloc": {"nodes": 1, "walltime": "1h", "colour": "red"}}
+{"ts": 1, "type": "node_explode", "node": 3}
+not json
+{"ts": 2, "type": "submit", "alloc": {"nodes": 1, "walltime": "1x"}}
+{"ts": 3, "type": "submit", "alloc": {"nodes": 1, "walltime": "1h", "preemption_class": 11}}
+{"ts": 4, "type": "complete", "alloc_id": "nope", "duration": 5}
+{"ts": 5, "type": "submit", "alloc": {"id": "ok", "nodes": 1, "walltime": 60}}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert_eq!(w.jobs.len(), 1);
+        assert_eq!(w.jobs[0].submit, Time::ZERO, "time 0 is the first valid submit");
+        assert_eq!(w.skipped.get("invalid_field"), Some(&3));
+        assert_eq!(w.skipped.get("unknown_event_type"), Some(&1));
+        assert_eq!(w.skipped.get("invalid_json"), Some(&1));
+        assert_eq!(w.skipped.get("unknown_alloc"), Some(&1));
+        let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();
+        assert_eq!(p(1).field.as_deref(), Some("colour"));
+        assert!(
+            p(2).to_string().contains("unknown event type `node_explode`"),
+            "{}",
+            p(2)
+        );
+        assert_eq!(p(4).field.as_deref(), Some("alloc.walltime"));
+        assert_eq!(p(5).field.as_deref(), Some("alloc.preemption_class"));
+    }
+
+    #[test]
+    fn dependency_on_unknown_or_later_job_is_reported() {
+        let text = r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "nodes": 1, "walltime": 60, "depends_on": [{"ref": "b"}]}}
+{"ts": 1, "type": "submit", "alloc": {"id": "b", "nodes": 1, "walltime": 60}}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert_eq!(w.jobs.len(), 1);
+        assert_eq!(w.skipped.get("unknown_dependency"), Some(&1));
+    }
+}

@@ -1,0 +1,39 @@
+//! `lattice-traces` — the trace formats Lattice reads and writes.
+//!
+//! - [`swf`]: Standard Workload Format import (Parallel Workloads Archive), gzip-transparent, every skipped
+//!   line counted by reason with file:line:field.
+//! - [`jsonl`]: the JSONL event log of the book ("Using RM-Replay"): `submit`, `complete`.
+//! - [`inventory`]: node inventory YAML; [`profile`]: weight profiles and vCluster config YAML.
+//! - [`synth`]: seeded synthetic generators; the bundled demo trace lives in `traces/library/`.
+//!
+//! Everything produces a [`Workload`]: jobs in submission order, the names they use, and what was skipped.
+//! Importers never panic on bad input and never drop a line silently.
+
+pub mod duration;
+pub mod error;
+pub mod inventory;
+pub mod jsonl;
+pub mod profile;
+pub mod swf;
+pub mod synth;
+pub mod workload;
+
+pub use duration::parse_duration;
+pub use error::{Problem, TraceError};
+pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory};
+pub use jsonl::{parse_jsonl, read_jsonl};
+pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, read_profile};
+pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
+pub use workload::{TraceJob, Workload};
+
+use std::path::Path;
+
+/// Reads a trace by its extension: `.jsonl`/`.jsonl.gz` as the event log, anything else as SWF.
+pub fn read_trace(path: &Path, swf: &SwfOptions) -> Result<Workload, TraceError> {
+    let name = path.to_string_lossy();
+    if name.ends_with(".jsonl") || name.ends_with(".jsonl.gz") {
+        read_jsonl(path)
+    } else {
+        read_swf(path, swf)
+    }
+}

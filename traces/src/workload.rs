@@ -1,0 +1,89 @@
+//! The replayable workload every importer produces: jobs in submission order plus the names they use and
+//! an account of everything skipped.
+
+use crate::error::Problem;
+use lattice_engine::{AllocSpec, DependencyCondition, Duration, Registry, Time};
+use std::collections::BTreeMap;
+
+/// At most this many problems are kept per reason (all are counted).
+pub const PROBLEMS_KEPT_PER_REASON: usize = 20;
+
+/// One job of a trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceJob {
+    /// The trace's own job id (SWF field 1, the JSONL `id`).
+    pub id: String,
+    pub submit: Time,
+    /// Actual run time from the trace; `None` = runs until its walltime (or forever when unbounded).
+    pub runtime: Option<Duration>,
+    /// Exit status 0 (a non-zero exit ends the allocation `Failed`).
+    pub exit_ok: bool,
+    /// The request; `tenant`/`project`/`vcluster` index this workload's registries, `depends_on` is empty
+    /// (see `deps`).
+    pub spec: AllocSpec,
+    /// Dependencies as indices into `Workload::jobs` (always earlier jobs).
+    pub deps: Vec<(usize, DependencyCondition)>,
+    /// Line of the trace it came from.
+    pub line: u64,
+}
+
+/// A parsed trace.
+#[derive(Clone, Debug, Default)]
+pub struct Workload {
+    /// Where it came from (file name).
+    pub source: String,
+    pub jobs: Vec<TraceJob>,
+    pub tenants: Registry,
+    pub projects: Registry,
+    pub vclusters: Registry,
+    /// Cluster size the trace declares (SWF `MaxProcs`/`MaxNodes` header, in nodes).
+    pub cluster_nodes: Option<u32>,
+    /// Skipped lines/jobs by reason.
+    pub skipped: BTreeMap<String, u64>,
+    /// The first problems per reason, with file, line and field.
+    pub problems: Vec<Problem>,
+    /// Notes that change nothing but are worth telling (e.g. "trace was not sorted by submit time").
+    pub notes: Vec<String>,
+}
+
+impl Workload {
+    pub fn skipped_total(&self) -> u64 {
+        self.skipped.values().sum()
+    }
+
+    /// Counts a skipped line and keeps its problem if fewer than [`PROBLEMS_KEPT_PER_REASON`] are kept.
+    pub fn skip(&mut self, problem: Problem) {
+        let n = self.skipped.entry(problem.reason.clone()).or_insert(0);
+        *n += 1;
+        if *n as usize <= PROBLEMS_KEPT_PER_REASON {
+            self.problems.push(problem);
+        }
+    }
+
+    /// Sorts jobs by submit time (stable: trace order breaks ties) and notes it if they were out of order.
+    /// Dependencies are remapped.
+    pub(crate) fn sort_by_submit(&mut self) {
+        if self.jobs.is_sorted_by_key(|j| j.submit) {
+            return;
+        }
+        let mut order: Vec<usize> = (0..self.jobs.len()).collect();
+        order.sort_by_key(|&i| self.jobs[i].submit);
+        let mut new_index = vec![0; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            new_index[old] = new;
+        }
+        let mut jobs: Vec<Option<TraceJob>> = std::mem::take(&mut self.jobs).into_iter().map(Some).collect();
+        self.jobs = order
+            .iter()
+            .map(|&i| jobs[i].take().expect("each index once"))
+            .collect();
+        for j in &mut self.jobs {
+            for d in &mut j.deps {
+                d.0 = new_index[d.0];
+            }
+        }
+        self.notes.push(
+            "trace was not sorted by submit time: jobs were replayed in submit order (ties keep trace order)".into(),
+        );
+    }
+}
