@@ -116,6 +116,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         policy,
         commit_latency: lattice_engine::Duration(o.commit_latency_ms),
         check_invariants: o.check_invariants,
+        check_all_promises: false,
         seed: o.seed,
     };
     Ok(Prepared {

@@ -39,6 +39,9 @@ pub struct SimConfig {
     pub commit_latency: Duration,
     /// Run the invariant checker after every event and pass.
     pub check_invariants: bool,
+    /// Also check that reservations never move later, for every policy. (Always checked for EASY-style
+    /// policies when the checker runs; for deeper backfill it only holds when run times equal walltimes.)
+    pub check_all_promises: bool,
     /// Recorded in the summary (no decision in this version is random; later models draw from it).
     pub seed: u64,
 }
@@ -49,6 +52,7 @@ impl Default for SimConfig {
             policy: Policy::EASY,
             commit_latency: Duration::ZERO,
             check_invariants: cfg!(debug_assertions),
+            check_all_promises: false,
             seed: 0,
         }
     }
@@ -105,7 +109,9 @@ pub fn simulate(
     let has_deps = workload.jobs.iter().any(|j| !j.deps.is_empty());
     let mut checker = cfg.check_invariants.then(|| {
         let easy_like = matches!(cfg.policy, Policy::PyssEasy) || cfg.policy == Policy::EASY;
-        InvariantChecker::new(easy_like && cfg.commit_latency == Duration::ZERO && !has_deps)
+        InvariantChecker::new(
+            cfg.check_all_promises || (easy_like && cfg.commit_latency == Duration::ZERO && !has_deps),
+        )
     });
 
     let (rank_arrival, rank_end) = if pyss {

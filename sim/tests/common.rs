@@ -1,0 +1,59 @@
+//! Shared helpers: build small workloads by hand and read back start times.
+#![allow(dead_code)]
+
+use lattice_engine::{AllocSpec, Duration, NodeSpec, Policy, ProjectId, TenantId, Time, VClusterId};
+use lattice_sim::{SimConfig, SimResult, simulate};
+use lattice_traces::{TraceJob, Workload};
+
+/// A job: id, submit (s), nodes, requested walltime (s), actual run time (s).
+pub fn job(id: &str, submit_s: u64, nodes: u32, req_s: u64, run_s: u64) -> TraceJob {
+    let mut spec = AllocSpec::simple(TenantId(0), VClusterId(0), nodes, Duration::from_secs(req_s));
+    spec.project = ProjectId(0);
+    TraceJob {
+        id: id.to_string(),
+        submit: Time::from_secs(submit_s),
+        runtime: Some(Duration::from_secs(run_s)),
+        exit_ok: true,
+        spec,
+        deps: Vec::new(),
+        line: 0,
+    }
+}
+
+pub fn workload(jobs: Vec<TraceJob>) -> Workload {
+    let mut w = Workload {
+        source: "scenario".into(),
+        jobs,
+        ..Workload::default()
+    };
+    w.tenants.intern("t");
+    w.projects.intern("default");
+    w.vclusters.intern("default");
+    w
+}
+
+pub fn nodes(n: u32) -> Vec<NodeSpec> {
+    (0..n).map(|i| NodeSpec::plain(format!("n{i}"))).collect()
+}
+
+pub fn run(w: &Workload, n: u32, policy: Policy) -> SimResult {
+    let cfg = SimConfig {
+        policy,
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    simulate(w, nodes(n), &cfg, &mut |_, _| {}).unwrap_or_else(|e| panic!("{policy}: {e}"))
+}
+
+/// `(id, start_s)` for every job, in trace order.
+pub fn starts(r: &SimResult) -> Vec<(String, Option<f64>)> {
+    r.jobs.iter().map(|j| (j.id.clone(), j.start_s)).collect()
+}
+
+pub fn start_of(r: &SimResult, id: &str) -> f64 {
+    r.jobs
+        .iter()
+        .find(|j| j.id == id)
+        .and_then(|j| j.start_s)
+        .unwrap_or_else(|| panic!("job {id} never started"))
+}
