@@ -179,8 +179,8 @@ mod tests {
         assert_eq!(p.earliest(d(100), &[0], 2, &mut picks), Some(Time::ZERO));
         assert_eq!(p.earliest(d(100), &[0], 5, &mut picks), Some(Time::from_secs(10)));
         assert_eq!(p.earliest(d(100), &[0], 10, &mut picks), Some(Time::from_secs(20)));
+        assert_eq!(picks, vec![(0, 10)]);
         assert_eq!(p.earliest(d(100), &[0], 11, &mut picks), None);
-        assert_eq!(picks, Vec::<(u16, u32)>::new());
     }
 
     #[test]

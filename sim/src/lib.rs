@@ -139,8 +139,7 @@ pub fn simulate(
 
     while let Some(now) = q.peek_time() {
         // pyss handles one event per step; otherwise all events of the timestamp form one step.
-        loop {
-            let Some(ev) = q.pop() else { break };
+        while let Some(ev) = q.pop() {
             if pyss {
                 while let Some(&(t, id)) = pyss_ends.first() {
                     if t > now {

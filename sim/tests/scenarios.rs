@@ -221,6 +221,7 @@ fn pyss_processors_free_at_estimated_end() {
 /// - L2 is long: 1 ≤ extra: starts at 10.
 /// - t=60 S ends: free(60) = 3, shadow 100, extra = 3 + 4 − 6 = 1: L still waits.
 /// - t=100 R ends: H starts (free 7 → 1). t=110 H ends: L starts.
+///
 /// Classic EASY reaches the same schedule (min(free, extra) bookkeeping is equivalent); both run here.
 #[test]
 fn pyss_extra_nonextra_accounting() {

@@ -1,0 +1,172 @@
+//! `rm-replay` as users run it: the output contract, determinism, and clear errors on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn rm_replay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rm-replay"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("rm-replay runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lattice-cli-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn default_run_writes_the_output_contract_deterministically() {
+    let dir = tmp("contract");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    for d in [&a, &b] {
+        let o = rm_replay(&["--output", d.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("=== RM-Replay Results"), "{}", text(&o));
+    }
+    let summary = std::fs::read_to_string(a.join("summary.json")).unwrap();
+    assert_eq!(summary, std::fs::read_to_string(b.join("summary.json")).unwrap());
+    assert_eq!(
+        std::fs::read(a.join("jobs.csv")).unwrap(),
+        std::fs::read(b.join("jobs.csv")).unwrap()
+    );
+    let v: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    for key in [
+        "jobs",
+        "skipped",
+        "policy",
+        "seed",
+        "mean_wait_s",
+        "p50_wait_s",
+        "p95_wait_s",
+        "p99_wait_s",
+        "max_wait_s",
+        "mean_bsld",
+        "p95_bsld",
+        "utilization",
+        "makespan_s",
+        "backfilled",
+        "per_tenant",
+        "per_vcluster",
+    ] {
+        assert!(v.get(key).is_some(), "summary.json lacks `{key}`");
+    }
+    assert_eq!(v["jobs"], 2000);
+    assert_eq!(v["policy"], "easy");
+    assert!(v["per_tenant"]["u1"]["mean_wait_s"].is_number());
+    let csv = std::fs::read_to_string(a.join("jobs.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("id,submit_s,start_s,end_s,nodes,wait_s,bsld,backfilled,tenant,vcluster,state")
+    );
+    assert_eq!(lines.count(), 2000);
+    assert!(a.join("engine_cost.json").exists());
+}
+
+#[test]
+fn policies_and_weights_are_selectable() {
+    let fcfs = rm_replay(&["--policy", "fcfs", "--quiet"]);
+    assert!(fcfs.status.success(), "{}", text(&fcfs));
+    let dir = tmp("weights");
+    let o = rm_replay(&["--weights", "profiles/hpc-batch.yaml", "--output", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["policy"], "easy", "hpc-batch.yaml sets policy easy");
+    let o = rm_replay(&["--policy", "backfill", "--depth", "3", "--output", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["policy"], "backfill(depth=3)");
+    let o = rm_replay(&["--policy", "easy", "--compat", "pyss", "--quiet"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn bad_options_and_files_fail_with_clear_messages() {
+    let o = rm_replay(&["--compat", "slurm"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--compat slurm"), "{}", text(&o));
+    let o = rm_replay(&["--policy", "lottery"]);
+    assert!(text(&o).contains("`lottery` is not one of"), "{}", text(&o));
+    let dir = tmp("bad");
+    let prof = dir.join("bad.yaml");
+    std::fs::write(&prof, "hpc-batch:\n  priority: -1\n").unwrap();
+    let o = rm_replay(&["--weights", prof.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("bad.yaml: hpc-batch.priority: weight must be >= 0"), "{}", text(&o));
+    let o = rm_replay(&["--trace", "/nonexistent/trace.swf"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("/nonexistent/trace.swf"), "{}", text(&o));
+}
+
+#[test]
+fn swf_skips_are_reported_with_line_and_counted() {
+    let dir = tmp("skips");
+    let t = dir.join("t.swf");
+    std::fs::write(
+        &t,
+        "; MaxProcs: 4\n1 0 -1 10 1 -1 -1 1 20 -1 1 1 1 -1 1 -1 -1 -1\n2 0 -1 -1 1 -1 -1 1 20 -1 1 1 1 -1 1 -1 -1 -1\n3 oops\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let o = rm_replay(&["--trace", t.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("t.swf:3: field `run_time`"), "{err}");
+    assert!(err.contains("t.swf:4:"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["jobs"], 1);
+    assert_eq!(v["skipped"]["runtime_negative"], 1);
+    assert_eq!(v["skipped"]["malformed_line"], 1);
+}
+
+#[test]
+fn jsonl_trace_with_inventory() {
+    let dir = tmp("jsonl");
+    let inv = dir.join("inv.yaml");
+    std::fs::write(
+        &inv,
+        "nodes:\n  - prefix: cpu\n    count: 4\n  - prefix: gh\n    count: 2\n    gpu_type: GH200\n    gpu_count: 4\n",
+    )
+    .unwrap();
+    let trace = dir.join("t.jsonl");
+    std::fs::write(
+        &trace,
+        r#"{"ts": "2026-03-01T00:00:00Z", "type": "submit", "alloc": {"id": "a", "nodes": 2, "gpu_type": "GH200", "walltime": "2h", "tenant": "ml"}}
+{"ts": "2026-03-01T00:00:01Z", "type": "submit", "alloc": {"id": "b", "nodes": 1, "gpu_type": "GH200", "walltime": "1h", "tenant": "ml"}}
+{"ts": "2026-03-01T00:00:02Z", "type": "submit", "alloc": {"id": "c", "nodes": 4, "walltime": "30m", "tenant": "physics"}}
+{"ts": "2026-03-01T00:00:03Z", "type": "submit", "alloc": {"id": "d", "nodes": 8, "walltime": "30m", "tenant": "physics"}}
+{"ts": "2026-03-01T01:00:00Z", "type": "complete", "alloc_id": "a", "duration": "1h", "exit": 0}
+{"ts": "2026-03-01T01:00:00Z", "type": "complete", "alloc_id": "c", "duration": "10m", "exit": 1}
+"#,
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let o = rm_replay(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        inv.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let row = |id: &str| csv.lines().find(|l| l.starts_with(&format!("{id},"))).unwrap().to_string();
+    // b waits for a's GPU nodes (the CPU nodes do not satisfy gpu_type), then runs to its walltime.
+    assert!(row("b").starts_with("b,1,3600,7200,"), "{}", row("b"));
+    assert!(row("c").ends_with("failed,exit_failure"), "{}", row("c"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["skipped"]["unsatisfiable"], 1, "d asks for 8 nodes of 6");
+    assert_eq!(v["jobs"], 3);
+    assert!(Path::new(&out.join("summary.json")).exists());
+}

@@ -1,0 +1,257 @@
+//! Engine rules, exercised through the sans-I/O API alone (no simulator).
+
+use lattice_engine::*;
+
+fn nodes(n: u32) -> Vec<NodeSpec> {
+    (0..n).map(|i| NodeSpec::plain(format!("n{i}"))).collect()
+}
+
+fn engine(policy: Policy, n: u32) -> (Engine, TenantId, VClusterId) {
+    let mut e = Engine::new(EngineConfig { policy }, nodes(n)).unwrap();
+    let t = e.add_tenant("physics");
+    let v = e.add_vcluster("hpc-batch");
+    (e, t, v)
+}
+
+fn spec(t: TenantId, v: VClusterId, k: u32, wall_s: u64) -> AllocSpec {
+    AllocSpec::simple(t, v, k, Duration::from_secs(wall_s))
+}
+
+/// Runs a pass and commits every proposal at `now`; returns the started ids.
+fn pass(e: &mut Engine, now: Time) -> Vec<AllocId> {
+    e.schedule(now);
+    let mut out = Vec::new();
+    while let Some(p) = e.poll_proposal() {
+        e.handle_commit(now, p.alloc).unwrap();
+        out.push(p.alloc);
+    }
+    out
+}
+
+#[test]
+fn submit_validation_refuses_bad_requests() {
+    let (mut e, t, v) = engine(Policy::EASY, 4);
+    let mut s = spec(t, v, 0, 10);
+    assert_eq!(e.handle_submit(Time(0), s.clone()), Err(SubmitError::NoNodes(0)));
+    s.nodes = NodeRange { min: 3, max: 2 };
+    assert_eq!(e.handle_submit(Time(0), s.clone()), Err(SubmitError::BadRange { min: 3, max: 2 }));
+    assert_eq!(
+        e.handle_submit(Time(0), spec(t, v, 5, 10)),
+        Err(SubmitError::Unsatisfiable { requested: 5, eligible: 4 })
+    );
+    assert_eq!(
+        e.handle_submit(Time(0), spec(TenantId(9), v, 1, 10)),
+        Err(SubmitError::UnknownTenant(TenantId(9)))
+    );
+    let mut gpu = spec(t, v, 1, 10);
+    gpu.constraints.gpu_type = Some("GH200".into());
+    assert!(matches!(e.handle_submit(Time(0), gpu), Err(SubmitError::Unsatisfiable { eligible: 0, .. })));
+    assert!(e.allocations().is_empty(), "refused requests create nothing");
+}
+
+#[test]
+fn fcfs_head_blocks_and_easy_backfills() {
+    for (policy, small_starts) in [(Policy::Fcfs, false), (Policy::EASY, true)] {
+        let (mut e, t, v) = engine(policy, 4);
+        let big_running = e.handle_submit(Time(0), spec(t, v, 3, 100)).unwrap();
+        assert_eq!(pass(&mut e, Time(0)), vec![big_running]);
+        let head = e.handle_submit(Time(1), spec(t, v, 4, 10)).unwrap();
+        let small = e.handle_submit(Time(1), spec(t, v, 1, 10)).unwrap();
+        let started = pass(&mut e, Time(1));
+        assert_eq!(started.contains(&small), small_starts, "{policy}");
+        assert!(!started.contains(&head));
+        if small_starts {
+            assert!(e.allocation(small).unwrap().backfilled);
+            let r = &e.reservations()[0];
+            assert_eq!((r.alloc, r.start), (head, Time::from_secs(100)));
+        }
+    }
+}
+
+#[test]
+fn constraints_pick_matching_nodes_lowest_id_first() {
+    let mut ns = nodes(4);
+    for n in &mut ns[2..] {
+        n.capabilities.gpu_type = Some("GH200".into());
+        n.capabilities.gpu_count = 4;
+    }
+    let mut e = Engine::new(EngineConfig { policy: Policy::EASY }, ns).unwrap();
+    let (t, v) = (e.add_tenant("ml"), e.add_vcluster("ml"));
+    let mut s = spec(t, v, 1, 10);
+    s.constraints.gpu_type = Some("GH200".into());
+    let a = e.handle_submit(Time(0), s.clone()).unwrap();
+    let b = e.handle_submit(Time(0), spec(t, v, 1, 10)).unwrap();
+    pass(&mut e, Time(0));
+    assert_eq!(e.allocation(a).unwrap().nodes, vec![NodeId(2)]);
+    assert_eq!(e.allocation(b).unwrap().nodes, vec![NodeId(0)]);
+    // Two more GPU jobs: one fits (node 3), the next waits although CPU nodes are free.
+    let c = e.handle_submit(Time(1), s.clone()).unwrap();
+    let d = e.handle_submit(Time(1), s).unwrap();
+    let started = pass(&mut e, Time(1));
+    assert_eq!(started, vec![c]);
+    assert_eq!(e.allocation(d).unwrap().state, AllocState::Pending);
+    assert_eq!(e.reservations()[0].start, Time::from_secs(10));
+}
+
+#[test]
+fn quorum_reject_requeues_in_place_and_latency_delays_start() {
+    let (mut e, t, v) = engine(Policy::EASY, 2);
+    let a = e.handle_submit(Time(0), spec(t, v, 2, 10)).unwrap();
+    e.schedule(Time(0));
+    let p = e.poll_proposal().unwrap();
+    assert_eq!((p.alloc, p.nodes.len()), (a, 2));
+    assert_eq!(e.free_nodes(), 0, "proposed nodes are held");
+    e.handle_reject(Time(0), a).unwrap();
+    assert_eq!(e.free_nodes(), 2);
+    assert_eq!(e.queue(), &[a]);
+    e.schedule(Time(5));
+    let p = e.poll_proposal().unwrap();
+    e.handle_commit(Time(7), p.alloc).unwrap();
+    let al = e.allocation(a).unwrap();
+    assert_eq!((al.state, al.started), (AllocState::Running, Some(Time(7))));
+    assert_eq!(al.estimated_end(), Some(Time(7) + Duration::from_secs(10)));
+    assert_eq!(e.handle_commit(Time(8), a), Err(EngineError::NotProposed(a)));
+}
+
+#[test]
+fn completion_frees_nodes_and_invalid_transitions_are_errors() {
+    let (mut e, t, v) = engine(Policy::EASY, 2);
+    let a = e.handle_submit(Time(0), spec(t, v, 2, 10)).unwrap();
+    assert!(matches!(
+        e.handle_completion(Time(0), a, EndReason::Success),
+        Err(EngineError::InvalidTransition { .. })
+    ));
+    pass(&mut e, Time(0));
+    e.handle_completion(Time(5), a, EndReason::Success).unwrap();
+    let al = e.allocation(a).unwrap();
+    assert_eq!((al.state, al.ended), (AllocState::Completed, Some(Time(5))));
+    assert_eq!(e.free_nodes(), 2);
+    assert!(e.nodes().iter().all(|n| n.owner.is_none()));
+    assert!(e.handle_completion(Time(6), a, EndReason::Success).is_err());
+    assert_eq!(
+        e.handle_completion(Time(6), AllocId(99), EndReason::Success),
+        Err(EngineError::UnknownAlloc(AllocId(99)))
+    );
+}
+
+#[test]
+#[should_panic(expected = "time went backwards")]
+fn time_never_goes_backwards() {
+    let (mut e, t, v) = engine(Policy::EASY, 2);
+    e.handle_submit(Time(10), spec(t, v, 1, 10)).unwrap();
+    e.schedule(Time(9));
+}
+
+#[test]
+fn dependencies_gate_the_queue_and_cascade_cancellation() {
+    let (mut e, t, v) = engine(Policy::EASY, 4);
+    let up = e.handle_submit(Time(0), spec(t, v, 1, 10)).unwrap();
+    let mut on_success = spec(t, v, 1, 10);
+    on_success.depends_on = vec![Dependency { on: up, condition: DependencyCondition::Success }];
+    let s = e.handle_submit(Time(0), on_success).unwrap();
+    let mut on_failure = spec(t, v, 1, 10);
+    on_failure.depends_on = vec![Dependency { on: up, condition: DependencyCondition::Failure }];
+    let f = e.handle_submit(Time(0), on_failure).unwrap();
+    let mut chained = spec(t, v, 1, 10);
+    chained.depends_on = vec![Dependency { on: f, condition: DependencyCondition::Success }];
+    let c = e.handle_submit(Time(0), chained).unwrap();
+    let mut cleanup = spec(t, v, 1, 10);
+    cleanup.depends_on = vec![Dependency { on: f, condition: DependencyCondition::Any }];
+    let any = e.handle_submit(Time(0), cleanup).unwrap();
+    assert_eq!(pass(&mut e, Time(0)), vec![up], "dependents wait although nodes are free");
+    e.handle_completion(Time(10), up, EndReason::Success).unwrap();
+    // `any` accepts every terminal state, including the cancellation of its upstream.
+    assert_eq!(pass(&mut e, Time(10)), vec![s, any]);
+    let fa = e.allocation(f).unwrap();
+    assert_eq!((fa.state, fa.end_reason), (AllocState::Cancelled, Some(EndReason::DependencyUnsatisfied)));
+    assert_eq!(e.allocation(c).unwrap().state, AllocState::Cancelled, "cancellation cascades");
+    let mut late = spec(t, v, 1, 10);
+    late.depends_on = vec![Dependency { on: AllocId(42), condition: DependencyCondition::Any }];
+    assert_eq!(e.handle_submit(Time(11), late), Err(SubmitError::UnknownDependency(AllocId(42))));
+}
+
+#[test]
+fn node_events_follow_the_state_machine() {
+    let (mut e, t, v) = engine(Policy::EASY, 3);
+    let a = e.handle_submit(Time(0), spec(t, v, 1, 100)).unwrap();
+    pass(&mut e, Time(0));
+    assert_eq!(e.allocation(a).unwrap().nodes, vec![NodeId(0)]);
+    // Draining a busy node: it stays with its allocation, and becomes Drained when it ends.
+    assert!(e.handle_node_event(Time(1), NodeId(0), NodeEvent::Drain).unwrap().is_empty());
+    assert_eq!(e.node(NodeId(0)).unwrap().state, NodeState::Draining);
+    // An idle node drains at once and leaves the free pool.
+    e.handle_node_event(Time(1), NodeId(1), NodeEvent::Drain).unwrap();
+    assert_eq!(e.node(NodeId(1)).unwrap().state, NodeState::Drained);
+    assert_eq!(e.free_nodes(), 1);
+    e.handle_completion(Time(2), a, EndReason::Success).unwrap();
+    assert_eq!(e.node(NodeId(0)).unwrap().state, NodeState::Drained);
+    assert_eq!(e.free_nodes(), 1, "a drained node is not schedulable");
+    // Unsatisfiable now? No: drained nodes still count toward what the inventory can ever give.
+    let wide = e.handle_submit(Time(3), spec(t, v, 3, 10)).unwrap();
+    assert!(pass(&mut e, Time(3)).is_empty());
+    for n in [0, 1] {
+        e.handle_node_event(Time(4), NodeId(n), NodeEvent::Undrain).unwrap();
+    }
+    assert_eq!(pass(&mut e, Time(4)), vec![wide]);
+    // A hardware failure under a running allocation fails it and frees the other nodes.
+    let failed = e.handle_node_event(Time(5), NodeId(2), NodeEvent::HardwareFailure).unwrap();
+    assert_eq!(failed, vec![wide]);
+    let w = e.allocation(wide).unwrap();
+    assert_eq!((w.state, w.end_reason), (AllocState::Failed, Some(EndReason::NodeFailure)));
+    assert_eq!(e.free_nodes(), 2);
+    // Invalid transitions are typed errors.
+    assert!(matches!(
+        e.handle_node_event(Time(6), NodeId(2), NodeEvent::HealthOk),
+        Err(EngineError::Node(_))
+    ));
+}
+
+#[test]
+fn cancel_pending_and_running() {
+    let (mut e, t, v) = engine(Policy::EASY, 1);
+    let a = e.handle_submit(Time(0), spec(t, v, 1, 10)).unwrap();
+    let b = e.handle_submit(Time(0), spec(t, v, 1, 10)).unwrap();
+    pass(&mut e, Time(0));
+    e.handle_cancel(Time(1), b).unwrap();
+    assert!(e.queue().is_empty());
+    e.handle_cancel(Time(2), a).unwrap();
+    assert_eq!(e.allocation(a).unwrap().state, AllocState::Cancelled);
+    assert_eq!(e.free_nodes(), 1);
+}
+
+#[test]
+fn unbounded_allocations_block_reservations_forever() {
+    let (mut e, t, v) = engine(Policy::CONSERVATIVE, 2);
+    let mut svc = spec(t, v, 1, 1);
+    svc.lifecycle = Lifecycle::Unbounded;
+    let s = e.handle_submit(Time(0), svc).unwrap();
+    pass(&mut e, Time(0));
+    let wide = e.handle_submit(Time(1), spec(t, v, 2, 10)).unwrap();
+    let narrow = e.handle_submit(Time(1), spec(t, v, 1, 10)).unwrap();
+    assert_eq!(pass(&mut e, Time(1)), vec![narrow], "the wide job can never start while the service runs");
+    assert!(e.reservations().iter().all(|r| r.alloc != wide));
+    assert_eq!(e.allocation(s).unwrap().estimated_end(), None);
+}
+
+#[test]
+fn pyss_rejects_heterogeneous_pools_and_constraints() {
+    let mut ns = nodes(2);
+    ns[1].capabilities.memory_gb = 512;
+    assert!(matches!(
+        Engine::new(EngineConfig { policy: Policy::PyssEasy }, ns),
+        Err(EngineError::PyssHeterogeneous(2))
+    ));
+    let (mut e, t, v) = engine(Policy::PyssEasy, 2);
+    let mut s = spec(t, v, 1, 10);
+    s.constraints.memory_gb = Some(1);
+    assert_eq!(e.handle_submit(Time(0), s), Err(SubmitError::PyssConstraints));
+}
+
+#[test]
+fn policies_display_as_on_the_command_line() {
+    assert_eq!(Policy::EASY.to_string(), "easy");
+    assert_eq!(Policy::CONSERVATIVE.to_string(), "conservative");
+    assert_eq!(Policy::Fcfs.to_string(), "fcfs");
+    assert_eq!(Policy::Backfill { depth: Depth::Limited(10) }.to_string(), "backfill(depth=10)");
+    assert_eq!(Policy::PyssEasy.to_string(), "easy(compat=pyss)");
+}
