@@ -19,7 +19,11 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -78,13 +82,27 @@ fn policies_and_weights_are_selectable() {
     let fcfs = rm_replay(&["--policy", "fcfs", "--quiet"]);
     assert!(fcfs.status.success(), "{}", text(&fcfs));
     let dir = tmp("weights");
-    let o = rm_replay(&["--weights", "profiles/hpc-batch.yaml", "--output", dir.to_str().unwrap()]);
+    let o = rm_replay(&[
+        "--weights",
+        "profiles/hpc-batch.yaml",
+        "--output",
+        dir.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(v["policy"], "easy", "hpc-batch.yaml sets policy easy");
-    let o = rm_replay(&["--policy", "backfill", "--depth", "3", "--output", dir.to_str().unwrap()]);
+    let o = rm_replay(&[
+        "--policy",
+        "backfill",
+        "--depth",
+        "3",
+        "--output",
+        dir.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(v["policy"], "backfill(depth=3)");
     let o = rm_replay(&["--policy", "easy", "--compat", "pyss", "--quiet"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -102,7 +120,11 @@ fn bad_options_and_files_fail_with_clear_messages() {
     std::fs::write(&prof, "hpc-batch:\n  priority: -1\n").unwrap();
     let o = rm_replay(&["--weights", prof.to_str().unwrap()]);
     assert!(!o.status.success());
-    assert!(text(&o).contains("bad.yaml: hpc-batch.priority: weight must be >= 0"), "{}", text(&o));
+    assert!(
+        text(&o).contains("bad.yaml: hpc-batch.priority: weight must be >= 0"),
+        "{}",
+        text(&o)
+    );
     let o = rm_replay(&["--trace", "/nonexistent/trace.swf"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("/nonexistent/trace.swf"), "{}", text(&o));
@@ -123,7 +145,8 @@ fn swf_skips_are_reported_with_line_and_counted() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("t.swf:3: field `run_time`"), "{err}");
     assert!(err.contains("t.swf:4:"), "{err}");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(v["jobs"], 1);
     assert_eq!(v["skipped"]["runtime_negative"], 1);
     assert_eq!(v["skipped"]["malformed_line"], 1);
@@ -161,11 +184,17 @@ fn jsonl_trace_with_inventory() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let csv = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
-    let row = |id: &str| csv.lines().find(|l| l.starts_with(&format!("{id},"))).unwrap().to_string();
+    let row = |id: &str| {
+        csv.lines()
+            .find(|l| l.starts_with(&format!("{id},")))
+            .unwrap()
+            .to_string()
+    };
     // b waits for a's GPU nodes (the CPU nodes do not satisfy gpu_type), then runs to its walltime.
     assert!(row("b").starts_with("b,1,3600,7200,"), "{}", row("b"));
     assert!(row("c").ends_with("failed,exit_failure"), "{}", row("c"));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(v["skipped"]["unsatisfiable"], 1, "d asks for 8 nodes of 6");
     assert_eq!(v["jobs"], 3);
     assert!(Path::new(&out.join("summary.json")).exists());

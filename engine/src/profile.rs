@@ -56,9 +56,9 @@ impl Profile {
         let t = t.max(Time(self.times[0].0 + 1));
         let last = *self.times.last().expect("profile has a first segment");
         let from = if t > last {
-            let row = self.row(self.times.len() - 1).to_vec();
+            let start = (self.times.len() - 1) * self.classes;
             self.times.push(t);
-            self.free.extend_from_slice(&row);
+            self.free.extend_from_within(start..start + self.classes);
             self.times.len() - 1
         } else {
             self.breakpoint(t)

@@ -34,10 +34,16 @@ fn submit_validation_refuses_bad_requests() {
     let mut s = spec(t, v, 0, 10);
     assert_eq!(e.handle_submit(Time(0), s.clone()), Err(SubmitError::NoNodes(0)));
     s.nodes = NodeRange { min: 3, max: 2 };
-    assert_eq!(e.handle_submit(Time(0), s.clone()), Err(SubmitError::BadRange { min: 3, max: 2 }));
+    assert_eq!(
+        e.handle_submit(Time(0), s.clone()),
+        Err(SubmitError::BadRange { min: 3, max: 2 })
+    );
     assert_eq!(
         e.handle_submit(Time(0), spec(t, v, 5, 10)),
-        Err(SubmitError::Unsatisfiable { requested: 5, eligible: 4 })
+        Err(SubmitError::Unsatisfiable {
+            requested: 5,
+            eligible: 4
+        })
     );
     assert_eq!(
         e.handle_submit(Time(0), spec(TenantId(9), v, 1, 10)),
@@ -45,7 +51,10 @@ fn submit_validation_refuses_bad_requests() {
     );
     let mut gpu = spec(t, v, 1, 10);
     gpu.constraints.gpu_type = Some("GH200".into());
-    assert!(matches!(e.handle_submit(Time(0), gpu), Err(SubmitError::Unsatisfiable { eligible: 0, .. })));
+    assert!(matches!(
+        e.handle_submit(Time(0), gpu),
+        Err(SubmitError::Unsatisfiable { eligible: 0, .. })
+    ));
     assert!(e.allocations().is_empty(), "refused requests create nothing");
 }
 
@@ -147,27 +156,56 @@ fn dependencies_gate_the_queue_and_cascade_cancellation() {
     let (mut e, t, v) = engine(Policy::EASY, 4);
     let up = e.handle_submit(Time(0), spec(t, v, 1, 10)).unwrap();
     let mut on_success = spec(t, v, 1, 10);
-    on_success.depends_on = vec![Dependency { on: up, condition: DependencyCondition::Success }];
+    on_success.depends_on = vec![Dependency {
+        on: up,
+        condition: DependencyCondition::Success,
+    }];
     let s = e.handle_submit(Time(0), on_success).unwrap();
     let mut on_failure = spec(t, v, 1, 10);
-    on_failure.depends_on = vec![Dependency { on: up, condition: DependencyCondition::Failure }];
+    on_failure.depends_on = vec![Dependency {
+        on: up,
+        condition: DependencyCondition::Failure,
+    }];
     let f = e.handle_submit(Time(0), on_failure).unwrap();
     let mut chained = spec(t, v, 1, 10);
-    chained.depends_on = vec![Dependency { on: f, condition: DependencyCondition::Success }];
+    chained.depends_on = vec![Dependency {
+        on: f,
+        condition: DependencyCondition::Success,
+    }];
     let c = e.handle_submit(Time(0), chained).unwrap();
     let mut cleanup = spec(t, v, 1, 10);
-    cleanup.depends_on = vec![Dependency { on: f, condition: DependencyCondition::Any }];
+    cleanup.depends_on = vec![Dependency {
+        on: f,
+        condition: DependencyCondition::Any,
+    }];
     let any = e.handle_submit(Time(0), cleanup).unwrap();
-    assert_eq!(pass(&mut e, Time(0)), vec![up], "dependents wait although nodes are free");
+    assert_eq!(
+        pass(&mut e, Time(0)),
+        vec![up],
+        "dependents wait although nodes are free"
+    );
     e.handle_completion(Time(10), up, EndReason::Success).unwrap();
     // `any` accepts every terminal state, including the cancellation of its upstream.
     assert_eq!(pass(&mut e, Time(10)), vec![s, any]);
     let fa = e.allocation(f).unwrap();
-    assert_eq!((fa.state, fa.end_reason), (AllocState::Cancelled, Some(EndReason::DependencyUnsatisfied)));
-    assert_eq!(e.allocation(c).unwrap().state, AllocState::Cancelled, "cancellation cascades");
+    assert_eq!(
+        (fa.state, fa.end_reason),
+        (AllocState::Cancelled, Some(EndReason::DependencyUnsatisfied))
+    );
+    assert_eq!(
+        e.allocation(c).unwrap().state,
+        AllocState::Cancelled,
+        "cancellation cascades"
+    );
     let mut late = spec(t, v, 1, 10);
-    late.depends_on = vec![Dependency { on: AllocId(42), condition: DependencyCondition::Any }];
-    assert_eq!(e.handle_submit(Time(11), late), Err(SubmitError::UnknownDependency(AllocId(42))));
+    late.depends_on = vec![Dependency {
+        on: AllocId(42),
+        condition: DependencyCondition::Any,
+    }];
+    assert_eq!(
+        e.handle_submit(Time(11), late),
+        Err(SubmitError::UnknownDependency(AllocId(42)))
+    );
 }
 
 #[test]
@@ -177,7 +215,11 @@ fn node_events_follow_the_state_machine() {
     pass(&mut e, Time(0));
     assert_eq!(e.allocation(a).unwrap().nodes, vec![NodeId(0)]);
     // Draining a busy node: it stays with its allocation, and becomes Drained when it ends.
-    assert!(e.handle_node_event(Time(1), NodeId(0), NodeEvent::Drain).unwrap().is_empty());
+    assert!(
+        e.handle_node_event(Time(1), NodeId(0), NodeEvent::Drain)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(e.node(NodeId(0)).unwrap().state, NodeState::Draining);
     // An idle node drains at once and leaves the free pool.
     e.handle_node_event(Time(1), NodeId(1), NodeEvent::Drain).unwrap();
@@ -194,10 +236,15 @@ fn node_events_follow_the_state_machine() {
     }
     assert_eq!(pass(&mut e, Time(4)), vec![wide]);
     // A hardware failure under a running allocation fails it and frees the other nodes.
-    let failed = e.handle_node_event(Time(5), NodeId(2), NodeEvent::HardwareFailure).unwrap();
+    let failed = e
+        .handle_node_event(Time(5), NodeId(2), NodeEvent::HardwareFailure)
+        .unwrap();
     assert_eq!(failed, vec![wide]);
     let w = e.allocation(wide).unwrap();
-    assert_eq!((w.state, w.end_reason), (AllocState::Failed, Some(EndReason::NodeFailure)));
+    assert_eq!(
+        (w.state, w.end_reason),
+        (AllocState::Failed, Some(EndReason::NodeFailure))
+    );
     assert_eq!(e.free_nodes(), 2);
     // Invalid transitions are typed errors.
     assert!(matches!(
@@ -228,7 +275,11 @@ fn unbounded_allocations_block_reservations_forever() {
     pass(&mut e, Time(0));
     let wide = e.handle_submit(Time(1), spec(t, v, 2, 10)).unwrap();
     let narrow = e.handle_submit(Time(1), spec(t, v, 1, 10)).unwrap();
-    assert_eq!(pass(&mut e, Time(1)), vec![narrow], "the wide job can never start while the service runs");
+    assert_eq!(
+        pass(&mut e, Time(1)),
+        vec![narrow],
+        "the wide job can never start while the service runs"
+    );
     assert!(e.reservations().iter().all(|r| r.alloc != wide));
     assert_eq!(e.allocation(s).unwrap().estimated_end(), None);
 }
@@ -238,7 +289,12 @@ fn pyss_rejects_heterogeneous_pools_and_constraints() {
     let mut ns = nodes(2);
     ns[1].capabilities.memory_gb = 512;
     assert!(matches!(
-        Engine::new(EngineConfig { policy: Policy::PyssEasy }, ns),
+        Engine::new(
+            EngineConfig {
+                policy: Policy::PyssEasy
+            },
+            ns
+        ),
         Err(EngineError::PyssHeterogeneous(2))
     ));
     let (mut e, t, v) = engine(Policy::PyssEasy, 2);
@@ -252,6 +308,12 @@ fn policies_display_as_on_the_command_line() {
     assert_eq!(Policy::EASY.to_string(), "easy");
     assert_eq!(Policy::CONSERVATIVE.to_string(), "conservative");
     assert_eq!(Policy::Fcfs.to_string(), "fcfs");
-    assert_eq!(Policy::Backfill { depth: Depth::Limited(10) }.to_string(), "backfill(depth=10)");
+    assert_eq!(
+        Policy::Backfill {
+            depth: Depth::Limited(10)
+        }
+        .to_string(),
+        "backfill(depth=10)"
+    );
     assert_eq!(Policy::PyssEasy.to_string(), "easy(compat=pyss)");
 }

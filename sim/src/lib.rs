@@ -366,26 +366,19 @@ fn summarize(
     let span = (last_end - first_submit).max(0.0);
     let capacity = total_nodes as f64 * span;
     let all = metrics::group_metrics(jobs.iter(), capacity);
-    let mut per_tenant = BTreeMap::new();
-    let mut per_vcluster = BTreeMap::new();
-    let mut tenants: BTreeSet<&str> = BTreeSet::new();
-    let mut vcs: BTreeSet<&str> = BTreeSet::new();
+    let mut by_tenant: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
+    let mut by_vcluster: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
     for j in jobs {
-        tenants.insert(&j.tenant);
-        vcs.insert(&j.vcluster);
+        by_tenant.entry(&j.tenant).or_default().push(j);
+        by_vcluster.entry(&j.vcluster).or_default().push(j);
     }
-    for t in tenants {
-        per_tenant.insert(
-            t.to_string(),
-            metrics::group_metrics(jobs.iter().filter(|j| j.tenant == t), capacity),
-        );
-    }
-    for v in vcs {
-        per_vcluster.insert(
-            v.to_string(),
-            metrics::group_metrics(jobs.iter().filter(|j| j.vcluster == v), capacity),
-        );
-    }
+    let group = |m: BTreeMap<&str, Vec<&JobRecord>>| -> BTreeMap<String, GroupMetrics> {
+        m.into_iter()
+            .map(|(k, v)| (k.to_string(), metrics::group_metrics(v.into_iter(), capacity)))
+            .collect()
+    };
+    let per_tenant = group(by_tenant);
+    let per_vcluster = group(by_vcluster);
     let count = |s: AllocState| engine.allocations().iter().filter(|a| a.state == s).count() as u64;
     let ended: Vec<&JobRecord> = jobs.iter().filter(|j| j.end_s.is_some()).collect();
     let turnaround: f64 = ended.iter().map(|j| j.end_s.unwrap_or(0.0) - j.submit_s).sum();

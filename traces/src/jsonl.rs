@@ -145,7 +145,7 @@ struct CompleteEvent {
 /// Reads a JSONL trace file (plain or `.gz`).
 pub fn read_jsonl(path: &Path) -> Result<Workload, TraceError> {
     let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
-    let text = crate::swf::decode(&bytes).map_err(|e| TraceError::io(path, e))?;
+    let text = crate::swf::decode(bytes).map_err(|e| TraceError::io(path, e))?;
     Ok(parse_jsonl(&path.display().to_string(), &text))
 }
 

@@ -49,21 +49,23 @@ impl Default for SwfOptions {
 /// Reads an SWF file (plain or `.gz`).
 pub fn read_swf(path: &Path, opts: &SwfOptions) -> Result<Workload, TraceError> {
     let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
-    let text = decode(&bytes).map_err(|e| TraceError::io(path, e))?;
+    let text = decode(bytes).map_err(|e| TraceError::io(path, e))?;
     let name = path.display().to_string();
     Ok(parse_swf(&name, &text, opts))
 }
 
 /// Decompresses gzip input (detected by its magic bytes) and checks UTF-8 leniently.
-pub fn decode(bytes: &[u8]) -> std::io::Result<String> {
+pub fn decode(bytes: Vec<u8>) -> std::io::Result<String> {
+    let owned = |raw: Vec<u8>| match String::from_utf8(raw) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
     if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut s = String::with_capacity(bytes.len() * 6);
         let mut raw = Vec::with_capacity(bytes.len() * 6);
-        flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut raw)?;
-        s.push_str(&String::from_utf8_lossy(&raw));
-        Ok(s)
+        flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_end(&mut raw)?;
+        Ok(owned(raw))
     } else {
-        Ok(String::from_utf8_lossy(bytes).into_owned())
+        Ok(owned(bytes))
     }
 }
 
@@ -390,6 +392,6 @@ mod tests {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         enc.write_all(b"; MaxProcs: 4\n").unwrap();
         let gz = enc.finish().unwrap();
-        assert_eq!(decode(&gz).unwrap(), "; MaxProcs: 4\n");
+        assert_eq!(decode(gz).unwrap(), "; MaxProcs: 4\n");
     }
 }
