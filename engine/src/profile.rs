@@ -144,11 +144,12 @@ impl Profile {
         None
     }
 
-    /// Takes `picks` out of the profile over `[start, start + walltime)`.
+    /// Takes `picks` out of the profile over `[start, start + walltime)`. A zero walltime still holds its
+    /// nodes at the instant it starts (its completion comes before the next pass), so it takes 1 ms.
     pub fn reserve(&mut self, start: Time, walltime: Option<Duration>, picks: &[(u16, u32)]) {
         let from = self.breakpoint(start);
         let to = match walltime {
-            Some(w) => self.breakpoint(start + w),
+            Some(w) => self.breakpoint(start + w.max(Duration(1))),
             None => self.times.len(),
         };
         for i in from..to {
@@ -195,6 +196,16 @@ mod tests {
         assert_eq!(p.earliest(d(11), &[0], 1, &mut picks), Some(Time::from_secs(20)));
         // An unbounded job can never start before the reservation ends.
         assert_eq!(p.earliest(None, &[0], 1, &mut picks), Some(Time::from_secs(20)));
+    }
+
+    #[test]
+    fn zero_length_windows_still_take_their_instant() {
+        let mut p = Profile::new(Time::ZERO, &[1]);
+        let mut picks = Vec::new();
+        p.fit(0, d(0), &[0], 1, &mut picks).unwrap();
+        p.reserve(Time::ZERO, d(0), &picks);
+        assert!(p.fit(0, d(5), &[0], 1, &mut picks).is_err());
+        assert_eq!(p.earliest(d(5), &[0], 1, &mut picks), Some(Time(1)));
     }
 
     #[test]

@@ -23,7 +23,7 @@ fn policies() -> impl Strategy<Value = Policy> {
 /// (cluster size, jobs as (submit gap, nodes, requested, run)).
 fn scenario(exact: bool) -> impl Strategy<Value = (u32, Vec<(u64, u32, u64, u64)>)> {
     (1u32..12).prop_flat_map(move |n| {
-        let job = (0u64..20, 1..=n, 1u64..60, 0u64..80).prop_map(move |(gap, k, req, run)| {
+        let job = (0u64..20, 1..=n, 0u64..60, 0u64..80).prop_map(move |(gap, k, req, run)| {
             let run = if exact { req } else { run };
             (gap, k, req, run)
         });

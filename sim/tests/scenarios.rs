@@ -281,3 +281,47 @@ fn pyss_input_rules() {
     let r = run(&classic, 2, Policy::EASY);
     assert_eq!((r.jobs[0].end_s, r.jobs[0].reason), (Some(20.0), "walltime_exceeded"));
 }
+
+/// The fake quorum's commit latency delays every start by that much; nodes stay held meanwhile, so a job
+/// arriving during the commit window cannot take them.
+#[test]
+fn commit_latency_delays_starts_and_holds_nodes() {
+    use lattice_sim::{SimConfig, simulate};
+    let w = workload(vec![job("A", 0, 2, 10, 10), job("B", 1, 1, 10, 10)]);
+    let cfg = SimConfig {
+        policy: Policy::EASY,
+        commit_latency: lattice_engine::Duration::from_secs(3),
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    let r = simulate(&w, nodes(2), &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!(start_of(&r, "A"), 3.0);
+    assert_eq!(r.jobs[0].end_s, Some(13.0));
+    // B is proposed when A ends (13) and committed 3 s later.
+    assert_eq!(start_of(&r, "B"), 16.0);
+    assert_eq!(r.summary.quorum_commits, 2);
+    assert_eq!(r.summary.quorum_rejections, 0);
+}
+
+/// Zero-length jobs (SWF run time 0 and no requested time) still hold their nodes for the instant they
+/// start: a backfill pass must not hand the same nodes to a later job. 3 nodes: R (2 nodes) runs; H
+/// (3 nodes) blocks; Z (1 node, walltime 0) takes the free node; Y (1 node) must wait for Z's end (t=1).
+#[test]
+fn zero_walltime_jobs_hold_their_nodes_in_the_pass() {
+    let w = workload(vec![
+        job("R", 0, 2, 100, 100),
+        job("H", 1, 3, 10, 10),
+        job("Z", 1, 1, 0, 0),
+        job("Y", 1, 1, 5, 5),
+    ]);
+    for p in [Policy::EASY, Policy::CONSERVATIVE, Policy::PyssEasy] {
+        let r = run(&w, 3, p);
+        assert_eq!(start_of(&r, "Z"), 1.0, "{p}");
+        assert_eq!(
+            start_of(&r, "Y"),
+            1.0,
+            "{p}: Z ends at once, Y starts after it at the same instant"
+        );
+        assert_eq!(r.jobs.iter().find(|j| j.id == "Y").unwrap().nodes, 1);
+    }
+}
