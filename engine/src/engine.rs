@@ -741,6 +741,13 @@ impl Engine {
         let mut nodes = Vec::with_capacity(k as usize);
         self.selector
             .select(&self.free, &self.class_of, &mut caps, k, &mut nodes);
+        assert_eq!(
+            nodes.len(),
+            k as usize,
+            "node selector {} gave {} nodes for a request of {k}: the pass believed more nodes were free",
+            self.selector.name(),
+            nodes.len()
+        );
         let a = &self.allocs[id.index()];
         let owner = Owner {
             tenant: a.spec.tenant,
