@@ -15,10 +15,11 @@
 //! node class), [`Allocation`]/[`AllocSpec`] with the allocation state machine, [`Node`] with the node
 //! state machine, and the seams [`QueueOrder`] and [`NodeSelector`].
 //!
-//! Deliberately not here (yet): the cost function f1..f9 and topology-aware selection (the next issue plugs
-//! them into the two seams), fair share, quotas, preemption, DAG conditions beyond success/failure/any.
+//! Deliberately not here (yet): ordering the queue by the cost function (its f1..f9 formulas are in
+//! [`cost`]) and topology-aware selection (the next issue plugs them into the two seams), fair share, quotas, preemption, DAG conditions beyond success/failure/any.
 
 pub mod alloc;
+pub mod cost;
 pub mod engine;
 pub mod error;
 pub mod ids;
