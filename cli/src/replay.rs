@@ -1,9 +1,12 @@
 //! `rm-replay` replay: options → workload + inventory → simulation → outputs.
 
 use anyhow::{Context, Result, bail};
-use lattice_engine::{Depth, NodeSpec, Policy};
+use lattice_engine::{Depth, Policy, VClusterConfig};
 use lattice_sim::{SimConfig, SimResult, simulate};
-use lattice_traces::{SwfOptions, TenantField, Workload, parse_swf, read_inventory, read_profile, read_trace};
+use lattice_traces::{
+    Inventory, SwfOptions, TenantField, Workload, parse_swf, read_inventory, read_profile, read_trace,
+};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Everything a replay needs, already validated.
@@ -27,77 +30,122 @@ pub struct ReplayOptions {
 /// A prepared replay: the workload and nodes, before simulation.
 pub struct Prepared {
     pub workload: Workload,
-    pub nodes: Vec<NodeSpec>,
+    pub inventory: Inventory,
     pub config: SimConfig,
     /// Human notes about how options were resolved (printed, and added to the summary notes).
     pub notes: Vec<String>,
 }
 
-pub fn resolve_policy(o: &ReplayOptions) -> Result<(Policy, Vec<String>)> {
-    let mut notes = Vec::new();
-    let mut from_profile = None;
-    if let Some(w) = &o.weights {
-        let prof = read_profile(w)?;
-        let vc = match &o.vcluster {
-            Some(v) => prof
-                .vclusters
-                .get(v)
-                .with_context(|| format!("{}: no vCluster `{v}` in the profile", w.display()))?,
-            None if prof.vclusters.len() == 1 => prof.vclusters.values().next().expect("one entry"),
-            None => bail!(
-                "{}: the profile defines {} vClusters ({}); pick one with --vcluster",
-                w.display(),
-                prof.vclusters.len(),
-                prof.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        };
-        notes.push(format!(
-            "weights {} loaded and validated; cost-function ordering arrives with the cost-function issue, so \
-             this replay orders the queue by arrival",
-            w.display()
-        ));
-        from_profile = vc.policy;
-    }
+/// The default policy from `--policy/--depth/--compat` (`None` when none was given).
+pub fn cli_policy(o: &ReplayOptions) -> Result<Option<Policy>> {
     let compat_pyss = match o.compat.as_deref() {
         None => false,
         Some("pyss") => true,
         Some(other) => bail!("--compat {other}: the only compatibility mode is `pyss`"),
     };
-    let policy = match o.policy.as_deref() {
-        Some(p) => lattice_traces::parse_policy(p, o.depth).map_err(|m| anyhow::anyhow!("--policy: {m}"))?,
-        None => match (o.depth, from_profile) {
-            (Some(d), _) => Policy::Backfill {
-                depth: Depth::Limited(d),
-            },
-            (None, Some(p)) => p,
-            (None, None) => Policy::EASY,
-        },
+    let policy = match (o.policy.as_deref(), o.depth) {
+        (Some(p), d) => Some(lattice_traces::parse_policy(p, d).map_err(|m| anyhow::anyhow!("--policy: {m}"))?),
+        (None, Some(d)) => Some(Policy::Backfill {
+            depth: Depth::Limited(d),
+        }),
+        (None, None) => None,
     };
     if compat_pyss {
-        if policy != Policy::EASY {
+        if policy.is_some_and(|p| p != Policy::EASY) {
             bail!("--compat pyss reproduces pyss's EASY; use it with --policy easy");
         }
-        return Ok((Policy::PyssEasy, notes));
+        return Ok(Some(Policy::PyssEasy));
     }
-    Ok((policy, notes))
+    Ok(policy)
+}
+
+/// Per-vCluster configs from the profile: every vCluster of the trace needs an entry (a trace with the
+/// single vCluster `default` takes the profile's only entry, or the one named by `--vcluster`).
+fn vcluster_configs(
+    o: &ReplayOptions,
+    workload: &mut Workload,
+    default_policy: Option<Policy>,
+    notes: &mut Vec<String>,
+) -> Result<BTreeMap<String, VClusterConfig>> {
+    let mut out = BTreeMap::new();
+    let Some(path) = &o.weights else {
+        return Ok(out);
+    };
+    let prof = read_profile(path)?;
+    let names: Vec<String> = workload.vclusters.names().to_vec();
+    let only_default = names.len() == 1 && names[0] == "default" && !prof.vclusters.contains_key("default");
+    if only_default {
+        let (name, entry) = match &o.vcluster {
+            Some(v) => (
+                v.clone(),
+                prof.vclusters
+                    .get(v)
+                    .with_context(|| format!("{}: no vCluster `{v}` in the profile", path.display()))?,
+            ),
+            None if prof.vclusters.len() == 1 => {
+                let (k, v) = prof.vclusters.iter().next().expect("one entry");
+                (k.clone(), v)
+            }
+            None => bail!(
+                "{}: the profile defines {} vClusters ({}) and the trace names none; pick one with --vcluster",
+                path.display(),
+                prof.vclusters.len(),
+                prof.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        };
+        // The trace's jobs run in the chosen vCluster.
+        workload.vclusters = lattice_engine::Registry::default();
+        workload.vclusters.intern(&name);
+        notes.push(format!("trace jobs run in vCluster `{name}` of {}", path.display()));
+        out.insert(name, to_config(entry, default_policy));
+        return Ok(out);
+    }
+    for n in &names {
+        let entry = prof.vclusters.get(n).with_context(|| {
+            format!(
+                "{}: the trace uses vCluster `{n}`, which the profile does not define (it defines {})",
+                path.display(),
+                prof.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        out.insert(n.clone(), to_config(entry, default_policy));
+    }
+    Ok(out)
+}
+
+fn to_config(p: &lattice_traces::VClusterProfile, default_policy: Option<Policy>) -> VClusterConfig {
+    let mut c = VClusterConfig::new(default_policy.or(p.policy).unwrap_or(Policy::Backfill {
+        depth: Depth::Limited(10),
+    }));
+    c.weights = Some(p.weights);
+    if let Some(i) = p.cycle_interval {
+        c.cycle_interval = i;
+    }
+    if let Some(r) = p.reference_wait {
+        c.reference_wait = r;
+    }
+    c.slo_wait_target = p.slo_wait_target;
+    c.gpu_hours_budget = p.gpu_hours_budget;
+    c
 }
 
 pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
-    let (policy, mut notes) = resolve_policy(o)?;
+    let default_policy = cli_policy(o)?;
+    let mut notes = Vec::new();
     let inventory = o.inventory.as_deref().map(read_inventory).transpose()?;
     let swf = SwfOptions {
         procs_per_node: o.procs_per_node,
         tenant_field: o.tenant_field,
         vcluster_by_queue: o.vcluster_by_queue,
         cluster_nodes: inventory.as_ref().map(|i| i.nodes.len() as u32),
-        pyss: policy == Policy::PyssEasy,
+        pyss: default_policy == Some(Policy::PyssEasy),
     };
-    let workload = match &o.trace {
+    let mut workload = match &o.trace {
         Some(p) => read_trace(p, &swf).with_context(|| format!("reading trace {}", p.display()))?,
         None => parse_swf(crate::DEMO_TRACE_NAME, crate::DEMO_TRACE, &swf),
     };
-    let nodes = match inventory {
-        Some(inv) => inv.nodes,
+    let inventory = match inventory {
+        Some(inv) => inv,
         None => {
             let n = workload.cluster_nodes.with_context(|| {
                 format!(
@@ -108,12 +156,14 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             if n == 0 {
                 bail!("{}: cluster size is 0 nodes", workload.source);
             }
-            lattice_traces::homogeneous(n).nodes
+            lattice_traces::homogeneous(n)
         }
     };
+    let vclusters = vcluster_configs(o, &mut workload, default_policy, &mut notes)?;
     notes.extend(workload.notes.iter().cloned());
     let config = SimConfig {
-        policy,
+        policy: default_policy.unwrap_or(Policy::EASY),
+        vclusters,
         commit_latency: lattice_engine::Duration(o.commit_latency_ms),
         check_invariants: o.check_invariants,
         check_all_promises: false,
@@ -121,14 +171,14 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
     };
     Ok(Prepared {
         workload,
-        nodes,
+        inventory,
         config,
         notes,
     })
 }
 
 pub fn run(p: &Prepared, progress: &mut dyn FnMut(u64, u64)) -> Result<SimResult> {
-    let mut r = simulate(&p.workload, p.nodes.clone(), &p.config, progress)?;
+    let mut r = simulate(&p.workload, &p.inventory, &p.config, progress)?;
     for n in &p.notes {
         if !r.summary.notes.contains(n) {
             r.summary.notes.push(n.clone());

@@ -36,7 +36,21 @@ fn default_run_writes_the_output_contract_deterministically() {
         assert!(text(&o).contains("=== RM-Replay Results"), "{}", text(&o));
     }
     let summary = std::fs::read_to_string(a.join("summary.json")).unwrap();
-    assert_eq!(summary, std::fs::read_to_string(b.join("summary.json")).unwrap());
+    // Byte-identical except the two keys that measure real CPU time.
+    let strip = |s: &str| -> String {
+        s.lines()
+            .filter(|l| {
+                !lattice_sim::metrics::TIMING_KEYS
+                    .iter()
+                    .any(|k| l.contains(&format!("\"{k}\"")))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        strip(&summary),
+        strip(&std::fs::read_to_string(b.join("summary.json")).unwrap())
+    );
     assert_eq!(
         std::fs::read(a.join("jobs.csv")).unwrap(),
         std::fs::read(b.join("jobs.csv")).unwrap()
@@ -192,7 +206,7 @@ fn jsonl_trace_with_inventory() {
     };
     // b waits for a's GPU nodes (the CPU nodes do not satisfy gpu_type), then runs to its walltime.
     assert!(row("b").starts_with("b,1,3600,7200,"), "{}", row("b"));
-    assert!(row("c").ends_with("failed,exit_failure"), "{}", row("c"));
+    assert!(row("c").contains(",failed,exit_failure,"), "{}", row("c"));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(v["skipped"]["unsatisfiable"], 1, "d asks for 8 nodes of 6");

@@ -142,6 +142,8 @@ pub struct AllocSpec {
     pub checkpoint: CheckpointSpec,
     pub depends_on: Vec<Dependency>,
     pub task_group: Option<TaskGroupRef>,
+    /// Storage bandwidth the allocation needs while it runs, GB/s (a knapsack dimension).
+    pub storage_gbps: Option<f64>,
 }
 
 impl AllocSpec {
@@ -158,6 +160,7 @@ impl AllocSpec {
             checkpoint: CheckpointSpec::default(),
             depends_on: Vec::new(),
             task_group: None,
+            storage_gbps: None,
         }
     }
 }
@@ -260,6 +263,8 @@ pub struct Allocation {
     pub nodes: Vec<NodeId>,
     /// Started ahead of an earlier-queued allocation that was still waiting.
     pub backfilled: bool,
+    /// The score breakdown when it started (score-ordered vClusters only).
+    pub start_score: Option<crate::cost::ScoreBreakdown>,
 }
 
 impl Allocation {
@@ -304,6 +309,7 @@ mod tests {
             cpu_cores: 72,
             memory_gb: 512,
             features: ["nvme_scratch".to_string()].into(),
+            power_w: 0,
         };
         let mut c = Constraints::default();
         assert!(c.satisfied_by(&caps));

@@ -5,7 +5,7 @@
 //! free-node topology, energy prices) and ordering the queue by score is the cost-function issue's work.
 
 use crate::weights::CostWeights;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Everything the nine components read, for one allocation at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -35,7 +35,7 @@ pub struct CostInputs {
 }
 
 /// The nine component values and the weighted total.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScoreBreakdown {
     /// f1..f9 in order.
     pub components: [f64; 9],

@@ -4,22 +4,46 @@
 //! the decisions. A pass starts allocations by *proposing* them: their nodes are held at once, and the
 //! allocation becomes `Running` when the driver reports the quorum's commit (`handle_commit`) or goes back to
 //! the queue on a reject (`handle_reject`).
+//!
+//! **Pools.** Each vCluster schedules its own nodes (those whose home is that vCluster) with its own
+//! [`VClusterConfig`]. Nodes without a home form the shared pool, scheduled in one pass for all vClusters
+//! that have no nodes of their own (each allocation still scored with its own vCluster's weights).
 
 use crate::alloc::{AllocSpec, AllocState, Allocation, DependencyCondition, EndReason};
+use crate::classes::{ClassInfo, ClassKey};
 use crate::error::{EngineError, SubmitError};
 use crate::ids::{AllocId, NodeId, TenantId, VClusterId};
-use crate::node::{Node, NodeCapabilities, NodeEvent, NodeSpec, Owner, next_node_state};
+use crate::node::{Node, NodeEvent, NodeSpec, NodeState, Owner, next_node_state};
 use crate::nodeset::NodeSet;
-use crate::policy::{ArrivalOrder, Depth, LowestIdFirst, NodeSelector, Policy, QueueOrder};
-use crate::profile::{Picks, Profile};
+use crate::policy::{Policy, VClusterConfig};
+use crate::profile::Picks;
 use crate::tenant::{Registry, Tenant, VCluster};
-use crate::time::{Clock, Duration, Time};
+use crate::time::{Clock, Time};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// Engine configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Site-wide engine configuration.
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
+    /// Policy of vClusters that get no [`VClusterConfig`] (and of the shared pool when several vClusters
+    /// share it).
     pub policy: Policy,
+    /// Cluster power budget (knapsack dimension "power"), watts of busy nodes.
+    pub power_budget_w: Option<u64>,
+    /// Storage bandwidth the running allocations may use together, GB/s.
+    pub storage_bandwidth_gbps: Option<f64>,
+    /// Electricity price series `(from, price)`, a step function (f7).
+    pub energy_prices: Vec<(Time, f64)>,
+}
+
+impl EngineConfig {
+    pub fn new(policy: Policy) -> EngineConfig {
+        EngineConfig {
+            policy,
+            power_budget_w: None,
+            storage_bandwidth_gbps: None,
+            energy_prices: Vec::new(),
+        }
+    }
 }
 
 /// "Give these nodes to this allocation": the engine's request to the quorum.
@@ -38,81 +62,131 @@ pub struct Reservation {
     pub start: Time,
     /// `None` for allocations without a walltime.
     pub end: Option<Time>,
-    /// Nodes per node class.
+    /// Nodes per node class (a class lies in one group and one conformance group).
     pub picks: Picks,
 }
 
 /// What one pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PassStats {
-    /// False when no input arrived since the last pass (or pyss's trigger rule said no).
+    /// False when no pool had a pass due.
     pub ran: bool,
     pub started: u32,
     pub backfilled: u32,
     pub reservations: u32,
+    /// Allocations kept waiting for a cheaper energy window (f7).
+    pub deferred: u32,
 }
 
 #[derive(Clone, Debug, Default)]
-struct Meta {
-    /// Node classes whose capabilities satisfy the constraints.
-    eligible: Vec<u16>,
+pub(crate) struct Meta {
+    /// Node classes whose capabilities satisfy the constraints (in the allocation's pool).
+    pub eligible: Vec<u16>,
     /// Nodes held per class while proposed or running.
-    held: Picks,
-    holding: bool,
-    proposed_at: Option<Time>,
-    unresolved_deps: u32,
+    pub held: Picks,
+    pub holding: bool,
+    pub proposed_at: Option<Time>,
+    pub unresolved_deps: u32,
+    /// Node-seconds (GPU-seconds on GPU pools) per second while running, for fair-share accounting.
+    pub usage_rate: f64,
+    /// Requested GPU-hours (node-hours on CPU-only pools).
+    pub requested_gpu_hours: f64,
+}
+
+/// One scheduler instance: a vCluster's nodes, queue and settings.
+#[derive(Clone, Debug)]
+pub(crate) struct Pool {
+    pub config: VClusterConfig,
+    pub vclusters: Vec<VClusterId>,
+    /// Pending allocations whose dependencies are met, in arrival order (the pass reorders a copy).
+    pub queue: Vec<AllocId>,
+    /// A pass is due at this time (the next cycle tick after an input).
+    pub due_at: Option<Time>,
+    pub reservations: Vec<Reservation>,
+    pub has_gpus: bool,
 }
 
 /// The scheduling engine. See the crate docs for the contract.
 pub struct Engine {
-    config: EngineConfig,
-    clock: Clock,
-    nodes: Vec<Node>,
-    class_of: Vec<u16>,
-    class_caps: Vec<NodeCapabilities>,
-    class_total: Vec<u32>,
+    pub(crate) config: EngineConfig,
+    pub(crate) clock: Clock,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) class_of: Vec<u16>,
+    pub(crate) class_info: Vec<ClassInfo>,
+    pub(crate) class_keys: Vec<ClassKey>,
+    pub(crate) class_total: Vec<u32>,
     /// Nodes that are `Ready` and unowned.
-    free: NodeSet,
-    free_by_class: Vec<u32>,
-    nodes_not_ready: usize,
-    allocs: Vec<Allocation>,
-    meta: Vec<Meta>,
-    /// Pending allocations whose dependencies are met, in queue order.
-    queue: Vec<AllocId>,
+    pub(crate) free: NodeSet,
+    pub(crate) free_by_class: Vec<u32>,
+    pub(crate) nodes_not_ready: usize,
+    pub(crate) allocs: Vec<Allocation>,
+    pub(crate) meta: Vec<Meta>,
+    /// Pools by key: 0 = shared (nodes without a home), `v + 1` = home nodes of vCluster `v`.
+    pub(crate) pools: BTreeMap<u32, Pool>,
+    pub(crate) pool_of_vc: Vec<u32>,
+    pub(crate) vc_config: Vec<VClusterConfig>,
     /// Allocations holding nodes with a finite estimated end, by (estimated end, id).
-    running: BTreeSet<(Time, AllocId)>,
-    proposals: VecDeque<Proposal>,
-    dependents: BTreeMap<AllocId, Vec<AllocId>>,
-    tenants: Registry,
-    vclusters: Registry,
-    reservations: Vec<Reservation>,
-    pass_due: bool,
-    passes: u64,
-    order: Box<dyn QueueOrder>,
-    selector: Box<dyn NodeSelector>,
-    picks: Picks,
+    pub(crate) running: BTreeSet<(Time, AllocId)>,
+    pub(crate) proposals: VecDeque<Proposal>,
+    pub(crate) dependents: BTreeMap<AllocId, Vec<AllocId>>,
+    pub(crate) tenants: Registry,
+    pub(crate) tenant_target: Vec<Option<f64>>,
+    /// Fair-share accounting per tenant: closed usage, running rate, Σ rate × start (seconds).
+    pub(crate) usage_closed: Vec<f64>,
+    pub(crate) usage_rate: Vec<f64>,
+    pub(crate) usage_rate_start: Vec<f64>,
+    pub(crate) vclusters: Registry,
+    pub(crate) gpu_hours_committed: Vec<f64>,
+    pub(crate) power_used_w: u64,
+    pub(crate) storage_used_gbps: f64,
+    pub(crate) passes: u64,
 }
 
 impl Engine {
-    /// An engine over `nodes` (ids are assigned in the given order, from 0).
+    /// An engine over `nodes` (ids are assigned in the given order, from 0). A node's `home_vcluster`
+    /// refers to the id the vCluster will get from [`Engine::add_vcluster`] (register names in order).
     pub fn new(config: EngineConfig, nodes: Vec<NodeSpec>) -> Result<Engine, EngineError> {
-        let mut class_caps: Vec<NodeCapabilities> = Vec::new();
-        let mut index: BTreeMap<NodeCapabilities, u16> = BTreeMap::new();
+        let mut index: BTreeMap<ClassKey, u16> = BTreeMap::new();
+        let mut class_keys: Vec<ClassKey> = Vec::new();
+        let mut class_info: Vec<ClassInfo> = Vec::new();
         let mut class_of = Vec::with_capacity(nodes.len());
         let mut free = NodeSet::new(nodes.len());
         let mut class_total = Vec::new();
         let mut free_by_class = Vec::new();
         let mut nodes_not_ready = 0;
+        let mut pools: BTreeMap<u32, Pool> = BTreeMap::new();
         let nodes: Vec<Node> = nodes
             .into_iter()
             .enumerate()
             .map(|(i, spec)| {
-                let c = *index.entry(spec.capabilities.clone()).or_insert_with(|| {
-                    class_caps.push(spec.capabilities.clone());
+                let pool = spec.home_vcluster.map_or(0, |v| v.0 + 1);
+                let key = ClassKey {
+                    pool,
+                    capabilities: spec.capabilities.clone(),
+                    group: spec.group,
+                    conformance: spec.conformance,
+                };
+                let c = *index.entry(key.clone()).or_insert_with(|| {
+                    class_info.push(ClassInfo {
+                        group: spec.group,
+                        conformance: spec.conformance,
+                        power_w: spec.capabilities.power_w,
+                        gpus: spec.capabilities.gpu_count,
+                    });
+                    class_keys.push(key);
                     class_total.push(0);
                     free_by_class.push(0);
-                    (class_caps.len() - 1) as u16
+                    (class_keys.len() - 1) as u16
                 });
+                let p = pools.entry(pool).or_insert_with(|| Pool {
+                    config: VClusterConfig::new(config.policy),
+                    vclusters: Vec::new(),
+                    queue: Vec::new(),
+                    due_at: None,
+                    reservations: Vec::new(),
+                    has_gpus: false,
+                });
+                p.has_gpus |= spec.capabilities.gpu_count > 0;
                 class_of.push(c);
                 class_total[c as usize] += 1;
                 let id = NodeId(i as u32);
@@ -130,56 +204,100 @@ impl Engine {
                 }
             })
             .collect();
-        if config.policy == Policy::PyssEasy && class_caps.len() > 1 {
-            return Err(EngineError::PyssHeterogeneous(class_caps.len()));
+        if config.policy == Policy::PyssEasy && class_keys.len() > 1 {
+            return Err(EngineError::PyssHeterogeneous(class_keys.len()));
         }
         Ok(Engine {
             config,
             clock: Clock::default(),
             nodes,
             class_of,
-            class_caps,
+            class_info,
+            class_keys,
             class_total,
             free,
             free_by_class,
             nodes_not_ready,
             allocs: Vec::new(),
             meta: Vec::new(),
-            queue: Vec::new(),
+            pools,
+            pool_of_vc: Vec::new(),
+            vc_config: Vec::new(),
             running: BTreeSet::new(),
             proposals: VecDeque::new(),
             dependents: BTreeMap::new(),
             tenants: Registry::default(),
+            tenant_target: Vec::new(),
+            usage_closed: Vec::new(),
+            usage_rate: Vec::new(),
+            usage_rate_start: Vec::new(),
             vclusters: Registry::default(),
-            reservations: Vec::new(),
-            pass_due: false,
+            gpu_hours_committed: Vec::new(),
+            power_used_w: 0,
+            storage_used_gbps: 0.0,
             passes: 0,
-            order: Box::new(ArrivalOrder),
-            selector: Box::new(LowestIdFirst),
-            picks: Vec::new(),
         })
     }
 
-    /// Replaces the queue order (the seam for score-based ordering).
-    pub fn with_queue_order(mut self, order: Box<dyn QueueOrder>) -> Engine {
-        self.order = order;
-        self
-    }
-
-    /// Replaces the node selector (the seam for topology-aware placement).
-    pub fn with_node_selector(mut self, selector: Box<dyn NodeSelector>) -> Engine {
-        self.selector = selector;
-        self
-    }
-
-    // ----- registries ---------------------------------------------------------------------------------
+    // ----- registries and configuration ---------------------------------------------------------------
 
     pub fn add_tenant(&mut self, name: &str) -> TenantId {
-        TenantId(self.tenants.intern(name))
+        let id = TenantId(self.tenants.intern(name));
+        while self.tenant_target.len() < self.tenants.len() {
+            self.tenant_target.push(None);
+            self.usage_closed.push(0.0);
+            self.usage_rate.push(0.0);
+            self.usage_rate_start.push(0.0);
+        }
+        id
     }
 
+    /// The tenant's contracted share in (0, 1] (f3's target); tenants without one share what the others
+    /// leave equally.
+    pub fn set_tenant_share(&mut self, tenant: TenantId, share: f64) {
+        if let Some(t) = self.tenant_target.get_mut(tenant.index()) {
+            *t = Some(share.clamp(0.0, 1.0));
+        }
+    }
+
+    /// Registers a vCluster. It schedules its home nodes if it has any, else the shared pool.
     pub fn add_vcluster(&mut self, name: &str) -> VClusterId {
-        VClusterId(self.vclusters.intern(name))
+        let id = VClusterId(self.vclusters.intern(name));
+        while self.pool_of_vc.len() < self.vclusters.len() {
+            let v = self.pool_of_vc.len() as u32;
+            let key = if self.pools.contains_key(&(v + 1)) { v + 1 } else { 0 };
+            let pool = self.pools.entry(key).or_insert_with(|| Pool {
+                config: VClusterConfig::new(self.config.policy),
+                vclusters: Vec::new(),
+                queue: Vec::new(),
+                due_at: None,
+                reservations: Vec::new(),
+                has_gpus: false,
+            });
+            pool.vclusters.push(VClusterId(v));
+            self.pool_of_vc.push(key);
+            self.vc_config.push(VClusterConfig::new(self.config.policy));
+            self.gpu_hours_committed.push(0.0);
+        }
+        id
+    }
+
+    /// Sets a vCluster's scheduler config. A pool's policy and cycle are its vCluster's; the shared pool
+    /// takes them from its vCluster only when exactly one vCluster uses it.
+    pub fn configure_vcluster(&mut self, v: VClusterId, config: VClusterConfig) -> Result<(), EngineError> {
+        let key = *self.pool_of_vc.get(v.index()).ok_or(EngineError::UnknownVCluster(v))?;
+        if config.policy == Policy::PyssEasy && self.class_keys.len() > 1 {
+            return Err(EngineError::PyssHeterogeneous(self.class_keys.len()));
+        }
+        self.vc_config[v.index()] = config.clone();
+        let pool = self.pools.get_mut(&key).expect("pool exists");
+        if key != 0 || pool.vclusters.len() == 1 {
+            pool.config = config;
+        } else {
+            // Shared by several: keep the site policy and cycle; scores still use each vCluster's weights.
+            pool.config.weights = pool.config.weights.or(config.weights);
+        }
+        Ok(())
     }
 
     pub fn tenant(&self, id: TenantId) -> Option<Tenant> {
@@ -196,10 +314,14 @@ impl Engine {
         })
     }
 
+    pub fn vcluster_config(&self, id: VClusterId) -> Option<&VClusterConfig> {
+        self.vc_config.get(id.index())
+    }
+
     // ----- read access --------------------------------------------------------------------------------
 
-    pub fn config(&self) -> EngineConfig {
-        self.config
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
     pub fn now(&self) -> Time {
         self.clock.now()
@@ -216,22 +338,22 @@ impl Engine {
     pub fn allocations(&self) -> &[Allocation] {
         &self.allocs
     }
-    /// Pending allocations whose dependencies are met, in queue order.
-    pub fn queue(&self) -> &[AllocId] {
-        &self.queue
+    /// Pending allocations whose dependencies are met, over all pools (pool order, then arrival order).
+    pub fn queue(&self) -> Vec<AllocId> {
+        self.pools.values().flat_map(|p| p.queue.iter().copied()).collect()
     }
-    /// The reservations made by the last pass.
-    pub fn reservations(&self) -> &[Reservation] {
-        &self.reservations
+    /// The reservations made by each pool's last pass.
+    pub fn reservations(&self) -> impl Iterator<Item = &Reservation> + '_ {
+        self.pools.values().flat_map(|p| p.reservations.iter())
     }
     pub fn class_of(&self, node: NodeId) -> u16 {
         self.class_of[node.index()]
     }
     pub fn class_count(&self) -> usize {
-        self.class_caps.len()
+        self.class_keys.len()
     }
-    pub fn class_capabilities(&self, class: u16) -> &NodeCapabilities {
-        &self.class_caps[class as usize]
+    pub fn class_key(&self, class: u16) -> &ClassKey {
+        &self.class_keys[class as usize]
     }
     /// Free (`Ready`, unowned) nodes per class.
     pub fn free_by_class(&self) -> &[u32] {
@@ -240,23 +362,27 @@ impl Engine {
     pub fn free_nodes(&self) -> usize {
         self.free.len()
     }
-    /// Scheduling passes run so far.
+    /// Scheduling passes run so far (over all pools).
     pub fn passes(&self) -> u64 {
         self.passes
+    }
+    /// Watts drawn by busy nodes.
+    pub fn power_used_w(&self) -> u64 {
+        self.power_used_w
     }
     /// Allocations that hold nodes and have a walltime, with their estimated end, earliest first.
     pub fn running_estimates(&self) -> impl Iterator<Item = (Time, AllocId)> + '_ {
         self.running.iter().copied()
     }
 
-    /// The earliest time at which the engine would act without a new input. Passes are event-driven
-    /// (DESIGN.md §3 "Event order"), so nothing is time-triggered yet: always `None` for now. Periodic
-    /// cycles and time-dependent scores (wait-time aging, energy windows) will set it.
+    /// The earliest time at which the engine wants [`Engine::schedule`] called without a new input: the
+    /// next cycle tick of a pool with a pass due, or the next energy-price change while allocations wait
+    /// for a cheaper window.
     pub fn next_wakeup(&self) -> Option<Time> {
-        None
+        self.pools.values().filter_map(|p| p.due_at).min()
     }
 
-    /// The next proposal for the quorum, in the order the pass made them.
+    /// The next proposal for the quorum, in the order the passes made them.
     pub fn poll_proposal(&mut self) -> Option<Proposal> {
         self.proposals.pop_front()
     }
@@ -277,14 +403,18 @@ impl Engine {
         if self.tenants.get(spec.tenant.0).is_none() {
             return Err(SubmitError::UnknownTenant(spec.tenant));
         }
-        if self.vclusters.get(spec.vcluster.0).is_none() {
+        let Some(&pool_key) = self.pool_of_vc.get(spec.vcluster.index()) else {
             return Err(SubmitError::UnknownVCluster(spec.vcluster));
-        }
-        if self.config.policy == Policy::PyssEasy && !spec.constraints.is_empty() {
+        };
+        let policy = self.pools[&pool_key].config.policy;
+        if policy == Policy::PyssEasy && !spec.constraints.is_empty() {
             return Err(SubmitError::PyssConstraints);
         }
-        let eligible: Vec<u16> = (0..self.class_caps.len() as u16)
-            .filter(|&c| spec.constraints.satisfied_by(&self.class_caps[c as usize]))
+        let eligible: Vec<u16> = (0..self.class_keys.len() as u16)
+            .filter(|&c| {
+                let k = &self.class_keys[c as usize];
+                k.pool == pool_key && spec.constraints.satisfied_by(&k.capabilities)
+            })
             .collect();
         let eligible_total: u32 = eligible.iter().map(|&c| self.class_total[c as usize]).sum();
         if eligible_total < min {
@@ -308,6 +438,21 @@ impl Engine {
                 self.dependents.entry(d.on).or_default().push(id);
             }
         }
+        // GPUs per node: the smallest eligible class (what the request is guaranteed).
+        let gpus_per_node = eligible
+            .iter()
+            .map(|&c| self.class_info[c as usize].gpus)
+            .min()
+            .unwrap_or(0);
+        let per_node = if self.pools[&pool_key].has_gpus {
+            gpus_per_node as f64
+        } else {
+            1.0
+        };
+        let requested_gpu_hours = spec
+            .lifecycle
+            .walltime()
+            .map_or(f64::INFINITY, |w| per_node * min as f64 * w.as_secs_f64() / 3600.0);
         self.allocs.push(Allocation {
             id,
             spec,
@@ -318,21 +463,23 @@ impl Engine {
             end_reason: None,
             nodes: Vec::new(),
             backfilled: false,
+            start_score: None,
         });
         self.meta.push(Meta {
             eligible,
             unresolved_deps: unresolved,
+            requested_gpu_hours,
             ..Meta::default()
         });
         if broken {
             self.cancel_for_dependency(now, id);
         } else if unresolved == 0 {
+            let fits_free = min as usize <= self.free.len();
             self.enqueue(id);
-            self.pass_due |= match self.config.policy {
-                // pyss runs a pass on a submission only if the new job fits in free(t).
-                Policy::PyssEasy => min as usize <= self.free.len(),
-                _ => true,
-            };
+            // pyss runs a pass on a submission only if the new job fits in free(t).
+            if policy != Policy::PyssEasy || fits_free {
+                self.mark_due(pool_key, now);
+            }
         }
         Ok(id)
     }
@@ -344,11 +491,15 @@ impl Engine {
         self.transition(id, AllocState::Running)?;
         let a = &mut self.allocs[id.index()];
         a.started = Some(now);
+        let tenant = a.spec.tenant.index();
         if let Some(w) = a.spec.lifecycle.walltime() {
             self.running.remove(&(proposed_at + w, id));
             self.running.insert((now + w, id));
         }
-        self.meta[id.index()].proposed_at = None;
+        let m = &mut self.meta[id.index()];
+        m.proposed_at = None;
+        self.usage_rate[tenant] += m.usage_rate;
+        self.usage_rate_start[tenant] += m.usage_rate * now.as_secs_f64();
         Ok(())
     }
 
@@ -360,12 +511,15 @@ impl Engine {
             self.running.remove(&(proposed_at + w, id));
         }
         self.release_nodes(id);
+        self.refund_budgets(id);
         let a = &mut self.allocs[id.index()];
         a.nodes.clear();
         a.backfilled = false;
+        a.start_score = None;
         self.meta[id.index()].proposed_at = None;
         self.enqueue(id);
-        self.pass_due = true;
+        let key = self.pool_key_of(id);
+        self.mark_due(key, now);
         Ok(())
     }
 
@@ -381,7 +535,8 @@ impl Engine {
         self.transition(id, to)?;
         self.finish(now, id, reason);
         // pyss: a termination always runs a pass.
-        self.pass_due = true;
+        let key = self.pool_key_of(id);
+        self.mark_due(key, now);
         Ok(())
     }
 
@@ -398,9 +553,12 @@ impl Engine {
             });
         }
         self.transition(id, AllocState::Cancelled)?;
-        self.queue.retain(|&q| q != id);
+        let key = self.pool_key_of(id);
+        if let Some(p) = self.pools.get_mut(&key) {
+            p.queue.retain(|&q| q != id);
+        }
         self.finish(now, id, EndReason::UserCancelled);
-        self.pass_due = true;
+        self.mark_due(key, now);
         Ok(())
     }
 
@@ -448,225 +606,35 @@ impl Engine {
                 failed.push(id);
             }
         }
-        self.pass_due = true;
+        let key = self.class_keys[c].pool;
+        self.mark_due(key, now);
         Ok(failed)
     }
 
-    /// Runs a scheduling pass at `now` if one is due (any input since the last pass; pyss has its own
-    /// trigger rule). Proposals are then available from [`Engine::poll_proposal`].
-    pub fn schedule(&mut self, now: Time) -> PassStats {
-        self.clock.advance(now);
-        if !self.pass_due {
-            return PassStats::default();
-        }
-        self.pass_due = false;
-        self.passes += 1;
-        self.reservations.clear();
-        let mut queue = std::mem::take(&mut self.queue);
-        self.order.reorder(now, &mut queue, &self.allocs);
-        let (stats, rest) = match self.config.policy {
-            Policy::Fcfs => self.pass_backfill(now, queue, None),
-            Policy::Backfill { depth } => self.pass_backfill(now, queue, Some(depth)),
-            Policy::PyssEasy => self.pass_pyss(now, queue),
-        };
-        self.queue = rest;
-        stats
-    }
-
-    // ----- passes -------------------------------------------------------------------------------------
-
-    /// FCFS (`depth = None`) or backfill with depth `d` (DESIGN.md §3 "Backfill", "EASY").
-    fn pass_backfill(&mut self, now: Time, queue: Vec<AllocId>, depth: Option<Depth>) -> (PassStats, Vec<AllocId>) {
-        let mut stats = PassStats {
-            ran: true,
-            ..PassStats::default()
-        };
-        let mut keep = Vec::with_capacity(queue.len());
-        let mut profile: Option<Profile> = None;
-        // suffix_min[i - base] = smallest request among queue[i..]: once fewer nodes are free now, stop.
-        let mut suffix_min: Vec<u32> = Vec::new();
-        let mut base = 0;
-        let mut blocked = false;
-        let mut picks = std::mem::take(&mut self.picks);
-        for (i, &id) in queue.iter().enumerate() {
-            let k = self.allocs[id.index()].spec.nodes.min;
-            let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
-            let Some(p) = profile.as_mut() else {
-                // Nothing is blocked yet: every start so far is in queue order.
-                if self.fits_now(id, k) {
-                    self.propose(now, id, None, false);
-                    stats.started += 1;
-                    continue;
-                }
-                // FCFS: the head blocks everything behind it.
-                let Some(depth) = depth else {
-                    keep.extend_from_slice(&queue[i..]);
-                    break;
-                };
-                base = i;
-                suffix_min = self.suffix_min_nodes(&queue[i..]);
-                let p = profile.insert(self.build_profile(now));
-                blocked = true;
-                self.reserve_if_allowed(p, id, k, walltime, depth, &mut stats, &mut picks);
-                keep.push(id);
-                continue;
-            };
-            if p.free_total_now() < suffix_min[i - base] as i64 {
-                keep.extend_from_slice(&queue[i..]);
-                break;
-            }
-            let eligible = std::mem::take(&mut self.meta[id.index()].eligible);
-            let fit = p.fit(0, walltime, &eligible, k, &mut picks);
-            self.meta[id.index()].eligible = eligible;
-            match fit {
-                Ok(()) => {
-                    p.reserve(now, walltime, &picks);
-                    self.propose(now, id, Some(&picks), blocked);
-                    stats.started += 1;
-                    stats.backfilled += blocked as u32;
-                }
-                Err(_) => {
-                    let depth = depth.expect("profile is only built for backfill");
-                    self.reserve_if_allowed(p, id, k, walltime, depth, &mut stats, &mut picks);
-                    keep.push(id);
-                }
-            }
-        }
-        self.picks = picks;
-        (stats, keep)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn reserve_if_allowed(
-        &mut self,
-        p: &mut Profile,
-        id: AllocId,
-        k: u32,
-        walltime: Option<Duration>,
-        depth: Depth,
-        stats: &mut PassStats,
-        picks: &mut Picks,
-    ) {
-        let allowed = match depth {
-            Depth::Unlimited => true,
-            Depth::Limited(d) => stats.reservations < d,
-        };
-        if !allowed {
-            return;
-        }
-        let eligible = &self.meta[id.index()].eligible;
-        if let Some(start) = p.earliest(walltime, eligible, k, picks) {
-            p.reserve(start, walltime, picks);
-            self.reservations.push(Reservation {
-                alloc: id,
-                start,
-                end: walltime.map(|w| start + w),
-                picks: picks.clone(),
-            });
-            stats.reservations += 1;
-        }
-    }
-
-    /// EASY as pyss implements it (DESIGN.md §3, rule by rule). One homogeneous pool; processors of jobs
-    /// past their estimated end were already released by `release_estimated_ends`.
-    fn pass_pyss(&mut self, now: Time, queue: Vec<AllocId>) -> (PassStats, Vec<AllocId>) {
-        let mut stats = PassStats {
-            ran: true,
-            ..PassStats::default()
-        };
-        let mut free = self.free.len() as i64;
-        // (1) Start queue heads while the head fits.
-        let mut h = 0;
-        while h < queue.len() {
-            let k = self.allocs[queue[h].index()].spec.nodes.min as i64;
-            if k > free {
-                break;
-            }
-            self.propose(now, queue[h], None, false);
-            free -= k;
-            stats.started += 1;
-            h += 1;
-        }
-        // (2) Fewer than two waiting: stop.
-        if queue.len() - h < 2 {
-            return (stats, queue[h..].to_vec());
-        }
-        // (3) Shadow time and extra processors for the head.
-        let head = queue[h];
-        let head_k = self.allocs[head.index()].spec.nodes.min as i64;
-        let mut acc = free;
-        let mut shadow = None;
-        for &(t, id) in &self.running {
-            acc += self.held_total(id);
-            if acc >= head_k {
-                shadow = Some(t);
-                break;
-            }
-        }
-        let Some(shadow) = shadow else {
-            return (stats, queue[h..].to_vec());
-        };
-        let released: i64 = self
-            .running
-            .iter()
-            .take_while(|&&(t, _)| t <= shadow)
-            .map(|&(_, id)| self.held_total(id))
-            .sum();
-        let mut extra = free + released - head_k;
-        let mut nonextra = free - extra;
-        if nonextra < 0 {
-            extra += nonextra;
-            nonextra = 0;
-        }
-        self.reservations.push(Reservation {
-            alloc: head,
-            start: shadow,
-            end: self.allocs[head.index()].spec.lifecycle.walltime().map(|w| shadow + w),
-            picks: vec![(0, head_k as u32)],
-        });
-        stats.reservations = 1;
-        // (4) Scan the other waiting jobs in queue order.
-        let mut keep = vec![head];
-        let horizon = shadow.since(now);
-        for &id in &queue[h + 1..] {
-            let a = &self.allocs[id.index()];
-            let k = a.spec.nodes.min as i64;
-            let long = a.spec.lifecycle.walltime().is_none_or(|w| w > horizon);
-            let starts = if long {
-                if k <= extra {
-                    extra -= k;
-                    true
-                } else {
-                    false
-                }
-            } else if k <= extra + nonextra {
-                nonextra -= k;
-                if nonextra < 0 {
-                    extra += nonextra;
-                    nonextra = 0;
-                }
-                true
-            } else {
-                false
-            };
-            if starts {
-                self.propose(now, id, None, true);
-                stats.started += 1;
-                stats.backfilled += 1;
-            } else {
-                keep.push(id);
-            }
-        }
-        (stats, keep)
-    }
-
     // ----- helpers ------------------------------------------------------------------------------------
+
+    pub(crate) fn pool_key_of(&self, id: AllocId) -> u32 {
+        self.pool_of_vc[self.allocs[id.index()].spec.vcluster.index()]
+    }
+
+    /// An input arrived for `key`'s pool: its next pass is due at the next cycle tick.
+    pub(crate) fn mark_due(&mut self, key: u32, now: Time) {
+        if let Some(p) = self.pools.get_mut(&key) {
+            let interval = p.config.cycle_interval.as_millis();
+            let tick = if interval == 0 {
+                now
+            } else {
+                Time(now.0.div_ceil(interval) * interval)
+            };
+            p.due_at = Some(p.due_at.map_or(tick, |d| d.min(tick)));
+        }
+    }
 
     fn meta_of(&self, id: AllocId) -> Result<&Meta, EngineError> {
         self.meta.get(id.index()).ok_or(EngineError::UnknownAlloc(id))
     }
 
-    fn transition(&mut self, id: AllocId, to: AllocState) -> Result<(), EngineError> {
+    pub(crate) fn transition(&mut self, id: AllocId, to: AllocState) -> Result<(), EngineError> {
         let a = self.allocs.get_mut(id.index()).ok_or(EngineError::UnknownAlloc(id))?;
         if !a.state.can_transition_to(to) {
             return Err(EngineError::InvalidTransition { id, from: a.state, to });
@@ -675,79 +643,20 @@ impl Engine {
         Ok(())
     }
 
-    /// `out[i]` = the smallest node request among `queue[i..]`.
-    fn suffix_min_nodes(&self, queue: &[AllocId]) -> Vec<u32> {
-        let mut out: Vec<u32> = queue.iter().map(|q| self.allocs[q.index()].spec.nodes.min).collect();
-        for i in (0..out.len().saturating_sub(1)).rev() {
-            out[i] = out[i].min(out[i + 1]);
-        }
-        out
-    }
-
-    fn held_total(&self, id: AllocId) -> i64 {
-        self.meta[id.index()].held.iter().map(|p| p.1 as i64).sum()
-    }
-
-    fn fits_now(&self, id: AllocId, k: u32) -> bool {
-        let free: u32 = self.meta[id.index()]
-            .eligible
-            .iter()
-            .map(|&c| self.free_by_class[c as usize])
-            .sum();
-        free >= k
-    }
-
-    fn enqueue(&mut self, id: AllocId) {
-        match self.queue.last() {
+    pub(crate) fn enqueue(&mut self, id: AllocId) {
+        let key = self.pool_key_of(id);
+        let queue = &mut self.pools.get_mut(&key).expect("pool exists").queue;
+        match queue.last() {
             Some(&last) if last > id => {
-                let at = self.queue.partition_point(|&q| q < id);
-                self.queue.insert(at, id);
+                let at = queue.partition_point(|&q| q < id);
+                queue.insert(at, id);
             }
-            _ => self.queue.push(id),
+            _ => queue.push(id),
         }
     }
 
-    /// The availability profile from now: free nodes plus releases at running allocations' estimated ends.
-    fn build_profile(&self, now: Time) -> Profile {
-        let mut p = Profile::new(now, &self.free_by_class);
-        for &(t, id) in &self.running {
-            let m = &self.meta[id.index()];
-            if self.nodes_not_ready == 0 {
-                p.add_release(t, &m.held);
-            } else {
-                // Only nodes that will be schedulable when released come back.
-                let mut back: Picks = Vec::new();
-                for n in &self.allocs[id.index()].nodes {
-                    if self.nodes[n.index()].state.schedulable() {
-                        let c = self.class_of[n.index()];
-                        match back.iter_mut().find(|p| p.0 == c) {
-                            Some(p) => p.1 += 1,
-                            None => back.push((c, 1)),
-                        }
-                    }
-                }
-                p.add_release(t, &back);
-            }
-        }
-        p
-    }
-
-    fn propose(&mut self, now: Time, id: AllocId, picks: Option<&Picks>, backfilled: bool) {
-        let k = self.allocs[id.index()].spec.nodes.min;
-        let mut caps: Picks = match picks {
-            Some(p) => p.clone(),
-            None => self.meta[id.index()].eligible.iter().map(|&c| (c, u32::MAX)).collect(),
-        };
-        let mut nodes = Vec::with_capacity(k as usize);
-        self.selector
-            .select(&self.free, &self.class_of, &mut caps, k, &mut nodes);
-        assert_eq!(
-            nodes.len(),
-            k as usize,
-            "node selector {} gave {} nodes for a request of {k}: the pass believed more nodes were free",
-            self.selector.name(),
-            nodes.len()
-        );
+    /// Holds `nodes` for `id` and queues the proposal.
+    pub(crate) fn propose(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, backfilled: bool) {
         let a = &self.allocs[id.index()];
         let owner = Owner {
             tenant: a.spec.tenant,
@@ -755,19 +664,29 @@ impl Engine {
             alloc: id,
         };
         let walltime = a.spec.lifecycle.walltime();
+        let storage = a.spec.storage_gbps.unwrap_or(0.0);
+        let vc = a.spec.vcluster.index();
         let mut held: Picks = Vec::new();
+        let mut power = 0u64;
+        let mut gpus = 0u64;
         for &n in &nodes {
             let removed = self.free.remove(n);
-            assert!(removed, "node selector chose node {n} which is not free");
+            assert!(removed, "placement chose node {n} which is not free");
             let c = self.class_of[n.index()];
             self.free_by_class[c as usize] -= 1;
             self.nodes[n.index()].owner = Some(owner);
+            power += self.class_info[c as usize].power_w as u64;
+            gpus += self.class_info[c as usize].gpus as u64;
             match held.iter_mut().find(|p| p.0 == c) {
                 Some(p) => p.1 += 1,
                 None => held.push((c, 1)),
             }
         }
+        self.power_used_w += power;
+        self.storage_used_gbps += storage;
         let m = &mut self.meta[id.index()];
+        self.gpu_hours_committed[vc] += m.requested_gpu_hours;
+        m.usage_rate = if gpus > 0 { gpus as f64 } else { nodes.len() as f64 };
         m.held = held;
         m.holding = true;
         m.proposed_at = Some(now);
@@ -784,27 +703,35 @@ impl Engine {
         });
     }
 
-    fn release_nodes(&mut self, id: AllocId) {
+    fn refund_budgets(&mut self, id: AllocId) {
+        let vc = self.allocs[id.index()].spec.vcluster.index();
+        self.gpu_hours_committed[vc] -= self.meta[id.index()].requested_gpu_hours;
+    }
+
+    pub(crate) fn release_nodes(&mut self, id: AllocId) {
         if !std::mem::take(&mut self.meta[id.index()].holding) {
             return;
         }
+        self.storage_used_gbps -= self.allocs[id.index()].spec.storage_gbps.unwrap_or(0.0);
         for i in 0..self.allocs[id.index()].nodes.len() {
             let n = self.allocs[id.index()].nodes[i];
+            let c = self.class_of[n.index()] as usize;
+            self.power_used_w -= self.class_info[c].power_w as u64;
             let node = &mut self.nodes[n.index()];
             node.owner = None;
             if node.state.schedulable() {
                 self.free.insert(n);
-                self.free_by_class[self.class_of[n.index()] as usize] += 1;
-            } else if node.state == crate::node::NodeState::Draining {
-                node.state = crate::node::NodeState::Drained;
+                self.free_by_class[c] += 1;
+            } else if node.state == NodeState::Draining {
+                node.state = NodeState::Drained;
             }
         }
     }
 
     /// pyss counts a job's processors as free from its estimated end, before its termination event is
     /// handled at the same timestamp; release them now so `free(t)` and node ownership agree.
-    fn release_estimated_ends(&mut self, now: Time) {
-        if self.config.policy != Policy::PyssEasy {
+    pub(crate) fn release_estimated_ends(&mut self, now: Time) {
+        if !self.pools.values().any(|p| p.config.policy == Policy::PyssEasy) {
             return;
         }
         while let Some(&(t, id)) = self.running.first() {
@@ -821,10 +748,15 @@ impl Engine {
         let a = &mut self.allocs[id.index()];
         a.ended = Some(now);
         a.end_reason = Some(reason);
-        if let Some(s) = a.started
-            && let Some(w) = a.spec.lifecycle.walltime()
-        {
-            self.running.remove(&(s + w, id));
+        if let Some(s) = a.started {
+            if let Some(w) = a.spec.lifecycle.walltime() {
+                self.running.remove(&(s + w, id));
+            }
+            let t = a.spec.tenant.index();
+            let rate = self.meta[id.index()].usage_rate;
+            self.usage_rate[t] -= rate;
+            self.usage_rate_start[t] -= rate * s.as_secs_f64();
+            self.usage_closed[t] += rate * now.since(s).as_secs_f64();
         }
         self.release_nodes(id);
         self.resolve_dependents(now, id);
@@ -868,14 +800,35 @@ impl Engine {
                 m.unresolved_deps -= 1;
                 if m.unresolved_deps == 0 {
                     self.enqueue(w);
-                    self.pass_due = true;
+                    let key = self.pool_key_of(w);
+                    self.mark_due(key, now);
                 }
             }
         }
     }
+
+    /// Fair-share usage of every tenant at `now` (node- or GPU-seconds), for f3.
+    pub(crate) fn tenant_usage(&self, now: Time) -> Vec<f64> {
+        let t = now.as_secs_f64();
+        (0..self.usage_closed.len())
+            .map(|i| self.usage_closed[i] + self.usage_rate[i] * t - self.usage_rate_start[i])
+            .collect()
+    }
+
+    /// Target share per tenant: configured shares, the rest split equally among the others.
+    pub(crate) fn tenant_targets(&self) -> Vec<f64> {
+        let set: f64 = self.tenant_target.iter().flatten().sum();
+        let unset = self.tenant_target.iter().filter(|t| t.is_none()).count();
+        let rest = if unset > 0 {
+            (1.0 - set).max(0.0) / unset as f64
+        } else {
+            0.0
+        };
+        self.tenant_target.iter().map(|t| t.unwrap_or(rest)).collect()
+    }
 }
 
-fn condition_met(c: DependencyCondition, up: &Allocation) -> bool {
+pub(crate) fn condition_met(c: DependencyCondition, up: &Allocation) -> bool {
     match c {
         DependencyCondition::Success => up.state == AllocState::Completed,
         DependencyCondition::Failure => up.state == AllocState::Failed,

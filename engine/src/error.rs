@@ -31,6 +31,8 @@ pub enum EngineError {
     UnknownAlloc(AllocId),
     #[error("unknown node {0}")]
     UnknownNode(NodeId),
+    #[error("unknown vcluster id {0}")]
+    UnknownVCluster(VClusterId),
     #[error("allocation {id}: {from} -> {to} is not a valid transition")]
     InvalidTransition {
         id: AllocId,

@@ -10,21 +10,25 @@
 //! timestamp are in, and drain [`Proposal`]s with [`Engine::poll_proposal`]. Two drivers exist by design:
 //! `lattice-sim` (virtual clock, fake quorum and nodes) and `lattice-runtime` (wall clock, Raft, agents).
 //!
-//! Main types: [`Engine`], [`Policy`] (`fcfs`, backfill with depth `d` — `easy` is `d = 1`,
-//! `conservative` is unlimited — and the pyss-compatible EASY), [`Profile`] (availability over time per
-//! node class), [`Allocation`]/[`AllocSpec`] with the allocation state machine, [`Node`] with the node
-//! state machine, and the seams [`QueueOrder`] and [`NodeSelector`].
+//! Main types: [`Engine`] with one scheduler instance per vCluster pool ([`VClusterConfig`]: policy,
+//! weights, cycle interval, reference wait); [`Policy`] (`fcfs`, backfill with depth `d` — `easy` is
+//! `d = 1`, `conservative` unlimited — `bin-pack`, `reservation`, and the pyss-compatible EASY); the cost
+//! function f1..f9 with per-allocation breakdowns ([`cost`], ordering in [`pass`]); the placement picker
+//! over node classes — pool, capabilities, dragonfly group, conformance fingerprint ([`classes`]); the
+//! availability [`Profile`]; [`Allocation`]/[`AllocSpec`] and [`Node`] with their state machines.
 //!
-//! Deliberately not here (yet): ordering the queue by the cost function (its f1..f9 formulas are in
-//! [`cost`]) and topology-aware selection (the next issue plugs them into the two seams), fair share, quotas, preemption, DAG conditions beyond success/failure/any.
+//! Deliberately not here (yet): the full fair-share model (f3 reads plain accumulated usage), quotas,
+//! borrowing, preemption, DAG conditions beyond success/failure/any.
 
 pub mod alloc;
+pub mod classes;
 pub mod cost;
 pub mod engine;
 pub mod error;
 pub mod ids;
 pub mod node;
 pub mod nodeset;
+pub mod pass;
 pub mod policy;
 pub mod profile;
 pub mod tenant;
@@ -35,12 +39,14 @@ pub use alloc::{
     AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointSpec, Constraints, Dependency, DependencyCondition,
     EndReason, Lifecycle, NodeRange, PreemptionClass, TaskGroupRef,
 };
+pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
+pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};
 pub use error::{EngineError, SubmitError};
 pub use ids::{AllocId, GroupId, NodeId, ProjectId, TenantId, VClusterId};
 pub use node::{ConformanceFingerprint, Node, NodeCapabilities, NodeEvent, NodeSpec, NodeState, Owner};
 pub use nodeset::NodeSet;
-pub use policy::{ArrivalOrder, Depth, LowestIdFirst, NodeSelector, Policy, QueueOrder};
+pub use policy::{Depth, Policy, VClusterConfig};
 pub use profile::{Picks, Profile};
 pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};

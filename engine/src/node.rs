@@ -16,6 +16,8 @@ pub struct NodeCapabilities {
     pub memory_gb: u32,
     /// Features such as `nvme_scratch`; a `BTreeSet` so equality and order are deterministic.
     pub features: BTreeSet<String>,
+    /// Nominal power draw when busy, watts (for the power budget).
+    pub power_w: u32,
 }
 
 /// Hash of GPU driver, NIC firmware, BIOS/BMC firmware and kernel parameters (the agent computes it).

@@ -1,9 +1,7 @@
-//! Scheduling policies and the seams later issues plug into: queue order and node selection.
+//! Scheduling policies and per-vCluster scheduler configuration.
 
-use crate::alloc::Allocation;
-use crate::ids::{AllocId, NodeId};
-use crate::nodeset::NodeSet;
-use crate::time::Time;
+use crate::time::Duration;
+use crate::weights::CostWeights;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -16,15 +14,21 @@ pub enum Depth {
     Unlimited,
 }
 
-/// The scheduling policy of a pass.
+/// The scheduling policy of a vCluster's scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Policy {
     /// Strict queue order: start from the head while it fits; the first that does not fit blocks all.
+    /// (`fifo`, the interactive policy, is this with arrival order.)
     Fcfs,
-    /// Backfilling with reservations for the top `depth` blocked allocations.
+    /// Backfilling with reservations for the top `depth` blocked allocations (HPC).
     Backfill { depth: Depth },
     /// EASY exactly as pyss implements it (DESIGN.md §3 "EASY, pyss-compatible").
     PyssEasy,
+    /// Services: first fit in queue order, no reservations, best-fit placement that packs partially used
+    /// groups before opening empty ones.
+    BinPack,
+    /// Sensitive: strict queue order, priority fixed at the highest class, conformance a hard constraint.
+    Reservation,
 }
 
 impl Policy {
@@ -50,64 +54,37 @@ impl fmt::Display for Policy {
                 depth: Depth::Limited(d),
             } => write!(f, "backfill(depth={d})"),
             Policy::PyssEasy => f.write_str("easy(compat=pyss)"),
+            Policy::BinPack => f.write_str("bin-pack"),
+            Policy::Reservation => f.write_str("reservation"),
         }
     }
 }
 
-/// Orders the pending queue before a pass (priority order). The cost-function issue adds a score order.
-pub trait QueueOrder: Send {
-    fn name(&self) -> &'static str;
-    /// Reorders `queue` (pending allocations) in place; must be deterministic.
-    fn reorder(&self, now: Time, queue: &mut [AllocId], allocs: &[Allocation]);
+/// One vCluster's scheduler settings (the per-vCluster part of a weight profile).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VClusterConfig {
+    pub policy: Policy,
+    /// `Some`: the queue is ordered by `Score(j) = Σ wᵢ·fᵢ(j)`; `None`: by arrival (literature policies).
+    pub weights: Option<CostWeights>,
+    /// Passes run at multiples of this interval; zero = after every batch of inputs (event-driven).
+    pub cycle_interval: Duration,
+    /// f2's reference wait (seed default 1 h).
+    pub reference_wait: Duration,
+    /// Wait target for SLO compliance.
+    pub slo_wait_target: Option<Duration>,
+    /// GPU-hours (node-hours on CPU-only pools) this vCluster may commit over the run.
+    pub gpu_hours_budget: Option<f64>,
 }
 
-/// Arrival order: allocation ids are dense in submission order, so this is a sort by id.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ArrivalOrder;
-
-impl QueueOrder for ArrivalOrder {
-    fn name(&self) -> &'static str {
-        "arrival"
-    }
-    fn reorder(&self, _now: Time, queue: &mut [AllocId], _allocs: &[Allocation]) {
-        // Queues stay sorted (requeues are inserted in place); this is a linear check in that case.
-        if !queue.is_sorted() {
-            queue.sort_unstable();
+impl VClusterConfig {
+    pub fn new(policy: Policy) -> VClusterConfig {
+        VClusterConfig {
+            policy,
+            weights: None,
+            cycle_interval: Duration::ZERO,
+            reference_wait: Duration::from_hours(1),
+            slo_wait_target: None,
+            gpu_hours_budget: None,
         }
-    }
-}
-
-/// Chooses which free nodes an allocation gets. The topology issue adds a group/conformance-aware one.
-pub trait NodeSelector: Send {
-    fn name(&self) -> &'static str;
-    /// Chooses `k` nodes from `free`, taking at most `caps[c]` nodes of class `c` (`class_of[node]`); a
-    /// class absent from `caps` is not eligible. Appends to `out`. The caller guarantees enough nodes.
-    fn select(&self, free: &NodeSet, class_of: &[u16], caps: &mut [(u16, u32)], k: u32, out: &mut Vec<NodeId>);
-}
-
-/// Lowest node id first (deterministic; the placement rule of the foundation issue).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LowestIdFirst;
-
-impl NodeSelector for LowestIdFirst {
-    fn name(&self) -> &'static str {
-        "lowest-id"
-    }
-    fn select(&self, free: &NodeSet, class_of: &[u16], caps: &mut [(u16, u32)], k: u32, out: &mut Vec<NodeId>) {
-        let mut need = k;
-        for n in free.iter() {
-            if need == 0 {
-                break;
-            }
-            let c = class_of[n.index()];
-            if let Some(cap) = caps.iter_mut().find(|p| p.0 == c)
-                && cap.1 > 0
-            {
-                cap.1 -= 1;
-                need -= 1;
-                out.push(n);
-            }
-        }
-        debug_assert_eq!(need, 0, "selector was asked for more nodes than are free");
     }
 }

@@ -6,6 +6,7 @@
 //! Counting per *class* (nodes with identical capabilities) keeps EASY's count semantics exact on
 //! homogeneous machines while honouring constraints on heterogeneous ones.
 
+use crate::classes::{ClassInfo, PickRules, Placement, pick};
 use crate::time::{Duration, Time};
 
 /// Nodes taken per class: `(class, count)`.
@@ -90,25 +91,27 @@ impl Profile {
     }
 
     /// Can `k` nodes from the `eligible` classes be held from segment `seg`'s start for `walltime`
-    /// (`None` = forever)? On success `picks` holds how many nodes to take from each class (greedy in
-    /// `eligible` order). On failure returns the first segment worth trying next.
+    /// (`None` = forever)? On success `out` holds the placement chosen by [`pick`] over each class's
+    /// minimum availability in the window. On failure returns the first segment worth trying next.
+    #[allow(clippy::too_many_arguments)]
     pub fn fit(
         &self,
         seg: usize,
         walltime: Option<Duration>,
         eligible: &[u16],
         k: u32,
-        picks: &mut Picks,
+        info: &[ClassInfo],
+        rules: PickRules,
+        out: &mut Placement,
     ) -> Result<(), usize> {
         let start = self.times[seg];
         let end = walltime.map_or(Time::MAX, |w| start + w);
-        picks.clear();
-        picks.extend(eligible.iter().map(|&c| (c, u32::MAX)));
+        let mut mins: Picks = eligible.iter().map(|&c| (c, u32::MAX)).collect();
         let mut i = seg;
         while i < self.times.len() && (i == seg || self.times[i] < end) {
             let row = self.row(i);
             let mut total = 0i64;
-            for p in picks.iter_mut() {
+            for p in mins.iter_mut() {
                 let f = row[p.0 as usize].max(0);
                 total += f;
                 p.1 = p.1.min(f as u32);
@@ -119,24 +122,28 @@ impl Profile {
             }
             i += 1;
         }
-        let mut need = k;
-        for p in picks.iter_mut() {
-            let take = p.1.min(need);
-            p.1 = take;
-            need -= take;
+        match pick(info, &mins, k, rules) {
+            Some(p) => {
+                *out = p;
+                Ok(())
+            }
+            None => Err(seg + 1),
         }
-        if need > 0 {
-            return Err(seg + 1);
-        }
-        picks.retain(|p| p.1 > 0);
-        Ok(())
     }
 
-    /// The earliest breakpoint at which `k` eligible nodes are free for `walltime`, with the picks.
-    pub fn earliest(&self, walltime: Option<Duration>, eligible: &[u16], k: u32, picks: &mut Picks) -> Option<Time> {
+    /// The earliest breakpoint at which `k` eligible nodes are free for `walltime`, with the placement.
+    pub fn earliest(
+        &self,
+        walltime: Option<Duration>,
+        eligible: &[u16],
+        k: u32,
+        info: &[ClassInfo],
+        rules: PickRules,
+        out: &mut Placement,
+    ) -> Option<Time> {
         let mut seg = 0;
         while seg < self.times.len() {
-            match self.fit(seg, walltime, eligible, k, picks) {
+            match self.fit(seg, walltime, eligible, k, info, rules, out) {
                 Ok(()) => return Some(self.times[seg]),
                 Err(next) => seg = next,
             }
@@ -165,9 +172,30 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::GroupId;
+    use crate::node::ConformanceFingerprint;
 
     fn d(s: u64) -> Option<Duration> {
         Some(Duration::from_secs(s))
+    }
+
+    fn info(n: usize) -> Vec<ClassInfo> {
+        (0..n)
+            .map(|g| ClassInfo {
+                group: GroupId(g as u32),
+                conformance: ConformanceFingerprint(0),
+                power_w: 0,
+                gpus: 0,
+            })
+            .collect()
+    }
+
+    fn earliest(p: &Profile, w: Option<Duration>, eligible: &[u16], k: u32, out: &mut Placement) -> Option<Time> {
+        p.earliest(w, eligible, k, &info(4), PickRules::default(), out)
+    }
+
+    fn fits(p: &Profile, w: Option<Duration>, eligible: &[u16], k: u32, out: &mut Placement) -> bool {
+        p.fit(0, w, eligible, k, &info(4), PickRules::default(), out).is_ok()
     }
 
     #[test]
@@ -176,48 +204,51 @@ mod tests {
         let mut p = Profile::new(Time::ZERO, &[2]);
         p.add_release(Time::from_secs(10), &[(0, 3)]);
         p.add_release(Time::from_secs(20), &[(0, 5)]);
-        let mut picks = Vec::new();
-        assert_eq!(p.earliest(d(100), &[0], 2, &mut picks), Some(Time::ZERO));
-        assert_eq!(p.earliest(d(100), &[0], 5, &mut picks), Some(Time::from_secs(10)));
-        assert_eq!(p.earliest(d(100), &[0], 10, &mut picks), Some(Time::from_secs(20)));
-        assert_eq!(picks, vec![(0, 10)]);
-        assert_eq!(p.earliest(d(100), &[0], 11, &mut picks), None);
+        let mut out = Placement::default();
+        assert_eq!(earliest(&p, d(100), &[0], 2, &mut out), Some(Time::ZERO));
+        assert_eq!(earliest(&p, d(100), &[0], 5, &mut out), Some(Time::from_secs(10)));
+        assert_eq!(earliest(&p, d(100), &[0], 10, &mut out), Some(Time::from_secs(20)));
+        assert_eq!(out.picks, vec![(0, 10)]);
+        assert_eq!(earliest(&p, d(100), &[0], 11, &mut out), None);
     }
 
     #[test]
     fn reservation_blocks_overlapping_windows_only() {
         let mut p = Profile::new(Time::ZERO, &[4]);
-        let mut picks = Vec::new();
+        let mut out = Placement::default();
         // Reserve all 4 nodes over [10, 20).
         p.reserve(Time::from_secs(10), d(10), &[(0, 4)]);
         // A 1-node job of 10 s fits now (ends exactly at the reservation), one of 11 s does not.
-        assert!(p.fit(0, d(10), &[0], 1, &mut picks).is_ok());
-        assert!(p.fit(0, d(11), &[0], 1, &mut picks).is_err());
-        assert_eq!(p.earliest(d(11), &[0], 1, &mut picks), Some(Time::from_secs(20)));
+        assert!(fits(&p, d(10), &[0], 1, &mut out));
+        assert!(!fits(&p, d(11), &[0], 1, &mut out));
+        assert_eq!(earliest(&p, d(11), &[0], 1, &mut out), Some(Time::from_secs(20)));
         // An unbounded job can never start before the reservation ends.
-        assert_eq!(p.earliest(None, &[0], 1, &mut picks), Some(Time::from_secs(20)));
+        assert_eq!(earliest(&p, None, &[0], 1, &mut out), Some(Time::from_secs(20)));
     }
 
     #[test]
     fn zero_length_windows_still_take_their_instant() {
         let mut p = Profile::new(Time::ZERO, &[1]);
-        let mut picks = Vec::new();
-        p.fit(0, d(0), &[0], 1, &mut picks).unwrap();
-        p.reserve(Time::ZERO, d(0), &picks);
-        assert!(p.fit(0, d(5), &[0], 1, &mut picks).is_err());
-        assert_eq!(p.earliest(d(5), &[0], 1, &mut picks), Some(Time(1)));
+        let mut out = Placement::default();
+        assert!(fits(&p, d(0), &[0], 1, &mut out));
+        p.reserve(Time::ZERO, d(0), &out.picks);
+        assert!(!fits(&p, d(5), &[0], 1, &mut out));
+        assert_eq!(earliest(&p, d(5), &[0], 1, &mut out), Some(Time(1)));
     }
 
     #[test]
-    fn classes_are_counted_separately() {
-        // class 0: 2 free, class 1: 3 free.
+    fn classes_are_counted_separately_and_groups_are_concrete() {
+        // class 0 (group 0): 2 free, class 1 (group 1): 3 free.
         let p = Profile::new(Time::ZERO, &[2, 3]);
-        let mut picks = Vec::new();
-        assert!(p.fit(0, d(5), &[1], 3, &mut picks).is_ok());
-        assert_eq!(picks, vec![(1, 3)]);
-        assert!(p.fit(0, d(5), &[0], 3, &mut picks).is_err());
-        assert!(p.fit(0, d(5), &[0, 1], 4, &mut picks).is_ok());
-        assert_eq!(picks, vec![(0, 2), (1, 2)]);
+        let mut out = Placement::default();
+        assert!(fits(&p, d(5), &[1], 3, &mut out));
+        assert_eq!(out.picks, vec![(1, 3)]);
+        assert!(!fits(&p, d(5), &[0], 3, &mut out));
+        assert!(fits(&p, d(5), &[0, 1], 4, &mut out));
+        assert_eq!(out.groups, 2);
+        // 2 nodes fit in one group: best fit takes group 0 (2 free) and leaves group 1 whole.
+        assert!(fits(&p, d(5), &[0, 1], 2, &mut out));
+        assert_eq!(out.picks, vec![(0, 2)]);
     }
 
     #[test]

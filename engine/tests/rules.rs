@@ -7,7 +7,7 @@ fn nodes(n: u32) -> Vec<NodeSpec> {
 }
 
 fn engine(policy: Policy, n: u32) -> (Engine, TenantId, VClusterId) {
-    let mut e = Engine::new(EngineConfig { policy }, nodes(n)).unwrap();
+    let mut e = Engine::new(EngineConfig::new(policy), nodes(n)).unwrap();
     let t = e.add_tenant("physics");
     let v = e.add_vcluster("hpc-batch");
     (e, t, v)
@@ -71,7 +71,7 @@ fn fcfs_head_blocks_and_easy_backfills() {
         assert!(!started.contains(&head));
         if small_starts {
             assert!(e.allocation(small).unwrap().backfilled);
-            let r = &e.reservations()[0];
+            let r = e.reservations().next().unwrap();
             assert_eq!((r.alloc, r.start), (head, Time::from_secs(100)));
         }
     }
@@ -84,7 +84,7 @@ fn constraints_pick_matching_nodes_lowest_id_first() {
         n.capabilities.gpu_type = Some("GH200".into());
         n.capabilities.gpu_count = 4;
     }
-    let mut e = Engine::new(EngineConfig { policy: Policy::EASY }, ns).unwrap();
+    let mut e = Engine::new(EngineConfig::new(Policy::EASY), ns).unwrap();
     let (t, v) = (e.add_tenant("ml"), e.add_vcluster("ml"));
     let mut s = spec(t, v, 1, 10);
     s.constraints.gpu_type = Some("GH200".into());
@@ -99,7 +99,7 @@ fn constraints_pick_matching_nodes_lowest_id_first() {
     let started = pass(&mut e, Time(1));
     assert_eq!(started, vec![c]);
     assert_eq!(e.allocation(d).unwrap().state, AllocState::Pending);
-    assert_eq!(e.reservations()[0].start, Time::from_secs(10));
+    assert_eq!(e.reservations().next().unwrap().start, Time::from_secs(10));
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn quorum_reject_requeues_in_place_and_latency_delays_start() {
     assert_eq!(e.free_nodes(), 0, "proposed nodes are held");
     e.handle_reject(Time(0), a).unwrap();
     assert_eq!(e.free_nodes(), 2);
-    assert_eq!(e.queue(), &[a]);
+    assert_eq!(e.queue(), vec![a]);
     e.schedule(Time(5));
     let p = e.poll_proposal().unwrap();
     e.handle_commit(Time(7), p.alloc).unwrap();
@@ -280,7 +280,7 @@ fn unbounded_allocations_block_reservations_forever() {
         vec![narrow],
         "the wide job can never start while the service runs"
     );
-    assert!(e.reservations().iter().all(|r| r.alloc != wide));
+    assert!(e.reservations().all(|r| r.alloc != wide));
     assert_eq!(e.allocation(s).unwrap().estimated_end(), None);
 }
 
@@ -289,12 +289,7 @@ fn pyss_rejects_heterogeneous_pools_and_constraints() {
     let mut ns = nodes(2);
     ns[1].capabilities.memory_gb = 512;
     assert!(matches!(
-        Engine::new(
-            EngineConfig {
-                policy: Policy::PyssEasy
-            },
-            ns
-        ),
+        Engine::new(EngineConfig::new(Policy::PyssEasy), ns),
         Err(EngineError::PyssHeterogeneous(2))
     ));
     let (mut e, t, v) = engine(Policy::PyssEasy, 2);

@@ -14,6 +14,8 @@ pub enum EventKind {
     Commit(AllocId),
     /// A fake node reports the allocation ended.
     Completion(AllocId, EndReason),
+    /// The engine asked to be woken (a cycle tick, an energy window).
+    Wakeup,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

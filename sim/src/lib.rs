@@ -24,17 +24,20 @@ pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};
 
 use events::{EventKind, EventQueue};
 use lattice_engine::{
-    AllocId, AllocState, Dependency, Duration, EndReason, Engine, EngineConfig, NodeSpec, Policy, TenantId, Time,
+    AllocId, AllocState, Dependency, Duration, EndReason, Engine, EngineConfig, Policy, TenantId, Time, VClusterConfig,
     VClusterId,
 };
-use lattice_traces::Workload;
+use lattice_traces::{Inventory, Workload};
 use quorum::FakeQuorum;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Simulation settings.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
+    /// Policy of vClusters without an entry in `vclusters`.
     pub policy: Policy,
+    /// Per-vCluster scheduler config by vCluster name (from a weight profile).
+    pub vclusters: BTreeMap<String, VClusterConfig>,
     /// Time from a proposal to the quorum's commit.
     pub commit_latency: Duration,
     /// Run the invariant checker after every event and pass.
@@ -50,6 +53,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             policy: Policy::EASY,
+            vclusters: BTreeMap::new(),
             commit_latency: Duration::ZERO,
             check_invariants: cfg!(debug_assertions),
             check_all_promises: false,
@@ -66,6 +70,8 @@ pub enum SimError {
     Invariant { time: Time, message: String },
     #[error("the pyss-compatible policy needs a commit latency of 0 (pyss starts jobs at decision time)")]
     PyssLatency,
+    #[error("vCluster `{0}` is configured but the trace and inventory never use it")]
+    UnusedVCluster(String),
 }
 
 /// Everything a replay produces.
@@ -83,36 +89,71 @@ const RANK_END: u8 = 0;
 const RANK_ARRIVAL: u8 = 2;
 const PYSS_RANK_ARRIVAL: u8 = 0;
 const PYSS_RANK_END: u8 = 1;
+const RANK_WAKEUP: u8 = 3;
+
+fn engine_vclusters(e: &Engine) -> usize {
+    (0..).take_while(|&i| e.vcluster(VClusterId(i)).is_some()).count()
+}
 
 /// Replays `workload` on `nodes`. `progress(done, total)` is called now and then with arrivals processed.
 pub fn simulate(
     workload: &Workload,
-    nodes: Vec<NodeSpec>,
+    inventory: &Inventory,
     cfg: &SimConfig,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SimResult, SimError> {
-    let pyss = cfg.policy == Policy::PyssEasy;
+    let pyss = cfg.policy == Policy::PyssEasy || cfg.vclusters.values().any(|v| v.policy == Policy::PyssEasy);
     if pyss && cfg.commit_latency != Duration::ZERO {
         return Err(SimError::PyssLatency);
     }
+    let nodes = inventory.nodes.clone();
     let total_nodes = nodes.len() as u32;
-    let gpus_of: Vec<u32> = nodes.iter().map(|n| n.capabilities.gpu_count).collect();
-    let mut engine = Engine::new(EngineConfig { policy: cfg.policy }, nodes)?;
+    let node_facts: Vec<(u32, u32, u64)> = nodes
+        .iter()
+        .map(|n| (n.capabilities.gpu_count, n.group.0, n.conformance.0))
+        .collect();
+    let engine_cfg = EngineConfig {
+        policy: cfg.policy,
+        power_budget_w: inventory.power_budget_w,
+        storage_bandwidth_gbps: inventory.storage_bandwidth_gbps,
+        energy_prices: inventory.energy_prices.clone(),
+    };
+    let mut engine = Engine::new(engine_cfg, nodes)?;
     let tenant_map: Vec<TenantId> = workload.tenants.names().iter().map(|n| engine.add_tenant(n)).collect();
+    // Inventory vClusters first: node homes refer to their ids.
+    for n in inventory.vclusters.names() {
+        engine.add_vcluster(n);
+    }
     let vc_map: Vec<VClusterId> = workload
         .vclusters
         .names()
         .iter()
         .map(|n| engine.add_vcluster(n))
         .collect();
+    for (name, vc) in &cfg.vclusters {
+        let id = (0..engine_vclusters(&engine))
+            .map(|i| VClusterId(i as u32))
+            .find(|&v| engine.vcluster(v).is_some_and(|x| &x.name == name))
+            .ok_or_else(|| SimError::UnusedVCluster(name.clone()))?;
+        engine.configure_vcluster(id, vc.clone())?;
+    }
     let mut quorum = FakeQuorum::new(total_nodes as usize);
     let has_deps = workload.jobs.iter().any(|j| !j.deps.is_empty());
     let mut checker = cfg.check_invariants.then(|| {
-        let easy_like = matches!(cfg.policy, Policy::PyssEasy) || cfg.policy == Policy::EASY;
+        // Promises only stay monotone under arrival order with one reservation (EASY-style).
+        let easy_like = |p: Policy| matches!(p, Policy::PyssEasy) || p == Policy::EASY;
+        let arrival_easy = easy_like(cfg.policy)
+            && cfg
+                .vclusters
+                .values()
+                .all(|v| easy_like(v.policy) && v.weights.is_none());
         InvariantChecker::new(
-            cfg.check_all_promises || (easy_like && cfg.commit_latency == Duration::ZERO && !has_deps),
+            cfg.check_all_promises || (arrival_easy && cfg.commit_latency == Duration::ZERO && !has_deps),
         )
     });
+    let mut wakeups: BTreeSet<Time> = BTreeSet::new();
+    let mut headroom: Vec<f64> = Vec::new();
+    let mut deferred = 0u64;
 
     let (rank_arrival, rank_end) = if pyss {
         (PYSS_RANK_ARRIVAL, PYSS_RANK_END)
@@ -198,6 +239,9 @@ pub fn simulate(
                     )
                     .map_err(|m| fail(now, m))?;
                 }
+                EventKind::Wakeup => {
+                    wakeups.remove(&now);
+                }
                 EventKind::Completion(id, reason) => {
                     quorum.release(&engine, id);
                     if let Err(e) = engine.handle_completion(now, id, reason) {
@@ -216,6 +260,10 @@ pub fn simulate(
         let stats = engine.schedule(now);
         if stats.ran {
             pass_ns.push(t0.elapsed().as_nanos() as u64);
+            deferred += stats.deferred as u64;
+            if let Some(b) = inventory.power_budget_w {
+                headroom.push(b.saturating_sub(engine.power_used_w()) as f64 / 1000.0);
+            }
         }
         while let Some(p) = engine.poll_proposal() {
             let id = p.alloc;
@@ -245,6 +293,13 @@ pub fn simulate(
         {
             c.after_pass(&engine, now).map_err(|m| fail(now, m))?;
         }
+        // Cycle ticks and energy windows: the engine asks to be woken.
+        if let Some(t) = engine.next_wakeup()
+            && t > now
+            && wakeups.insert(t)
+        {
+            q.push(t, RANK_WAKEUP, EventKind::Wakeup);
+        }
     }
     progress(total, total);
     if defaulted_runtime > 0 {
@@ -253,16 +308,26 @@ pub fn simulate(
         ));
     }
 
-    let jobs = records(&engine, workload, &trace_of, &gpus_of);
+    let jobs = records(&engine, workload, &trace_of, &node_facts);
     let mut skipped = workload.skipped.clone();
     for (k, v) in rejected {
         *skipped.entry(k).or_default() += v;
     }
-    let summary = summarize(workload, &engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
+    let cost = EngineCost::from_nanos(pass_ns);
+    let mut summary = summarize(workload, &engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
+    summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
+    summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
+    summary.deferred_for_energy = deferred;
+    if let Some(b) = inventory.power_budget_w {
+        summary.power_budget_kw = Some(b as f64 / 1000.0);
+        summary.min_power_headroom_kw = headroom.iter().copied().reduce(f64::min).map(metrics::round6);
+        summary.mean_power_headroom_kw =
+            (!headroom.is_empty()).then(|| metrics::round6(headroom.iter().sum::<f64>() / headroom.len() as f64));
+    }
     Ok(SimResult {
         summary,
         jobs,
-        cost: EngineCost::from_nanos(pass_ns),
+        cost,
         invariant_checks: checker.map_or(0, |c| c.checks),
     })
 }
@@ -314,7 +379,10 @@ fn commit(
     Ok(())
 }
 
-fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], gpus_of: &[u32]) -> Vec<JobRecord> {
+/// `(gpus, group, conformance fingerprint)` per node.
+type NodeFacts = [(u32, u32, u64)];
+
+fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &NodeFacts) -> Vec<JobRecord> {
     engine
         .allocations()
         .iter()
@@ -338,7 +406,26 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], gpus_of: &[
                 vcluster: engine.vcluster(a.spec.vcluster).map(|v| v.name).unwrap_or_default(),
                 state: a.state.as_str(),
                 reason: a.end_reason.map_or("", |r| r.as_str()),
-                gpus: a.nodes.iter().map(|n| gpus_of[n.index()]).sum(),
+                gpus: a.nodes.iter().map(|n| facts[n.index()].0).sum(),
+                groups: a.started.map(|_| {
+                    let mut g: Vec<u32> = a.nodes.iter().map(|n| facts[n.index()].1).collect();
+                    g.sort_unstable();
+                    g.dedup();
+                    g.len() as u32
+                }),
+                conformance: a.started.filter(|_| !a.nodes.is_empty()).map(|_| {
+                    let mut fps: Vec<u64> = a.nodes.iter().map(|n| facts[n.index()].2).collect();
+                    fps.sort_unstable();
+                    let mut best = 0;
+                    let mut run = 0;
+                    for i in 0..fps.len() {
+                        run = if i > 0 && fps[i] == fps[i - 1] { run + 1 } else { 1 };
+                        best = best.max(run);
+                    }
+                    metrics::round6(best as f64 / fps.len() as f64)
+                }),
+                class: a.spec.preemption_class.get(),
+                score: a.start_score.map(|s| metrics::round6(s.total)),
             }
         })
         .collect()
@@ -377,8 +464,26 @@ fn summarize(
             .map(|(k, v)| (k.to_string(), metrics::group_metrics(v.into_iter(), capacity)))
             .collect()
     };
+    let mut by_class: BTreeMap<String, Vec<&JobRecord>> = BTreeMap::new();
+    for j in jobs {
+        by_class.entry(format!("{:02}", j.class)).or_default().push(j);
+    }
+    let per_class: BTreeMap<String, GroupMetrics> = by_class
+        .into_iter()
+        .map(|(k, v)| (k, metrics::group_metrics(v.into_iter(), capacity)))
+        .collect();
     let per_tenant = group(by_tenant);
     let per_vcluster = group(by_vcluster);
+    let fairness = metrics::fairness(&per_tenant);
+    let spans: Vec<u32> = jobs.iter().filter_map(|j| j.groups).collect();
+    let conf: Vec<f64> = jobs.iter().filter_map(|j| j.conformance).collect();
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            metrics::round6(v.iter().sum::<f64>() / v.len() as f64)
+        }
+    };
     let count = |s: AllocState| engine.allocations().iter().filter(|a| a.state == s).count() as u64;
     let ended: Vec<&JobRecord> = jobs.iter().filter(|j| j.end_s.is_some()).collect();
     let turnaround: f64 = ended.iter().map(|j| j.end_s.unwrap_or(0.0) - j.submit_s).sum();
@@ -425,8 +530,20 @@ fn summarize(
         passes: engine.passes(),
         quorum_commits: quorum.commits,
         quorum_rejections: quorum.rejections,
+        mean_group_span: mean(&spans.iter().map(|&g| g as f64).collect::<Vec<_>>()),
+        single_group_fraction: mean(&spans.iter().map(|&g| (g <= 1) as u8 as f64).collect::<Vec<_>>()),
+        mean_conformance_fitness: mean(&conf),
+        jain_index: fairness.0,
+        max_share_deviation: fairness.1,
+        cycle_cpu_ms_mean: 0.0,
+        cycle_cpu_ms_p99: 0.0,
+        deferred_for_energy: 0,
+        power_budget_kw: None,
+        min_power_headroom_kw: None,
+        mean_power_headroom_kw: None,
         per_tenant,
         per_vcluster,
+        per_class,
         notes,
     }
 }

@@ -30,6 +30,14 @@ pub struct JobRecord {
     pub reason: &'static str,
     /// GPUs held (Σ gpu_count over its nodes).
     pub gpus: u32,
+    /// Dragonfly groups its nodes span.
+    pub groups: Option<u32>,
+    /// Conformance fitness of the placement: largest same-fingerprint share of its nodes.
+    pub conformance: Option<f64>,
+    /// Preemption (priority) class.
+    pub class: u8,
+    /// Score when it started (score-ordered vClusters).
+    pub score: Option<f64>,
 }
 
 impl JobRecord {
@@ -41,7 +49,7 @@ impl JobRecord {
         let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&self.id),
             self.submit_s,
             opt(self.start_s),
@@ -53,7 +61,11 @@ impl JobRecord {
             csv_field(&self.tenant),
             csv_field(&self.vcluster),
             self.state,
-            self.reason
+            self.reason,
+            self.groups.map(|g| g.to_string()).unwrap_or_default(),
+            opt(self.conformance),
+            self.class,
+            opt(self.score)
         );
     }
 }
@@ -181,9 +193,49 @@ pub struct Summary {
     pub passes: u64,
     pub quorum_commits: u64,
     pub quorum_rejections: u64,
+    /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.
+    pub mean_group_span: f64,
+    pub single_group_fraction: f64,
+    /// Mean conformance fitness of placements (largest same-fingerprint share of an allocation's nodes).
+    pub mean_conformance_fitness: f64,
+    /// Jain's index over tenants of actual share / target share (equal targets), and max |actual − target|.
+    pub jain_index: f64,
+    pub max_share_deviation: f64,
+    /// Real CPU time per scheduling cycle (the only keys that differ between identical runs).
+    pub cycle_cpu_ms_mean: f64,
+    pub cycle_cpu_ms_p99: f64,
+    /// Pass-allocation decisions that kept a time-flexible job waiting for a cheaper energy window.
+    pub deferred_for_energy: u64,
+    pub power_budget_kw: Option<f64>,
+    pub min_power_headroom_kw: Option<f64>,
+    pub mean_power_headroom_kw: Option<f64>,
     pub per_tenant: BTreeMap<String, GroupMetrics>,
     pub per_vcluster: BTreeMap<String, GroupMetrics>,
+    /// Per preemption class ("00".."10").
+    pub per_class: BTreeMap<String, GroupMetrics>,
     pub notes: Vec<String>,
+}
+
+/// Keys of `summary.json` that measure real time and so differ between otherwise identical runs.
+pub const TIMING_KEYS: [&str; 2] = ["cycle_cpu_ms_mean", "cycle_cpu_ms_p99"];
+
+/// Jain's fairness index over tenants of (actual share / target share) with equal targets, and the
+/// largest |actual share − target share|; shares are of node-hours.
+pub fn fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f64) {
+    let total: f64 = per_tenant.values().map(|m| m.node_hours).sum();
+    let n = per_tenant.len();
+    if n == 0 || total <= 0.0 {
+        return (1.0, 0.0);
+    }
+    let target = 1.0 / n as f64;
+    let x: Vec<f64> = per_tenant.values().map(|m| (m.node_hours / total) / target).collect();
+    let sum: f64 = x.iter().sum();
+    let sq: f64 = x.iter().map(|v| v * v).sum();
+    let dev = per_tenant
+        .values()
+        .map(|m| (m.node_hours / total - target).abs())
+        .fold(0.0, f64::max);
+    (round6(sum * sum / (n as f64 * sq)), round6(dev))
 }
 
 /// Real CPU time spent in scheduling passes: reported apart from `summary.json`, which must stay
@@ -261,9 +313,13 @@ mod tests {
             state: "running",
             reason: "",
             gpus: 0,
+            groups: Some(2),
+            conformance: Some(0.5),
+            class: 3,
+            score: None,
         };
         let mut s = String::new();
         r.csv_row(&mut s);
-        assert_eq!(s, "\"a,b\",1.5,2,,3,0.5,,true,t,v,running,\n");
+        assert_eq!(s, "\"a,b\",1.5,2,,3,0.5,,true,t,v,running,,2,0.5,3,\n");
     }
 }

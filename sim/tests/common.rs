@@ -1,7 +1,7 @@
 //! Shared helpers: build small workloads by hand and read back start times.
 #![allow(dead_code)]
 
-use lattice_engine::{AllocSpec, Duration, NodeSpec, Policy, ProjectId, TenantId, Time, VClusterId};
+use lattice_engine::{AllocSpec, Duration, Policy, ProjectId, TenantId, Time, VClusterId};
 use lattice_sim::{SimConfig, SimResult, simulate};
 use lattice_traces::{TraceJob, Workload};
 
@@ -32,8 +32,8 @@ pub fn workload(jobs: Vec<TraceJob>) -> Workload {
     w
 }
 
-pub fn nodes(n: u32) -> Vec<NodeSpec> {
-    (0..n).map(|i| NodeSpec::plain(format!("n{i}"))).collect()
+pub fn nodes(n: u32) -> lattice_traces::Inventory {
+    lattice_traces::homogeneous(n)
 }
 
 pub fn run(w: &Workload, n: u32, policy: Policy) -> SimResult {
@@ -42,7 +42,7 @@ pub fn run(w: &Workload, n: u32, policy: Policy) -> SimResult {
         check_invariants: true,
         ..SimConfig::default()
     };
-    simulate(w, nodes(n), &cfg, &mut |_, _| {}).unwrap_or_else(|e| panic!("{policy}: {e}"))
+    simulate(w, &nodes(n), &cfg, &mut |_, _| {}).unwrap_or_else(|e| panic!("{policy}: {e}"))
 }
 
 /// `(id, start_s)` for every job, in trace order.

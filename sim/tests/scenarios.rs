@@ -294,7 +294,7 @@ fn commit_latency_delays_starts_and_holds_nodes() {
         check_invariants: true,
         ..SimConfig::default()
     };
-    let r = simulate(&w, nodes(2), &cfg, &mut |_, _| {}).unwrap();
+    let r = simulate(&w, &nodes(2), &cfg, &mut |_, _| {}).unwrap();
     assert_eq!(start_of(&r, "A"), 3.0);
     assert_eq!(r.jobs[0].end_s, Some(13.0));
     // B is proposed when A ends (13) and committed 3 s later.

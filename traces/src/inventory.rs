@@ -15,15 +15,32 @@
 //!     state: ready              # initial state (default ready)
 //! ```
 
+use crate::duration::parse_duration;
 use crate::error::TraceError;
-use lattice_engine::{ConformanceFingerprint, GroupId, NodeCapabilities, NodeSpec, NodeState, Registry, VClusterId};
+use lattice_engine::{
+    ConformanceFingerprint, GroupId, NodeCapabilities, NodeSpec, NodeState, Registry, Time, VClusterId,
+};
 use serde::Deserialize;
 use std::path::Path;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct InventoryIn {
+    /// Site power budget for busy nodes, kW.
+    power_budget_kw: Option<f64>,
+    /// Storage bandwidth running allocations may use together, GB/s.
+    storage_bandwidth_gbps: Option<f64>,
+    /// Electricity price series (a step function).
+    #[serde(default)]
+    energy_prices: Vec<PriceIn>,
     nodes: Vec<EntryIn>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriceIn {
+    at: String,
+    price: f64,
 }
 
 #[derive(Deserialize)]
@@ -49,6 +66,9 @@ struct EntryIn {
     vcluster: Option<String>,
     #[serde(default = "ready")]
     state: NodeState,
+    /// Power draw when busy, kW.
+    #[serde(default)]
+    power_kw: f64,
 }
 
 fn one() -> u32 {
@@ -58,11 +78,15 @@ fn ready() -> NodeState {
     NodeState::Ready
 }
 
-/// A parsed inventory: node specs in id order and the vCluster names they reference.
+/// A parsed inventory: node specs in id order, the vCluster names they reference, and site facts.
 #[derive(Clone, Debug, Default)]
 pub struct Inventory {
     pub nodes: Vec<NodeSpec>,
     pub vclusters: Registry,
+    pub power_budget_w: Option<u64>,
+    pub storage_bandwidth_gbps: Option<f64>,
+    /// `(from, price)` sorted by time.
+    pub energy_prices: Vec<(Time, f64)>,
 }
 
 pub fn read_inventory(path: &Path) -> Result<Inventory, TraceError> {
@@ -77,6 +101,28 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
     };
     let inv: InventoryIn = yaml_serde::from_str(text).map_err(|e| err(e.to_string()))?;
     let mut out = Inventory::default();
+    if let Some(kw) = inv.power_budget_kw {
+        if !(kw.is_finite() && kw > 0.0) {
+            return Err(err(format!("power_budget_kw: must be > 0, got {kw}")));
+        }
+        out.power_budget_w = Some((kw * 1000.0).round() as u64);
+    }
+    if let Some(b) = inv.storage_bandwidth_gbps {
+        if !(b.is_finite() && b > 0.0) {
+            return Err(err(format!("storage_bandwidth_gbps: must be > 0, got {b}")));
+        }
+        out.storage_bandwidth_gbps = Some(b);
+    }
+    for (i, p) in inv.energy_prices.iter().enumerate() {
+        let at = parse_duration(&p.at).map_err(|m| err(format!("energy_prices[{i}].at: {m}")))?;
+        if !p.price.is_finite() {
+            return Err(err(format!("energy_prices[{i}].price: not a number")));
+        }
+        out.energy_prices.push((Time(at.as_millis()), p.price));
+    }
+    if !out.energy_prices.is_sorted_by_key(|p| p.0) {
+        return Err(err("energy_prices: entries must be in time order".into()));
+    }
     let mut names = std::collections::BTreeSet::new();
     for (i, e) in inv.nodes.into_iter().enumerate() {
         let at = format!("nodes[{i}]");
@@ -90,6 +136,11 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
             cpu_cores: e.cpu_cores,
             memory_gb: e.memory_gb,
             features: e.features.iter().cloned().collect(),
+            power_w: if e.power_kw.is_finite() && e.power_kw >= 0.0 {
+                (e.power_kw * 1000.0).round() as u32
+            } else {
+                return Err(err(format!("{at}.power_kw: must be >= 0, got {}", e.power_kw)));
+            },
         };
         for k in 0..e.count {
             let name = match (&e.name, &e.prefix) {
@@ -122,7 +173,7 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
 pub fn homogeneous(n: u32) -> Inventory {
     Inventory {
         nodes: (0..n).map(|i| NodeSpec::plain(format!("n{i:05}"))).collect(),
-        vclusters: Registry::default(),
+        ..Inventory::default()
     }
 }
 

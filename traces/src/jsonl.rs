@@ -108,6 +108,8 @@ struct SubmitIn {
     depends_on: Vec<DependsIn>,
     /// Actual run time, when the trace carries it on the submit instead of a `complete` event.
     duration: Option<DurationValue>,
+    /// Storage bandwidth needed while running, GB/s.
+    storage_gbps: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -414,6 +416,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Dep
         checkpoint,
         depends_on: Vec::new(),
         task_group: None,
+        storage_gbps: a.storage_gbps,
     };
     Ok((
         TraceJob {

@@ -41,6 +41,7 @@ pub struct VClusterProfile {
     pub cycle_interval: Option<Duration>,
     pub reference_wait: Option<Duration>,
     pub slo_wait_target: Option<Duration>,
+    pub gpu_hours_budget: Option<f64>,
 }
 
 /// A profile file: vCluster name → profile, in name order.
@@ -130,7 +131,16 @@ pub fn parse_profile(file: &str, text: &str) -> Result<WeightProfile, TraceError
             }),
             Some(p) => Some(parse_policy(&p, depth).map_err(|m| err(format!("{vc}.policy: {m}")))?),
         };
+        let gpu_hours_budget = match entries.get("gpu_hours_budget") {
+            None => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| err(format!("{vc}.gpu_hours_budget: expected a number >= 0, got {v:?}")))?,
+            ),
+        };
         let profile = VClusterProfile {
+            gpu_hours_budget,
             weights,
             policy,
             cycle_interval: dur("cycle_interval")?,
@@ -142,16 +152,21 @@ pub fn parse_profile(file: &str, text: &str) -> Result<WeightProfile, TraceError
     Ok(out)
 }
 
-/// `fcfs`, `easy`, `conservative`, or `backfill` (with `depth`, default 1).
+/// `fcfs`/`fifo`, `easy`, `conservative`, `backfill` (with `depth`, default 10 — the tuning guide's
+/// "moderate"), `bin-pack` or `reservation`.
 pub fn parse_policy(name: &str, depth: Option<u32>) -> Result<Policy, String> {
     match name {
-        "fcfs" => Ok(Policy::Fcfs),
+        "fcfs" | "fifo" => Ok(Policy::Fcfs),
+        "bin-pack" => Ok(Policy::BinPack),
+        "reservation" => Ok(Policy::Reservation),
         "easy" => Ok(Policy::EASY),
         "conservative" => Ok(Policy::CONSERVATIVE),
         "backfill" => Ok(Policy::Backfill {
-            depth: Depth::Limited(depth.unwrap_or(1)),
+            depth: Depth::Limited(depth.unwrap_or(10)),
         }),
-        o => Err(format!("`{o}` is not one of fcfs, easy, conservative, backfill")),
+        o => Err(format!(
+            "`{o}` is not one of fcfs, fifo, easy, conservative, backfill, bin-pack, reservation"
+        )),
     }
 }
 

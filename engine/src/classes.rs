@@ -1,0 +1,279 @@
+//! Node classes and the placement picker.
+//!
+//! A *class* is a set of interchangeable nodes: same scheduling pool, capabilities, dragonfly group and
+//! conformance fingerprint. Availability (free now, or over a reservation window) is counted per class,
+//! so a reservation holds concrete nodes in concrete groups of a concrete conformance group, while a
+//! homogeneous machine (every SWF replay) is a single class and keeps EASY's count semantics exactly.
+//!
+//! [`pick`] turns per-class availability into a placement — how many nodes of each class — following the
+//! solver of the scheduling-algorithm seed (step 2a): fewest dragonfly groups (a single group when one
+//! suffices, best fit; adjacent groups for large jobs when that costs no extra group), then the largest
+//! conformance group, then a power cap. `conformance_hard` (the sensitive policy) requires every node to
+//! share one fingerprint.
+
+use crate::ids::GroupId;
+use crate::node::{ConformanceFingerprint, NodeCapabilities};
+use std::collections::BTreeMap;
+
+/// What every node of a class shares.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClassKey {
+    pub pool: u32,
+    pub capabilities: NodeCapabilities,
+    pub group: GroupId,
+    pub conformance: ConformanceFingerprint,
+}
+
+/// Per-class facts the picker needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassInfo {
+    pub group: GroupId,
+    pub conformance: ConformanceFingerprint,
+    pub power_w: u32,
+    pub gpus: u32,
+}
+
+/// Placement preferences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PickRules {
+    /// All nodes must share one conformance fingerprint.
+    pub conformance_hard: bool,
+    /// At most this many watts for the whole placement.
+    pub power_cap_w: Option<u64>,
+}
+
+/// The outcome of a pick: nodes per class, plus the shape of the placement.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    pub picks: Vec<(u16, u32)>,
+    pub groups: u32,
+    /// Nodes in the placement's largest conformance group.
+    pub largest_conformance: u32,
+    pub power_w: u64,
+}
+
+/// Chooses `k` nodes among `avail` (`(class, available count)`, eligible classes only).
+pub fn pick(info: &[ClassInfo], avail: &[(u16, u32)], k: u32, rules: PickRules) -> Option<Placement> {
+    if k == 0 {
+        return Some(Placement::default());
+    }
+    let total: u64 = avail.iter().map(|a| a.1 as u64).sum();
+    if total < k as u64 {
+        return None;
+    }
+    // Fast path: one class.
+    if avail.len() == 1 {
+        let (c, _) = avail[0];
+        let p = Placement {
+            picks: vec![(c, k)],
+            groups: 1,
+            largest_conformance: k,
+            power_w: k as u64 * info[c as usize].power_w as u64,
+        };
+        return rules.power_cap_w.is_none_or(|cap| p.power_w <= cap).then_some(p);
+    }
+    let best = if rules.conformance_hard {
+        let mut fps: Vec<ConformanceFingerprint> = avail.iter().map(|a| info[a.0 as usize].conformance).collect();
+        fps.sort();
+        fps.dedup();
+        fps.into_iter()
+            .filter_map(|fp| {
+                let sub: Vec<(u16, u32)> = avail
+                    .iter()
+                    .copied()
+                    .filter(|a| info[a.0 as usize].conformance == fp)
+                    .collect();
+                pick_groups(info, &sub, k)
+            })
+            // Fewest groups, then the most power-frugal, then the lowest fingerprint (deterministic).
+            .min_by_key(|p| (p.groups, p.power_w))
+    } else {
+        pick_groups(info, avail, k)
+    }?;
+    rules.power_cap_w.is_none_or(|cap| best.power_w <= cap).then_some(best)
+}
+
+/// Fewest groups first, then the largest conformance group inside the chosen groups.
+fn pick_groups(info: &[ClassInfo], avail: &[(u16, u32)], k: u32) -> Option<Placement> {
+    let mut by_group: BTreeMap<GroupId, u64> = BTreeMap::new();
+    for &(c, n) in avail {
+        if n > 0 {
+            *by_group.entry(info[c as usize].group).or_default() += n as u64;
+        }
+    }
+    let total: u64 = by_group.values().sum();
+    if total < k as u64 {
+        return None;
+    }
+    let k64 = k as u64;
+    // One group suffices: best fit (the smallest sufficient group; ties → lowest id). This also packs.
+    let chosen: Vec<GroupId> = if let Some((&g, _)) = by_group
+        .iter()
+        .filter(|(_, n)| **n >= k64)
+        .min_by_key(|(g, n)| (**n, **g))
+    {
+        vec![g]
+    } else {
+        // Minimal group count m: the largest groups first.
+        let mut sizes: Vec<(GroupId, u64)> = by_group.iter().map(|(g, n)| (*g, *n)).collect();
+        sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut acc = 0;
+        let mut greedy = Vec::new();
+        for (g, n) in &sizes {
+            greedy.push(*g);
+            acc += n;
+            if acc >= k64 {
+                break;
+            }
+        }
+        let m = greedy.len();
+        // Prefer m adjacent groups (consecutive ids) when such a window holds enough nodes.
+        adjacent_window(&by_group, m, k64).unwrap_or(greedy)
+    };
+    // Inside the chosen groups: fill from the largest conformance group first.
+    let in_chosen: Vec<(u16, u32)> = avail
+        .iter()
+        .copied()
+        .filter(|a| a.1 > 0 && chosen.contains(&info[a.0 as usize].group))
+        .collect();
+    let mut by_fp: BTreeMap<ConformanceFingerprint, u64> = BTreeMap::new();
+    for &(c, n) in &in_chosen {
+        *by_fp.entry(info[c as usize].conformance).or_default() += n as u64;
+    }
+    let mut fp_order: Vec<(ConformanceFingerprint, u64)> = by_fp.into_iter().collect();
+    fp_order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut need = k;
+    let mut picks: Vec<(u16, u32)> = Vec::new();
+    let mut largest = 0;
+    for (fp, _) in &fp_order {
+        let mut from_fp = 0;
+        for &(c, n) in in_chosen.iter().filter(|a| info[a.0 as usize].conformance == *fp) {
+            if need == 0 {
+                break;
+            }
+            let take = n.min(need);
+            picks.push((c, take));
+            need -= take;
+            from_fp += take;
+        }
+        largest = largest.max(from_fp);
+        if need == 0 {
+            break;
+        }
+    }
+    debug_assert_eq!(need, 0);
+    let mut groups: Vec<GroupId> = picks.iter().map(|p| info[p.0 as usize].group).collect();
+    groups.sort();
+    groups.dedup();
+    let power_w = picks
+        .iter()
+        .map(|&(c, n)| n as u64 * info[c as usize].power_w as u64)
+        .sum();
+    Some(Placement {
+        picks,
+        groups: groups.len() as u32,
+        largest_conformance: largest,
+        power_w,
+    })
+}
+
+/// The best-fitting window of `m` consecutive group ids holding at least `k` nodes.
+fn adjacent_window(by_group: &BTreeMap<GroupId, u64>, m: usize, k: u64) -> Option<Vec<GroupId>> {
+    if m <= 1 {
+        return None;
+    }
+    let ids: Vec<GroupId> = by_group.keys().copied().collect();
+    let mut best: Option<(u64, usize)> = None;
+    for start in 0..ids.len().saturating_sub(m - 1) {
+        let window = &ids[start..start + m];
+        // Consecutive ids only.
+        if window.windows(2).any(|w| w[1].0 != w[0].0 + 1) {
+            continue;
+        }
+        let sum: u64 = window.iter().map(|g| by_group[g]).sum();
+        if sum >= k && best.is_none_or(|(s, _)| sum < s) {
+            best = Some((sum, start));
+        }
+    }
+    best.map(|(_, s)| ids[s..s + m].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(groups: &[(u32, u64)]) -> Vec<ClassInfo> {
+        groups
+            .iter()
+            .map(|&(g, fp)| ClassInfo {
+                group: GroupId(g),
+                conformance: ConformanceFingerprint(fp),
+                power_w: 500,
+                gpus: 4,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn single_group_best_fit() {
+        // classes 0..3 in groups 0..3 with 8, 5, 6, 3 free.
+        let i = info(&[(0, 1), (1, 1), (2, 1), (3, 1)]);
+        let p = pick(&i, &[(0, 8), (1, 5), (2, 6), (3, 3)], 5, PickRules::default()).unwrap();
+        assert_eq!(p.picks, vec![(1, 5)]);
+        assert_eq!((p.groups, p.largest_conformance, p.power_w), (1, 5, 2500));
+    }
+
+    #[test]
+    fn fewest_groups_then_adjacent() {
+        // Groups 0..4 with 4, 3, 3, 4, 1 free; 7 nodes need two groups. Largest-first greedy would take
+        // groups 0 and 3; the adjacent windows (0,1) = 7 and (2,3) = 7 also need two: prefer adjacency.
+        let i = info(&[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]);
+        let p = pick(&i, &[(0, 4), (1, 3), (2, 3), (3, 4), (4, 1)], 7, PickRules::default()).unwrap();
+        assert_eq!(p.groups, 2);
+        let mut gs: Vec<u32> = p.picks.iter().map(|x| i[x.0 as usize].group.0).collect();
+        gs.sort();
+        assert_eq!(gs, vec![0, 1]);
+        // 11 nodes: no adjacent pair suffices, minimal is 3 groups.
+        let p = pick(&i, &[(0, 4), (1, 3), (2, 3), (3, 4), (4, 1)], 11, PickRules::default()).unwrap();
+        assert_eq!(p.groups, 3);
+    }
+
+    #[test]
+    fn prefers_the_largest_conformance_group() {
+        // One group, two fingerprints: 3 nodes of fp 1, 5 of fp 2. A 4-node job takes fp 2 only.
+        let i = info(&[(0, 1), (0, 2)]);
+        let p = pick(&i, &[(0, 3), (1, 5)], 4, PickRules::default()).unwrap();
+        assert_eq!(p.picks, vec![(1, 4)]);
+        assert_eq!(p.largest_conformance, 4);
+        // 7 nodes must mix: 5 + 2.
+        let p = pick(&i, &[(0, 3), (1, 5)], 7, PickRules::default()).unwrap();
+        assert_eq!(p.largest_conformance, 5);
+    }
+
+    #[test]
+    fn hard_conformance_and_power_cap() {
+        let i = info(&[(0, 1), (0, 2), (1, 1)]);
+        let hard = PickRules {
+            conformance_hard: true,
+            ..Default::default()
+        };
+        // fp 1 has 3 + 2 = 5 across two groups, fp 2 has 4: a 5-node job must use fp 1 (two groups).
+        let p = pick(&i, &[(0, 3), (1, 4), (2, 2)], 5, hard).unwrap();
+        assert!(
+            p.picks
+                .iter()
+                .all(|x| i[x.0 as usize].conformance == ConformanceFingerprint(1))
+        );
+        assert_eq!(p.largest_conformance, 5);
+        assert!(pick(&i, &[(0, 3), (1, 4), (2, 2)], 6, hard).is_none());
+        let capped = PickRules {
+            power_cap_w: Some(1999),
+            ..Default::default()
+        };
+        assert!(
+            pick(&i, &[(0, 3), (1, 4), (2, 2)], 4, capped).is_none(),
+            "4 × 500 W > 1999 W"
+        );
+        assert!(pick(&i, &[(0, 3), (1, 4), (2, 2)], 3, capped).is_some());
+    }
+}

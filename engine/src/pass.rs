@@ -1,0 +1,602 @@
+//! Scheduling passes: the solver `GreedyTopologyAwareBackfill` of the scheduling-algorithm seed and the
+//! literature policies, one pass per pool whose cycle is due.
+//!
+//! A pass (1) orders the pool's queue — by arrival, or by `Score(j)` descending when its vCluster has
+//! weights; (2) walks the queue: an allocation that can start now gets a placement from the class picker
+//! (fewest groups, largest conformance group, power cap) and is proposed; the first `d` that cannot get
+//! reservations (DESIGN.md §3 "Backfill") at the earliest time the profile allows, holding concrete
+//! classes — groups and conformance groups — so later starts cannot take what a reservation needs.
+//!
+//! How the two cycle-wide components act (they are equal for every job, so they cannot reorder the queue):
+//! - **f6 backlog pressure** scales backfill aggressiveness: with weights, the effective depth is
+//!   `max(1, ceil(d · (1 − f6/2)))` — a deep backlog protects fewer jobs with reservations so more
+//!   backfill; [`Engine::backlog_pressure`] exposes it to the checkpoint broker.
+//! - **f7 energy** lets time-flexible jobs wait for cheap windows: an allocation with preemption class
+//!   ≤ 3 whose wait is below its reference wait is *deferred* (not started, no reservation) when the
+//!   price series has, before `submit + reference_wait`, a normalised price at least `(1 − w7)/2` below
+//!   the current one; the pool's next pass is then due at the next price change.
+
+use crate::alloc::AllocState;
+use crate::classes::{PickRules, Placement, pick};
+use crate::cost::{CostInputs, ScoreBreakdown, score};
+use crate::engine::{Engine, PassStats, Reservation};
+use crate::ids::{AllocId, NodeId};
+use crate::policy::{Depth, Policy};
+use crate::profile::{Picks, Profile};
+use crate::time::{Duration, Time};
+use crate::weights::CostWeights;
+
+/// Preemption classes up to this are time-flexible for energy deferral.
+pub const FLEXIBLE_CLASS_MAX: u8 = 3;
+
+impl Engine {
+    /// Runs a pass for every pool whose cycle is due at `now`. Proposals are then available from
+    /// [`Engine::poll_proposal`].
+    pub fn schedule(&mut self, now: Time) -> PassStats {
+        self.clock.advance(now);
+        let due: Vec<u32> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.due_at.is_some_and(|d| d <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut total = PassStats::default();
+        for key in due {
+            let pool = self.pools.get_mut(&key).expect("due pool exists");
+            pool.due_at = None;
+            pool.reservations.clear();
+            self.passes += 1;
+            let s = self.pass_pool(now, key);
+            total.ran = true;
+            total.started += s.started;
+            total.backfilled += s.backfilled;
+            total.reservations += s.reservations;
+            total.deferred += s.deferred;
+        }
+        total
+    }
+
+    /// The current score breakdown of a pending allocation (what a site reviewer asks: "why did X run
+    /// before Y?"). `None` for unknown allocations or vClusters without weights.
+    pub fn score_breakdown(&self, id: AllocId) -> Option<ScoreBreakdown> {
+        let a = self.allocs.get(id.index())?;
+        let w = self.vc_config[a.spec.vcluster.index()].weights?;
+        let key = self.pool_key_of(id);
+        let ctx = self.score_context(self.clock.now(), key);
+        Some(self.score_of(id, &w, &ctx))
+    }
+
+    /// f6 of a vCluster's pool: `min(1, queued GPU-hours / running GPU-hours)` (node-hours on CPU pools).
+    pub fn backlog_pressure(&self, vcluster: crate::ids::VClusterId) -> f64 {
+        let key = self.pool_of_vc.get(vcluster.index()).copied().unwrap_or(0);
+        self.score_context(self.clock.now(), key).backlog
+    }
+
+    fn pass_pool(&mut self, now: Time, key: u32) -> PassStats {
+        let pool = self.pools.get_mut(&key).expect("pool exists");
+        let mut queue = std::mem::take(&mut pool.queue);
+        let policy = pool.config.policy;
+        if policy == Policy::PyssEasy {
+            let (stats, rest) = self.pass_pyss(now, key, queue);
+            self.pools.get_mut(&key).expect("pool").queue = rest;
+            return stats;
+        }
+        let scored = self.pool_scored(key);
+        let ctx = self.score_context(now, key);
+        let mut scores: Vec<(AllocId, Option<ScoreBreakdown>)> = Vec::with_capacity(queue.len());
+        if scored {
+            for &id in &queue {
+                let w = self.vc_config[self.allocs[id.index()].spec.vcluster.index()].weights;
+                scores.push((id, w.map(|w| self.score_of(id, &w, &ctx))));
+            }
+            // Highest score first; ties by arrival.
+            scores.sort_by(|a, b| {
+                let (sa, sb) = (a.1.map_or(0.0, |s| s.total), b.1.map_or(0.0, |s| s.total));
+                sb.total_cmp(&sa).then(a.0.cmp(&b.0))
+            });
+            queue = scores.iter().map(|s| s.0).collect();
+        }
+        let depth = match policy {
+            Policy::Fcfs | Policy::Reservation => None,
+            Policy::BinPack => Some(Depth::Limited(0)),
+            Policy::Backfill {
+                depth: Depth::Limited(d),
+            } if scored && d > 1 => Some(Depth::Limited(
+                ((d as f64) * (1.0 - ctx.backlog / 2.0)).ceil().max(1.0) as u32
+            )),
+            Policy::Backfill { depth } => Some(depth),
+            Policy::PyssEasy => unreachable!("handled above"),
+        };
+        let rules = PickRules {
+            conformance_hard: policy == Policy::Reservation,
+            power_cap_w: None,
+        };
+        let (stats, mut rest) = self.pass_backfill(now, key, queue, depth, rules, &scores, &ctx);
+        rest.sort_unstable();
+        self.pools.get_mut(&key).expect("pool").queue = rest;
+        stats
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pass_backfill(
+        &mut self,
+        now: Time,
+        key: u32,
+        queue: Vec<AllocId>,
+        depth: Option<Depth>,
+        rules: PickRules,
+        scores: &[(AllocId, Option<ScoreBreakdown>)],
+        ctx: &ScoreContext,
+    ) -> (PassStats, Vec<AllocId>) {
+        let mut stats = PassStats {
+            ran: true,
+            ..PassStats::default()
+        };
+        let mut keep = Vec::with_capacity(queue.len());
+        let mut profile: Option<Profile> = None;
+        // suffix_min[i - base] = smallest request among queue[i..]: once fewer nodes are free now, stop.
+        let mut suffix_min: Vec<u32> = Vec::new();
+        let mut base = 0;
+        let mut blocked = false;
+        let mut placement = Placement::default();
+        let mut deferred_any = false;
+        for (i, &id) in queue.iter().enumerate() {
+            let k = self.allocs[id.index()].spec.nodes.min;
+            let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
+            let breakdown = scores.get(i).and_then(|s| s.1);
+            if self.defer_for_energy(now, id, ctx) {
+                stats.deferred += 1;
+                deferred_any = true;
+                keep.push(id);
+                continue;
+            }
+            let budget_ok = self.budgets_allow(id);
+            let start_rules = PickRules {
+                power_cap_w: self.power_headroom(),
+                ..rules
+            };
+            let Some(p) = profile.as_mut() else {
+                // Nothing is blocked yet: every start so far is in queue order.
+                if budget_ok && let Some(pl) = self.place_now(id, k, start_rules) {
+                    self.start(now, id, &pl, false, breakdown);
+                    stats.started += 1;
+                    continue;
+                }
+                // FCFS: the head blocks everything behind it.
+                let Some(depth) = depth else {
+                    keep.extend_from_slice(&queue[i..]);
+                    break;
+                };
+                base = i;
+                suffix_min = self.suffix_min_nodes(&queue[i..]);
+                let p = profile.insert(self.build_profile(now, key));
+                blocked = true;
+                if budget_ok {
+                    self.reserve_if_allowed(p, id, k, walltime, depth, rules, &mut stats, key);
+                }
+                keep.push(id);
+                continue;
+            };
+            if p.free_total_now() < suffix_min[i - base] as i64 {
+                keep.extend_from_slice(&queue[i..]);
+                break;
+            }
+            let fit = budget_ok
+                && p.fit(
+                    0,
+                    walltime,
+                    &self.meta[id.index()].eligible,
+                    k,
+                    &self.class_info,
+                    start_rules,
+                    &mut placement,
+                )
+                .is_ok();
+            if fit {
+                p.reserve(now, walltime, &placement.picks);
+                let pl = placement.clone();
+                self.start(now, id, &pl, blocked, breakdown);
+                stats.started += 1;
+                stats.backfilled += blocked as u32;
+            } else {
+                let depth = depth.expect("profile is only built for backfill");
+                if budget_ok {
+                    self.reserve_if_allowed(p, id, k, walltime, depth, rules, &mut stats, key);
+                }
+                keep.push(id);
+            }
+        }
+        if deferred_any && let Some(t) = self.config.energy_prices.iter().map(|p| p.0).find(|&t| t > now) {
+            let pool = self.pools.get_mut(&key).expect("pool");
+            pool.due_at = Some(pool.due_at.map_or(t, |d| d.min(t)));
+        }
+        (stats, keep)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_if_allowed(
+        &mut self,
+        p: &mut Profile,
+        id: AllocId,
+        k: u32,
+        walltime: Option<Duration>,
+        depth: Depth,
+        rules: PickRules,
+        stats: &mut PassStats,
+        key: u32,
+    ) {
+        let allowed = match depth {
+            Depth::Unlimited => true,
+            Depth::Limited(d) => stats.reservations < d,
+        };
+        if !allowed {
+            return;
+        }
+        let mut out = Placement::default();
+        let eligible = &self.meta[id.index()].eligible;
+        if let Some(start) = p.earliest(walltime, eligible, k, &self.class_info, rules, &mut out) {
+            p.reserve(start, walltime, &out.picks);
+            self.pools.get_mut(&key).expect("pool").reservations.push(Reservation {
+                alloc: id,
+                start,
+                end: walltime.map(|w| start + w),
+                picks: out.picks,
+            });
+            stats.reservations += 1;
+        }
+    }
+
+    /// A placement on the nodes free now, or `None`.
+    fn place_now(&self, id: AllocId, k: u32, rules: PickRules) -> Option<Placement> {
+        let avail: Picks = self.meta[id.index()]
+            .eligible
+            .iter()
+            .map(|&c| (c, self.free_by_class[c as usize]))
+            .filter(|a| a.1 > 0)
+            .collect();
+        pick(&self.class_info, &avail, k, rules)
+    }
+
+    /// Proposes `id` on concrete nodes: per class of the placement, the lowest free node ids.
+    fn start(&mut self, now: Time, id: AllocId, pl: &Placement, backfilled: bool, score: Option<ScoreBreakdown>) {
+        let k: u32 = pl.picks.iter().map(|p| p.1).sum();
+        let mut need = pl.picks.clone();
+        let mut nodes: Vec<NodeId> = Vec::with_capacity(k as usize);
+        for n in self.free.iter() {
+            if nodes.len() == k as usize {
+                break;
+            }
+            let c = self.class_of[n.index()];
+            if let Some(p) = need.iter_mut().find(|p| p.0 == c)
+                && p.1 > 0
+            {
+                p.1 -= 1;
+                nodes.push(n);
+            }
+        }
+        assert_eq!(
+            nodes.len(),
+            k as usize,
+            "placement of {id} asked for {k} nodes but only {} were free in its classes",
+            nodes.len()
+        );
+        self.allocs[id.index()].start_score = score;
+        self.propose(now, id, nodes, backfilled);
+    }
+
+    /// GPU-hours budget of the vCluster and the storage bandwidth of the site (checked per cycle).
+    fn budgets_allow(&self, id: AllocId) -> bool {
+        let a = &self.allocs[id.index()];
+        let vc = a.spec.vcluster.index();
+        let gpu_ok = self.vc_config[vc]
+            .gpu_hours_budget
+            .is_none_or(|b| self.gpu_hours_committed[vc] + self.meta[id.index()].requested_gpu_hours <= b + 1e-9);
+        let storage_ok = match (self.config.storage_bandwidth_gbps, a.spec.storage_gbps) {
+            (Some(cap), Some(need)) => self.storage_used_gbps + need <= cap + 1e-9,
+            _ => true,
+        };
+        gpu_ok && storage_ok
+    }
+
+    fn power_headroom(&self) -> Option<u64> {
+        self.config.power_budget_w.map(|b| b.saturating_sub(self.power_used_w))
+    }
+
+    /// f7's deferral rule (see the module docs).
+    fn defer_for_energy(&self, now: Time, id: AllocId, ctx: &ScoreContext) -> bool {
+        let a = &self.allocs[id.index()];
+        let Some(w) = self.vc_config[a.spec.vcluster.index()].weights else {
+            return false;
+        };
+        if w.energy <= 0.0 || a.spec.preemption_class.get() > FLEXIBLE_CLASS_MAX || ctx.price_norm.is_none() {
+            return false;
+        }
+        let horizon = a.submitted + self.vc_config[a.spec.vcluster.index()].reference_wait;
+        if now >= horizon {
+            return false;
+        }
+        let current = ctx.price_norm.unwrap_or(0.0);
+        let cheapest = self
+            .config
+            .energy_prices
+            .iter()
+            .filter(|p| p.0 > now && p.0 < horizon)
+            .map(|p| normalise(p.1, ctx.price_min, ctx.price_max))
+            .fold(f64::INFINITY, f64::min);
+        cheapest <= current - (1.0 - w.energy) / 2.0
+    }
+
+    fn pool_scored(&self, key: u32) -> bool {
+        self.pools[&key]
+            .vclusters
+            .iter()
+            .any(|v| self.vc_config[v.index()].weights.is_some())
+    }
+
+    /// Inputs shared by every allocation of a pool in one cycle.
+    fn score_context(&self, now: Time, key: u32) -> ScoreContext {
+        let usage = self.tenant_usage(now);
+        let total_usage: f64 = usage.iter().sum();
+        let (mut queued, mut running) = (0.0, 0.0);
+        for &id in &self.pools[&key].queue {
+            let h = self.meta[id.index()].requested_gpu_hours;
+            if h.is_finite() {
+                queued += h;
+            }
+        }
+        for &(_, id) in &self.running {
+            if self.pool_key_of(id) == key && self.allocs[id.index()].state == AllocState::Running {
+                running += self.meta[id.index()].requested_gpu_hours;
+            }
+        }
+        let backlog = crate::cost::f6_backlog(queued, running);
+        let prices = &self.config.energy_prices;
+        let (price_min, price_max) = prices.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
+        let price_norm = prices
+            .iter()
+            .rev()
+            .find(|p| p.0 <= now)
+            .or(prices.first())
+            .map(|p| normalise(p.1, price_min, price_max));
+        ScoreContext {
+            shares: usage
+                .iter()
+                .map(|u| if total_usage > 0.0 { u / total_usage } else { 0.0 })
+                .collect(),
+            targets: self.tenant_targets(),
+            backlog,
+            price_norm,
+            price_min,
+            price_max,
+        }
+    }
+
+    /// `Score(j)` with its breakdown.
+    fn score_of(&self, id: AllocId, w: &CostWeights, ctx: &ScoreContext) -> ScoreBreakdown {
+        let a = &self.allocs[id.index()];
+        let m = &self.meta[id.index()];
+        let vc = &self.vc_config[a.spec.vcluster.index()];
+        let pool_policy = self.pools[&self.pool_key_of(id)].config.policy;
+        let k = a.spec.nodes.min;
+        let t = a.spec.tenant.index();
+        // f4/f9 from the free nodes (or, when the job cannot fit now, from the eligible capacity).
+        let free: Picks = m
+            .eligible
+            .iter()
+            .map(|&c| (c, self.free_by_class[c as usize]))
+            .collect();
+        let total: Picks = m.eligible.iter().map(|&c| (c, self.class_total[c as usize])).collect();
+        let rules = PickRules::default();
+        let (basis, placement) = match pick(&self.class_info, &free, k, rules) {
+            Some(p) => (&free, Some(p)),
+            None => (&total, pick(&self.class_info, &total, k, rules)),
+        };
+        let mut groups: Vec<u32> = basis
+            .iter()
+            .filter(|x| x.1 > 0)
+            .map(|x| self.class_info[x.0 as usize].group.0)
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let mut by_fp: Vec<(u64, u32)> = Vec::new();
+        for &(c, n) in basis {
+            let fp = self.class_info[c as usize].conformance.0;
+            match by_fp.iter_mut().find(|x| x.0 == fp) {
+                Some(x) => x.1 += n,
+                None => by_fp.push((fp, n)),
+            }
+        }
+        let largest_fp = by_fp.iter().map(|x| x.1).max().unwrap_or(0);
+        let inputs = CostInputs {
+            priority_class: if pool_policy == Policy::Reservation {
+                10
+            } else {
+                a.spec.preemption_class.get()
+            },
+            wait_s: self.clock.now().since(a.submitted).as_secs_f64(),
+            reference_wait_s: vc.reference_wait.as_secs_f64(),
+            target_share: ctx.targets.get(t).copied().unwrap_or(0.0),
+            actual_share: ctx.shares.get(t).copied().unwrap_or(0.0),
+            groups_needed: placement.as_ref().map_or(groups.len() as u32, |p| p.groups),
+            max_groups_available: groups.len() as u32,
+            hot_data_fraction: None,
+            queued_gpu_hours: 0.0,
+            running_gpu_hours: 0.0,
+            normalized_energy_price: ctx.price_norm.unwrap_or(0.0),
+            checkpoint_minutes: match a.spec.checkpoint.kind {
+                crate::alloc::CheckpointKind::None => None,
+                _ => Some(a.spec.checkpoint.estimated_minutes.unwrap_or(0.0)),
+            },
+            largest_conformance_group: largest_fp,
+            requested_nodes: k,
+        };
+        let mut s = score(w, &inputs);
+        // f6 is the pool's backlog (the same for every job this cycle).
+        s.components[5] = ctx.backlog;
+        s.weighted[5] = w.backlog * ctx.backlog;
+        s.total = s.weighted.iter().sum();
+        s
+    }
+
+    /// `out[i]` = the smallest node request among `queue[i..]`.
+    fn suffix_min_nodes(&self, queue: &[AllocId]) -> Vec<u32> {
+        let mut out: Vec<u32> = queue.iter().map(|q| self.allocs[q.index()].spec.nodes.min).collect();
+        for i in (0..out.len().saturating_sub(1)).rev() {
+            out[i] = out[i].min(out[i + 1]);
+        }
+        out
+    }
+
+    /// The availability profile of a pool from now: free nodes plus releases at running allocations'
+    /// estimated ends.
+    fn build_profile(&self, now: Time, key: u32) -> Profile {
+        let mut p = Profile::new(now, &self.free_by_class);
+        let single_pool = self.pools.len() == 1;
+        for &(t, id) in &self.running {
+            if !single_pool && self.pool_key_of(id) != key {
+                continue;
+            }
+            let m = &self.meta[id.index()];
+            if self.nodes_not_ready == 0 {
+                p.add_release(t, &m.held);
+            } else {
+                // Only nodes that will be schedulable when released come back.
+                let mut back: Picks = Vec::new();
+                for n in &self.allocs[id.index()].nodes {
+                    if self.nodes[n.index()].state.schedulable() {
+                        let c = self.class_of[n.index()];
+                        match back.iter_mut().find(|p| p.0 == c) {
+                            Some(p) => p.1 += 1,
+                            None => back.push((c, 1)),
+                        }
+                    }
+                }
+                p.add_release(t, &back);
+            }
+        }
+        p
+    }
+
+    /// EASY as pyss implements it (DESIGN.md §3, rule by rule). One homogeneous pool; processors of jobs
+    /// past their estimated end were already released by `release_estimated_ends`.
+    fn pass_pyss(&mut self, now: Time, key: u32, queue: Vec<AllocId>) -> (PassStats, Vec<AllocId>) {
+        let mut stats = PassStats {
+            ran: true,
+            ..PassStats::default()
+        };
+        let mut free = self.free.len() as i64;
+        // (1) Start queue heads while the head fits.
+        let mut h = 0;
+        while h < queue.len() {
+            let k = self.allocs[queue[h].index()].spec.nodes.min;
+            if k as i64 > free {
+                break;
+            }
+            self.start(now, queue[h], &single_class(k), false, None);
+            free -= k as i64;
+            stats.started += 1;
+            h += 1;
+        }
+        // (2) Fewer than two waiting: stop.
+        if queue.len() - h < 2 {
+            return (stats, queue[h..].to_vec());
+        }
+        // (3) Shadow time and extra processors for the head.
+        let head = queue[h];
+        let head_k = self.allocs[head.index()].spec.nodes.min as i64;
+        let held = |e: &Engine, id: AllocId| -> i64 { e.meta[id.index()].held.iter().map(|p| p.1 as i64).sum() };
+        let mut acc = free;
+        let mut shadow = None;
+        for &(t, id) in &self.running {
+            acc += held(self, id);
+            if acc >= head_k {
+                shadow = Some(t);
+                break;
+            }
+        }
+        let Some(shadow) = shadow else {
+            return (stats, queue[h..].to_vec());
+        };
+        let released: i64 = self
+            .running
+            .iter()
+            .take_while(|&&(t, _)| t <= shadow)
+            .map(|&(_, id)| held(self, id))
+            .sum();
+        let mut extra = free + released - head_k;
+        let mut nonextra = free - extra;
+        if nonextra < 0 {
+            extra += nonextra;
+            nonextra = 0;
+        }
+        self.pools.get_mut(&key).expect("pool").reservations.push(Reservation {
+            alloc: head,
+            start: shadow,
+            end: self.allocs[head.index()].spec.lifecycle.walltime().map(|w| shadow + w),
+            picks: vec![(0, head_k as u32)],
+        });
+        stats.reservations = 1;
+        // (4) Scan the other waiting jobs in queue order.
+        let mut keep = vec![head];
+        let horizon = shadow.since(now);
+        for &id in &queue[h + 1..] {
+            let a = &self.allocs[id.index()];
+            let k = a.spec.nodes.min as i64;
+            let long = a.spec.lifecycle.walltime().is_none_or(|w| w > horizon);
+            let starts = if long {
+                if k <= extra {
+                    extra -= k;
+                    true
+                } else {
+                    false
+                }
+            } else if k <= extra + nonextra {
+                nonextra -= k;
+                if nonextra < 0 {
+                    extra += nonextra;
+                    nonextra = 0;
+                }
+                true
+            } else {
+                false
+            };
+            if starts {
+                self.start(now, id, &single_class(k as u32), true, None);
+                stats.started += 1;
+                stats.backfilled += 1;
+            } else {
+                keep.push(id);
+            }
+        }
+        (stats, keep)
+    }
+}
+
+fn single_class(k: u32) -> Placement {
+    Placement {
+        picks: vec![(0, k)],
+        groups: 1,
+        largest_conformance: k,
+        power_w: 0,
+    }
+}
+
+fn normalise(x: f64, lo: f64, hi: f64) -> f64 {
+    if hi > lo {
+        ((x - lo) / (hi - lo)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// Per-pool, per-cycle inputs of the score.
+pub(crate) struct ScoreContext {
+    shares: Vec<f64>,
+    targets: Vec<f64>,
+    backlog: f64,
+    price_norm: Option<f64>,
+    price_min: f64,
+    price_max: f64,
+}
