@@ -264,7 +264,7 @@ pub struct Allocation {
     /// Started ahead of an earlier-queued allocation that was still waiting.
     pub backfilled: bool,
     /// The score breakdown when it started (score-ordered vClusters only).
-    pub start_score: Option<crate::cost::ScoreBreakdown>,
+    pub start_score: Option<Box<crate::cost::ScoreBreakdown>>,
 }
 
 impl Allocation {

@@ -54,23 +54,43 @@ pub struct Placement {
 
 /// Chooses `k` nodes among `avail` (`(class, available count)`, eligible classes only).
 pub fn pick(info: &[ClassInfo], avail: &[(u16, u32)], k: u32, rules: PickRules) -> Option<Placement> {
+    let mut out = Placement::default();
+    pick_into(info, avail, k, rules, &mut out).then_some(out)
+}
+
+/// [`pick`] writing into `out` (reusing its buffer: the hot path of every pass).
+pub fn pick_into(info: &[ClassInfo], avail: &[(u16, u32)], k: u32, rules: PickRules, out: &mut Placement) -> bool {
+    out.picks.clear();
     if k == 0 {
-        return Some(Placement::default());
+        *out = Placement::default();
+        return true;
     }
+    // Fast path: one class (every homogeneous machine).
+    if avail.len() == 1 {
+        let (c, n) = avail[0];
+        let power_w = k as u64 * info[c as usize].power_w as u64;
+        if n < k || rules.power_cap_w.is_some_and(|cap| power_w > cap) {
+            return false;
+        }
+        out.picks.push((c, k));
+        out.groups = 1;
+        out.largest_conformance = k;
+        out.power_w = power_w;
+        return true;
+    }
+    match pick_multi(info, avail, k, rules) {
+        Some(p) => {
+            *out = p;
+            true
+        }
+        None => false,
+    }
+}
+
+fn pick_multi(info: &[ClassInfo], avail: &[(u16, u32)], k: u32, rules: PickRules) -> Option<Placement> {
     let total: u64 = avail.iter().map(|a| a.1 as u64).sum();
     if total < k as u64 {
         return None;
-    }
-    // Fast path: one class.
-    if avail.len() == 1 {
-        let (c, _) = avail[0];
-        let p = Placement {
-            picks: vec![(c, k)],
-            groups: 1,
-            largest_conformance: k,
-            power_w: k as u64 * info[c as usize].power_w as u64,
-        };
-        return rules.power_cap_w.is_none_or(|cap| p.power_w <= cap).then_some(p);
     }
     let best = if rules.conformance_hard {
         let mut fps: Vec<ConformanceFingerprint> = avail.iter().map(|a| info[a.0 as usize].conformance).collect();

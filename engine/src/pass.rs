@@ -17,7 +17,7 @@
 //!   the current one; the pool's next pass is then due at the next price change.
 
 use crate::alloc::AllocState;
-use crate::classes::{PickRules, Placement, pick};
+use crate::classes::{PickRules, Placement, pick, pick_into};
 use crate::cost::{CostInputs, ScoreBreakdown, score};
 use crate::engine::{Engine, PassStats, Reservation};
 use crate::ids::{AllocId, NodeId};
@@ -82,12 +82,12 @@ impl Engine {
             return stats;
         }
         let scored = self.pool_scored(key);
-        let ctx = self.score_context(now, key);
+        let ctx = scored.then(|| self.score_context(now, key));
         let mut scores: Vec<(AllocId, Option<ScoreBreakdown>)> = Vec::with_capacity(queue.len());
-        if scored {
+        if let Some(ctx) = &ctx {
             for &id in &queue {
                 let w = self.vc_config[self.allocs[id.index()].spec.vcluster.index()].weights;
-                scores.push((id, w.map(|w| self.score_of(id, &w, &ctx))));
+                scores.push((id, w.map(|w| self.score_of(id, &w, ctx))));
             }
             // Highest score first; ties by arrival.
             scores.sort_by(|a, b| {
@@ -101,9 +101,12 @@ impl Engine {
             Policy::BinPack => Some(Depth::Limited(0)),
             Policy::Backfill {
                 depth: Depth::Limited(d),
-            } if scored && d > 1 => Some(Depth::Limited(
-                ((d as f64) * (1.0 - ctx.backlog / 2.0)).ceil().max(1.0) as u32
-            )),
+            } if d > 1 && ctx.is_some() => {
+                let backlog = ctx.as_ref().map_or(0.0, |c| c.backlog);
+                Some(Depth::Limited(
+                    ((d as f64) * (1.0 - backlog / 2.0)).ceil().max(1.0) as u32
+                ))
+            }
             Policy::Backfill { depth } => Some(depth),
             Policy::PyssEasy => unreachable!("handled above"),
         };
@@ -111,8 +114,10 @@ impl Engine {
             conformance_hard: policy == Policy::Reservation,
             power_cap_w: None,
         };
-        let (stats, mut rest) = self.pass_backfill(now, key, queue, depth, rules, &scores, &ctx);
-        rest.sort_unstable();
+        let (stats, mut rest) = self.pass_backfill(now, key, queue, depth, rules, &scores, ctx.as_ref());
+        if scored {
+            rest.sort_unstable();
+        }
         self.pools.get_mut(&key).expect("pool").queue = rest;
         stats
     }
@@ -126,7 +131,7 @@ impl Engine {
         depth: Option<Depth>,
         rules: PickRules,
         scores: &[(AllocId, Option<ScoreBreakdown>)],
-        ctx: &ScoreContext,
+        ctx: Option<&ScoreContext>,
     ) -> (PassStats, Vec<AllocId>) {
         let mut stats = PassStats {
             ran: true,
@@ -144,7 +149,9 @@ impl Engine {
             let k = self.allocs[id.index()].spec.nodes.min;
             let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
             let breakdown = scores.get(i).and_then(|s| s.1);
-            if self.defer_for_energy(now, id, ctx) {
+            if let Some(ctx) = ctx
+                && self.defer_for_energy(now, id, ctx)
+            {
                 stats.deferred += 1;
                 deferred_any = true;
                 keep.push(id);
@@ -157,8 +164,10 @@ impl Engine {
             };
             let Some(p) = profile.as_mut() else {
                 // Nothing is blocked yet: every start so far is in queue order.
-                if budget_ok && let Some(pl) = self.place_now(id, k, start_rules) {
+                if budget_ok && self.place_now(id, k, start_rules, &mut placement) {
+                    let pl = std::mem::take(&mut placement);
                     self.start(now, id, &pl, false, breakdown);
+                    placement = pl;
                     stats.started += 1;
                     continue;
                 }
@@ -194,8 +203,9 @@ impl Engine {
                 .is_ok();
             if fit {
                 p.reserve(now, walltime, &placement.picks);
-                let pl = placement.clone();
+                let pl = std::mem::take(&mut placement);
                 self.start(now, id, &pl, blocked, breakdown);
+                placement = pl;
                 stats.started += 1;
                 stats.backfilled += blocked as u32;
             } else {
@@ -246,15 +256,18 @@ impl Engine {
         }
     }
 
-    /// A placement on the nodes free now, or `None`.
-    fn place_now(&self, id: AllocId, k: u32, rules: PickRules) -> Option<Placement> {
-        let avail: Picks = self.meta[id.index()]
-            .eligible
+    /// A placement on the nodes free now, written into `out`.
+    fn place_now(&self, id: AllocId, k: u32, rules: PickRules, out: &mut Placement) -> bool {
+        let eligible = &self.meta[id.index()].eligible;
+        if let [c] = eligible[..] {
+            return pick_into(&self.class_info, &[(c, self.free_by_class[c as usize])], k, rules, out);
+        }
+        let avail: Picks = eligible
             .iter()
             .map(|&c| (c, self.free_by_class[c as usize]))
             .filter(|a| a.1 > 0)
             .collect();
-        pick(&self.class_info, &avail, k, rules)
+        pick_into(&self.class_info, &avail, k, rules, out)
     }
 
     /// Proposes `id` on concrete nodes: per class of the placement, the lowest free node ids.
@@ -280,7 +293,7 @@ impl Engine {
             "placement of {id} asked for {k} nodes but only {} were free in its classes",
             nodes.len()
         );
-        self.allocs[id.index()].start_score = score;
+        self.allocs[id.index()].start_score = score.map(Box::new);
         self.propose(now, id, nodes, backfilled);
     }
 

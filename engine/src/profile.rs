@@ -6,7 +6,7 @@
 //! Counting per *class* (nodes with identical capabilities) keeps EASY's count semantics exact on
 //! homogeneous machines while honouring constraints on heterogeneous ones.
 
-use crate::classes::{ClassInfo, PickRules, Placement, pick};
+use crate::classes::{ClassInfo, PickRules, Placement, pick_into};
 use crate::time::{Duration, Time};
 
 /// Nodes taken per class: `(class, count)`.
@@ -106,6 +106,24 @@ impl Profile {
     ) -> Result<(), usize> {
         let start = self.times[seg];
         let end = walltime.map_or(Time::MAX, |w| start + w);
+        if let [c] = eligible {
+            // One eligible class: no buffers.
+            let mut min = i64::MAX;
+            let mut i = seg;
+            while i < self.times.len() && (i == seg || self.times[i] < end) {
+                let f = self.free[i * self.classes + *c as usize];
+                if f < k as i64 {
+                    return Err(i + 1);
+                }
+                min = min.min(f);
+                i += 1;
+            }
+            return if pick_into(info, &[(*c, min.max(0) as u32)], k, rules, out) {
+                Ok(())
+            } else {
+                Err(seg + 1)
+            };
+        }
         let mut mins: Picks = eligible.iter().map(|&c| (c, u32::MAX)).collect();
         let mut i = seg;
         while i < self.times.len() && (i == seg || self.times[i] < end) {
@@ -122,12 +140,10 @@ impl Profile {
             }
             i += 1;
         }
-        match pick(info, &mins, k, rules) {
-            Some(p) => {
-                *out = p;
-                Ok(())
-            }
-            None => Err(seg + 1),
+        if pick_into(info, &mins, k, rules, out) {
+            Ok(())
+        } else {
+            Err(seg + 1)
         }
     }
 

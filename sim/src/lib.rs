@@ -425,7 +425,7 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
                     metrics::round6(best as f64 / fps.len() as f64)
                 }),
                 class: a.spec.preemption_class.get(),
-                score: a.start_score.map(|s| metrics::round6(s.total)),
+                score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
             }
         })
         .collect()
