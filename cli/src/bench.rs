@@ -125,3 +125,129 @@ fn measure(exe: &Path, args: &[String]) -> Result<Measured> {
         stdout,
     })
 }
+
+/// Shape of the synthetic state `rm-replay bench cycle` schedules.
+#[derive(Clone, Debug)]
+pub struct CycleBench {
+    pub pending: u32,
+    pub nodes: u32,
+    pub groups: u32,
+    pub conformance_groups: u32,
+    /// Fraction of nodes busy with running allocations before the measured cycle.
+    pub busy: f64,
+    pub iterations: u32,
+    pub seed: u64,
+}
+
+/// Result of the cycle benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct CycleResult {
+    pub mean_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub started_per_cycle: u32,
+    pub reservations_per_cycle: u32,
+}
+
+/// One scheduling cycle of an `hpc-batch`-weighted backfill (depth 10) vCluster over `nodes` GH200-like
+/// nodes in `groups` dragonfly groups and `conformance_groups` fingerprints, with `pending` allocations
+/// queued (1-64 nodes, 10 min - 24 h walltimes, mixed priority classes and tenants) and `busy` of the
+/// nodes running. Each iteration schedules a fresh copy of the same state; only `schedule()` is timed.
+pub fn cycle(b: &CycleBench) -> Result<CycleResult> {
+    use lattice_engine::{
+        AllocSpec, ConformanceFingerprint, CostWeights, Depth, Duration, Engine, EngineConfig, GroupId,
+        NodeCapabilities, NodeSpec, NodeState, Policy, PreemptionClass, ProjectId, Time, VClusterConfig,
+    };
+    use rand_chacha::ChaCha8Rng;
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+    if b.nodes == 0 || b.groups == 0 || b.conformance_groups == 0 {
+        bail!("--nodes, --groups and --conformance-groups must be at least 1");
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(b.seed);
+    let mut unit = move || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let caps = NodeCapabilities {
+        gpu_type: Some("GH200".into()),
+        gpu_count: 4,
+        cpu_cores: 72,
+        memory_gb: 512,
+        features: ["nvme_scratch".to_string()].into(),
+        power_w: 680,
+    };
+    let per_group = b.nodes.div_ceil(b.groups);
+    let nodes: Vec<NodeSpec> = (0..b.nodes)
+        .map(|i| {
+            let g = i / per_group;
+            NodeSpec {
+                name: format!("n{i:05}"),
+                capabilities: caps.clone(),
+                group: GroupId(g),
+                conformance: ConformanceFingerprint((g % b.conformance_groups) as u64),
+                home_vcluster: None,
+                state: NodeState::Ready,
+            }
+        })
+        .collect();
+    let policy = Policy::Backfill {
+        depth: Depth::Limited(10),
+    };
+    let mut engine = Engine::new(EngineConfig::new(policy), nodes)?;
+    let tenants: Vec<_> = (0..8).map(|t| engine.add_tenant(&format!("t{t}"))).collect();
+    let vc = engine.add_vcluster("hpc-batch");
+    let mut cfg = VClusterConfig::new(policy);
+    cfg.weights = Some(CostWeights {
+        priority: 0.15,
+        wait_time: 0.20,
+        fair_share: 0.20,
+        topology: 0.15,
+        data_readiness: 0.10,
+        backlog: 0.05,
+        energy: 0.0,
+        checkpoint: 0.05,
+        conformance: 0.10,
+    });
+    engine.configure_vcluster(vc, cfg)?;
+    let mut job = |unit: &mut dyn FnMut() -> f64, t: usize| {
+        let k = 1u32 << ((unit() * unit()) * 7.0) as u32;
+        let walltime = Duration::from_secs(600 + (unit() * 86_400.0) as u64);
+        let mut s = AllocSpec::simple(tenants[t % tenants.len()], vc, k.min(b.nodes), walltime);
+        s.project = ProjectId(0);
+        s.preemption_class = PreemptionClass::new((unit() * 10.0) as u8).expect("0..=9");
+        s
+    };
+    // Fill the machine to `busy` with running allocations.
+    let mut busy = 0u32;
+    let mut t = 0;
+    let now = Time::from_secs(3600);
+    while (busy as f64) < b.busy * b.nodes as f64 {
+        let s = job(&mut unit, t);
+        busy += s.nodes.min;
+        t += 1;
+        engine.handle_submit(Time::ZERO, s)?;
+    }
+    engine.schedule(Time::ZERO);
+    while let Some(p) = engine.poll_proposal() {
+        engine.handle_commit(Time::ZERO, p.alloc)?;
+    }
+    for i in 0..b.pending {
+        let s = job(&mut unit, i as usize);
+        engine.handle_submit(now, s)?;
+    }
+    let mut ms = Vec::new();
+    let mut last = lattice_engine::PassStats::default();
+    for _ in 0..b.iterations.max(1) {
+        let mut e = engine.clone();
+        let t0 = std::time::Instant::now();
+        last = e.schedule(now);
+        ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+        std::hint::black_box(&e);
+    }
+    ms.sort_by(f64::total_cmp);
+    let p99 = ms[((0.99 * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
+    Ok(CycleResult {
+        mean_ms: ms.iter().sum::<f64>() / ms.len() as f64,
+        p99_ms: p99,
+        max_ms: *ms.last().expect("non-empty"),
+        started_per_cycle: last.started,
+        reservations_per_cycle: last.reservations,
+    })
+}

@@ -119,6 +119,24 @@ pub fn render(name: &str, r: &SimResult) -> String {
     o
 }
 
+/// An inventory as YAML (one entry per node), e.g. to edit an imported node list.
+pub fn inventory_yaml(inv: &lattice_traces::Inventory) -> String {
+    let mut o = String::from("nodes:\n");
+    for n in &inv.nodes {
+        let c = &n.capabilities;
+        let _ = write!(
+            o,
+            "  - {{name: {}, cpu_cores: {}, memory_gb: {}, gpu_count: {}",
+            n.name, c.cpu_cores, c.memory_gb, c.gpu_count
+        );
+        if let Some(t) = &c.gpu_type {
+            let _ = write!(o, ", gpu_type: {t}, conformance: {t}");
+        }
+        let _ = writeln!(o, ", group: {}}}", n.group.0);
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,6 +107,7 @@ pub(crate) struct Pool {
 }
 
 /// The scheduling engine. See the crate docs for the contract.
+#[derive(Clone, Debug)]
 pub struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) clock: Clock,

@@ -29,10 +29,48 @@ enum Cmd {
         #[arg(long, default_value = "traces/library/demo-128n.swf")]
         out: PathBuf,
     },
+    /// Write an Alps-like inventory (several thousand GH200 nodes in dragonfly groups, a few drifted
+    /// fingerprints), or convert the Alibaba GPU node list to inventory YAML with --from-alibaba.
+    GenerateInventory {
+        #[arg(long, default_value = "profiles/inventory/alps-like.yaml")]
+        out: PathBuf,
+        /// Alibaba node list CSV (sn,cpu_milli,memory_mib,gpu,model) to convert instead.
+        #[arg(long)]
+        from_alibaba: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchKind {
+    /// Time one scheduling cycle over a synthetic cluster (sizes a site's scheduler).
+    Cycle {
+        /// Pending allocations in the queue.
+        #[arg(long, default_value_t = 1000)]
+        pending: u32,
+        /// Nodes in the cluster.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        /// Dragonfly groups.
+        #[arg(long, default_value_t = 200)]
+        groups: u32,
+        /// Distinct conformance fingerprints.
+        #[arg(long, default_value_t = 8)]
+        conformance_groups: u32,
+        /// Fraction of nodes running allocations when the cycle starts.
+        #[arg(long, default_value_t = 0.7)]
+        busy: f64,
+        /// Measured cycles.
+        #[arg(long, default_value_t = 100)]
+        iterations: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 #[derive(Args)]
 struct BenchArgs {
+    #[command(subcommand)]
+    kind: Option<BenchKind>,
     /// Folder holding KTH-SP2-1996-2.1-cln.swf.gz and LANL-CM5-1994-4.1-cln.swf.gz.
     #[arg(long, default_value = "../shared/traces")]
     traces_dir: PathBuf,
@@ -112,6 +150,15 @@ fn main() -> Result<()> {
             println!("wrote {}", out.display());
             Ok(())
         }
+        Some(Cmd::GenerateInventory { out, from_alibaba }) => {
+            let text = match from_alibaba {
+                None => lattice_traces::synth::alps_like_inventory(&Default::default()),
+                Some(csv) => lattice_cli::report::inventory_yaml(&lattice_traces::read_inventory(&csv)?),
+            };
+            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
         None => run_replay(cli.replay),
     }
 }
@@ -187,6 +234,41 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
 }
 
 fn run_bench(b: BenchArgs) -> Result<()> {
+    if let Some(BenchKind::Cycle {
+        pending,
+        nodes,
+        groups,
+        conformance_groups,
+        busy,
+        iterations,
+        seed,
+    }) = b.kind
+    {
+        if cfg!(debug_assertions) {
+            eprintln!(
+                "warning: this is a debug build; benchmark with `cargo run --release --bin rm-replay -- bench cycle`"
+            );
+        }
+        let r = bench::cycle(&bench::CycleBench {
+            pending,
+            nodes,
+            groups,
+            conformance_groups,
+            busy,
+            iterations,
+            seed,
+        })?;
+        println!(
+            "{nodes} nodes, {groups} groups, {conformance_groups} conformance groups, {pending} pending, {:.0}% busy: \
+             {} started and {} reservations per cycle, max {:.3} ms",
+            busy * 100.0,
+            r.started_per_cycle,
+            r.reservations_per_cycle,
+            r.max_ms
+        );
+        println!("cycle p99_ms={:.3} mean_ms={:.3}", r.p99_ms, r.mean_ms);
+        return Ok(());
+    }
     let traces = if b.traces.is_empty() {
         bench::default_traces(&b.traces_dir)
     } else {
