@@ -206,7 +206,7 @@ pub fn cycle(b: &CycleBench) -> Result<CycleResult> {
         conformance: 0.10,
     });
     engine.configure_vcluster(vc, cfg)?;
-    let mut job = |unit: &mut dyn FnMut() -> f64, t: usize| {
+    let job = |unit: &mut dyn FnMut() -> f64, t: usize| {
         let k = 1u32 << ((unit() * unit()) * 7.0) as u32;
         let walltime = Duration::from_secs(600 + (unit() * 86_400.0) as u64);
         let mut s = AllocSpec::simple(tenants[t % tenants.len()], vc, k.min(b.nodes), walltime);
