@@ -25,6 +25,8 @@ pub struct ReplayOptions {
     pub tenant_field: TenantField,
     pub vcluster_by_queue: bool,
     pub check_invariants: bool,
+    /// Stop the replay at this virtual time.
+    pub horizon: Option<lattice_engine::Time>,
 }
 
 /// A prepared replay: the workload and nodes, before simulation.
@@ -168,6 +170,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         check_invariants: o.check_invariants,
         check_all_promises: false,
         seed: o.seed,
+        horizon: o.horizon,
     };
     Ok(Prepared {
         workload,

@@ -296,4 +296,74 @@ mod tests {
         );
         assert!(pick(&i, &[(0, 3), (1, 4), (2, 2)], 3, capped).is_some());
     }
+
+    use proptest::prelude::*;
+
+    fn minimal_groups(info: &[ClassInfo], avail: &[(u16, u32)], k: u32) -> u32 {
+        let mut by: BTreeMap<GroupId, u64> = BTreeMap::new();
+        for &(c, n) in avail {
+            *by.entry(info[c as usize].group).or_default() += n as u64;
+        }
+        let mut v: Vec<u64> = by.into_values().collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        let mut acc = 0;
+        for (i, n) in v.iter().enumerate() {
+            acc += n;
+            if acc >= k as u64 {
+                return i as u32 + 1;
+            }
+        }
+        u32::MAX
+    }
+
+    proptest! {
+        /// Every placement takes exactly k nodes, never more than a class has, only offered classes,
+        /// spans the minimal number of groups, uses the largest conformance group available in its
+        /// groups, respects the power cap, and under hard conformance uses one fingerprint.
+        #[test]
+        fn placements_are_valid(
+            classes in prop::collection::vec((0u32..6, 0u64..3, 0u32..8, 100u32..900), 1..10),
+            k in 1u32..20, hard in any::<bool>(), cap in proptest::option::of(500u64..20_000),
+        ) {
+            let info: Vec<ClassInfo> = classes.iter().map(|&(g, fp, _, w)| ClassInfo {
+                group: GroupId(g), conformance: ConformanceFingerprint(fp), power_w: w, gpus: 4,
+            }).collect();
+            let avail: Vec<(u16, u32)> = classes.iter().enumerate().map(|(i, c)| (i as u16, c.2)).collect();
+            let rules = PickRules { conformance_hard: hard, power_cap_w: cap };
+            let total: u32 = avail.iter().map(|a| a.1).sum();
+            match pick(&info, &avail, k, rules) {
+                None => {
+                    // Refused only when it cannot be done without breaking a rule.
+                    let soft = pick(&info, &avail, k, PickRules::default());
+                    prop_assert!(total < k || hard || cap.is_some(), "refused although {total} >= {k}");
+                    if !hard && cap.is_none() { prop_assert!(soft.is_none()); }
+                }
+                Some(p) => {
+                    prop_assert_eq!(p.picks.iter().map(|x| x.1).sum::<u32>(), k);
+                    for &(c, n) in &p.picks {
+                        prop_assert!(n <= avail[c as usize].1);
+                    }
+                    if !hard {
+                        prop_assert_eq!(p.groups, minimal_groups(&info, &avail, k));
+                        // Largest conformance group within the chosen groups.
+                        let chosen: Vec<GroupId> = p.picks.iter().map(|x| info[x.0 as usize].group).collect();
+                        let mut best = 0u64;
+                        for fp in 0..3u64 {
+                            let n: u64 = avail.iter()
+                                .filter(|a| chosen.contains(&info[a.0 as usize].group) && info[a.0 as usize].conformance.0 == fp)
+                                .map(|a| a.1 as u64).sum();
+                            best = best.max(n);
+                        }
+                        prop_assert_eq!(p.largest_conformance as u64, best.min(k as u64));
+                    } else {
+                        let fp = info[p.picks[0].0 as usize].conformance;
+                        prop_assert!(p.picks.iter().all(|x| info[x.0 as usize].conformance == fp));
+                    }
+                    if let Some(cap) = cap { prop_assert!(p.power_w <= cap); }
+                    let pw: u64 = p.picks.iter().map(|&(c, n)| n as u64 * info[c as usize].power_w as u64).sum();
+                    prop_assert_eq!(pw, p.power_w);
+                }
+            }
+        }
+    }
 }

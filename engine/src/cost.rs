@@ -186,4 +186,29 @@ mod tests {
         assert!(close(s.weighted.iter().sum::<f64>(), s.total));
         assert!(close(s.components[7], 0.5));
     }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// f3 ∈ [0, 1] for any shares; f2 is monotone in the wait; every component stays in its range.
+        #[test]
+        fn component_ranges_and_monotonicity(
+            target in 0.0f64..1.0, actual in 0.0f64..2.0,
+            w1 in 0.0f64..1e6, w2 in 0.0f64..1e6, r in 1.0f64..1e5,
+            g in 0u32..50, gmax in 0u32..50, q in 0.0f64..1e4, run in 0.0f64..1e4,
+            price in -1.0f64..2.0, ck in proptest::option::of(0.0f64..1e3),
+            conf in 0u32..100, req in 0u32..100,
+        ) {
+            let f3 = f3_fair_share(target, actual);
+            prop_assert!((0.0..=1.0).contains(&f3));
+            let (lo, hi) = if w1 <= w2 { (w1, w2) } else { (w2, w1) };
+            prop_assert!(f2_wait(lo, r) <= f2_wait(hi, r));
+            prop_assert!(f2_wait(lo, r) >= 0.0);
+            prop_assert!((0.0..=1.0).contains(&f4_topology(g, gmax)));
+            prop_assert!((0.0..=1.0).contains(&f6_backlog(q, run)));
+            prop_assert!((0.0..=1.0).contains(&f7_energy(price)));
+            prop_assert!((0.0..=1.0).contains(&f8_checkpoint(ck)));
+            prop_assert!((0.0..=1.0).contains(&f9_conformance(conf, req)));
+        }
+    }
 }

@@ -76,6 +76,8 @@ pub struct PassStats {
     pub reservations: u32,
     /// Allocations kept waiting for a cheaper energy window (f7).
     pub deferred: u32,
+    /// Allocations kept waiting for a placement in fewer groups (f4).
+    pub deferred_topology: u32,
 }
 
 #[derive(Clone, Debug, Default)]

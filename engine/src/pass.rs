@@ -15,6 +15,14 @@
 //!   ≤ 3 whose wait is below its reference wait is *deferred* (not started, no reservation) when the
 //!   price series has, before `submit + reference_wait`, a normalised price at least `(1 − w7)/2` below
 //!   the current one; the pool's next pass is then due at the next price change.
+//!
+//! Reservations hold nodes; power, storage bandwidth and GPU-hours budgets are checked per cycle, so an
+//! allocation whose nodes are free but whose power is not gets no reservation (no promise) that cycle.
+//!
+//! And how f4 can make a job *wait for good topology* (the tuning guide's "low w2, high w4"): a job whose
+//! placement now spans more groups than it would on its eligible nodes at best is deferred while the
+//! score it would gain from the better placement, `w4 · Δf4`, exceeds its wait term `w2 · f2`; as its wait
+//! grows, f2 grows and it starts anyway.
 
 use crate::alloc::AllocState;
 use crate::classes::{PickRules, Placement, pick, pick_into};
@@ -52,6 +60,7 @@ impl Engine {
             total.backfilled += s.backfilled;
             total.reservations += s.reservations;
             total.deferred += s.deferred;
+            total.deferred_topology += s.deferred_topology;
         }
         total
     }
@@ -165,6 +174,11 @@ impl Engine {
             let Some(p) = profile.as_mut() else {
                 // Nothing is blocked yet: every start so far is in queue order.
                 if budget_ok && self.place_now(id, k, start_rules, &mut placement) {
+                    if self.defer_for_topology(now, id, placement.groups) {
+                        stats.deferred_topology += 1;
+                        keep.push(id);
+                        continue;
+                    }
                     let pl = std::mem::take(&mut placement);
                     self.start(now, id, &pl, false, breakdown);
                     placement = pl;
@@ -201,6 +215,11 @@ impl Engine {
                     &mut placement,
                 )
                 .is_ok();
+            if fit && self.defer_for_topology(now, id, placement.groups) {
+                stats.deferred_topology += 1;
+                keep.push(id);
+                continue;
+            }
             if fit {
                 p.reserve(now, walltime, &placement.picks);
                 let pl = std::mem::take(&mut placement);
@@ -245,6 +264,11 @@ impl Engine {
         let mut out = Placement::default();
         let eligible = &self.meta[id.index()].eligible;
         if let Some(start) = p.earliest(walltime, eligible, k, &self.class_info, rules, &mut out) {
+            if start == p.now() {
+                // Its nodes are free now: only a per-cycle dimension (power, budgets) holds it back.
+                // Reservations cover nodes; the next cycle re-checks the rest, so no promise is made.
+                return;
+            }
             p.reserve(start, walltime, &out.picks);
             self.pools.get_mut(&key).expect("pool").reservations.push(Reservation {
                 alloc: id,
@@ -313,6 +337,36 @@ impl Engine {
 
     fn power_headroom(&self) -> Option<u64> {
         self.config.power_budget_w.map(|b| b.saturating_sub(self.power_used_w))
+    }
+
+    /// f4's wait-for-topology rule (see the module docs).
+    fn defer_for_topology(&self, now: Time, id: AllocId, groups_now: u32) -> bool {
+        let a = &self.allocs[id.index()];
+        let vc = &self.vc_config[a.spec.vcluster.index()];
+        let Some(w) = vc.weights else {
+            return false;
+        };
+        if w.topology <= 0.0 || groups_now <= 1 {
+            return false;
+        }
+        let m = &self.meta[id.index()];
+        let total: Picks = m.eligible.iter().map(|&c| (c, self.class_total[c as usize])).collect();
+        let Some(ideal) = pick(&self.class_info, &total, a.spec.nodes.min, PickRules::default()) else {
+            return false;
+        };
+        if groups_now <= ideal.groups {
+            return false;
+        }
+        let mut groups: Vec<u32> = m
+            .eligible
+            .iter()
+            .map(|&c| self.class_info[c as usize].group.0)
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let gain = w.topology * (groups_now - ideal.groups) as f64 / groups.len().max(1) as f64;
+        let wait = crate::cost::f2_wait(now.since(a.submitted).as_secs_f64(), vc.reference_wait.as_secs_f64());
+        gain > w.wait_time * wait
     }
 
     /// f7's deferral rule (see the module docs).

@@ -312,3 +312,67 @@ fn policies_display_as_on_the_command_line() {
     );
     assert_eq!(Policy::PyssEasy.to_string(), "easy(compat=pyss)");
 }
+
+mod placement_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+        /// On heterogeneous nodes (GPU types, memory, features, groups, fingerprints), every proposal's
+        /// nodes satisfy the allocation's constraints, are free, are as many as requested, and the
+        /// topology span of a placement is never more than what its eligible free nodes required.
+        #[test]
+        fn every_placement_satisfies_every_constraint(
+            node_kinds in prop::collection::vec((0u8..3, 0u32..3, any::<bool>(), 0u32..4, 0u64..2), 4..40),
+            jobs in prop::collection::vec((1u32..6, 0u8..3, 0u32..3, any::<bool>(), 1u64..100), 1..30),
+            policy in prop_oneof![Just(Policy::EASY), Just(Policy::CONSERVATIVE), Just(Policy::BinPack), Just(Policy::Reservation), Just(Policy::Fcfs)],
+        ) {
+            let gpu = |t: u8| match t { 0 => None, 1 => Some("A100".to_string()), _ => Some("GH200".to_string()) };
+            let specs: Vec<NodeSpec> = node_kinds.iter().enumerate().map(|(i, &(t, mem, nvme, g, fp))| {
+                let mut n = NodeSpec::plain(format!("n{i}"));
+                n.capabilities.gpu_type = gpu(t);
+                n.capabilities.gpu_count = if t == 0 { 0 } else { 4 };
+                n.capabilities.memory_gb = 128 << mem;
+                if nvme { n.capabilities.features.insert("nvme_scratch".into()); }
+                n.group = GroupId(g);
+                n.conformance = ConformanceFingerprint(fp);
+                n
+            }).collect();
+            let mut e = Engine::new(EngineConfig::new(policy), specs.clone()).unwrap();
+            let (t, v) = (e.add_tenant("t"), e.add_vcluster("v"));
+            let mut now = Time(0);
+            let mut submitted = Vec::new();
+            for &(k, gt, mem, nvme, wall) in &jobs {
+                let mut s = spec(t, v, k, wall);
+                s.constraints.gpu_type = gpu(gt);
+                s.constraints.memory_gb = Some(128 << mem);
+                if nvme { s.constraints.features.insert("nvme_scratch".into()); }
+                if let Ok(id) = e.handle_submit(now, s) { submitted.push(id); }
+                e.schedule(now);
+                while let Some(p) = e.poll_proposal() {
+                    let a = e.allocation(p.alloc).unwrap().clone();
+                    prop_assert_eq!(p.nodes.len() as u32, a.spec.nodes.min);
+                    let mut seen = std::collections::BTreeSet::new();
+                    for n in &p.nodes {
+                        prop_assert!(seen.insert(*n), "node {} twice", n);
+                        prop_assert!(a.spec.constraints.satisfied_by(&specs[n.index()].capabilities));
+                    }
+                    if policy == Policy::Reservation {
+                        let fp = specs[p.nodes[0].index()].conformance;
+                        prop_assert!(p.nodes.iter().all(|n| specs[n.index()].conformance == fp));
+                    }
+                    e.handle_commit(now, p.alloc).unwrap();
+                }
+                now = now + Duration::from_secs(7);
+                // Let some allocations finish so nodes are reused.
+                for id in submitted.clone() {
+                    let a = e.allocation(id).unwrap();
+                    if a.state == AllocState::Running && a.estimated_end().is_some_and(|x| x <= now) {
+                        e.handle_completion(now, id, EndReason::Success).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}

@@ -47,6 +47,9 @@ pub struct SimConfig {
     pub check_all_promises: bool,
     /// Recorded in the summary (no decision in this version is random; later models draw from it).
     pub seed: u64,
+    /// Stop the replay here: events after it are not processed (allocations still running or waiting
+    /// are reported unfinished). `None` = run until every event is processed.
+    pub horizon: Option<Time>,
 }
 
 impl Default for SimConfig {
@@ -58,6 +61,7 @@ impl Default for SimConfig {
             check_invariants: cfg!(debug_assertions),
             check_all_promises: false,
             seed: 0,
+            horizon: None,
         }
     }
 }
@@ -154,6 +158,7 @@ pub fn simulate(
     let mut wakeups: BTreeSet<Time> = BTreeSet::new();
     let mut headroom: Vec<f64> = Vec::new();
     let mut deferred = 0u64;
+    let mut deferred_topology = 0u64;
 
     let (rank_arrival, rank_end) = if pyss {
         (PYSS_RANK_ARRIVAL, PYSS_RANK_END)
@@ -179,6 +184,10 @@ pub fn simulate(
     let fail = |time: Time, message: String| SimError::Invariant { time, message };
 
     while let Some(now) = q.peek_time() {
+        if cfg.horizon.is_some_and(|h| now > h) {
+            notes.push(format!("replay stopped at the horizon ({now} is past it)"));
+            break;
+        }
         // pyss handles one event per step; otherwise all events of the timestamp form one step.
         while let Some(ev) = q.pop() {
             if pyss {
@@ -261,6 +270,7 @@ pub fn simulate(
         if stats.ran {
             pass_ns.push(t0.elapsed().as_nanos() as u64);
             deferred += stats.deferred as u64;
+            deferred_topology += stats.deferred_topology as u64;
             if let Some(b) = inventory.power_budget_w {
                 headroom.push(b.saturating_sub(engine.power_used_w()) as f64 / 1000.0);
             }
@@ -318,6 +328,7 @@ pub fn simulate(
     summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
     summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
     summary.deferred_for_energy = deferred;
+    summary.deferred_for_topology = deferred_topology;
     if let Some(b) = inventory.power_budget_w {
         summary.power_budget_kw = Some(b as f64 / 1000.0);
         summary.min_power_headroom_kw = headroom.iter().copied().reduce(f64::min).map(metrics::round6);
@@ -538,6 +549,7 @@ fn summarize(
         cycle_cpu_ms_mean: 0.0,
         cycle_cpu_ms_p99: 0.0,
         deferred_for_energy: 0,
+        deferred_for_topology: 0,
         power_budget_kw: None,
         min_power_headroom_kw: None,
         mean_power_headroom_kw: None,

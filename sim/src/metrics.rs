@@ -206,6 +206,8 @@ pub struct Summary {
     pub cycle_cpu_ms_p99: f64,
     /// Pass-allocation decisions that kept a time-flexible job waiting for a cheaper energy window.
     pub deferred_for_energy: u64,
+    /// Pass-allocation decisions that kept a job waiting for a placement in fewer groups.
+    pub deferred_for_topology: u64,
     pub power_budget_kw: Option<f64>,
     pub min_power_headroom_kw: Option<f64>,
     pub mean_power_headroom_kw: Option<f64>,

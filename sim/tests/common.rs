@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 use lattice_engine::{AllocSpec, Duration, Policy, ProjectId, TenantId, Time, VClusterId};
+#[allow(unused_imports)]
+pub use lattice_sim::SimConfig as Cfg;
 use lattice_sim::{SimConfig, SimResult, simulate};
 use lattice_traces::{TraceJob, Workload};
 
@@ -56,4 +58,51 @@ pub fn start_of(r: &SimResult, id: &str) -> f64 {
         .find(|j| j.id == id)
         .and_then(|j| j.start_s)
         .unwrap_or_else(|| panic!("job {id} never started"))
+}
+
+/// `groups` dragonfly groups of `per_group` plain nodes (conformance = group % fingerprints).
+pub fn grouped(groups: u32, per_group: u32, fingerprints: u64) -> lattice_traces::Inventory {
+    let mut inv = lattice_traces::homogeneous(groups * per_group);
+    for (i, n) in inv.nodes.iter_mut().enumerate() {
+        let g = i as u32 / per_group;
+        n.group = lattice_engine::GroupId(g);
+        n.conformance = lattice_engine::ConformanceFingerprint(g as u64 % fingerprints.max(1));
+    }
+    inv
+}
+
+/// A scored vCluster config for the single vCluster `default`.
+pub fn weighted(policy: Policy, w: lattice_engine::CostWeights) -> SimConfig {
+    let mut c = lattice_engine::VClusterConfig::new(policy);
+    c.weights = Some(w);
+    SimConfig {
+        policy,
+        vclusters: [("default".to_string(), c)].into(),
+        check_invariants: true,
+        ..SimConfig::default()
+    }
+}
+
+/// All-zero weights except those set by the caller.
+pub fn zero_weights() -> lattice_engine::CostWeights {
+    lattice_engine::CostWeights {
+        priority: 0.0,
+        wait_time: 0.0,
+        fair_share: 0.0,
+        topology: 0.0,
+        data_readiness: 0.0,
+        backlog: 0.0,
+        energy: 0.0,
+        checkpoint: 0.0,
+        conformance: 0.0,
+    }
+}
+
+pub fn run_inv(w: &Workload, inv: &lattice_traces::Inventory, policy: Policy) -> SimResult {
+    let cfg = SimConfig {
+        policy,
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    simulate(w, inv, &cfg, &mut |_, _| {}).unwrap_or_else(|e| panic!("{policy}: {e}"))
 }

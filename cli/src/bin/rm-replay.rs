@@ -138,6 +138,9 @@ struct ReplayArgs {
     /// Print only `jobs=N passes=N` (for scripts and the benchmark).
     #[arg(long)]
     quiet: bool,
+    /// Stop the replay at this virtual time since the trace start (e.g. `7d`, `72h`).
+    #[arg(long)]
+    horizon: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -181,6 +184,13 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         },
         vcluster_by_queue: a.vcluster_by_queue,
         check_invariants: a.check || cfg!(debug_assertions),
+        horizon: a
+            .horizon
+            .as_deref()
+            .map(lattice_traces::parse_duration)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("--horizon: {m}"))?
+            .map(|d| lattice_engine::Time(d.as_millis())),
     };
     let prepared = replay::prepare(&opts)?;
     if !a.quiet {
