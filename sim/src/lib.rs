@@ -502,7 +502,16 @@ fn summarize(
         trace: workload.source.clone(),
         jobs: jobs.len() as u64,
         skipped,
-        policy: cfg.policy.to_string(),
+        policy: match cfg.vclusters.len() {
+            0 => cfg.policy.to_string(),
+            1 => cfg.vclusters.values().next().expect("one").policy.to_string(),
+            _ => cfg
+                .vclusters
+                .iter()
+                .map(|(n, c)| format!("{n}={}", c.policy))
+                .collect::<Vec<_>>()
+                .join(","),
+        },
         seed: cfg.seed,
         nodes: total_nodes,
         mean_wait_s: all.mean_wait_s,
