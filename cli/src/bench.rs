@@ -172,6 +172,7 @@ pub fn cycle(b: &CycleBench) -> Result<CycleResult> {
         memory_gb: 512,
         features: ["nvme_scratch".to_string()].into(),
         power_w: 680,
+        unified_memory: true,
     };
     let per_group = b.nodes.div_ceil(b.groups);
     let nodes: Vec<NodeSpec> = (0..b.nodes)

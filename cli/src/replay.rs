@@ -204,6 +204,27 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
         j.csv_row(&mut csv);
     }
     std::fs::write(dir.join("jobs.csv"), csv).with_context(|| format!("writing {}/jobs.csv", dir.display()))?;
+    if !r.scores.is_empty() {
+        use std::fmt::Write;
+        let names = lattice_engine::CostWeights::NAMES;
+        let mut out = String::from("id,score");
+        for n in names {
+            let _ = write!(out, ",f_{n}");
+        }
+        for n in names {
+            let _ = write!(out, ",w_{n}");
+        }
+        out.push('\n');
+        let r6 = |x: f64| (x * 1e6).round() / 1e6;
+        for (id, b) in &r.scores {
+            let _ = write!(out, "{id},{}", r6(b.total));
+            for v in b.components.iter().chain(b.weighted.iter()) {
+                let _ = write!(out, ",{}", r6(*v));
+            }
+            out.push('\n');
+        }
+        std::fs::write(dir.join("scores.csv"), out).with_context(|| format!("writing {}/scores.csv", dir.display()))?;
+    }
     let mut cost = serde_json::to_string_pretty(&r.cost)?;
     cost.push('\n');
     std::fs::write(dir.join("engine_cost.json"), cost)

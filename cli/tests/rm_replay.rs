@@ -213,3 +213,47 @@ fn jsonl_trace_with_inventory() {
     assert_eq!(v["jobs"], 3);
     assert!(Path::new(&out.join("summary.json")).exists());
 }
+
+#[test]
+fn profiles_must_cover_the_trace_vclusters_and_scores_are_written() {
+    let dir = tmp("vcs");
+    let trace = dir.join("t.jsonl");
+    std::fs::write(
+        &trace,
+        r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "nodes": 1, "walltime": "1h", "vcluster": "ml-training"}}
+{"ts": 1, "type": "submit", "alloc": {"id": "b", "nodes": 1, "walltime": "1h", "vcluster": "physics"}}
+"#,
+    )
+    .unwrap();
+    let inv = dir.join("inv.yaml");
+    std::fs::write(&inv, "nodes:\n  - prefix: n\n    count: 2\n").unwrap();
+    let o = rm_replay(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        inv.to_str().unwrap(),
+        "--weights",
+        "profiles/ml-training.yaml",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("the trace uses vCluster `physics`, which the profile does not define"),
+        "{}",
+        text(&o)
+    );
+    // The demo trace with a profile writes the per-allocation score breakdown.
+    let out = dir.join("out");
+    let o = rm_replay(&[
+        "--weights",
+        "profiles/hpc-batch.yaml",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let scores = std::fs::read_to_string(out.join("scores.csv")).unwrap();
+    assert!(
+        scores.starts_with("id,score,f_priority,f_wait_time,f_fair_share"),
+        "{scores}"
+    );
+    assert_eq!(scores.lines().count(), 2001);
+}

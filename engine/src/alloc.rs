@@ -30,6 +30,8 @@ pub struct Constraints {
     /// Minimum memory per node (`memory_gb >=`).
     pub memory_gb: Option<u32>,
     pub features: BTreeSet<String>,
+    /// Hard: only nodes with a unified CPU-GPU memory domain (memory-topology chapter).
+    pub require_unified_memory: bool,
 }
 
 impl Constraints {
@@ -47,6 +49,7 @@ impl Constraints {
             && self.cpu_cores.is_none_or(|c| caps.cpu_cores >= c)
             && self.memory_gb.is_none_or(|m| caps.memory_gb >= m)
             && self.features.is_subset(&caps.features)
+            && (!self.require_unified_memory || caps.unified_memory)
     }
 }
 
@@ -310,6 +313,7 @@ mod tests {
             memory_gb: 512,
             features: ["nvme_scratch".to_string()].into(),
             power_w: 0,
+            unified_memory: true,
         };
         let mut c = Constraints::default();
         assert!(c.satisfied_by(&caps));

@@ -18,6 +18,8 @@ pub struct NodeCapabilities {
     pub features: BTreeSet<String>,
     /// Nominal power draw when busy, watts (for the power budget).
     pub power_w: u32,
+    /// CPU and GPU share one memory domain (GH200, MI300A superchips).
+    pub unified_memory: bool,
 }
 
 /// Hash of GPU driver, NIC firmware, BIOS/BMC firmware and kernel parameters (the agent computes it).

@@ -174,6 +174,15 @@ impl Engine {
             let Some(p) = profile.as_mut() else {
                 // Nothing is blocked yet: every start so far is in queue order.
                 if budget_ok && self.place_now(id, k, start_rules, &mut placement) {
+                    let max = self.allocs[id.index()].spec.nodes.max;
+                    if max > k {
+                        // Node ranges take as many nodes as are free, up to max.
+                        let mut wider = Placement::default();
+                        let best = largest_feasible(k, max, |n| self.place_now(id, n, start_rules, &mut wider));
+                        if best > k {
+                            self.place_now(id, best, start_rules, &mut placement);
+                        }
+                    }
                     if self.defer_for_topology(now, id, placement.groups) {
                         stats.deferred_topology += 1;
                         keep.push(id);
@@ -215,6 +224,27 @@ impl Engine {
                     &mut placement,
                 )
                 .is_ok();
+            let max = self.allocs[id.index()].spec.nodes.max;
+            if fit && max > k {
+                let eligible = &self.meta[id.index()].eligible;
+                let mut wider = Placement::default();
+                let best = largest_feasible(k, max, |n| {
+                    p.fit(0, walltime, eligible, n, &self.class_info, start_rules, &mut wider)
+                        .is_ok()
+                });
+                if best > k {
+                    let ok = p.fit(
+                        0,
+                        walltime,
+                        eligible,
+                        best,
+                        &self.class_info,
+                        start_rules,
+                        &mut placement,
+                    );
+                    debug_assert!(ok.is_ok());
+                }
+            }
             if fit && self.defer_for_topology(now, id, placement.groups) {
                 stats.deferred_topology += 1;
                 keep.push(id);
@@ -639,6 +669,20 @@ impl Engine {
         }
         (stats, keep)
     }
+}
+
+/// The largest `n` in `[lo, hi]` with `feasible(n)`, given `feasible(lo)` and monotonicity.
+fn largest_feasible(lo: u32, hi: u32, mut feasible: impl FnMut(u32) -> bool) -> u32 {
+    let (mut good, mut bad) = (lo, hi + 1);
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if feasible(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
 }
 
 fn single_class(k: u32) -> Placement {

@@ -84,6 +84,9 @@ pub struct SimResult {
     pub summary: Summary,
     /// One record per replayed allocation, in trace order.
     pub jobs: Vec<JobRecord>,
+    /// The score breakdown of every allocation of a score-ordered vCluster when it started, in trace
+    /// order: "why did X run before Y?".
+    pub scores: Vec<(String, lattice_engine::ScoreBreakdown)>,
     pub cost: EngineCost,
     pub invariant_checks: u64,
 }
@@ -335,9 +338,20 @@ pub fn simulate(
         summary.mean_power_headroom_kw =
             (!headroom.is_empty()).then(|| metrics::round6(headroom.iter().sum::<f64>() / headroom.len() as f64));
     }
+    let scores = engine
+        .allocations()
+        .iter()
+        .filter_map(|a| {
+            Some((
+                workload.jobs[trace_of[a.id.index()]].id.clone(),
+                **a.start_score.as_ref()?,
+            ))
+        })
+        .collect();
     Ok(SimResult {
         summary,
         jobs,
+        scores,
         cost,
         invariant_checks: checker.map_or(0, |c| c.checks),
     })
@@ -409,7 +423,11 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
                 submit_s: a.submitted.as_secs_f64(),
                 start_s: a.started.map(Time::as_secs_f64),
                 end_s: a.started.and(a.ended).map(Time::as_secs_f64),
-                nodes: a.spec.nodes.min,
+                nodes: if a.started.is_some() {
+                    a.nodes.len() as u32
+                } else {
+                    a.spec.nodes.min
+                },
                 wait_s: wait.map(Duration::as_secs_f64),
                 bsld,
                 backfilled: a.backfilled && a.started.is_some(),

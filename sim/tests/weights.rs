@@ -172,3 +172,89 @@ fn power_budget_is_respected() {
     );
     assert_eq!(r.summary.min_power_headroom_kw, Some(0.5));
 }
+
+/// Each vCluster schedules its own nodes: 2 home nodes for `a`, 2 for `b`. A 3-node job in `a` is
+/// unsatisfiable although 4 nodes exist; `a`'s jobs never land on `b`'s nodes; each pool backfills alone.
+#[test]
+fn vclusters_schedule_their_own_nodes() {
+    let mut inv = nodes(4);
+    inv.vclusters.intern("a");
+    inv.vclusters.intern("b");
+    for (i, n) in inv.nodes.iter_mut().enumerate() {
+        n.home_vcluster = Some(lattice_engine::VClusterId((i / 2) as u32));
+    }
+    let mut w = workload(vec![
+        job("a1", 0, 2, 100, 100),
+        job("a2", 1, 1, 10, 10),
+        job("b1", 2, 1, 10, 10),
+        job("a3", 3, 3, 10, 10),
+    ]);
+    w.vclusters = lattice_engine::Registry::default();
+    w.vclusters.intern("a");
+    w.vclusters.intern("b");
+    w.jobs[2].spec.vcluster = lattice_engine::VClusterId(1);
+    let r = run_inv(&w, &inv, Policy::EASY);
+    assert_eq!(
+        r.summary.skipped.get("unsatisfiable"),
+        Some(&1),
+        "a3 needs 3 of a's 2 nodes"
+    );
+    // a2 waits for a1 although b has free nodes; b1 starts at once on b's nodes.
+    assert_eq!(start_of(&r, "a2"), 100.0);
+    assert_eq!(start_of(&r, "b1"), 2.0);
+    assert_eq!(r.summary.per_vcluster.len(), 2);
+}
+
+/// A vCluster with a 15 s cycle interval decides at cycle ticks only: a job submitted at t=1 starts at 15.
+#[test]
+fn cycle_interval_batches_decisions_at_ticks() {
+    let w = workload(vec![job("x", 1, 1, 10, 10), job("y", 16, 1, 10, 10)]);
+    let mut cfg = weighted(Policy::EASY, CostWeights::default());
+    cfg.vclusters.get_mut("default").unwrap().cycle_interval = lattice_engine::Duration::from_secs(15);
+    let r = simulate(&w, &nodes(2), &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!(start_of(&r, "x"), 15.0);
+    assert_eq!(start_of(&r, "y"), 30.0);
+}
+
+/// bin-pack packs partially used groups before opening empty ones. 2 groups × 4 nodes: A (1 node) opens
+/// group 0; B (2 nodes) goes to group 0 as well (best fit: 3 free there), leaving group 1 whole for C (4).
+#[test]
+fn bin_pack_fills_partially_used_groups() {
+    let w = workload(vec![
+        job("A", 0, 1, 100, 100),
+        job("B", 1, 2, 100, 100),
+        job("C", 2, 4, 100, 100),
+    ]);
+    let inv = grouped(2, 4, 1);
+    let r = run_inv(&w, &inv, Policy::BinPack);
+    assert_eq!((start_of(&r, "B"), start_of(&r, "C")), (1.0, 2.0));
+    assert!(r.jobs.iter().all(|j| j.groups == Some(1)));
+}
+
+/// Node ranges take as many free nodes as they can, up to max: {2..6} on 4 free nodes gets 4.
+#[test]
+fn node_ranges_take_what_is_free_up_to_max() {
+    let mut j = job("R", 0, 2, 10, 10);
+    j.spec.nodes = lattice_engine::NodeRange { min: 2, max: 6 };
+    let mut small = job("S", 0, 3, 10, 10);
+    small.spec.nodes = lattice_engine::NodeRange { min: 1, max: 3 };
+    let w = workload(vec![j, small]);
+    let r = run_inv(&w, &nodes(4), Policy::EASY);
+    assert_eq!(r.jobs[0].nodes, 4);
+    assert_eq!(start_of(&r, "S"), 10.0, "S waits for R's nodes");
+    assert_eq!(r.jobs[1].nodes, 3);
+}
+
+/// Hard constraints filter nodes: `require_unified_memory` only lands on unified-memory nodes.
+#[test]
+fn require_unified_memory_is_hard() {
+    let mut inv = nodes(4);
+    inv.nodes[3].capabilities.unified_memory = true;
+    let mut j = job("U", 0, 1, 10, 10);
+    j.spec.constraints.require_unified_memory = true;
+    let mut j2 = job("U2", 0, 1, 10, 10);
+    j2.spec.constraints.require_unified_memory = true;
+    let w = workload(vec![j, j2]);
+    let r = run_inv(&w, &inv, Policy::EASY);
+    assert_eq!((start_of(&r, "U"), start_of(&r, "U2")), (0.0, 10.0));
+}

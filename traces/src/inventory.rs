@@ -69,6 +69,9 @@ struct EntryIn {
     /// Power draw when busy, kW.
     #[serde(default)]
     power_kw: f64,
+    /// Unified CPU-GPU memory (GH200, MI300A).
+    #[serde(default)]
+    unified_memory: bool,
 }
 
 fn one() -> u32 {
@@ -143,6 +146,7 @@ pub fn parse_alibaba_nodes(file: &str, text: &str) -> Result<Inventory, TraceErr
                 memory_gb: (mem_mib / 1024) as u32,
                 features: Default::default(),
                 power_w: 0,
+                unified_memory: false,
             },
             group: GroupId(out.nodes.len() as u32 / ALIBABA_GROUP_SIZE),
             conformance: ConformanceFingerprint(fnv1a(model.as_deref().unwrap_or("cpu").as_bytes())),
@@ -203,6 +207,7 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
             } else {
                 return Err(err(format!("{at}.power_kw: must be >= 0, got {}", e.power_kw)));
             },
+            unified_memory: e.unified_memory,
         };
         for k in 0..e.count {
             let name = match (&e.name, &e.prefix) {

@@ -53,9 +53,11 @@ struct ConstraintsIn {
     memory_gb: Option<u32>,
     #[serde(default)]
     features: Vec<String>,
-    /// Scheduler hint ("tight"): accepted, used by topology-aware placement later.
+    /// Scheduler hint ("tight"): placement always packs into the fewest groups, so it is accepted as is.
     #[allow(dead_code)]
     topology: Option<String>,
+    #[serde(default)]
+    require_unified_memory: bool,
 }
 
 #[derive(Deserialize)]
@@ -318,6 +320,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Dep
             cpu_cores: c.cpu_cores,
             memory_gb: c.memory_gb,
             features: c.features.into_iter().collect(),
+            require_unified_memory: c.require_unified_memory,
         };
     }
     if let Some(g) = a.gpu_type {

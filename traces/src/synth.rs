@@ -171,7 +171,7 @@ pub fn alps_like_inventory(p: &AlpsLikeParams) -> String {
     let node = |out: &mut String, prefix: &str, count: u32, group: u32, fp: &str| {
         let _ = writeln!(
             out,
-            "  - {{prefix: {prefix}, count: {count}, gpu_type: GH200, gpu_count: 4, cpu_cores: 72, memory_gb: 512, features: [nvme_scratch, unified_memory], power_kw: 0.68, group: {group}, conformance: {fp}}}"
+            "  - {{prefix: {prefix}, count: {count}, gpu_type: GH200, gpu_count: 4, cpu_cores: 72, memory_gb: 512, features: [nvme_scratch], unified_memory: true, power_kw: 0.68, group: {group}, conformance: {fp}}}"
         );
     };
     for g in 0..p.groups {
