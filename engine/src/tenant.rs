@@ -21,16 +21,24 @@ pub struct VCluster {
 #[derive(Clone, Debug, Default)]
 pub struct Registry {
     names: Vec<String>,
+    index: std::collections::BTreeMap<String, u32>,
 }
 
 impl Registry {
-    /// Returns the id of `name`, registering it if new. Linear search: registries hold tens of names.
+    /// Returns the id of `name`, registering it if new.
     pub fn intern(&mut self, name: &str) -> u32 {
-        if let Some(i) = self.names.iter().position(|n| n == name) {
-            return i as u32;
+        if let Some(&i) = self.index.get(name) {
+            return i;
         }
+        let id = self.names.len() as u32;
         self.names.push(name.to_string());
-        (self.names.len() - 1) as u32
+        self.index.insert(name.to_string(), id);
+        id
+    }
+
+    /// The id of `name`, if registered.
+    pub fn lookup(&self, name: &str) -> Option<u32> {
+        self.index.get(name).copied()
     }
     pub fn get(&self, id: u32) -> Option<&str> {
         self.names.get(id as usize).map(String::as_str)

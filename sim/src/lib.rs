@@ -407,12 +407,30 @@ fn commit(
 /// `(gpus, group, conformance fingerprint)` per node.
 type NodeFacts = [(u32, u32, u64)];
 
+/// (groups spanned, nodes in the largest same-fingerprint subset) of a placement; O(nodes × distinct).
+fn placement_shape(nodes: &[lattice_engine::NodeId], facts: &NodeFacts) -> (u32, u32) {
+    let mut groups: Vec<u32> = Vec::new();
+    let mut fps: Vec<(u64, u32)> = Vec::new();
+    for n in nodes {
+        let (_, g, fp) = facts[n.index()];
+        if groups.last() != Some(&g) && !groups.contains(&g) {
+            groups.push(g);
+        }
+        match fps.iter_mut().find(|x| x.0 == fp) {
+            Some(x) => x.1 += 1,
+            None => fps.push((fp, 1)),
+        }
+    }
+    (groups.len() as u32, fps.iter().map(|x| x.1).max().unwrap_or(0))
+}
+
 fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &NodeFacts) -> Vec<JobRecord> {
     engine
         .allocations()
         .iter()
         .map(|a| {
             let job = &workload.jobs[trace_of[a.id.index()]];
+            let shape = a.started.map(|_| placement_shape(&a.nodes, facts));
             let wait = a.started.map(|s| s.since(a.submitted));
             let bsld = match (a.started, a.ended) {
                 (Some(s), Some(e)) => Some(metrics::bounded_slowdown(s.since(a.submitted), e.since(s))),
@@ -436,23 +454,10 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
                 state: a.state.as_str(),
                 reason: a.end_reason.map_or("", |r| r.as_str()),
                 gpus: a.nodes.iter().map(|n| facts[n.index()].0).sum(),
-                groups: a.started.map(|_| {
-                    let mut g: Vec<u32> = a.nodes.iter().map(|n| facts[n.index()].1).collect();
-                    g.sort_unstable();
-                    g.dedup();
-                    g.len() as u32
-                }),
-                conformance: a.started.filter(|_| !a.nodes.is_empty()).map(|_| {
-                    let mut fps: Vec<u64> = a.nodes.iter().map(|n| facts[n.index()].2).collect();
-                    fps.sort_unstable();
-                    let mut best = 0;
-                    let mut run = 0;
-                    for i in 0..fps.len() {
-                        run = if i > 0 && fps[i] == fps[i - 1] { run + 1 } else { 1 };
-                        best = best.max(run);
-                    }
-                    metrics::round6(best as f64 / fps.len() as f64)
-                }),
+                groups: shape.map(|s| s.0),
+                conformance: shape
+                    .filter(|_| !a.nodes.is_empty())
+                    .map(|s| metrics::round6(s.1 as f64 / a.nodes.len() as f64)),
                 class: a.spec.preemption_class.get(),
                 score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
             }
