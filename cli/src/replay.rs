@@ -27,6 +27,8 @@ pub struct ReplayOptions {
     pub check_invariants: bool,
     /// Stop the replay at this virtual time.
     pub horizon: Option<lattice_engine::Time>,
+    /// Fair-share usage half-life (hourly periods, a window of four half-lives); default 7 days.
+    pub fairshare_half_life: Option<lattice_engine::Duration>,
 }
 
 /// A prepared replay: the workload and nodes, before simulation.
@@ -170,6 +172,13 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         check_invariants: o.check_invariants,
         check_all_promises: false,
         seed: o.seed,
+        fair_share: match o.fairshare_half_life {
+            Some(h) => lattice_engine::FairShareConfig::from_half_life(h, lattice_engine::Duration::from_hours(1), {
+                // Remember four half-lives (usage then counts 1/16).
+                (4 * h.as_millis()).div_ceil(3_600_000).max(1) as u32
+            }),
+            None => lattice_engine::FairShareConfig::default(),
+        },
         horizon: o.horizon,
     };
     Ok(Prepared {

@@ -12,6 +12,7 @@
 use crate::alloc::{AllocSpec, AllocState, Allocation, DependencyCondition, EndReason};
 use crate::classes::{ClassInfo, ClassKey};
 use crate::error::{EngineError, SubmitError};
+use crate::fairshare::{FairShareConfig, UsageLedger};
 use crate::ids::{AllocId, NodeId, TenantId, VClusterId};
 use crate::node::{Node, NodeEvent, NodeSpec, NodeState, Owner, next_node_state};
 use crate::nodeset::NodeSet;
@@ -33,6 +34,8 @@ pub struct EngineConfig {
     pub storage_bandwidth_gbps: Option<f64>,
     /// Electricity price series `(from, price)`, a step function (f7).
     pub energy_prices: Vec<(Time, f64)>,
+    /// Usage decay for fair share (f3).
+    pub fair_share: FairShareConfig,
 }
 
 impl EngineConfig {
@@ -42,6 +45,7 @@ impl EngineConfig {
             power_budget_w: None,
             storage_bandwidth_gbps: None,
             energy_prices: Vec::new(),
+            fair_share: FairShareConfig::default(),
         }
     }
 }
@@ -134,10 +138,8 @@ pub struct Engine {
     pub(crate) dependents: BTreeMap<AllocId, Vec<AllocId>>,
     pub(crate) tenants: Registry,
     pub(crate) tenant_target: Vec<Option<f64>>,
-    /// Fair-share accounting per tenant: closed usage, running rate, Σ rate × start (seconds).
-    pub(crate) usage_closed: Vec<f64>,
-    pub(crate) usage_rate: Vec<f64>,
-    pub(crate) usage_rate_start: Vec<f64>,
+    /// Decayed fair-share usage per tenant.
+    pub(crate) ledger: UsageLedger,
     pub(crate) vclusters: Registry,
     pub(crate) gpu_hours_committed: Vec<f64>,
     pub(crate) power_used_w: u64,
@@ -210,6 +212,7 @@ impl Engine {
         if config.policy == Policy::PyssEasy && class_keys.len() > 1 {
             return Err(EngineError::PyssHeterogeneous(class_keys.len()));
         }
+        let ledger = UsageLedger::new(config.fair_share);
         Ok(Engine {
             config,
             clock: Clock::default(),
@@ -231,9 +234,7 @@ impl Engine {
             dependents: BTreeMap::new(),
             tenants: Registry::default(),
             tenant_target: Vec::new(),
-            usage_closed: Vec::new(),
-            usage_rate: Vec::new(),
-            usage_rate_start: Vec::new(),
+            ledger,
             vclusters: Registry::default(),
             gpu_hours_committed: Vec::new(),
             power_used_w: 0,
@@ -248,9 +249,6 @@ impl Engine {
         let id = TenantId(self.tenants.intern(name));
         while self.tenant_target.len() < self.tenants.len() {
             self.tenant_target.push(None);
-            self.usage_closed.push(0.0);
-            self.usage_rate.push(0.0);
-            self.usage_rate_start.push(0.0);
         }
         id
     }
@@ -501,8 +499,7 @@ impl Engine {
         }
         let m = &mut self.meta[id.index()];
         m.proposed_at = None;
-        self.usage_rate[tenant] += m.usage_rate;
-        self.usage_rate_start[tenant] += m.usage_rate * now.as_secs_f64();
+        self.ledger.start(now, tenant, m.usage_rate);
         Ok(())
     }
 
@@ -755,11 +752,10 @@ impl Engine {
             if let Some(w) = a.spec.lifecycle.walltime() {
                 self.running.remove(&(s + w, id));
             }
+            let _ = s;
             let t = a.spec.tenant.index();
             let rate = self.meta[id.index()].usage_rate;
-            self.usage_rate[t] -= rate;
-            self.usage_rate_start[t] -= rate * s.as_secs_f64();
-            self.usage_closed[t] += rate * now.since(s).as_secs_f64();
+            self.ledger.stop(now, t, rate);
         }
         self.release_nodes(id);
         self.resolve_dependents(now, id);
@@ -810,12 +806,14 @@ impl Engine {
         }
     }
 
-    /// Fair-share usage of every tenant at `now` (node- or GPU-seconds), for f3.
-    pub(crate) fn tenant_usage(&self, now: Time) -> Vec<f64> {
-        let t = now.as_secs_f64();
-        (0..self.usage_closed.len())
-            .map(|i| self.usage_closed[i] + self.usage_rate[i] * t - self.usage_rate_start[i])
-            .collect()
+    /// Decayed fair-share usage of every tenant (node- or GPU-seconds) as of the last accrual, for f3.
+    pub(crate) fn tenant_usage(&self) -> Vec<f64> {
+        (0..self.tenants.len()).map(|i| self.ledger.decayed(i)).collect()
+    }
+
+    /// The fair-share ledger (decayed usage per tenant).
+    pub fn usage_ledger(&self) -> &UsageLedger {
+        &self.ledger
     }
 
     /// Target share per tenant: configured shares, the rest split equally among the others.

@@ -42,6 +42,7 @@ impl Engine {
     /// [`Engine::poll_proposal`].
     pub fn schedule(&mut self, now: Time) -> PassStats {
         self.clock.advance(now);
+        self.ledger.accrue(now);
         let due: Vec<u32> = self
             .pools
             .iter()
@@ -432,7 +433,8 @@ impl Engine {
 
     /// Inputs shared by every allocation of a pool in one cycle.
     fn score_context(&self, now: Time, key: u32) -> ScoreContext {
-        let usage = self.tenant_usage(now);
+        let _ = now;
+        let usage = self.tenant_usage();
         let total_usage: f64 = usage.iter().sum();
         let (mut queued, mut running) = (0.0, 0.0);
         for &id in &self.pools[&key].queue {

@@ -47,6 +47,8 @@ pub struct SimConfig {
     pub check_all_promises: bool,
     /// Recorded in the summary (no decision in this version is random; later models draw from it).
     pub seed: u64,
+    /// Fair-share usage decay (f3).
+    pub fair_share: lattice_engine::FairShareConfig,
     /// Stop the replay here: events after it are not processed (allocations still running or waiting
     /// are reported unfinished). `None` = run until every event is processed.
     pub horizon: Option<Time>,
@@ -61,6 +63,7 @@ impl Default for SimConfig {
             check_invariants: cfg!(debug_assertions),
             check_all_promises: false,
             seed: 0,
+            fair_share: lattice_engine::FairShareConfig::default(),
             horizon: None,
         }
     }
@@ -124,6 +127,7 @@ pub fn simulate(
         power_budget_w: inventory.power_budget_w,
         storage_bandwidth_gbps: inventory.storage_bandwidth_gbps,
         energy_prices: inventory.energy_prices.clone(),
+        fair_share: cfg.fair_share,
     };
     let mut engine = Engine::new(engine_cfg, nodes)?;
     let tenant_map: Vec<TenantId> = workload.tenants.names().iter().map(|n| engine.add_tenant(n)).collect();

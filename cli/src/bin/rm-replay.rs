@@ -141,6 +141,9 @@ struct ReplayArgs {
     /// Stop the replay at this virtual time since the trace start (e.g. `7d`, `72h`).
     #[arg(long)]
     horizon: Option<String>,
+    /// Fair-share usage half-life (e.g. `7d`, the default): recent usage lowers f3 more than old usage.
+    #[arg(long)]
+    fairshare_half_life: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -191,6 +194,12 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .transpose()
             .map_err(|m| anyhow::anyhow!("--horizon: {m}"))?
             .map(|d| lattice_engine::Time(d.as_millis())),
+        fairshare_half_life: a
+            .fairshare_half_life
+            .as_deref()
+            .map(lattice_traces::parse_duration)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("--fairshare-half-life: {m}"))?,
     };
     let prepared = replay::prepare(&opts)?;
     if !a.quiet {
