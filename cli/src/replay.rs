@@ -29,6 +29,8 @@ pub struct ReplayOptions {
     pub horizon: Option<lattice_engine::Time>,
     /// Fair-share usage half-life (hourly periods, a window of four half-lives); default 7 days.
     pub fairshare_half_life: Option<lattice_engine::Duration>,
+    /// Tenant contracts YAML (quotas, share targets).
+    pub tenants: Option<PathBuf>,
 }
 
 /// A prepared replay: the workload and nodes, before simulation.
@@ -180,6 +182,11 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             None => lattice_engine::FairShareConfig::default(),
         },
         horizon: o.horizon,
+        tenants: match &o.tenants {
+            Some(p) => lattice_traces::read_tenants(p)?,
+            None => BTreeMap::new(),
+        },
+        sensitive_pool_size: inventory.sensitive_pool_size,
     };
     Ok(Prepared {
         workload,

@@ -41,6 +41,9 @@ pub struct ScoreBreakdown {
     pub components: [f64; 9],
     /// wᵢ·fᵢ in order.
     pub weighted: [f64; 9],
+    /// Soft-quota budget penalty subtracted from the sum (0 below 80 % of the budget).
+    pub penalty: f64,
+    /// Σ wᵢ·fᵢ − penalty.
     pub total: f64,
 }
 
@@ -125,6 +128,7 @@ pub fn score(w: &CostWeights, x: &CostInputs) -> ScoreBreakdown {
     ScoreBreakdown {
         components,
         weighted,
+        penalty: 0.0,
         total: weighted.iter().sum(),
     }
 }

@@ -18,6 +18,7 @@ use crate::node::{Node, NodeEvent, NodeSpec, NodeState, Owner, next_node_state};
 use crate::nodeset::NodeSet;
 use crate::policy::{Policy, VClusterConfig};
 use crate::profile::Picks;
+use crate::quota::TenantQuota;
 use crate::tenant::{Registry, Tenant, VCluster};
 use crate::time::{Clock, Time};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -36,6 +37,8 @@ pub struct EngineConfig {
     pub energy_prices: Vec<(Time, f64)>,
     /// Usage decay for fair share (f3).
     pub fair_share: FairShareConfig,
+    /// Hard, system-wide: nodes that allocations of `reservation` (sensitive) vClusters may hold.
+    pub sensitive_pool_size: Option<u32>,
 }
 
 impl EngineConfig {
@@ -46,6 +49,7 @@ impl EngineConfig {
             storage_bandwidth_gbps: None,
             energy_prices: Vec::new(),
             fair_share: FairShareConfig::default(),
+            sensitive_pool_size: None,
         }
     }
 }
@@ -140,6 +144,17 @@ pub struct Engine {
     pub(crate) tenant_target: Vec<Option<f64>>,
     /// Decayed fair-share usage per tenant.
     pub(crate) ledger: UsageLedger,
+    pub(crate) tenant_quota: Vec<TenantQuota>,
+    /// Committed (running) nodes and allocations per tenant: the quorum's view of hard quotas.
+    pub(crate) committed_nodes: Vec<u64>,
+    pub(crate) committed_allocs: Vec<u64>,
+    /// Node- and GPU-seconds of ended allocations per tenant (soft budgets).
+    pub(crate) consumed_node_s: Vec<f64>,
+    pub(crate) consumed_gpu_s: Vec<f64>,
+    /// Proposals not yet committed or rejected.
+    pub(crate) outstanding: Vec<AllocId>,
+    /// Nodes held by running allocations of `reservation` pools.
+    pub(crate) sensitive_nodes: u64,
     pub(crate) vclusters: Registry,
     pub(crate) gpu_hours_committed: Vec<f64>,
     pub(crate) power_used_w: u64,
@@ -235,6 +250,13 @@ impl Engine {
             tenants: Registry::default(),
             tenant_target: Vec::new(),
             ledger,
+            tenant_quota: Vec::new(),
+            committed_nodes: Vec::new(),
+            committed_allocs: Vec::new(),
+            consumed_node_s: Vec::new(),
+            consumed_gpu_s: Vec::new(),
+            outstanding: Vec::new(),
+            sensitive_nodes: 0,
             vclusters: Registry::default(),
             gpu_hours_committed: Vec::new(),
             power_used_w: 0,
@@ -249,6 +271,11 @@ impl Engine {
         let id = TenantId(self.tenants.intern(name));
         while self.tenant_target.len() < self.tenants.len() {
             self.tenant_target.push(None);
+            self.tenant_quota.push(TenantQuota::default());
+            self.committed_nodes.push(0);
+            self.committed_allocs.push(0);
+            self.consumed_node_s.push(0.0);
+            self.consumed_gpu_s.push(0.0);
         }
         id
     }
@@ -259,6 +286,37 @@ impl Engine {
         if let Some(t) = self.tenant_target.get_mut(tenant.index()) {
             *t = Some(share.clamp(0.0, 1.0));
         }
+    }
+
+    /// Sets a tenant's quotas (its `fair_share_target`, if given, becomes its f3 target).
+    pub fn set_tenant_quota(&mut self, tenant: TenantId, quota: TenantQuota) {
+        if let Some(q) = self.tenant_quota.get_mut(tenant.index()) {
+            *q = quota;
+            if let Some(t) = quota.fair_share_target {
+                self.tenant_target[tenant.index()] = Some(t.clamp(0.0, 1.0));
+            }
+        }
+    }
+
+    pub fn tenant_quota(&self, tenant: TenantId) -> Option<&TenantQuota> {
+        self.tenant_quota.get(tenant.index())
+    }
+
+    /// Committed nodes and running allocations of a tenant (what hard quotas count).
+    pub fn tenant_committed(&self, tenant: TenantId) -> (u64, u64) {
+        (
+            self.committed_nodes.get(tenant.index()).copied().unwrap_or(0),
+            self.committed_allocs.get(tenant.index()).copied().unwrap_or(0),
+        )
+    }
+
+    /// Does this allocation belong to a sensitive (`reservation`) vCluster?
+    pub fn is_sensitive(&self, id: AllocId) -> bool {
+        self.allocs.get(id.index()).is_some_and(|a| {
+            self.pools
+                .get(&self.pool_of_vc[a.spec.vcluster.index()])
+                .is_some_and(|p| p.config.policy == Policy::Reservation)
+        })
     }
 
     /// Registers a vCluster. It schedules its home nodes if it has any, else the shared pool.
@@ -500,6 +558,18 @@ impl Engine {
         let m = &mut self.meta[id.index()];
         m.proposed_at = None;
         self.ledger.start(now, tenant, m.usage_rate);
+        let held = self.allocs[id.index()].nodes.len() as u64;
+        self.committed_nodes[tenant] += held;
+        self.committed_allocs[tenant] += 1;
+        if self.is_sensitive(id) {
+            self.sensitive_nodes += held;
+        }
+        self.outstanding.retain(|&o| o != id);
+        if now != proposed_at {
+            // The estimated end moved by the commit latency: the pool's reservations are re-planned.
+            let key = self.pool_key_of(id);
+            self.mark_due(key, now);
+        }
         Ok(())
     }
 
@@ -512,6 +582,7 @@ impl Engine {
         }
         self.release_nodes(id);
         self.refund_budgets(id);
+        self.outstanding.retain(|&o| o != id);
         let a = &mut self.allocs[id.index()];
         a.nodes.clear();
         a.backfilled = false;
@@ -537,6 +608,14 @@ impl Engine {
         // pyss: a termination always runs a pass.
         let key = self.pool_key_of(id);
         self.mark_due(key, now);
+        // Hard quotas span pools: the tenant's jobs waiting elsewhere may fit now.
+        let q = self.tenant_quota[self.allocs[id.index()].spec.tenant.index()];
+        if q.max_nodes.is_some() || q.max_concurrent_allocations.is_some() {
+            let keys: Vec<u32> = self.pools.keys().copied().collect();
+            for k in keys {
+                self.mark_due(k, now);
+            }
+        }
         Ok(())
     }
 
@@ -696,6 +775,7 @@ impl Engine {
         let a = &mut self.allocs[id.index()];
         a.nodes = nodes.clone();
         a.backfilled = backfilled;
+        self.outstanding.push(id);
         self.proposals.push_back(Proposal {
             alloc: id,
             nodes,
@@ -752,10 +832,23 @@ impl Engine {
             if let Some(w) = a.spec.lifecycle.walltime() {
                 self.running.remove(&(s + w, id));
             }
-            let _ = s;
             let t = a.spec.tenant.index();
+            let held = a.nodes.len() as u64;
+            let secs = now.since(s).as_secs_f64();
             let rate = self.meta[id.index()].usage_rate;
             self.ledger.stop(now, t, rate);
+            self.committed_nodes[t] -= held;
+            self.committed_allocs[t] -= 1;
+            self.consumed_node_s[t] += held as f64 * secs;
+            let gpus: u64 = a
+                .nodes
+                .iter()
+                .map(|n| self.class_info[self.class_of[n.index()] as usize].gpus as u64)
+                .sum();
+            self.consumed_gpu_s[t] += gpus as f64 * secs;
+            if self.is_sensitive(id) {
+                self.sensitive_nodes -= held;
+            }
         }
         self.release_nodes(id);
         self.resolve_dependents(now, id);

@@ -32,6 +32,7 @@ pub mod nodeset;
 pub mod pass;
 pub mod policy;
 pub mod profile;
+pub mod quota;
 pub mod tenant;
 pub mod time;
 pub mod weights;
@@ -50,6 +51,7 @@ pub use node::{ConformanceFingerprint, Node, NodeCapabilities, NodeEvent, NodeSp
 pub use nodeset::NodeSet;
 pub use policy::{Depth, Policy, VClusterConfig};
 pub use profile::{Picks, Profile};
+pub use quota::{HardQuota, QuotaViolation, TenantQuota};
 pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};
 pub use weights::CostWeights;

@@ -155,6 +155,11 @@ impl Engine {
         let mut blocked = false;
         let mut placement = Placement::default();
         let mut deferred_any = false;
+        // Tenants with work waiting in this pool at the start of the pass (for the burst allowance).
+        let mut waiting = vec![false; self.tenant_quota.len()];
+        for &id in &queue {
+            waiting[self.allocs[id.index()].spec.tenant.index()] = true;
+        }
         for (i, &id) in queue.iter().enumerate() {
             let k = self.allocs[id.index()].spec.nodes.min;
             let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
@@ -167,7 +172,7 @@ impl Engine {
                 keep.push(id);
                 continue;
             }
-            let budget_ok = self.budgets_allow(id);
+            let budget_ok = self.budgets_allow(id) && self.quota_allows(id, key, k, ctx, &waiting);
             let start_rules = PickRules {
                 power_cap_w: self.power_headroom(),
                 ..rules
@@ -366,6 +371,50 @@ impl Engine {
         gpu_ok && storage_ok
     }
 
+    /// The scheduler's own, eventually consistent view of hard quotas: committed usage plus this pool's
+    /// outstanding proposals (another vCluster's proposals are only seen once committed, so concurrent
+    /// proposals can still conflict; the quorum then rejects the later one). Also the burst allowance:
+    /// above `burst × target` a tenant only starts when no other tenant waits in the pool.
+    fn quota_allows(&self, id: AllocId, key: u32, k: u32, ctx: Option<&ScoreContext>, waiting: &[bool]) -> bool {
+        let a = &self.allocs[id.index()];
+        let t = a.spec.tenant.index();
+        let q = &self.tenant_quota[t];
+        let (mut nodes, mut allocs) = (self.committed_nodes[t], self.committed_allocs[t]);
+        let mut sensitive_pending = 0;
+        for &o in &self.outstanding {
+            if self.pool_key_of(o) != key {
+                continue;
+            }
+            let oa = &self.allocs[o.index()];
+            if oa.spec.tenant.index() == t {
+                nodes += oa.nodes.len() as u64;
+                allocs += 1;
+            }
+            sensitive_pending += oa.nodes.len() as u64;
+        }
+        if crate::quota::check_hard("", q, nodes, allocs, k as u64).is_err() {
+            return false;
+        }
+        if let Some(size) = self.config.sensitive_pool_size
+            && self.pools[&key].config.policy == Policy::Reservation
+            && self.sensitive_nodes + sensitive_pending + k as u64 > size as u64
+        {
+            return false;
+        }
+        if let Some(ctx) = ctx {
+            let burst = q.burst_allowance.unwrap_or(1.5);
+            let share = ctx.shares.get(t).copied().unwrap_or(0.0);
+            let target = ctx.targets.get(t).copied().unwrap_or(0.0);
+            if target > 0.0 && share > burst * target {
+                let others_wait = waiting.iter().enumerate().any(|(o, &w)| w && o != t);
+                if others_wait {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     fn power_headroom(&self) -> Option<u64> {
         self.config.power_budget_w.map(|b| b.saturating_sub(self.power_used_w))
     }
@@ -433,7 +482,6 @@ impl Engine {
 
     /// Inputs shared by every allocation of a pool in one cycle.
     fn score_context(&self, now: Time, key: u32) -> ScoreContext {
-        let _ = now;
         let usage = self.tenant_usage();
         let total_usage: f64 = usage.iter().sum();
         let (mut queued, mut running) = (0.0, 0.0);
@@ -459,7 +507,39 @@ impl Engine {
             .find(|p| p.0 <= now)
             .or(prices.first())
             .map(|p| normalise(p.1, price_min, price_max));
+        // Budget use per tenant: ended allocations plus the running ones so far.
+        let mut node_s = self.consumed_node_s.clone();
+        let mut gpu_s = self.consumed_gpu_s.clone();
+        for &(_, id) in &self.running {
+            let a = &self.allocs[id.index()];
+            if let Some(st) = a.started {
+                let secs = now.since(st).as_secs_f64();
+                let t = a.spec.tenant.index();
+                node_s[t] += a.nodes.len() as f64 * secs;
+                let gpus: u64 = a
+                    .nodes
+                    .iter()
+                    .map(|n| self.class_info[self.class_of[n.index()] as usize].gpus as u64)
+                    .sum();
+                gpu_s[t] += gpus as f64 * secs;
+            }
+        }
+        let budget_penalty = self
+            .tenant_quota
+            .iter()
+            .enumerate()
+            .map(|(t, q)| {
+                let g = q
+                    .gpu_hours_budget
+                    .map_or(0.0, |b| if b > 0.0 { gpu_s[t] / 3600.0 / b } else { f64::INFINITY });
+                let n = q
+                    .node_hours_budget
+                    .map_or(0.0, |b| if b > 0.0 { node_s[t] / 3600.0 / b } else { f64::INFINITY });
+                crate::quota::budget_penalty(g.max(n))
+            })
+            .collect();
         ScoreContext {
+            budget_penalty,
             shares: usage
                 .iter()
                 .map(|u| if total_usage > 0.0 { u / total_usage } else { 0.0 })
@@ -535,7 +615,9 @@ impl Engine {
         // f6 is the pool's backlog (the same for every job this cycle).
         s.components[5] = ctx.backlog;
         s.weighted[5] = w.backlog * ctx.backlog;
-        s.total = s.weighted.iter().sum();
+        // Soft budgets: the worse of GPU-hours and node-hours used drives the penalty ramp.
+        s.penalty = ctx.budget_penalty.get(t).copied().unwrap_or(0.0);
+        s.total = s.weighted.iter().sum::<f64>() - s.penalty;
         s
     }
 
@@ -706,6 +788,7 @@ fn normalise(x: f64, lo: f64, hi: f64) -> f64 {
 
 /// Per-pool, per-cycle inputs of the score.
 pub(crate) struct ScoreContext {
+    budget_penalty: Vec<f64>,
     shares: Vec<f64>,
     targets: Vec<f64>,
     backlog: f64,

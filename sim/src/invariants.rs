@@ -7,7 +7,9 @@
 //! 3. allocations never exceed available nodes (held nodes are all in a state that runs allocations);
 //! 4. no reservation is delayed by a backfilled start: running allocations (until their estimated ends)
 //!    plus all reservations never need more nodes of a class than the class has;
-//! 5. (when enabled) a promised start never moves later, and an allocation starts no later than its
+//! 5. hard quotas hold: no tenant's running allocations hold more than `max_nodes` nodes or number more
+//!    than `max_concurrent_allocations`; sensitive allocations never exceed `sensitive_pool_size`;
+//! 6. (when enabled) a promised start never moves later, and an allocation starts no later than its
 //!    last promise — EASY's guarantee to the head job, conservative's to every job.
 
 use lattice_engine::{AllocId, AllocState, Engine, Time};
@@ -75,13 +77,50 @@ impl InvariantChecker {
             }
             *owned.entry(o.alloc).or_default() += 1;
         }
+        // Hard quotas, recounted from node ownership: committed (running) allocations only.
+        let mut per_tenant: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        let mut sensitive = 0u64;
         for (&id, &n) in &owned {
-            let listed = engine.allocation(id).map_or(0, |a| a.nodes.len());
+            let a = engine.allocation(id).expect("owner exists");
+            let listed = a.nodes.len();
             if n != listed {
                 return Err(format!(
                     "allocation {id} lists {listed} nodes but owns {n}: a node is held twice"
                 ));
             }
+            if a.state == AllocState::Running {
+                let e = per_tenant.entry(a.spec.tenant.0).or_default();
+                e.0 += n as u64;
+                e.1 += 1;
+                if engine.is_sensitive(id) {
+                    sensitive += n as u64;
+                }
+            }
+        }
+        for (&t, &(nodes, allocs)) in &per_tenant {
+            let q = engine
+                .tenant_quota(lattice_engine::TenantId(t))
+                .copied()
+                .unwrap_or_default();
+            if q.max_nodes.is_some_and(|m| nodes > m as u64) {
+                return Err(format!(
+                    "tenant {t} holds {nodes} nodes, over its max_nodes {:?}",
+                    q.max_nodes
+                ));
+            }
+            if q.max_concurrent_allocations.is_some_and(|m| allocs > m as u64) {
+                return Err(format!(
+                    "tenant {t} runs {allocs} allocations, over max_concurrent_allocations {:?}",
+                    q.max_concurrent_allocations
+                ));
+            }
+        }
+        if let Some(size) = engine.config().sensitive_pool_size
+            && sensitive > size as u64
+        {
+            return Err(format!(
+                "sensitive allocations hold {sensitive} nodes, over sensitive_pool_size {size}"
+            ));
         }
         for (end, id) in engine.running_estimates() {
             // pyss releases a job's nodes at its estimated end, just before its termination event.

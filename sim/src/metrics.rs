@@ -193,6 +193,10 @@ pub struct Summary {
     pub passes: u64,
     pub quorum_commits: u64,
     pub quorum_rejections: u64,
+    /// Quorum rejections by reason (`node_conflict`, `max_nodes`, `max_concurrent_allocations`,
+    /// `sensitive_pool_size`) and the first messages, worded as users see them.
+    pub quota_rejections: BTreeMap<String, u64>,
+    pub rejection_examples: Vec<String>,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.
     pub mean_group_span: f64,
     pub single_group_fraction: f64,

@@ -1,24 +1,45 @@
-//! The fake quorum: commits the engine's proposals after a configurable latency, validating node ownership
-//! the way the Raft state machine does (a node can have one owner; a proposal for an owned or
-//! unschedulable node is rejected).
+//! The fake quorum: commits the engine's proposals after a configurable latency and validates them the way
+//! the Raft state machine does — a node has one owner, and hard quotas (`max_nodes`,
+//! `max_concurrent_allocations` per tenant, `sensitive_pool_size` system-wide) can never be exceeded.
+//! The first proposal to commit wins; a later conflicting one is rejected (the engine requeues it and its
+//! scheduler retries next cycle).
 
-use lattice_engine::{AllocId, Engine, NodeId, Proposal};
+use lattice_engine::{AllocId, Engine, NodeId, Proposal, TenantQuota, quota::check_hard};
+use std::collections::BTreeMap;
+
+/// At most this many rejection messages are kept (all are counted).
+const EXAMPLES_KEPT: usize = 20;
 
 #[derive(Debug)]
 pub struct FakeQuorum {
     owner: Vec<Option<AllocId>>,
     pending: Vec<(AllocId, Vec<NodeId>)>,
+    /// Committed allocations: (tenant, nodes, sensitive).
+    committed: BTreeMap<AllocId, (usize, u64, bool)>,
+    nodes_held: Vec<u64>,
+    allocs_running: Vec<u64>,
+    sensitive_held: u64,
+    sensitive_pool_size: Option<u32>,
     pub commits: u64,
     pub rejections: u64,
+    pub rejections_by_reason: BTreeMap<String, u64>,
+    pub rejection_examples: Vec<String>,
 }
 
 impl FakeQuorum {
-    pub fn new(nodes: usize) -> FakeQuorum {
+    pub fn new(nodes: usize, sensitive_pool_size: Option<u32>) -> FakeQuorum {
         FakeQuorum {
             owner: vec![None; nodes],
             pending: Vec::new(),
+            committed: BTreeMap::new(),
+            nodes_held: Vec::new(),
+            allocs_running: Vec::new(),
+            sensitive_held: 0,
+            sensitive_pool_size,
             commits: 0,
             rejections: 0,
+            rejections_by_reason: BTreeMap::new(),
+            rejection_examples: Vec::new(),
         }
     }
 
@@ -27,33 +48,83 @@ impl FakeQuorum {
         self.pending.push((p.alloc, p.nodes));
     }
 
+    fn reject(&mut self, reason: &str, message: String) -> bool {
+        self.rejections += 1;
+        *self.rejections_by_reason.entry(reason.to_string()).or_default() += 1;
+        if self.rejection_examples.len() < EXAMPLES_KEPT {
+            self.rejection_examples.push(message);
+        }
+        false
+    }
+
     /// Decides the proposal of `alloc`: `true` = committed (ownership recorded).
     pub fn decide(&mut self, engine: &Engine, alloc: AllocId) -> bool {
         let Some(i) = self.pending.iter().position(|p| p.0 == alloc) else {
             return false;
         };
         let (_, nodes) = self.pending.swap_remove(i);
-        let ok = nodes
+        let conflict = nodes
             .iter()
-            .all(|n| self.owner[n.index()].is_none() && engine.node(*n).is_some_and(|x| x.state.runs_allocations()));
-        if ok {
-            for n in &nodes {
-                self.owner[n.index()] = Some(alloc);
-            }
-            self.commits += 1;
-        } else {
-            self.rejections += 1;
+            .find(|n| self.owner[n.index()].is_some() || !engine.node(**n).is_some_and(|x| x.state.runs_allocations()));
+        if let Some(n) = conflict {
+            return self.reject(
+                "node_conflict",
+                format!("allocation rejected: node {n} is already owned or not available"),
+            );
         }
-        ok
+        let a = engine.allocation(alloc).expect("proposed allocation exists");
+        let t = a.spec.tenant.index();
+        while self.nodes_held.len() <= t {
+            self.nodes_held.push(0);
+            self.allocs_running.push(0);
+        }
+        let name = engine.tenant(a.spec.tenant).map(|x| x.name).unwrap_or_default();
+        let quota: TenantQuota = engine.tenant_quota(a.spec.tenant).copied().unwrap_or_default();
+        let k = nodes.len() as u64;
+        if let Err(v) = check_hard(&name, &quota, self.nodes_held[t], self.allocs_running[t], k) {
+            return self.reject(v.quota.as_str(), v.to_string());
+        }
+        let sensitive = engine.is_sensitive(alloc);
+        if sensitive
+            && let Some(size) = self.sensitive_pool_size
+            && self.sensitive_held + k > size as u64
+        {
+            let v = lattice_engine::QuotaViolation {
+                quota: lattice_engine::HardQuota::SensitivePoolSize,
+                tenant: name,
+                current: self.sensitive_held,
+                requested: k,
+                limit: size as u64,
+            };
+            return self.reject(v.quota.as_str(), v.to_string());
+        }
+        for n in &nodes {
+            self.owner[n.index()] = Some(alloc);
+        }
+        self.nodes_held[t] += k;
+        self.allocs_running[t] += 1;
+        if sensitive {
+            self.sensitive_held += k;
+        }
+        self.committed.insert(alloc, (t, k, sensitive));
+        self.commits += 1;
+        true
     }
 
-    /// The allocation ended: its nodes are released.
+    /// The allocation ended (or, under pyss, reached its estimated end): its nodes are released.
     pub fn release(&mut self, engine: &Engine, alloc: AllocId) {
         if let Some(a) = engine.allocation(alloc) {
             for n in &a.nodes {
                 if self.owner[n.index()] == Some(alloc) {
                     self.owner[n.index()] = None;
                 }
+            }
+        }
+        if let Some((t, k, sensitive)) = self.committed.remove(&alloc) {
+            self.nodes_held[t] -= k;
+            self.allocs_running[t] -= 1;
+            if sensitive {
+                self.sensitive_held -= k;
             }
         }
     }

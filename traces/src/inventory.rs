@@ -30,6 +30,8 @@ struct InventoryIn {
     power_budget_kw: Option<f64>,
     /// Storage bandwidth running allocations may use together, GB/s.
     storage_bandwidth_gbps: Option<f64>,
+    /// Hard, system-wide: nodes sensitive allocations may hold.
+    sensitive_pool_size: Option<u32>,
     /// Electricity price series (a step function).
     #[serde(default)]
     energy_prices: Vec<PriceIn>,
@@ -88,6 +90,7 @@ pub struct Inventory {
     pub vclusters: Registry,
     pub power_budget_w: Option<u64>,
     pub storage_bandwidth_gbps: Option<f64>,
+    pub sensitive_pool_size: Option<u32>,
     /// `(from, price)` sorted by time.
     pub energy_prices: Vec<(Time, f64)>,
 }
@@ -179,6 +182,7 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
         }
         out.storage_bandwidth_gbps = Some(b);
     }
+    out.sensitive_pool_size = inv.sensitive_pool_size;
     for (i, p) in inv.energy_prices.iter().enumerate() {
         let at = parse_duration(&p.at).map_err(|m| err(format!("energy_prices[{i}].at: {m}")))?;
         if !p.price.is_finite() {

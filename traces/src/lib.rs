@@ -16,6 +16,7 @@ pub mod jsonl;
 pub mod profile;
 pub mod swf;
 pub mod synth;
+pub mod tenants;
 pub mod workload;
 
 pub use duration::parse_duration;
@@ -24,6 +25,7 @@ pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory};
 pub use jsonl::{parse_jsonl, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
+pub use tenants::{parse_tenants, read_tenants};
 pub use workload::{TraceJob, Workload};
 
 use std::path::Path;

@@ -144,6 +144,10 @@ struct ReplayArgs {
     /// Fair-share usage half-life (e.g. `7d`, the default): recent usage lowers f3 more than old usage.
     #[arg(long)]
     fairshare_half_life: Option<String>,
+    /// Tenant contracts YAML: max_nodes, max_concurrent_allocations, fair_share_target, burst_allowance,
+    /// gpu_hours_budget, node_hours_budget per tenant.
+    #[arg(long)]
+    tenants: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -200,6 +204,7 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .map(lattice_traces::parse_duration)
             .transpose()
             .map_err(|m| anyhow::anyhow!("--fairshare-half-life: {m}"))?,
+        tenants: a.tenants,
     };
     let prepared = replay::prepare(&opts)?;
     if !a.quiet {
