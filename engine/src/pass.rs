@@ -401,8 +401,9 @@ impl Engine {
         {
             return false;
         }
-        if let Some(ctx) = ctx {
-            let burst = q.burst_allowance.unwrap_or(1.5);
+        if let Some(ctx) = ctx
+            && let Some(burst) = q.burst_allowance
+        {
             let share = ctx.shares.get(t).copied().unwrap_or(0.0);
             let target = ctx.targets.get(t).copied().unwrap_or(0.0);
             if target > 0.0 && share > burst * target {

@@ -16,8 +16,8 @@ pub struct TenantQuota {
     pub node_hours_budget: Option<f64>,
     /// Soft: target share of the system (f3's target).
     pub fair_share_target: Option<f64>,
-    /// Soft: while other tenants wait, a tenant may hold up to this multiple of its share (default 1.5,
-    /// the seed's example); beyond it, it only gets what nobody else is waiting for.
+    /// Soft: while other tenants wait, a tenant may hold up to this multiple of its share (the seed's
+    /// example: 1.5); beyond it, it only gets what nobody else is waiting for. Unset = no cap.
     pub burst_allowance: Option<f64>,
 }
 
