@@ -27,6 +27,7 @@ pub mod engine;
 pub mod error;
 pub mod fairshare;
 pub mod ids;
+pub mod kai;
 pub mod node;
 pub mod nodeset;
 pub mod pass;

@@ -539,17 +539,67 @@ impl Engine {
                 crate::quota::budget_penalty(g.max(n))
             })
             .collect();
+        let mut targets = self.tenant_targets();
+        if self.tenant_quota.iter().any(|q| q.deserved_nodes.is_some()) {
+            targets = self.kai_targets(key);
+        }
         ScoreContext {
             budget_penalty,
             shares: usage
                 .iter()
                 .map(|u| if total_usage > 0.0 { u / total_usage } else { 0.0 })
                 .collect(),
-            targets: self.tenant_targets(),
+            targets,
             backlog,
             price_norm,
             price_min,
             price_max,
+        }
+    }
+
+    /// f3 targets from KAI fair shares of the pool: demand = running + waiting nodes per tenant.
+    fn kai_targets(&self, key: u32) -> Vec<f64> {
+        let total: f64 = (0..self.class_keys.len())
+            .filter(|&c| self.class_keys[c].pool == key)
+            .map(|c| self.class_total[c] as f64)
+            .sum();
+        let mut request = vec![0.0; self.tenant_quota.len()];
+        for &id in &self.pools[&key].queue {
+            let a = &self.allocs[id.index()];
+            request[a.spec.tenant.index()] += a.spec.nodes.min as f64;
+        }
+        for &(_, id) in &self.running {
+            if self.pool_key_of(id) == key {
+                let a = &self.allocs[id.index()];
+                request[a.spec.tenant.index()] += a.nodes.len() as f64;
+            }
+        }
+        let queues: Vec<crate::kai::QueueSpec> = self
+            .tenant_quota
+            .iter()
+            .enumerate()
+            .map(|(t, q)| crate::kai::QueueSpec {
+                name: self.tenants.get(t as u32).unwrap_or_default().to_string(),
+                deserved: q.deserved_nodes.unwrap_or(0.0),
+                over_quota_weight: q.over_quota_weight.unwrap_or(1.0),
+                request: request[t],
+                children: Vec::new(),
+            })
+            .collect();
+        crate::kai::one_level(total, &queues)
+            .into_iter()
+            .map(|f| if total > 0.0 { f / total } else { 0.0 })
+            .collect()
+    }
+
+    /// The f3 targets a vCluster's pool uses this cycle, per tenant (configured shares, equal split, or
+    /// KAI fair shares when tenants have deserved quotas).
+    pub fn fair_share_targets(&self, vcluster: crate::ids::VClusterId) -> Vec<f64> {
+        let key = self.pool_of_vc.get(vcluster.index()).copied().unwrap_or(0);
+        if self.tenant_quota.iter().any(|q| q.deserved_nodes.is_some()) {
+            self.kai_targets(key)
+        } else {
+            self.tenant_targets()
         }
     }
 

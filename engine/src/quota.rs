@@ -19,6 +19,11 @@ pub struct TenantQuota {
     /// Soft: while other tenants wait, a tenant may hold up to this multiple of its share (the seed's
     /// example: 1.5); beyond it, it only gets what nobody else is waiting for. Unset = no cap.
     pub burst_allowance: Option<f64>,
+    /// KAI-style deserved quota (nodes): when any tenant sets one, f3's targets are the tenants' fair
+    /// shares of the pool computed from current demand ([`crate::kai`]).
+    pub deserved_nodes: Option<f64>,
+    /// KAI over-quota weight (default 1).
+    pub over_quota_weight: Option<f64>,
 }
 
 /// Which hard quota a proposal would break.

@@ -128,3 +128,42 @@ fn f3_steers_towards_contracted_shares() {
     let b = e.score_breakdown(waiting[0]).unwrap();
     assert!((0.0..=1.0).contains(&b.components[2]));
 }
+
+/// KAI targets in the engine: A deserves 30 (weight 1), B 30 (weight 3), C 40 but is idle. A queues 80
+/// nodes of work, B 50, on 100 nodes: A 30 + 10 + 10 = 50, B 30 + 20 = 50 (its request), C 0.
+#[test]
+fn kai_targets_follow_demand() {
+    let mut e = Engine::new(
+        EngineConfig::new(Policy::EASY),
+        (0..100).map(|i| NodeSpec::plain(format!("n{i}"))).collect(),
+    )
+    .unwrap();
+    let v = e.add_vcluster("batch");
+    let mut ids = Vec::new();
+    for (name, deserved, weight) in [("A", 30.0, 1.0), ("B", 30.0, 3.0), ("C", 40.0, 1.0)] {
+        let t = e.add_tenant(name);
+        e.set_tenant_quota(
+            t,
+            TenantQuota {
+                deserved_nodes: Some(deserved),
+                over_quota_weight: Some(weight),
+                ..TenantQuota::default()
+            },
+        );
+        ids.push(t);
+    }
+    // A queues 80 nodes (8 × 10), B 50 (5 × 10); nothing runs (submissions only).
+    for _ in 0..8 {
+        e.handle_submit(Time(0), AllocSpec::simple(ids[0], v, 10, Duration::from_hours(1)))
+            .unwrap();
+    }
+    for _ in 0..5 {
+        e.handle_submit(Time(0), AllocSpec::simple(ids[1], v, 10, Duration::from_hours(1)))
+            .unwrap();
+    }
+    let t = e.fair_share_targets(v);
+    assert!(
+        (t[0] - 0.5).abs() < 1e-9 && (t[1] - 0.5).abs() < 1e-9 && t[2] == 0.0,
+        "{t:?}"
+    );
+}

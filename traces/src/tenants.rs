@@ -8,6 +8,8 @@
 //!   burst_allowance: 1.5            # soft: up to 150 % of the share while others wait
 //!   gpu_hours_budget: 100000        # soft: 80-100 % used ramps a score penalty
 //!   node_hours_budget: 500000
+//!   deserved_nodes: 120             # KAI: guaranteed share of the pool (makes f3 targets demand-aware)
+//!   over_quota_weight: 2            # KAI: weight for what others leave idle
 //! ```
 
 use crate::error::TraceError;
@@ -25,6 +27,8 @@ struct TenantIn {
     node_hours_budget: Option<f64>,
     fair_share_target: Option<f64>,
     burst_allowance: Option<f64>,
+    deserved_nodes: Option<f64>,
+    over_quota_weight: Option<f64>,
 }
 
 pub fn read_tenants(path: &Path) -> Result<BTreeMap<String, TenantQuota>, TraceError> {
@@ -51,6 +55,14 @@ pub fn parse_tenants(file: &str, text: &str) -> Result<BTreeMap<String, TenantQu
         if t.fair_share_target.is_some_and(|x| !(x > 0.0 && x <= 1.0)) {
             return Err(err(format!("{name}.fair_share_target: must be in (0, 1]")));
         }
+        for (key, v) in [
+            ("deserved_nodes", t.deserved_nodes),
+            ("over_quota_weight", t.over_quota_weight),
+        ] {
+            if v.is_some_and(|x| !(x.is_finite() && x >= 0.0)) {
+                return Err(err(format!("{name}.{key}: must be >= 0")));
+            }
+        }
         if t.burst_allowance.is_some_and(|x| !(x.is_finite() && x >= 1.0)) {
             return Err(err(format!("{name}.burst_allowance: must be >= 1")));
         }
@@ -63,6 +75,8 @@ pub fn parse_tenants(file: &str, text: &str) -> Result<BTreeMap<String, TenantQu
                 node_hours_budget: t.node_hours_budget,
                 fair_share_target: t.fair_share_target,
                 burst_allowance: t.burst_allowance,
+                deserved_nodes: t.deserved_nodes,
+                over_quota_weight: t.over_quota_weight,
             },
         );
     }
