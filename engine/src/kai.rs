@@ -100,6 +100,7 @@ mod tests {
     /// - deserved: A 30, B 30, C 10 (its request) → 30 left.
     /// - round 1 (A and B still want more; weights 1 and 3): A +7.5, B +min(22.5, 20) = +20 → 2.5 left.
     /// - round 2 (only A wants more): A +2.5.
+    ///
     /// Fair shares: A 40, B 50, C 10 — C's unused deserved quota went to the others by weight.
     #[test]
     fn deserved_then_over_quota_by_weight() {
