@@ -235,6 +235,8 @@ pub enum EndReason {
     DependencyUnsatisfied,
     /// Cancelled by the user or operator.
     UserCancelled,
+    /// Preempted and killed: its checkpoint did not complete in time (or storage was down).
+    PreemptionKilled,
 }
 
 impl EndReason {
@@ -247,6 +249,7 @@ impl EndReason {
             EndReason::Unsatisfiable => "unsatisfiable",
             EndReason::DependencyUnsatisfied => "dependency_unsatisfied",
             EndReason::UserCancelled => "user_cancelled",
+            EndReason::PreemptionKilled => "preemption_killed",
         }
     }
 }
@@ -268,6 +271,12 @@ pub struct Allocation {
     pub backfilled: bool,
     /// The score breakdown when it started (score-ordered vClusters only).
     pub start_score: Option<Box<crate::cost::ScoreBreakdown>>,
+    /// When it first started (`started` is the current run's start after a preemption).
+    pub first_started: Option<Time>,
+    /// Times it was preempted (suspended and requeued).
+    pub preempted: u32,
+    /// Its last preemption wrote a checkpoint: it resumes rather than restarts.
+    pub resume_from_checkpoint: bool,
 }
 
 impl Allocation {

@@ -17,6 +17,7 @@ use crate::ids::{AllocId, NodeId, TenantId, VClusterId};
 use crate::node::{Node, NodeEvent, NodeSpec, NodeState, Owner, next_node_state};
 use crate::nodeset::NodeSet;
 use crate::policy::{Policy, VClusterConfig};
+use crate::preempt::{Command, PreemptionConfig};
 use crate::profile::Picks;
 use crate::quota::TenantQuota;
 use crate::tenant::{Registry, Tenant, VCluster};
@@ -86,6 +87,8 @@ pub struct PassStats {
     pub deferred: u32,
     /// Allocations kept waiting for a placement in fewer groups (f4).
     pub deferred_topology: u32,
+    /// Preemption commands issued.
+    pub preemptions: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -101,6 +104,14 @@ pub(crate) struct Meta {
     pub usage_rate: f64,
     /// Requested GPU-hours (node-hours on CPU-only pools).
     pub requested_gpu_hours: f64,
+    /// Being preempted (checkpointing); excluded from further victim sets.
+    pub preempting: bool,
+    /// The allocation this one is being preempted for.
+    pub preempt_for: Option<AllocId>,
+    /// Victims still releasing nodes for this pending allocation.
+    pub awaiting_victims: u32,
+    /// Victims were preempted for it: it is first in its pool's queue until it starts.
+    pub preemptor: bool,
 }
 
 /// One scheduler instance: a vCluster's nodes, queue and settings.
@@ -139,6 +150,8 @@ pub struct Engine {
     /// Allocations holding nodes with a finite estimated end, by (estimated end, id).
     pub(crate) running: BTreeSet<(Time, AllocId)>,
     pub(crate) proposals: VecDeque<Proposal>,
+    pub(crate) commands: VecDeque<Command>,
+    pub(crate) preemption: PreemptionConfig,
     pub(crate) dependents: BTreeMap<AllocId, Vec<AllocId>>,
     pub(crate) tenants: Registry,
     pub(crate) tenant_target: Vec<Option<f64>>,
@@ -246,6 +259,8 @@ impl Engine {
             vc_config: Vec::new(),
             running: BTreeSet::new(),
             proposals: VecDeque::new(),
+            commands: VecDeque::new(),
+            preemption: PreemptionConfig::default(),
             dependents: BTreeMap::new(),
             tenants: Registry::default(),
             tenant_target: Vec::new(),
@@ -286,6 +301,15 @@ impl Engine {
         if let Some(t) = self.tenant_target.get_mut(tenant.index()) {
             *t = Some(share.clamp(0.0, 1.0));
         }
+    }
+
+    /// Sets the preemption settings (victim cap, near-completion protection, checkpoint timeout).
+    pub fn set_preemption(&mut self, config: PreemptionConfig) {
+        self.preemption = config;
+    }
+
+    pub fn preemption_config(&self) -> PreemptionConfig {
+        self.preemption
     }
 
     /// Sets a tenant's quotas (its `fair_share_target`, if given, becomes its f3 target).
@@ -523,6 +547,9 @@ impl Engine {
             nodes: Vec::new(),
             backfilled: false,
             start_score: None,
+            first_started: None,
+            preempted: 0,
+            resume_from_checkpoint: false,
         });
         self.meta.push(Meta {
             eligible,
@@ -550,6 +577,7 @@ impl Engine {
         self.transition(id, AllocState::Running)?;
         let a = &mut self.allocs[id.index()];
         a.started = Some(now);
+        a.first_started.get_or_insert(now);
         let tenant = a.spec.tenant.index();
         if let Some(w) = a.spec.lifecycle.walltime() {
             self.running.remove(&(proposed_at + w, id));
@@ -828,6 +856,18 @@ impl Engine {
         let a = &mut self.allocs[id.index()];
         a.ended = Some(now);
         a.end_reason = Some(reason);
+        self.stop_running(now, id);
+        self.resolve_dependents(now, id);
+    }
+
+    /// A running allocation stops holding its nodes (it ended, or it was suspended).
+    pub(crate) fn stop_running(&mut self, now: Time, id: AllocId) {
+        if let Some(for_alloc) = self.meta[id.index()].preempt_for.take() {
+            let m = &mut self.meta[for_alloc.index()];
+            m.awaiting_victims = m.awaiting_victims.saturating_sub(1);
+        }
+        self.meta[id.index()].preempting = false;
+        let a = &self.allocs[id.index()];
         if let Some(s) = a.started {
             if let Some(w) = a.spec.lifecycle.walltime() {
                 self.running.remove(&(s + w, id));
@@ -851,7 +891,6 @@ impl Engine {
             }
         }
         self.release_nodes(id);
-        self.resolve_dependents(now, id);
     }
 
     fn cancel_for_dependency(&mut self, now: Time, id: AllocId) {

@@ -41,6 +41,8 @@ pub enum EngineError {
     },
     #[error("allocation {0} has no outstanding proposal")]
     NotProposed(AllocId),
+    #[error("allocation {0} is not being preempted")]
+    NotPreempting(AllocId),
     #[error(transparent)]
     Node(#[from] crate::node::InvalidNodeTransition),
     #[error("the pyss-compatible policy needs a single homogeneous node pool; the inventory has {0} node classes")]

@@ -62,6 +62,7 @@ impl Engine {
             total.reservations += s.reservations;
             total.deferred += s.deferred;
             total.deferred_topology += s.deferred_topology;
+            total.preemptions += s.preemptions;
         }
         total
     }
@@ -105,6 +106,20 @@ impl Engine {
                 sb.total_cmp(&sa).then(a.0.cmp(&b.0))
             });
             queue = scores.iter().map(|s| s.0).collect();
+        }
+        // Allocations that victims were preempted for take the freed nodes first.
+        if queue.iter().any(|q| self.meta[q.index()].preemptor) {
+            let mut first: Vec<usize> = (0..queue.len())
+                .filter(|&i| self.meta[queue[i].index()].preemptor)
+                .collect();
+            let rest: Vec<usize> = (0..queue.len())
+                .filter(|&i| !self.meta[queue[i].index()].preemptor)
+                .collect();
+            first.extend(rest);
+            queue = first.iter().map(|&i| queue[i]).collect();
+            if !scores.is_empty() {
+                scores = first.iter().map(|&i| scores[i]).collect();
+            }
         }
         let depth = match policy {
             Policy::Fcfs | Policy::Reservation => None,
@@ -199,6 +214,10 @@ impl Engine {
                     placement = pl;
                     stats.started += 1;
                     continue;
+                }
+                // The head (highest priority) is blocked: may it preempt lower classes?
+                if budget_ok && self.pool_preempts(key) {
+                    stats.preemptions += self.try_preempt(now, id, key, rules);
                 }
                 // FCFS: the head blocks everything behind it.
                 let Some(depth) = depth else {

@@ -74,6 +74,9 @@ pub struct VClusterConfig {
     pub slo_wait_target: Option<Duration>,
     /// GPU-hours (node-hours on CPU-only pools) this vCluster may commit over the run.
     pub gpu_hours_budget: Option<f64>,
+    /// May this vCluster's scheduler preempt lower-class allocations for a blocked higher-class one?
+    /// (Score-ordered vClusters only: the literature policies never preempt.)
+    pub preemption: bool,
 }
 
 impl VClusterConfig {
@@ -85,6 +88,7 @@ impl VClusterConfig {
             reference_wait: Duration::from_hours(1),
             slo_wait_target: None,
             gpu_hours_budget: None,
+            preemption: true,
         }
     }
 }

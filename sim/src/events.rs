@@ -12,8 +12,10 @@ pub enum EventKind {
     Arrival(usize),
     /// The fake quorum commits an outstanding proposal.
     Commit(AllocId),
-    /// A fake node reports the allocation ended.
-    Completion(AllocId, EndReason),
+    /// A fake node reports the allocation ended (the run it belongs to: stale runs are ignored).
+    Completion(AllocId, EndReason, u32),
+    /// A preempted allocation finished its checkpoint (or grace period) and stops.
+    Suspend(AllocId, u32, bool),
     /// The engine asked to be woken (a cycle tick, an energy window).
     Wakeup,
 }

@@ -191,6 +191,9 @@ pub fn simulate(
     let mut wakeups: BTreeSet<Time> = BTreeSet::new();
     let mut headroom: Vec<f64> = Vec::new();
     let mut deferred = 0u64;
+    let mut fake = FakeNodes::default();
+    let mut preemptions: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut checkpoint_attempts, mut checkpoint_ok, mut preemption_kills) = (0u64, 0u64, 0u64);
     let mut deferred_topology = 0u64;
 
     let (rank_arrival, rank_end) = if pyss {
@@ -212,7 +215,6 @@ pub fn simulate(
     let total = workload.jobs.len() as u64;
     let mut arrived = 0u64;
     let mut notes = workload.notes.clone();
-    let mut defaulted_runtime = 0u64;
 
     let fail = |time: Time, message: String| SimError::Invariant { time, message };
 
@@ -232,62 +234,82 @@ pub fn simulate(
                     quorum.release(&engine, id);
                 }
             }
-            match ev.kind {
-                EventKind::Arrival(i) => {
-                    arrived += 1;
-                    if arrived.is_multiple_of(4096) {
-                        progress(arrived, total);
-                    }
-                    let job = &workload.jobs[i];
-                    let mut spec = job.spec.clone();
-                    spec.tenant = tenant_map[spec.tenant.index()];
-                    spec.vcluster = vc_map[spec.vcluster.index()];
-                    spec.depends_on = job
-                        .deps
-                        .iter()
-                        .filter_map(|&(d, condition)| alloc_of[d].map(|on| Dependency { on, condition }))
-                        .collect();
-                    if spec.depends_on.len() != job.deps.len() {
-                        *rejected.entry("dependency_rejected".into()).or_default() += 1;
-                        continue;
-                    }
-                    match engine.handle_submit(now, spec) {
-                        Ok(id) => {
-                            debug_assert_eq!(id.index(), trace_of.len());
-                            trace_of.push(i);
-                            alloc_of[i] = Some(id);
+            'event: {
+                match ev.kind {
+                    EventKind::Arrival(i) => {
+                        arrived += 1;
+                        if arrived.is_multiple_of(4096) {
+                            progress(arrived, total);
                         }
-                        Err(e) => {
-                            let reason = match e {
-                                lattice_engine::SubmitError::Unsatisfiable { .. } => "unsatisfiable",
-                                lattice_engine::SubmitError::PyssConstraints => "pyss_constraints",
-                                _ => "rejected",
-                            };
-                            *rejected.entry(reason.into()).or_default() += 1;
+                        let job = &workload.jobs[i];
+                        let mut spec = job.spec.clone();
+                        spec.tenant = tenant_map[spec.tenant.index()];
+                        spec.vcluster = vc_map[spec.vcluster.index()];
+                        spec.depends_on = job
+                            .deps
+                            .iter()
+                            .filter_map(|&(d, condition)| alloc_of[d].map(|on| Dependency { on, condition }))
+                            .collect();
+                        if spec.depends_on.len() != job.deps.len() {
+                            *rejected.entry("dependency_rejected".into()).or_default() += 1;
+                            break 'event;
+                        }
+                        match engine.handle_submit(now, spec) {
+                            Ok(id) => {
+                                debug_assert_eq!(id.index(), trace_of.len());
+                                trace_of.push(i);
+                                alloc_of[i] = Some(id);
+                            }
+                            Err(e) => {
+                                let reason = match e {
+                                    lattice_engine::SubmitError::Unsatisfiable { .. } => "unsatisfiable",
+                                    lattice_engine::SubmitError::PyssConstraints => "pyss_constraints",
+                                    _ => "rejected",
+                                };
+                                *rejected.entry(reason.into()).or_default() += 1;
+                            }
                         }
                     }
-                }
-                EventKind::Commit(id) => {
-                    commit(
-                        &mut engine,
-                        &mut quorum,
-                        &mut q,
-                        workload,
-                        &trace_of,
-                        id,
-                        now,
-                        rank_end,
-                        &mut defaulted_runtime,
-                    )
-                    .map_err(|m| fail(now, m))?;
-                }
-                EventKind::Wakeup => {
-                    wakeups.remove(&now);
-                }
-                EventKind::Completion(id, reason) => {
-                    quorum.release(&engine, id);
-                    if let Err(e) = engine.handle_completion(now, id, reason) {
-                        return Err(fail(now, format!("completion rejected by the engine: {e}")));
+                    EventKind::Commit(id) => {
+                        commit(
+                            &mut engine,
+                            &mut quorum,
+                            &mut q,
+                            workload,
+                            &trace_of,
+                            id,
+                            now,
+                            rank_end,
+                            &mut fake,
+                        )
+                        .map_err(|m| fail(now, m))?;
+                    }
+                    EventKind::Wakeup => {
+                        wakeups.remove(&now);
+                    }
+                    EventKind::Completion(id, reason, epoch) => {
+                        if epoch != fake.epoch(id) {
+                            break 'event; // a run that was preempted
+                        }
+                        quorum.release(&engine, id);
+                        if let Err(e) = engine.handle_completion(now, id, reason) {
+                            return Err(fail(now, format!("completion rejected by the engine: {e}")));
+                        }
+                        fake.bump(id);
+                        if reason == EndReason::PreemptionKilled {
+                            preemption_kills += 1;
+                        }
+                    }
+                    EventKind::Suspend(id, epoch, checkpointed) => {
+                        // The allocation may have ended first (walltime beats checkpoint).
+                        if epoch != fake.epoch(id) {
+                            break 'event;
+                        }
+                        quorum.release(&engine, id);
+                        engine
+                            .handle_suspended(now, id, checkpointed)
+                            .map_err(|e| fail(now, format!("suspend rejected by the engine: {e}")))?;
+                        fake.suspended(id, checkpointed);
                     }
                 }
             }
@@ -321,7 +343,7 @@ pub fn simulate(
                     id,
                     now,
                     rank_end,
-                    &mut defaulted_runtime,
+                    &mut fake,
                 )
                 .map_err(|m| fail(now, m))?;
                 if pyss && let Some(e) = engine.allocation(id).and_then(|a| a.estimated_end()) {
@@ -329,6 +351,67 @@ pub fn simulate(
                 }
             } else {
                 q.push(now + cfg.commit_latency, RANK_END, EventKind::Commit(id));
+            }
+        }
+        while let Some(cmd) = engine.poll_command() {
+            match cmd {
+                lattice_engine::Command::Preempt {
+                    alloc,
+                    reason,
+                    for_alloc,
+                } => {
+                    *preemptions.entry(reason.as_str().to_string()).or_default() += 1;
+                    if checker.is_some() {
+                        let (v, p) = (engine.allocation(alloc), engine.allocation(for_alloc));
+                        let (vc, pc) = (
+                            v.map_or(10, |a| a.spec.preemption_class.get()),
+                            p.map_or(0, |a| a.spec.preemption_class.get()),
+                        );
+                        if vc >= pc || engine.is_sensitive(alloc) {
+                            return Err(fail(
+                                now,
+                                format!(
+                                    "preemption of {alloc} (class {vc}) for {for_alloc} (class {pc}) moves up or hits a sensitive allocation"
+                                ),
+                            ));
+                        }
+                    }
+                    let a = engine.allocation(alloc).expect("victim exists");
+                    let timeout = engine.preemption_config().checkpoint_timeout;
+                    // Slow but responding applications get the timeout extended by 50 %, once.
+                    let deadline = Duration(timeout.0 + timeout.0 / 2);
+                    fake.hint(alloc, now);
+                    let epoch = fake.epoch(alloc);
+                    match a.spec.checkpoint.kind {
+                        lattice_engine::CheckpointKind::None => {
+                            // SIGTERM, 30 s grace, then it stops without a checkpoint (restarts later).
+                            q.push(
+                                now + Duration::from_secs(30),
+                                rank_end,
+                                EventKind::Suspend(alloc, epoch, false),
+                            );
+                        }
+                        _ => {
+                            checkpoint_attempts += 1;
+                            let minutes = a
+                                .spec
+                                .checkpoint
+                                .estimated_minutes
+                                .unwrap_or(lattice_engine::preempt::DEFAULT_CHECKPOINT_MINUTES);
+                            let took = Duration((minutes * 60_000.0).round() as u64);
+                            if took <= deadline {
+                                checkpoint_ok += 1;
+                                q.push(now + took, rank_end, EventKind::Suspend(alloc, epoch, true));
+                            } else {
+                                q.push(
+                                    now + deadline,
+                                    rank_end,
+                                    EventKind::Completion(alloc, EndReason::PreemptionKilled, epoch),
+                                );
+                            }
+                        }
+                    }
+                }
             }
         }
         if stats.ran
@@ -345,9 +428,10 @@ pub fn simulate(
         }
     }
     progress(total, total);
-    if defaulted_runtime > 0 {
+    if fake.defaulted_runtime > 0 {
         notes.push(format!(
-            "{defaulted_runtime} allocations had no run time in the trace (no `complete` event): they ran to their walltime"
+            "{} allocations had no run time in the trace (no `complete` event): they ran to their walltime",
+            fake.defaulted_runtime
         ));
     }
 
@@ -361,6 +445,14 @@ pub fn simulate(
     summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
     summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
     summary.deferred_for_energy = deferred;
+    summary.preemptions = preemptions.values().sum();
+    summary.preemptions_by_reason = preemptions;
+    summary.preemption_kills = preemption_kills;
+    summary.checkpoint_success_rate = if checkpoint_attempts > 0 {
+        metrics::round6(checkpoint_ok as f64 / checkpoint_attempts as f64)
+    } else {
+        1.0
+    };
     summary.quota_rejections = quorum.rejections_by_reason.clone();
     summary.rejection_examples = quorum.rejection_examples.clone();
     summary.deferred_for_topology = deferred_topology;
@@ -400,7 +492,7 @@ fn commit(
     id: AllocId,
     now: Time,
     rank_end: u8,
-    defaulted_runtime: &mut u64,
+    fake: &mut FakeNodes,
 ) -> Result<(), String> {
     if !quorum.decide(engine, id) {
         return engine.handle_reject(now, id).map_err(|e| e.to_string());
@@ -411,17 +503,23 @@ fn commit(
     let run = match (job.runtime, walltime) {
         (Some(r), _) => Some(r),
         (None, Some(w)) => {
-            *defaulted_runtime += 1;
+            if fake.epoch(id) == 0 {
+                fake.defaulted_runtime += 1;
+            }
             Some(w)
         }
         (None, None) => None,
     };
+    // A resumed allocation only has the rest of its work left.
+    let run = run.map(|r| Duration(r.0.saturating_sub(fake.done(id).0)));
+    fake.started(id, now);
+    let epoch = fake.epoch(id);
     // The fake node: ends at start + run, or kills at start + walltime.
     match (run, walltime) {
         (Some(r), Some(w)) if r > w => q.push(
             now + w,
             rank_end,
-            EventKind::Completion(id, EndReason::WalltimeExceeded),
+            EventKind::Completion(id, EndReason::WalltimeExceeded, epoch),
         ),
         (Some(r), _) => {
             let reason = if job.exit_ok {
@@ -429,11 +527,65 @@ fn commit(
             } else {
                 EndReason::ExitFailure
             };
-            q.push(now + r, rank_end, EventKind::Completion(id, reason));
+            q.push(now + r, rank_end, EventKind::Completion(id, reason, epoch));
         }
         (None, _) => {} // unbounded, never ends in this trace
     }
     Ok(())
+}
+
+/// The fake nodes' view of each allocation: which run is current (stale events are ignored), work done
+/// before a checkpointed preemption, and when the last checkpoint hint came.
+#[derive(Debug, Default)]
+struct FakeNodes {
+    epoch: Vec<u32>,
+    done: Vec<Duration>,
+    start: Vec<Time>,
+    hint: Vec<Option<Time>>,
+    defaulted_runtime: u64,
+}
+
+impl FakeNodes {
+    fn grow(&mut self, id: AllocId) {
+        while self.epoch.len() <= id.index() {
+            self.epoch.push(0);
+            self.done.push(Duration::ZERO);
+            self.start.push(Time::ZERO);
+            self.hint.push(None);
+        }
+    }
+    fn epoch(&mut self, id: AllocId) -> u32 {
+        self.grow(id);
+        self.epoch[id.index()]
+    }
+    fn done(&mut self, id: AllocId) -> Duration {
+        self.grow(id);
+        self.done[id.index()]
+    }
+    fn started(&mut self, id: AllocId, now: Time) {
+        self.grow(id);
+        self.start[id.index()] = now;
+    }
+    fn hint(&mut self, id: AllocId, now: Time) {
+        self.grow(id);
+        self.hint[id.index()] = Some(now);
+    }
+    fn bump(&mut self, id: AllocId) {
+        self.grow(id);
+        self.epoch[id.index()] += 1;
+    }
+    /// A checkpoint keeps the work done up to the hint; without one the job restarts from zero.
+    fn suspended(&mut self, id: AllocId, checkpointed: bool) {
+        self.grow(id);
+        let i = id.index();
+        self.done[i] = if checkpointed {
+            let upto = self.hint[i].unwrap_or(self.start[i]);
+            self.done[i] + upto.since(self.start[i])
+        } else {
+            Duration::ZERO
+        };
+        self.epoch[i] += 1;
+    }
 }
 
 /// `(gpus, group, conformance fingerprint)` per node.
@@ -463,16 +615,18 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
         .map(|a| {
             let job = &workload.jobs[trace_of[a.id.index()]];
             let shape = a.started.map(|_| placement_shape(&a.nodes, facts));
-            let wait = a.started.map(|s| s.since(a.submitted));
-            let bsld = match (a.started, a.ended) {
+            // A preempted allocation waited until its first start; its run spans every run since.
+            let first = a.first_started;
+            let wait = first.map(|s| s.since(a.submitted));
+            let bsld = match (first, a.ended) {
                 (Some(s), Some(e)) => Some(metrics::bounded_slowdown(s.since(a.submitted), e.since(s))),
                 _ => None,
             };
             JobRecord {
                 id: job.id.clone(),
                 submit_s: a.submitted.as_secs_f64(),
-                start_s: a.started.map(Time::as_secs_f64),
-                end_s: a.started.and(a.ended).map(Time::as_secs_f64),
+                start_s: first.map(Time::as_secs_f64),
+                end_s: first.and(a.ended).map(Time::as_secs_f64),
                 nodes: if a.started.is_some() {
                     a.nodes.len() as u32
                 } else {
@@ -492,6 +646,7 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
                     .map(|s| metrics::round6(s.1 as f64 / a.nodes.len() as f64)),
                 class: a.spec.preemption_class.get(),
                 score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
+                preempted: a.preempted,
             }
         })
         .collect()
@@ -616,6 +771,11 @@ fn summarize(
         deferred_for_topology: 0,
         quota_rejections: BTreeMap::new(),
         rejection_examples: Vec::new(),
+        preemptions: 0,
+        preemptions_by_reason: BTreeMap::new(),
+        preemption_kills: 0,
+        checkpoint_success_rate: 1.0,
+        suspended_requeues: engine.allocations().iter().map(|a| a.preempted as u64).sum(),
         power_budget_kw: None,
         min_power_headroom_kw: None,
         mean_power_headroom_kw: None,

@@ -38,6 +38,8 @@ pub struct JobRecord {
     pub class: u8,
     /// Score when it started (score-ordered vClusters).
     pub score: Option<f64>,
+    /// Times it was preempted.
+    pub preempted: u32,
 }
 
 impl JobRecord {
@@ -49,7 +51,7 @@ impl JobRecord {
         let opt = |v: Option<f64>| v.map(|x| format!("{x}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&self.id),
             self.submit_s,
             opt(self.start_s),
@@ -65,7 +67,8 @@ impl JobRecord {
             self.groups.map(|g| g.to_string()).unwrap_or_default(),
             opt(self.conformance),
             self.class,
-            opt(self.score)
+            opt(self.score),
+            self.preempted
         );
     }
 }
@@ -197,6 +200,15 @@ pub struct Summary {
     /// `sensitive_pool_size`) and the first messages, worded as users see them.
     pub quota_rejections: BTreeMap<String, u64>,
     pub rejection_examples: Vec<String>,
+    /// Preemptions issued, by reason (`priority`, `reclaim`, `sensitive`).
+    pub preemptions: u64,
+    pub preemptions_by_reason: BTreeMap<String, u64>,
+    /// Victims killed because their checkpoint did not finish within the (extended) timeout.
+    pub preemption_kills: u64,
+    /// Checkpoints completed / attempted during preemptions (1 when none was attempted).
+    pub checkpoint_success_rate: f64,
+    /// Suspended allocations that re-entered the queue.
+    pub suspended_requeues: u64,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.
     pub mean_group_span: f64,
     pub single_group_fraction: f64,
@@ -323,9 +335,10 @@ mod tests {
             conformance: Some(0.5),
             class: 3,
             score: None,
+            preempted: 0,
         };
         let mut s = String::new();
         r.csv_row(&mut s);
-        assert_eq!(s, "\"a,b\",1.5,2,,3,0.5,,true,t,v,running,,2,0.5,3,\n");
+        assert_eq!(s, "\"a,b\",1.5,2,,3,0.5,,true,t,v,running,,2,0.5,3,,0\n");
     }
 }
