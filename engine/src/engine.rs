@@ -157,6 +157,8 @@ pub struct Engine {
     pub(crate) tenant_target: Vec<Option<f64>>,
     /// Decayed fair-share usage per tenant.
     pub(crate) ledger: UsageLedger,
+    /// Some vCluster orders by score: only then does the fair-share ledger (read by f3) need updates.
+    pub(crate) scored_any: bool,
     pub(crate) tenant_quota: Vec<TenantQuota>,
     /// Committed (running) nodes and allocations per tenant: the quorum's view of hard quotas.
     pub(crate) committed_nodes: Vec<u64>,
@@ -265,6 +267,7 @@ impl Engine {
             tenants: Registry::default(),
             tenant_target: Vec::new(),
             ledger,
+            scored_any: false,
             tenant_quota: Vec::new(),
             committed_nodes: Vec::new(),
             committed_allocs: Vec::new(),
@@ -300,6 +303,8 @@ impl Engine {
     pub fn set_tenant_share(&mut self, tenant: TenantId, share: f64) {
         if let Some(t) = self.tenant_target.get_mut(tenant.index()) {
             *t = Some(share.clamp(0.0, 1.0));
+            // A contracted share makes fair-share accounting worth keeping.
+            self.scored_any = true;
         }
     }
 
@@ -372,6 +377,7 @@ impl Engine {
         if config.policy == Policy::PyssEasy && self.class_keys.len() > 1 {
             return Err(EngineError::PyssHeterogeneous(self.class_keys.len()));
         }
+        self.scored_any |= config.weights.is_some();
         self.vc_config[v.index()] = config.clone();
         let pool = self.pools.get_mut(&key).expect("pool exists");
         if key != 0 || pool.vclusters.len() == 1 {
@@ -585,7 +591,9 @@ impl Engine {
         }
         let m = &mut self.meta[id.index()];
         m.proposed_at = None;
-        self.ledger.start(now, tenant, m.usage_rate);
+        if self.scored_any {
+            self.ledger.start(now, tenant, m.usage_rate);
+        }
         let held = self.allocs[id.index()].nodes.len() as u64;
         self.committed_nodes[tenant] += held;
         self.committed_allocs[tenant] += 1;
@@ -876,7 +884,9 @@ impl Engine {
             let held = a.nodes.len() as u64;
             let secs = now.since(s).as_secs_f64();
             let rate = self.meta[id.index()].usage_rate;
-            self.ledger.stop(now, t, rate);
+            if self.scored_any {
+                self.ledger.stop(now, t, rate);
+            }
             self.committed_nodes[t] -= held;
             self.committed_allocs[t] -= 1;
             self.consumed_node_s[t] += held as f64 * secs;

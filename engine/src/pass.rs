@@ -42,7 +42,12 @@ impl Engine {
     /// [`Engine::poll_proposal`].
     pub fn schedule(&mut self, now: Time) -> PassStats {
         self.clock.advance(now);
-        self.ledger.accrue(now);
+        if self.scored_any {
+            self.ledger.accrue(now);
+        }
+        if !self.pools.values().any(|p| p.due_at.is_some_and(|d| d <= now)) {
+            return PassStats::default();
+        }
         let due: Vec<u32> = self
             .pools
             .iter()
@@ -94,8 +99,9 @@ impl Engine {
         }
         let scored = self.pool_scored(key);
         let ctx = scored.then(|| self.score_context(now, key));
-        let mut scores: Vec<(AllocId, Option<ScoreBreakdown>)> = Vec::with_capacity(queue.len());
+        let mut scores: Vec<(AllocId, Option<ScoreBreakdown>)> = Vec::new();
         if let Some(ctx) = &ctx {
+            scores.reserve(queue.len());
             for &id in &queue {
                 let w = self.vc_config[self.allocs[id.index()].spec.vcluster.index()].weights;
                 scores.push((id, w.map(|w| self.score_of(id, &w, ctx))));
@@ -171,9 +177,12 @@ impl Engine {
         let mut placement = Placement::default();
         let mut deferred_any = false;
         // Tenants with work waiting in this pool at the start of the pass (for the burst allowance).
-        let mut waiting = vec![false; self.tenant_quota.len()];
-        for &id in &queue {
-            waiting[self.allocs[id.index()].spec.tenant.index()] = true;
+        let mut waiting = Vec::new();
+        if ctx.is_some() {
+            waiting = vec![false; self.tenant_quota.len()];
+            for &id in &queue {
+                waiting[self.allocs[id.index()].spec.tenant.index()] = true;
+            }
         }
         for (i, &id) in queue.iter().enumerate() {
             let k = self.allocs[id.index()].spec.nodes.min;
