@@ -89,6 +89,8 @@ pub struct PassStats {
     pub deferred_topology: u32,
     /// Preemption commands issued.
     pub preemptions: u32,
+    /// Allocations started on borrowed nodes.
+    pub borrowed: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -112,6 +114,8 @@ pub(crate) struct Meta {
     pub awaiting_victims: u32,
     /// Victims were preempted for it: it is first in its pool's queue until it starts.
     pub preemptor: bool,
+    /// Classes of *other* pools whose capabilities satisfy the constraints (borrowable nodes).
+    pub borrow_eligible: Vec<u16>,
 }
 
 /// One scheduler instance: a vCluster's nodes, queue and settings.
@@ -339,6 +343,16 @@ impl Engine {
         )
     }
 
+    /// Nodes of `id` outside its own vCluster's pool (borrowed).
+    pub fn borrowed_nodes(&self, id: AllocId) -> u32 {
+        let Some(a) = self.allocs.get(id.index()) else { return 0 };
+        let own = self.pool_of_vc[a.spec.vcluster.index()];
+        a.nodes
+            .iter()
+            .filter(|n| self.class_keys[self.class_of[n.index()] as usize].pool != own)
+            .count() as u32
+    }
+
     /// Does this allocation belong to a sensitive (`reservation`) vCluster?
     pub fn is_sensitive(&self, id: AllocId) -> bool {
         self.allocs.get(id.index()).is_some_and(|a| {
@@ -505,6 +519,12 @@ impl Engine {
                 k.pool == pool_key && spec.constraints.satisfied_by(&k.capabilities)
             })
             .collect();
+        let borrow_eligible: Vec<u16> = (0..self.class_keys.len() as u16)
+            .filter(|&c| {
+                let k = &self.class_keys[c as usize];
+                k.pool != pool_key && spec.constraints.satisfied_by(&k.capabilities)
+            })
+            .collect();
         let eligible_total: u32 = eligible.iter().map(|&c| self.class_total[c as usize]).sum();
         if eligible_total < min {
             return Err(SubmitError::Unsatisfiable {
@@ -559,6 +579,7 @@ impl Engine {
         });
         self.meta.push(Meta {
             eligible,
+            borrow_eligible,
             unresolved_deps: unresolved,
             requested_gpu_hours,
             ..Meta::default()
@@ -870,6 +891,19 @@ impl Engine {
 
     /// A running allocation stops holding its nodes (it ended, or it was suspended).
     pub(crate) fn stop_running(&mut self, now: Time, id: AllocId) {
+        // Every pool whose nodes come free re-plans (a borrower frees its lender's nodes).
+        if self.pools.len() > 1 {
+            let mut keys: Vec<u32> = self.meta[id.index()]
+                .held
+                .iter()
+                .map(|h| self.class_keys[h.0 as usize].pool)
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for k in keys {
+                self.mark_due(k, now);
+            }
+        }
         if let Some(for_alloc) = self.meta[id.index()].preempt_for.take() {
             let m = &mut self.meta[for_alloc.index()];
             m.awaiting_victims = m.awaiting_victims.saturating_sub(1);

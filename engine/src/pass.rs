@@ -68,6 +68,7 @@ impl Engine {
             total.deferred += s.deferred;
             total.deferred_topology += s.deferred_topology;
             total.preemptions += s.preemptions;
+            total.borrowed += s.borrowed;
         }
         total
     }
@@ -145,7 +146,10 @@ impl Engine {
             conformance_hard: policy == Policy::Reservation,
             power_cap_w: None,
         };
-        let (stats, mut rest) = self.pass_backfill(now, key, queue, depth, rules, &scores, ctx.as_ref());
+        let (mut stats, mut rest) = self.pass_backfill(now, key, queue, depth, rules, &scores, ctx.as_ref());
+        if scored && self.pools.len() > 1 && !rest.is_empty() {
+            self.borrow_phase(now, key, &mut rest, &scores, rules, &mut stats);
+        }
         if scored {
             rest.sort_unstable();
         }
@@ -224,9 +228,14 @@ impl Engine {
                     stats.started += 1;
                     continue;
                 }
-                // The head (highest priority) is blocked: may it preempt lower classes?
+                // The head (highest priority) is blocked: does the pool want lent nodes back, or may it
+                // preempt lower classes?
                 if budget_ok && self.pool_preempts(key) {
-                    stats.preemptions += self.try_preempt(now, id, key, rules);
+                    let reclaimed = self.try_reclaim(now, id, key, rules);
+                    stats.preemptions += reclaimed;
+                    if reclaimed == 0 {
+                        stats.preemptions += self.try_preempt(now, id, key, rules);
+                    }
                 }
                 // FCFS: the head blocks everything behind it.
                 let Some(depth) = depth else {
@@ -715,7 +724,13 @@ impl Engine {
         let mut p = Profile::new(now, &self.free_by_class);
         let single_pool = self.pools.len() == 1;
         for &(t, id) in &self.running {
-            if !single_pool && self.pool_key_of(id) != key {
+            // Allocations on this pool's nodes, including borrowers from other pools.
+            if !single_pool
+                && !self.meta[id.index()]
+                    .held
+                    .iter()
+                    .any(|h| self.class_keys[h.0 as usize].pool == key)
+            {
                 continue;
             }
             let m = &self.meta[id.index()];
@@ -874,4 +889,113 @@ pub(crate) struct ScoreContext {
     price_norm: Option<f64>,
     price_min: f64,
     price_max: f64,
+}
+
+/// Score penalty for starting on borrowed nodes, scaled by how expensive the job is to preempt
+/// (`1 − f8`): cheap-to-checkpoint jobs are the better borrowers.
+pub const BORROW_PENALTY: f64 = 0.5;
+
+impl Engine {
+    /// Elastic sharing: waiting allocations of a score-ordered pool may start on *idle* pools' free nodes
+    /// (a pool is idle when nothing waits in it), up to each lender's `lend_cap` share of its nodes. Only
+    /// lender nodes are used (never mixed with the borrower's own, so the pool's reservations stay
+    /// intact). Non-preemptible allocations (checkpoint `none` and class ≥ 7), sensitive ones and
+    /// reactive or unbounded ones (their minimum must stay on home nodes) never borrow. Candidates go in
+    /// order of `score − BORROW_PENALTY · (1 − f8)`.
+    fn borrow_phase(
+        &mut self,
+        now: Time,
+        key: u32,
+        rest: &mut Vec<AllocId>,
+        scores: &[(AllocId, Option<ScoreBreakdown>)],
+        rules: PickRules,
+        stats: &mut PassStats,
+    ) {
+        // Lendable nodes per idle lender pool.
+        let mut lendable: std::collections::BTreeMap<u32, i64> = std::collections::BTreeMap::new();
+        for (&lk, lp) in &self.pools {
+            if lk == key || !lp.queue.is_empty() || lp.config.policy == Policy::Reservation {
+                continue;
+            }
+            let size: u32 = (0..self.class_keys.len())
+                .filter(|&c| self.class_keys[c].pool == lk)
+                .map(|c| self.class_total[c])
+                .sum();
+            let cap = (lp.config.lend_cap.clamp(0.0, 1.0) * size as f64).floor() as i64;
+            lendable.insert(lk, cap);
+        }
+        if lendable.is_empty() {
+            return;
+        }
+        // Subtract what is already lent out.
+        for &(_, id) in &self.running {
+            let own = self.pool_key_of(id);
+            for &(c, n) in &self.meta[id.index()].held {
+                let lp = self.class_keys[c as usize].pool;
+                if lp != own
+                    && let Some(l) = lendable.get_mut(&lp)
+                {
+                    *l -= n as i64;
+                }
+            }
+        }
+        let score_of = |id: AllocId| -> f64 {
+            scores
+                .iter()
+                .find(|s| s.0 == id)
+                .and_then(|s| s.1)
+                .map_or(0.0, |b| b.total - BORROW_PENALTY * (1.0 - b.components[7]))
+        };
+        let mut order: Vec<AllocId> = rest.clone();
+        order.sort_by(|a, b| score_of(*b).total_cmp(&score_of(*a)).then(a.cmp(b)));
+        let mut started = Vec::new();
+        for id in order {
+            let a = &self.allocs[id.index()];
+            let non_preemptible =
+                a.spec.checkpoint.kind == crate::alloc::CheckpointKind::None && a.spec.preemption_class.get() >= 7;
+            if non_preemptible
+                || a.spec.lifecycle.walltime().is_none()
+                || self.meta[id.index()].preemptor
+                || self.pools[&key].config.policy == Policy::Reservation
+                || !self.budgets_allow(id)
+            {
+                continue;
+            }
+            let k = a.spec.nodes.min;
+            let avail: Picks = self.meta[id.index()]
+                .borrow_eligible
+                .iter()
+                .filter(|&&c| lendable.get(&self.class_keys[c as usize].pool).is_some_and(|&l| l > 0))
+                .map(|&c| (c, self.free_by_class[c as usize]))
+                .filter(|a| a.1 > 0)
+                .collect();
+            let start_rules = PickRules {
+                power_cap_w: self.power_headroom(),
+                ..rules
+            };
+            let Some(pl) = pick(&self.class_info, &avail, k, start_rules) else {
+                continue;
+            };
+            // Respect every lender's cap.
+            let mut per_lender: std::collections::BTreeMap<u32, i64> = std::collections::BTreeMap::new();
+            for &(c, n) in &pl.picks {
+                *per_lender.entry(self.class_keys[c as usize].pool).or_default() += n as i64;
+            }
+            if per_lender
+                .iter()
+                .any(|(l, n)| lendable.get(l).is_none_or(|&cap| *n > cap))
+            {
+                continue;
+            }
+            for (l, n) in per_lender {
+                *lendable.get_mut(&l).expect("lender") -= n;
+            }
+            let breakdown = scores.iter().find(|s| s.0 == id).and_then(|s| s.1);
+            self.start(now, id, &pl, true, breakdown);
+            stats.started += 1;
+            stats.borrowed += 1;
+            started.push(id);
+        }
+        rest.retain(|id| !started.contains(id));
+    }
 }

@@ -77,6 +77,8 @@ pub struct VClusterConfig {
     /// May this vCluster's scheduler preempt lower-class allocations for a blocked higher-class one?
     /// (Score-ordered vClusters only: the literature policies never preempt.)
     pub preemption: bool,
+    /// Fraction of this vCluster's home nodes it lends to others while idle (score-ordered only).
+    pub lend_cap: f64,
 }
 
 impl VClusterConfig {
@@ -89,6 +91,7 @@ impl VClusterConfig {
             slo_wait_target: None,
             gpu_hours_budget: None,
             preemption: true,
+            lend_cap: 0.5,
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct PreemptionConfig {
     pub near_completion: Duration,
     /// Checkpoint timeout (extended by 50 % once before the victim is killed).
     pub checkpoint_timeout: Duration,
+    /// How long a borrower keeps reclaimed nodes before its checkpoint hint (the return grace period).
+    pub reclaim_grace: Duration,
 }
 
 impl Default for PreemptionConfig {
@@ -72,6 +74,7 @@ impl Default for PreemptionConfig {
             max_victims: 3,
             near_completion: Duration::from_mins(5),
             checkpoint_timeout: Duration::from_mins(10),
+            reclaim_grace: Duration::from_secs(60),
         }
     }
 }
@@ -196,6 +199,66 @@ impl Engine {
         let m = &mut self.meta[id.index()];
         m.awaiting_victims = victims.len() as u32;
         // The freed nodes are for this allocation: it goes first until it starts.
+        m.preemptor = true;
+        victims.len() as u32
+    }
+
+    /// Reclaim: the pool's head is blocked and other vClusters hold some of the pool's nodes. Borrowers'
+    /// allocations on them (cheapest first, any class — lending was conditional) are preempted with
+    /// reason `reclaim` until the head fits on the returned nodes. Returns the number of victims.
+    pub(crate) fn try_reclaim(&mut self, now: Time, id: AllocId, key: u32, rules: PickRules) -> u32 {
+        if self.meta[id.index()].awaiting_victims > 0 {
+            return 0;
+        }
+        let k = self.allocs[id.index()].spec.nodes.min;
+        let eligible = self.meta[id.index()].eligible.clone();
+        let mut borrowers: Vec<(f64, AllocId)> = self
+            .running
+            .iter()
+            .map(|&(_, v)| v)
+            .filter(|&v| {
+                self.pool_key_of(v) != key
+                    && self.allocs[v.index()].state == AllocState::Running
+                    && self.meta[v.index()].proposed_at.is_none()
+                    && !self.meta[v.index()].preempting
+                    && !self.is_sensitive(v)
+                    && self.meta[v.index()].held.iter().any(|h| eligible.contains(&h.0))
+            })
+            .map(|v| (self.preemption_cost(v, now), v))
+            .collect();
+        if borrowers.is_empty() {
+            return 0;
+        }
+        borrowers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut avail: Picks = eligible.iter().map(|&c| (c, self.free_by_class[c as usize])).collect();
+        let mut victims = Vec::new();
+        let mut fits = false;
+        for &(_, v) in &borrowers {
+            victims.push(v);
+            for &(cls, n) in &self.meta[v.index()].held {
+                if let Some(x) = avail.iter_mut().find(|x| x.0 == cls) {
+                    x.1 += n;
+                }
+            }
+            if pick(&self.class_info, &avail, k, rules).is_some() {
+                fits = true;
+                break;
+            }
+        }
+        if !fits {
+            return 0;
+        }
+        for &v in &victims {
+            self.meta[v.index()].preempting = true;
+            self.meta[v.index()].preempt_for = Some(id);
+            self.commands.push_back(Command::Preempt {
+                alloc: v,
+                for_alloc: id,
+                reason: PreemptReason::Reclaim,
+            });
+        }
+        let m = &mut self.meta[id.index()];
+        m.awaiting_victims = victims.len() as u32;
         m.preemptor = true;
         victims.len() as u32
     }

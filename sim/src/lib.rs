@@ -367,7 +367,8 @@ pub fn simulate(
                             v.map_or(10, |a| a.spec.preemption_class.get()),
                             p.map_or(0, |a| a.spec.preemption_class.get()),
                         );
-                        if vc >= pc || engine.is_sensitive(alloc) {
+                        let moves_up = reason == lattice_engine::PreemptReason::Priority && vc >= pc;
+                        if moves_up || engine.is_sensitive(alloc) {
                             return Err(fail(
                                 now,
                                 format!(
@@ -377,9 +378,15 @@ pub fn simulate(
                         }
                     }
                     let a = engine.allocation(alloc).expect("victim exists");
-                    let timeout = engine.preemption_config().checkpoint_timeout;
+                    let pc = engine.preemption_config();
                     // Slow but responding applications get the timeout extended by 50 %, once.
-                    let deadline = Duration(timeout.0 + timeout.0 / 2);
+                    let deadline = Duration(pc.checkpoint_timeout.0 + pc.checkpoint_timeout.0 / 2);
+                    // A reclaim leaves the borrower its return grace period before the hint.
+                    let now = if reason == lattice_engine::PreemptReason::Reclaim {
+                        now + pc.reclaim_grace
+                    } else {
+                        now
+                    };
                     fake.hint(alloc, now);
                     let epoch = fake.epoch(alloc);
                     match a.spec.checkpoint.kind {
@@ -445,6 +452,11 @@ pub fn simulate(
     summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
     summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
     summary.deferred_for_energy = deferred;
+    summary.borrowed_node_hours = metrics::round6(
+        jobs.iter()
+            .filter_map(|j| Some(j.borrowed as f64 * (j.end_s? - j.start_s?) / 3600.0))
+            .sum::<f64>(),
+    );
     summary.preemptions = preemptions.values().sum();
     summary.preemptions_by_reason = preemptions;
     summary.preemption_kills = preemption_kills;
@@ -647,6 +659,7 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
                 class: a.spec.preemption_class.get(),
                 score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
                 preempted: a.preempted,
+                borrowed: engine.borrowed_nodes(a.id),
             }
         })
         .collect()
@@ -772,6 +785,7 @@ fn summarize(
         quota_rejections: BTreeMap::new(),
         rejection_examples: Vec::new(),
         preemptions: 0,
+        borrowed_node_hours: 0.0,
         preemptions_by_reason: BTreeMap::new(),
         preemption_kills: 0,
         checkpoint_success_rate: 1.0,

@@ -40,6 +40,8 @@ pub struct JobRecord {
     pub score: Option<f64>,
     /// Times it was preempted.
     pub preempted: u32,
+    /// Nodes it holds outside its vCluster's home pool (borrowed).
+    pub borrowed: u32,
 }
 
 impl JobRecord {
@@ -202,6 +204,8 @@ pub struct Summary {
     pub rejection_examples: Vec<String>,
     /// Preemptions issued, by reason (`priority`, `reclaim`, `sensitive`).
     pub preemptions: u64,
+    /// Node-hours run on nodes borrowed from other vClusters.
+    pub borrowed_node_hours: f64,
     pub preemptions_by_reason: BTreeMap<String, u64>,
     /// Victims killed because their checkpoint did not finish within the (extended) timeout.
     pub preemption_kills: u64,
@@ -336,6 +340,7 @@ mod tests {
             class: 3,
             score: None,
             preempted: 0,
+            borrowed: 0,
         };
         let mut s = String::new();
         r.csv_row(&mut s);
