@@ -187,6 +187,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             None => BTreeMap::new(),
         },
         sensitive_pool_size: inventory.sensitive_pool_size,
+        wipe: lattice_sim::WipeModel::default(),
     };
     Ok(Prepared {
         workload,
@@ -240,6 +241,10 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
             out.push('\n');
         }
         std::fs::write(dir.join("scores.csv"), out).with_context(|| format!("writing {}/scores.csv", dir.display()))?;
+    }
+    if !r.audit.entries().is_empty() {
+        std::fs::write(dir.join("audit.jsonl"), r.audit.to_jsonl())
+            .with_context(|| format!("writing {}/audit.jsonl", dir.display()))?;
     }
     let mut cost = serde_json::to_string_pretty(&r.cost)?;
     cost.push('\n');

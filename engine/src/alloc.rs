@@ -147,6 +147,9 @@ pub struct AllocSpec {
     pub task_group: Option<TaskGroupRef>,
     /// Storage bandwidth the allocation needs while it runs, GB/s (a knapsack dimension).
     pub storage_gbps: Option<f64>,
+    /// A sensitive claim by a user identity: class 10, first in line, conformance hard, takes its nodes
+    /// at once (preempting non-sensitive occupants), never preempted, wiped on release.
+    pub sensitive_claim: bool,
 }
 
 impl AllocSpec {
@@ -164,6 +167,7 @@ impl AllocSpec {
             depends_on: Vec::new(),
             task_group: None,
             storage_gbps: None,
+            sensitive_claim: false,
         }
     }
 }

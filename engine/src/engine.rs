@@ -356,9 +356,11 @@ impl Engine {
     /// Does this allocation belong to a sensitive (`reservation`) vCluster?
     pub fn is_sensitive(&self, id: AllocId) -> bool {
         self.allocs.get(id.index()).is_some_and(|a| {
-            self.pools
-                .get(&self.pool_of_vc[a.spec.vcluster.index()])
-                .is_some_and(|p| p.config.policy == Policy::Reservation)
+            a.spec.sensitive_claim
+                || self
+                    .pools
+                    .get(&self.pool_of_vc[a.spec.vcluster.index()])
+                    .is_some_and(|p| p.config.policy == Policy::Reservation)
         })
     }
 
@@ -493,8 +495,12 @@ impl Engine {
     // ----- inputs -------------------------------------------------------------------------------------
 
     /// A new allocation request. Refused requests create nothing.
-    pub fn handle_submit(&mut self, now: Time, spec: AllocSpec) -> Result<AllocId, SubmitError> {
+    pub fn handle_submit(&mut self, now: Time, mut spec: AllocSpec) -> Result<AllocId, SubmitError> {
         self.clock.advance(now);
+        if spec.sensitive_claim {
+            // Sensitive claims are class 10: highest, never preempted.
+            spec.preemption_class = crate::alloc::PreemptionClass::new(10).expect("10 is valid");
+        }
         self.release_estimated_ends(now);
         let (min, max) = (spec.nodes.min, spec.nodes.max);
         if min == 0 {

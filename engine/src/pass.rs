@@ -114,18 +114,22 @@ impl Engine {
             });
             queue = scores.iter().map(|s| s.0).collect();
         }
-        // Allocations that victims were preempted for take the freed nodes first.
-        if queue.iter().any(|q| self.meta[q.index()].preemptor) {
-            let mut first: Vec<usize> = (0..queue.len())
-                .filter(|&i| self.meta[queue[i].index()].preemptor)
-                .collect();
-            let rest: Vec<usize> = (0..queue.len())
-                .filter(|&i| !self.meta[queue[i].index()].preemptor)
-                .collect();
-            first.extend(rest);
-            queue = first.iter().map(|&i| queue[i]).collect();
+        // Sensitive claims first, then allocations that victims were preempted for (stable otherwise).
+        let rank = |e: &Engine, id: AllocId| -> u8 {
+            if e.allocs[id.index()].spec.sensitive_claim {
+                0
+            } else if e.meta[id.index()].preemptor {
+                1
+            } else {
+                2
+            }
+        };
+        if queue.iter().any(|&q| rank(self, q) < 2) {
+            let mut idx: Vec<usize> = (0..queue.len()).collect();
+            idx.sort_by_key(|&i| rank(self, queue[i]));
+            queue = idx.iter().map(|&i| queue[i]).collect();
             if !scores.is_empty() {
-                scores = first.iter().map(|&i| scores[i]).collect();
+                scores = idx.iter().map(|&i| scores[i]).collect();
             }
         }
         let depth = match policy {
@@ -201,9 +205,10 @@ impl Engine {
                 continue;
             }
             let budget_ok = self.budgets_allow(id) && self.quota_allows(id, key, k, ctx, &waiting);
+            let claim = self.allocs[id.index()].spec.sensitive_claim;
             let start_rules = PickRules {
                 power_cap_w: self.power_headroom(),
-                ..rules
+                conformance_hard: rules.conformance_hard || claim,
             };
             let Some(p) = profile.as_mut() else {
                 // Nothing is blocked yet: every start so far is in queue order.
@@ -228,9 +233,17 @@ impl Engine {
                     stats.started += 1;
                     continue;
                 }
+                // A sensitive claim takes its nodes at once: non-sensitive occupants are preempted.
+                if budget_ok && self.allocs[id.index()].spec.sensitive_claim {
+                    let hard = PickRules {
+                        conformance_hard: true,
+                        ..rules
+                    };
+                    stats.preemptions += self.try_preempt_for_claim(now, id, key, hard);
+                }
                 // The head (highest priority) is blocked: does the pool want lent nodes back, or may it
                 // preempt lower classes?
-                if budget_ok && self.pool_preempts(key) {
+                else if budget_ok && self.pool_preempts(key) {
                     let reclaimed = self.try_reclaim(now, id, key, rules);
                     stats.preemptions += reclaimed;
                     if reclaimed == 0 {

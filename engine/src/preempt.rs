@@ -263,6 +263,70 @@ impl Engine {
         victims.len() as u32
     }
 
+    /// A sensitive claim that does not fit on free nodes takes them from non-sensitive occupants (any
+    /// class below 10, near completion or not, checkpoint or not — the claim is immediate), cheapest
+    /// first, until the claim has a placement with one conformance fingerprint.
+    pub(crate) fn try_preempt_for_claim(&mut self, now: Time, id: AllocId, key: u32, rules: PickRules) -> u32 {
+        if self.meta[id.index()].awaiting_victims > 0 {
+            return 0;
+        }
+        let k = self.allocs[id.index()].spec.nodes.min;
+        let eligible = self.meta[id.index()].eligible.clone();
+        let mut occupants: Vec<(f64, AllocId)> = self
+            .running
+            .iter()
+            .map(|&(_, v)| v)
+            .chain(
+                self.allocs
+                    .iter()
+                    .filter(|a| a.state == AllocState::Running && a.spec.lifecycle.walltime().is_none())
+                    .map(|a| a.id),
+            )
+            .filter(|&v| {
+                self.allocs[v.index()].state == AllocState::Running
+                    && self.meta[v.index()].proposed_at.is_none()
+                    && !self.meta[v.index()].preempting
+                    && !self.is_sensitive(v)
+                    && self.meta[v.index()].held.iter().any(|h| eligible.contains(&h.0))
+            })
+            .map(|v| (self.preemption_cost(v, now), v))
+            .collect();
+        let _ = key;
+        occupants.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        occupants.dedup_by_key(|x| x.1);
+        let mut avail: Picks = eligible.iter().map(|&c| (c, self.free_by_class[c as usize])).collect();
+        let mut victims = Vec::new();
+        let mut fits = false;
+        for &(_, v) in &occupants {
+            victims.push(v);
+            for &(cls, n) in &self.meta[v.index()].held {
+                if let Some(x) = avail.iter_mut().find(|x| x.0 == cls) {
+                    x.1 += n;
+                }
+            }
+            if pick(&self.class_info, &avail, k, rules).is_some() {
+                fits = true;
+                break;
+            }
+        }
+        if !fits {
+            return 0;
+        }
+        for &v in &victims {
+            self.meta[v.index()].preempting = true;
+            self.meta[v.index()].preempt_for = Some(id);
+            self.commands.push_back(Command::Preempt {
+                alloc: v,
+                for_alloc: id,
+                reason: PreemptReason::Sensitive,
+            });
+        }
+        let m = &mut self.meta[id.index()];
+        m.awaiting_victims = victims.len() as u32;
+        m.preemptor = true;
+        victims.len() as u32
+    }
+
     /// The next command for the driver (preemptions), in the order the passes made them.
     pub fn poll_command(&mut self) -> Option<Command> {
         self.commands.pop_front()

@@ -18,6 +18,8 @@ pub enum EventKind {
     Suspend(AllocId, u32, bool),
     /// The engine asked to be woken (a cycle tick, an energy window).
     Wakeup,
+    /// The secure wipe of a released claim's nodes ended (`true`: they return to the pool).
+    WipeDone(AllocId, bool),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

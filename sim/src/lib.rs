@@ -14,6 +14,7 @@
 //! Not here (yet): node failures, drains, staging, energy prices and the other dynamics of the workload
 //! issue; multi-vCluster quorum conflicts.
 
+pub mod audit;
 pub mod events;
 pub mod invariants;
 pub mod metrics;
@@ -53,6 +54,8 @@ pub struct SimConfig {
     pub tenants: BTreeMap<String, lattice_engine::TenantQuota>,
     /// Hard, system-wide limit on nodes held by sensitive (`reservation`) allocations.
     pub sensitive_pool_size: Option<u32>,
+    /// Secure wipe of nodes released by sensitive claims.
+    pub wipe: WipeModel,
     /// Stop the replay here: events after it are not processed (allocations still running or waiting
     /// are reported unfinished). `None` = run until every event is processed.
     pub horizon: Option<Time>,
@@ -70,6 +73,7 @@ impl Default for SimConfig {
             fair_share: lattice_engine::FairShareConfig::default(),
             tenants: BTreeMap::new(),
             sensitive_pool_size: None,
+            wipe: WipeModel::default(),
             horizon: None,
         }
     }
@@ -89,6 +93,25 @@ pub enum SimError {
     UnusedTenant(String),
 }
 
+/// The simulated OpenCHAMI secure wipe: a uniform duration, and a failure probability (a failed or timed
+/// out wipe quarantines the nodes: they stay out of the pool). Draws come from the run's seed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WipeModel {
+    pub min: Duration,
+    pub max: Duration,
+    pub failure_probability: f64,
+}
+
+impl Default for WipeModel {
+    fn default() -> Self {
+        WipeModel {
+            min: Duration::from_mins(10),
+            max: Duration::from_mins(30),
+            failure_probability: 0.02,
+        }
+    }
+}
+
 /// Everything a replay produces.
 #[derive(Clone, Debug)]
 pub struct SimResult {
@@ -98,6 +121,8 @@ pub struct SimResult {
     /// The score breakdown of every allocation of a score-ordered vCluster when it started, in trace
     /// order: "why did X run before Y?".
     pub scores: Vec<(String, lattice_engine::ScoreBreakdown)>,
+    /// The quorum's hash-chained sensitive audit log.
+    pub audit: audit::AuditLog,
     pub cost: EngineCost,
     pub invariant_checks: u64,
 }
@@ -182,7 +207,9 @@ pub fn simulate(
             || cfg.sensitive_pool_size.is_some()
             || inventory.power_budget_w.is_some()
             || inventory.storage_bandwidth_gbps.is_some()
-            || cfg.vclusters.values().any(|v| v.gpu_hours_budget.is_some());
+            || cfg.vclusters.values().any(|v| v.gpu_hours_budget.is_some())
+            // Sensitive claims jump every queue and wipe nodes afterwards.
+            || workload.jobs.iter().any(|j| j.spec.sensitive_claim);
         InvariantChecker::new(
             cfg.check_all_promises
                 || (arrival_easy && cfg.commit_latency == Duration::ZERO && !has_deps && !per_cycle_limits),
@@ -192,6 +219,11 @@ pub fn simulate(
     let mut headroom: Vec<f64> = Vec::new();
     let mut deferred = 0u64;
     let mut fake = FakeNodes::default();
+    let (mut wipes, mut quarantined) = (0u64, 0u64);
+    let mut wipe_rng = {
+        use rand_chacha::rand_core::SeedableRng;
+        rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED_5E45_u64)
+    };
     let mut preemptions: BTreeMap<String, u64> = BTreeMap::new();
     let (mut checkpoint_attempts, mut checkpoint_ok, mut preemption_kills) = (0u64, 0u64, 0u64);
     let mut deferred_topology = 0u64;
@@ -299,6 +331,41 @@ pub fn simulate(
                         if reason == EndReason::PreemptionKilled {
                             preemption_kills += 1;
                         }
+                        if engine.allocation(id).is_some_and(|a| a.spec.sensitive_claim) {
+                            // Release: the nodes leave the pool for a secure wipe.
+                            let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                            audit_claim(&mut quorum.audit, &engine, workload, &trace_of, id, now, "release");
+                            for n in &nodes {
+                                let _ = engine.handle_node_event(now, *n, lattice_engine::NodeEvent::Drain);
+                            }
+                            let (took, ok) = draw_wipe(&mut wipe_rng, &cfg.wipe);
+                            q.push(now + took, rank_end, EventKind::WipeDone(id, ok));
+                        }
+                    }
+                    EventKind::WipeDone(id, ok) => {
+                        let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                        for n in &nodes {
+                            let ev = if ok {
+                                lattice_engine::NodeEvent::Undrain
+                            } else {
+                                lattice_engine::NodeEvent::HardwareFailure
+                            };
+                            let _ = engine.handle_node_event(now, *n, ev);
+                        }
+                        if ok {
+                            wipes += 1;
+                        } else {
+                            quarantined += nodes.len() as u64;
+                        }
+                        audit_claim(
+                            &mut quorum.audit,
+                            &engine,
+                            workload,
+                            &trace_of,
+                            id,
+                            now,
+                            if ok { "wipe" } else { "quarantine" },
+                        );
                     }
                     EventKind::Suspend(id, epoch, checkpointed) => {
                         // The allocation may have ended first (walltime beats checkpoint).
@@ -474,6 +541,18 @@ pub fn simulate(
         summary.mean_power_headroom_kw =
             (!headroom.is_empty()).then(|| metrics::round6(headroom.iter().sum::<f64>() / headroom.len() as f64));
     }
+    summary.audit_entries = quorum.audit.entries().len() as u64;
+    summary.audit_chain_valid = audit::AuditLog::verify(quorum.audit.entries()).is_ok();
+    summary.wipes = wipes;
+    summary.quarantined_nodes = quarantined;
+    let claim_waits: Vec<f64> = engine
+        .allocations()
+        .iter()
+        .filter(|a| a.spec.sensitive_claim)
+        .filter_map(|a| a.first_started.map(|s| s.since(a.submitted).as_secs_f64()))
+        .collect();
+    summary.sensitive_claims = engine.allocations().iter().filter(|a| a.spec.sensitive_claim).count() as u64;
+    summary.sensitive_wait_max_s = claim_waits.iter().copied().fold(0.0, f64::max);
     let scores = engine
         .allocations()
         .iter()
@@ -488,6 +567,7 @@ pub fn simulate(
         summary,
         jobs,
         scores,
+        audit: std::mem::take(&mut quorum.audit),
         cost,
         invariant_checks: checker.map_or(0, |c| c.checks),
     })
@@ -510,6 +590,9 @@ fn commit(
         return engine.handle_reject(now, id).map_err(|e| e.to_string());
     }
     engine.handle_commit(now, id).map_err(|e| e.to_string())?;
+    if engine.allocation(id).is_some_and(|a| a.spec.sensitive_claim) {
+        audit_claim(&mut quorum.audit, engine, workload, trace_of, id, now, "claim");
+    }
     let job = &workload.jobs[trace_of[id.index()]];
     let walltime = job.spec.lifecycle.walltime();
     let run = match (job.runtime, walltime) {
@@ -544,6 +627,41 @@ fn commit(
         (None, _) => {} // unbounded, never ends in this trace
     }
     Ok(())
+}
+
+/// Appends a sensitive audit entry for claim `id`.
+fn audit_claim(
+    log: &mut audit::AuditLog,
+    engine: &Engine,
+    workload: &Workload,
+    trace_of: &[usize],
+    id: AllocId,
+    now: Time,
+    event: &str,
+) {
+    let Some(a) = engine.allocation(id) else { return };
+    let job = &workload.jobs[trace_of[id.index()]];
+    let user = job
+        .user
+        .clone()
+        .or_else(|| engine.tenant(a.spec.tenant).map(|t| t.name))
+        .unwrap_or_default();
+    log.append(
+        now.as_millis(),
+        event,
+        &job.id,
+        &user,
+        a.nodes.iter().map(|n| n.0).collect(),
+    );
+}
+
+/// Draws a wipe: its duration, uniform in the model's range, and whether it succeeds.
+fn draw_wipe(rng: &mut rand_chacha::ChaCha8Rng, m: &WipeModel) -> (Duration, bool) {
+    use rand_chacha::rand_core::Rng;
+    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let span = m.max.as_millis().saturating_sub(m.min.as_millis()) as f64;
+    let took = Duration(m.min.as_millis() + (unit() * span) as u64);
+    (took, unit() >= m.failure_probability)
 }
 
 /// The fake nodes' view of each allocation: which run is current (stale events are ignored), work done
@@ -790,6 +908,12 @@ fn summarize(
         preemption_kills: 0,
         checkpoint_success_rate: 1.0,
         suspended_requeues: engine.allocations().iter().map(|a| a.preempted as u64).sum(),
+        sensitive_claims: 0,
+        sensitive_wait_max_s: 0.0,
+        wipes: 0,
+        quarantined_nodes: 0,
+        audit_entries: 0,
+        audit_chain_valid: true,
         power_budget_kw: None,
         min_power_headroom_kw: None,
         mean_power_headroom_kw: None,

@@ -213,6 +213,14 @@ pub struct Summary {
     pub checkpoint_success_rate: f64,
     /// Suspended allocations that re-entered the queue.
     pub suspended_requeues: u64,
+    /// Sensitive claims, their longest wait (0 when the pool has capacity), secure wipes, nodes
+    /// quarantined after a failed wipe, and the audit log's size and chain check.
+    pub sensitive_claims: u64,
+    pub sensitive_wait_max_s: f64,
+    pub wipes: u64,
+    pub quarantined_nodes: u64,
+    pub audit_entries: u64,
+    pub audit_chain_valid: bool,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.
     pub mean_group_span: f64,
     pub single_group_fraction: f64,

@@ -24,6 +24,8 @@ pub struct FakeQuorum {
     pub rejections: u64,
     pub rejections_by_reason: BTreeMap<String, u64>,
     pub rejection_examples: Vec<String>,
+    /// The sensitive audit log (claim, release, wipe, quarantine), hash-chained.
+    pub audit: crate::audit::AuditLog,
 }
 
 impl FakeQuorum {
@@ -40,6 +42,7 @@ impl FakeQuorum {
             rejections: 0,
             rejections_by_reason: BTreeMap::new(),
             rejection_examples: Vec::new(),
+            audit: crate::audit::AuditLog::default(),
         }
     }
 

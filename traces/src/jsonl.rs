@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Event types this version reads.
-pub const EVENT_TYPES: &[&str] = &["submit", "complete"];
+pub const EVENT_TYPES: &[&str] = &["submit", "complete", "claim", "release"];
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -112,6 +112,8 @@ struct SubmitIn {
     duration: Option<DurationValue>,
     /// Storage bandwidth needed while running, GB/s.
     storage_gbps: Option<f64>,
+    /// The user identity (required for sensitive claims).
+    user: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +132,28 @@ struct SubmitEvent {
     #[serde(rename = "type")]
     kind: String,
     alloc: SubmitIn,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    claim: SubmitIn,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    alloc_id: String,
 }
 
 #[derive(Deserialize)]
@@ -169,6 +193,7 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
     let mut pending: Vec<Pending> = Vec::new();
     let mut by_id: BTreeMap<String, usize> = BTreeMap::new();
     let mut completions: Vec<(u64, CompleteEvent)> = Vec::new();
+    let mut releases: Vec<(u64, i64, String)> = Vec::new();
     for (ln, line) in text.lines().enumerate() {
         let line_no = ln as u64 + 1;
         let t = line.trim();
@@ -205,7 +230,7 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
                         continue;
                     }
                 };
-                match submit_job(&mut w, ev.alloc, line_no) {
+                match submit_job(&mut w, ev.alloc, line_no, false) {
                     Ok((job, deps)) => {
                         if by_id.insert(job.id.clone(), pending.len()).is_some() {
                             w.skip(problem(
@@ -225,6 +250,50 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
                     Err((field, msg)) => w.skip(problem(Some(&field), "invalid_field", msg)),
                 }
             }
+            "claim" => {
+                let ev: ClaimEvent = match serde_json::from_str(t) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string()));
+                        continue;
+                    }
+                };
+                if ev.claim.user.is_none() {
+                    w.skip(problem(
+                        Some("claim.user"),
+                        "invalid_field",
+                        "a sensitive claim needs the user identity".into(),
+                    ));
+                    continue;
+                }
+                match submit_job(&mut w, ev.claim, line_no, true) {
+                    Ok((job, deps)) => {
+                        if by_id.insert(job.id.clone(), pending.len()).is_some() {
+                            w.skip(problem(
+                                Some("claim.id"),
+                                "duplicate_id",
+                                format!("id `{}` already submitted", job.id),
+                            ));
+                            continue;
+                        }
+                        pending.push(Pending {
+                            ts_ms,
+                            line: line_no,
+                            job,
+                            deps,
+                        });
+                    }
+                    Err((field, msg)) => w.skip(problem(
+                        Some(&field.replacen("alloc.", "claim.", 1)),
+                        "invalid_field",
+                        msg,
+                    )),
+                }
+            }
+            "release" => match serde_json::from_str::<ReleaseEvent>(t) {
+                Ok(e) => releases.push((line_no, ts_ms, e.alloc_id)),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
             "complete" => match serde_json::from_str::<CompleteEvent>(t) {
                 Ok(e) => completions.push((line_no, e)),
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
@@ -258,6 +327,21 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
                 field: Some("duration".into()),
                 reason: "invalid_field".into(),
                 message: m,
+            }),
+        }
+    }
+    // A release ends a claim: its run time is the time it was held in the original trace.
+    for (line, ts, id) in releases {
+        match by_id.get(&id) {
+            Some(&i) if pending[i].job.spec.sensitive_claim && ts >= pending[i].ts_ms => {
+                pending[i].job.runtime = Some(Duration((ts - pending[i].ts_ms) as u64));
+            }
+            _ => w.skip(Problem {
+                file: file.to_string(),
+                line,
+                field: Some("alloc_id".into()),
+                reason: "unknown_claim".into(),
+                message: format!("release of `{id}`, which is not an earlier claim"),
             }),
         }
     }
@@ -300,7 +384,7 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
 
 type Deps = Vec<(String, DependencyCondition)>;
 
-fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Deps), (String, String)> {
+fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
     let nodes = match a.nodes {
         Nodes::Exact(n) => NodeRange::exact(n),
@@ -335,6 +419,8 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Dep
     let lifecycle = match a.lifecycle {
         None => match walltime {
             Some(w) => Lifecycle::Bounded { walltime: w },
+            // A claim holds its nodes until it is released.
+            None if claim => Lifecycle::Unbounded,
             None => return Err(f("walltime", "a bounded allocation needs a walltime".into())),
         },
         Some(l) => {
@@ -420,6 +506,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Dep
         depends_on: Vec::new(),
         task_group: None,
         storage_gbps: a.storage_gbps,
+        sensitive_claim: claim,
     };
     Ok((
         TraceJob {
@@ -430,6 +517,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64) -> Result<(TraceJob, Dep
             spec,
             deps: Vec::new(),
             line,
+            user: a.user,
         },
         deps,
     ))
@@ -527,5 +615,29 @@ not json
         let w = parse_jsonl("t.jsonl", text);
         assert_eq!(w.jobs.len(), 1);
         assert_eq!(w.skipped.get("unknown_dependency"), Some(&1));
+    }
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+
+    #[test]
+    fn claim_and_release_events() {
+        let text = r#"{"ts": 0, "type": "claim", "claim": {"id": "c1", "nodes": 2, "tenant": "hospital", "user": "dr-x"}}
+{"ts": 3600, "type": "release", "alloc_id": "c1"}
+{"ts": 5, "type": "claim", "claim": {"id": "c2", "nodes": 1}}
+{"ts": 6, "type": "release", "alloc_id": "nope"}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert_eq!(w.jobs.len(), 1);
+        let c = &w.jobs[0];
+        assert!(c.spec.sensitive_claim);
+        assert_eq!(c.user.as_deref(), Some("dr-x"));
+        assert_eq!(c.runtime, Some(Duration::from_hours(1)));
+        assert_eq!(c.spec.lifecycle, Lifecycle::Unbounded);
+        let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();
+        assert_eq!(p(3).field.as_deref(), Some("claim.user"));
+        assert_eq!(p(4).reason, "unknown_claim");
     }
 }

@@ -267,6 +267,7 @@ pub fn parse_swf(file: &str, text: &str, opts: &SwfOptions) -> Workload {
             spec,
             deps: Vec::new(),
             line: line_no,
+            user: None,
         });
     }
     w.cluster_nodes = cluster;

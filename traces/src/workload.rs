@@ -25,6 +25,8 @@ pub struct TraceJob {
     pub deps: Vec<(usize, DependencyCondition)>,
     /// Line of the trace it came from.
     pub line: u64,
+    /// The submitting user's identity, when the trace names it (sensitive claims must).
+    pub user: Option<String>,
 }
 
 /// A parsed trace.
