@@ -188,6 +188,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         },
         sensitive_pool_size: inventory.sensitive_pool_size,
         wipe: lattice_sim::WipeModel::default(),
+        storage_outages: Vec::new(),
     };
     Ok(Prepared {
         workload,

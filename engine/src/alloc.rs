@@ -81,11 +81,39 @@ pub enum CheckpointKind {
     None,
 }
 
+/// How the application is told to checkpoint (book: "Checkpoint Broker", application protocol).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointMechanism {
+    /// SIGUSR1 and a sentinel file (legacy).
+    #[default]
+    Signal,
+    /// A shared-memory flag (low latency).
+    Shmem,
+    /// A gRPC callback (agent-aware applications).
+    Grpc,
+    /// Transparent process-level checkpointing (works unmodified, higher overhead).
+    Dmtcp,
+}
+
+impl CheckpointMechanism {
+    /// Relative duration of a checkpoint written through this mechanism (signal = 1).
+    pub fn duration_factor(self) -> f64 {
+        match self {
+            CheckpointMechanism::Signal => 1.0,
+            CheckpointMechanism::Shmem => 0.8,
+            CheckpointMechanism::Grpc => 0.9,
+            CheckpointMechanism::Dmtcp => 1.5,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointSpec {
     pub kind: CheckpointKind,
-    /// Estimated minutes to write a checkpoint (feeds f8 later).
+    /// Estimated minutes to write a checkpoint (f8, and the broker's write time when given).
     pub estimated_minutes: Option<f64>,
+    pub mechanism: CheckpointMechanism,
 }
 
 /// Lifecycle variants (ADR: bounded has walltime enforcement, unbounded runs until cancelled, reactive scales).

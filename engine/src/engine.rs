@@ -10,6 +10,7 @@
 //! that have no nodes of their own (each allocation still scored with its own vCluster's weights).
 
 use crate::alloc::{AllocSpec, AllocState, Allocation, DependencyCondition, EndReason};
+use crate::broker::BrokerConfig;
 use crate::classes::{ClassInfo, ClassKey};
 use crate::error::{EngineError, SubmitError};
 use crate::fairshare::{FairShareConfig, UsageLedger};
@@ -91,6 +92,8 @@ pub struct PassStats {
     pub preemptions: u32,
     /// Allocations started on borrowed nodes.
     pub borrowed: u32,
+    /// Checkpoint hints the broker issued.
+    pub checkpoint_hints: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -116,6 +119,10 @@ pub(crate) struct Meta {
     pub preemptor: bool,
     /// Classes of *other* pools whose capabilities satisfy the constraints (borrowable nodes).
     pub borrow_eligible: Vec<u16>,
+    /// A broker checkpoint is in flight.
+    pub checkpointing: bool,
+    /// When its last checkpoint completed.
+    pub last_checkpoint: Option<Time>,
 }
 
 /// One scheduler instance: a vCluster's nodes, queue and settings.
@@ -156,6 +163,9 @@ pub struct Engine {
     pub(crate) proposals: VecDeque<Proposal>,
     pub(crate) commands: VecDeque<Command>,
     pub(crate) preemption: PreemptionConfig,
+    pub(crate) broker: BrokerConfig,
+    pub(crate) broker_next: Option<Time>,
+    pub(crate) storage_available: bool,
     pub(crate) dependents: BTreeMap<AllocId, Vec<AllocId>>,
     pub(crate) tenants: Registry,
     pub(crate) tenant_target: Vec<Option<f64>>,
@@ -267,6 +277,9 @@ impl Engine {
             proposals: VecDeque::new(),
             commands: VecDeque::new(),
             preemption: PreemptionConfig::default(),
+            broker: BrokerConfig::default(),
+            broker_next: None,
+            storage_available: true,
             dependents: BTreeMap::new(),
             tenants: Registry::default(),
             tenant_target: Vec::new(),
@@ -484,7 +497,11 @@ impl Engine {
     /// next cycle tick of a pool with a pass due, or the next energy-price change while allocations wait
     /// for a cheaper window.
     pub fn next_wakeup(&self) -> Option<Time> {
-        self.pools.values().filter_map(|p| p.due_at).min()
+        let pass = self.pools.values().filter_map(|p| p.due_at).min();
+        match (pass, self.broker_next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next proposal for the quorum, in the order the passes made them.
@@ -628,6 +645,12 @@ impl Engine {
             self.sensitive_nodes += held;
         }
         self.outstanding.retain(|&o| o != id);
+        if self.scored_any
+            && self.broker_next.is_none()
+            && self.allocs[id.index()].spec.checkpoint.kind != crate::alloc::CheckpointKind::None
+        {
+            self.broker_next = Some(now + self.broker.interval);
+        }
         if now != proposed_at {
             // The estimated end moved by the commit latency: the pool's reservations are re-planned.
             let key = self.pool_key_of(id);

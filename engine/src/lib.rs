@@ -21,6 +21,7 @@
 //! borrowing, preemption, DAG conditions beyond success/failure/any.
 
 pub mod alloc;
+pub mod broker;
 pub mod classes;
 pub mod cost;
 pub mod engine;
@@ -40,9 +41,10 @@ pub mod time;
 pub mod weights;
 
 pub use alloc::{
-    AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointSpec, Constraints, Dependency, DependencyCondition,
-    EndReason, Lifecycle, NodeRange, PreemptionClass, TaskGroupRef,
+    AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, Dependency,
+    DependencyCondition, EndReason, Lifecycle, NodeRange, PreemptionClass, TaskGroupRef,
 };
+pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
 pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};

@@ -45,8 +45,12 @@ impl Engine {
         if self.scored_any {
             self.ledger.accrue(now);
         }
+        let hinted = self.run_broker(now);
         if !self.pools.values().any(|p| p.due_at.is_some_and(|d| d <= now)) {
-            return PassStats::default();
+            return PassStats {
+                checkpoint_hints: hinted,
+                ..PassStats::default()
+            };
         }
         let due: Vec<u32> = self
             .pools
@@ -54,7 +58,10 @@ impl Engine {
             .filter(|(_, p)| p.due_at.is_some_and(|d| d <= now))
             .map(|(k, _)| *k)
             .collect();
-        let mut total = PassStats::default();
+        let mut total = PassStats {
+            checkpoint_hints: hinted,
+            ..PassStats::default()
+        };
         for key in due {
             let pool = self.pools.get_mut(&key).expect("due pool exists");
             pool.due_at = None;
@@ -86,7 +93,7 @@ impl Engine {
     /// f6 of a vCluster's pool: `min(1, queued GPU-hours / running GPU-hours)` (node-hours on CPU pools).
     pub fn backlog_pressure(&self, vcluster: crate::ids::VClusterId) -> f64 {
         let key = self.pool_of_vc.get(vcluster.index()).copied().unwrap_or(0);
-        self.score_context(self.clock.now(), key).backlog
+        self.pool_backlog(key)
     }
 
     fn pass_pool(&mut self, now: Time, key: u32) -> PassStats {

@@ -54,6 +54,8 @@ pub enum Command {
         for_alloc: AllocId,
         reason: PreemptReason,
     },
+    /// The checkpoint broker's hint: write a checkpoint now (the allocation keeps running).
+    Checkpoint { alloc: AllocId },
 }
 
 /// Preemption settings.
@@ -97,6 +99,8 @@ impl Engine {
             && c < 10
             && !self.is_sensitive(victim)
             && !(a.spec.checkpoint.kind == CheckpointKind::None && c >= 7)
+            // During a storage outage nothing can checkpoint: checkpointable work is not preempted.
+            && (self.storage_available || a.spec.checkpoint.kind == CheckpointKind::None)
             && a.estimated_end()
                 .is_none_or(|e| e.since(now) > self.preemption.near_completion)
     }

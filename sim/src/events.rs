@@ -20,6 +20,10 @@ pub enum EventKind {
     Wakeup,
     /// The secure wipe of a released claim's nodes ended (`true`: they return to the pool).
     WipeDone(AllocId, bool),
+    /// A broker checkpoint of the run `u32` finished.
+    CheckpointDone(AllocId, u32),
+    /// Checkpoint storage went down (`false`) or came back (`true`).
+    Storage(bool),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -56,6 +56,8 @@ pub struct SimConfig {
     pub sensitive_pool_size: Option<u32>,
     /// Secure wipe of nodes released by sensitive claims.
     pub wipe: WipeModel,
+    /// Checkpoint storage outages `[down, up)`.
+    pub storage_outages: Vec<(Time, Time)>,
     /// Stop the replay here: events after it are not processed (allocations still running or waiting
     /// are reported unfinished). `None` = run until every event is processed.
     pub horizon: Option<Time>,
@@ -74,6 +76,7 @@ impl Default for SimConfig {
             tenants: BTreeMap::new(),
             sensitive_pool_size: None,
             wipe: WipeModel::default(),
+            storage_outages: Vec::new(),
             horizon: None,
         }
     }
@@ -226,6 +229,7 @@ pub fn simulate(
     };
     let mut preemptions: BTreeMap<String, u64> = BTreeMap::new();
     let (mut checkpoint_attempts, mut checkpoint_ok, mut preemption_kills) = (0u64, 0u64, 0u64);
+    let mut broker_hints = 0u64;
     let mut deferred_topology = 0u64;
 
     let (rank_arrival, rank_end) = if pyss {
@@ -234,6 +238,10 @@ pub fn simulate(
         (RANK_ARRIVAL, RANK_END)
     };
     let mut q = EventQueue::default();
+    for &(down, up) in &cfg.storage_outages {
+        q.push(down, RANK_END, EventKind::Storage(false));
+        q.push(up, RANK_END, EventKind::Storage(true));
+    }
     for (i, j) in workload.jobs.iter().enumerate() {
         q.push(j.submit, rank_arrival, EventKind::Arrival(i));
     }
@@ -342,6 +350,17 @@ pub fn simulate(
                             q.push(now + took, rank_end, EventKind::WipeDone(id, ok));
                         }
                     }
+                    EventKind::CheckpointDone(id, epoch) => {
+                        if epoch == fake.epoch(id)
+                            && engine.allocation(id).is_some_and(|a| a.state == AllocState::Running)
+                        {
+                            engine
+                                .handle_checkpointed(now, id, true)
+                                .map_err(|e| fail(now, format!("checkpoint rejected by the engine: {e}")))?;
+                            checkpoint_ok += 1;
+                        }
+                    }
+                    EventKind::Storage(up) => engine.handle_storage(now, up),
                     EventKind::WipeDone(id, ok) => {
                         let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
                         for n in &nodes {
@@ -422,6 +441,21 @@ pub fn simulate(
         }
         while let Some(cmd) = engine.poll_command() {
             match cmd {
+                lattice_engine::Command::Checkpoint { alloc } => {
+                    broker_hints += 1;
+                    let t = engine.checkpoint_write_time_s(alloc);
+                    let epoch = fake.epoch(alloc);
+                    checkpoint_attempts += 1;
+                    if t.is_finite() {
+                        q.push(
+                            now + Duration((t * 1000.0).round() as u64),
+                            rank_end,
+                            EventKind::CheckpointDone(alloc, epoch),
+                        );
+                    } else {
+                        let _ = engine.handle_checkpointed(now, alloc, false);
+                    }
+                }
                 lattice_engine::Command::Preempt {
                     alloc,
                     reason,
@@ -456,7 +490,17 @@ pub fn simulate(
                     };
                     fake.hint(alloc, now);
                     let epoch = fake.epoch(alloc);
+                    let storage_down = !engine.storage_available();
                     match a.spec.checkpoint.kind {
+                        _ if storage_down && a.spec.checkpoint.kind != lattice_engine::CheckpointKind::None => {
+                            // Storage outage: no checkpoint can be written; a forced preemption kills.
+                            checkpoint_attempts += 1;
+                            q.push(
+                                now + Duration::from_secs(30),
+                                rank_end,
+                                EventKind::Completion(alloc, EndReason::PreemptionKilled, epoch),
+                            );
+                        }
                         lattice_engine::CheckpointKind::None => {
                             // SIGTERM, 30 s grace, then it stops without a checkpoint (restarts later).
                             q.push(
@@ -472,7 +516,8 @@ pub fn simulate(
                                 .checkpoint
                                 .estimated_minutes
                                 .unwrap_or(lattice_engine::preempt::DEFAULT_CHECKPOINT_MINUTES);
-                            let took = Duration((minutes * 60_000.0).round() as u64);
+                            let factor = a.spec.checkpoint.mechanism.duration_factor();
+                            let took = Duration((minutes * factor * 60_000.0).round() as u64);
                             if took <= deadline {
                                 checkpoint_ok += 1;
                                 q.push(now + took, rank_end, EventKind::Suspend(alloc, epoch, true));
@@ -524,6 +569,7 @@ pub fn simulate(
             .filter_map(|j| Some(j.borrowed as f64 * (j.end_s? - j.start_s?) / 3600.0))
             .sum::<f64>(),
     );
+    summary.checkpoint_hints = broker_hints;
     summary.preemptions = preemptions.values().sum();
     summary.preemptions_by_reason = preemptions;
     summary.preemption_kills = preemption_kills;
@@ -907,6 +953,7 @@ fn summarize(
         preemptions_by_reason: BTreeMap::new(),
         preemption_kills: 0,
         checkpoint_success_rate: 1.0,
+        checkpoint_hints: 0,
         suspended_requeues: engine.allocations().iter().map(|a| a.preempted as u64).sum(),
         sensitive_claims: 0,
         sensitive_wait_max_s: 0.0,

@@ -209,8 +209,10 @@ pub struct Summary {
     pub preemptions_by_reason: BTreeMap<String, u64>,
     /// Victims killed because their checkpoint did not finish within the (extended) timeout.
     pub preemption_kills: u64,
-    /// Checkpoints completed / attempted during preemptions (1 when none was attempted).
+    /// Checkpoints completed / attempted, by the broker and during preemptions (1 when none was).
     pub checkpoint_success_rate: f64,
+    /// Checkpoint hints the broker issued (Value > Cost).
+    pub checkpoint_hints: u64,
     /// Suspended allocations that re-entered the queue.
     pub suspended_requeues: u64,
     /// Sensitive claims, their longest wait (0 when the pool has capacity), secure wipes, nodes

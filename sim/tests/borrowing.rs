@@ -45,6 +45,7 @@ fn ckpt(mut j: lattice_traces::TraceJob, minutes: f64) -> lattice_traces::TraceJ
     j.spec.checkpoint = CheckpointSpec {
         kind: CheckpointKind::Auto,
         estimated_minutes: Some(minutes),
+        mechanism: Default::default(),
     };
     j
 }

@@ -55,6 +55,7 @@ fn claim_preempts_non_sensitive_occupants() {
     l.spec.checkpoint = CheckpointSpec {
         kind: CheckpointKind::Auto,
         estimated_minutes: Some(1.0),
+        mechanism: Default::default(),
     };
     let w = workload(vec![l, claim("C", 100, 2, 300)]);
     let r = run_with(&w, 4, fixed_wipe(20, 0.0));

@@ -27,6 +27,7 @@ fn classed(
             CheckpointKind::None
         },
         estimated_minutes: ckpt,
+        mechanism: Default::default(),
     };
     j
 }

@@ -13,8 +13,8 @@ use crate::duration::parse_duration;
 use crate::error::{Problem, TraceError};
 use crate::workload::{TraceJob, Workload};
 use lattice_engine::{
-    AllocSpec, CheckpointKind, CheckpointSpec, Constraints, DependencyCondition, Duration, Lifecycle, NodeRange,
-    PreemptionClass, ProjectId, TenantId, Time, VClusterId,
+    AllocSpec, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, DependencyCondition, Duration,
+    Lifecycle, NodeRange, PreemptionClass, ProjectId, TenantId, Time, VClusterId,
 };
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -75,6 +75,8 @@ struct LifecycleIn {
 struct CheckpointIn {
     strategy: String,
     estimated_minutes: Option<f64>,
+    /// signal | shmem | grpc | dmtcp
+    mechanism: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -468,6 +470,18 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
                 }
             },
             estimated_minutes: c.estimated_minutes,
+            mechanism: match c.mechanism.as_deref() {
+                None | Some("signal") => CheckpointMechanism::Signal,
+                Some("shmem") => CheckpointMechanism::Shmem,
+                Some("grpc") => CheckpointMechanism::Grpc,
+                Some("dmtcp") => CheckpointMechanism::Dmtcp,
+                Some(o) => {
+                    return Err(f(
+                        "checkpoint.mechanism",
+                        format!("`{o}` is not one of signal, shmem, grpc, dmtcp"),
+                    ));
+                }
+            },
         },
     };
     let mut deps = Vec::new();
