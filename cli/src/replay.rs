@@ -132,6 +132,12 @@ fn to_config(p: &lattice_traces::VClusterProfile, default_policy: Option<Policy>
     }
     c.slo_wait_target = p.slo_wait_target;
     c.gpu_hours_budget = p.gpu_hours_budget;
+    if let Some(b) = p.preemption {
+        c.preemption = b;
+    }
+    if let Some(l) = p.lend_cap {
+        c.lend_cap = l;
+    }
     c
 }
 
@@ -189,6 +195,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         sensitive_pool_size: inventory.sensitive_pool_size,
         wipe: lattice_sim::WipeModel::default(),
         storage_outages: Vec::new(),
+        fairness_window: lattice_engine::Duration::from_hours(24),
     };
     Ok(Prepared {
         workload,

@@ -58,6 +58,8 @@ pub struct SimConfig {
     pub wipe: WipeModel,
     /// Checkpoint storage outages `[down, up)`.
     pub storage_outages: Vec<(Time, Time)>,
+    /// Window length for the windowed fairness metrics.
+    pub fairness_window: Duration,
     /// Stop the replay here: events after it are not processed (allocations still running or waiting
     /// are reported unfinished). `None` = run until every event is processed.
     pub horizon: Option<Time>,
@@ -77,6 +79,7 @@ impl Default for SimConfig {
             sensitive_pool_size: None,
             wipe: WipeModel::default(),
             storage_outages: Vec::new(),
+            fairness_window: Duration::from_hours(24),
             horizon: None,
         }
     }
@@ -872,7 +875,15 @@ fn summarize(
         .collect();
     let per_tenant = group(by_tenant);
     let per_vcluster = group(by_vcluster);
-    let fairness = metrics::fairness(&per_tenant);
+    let targets: BTreeMap<String, f64> = cfg
+        .tenants
+        .iter()
+        .filter_map(|(t, q)| q.fair_share_target.map(|x| (t.clone(), x)))
+        .collect();
+    let usage: BTreeMap<String, f64> = per_tenant.iter().map(|(t, m)| (t.clone(), m.node_hours)).collect();
+    let fairness = metrics::fairness(&usage, &targets);
+    let window = cfg.fairness_window.as_secs_f64().max(1.0);
+    let windowed = metrics::windowed_fairness(jobs, window, &targets);
     let spans: Vec<u32> = jobs.iter().filter_map(|j| j.groups).collect();
     let conf: Vec<f64> = jobs.iter().filter_map(|j| j.conformance).collect();
     let mean = |v: &[f64]| {
@@ -942,6 +953,10 @@ fn summarize(
         mean_conformance_fitness: mean(&conf),
         jain_index: fairness.0,
         max_share_deviation: fairness.1,
+        fairness_window_s: window,
+        jain_index_windowed: windowed.0,
+        max_share_deviation_windowed: windowed.1,
+        mean_share_deviation_windowed: windowed.2,
         cycle_cpu_ms_mean: 0.0,
         cycle_cpu_ms_p99: 0.0,
         deferred_for_energy: 0,

@@ -228,9 +228,15 @@ pub struct Summary {
     pub single_group_fraction: f64,
     /// Mean conformance fitness of placements (largest same-fingerprint share of an allocation's nodes).
     pub mean_conformance_fitness: f64,
-    /// Jain's index over tenants of actual share / target share (equal targets), and max |actual − target|.
+    /// Jain's index over tenants of actual share / target share (configured targets, the rest equal),
+    /// and max |actual − target|, over the whole run ...
     pub jain_index: f64,
     pub max_share_deviation: f64,
+    /// ... and per `fairness_window_s` window: mean Jain index, worst and mean max deviation.
+    pub fairness_window_s: f64,
+    pub jain_index_windowed: f64,
+    pub max_share_deviation_windowed: f64,
+    pub mean_share_deviation_windowed: f64,
     /// Real CPU time per scheduling cycle (the only keys that differ between identical runs).
     pub cycle_cpu_ms_mean: f64,
     pub cycle_cpu_ms_p99: f64,
@@ -251,23 +257,69 @@ pub struct Summary {
 /// Keys of `summary.json` that measure real time and so differ between otherwise identical runs.
 pub const TIMING_KEYS: [&str; 2] = ["cycle_cpu_ms_mean", "cycle_cpu_ms_p99"];
 
-/// Jain's fairness index over tenants of (actual share / target share) with equal targets, and the
-/// largest |actual share − target share|; shares are of node-hours.
-pub fn fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f64) {
-    let total: f64 = per_tenant.values().map(|m| m.node_hours).sum();
-    let n = per_tenant.len();
+/// Jain's fairness index over tenants of (actual share / target share), and the largest
+/// |actual share − target share|; shares are of node-hours. `targets` gives configured shares; the
+/// other tenants split what is left equally.
+pub fn fairness(usage: &BTreeMap<String, f64>, targets: &BTreeMap<String, f64>) -> (f64, f64) {
+    let total: f64 = usage.values().sum();
+    let n = usage.len();
     if n == 0 || total <= 0.0 {
         return (1.0, 0.0);
     }
-    let target = 1.0 / n as f64;
-    let x: Vec<f64> = per_tenant.values().map(|m| (m.node_hours / total) / target).collect();
+    let set: f64 = usage.keys().filter_map(|t| targets.get(t)).sum();
+    let unset = usage.keys().filter(|t| !targets.contains_key(*t)).count();
+    let rest = if unset > 0 {
+        (1.0 - set).max(0.0) / unset as f64
+    } else {
+        0.0
+    };
+    let target = |t: &str| targets.get(t).copied().unwrap_or(rest);
+    let x: Vec<f64> = usage
+        .iter()
+        .filter(|(t, _)| target(t) > 0.0)
+        .map(|(t, u)| (u / total) / target(t))
+        .collect();
     let sum: f64 = x.iter().sum();
     let sq: f64 = x.iter().map(|v| v * v).sum();
-    let dev = per_tenant
-        .values()
-        .map(|m| (m.node_hours / total - target).abs())
+    let jain = if sq > 0.0 {
+        sum * sum / (x.len() as f64 * sq)
+    } else {
+        1.0
+    };
+    let dev = usage
+        .iter()
+        .map(|(t, u)| (u / total - target(t)).abs())
         .fold(0.0, f64::max);
-    (round6(sum * sum / (n as f64 * sq)), round6(dev))
+    (round6(jain), round6(dev))
+}
+
+/// Fairness per time window: each allocation's node-seconds are split over the windows it ran in;
+/// in each window the tenants that used the machine are compared with their targets. Returns
+/// (mean Jain index, max share deviation, mean share deviation) over windows with any usage.
+pub fn windowed_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<String, f64>) -> (f64, f64, f64) {
+    let mut windows: BTreeMap<u64, BTreeMap<String, f64>> = BTreeMap::new();
+    for j in jobs {
+        let (Some(s), Some(e)) = (j.start_s, j.end_s) else {
+            continue;
+        };
+        let mut t = s;
+        while t < e {
+            let w = (t / window_s).floor() as u64;
+            let until = ((w + 1) as f64 * window_s).min(e);
+            *windows.entry(w).or_default().entry(j.tenant.clone()).or_default() += j.nodes as f64 * (until - t);
+            t = until;
+        }
+    }
+    if windows.is_empty() {
+        return (1.0, 0.0, 0.0);
+    }
+    let per: Vec<(f64, f64)> = windows.values().map(|u| fairness(u, targets)).collect();
+    let n = per.len() as f64;
+    (
+        round6(per.iter().map(|p| p.0).sum::<f64>() / n),
+        round6(per.iter().map(|p| p.1).fold(0.0, f64::max)),
+        round6(per.iter().map(|p| p.1).sum::<f64>() / n),
+    )
 }
 
 /// Real CPU time spent in scheduling passes: reported apart from `summary.json`, which must stay
@@ -302,6 +354,16 @@ impl EngineCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fairness_against_targets() {
+        let usage: BTreeMap<String, f64> = [("a".to_string(), 75.0), ("b".to_string(), 25.0)].into();
+        // Equal targets: a is 25 points over.
+        assert_eq!(fairness(&usage, &BTreeMap::new()), (0.8, 0.25));
+        // Targets 75/25: perfect.
+        let t: BTreeMap<String, f64> = [("a".to_string(), 0.75)].into();
+        assert_eq!(fairness(&usage, &t), (1.0, 0.0));
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

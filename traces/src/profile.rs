@@ -42,6 +42,10 @@ pub struct VClusterProfile {
     pub reference_wait: Option<Duration>,
     pub slo_wait_target: Option<Duration>,
     pub gpu_hours_budget: Option<f64>,
+    /// May this vCluster preempt lower classes (default true)?
+    pub preemption: Option<bool>,
+    /// Fraction of its home nodes it lends while idle (default 0.5).
+    pub lend_cap: Option<f64>,
 }
 
 /// A profile file: vCluster name → profile, in name order.
@@ -139,7 +143,22 @@ pub fn parse_profile(file: &str, text: &str) -> Result<WeightProfile, TraceError
                     .ok_or_else(|| err(format!("{vc}.gpu_hours_budget: expected a number >= 0, got {v:?}")))?,
             ),
         };
+        let preemption = match entries.get("preemption") {
+            None => None,
+            Some(yaml_serde::Value::Bool(b)) => Some(*b),
+            Some(v) => return Err(err(format!("{vc}.preemption: expected true or false, got {v:?}"))),
+        };
+        let lend_cap = match entries.get("lend_cap") {
+            None => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .filter(|x| (0.0..=1.0).contains(x))
+                    .ok_or_else(|| err(format!("{vc}.lend_cap: expected a fraction in [0, 1], got {v:?}")))?,
+            ),
+        };
         let profile = VClusterProfile {
+            preemption,
+            lend_cap,
             gpu_hours_budget,
             weights,
             policy,
