@@ -25,12 +25,15 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Config keys a vCluster entry may carry besides the nine weights.
-pub const CONFIG_KEYS: [&str; 5] = [
+pub const CONFIG_KEYS: [&str; 8] = [
     "policy",
     "backfill_depth",
     "cycle_interval",
     "reference_wait",
     "slo_wait_target",
+    "gpu_hours_budget",
+    "preemption",
+    "lend_cap",
 ];
 
 /// One vCluster's weights and scheduler config.
@@ -211,6 +214,26 @@ mod tests {
             })
         );
         assert_eq!(v.cycle_interval, Some(Duration::from_secs(15)));
+    }
+
+    #[test]
+    fn every_config_key_parses() {
+        let p = parse_profile(
+            "p.yaml",
+            &format!(
+                "{OK}  policy: bin-pack\n  backfill_depth: 3\n  cycle_interval: 5s\n  reference_wait: 2h\n  slo_wait_target: 4h\n  gpu_hours_budget: 1000\n  preemption: false\n  lend_cap: 0.25\n"
+            ),
+        )
+        .unwrap();
+        let v = &p.vclusters["hpc-batch"];
+        assert_eq!(v.policy, Some(Policy::BinPack));
+        assert_eq!(v.gpu_hours_budget, Some(1000.0));
+        assert_eq!((v.preemption, v.lend_cap), (Some(false), Some(0.25)));
+        assert_eq!(v.slo_wait_target, Some(Duration::from_hours(4)));
+        let e = parse_profile("p.yaml", &format!("{OK}  lend_cap: 2\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hpc-batch.lend_cap"), "{e}");
     }
 
     #[test]
