@@ -169,8 +169,11 @@ pub struct Engine {
     pub(crate) dependents: BTreeMap<AllocId, Vec<AllocId>>,
     pub(crate) tenants: Registry,
     pub(crate) tenant_target: Vec<Option<f64>>,
-    /// Decayed fair-share usage per tenant.
+    /// Decayed fair-share usage per tenant, and per project (the hierarchy's second level).
     pub(crate) ledger: UsageLedger,
+    pub(crate) project_ledger: UsageLedger,
+    /// Tenant of every project seen (projects are global ids), in project order.
+    pub(crate) project_tenant: Vec<Option<usize>>,
     /// Some vCluster orders by score: only then does the fair-share ledger (read by f3) need updates.
     pub(crate) scored_any: bool,
     pub(crate) tenant_quota: Vec<TenantQuota>,
@@ -257,6 +260,7 @@ impl Engine {
             return Err(EngineError::PyssHeterogeneous(class_keys.len()));
         }
         let ledger = UsageLedger::new(config.fair_share);
+        let config_fair_share = config.fair_share;
         Ok(Engine {
             config,
             clock: Clock::default(),
@@ -283,6 +287,8 @@ impl Engine {
             dependents: BTreeMap::new(),
             tenants: Registry::default(),
             tenant_target: Vec::new(),
+            project_ledger: UsageLedger::new(config_fair_share),
+            project_tenant: Vec::new(),
             ledger,
             scored_any: false,
             tenant_quota: Vec::new(),
@@ -558,6 +564,11 @@ impl Engine {
         if let Some(d) = spec.depends_on.iter().find(|d| d.on.index() >= self.allocs.len()) {
             return Err(SubmitError::UnknownDependency(d.on));
         }
+        let p = spec.project.index();
+        if self.project_tenant.len() <= p {
+            self.project_tenant.resize(p + 1, None);
+        }
+        self.project_tenant[p] = Some(spec.tenant.index());
         let id = AllocId(self.allocs.len() as u64);
         let mut unresolved = 0;
         let mut broken = false;
@@ -637,6 +648,8 @@ impl Engine {
         m.proposed_at = None;
         if self.scored_any {
             self.ledger.start(now, tenant, m.usage_rate);
+            let p = self.allocs[id.index()].spec.project.index();
+            self.project_ledger.start(now, p, self.meta[id.index()].usage_rate);
         }
         let held = self.allocs[id.index()].nodes.len() as u64;
         self.committed_nodes[tenant] += held;
@@ -949,6 +962,7 @@ impl Engine {
             let rate = self.meta[id.index()].usage_rate;
             if self.scored_any {
                 self.ledger.stop(now, t, rate);
+                self.project_ledger.stop(now, a.spec.project.index(), rate);
             }
             self.committed_nodes[t] -= held;
             self.committed_allocs[t] -= 1;

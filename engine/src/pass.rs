@@ -45,6 +45,9 @@ impl Engine {
         if self.scored_any {
             self.ledger.accrue(now);
         }
+        if self.scored_any {
+            self.project_ledger.accrue(now);
+        }
         let hinted = self.run_broker(now);
         if !self.pools.values().any(|p| p.due_at.is_some_and(|d| d <= now)) {
             return PassStats {
@@ -720,6 +723,24 @@ impl Engine {
             requested_nodes: k,
         };
         let mut s = score(w, &inputs);
+        // The hierarchy's second level: within its tenant, a project below its (equal) share of the
+        // tenant's usage gets the average of both levels' deficits.
+        let siblings = self.project_tenant.iter().filter(|x| **x == Some(t)).count();
+        if siblings > 1 {
+            let p = a.spec.project.index();
+            let tenant_usage: f64 = (0..self.project_tenant.len())
+                .filter(|&q| self.project_tenant[q] == Some(t))
+                .map(|q| self.project_ledger.decayed(q))
+                .sum();
+            let actual = if tenant_usage > 0.0 {
+                self.project_ledger.decayed(p) / tenant_usage
+            } else {
+                0.0
+            };
+            let project_f3 = crate::cost::f3_fair_share(1.0 / siblings as f64, actual);
+            s.components[2] = 0.5 * (s.components[2] + project_f3);
+            s.weighted[2] = w.fair_share * s.components[2];
+        }
         // f6 is the pool's backlog (the same for every job this cycle).
         s.components[5] = ctx.backlog;
         s.weighted[5] = w.backlog * ctx.backlog;

@@ -167,3 +167,55 @@ fn kai_targets_follow_demand() {
         "{t:?}"
     );
 }
+
+/// The hierarchy's second level: inside one tenant, the project that has used less goes first, even
+/// though both projects' jobs have the same tenant-level deficit.
+#[test]
+fn project_level_share_breaks_ties_within_a_tenant() {
+    let mut e = Engine::new(
+        EngineConfig::new(Policy::EASY),
+        (0..2).map(|i| NodeSpec::plain(format!("n{i}"))).collect(),
+    )
+    .unwrap();
+    let t = e.add_tenant("physics");
+    let v = e.add_vcluster("batch");
+    let mut cfg = VClusterConfig::new(Policy::EASY);
+    cfg.weights = Some(CostWeights {
+        priority: 0.0,
+        wait_time: 0.0,
+        fair_share: 1.0,
+        topology: 0.0,
+        data_readiness: 0.0,
+        backlog: 0.0,
+        energy: 0.0,
+        checkpoint: 0.0,
+        conformance: 0.0,
+    });
+    e.configure_vcluster(v, cfg).unwrap();
+    let job = |p: u32| {
+        let mut s = AllocSpec::simple(t, v, 2, Duration::from_hours(1));
+        s.project = ProjectId(p);
+        s
+    };
+    // Project 0 runs first (alone), then one job of each project queues: project 1 (unused) goes first.
+    let a = e.handle_submit(Time(0), job(0)).unwrap();
+    e.schedule(Time(0));
+    let p = e.poll_proposal().unwrap();
+    e.handle_commit(Time(0), p.alloc).unwrap();
+    let q0 = e.handle_submit(Time(1), job(0)).unwrap();
+    let q1 = e.handle_submit(Time(2), job(1)).unwrap();
+    let end = Time::from_secs(3600);
+    e.handle_completion(end, a, EndReason::Success).unwrap();
+    e.schedule(end);
+    assert_eq!(e.poll_proposal().unwrap().alloc, q1);
+    let (b0, b1) = (
+        e.score_breakdown(q0).unwrap(),
+        e.allocation(q1).unwrap().start_score.clone().unwrap(),
+    );
+    assert!(
+        b1.components[2] > b0.components[2],
+        "{} vs {}",
+        b1.components[2],
+        b0.components[2]
+    );
+}
