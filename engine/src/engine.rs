@@ -364,6 +364,9 @@ impl Engine {
 
     /// Nodes of `id` outside its own vCluster's pool (borrowed).
     pub fn borrowed_nodes(&self, id: AllocId) -> u32 {
+        if self.pools.len() == 1 {
+            return 0;
+        }
         let Some(a) = self.allocs.get(id.index()) else { return 0 };
         let own = self.pool_of_vc[a.spec.vcluster.index()];
         a.nodes

@@ -395,7 +395,15 @@ impl Engine {
         let k: u32 = pl.picks.iter().map(|p| p.1).sum();
         let mut need = pl.picks.clone();
         let mut nodes: Vec<NodeId> = Vec::with_capacity(k as usize);
+        if self.class_keys.len() == 1 {
+            // One class (every homogeneous machine): the lowest free ids.
+            nodes.extend(self.free.iter().take(k as usize));
+            need.clear();
+        }
         for n in self.free.iter() {
+            if need.is_empty() {
+                break;
+            }
             if nodes.len() == k as usize {
                 break;
             }

@@ -788,12 +788,20 @@ fn placement_shape(nodes: &[lattice_engine::NodeId], facts: &NodeFacts) -> (u32,
 }
 
 fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &NodeFacts) -> Vec<JobRecord> {
+    // One group and one fingerprint everywhere (every SWF replay): every placement spans 1 group.
+    let uniform = facts.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
     engine
         .allocations()
         .iter()
         .map(|a| {
             let job = &workload.jobs[trace_of[a.id.index()]];
-            let shape = a.started.map(|_| placement_shape(&a.nodes, facts));
+            let shape = a.started.map(|_| {
+                if uniform {
+                    (1, a.nodes.len() as u32)
+                } else {
+                    placement_shape(&a.nodes, facts)
+                }
+            });
             // A preempted allocation waited until its first start; its run spans every run since.
             let first = a.first_started;
             let wait = first.map(|s| s.since(a.submitted));
