@@ -257,3 +257,50 @@ fn profiles_must_cover_the_trace_vclusters_and_scores_are_written() {
     );
     assert_eq!(scores.lines().count(), 2001);
 }
+
+#[test]
+fn tenants_quotas_and_claims_end_to_end() {
+    let dir = tmp("tenants");
+    let trace = dir.join("t.jsonl");
+    std::fs::write(
+        &trace,
+        r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "nodes": 3, "walltime": "1h", "duration": "1h", "tenant": "physics"}}
+{"ts": 1, "type": "submit", "alloc": {"id": "b", "nodes": 3, "walltime": "1h", "duration": "1h", "tenant": "physics"}}
+{"ts": 2, "type": "claim", "claim": {"id": "c", "nodes": 1, "tenant": "hospital", "user": "dr-x"}}
+{"ts": 602, "type": "release", "alloc_id": "c"}
+"#,
+    )
+    .unwrap();
+    let tenants = dir.join("tenants.yaml");
+    std::fs::write(&tenants, "physics:\n  max_nodes: 4\n").unwrap();
+    let inv = dir.join("inv.yaml");
+    std::fs::write(&inv, "nodes:\n  - prefix: n\n    count: 8\n").unwrap();
+    let out = dir.join("out");
+    let o = rm_replay(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--nodes",
+        inv.to_str().unwrap(),
+        "--tenants",
+        tenants.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["sensitive_claims"], 1);
+    assert_eq!(v["sensitive_wait_max_s"], 0.0);
+    assert_eq!(v["audit_chain_valid"], true);
+    let csv = std::fs::read_to_string(out.join("jobs.csv")).unwrap();
+    let b = csv.lines().find(|l| l.starts_with("b,")).unwrap();
+    assert!(b.starts_with("b,1,3600,"), "max_nodes 4 holds b until a ends: {b}");
+    let audit = std::fs::read_to_string(out.join("audit.jsonl")).unwrap();
+    assert_eq!(audit.lines().count(), 3, "{audit}");
+    assert!(audit.lines().next().unwrap().contains("\"event\":\"claim\""));
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "physics:\n  max_gpus: 1\n").unwrap();
+    let o = rm_replay(&["--tenants", bad.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("max_gpus"), "{}", text(&o));
+}
