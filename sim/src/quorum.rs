@@ -132,3 +132,43 @@ impl FakeQuorum {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lattice_engine::{AllocSpec, Duration, EngineConfig, NodeSpec, Policy, Time};
+
+    /// Two proposals for the same node: the first to commit wins, the second is rejected as a conflict.
+    #[test]
+    fn first_commit_wins_on_node_conflict() {
+        let mut e = Engine::new(
+            EngineConfig::new(Policy::EASY),
+            vec![NodeSpec::plain("n0"), NodeSpec::plain("n1")],
+        )
+        .unwrap();
+        let t = e.add_tenant("t");
+        let v = e.add_vcluster("v");
+        let a = e
+            .handle_submit(Time(0), AllocSpec::simple(t, v, 1, Duration::from_secs(10)))
+            .unwrap();
+        let b = e
+            .handle_submit(Time(0), AllocSpec::simple(t, v, 1, Duration::from_secs(10)))
+            .unwrap();
+        let mut q = FakeQuorum::new(2, None);
+        // Two schedulers with stale views both chose node 0.
+        q.propose(Proposal {
+            alloc: a,
+            nodes: vec![NodeId(0)],
+            backfilled: false,
+        });
+        q.propose(Proposal {
+            alloc: b,
+            nodes: vec![NodeId(0)],
+            backfilled: false,
+        });
+        assert!(q.decide(&e, a));
+        assert!(!q.decide(&e, b));
+        assert_eq!(q.rejections_by_reason.get("node_conflict"), Some(&1));
+        q.release(&e, a);
+    }
+}
