@@ -31,6 +31,9 @@ pub struct ReplayOptions {
     pub fairshare_half_life: Option<lattice_engine::Duration>,
     /// Tenant contracts YAML (quotas, share targets).
     pub tenants: Option<PathBuf>,
+    /// Failure injector: mean time between failures per node, and repair time (default 4 h).
+    pub mtbf: Option<lattice_engine::Duration>,
+    pub repair: Option<lattice_engine::Duration>,
 }
 
 /// A prepared replay: the workload and nodes, before simulation.
@@ -196,6 +199,10 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         wipe: lattice_sim::WipeModel::default(),
         storage_outages: Vec::new(),
         fairness_window: lattice_engine::Duration::from_hours(24),
+        failures: o.mtbf.map(|mtbf| lattice_sim::FailureModel {
+            mtbf,
+            repair: o.repair.unwrap_or(lattice_engine::Duration::from_hours(4)),
+        }),
     };
     Ok(Prepared {
         workload,

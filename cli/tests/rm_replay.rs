@@ -304,3 +304,32 @@ fn tenants_quotas_and_claims_end_to_end() {
     assert!(!o.status.success());
     assert!(text(&o).contains("max_gpus"), "{}", text(&o));
 }
+
+#[test]
+fn validate_reports_every_problem_with_its_line() {
+    let dir = tmp("validate");
+    let good = dir.join("good.jsonl");
+    std::fs::write(
+        &good,
+        "{\"ts\": 0, \"type\": \"submit\", \"alloc\": {\"nodes\": 1, \"walltime\": 60}}\n",
+    )
+    .unwrap();
+    let o = rm_replay(&["validate", good.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bad = dir.join("bad.jsonl");
+    let mut lines = String::new();
+    for i in 0..30 {
+        lines.push_str(&format!("{{\"ts\": {i}, \"type\": \"explode\"}}\n"));
+    }
+    lines.push_str("{\"ts\": 40, \"type\": \"submit\", \"alloc\": {\"nodes\": 1}}\n");
+    std::fs::write(&bad, lines).unwrap();
+    let o = rm_replay(&["validate", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = text(&o);
+    assert!(
+        out.contains("bad.jsonl:30: field `type`: unknown event type `explode`"),
+        "{out}"
+    );
+    assert!(out.contains("bad.jsonl:31: field `alloc.walltime`"), "{out}");
+    assert!(out.contains("31 problems"), "{out}");
+}

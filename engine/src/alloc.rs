@@ -135,6 +135,23 @@ impl Lifecycle {
     }
 }
 
+/// What happens to an allocation when it fails (book: "Allocation Requeue Policy").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeuePolicy {
+    /// Fail permanently on any failure (default for interactive sessions).
+    Never,
+    /// Requeue when the failure is node-side (default for batch).
+    #[default]
+    OnNodeFailure,
+    /// Requeue on any failure, including a non-zero exit.
+    Always,
+}
+
+/// Default and maximum requeue counts.
+pub const DEFAULT_MAX_REQUEUES: u32 = 3;
+pub const MAX_REQUEUES_LIMIT: u32 = 100;
+
 /// Condition on a dependency edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -178,6 +195,9 @@ pub struct AllocSpec {
     /// A sensitive claim by a user identity: class 10, first in line, conformance hard, takes its nodes
     /// at once (preempting non-sensitive occupants), never preempted, wiped on release.
     pub sensitive_claim: bool,
+    pub requeue: RequeuePolicy,
+    /// Requeues allowed before the allocation fails for good (default 3, at most 100).
+    pub max_requeues: u32,
 }
 
 impl AllocSpec {
@@ -196,6 +216,8 @@ impl AllocSpec {
             task_group: None,
             storage_gbps: None,
             sensitive_claim: false,
+            requeue: RequeuePolicy::OnNodeFailure,
+            max_requeues: DEFAULT_MAX_REQUEUES,
         }
     }
 }
@@ -309,6 +331,8 @@ pub struct Allocation {
     pub preempted: u32,
     /// Its last preemption wrote a checkpoint: it resumes rather than restarts.
     pub resume_from_checkpoint: bool,
+    /// Times it was requeued after a failure.
+    pub requeues: u32,
 }
 
 impl Allocation {

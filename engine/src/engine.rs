@@ -123,6 +123,8 @@ pub(crate) struct Meta {
     pub checkpointing: bool,
     /// When its last checkpoint completed.
     pub last_checkpoint: Option<Time>,
+    /// When it was last requeued (it sits out that cycle).
+    pub requeued_at: Option<Time>,
 }
 
 /// One scheduler instance: a vCluster's nodes, queue and settings.
@@ -613,6 +615,7 @@ impl Engine {
             first_started: None,
             preempted: 0,
             resume_from_checkpoint: false,
+            requeues: 0,
         });
         self.meta.push(Meta {
             eligible,
@@ -700,6 +703,10 @@ impl Engine {
     pub fn handle_completion(&mut self, now: Time, id: AllocId, reason: EndReason) -> Result<(), EngineError> {
         self.clock.advance(now);
         self.release_estimated_ends(now);
+        if reason == EndReason::ExitFailure && self.requeue_allowed(id, reason) {
+            self.requeue(now, id)?;
+            return Ok(());
+        }
         let to = if reason == EndReason::Success {
             AllocState::Completed
         } else {
@@ -743,7 +750,40 @@ impl Engine {
         Ok(())
     }
 
-    /// A node state-machine event. Returns the allocations that failed because their node went down.
+    /// May `id` be requeued after failing with `reason`? (Sensitive allocations never auto-requeue.)
+    fn requeue_allowed(&self, id: AllocId, reason: EndReason) -> bool {
+        let a = &self.allocs[id.index()];
+        if self.is_sensitive(id) || a.requeues >= a.spec.max_requeues.min(crate::alloc::MAX_REQUEUES_LIMIT) {
+            return false;
+        }
+        match a.spec.requeue {
+            crate::alloc::RequeuePolicy::Never => false,
+            crate::alloc::RequeuePolicy::OnNodeFailure => reason == EndReason::NodeFailure,
+            crate::alloc::RequeuePolicy::Always => true,
+        }
+    }
+
+    /// Puts a failed running allocation back in the queue: original submit time kept, excluded from the
+    /// pass of the cycle in which it failed.
+    fn requeue(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
+        self.transition(id, AllocState::Suspended)?;
+        self.stop_running(now, id);
+        self.transition(id, AllocState::Pending)?;
+        let a = &mut self.allocs[id.index()];
+        a.requeues += 1;
+        a.nodes.clear();
+        a.started = None;
+        a.backfilled = false;
+        self.meta[id.index()].requeued_at = Some(now);
+        self.enqueue(id);
+        let key = self.pool_key_of(id);
+        // Not in this cycle: the next one.
+        self.mark_due(key, now + crate::time::Duration(1));
+        Ok(())
+    }
+
+    /// A node state-machine event. Returns the allocations that lost their node (failed, or requeued per
+    /// their requeue policy).
     pub fn handle_node_event(
         &mut self,
         now: Time,
@@ -782,8 +822,12 @@ impl Engine {
         {
             let id = o.alloc;
             if self.allocs[id.index()].state == AllocState::Running {
-                self.transition(id, AllocState::Failed)?;
-                self.finish(now, id, EndReason::NodeFailure);
+                if self.requeue_allowed(id, EndReason::NodeFailure) {
+                    self.requeue(now, id)?;
+                } else {
+                    self.transition(id, AllocState::Failed)?;
+                    self.finish(now, id, EndReason::NodeFailure);
+                }
                 failed.push(id);
             }
         }

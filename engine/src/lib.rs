@@ -42,7 +42,7 @@ pub mod weights;
 
 pub use alloc::{
     AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, Dependency,
-    DependencyCondition, EndReason, Lifecycle, NodeRange, PreemptionClass, TaskGroupRef,
+    DependencyCondition, EndReason, Lifecycle, NodeRange, PreemptionClass, RequeuePolicy, TaskGroupRef,
 };
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};

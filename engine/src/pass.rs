@@ -206,6 +206,15 @@ impl Engine {
             let k = self.allocs[id.index()].spec.nodes.min;
             let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
             let breakdown = scores.get(i).and_then(|s| s.1);
+            // Just requeued: excluded from this cycle's pending set (TOCTOU prevention); the next cycle
+            // considers it.
+            if self.meta[id.index()].requeued_at == Some(now) {
+                keep.push(id);
+                let pool = self.pools.get_mut(&key).expect("pool");
+                let next = now + Duration(1);
+                pool.due_at = Some(pool.due_at.map_or(next, |d| d.min(next)));
+                continue;
+            }
             if let Some(ctx) = ctx
                 && self.defer_for_energy(now, id, ctx)
             {

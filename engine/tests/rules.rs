@@ -235,17 +235,19 @@ fn node_events_follow_the_state_machine() {
         e.handle_node_event(Time(4), NodeId(n), NodeEvent::Undrain).unwrap();
     }
     assert_eq!(pass(&mut e, Time(4)), vec![wide]);
-    // A hardware failure under a running allocation fails it and frees the other nodes.
+    // A hardware failure under a running allocation frees its other nodes; by default (on_node_failure)
+    // it is requeued with its submit time and sits out this cycle.
     let failed = e
         .handle_node_event(Time(5), NodeId(2), NodeEvent::HardwareFailure)
         .unwrap();
     assert_eq!(failed, vec![wide]);
     let w = e.allocation(wide).unwrap();
-    assert_eq!(
-        (w.state, w.end_reason),
-        (AllocState::Failed, Some(EndReason::NodeFailure))
-    );
+    assert_eq!((w.state, w.requeues, w.submitted), (AllocState::Pending, 1, Time(3)));
     assert_eq!(e.free_nodes(), 2);
+    assert!(
+        pass(&mut e, Time(5)).is_empty(),
+        "not rescheduled in the cycle it failed in"
+    );
     // Invalid transitions are typed errors.
     assert!(matches!(
         e.handle_node_event(Time(6), NodeId(2), NodeEvent::HealthOk),
@@ -374,5 +376,37 @@ mod placement_properties {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn requeue_policies() {
+    for (policy, max, want) in [
+        (RequeuePolicy::Never, 3, AllocState::Failed),
+        (RequeuePolicy::OnNodeFailure, 0, AllocState::Failed),
+        (RequeuePolicy::OnNodeFailure, 3, AllocState::Pending),
+    ] {
+        let (mut e, t, v) = engine(Policy::EASY, 2);
+        let mut s = spec(t, v, 1, 100);
+        s.requeue = policy;
+        s.max_requeues = max;
+        let a = e.handle_submit(Time(0), s).unwrap();
+        pass(&mut e, Time(0));
+        let node = e.allocation(a).unwrap().nodes[0];
+        e.handle_node_event(Time(1), node, NodeEvent::HardwareFailure).unwrap();
+        assert_eq!(e.allocation(a).unwrap().state, want, "{policy:?} max {max}");
+    }
+    // `always` also requeues an application failure; `on_node_failure` does not.
+    for (policy, want) in [
+        (RequeuePolicy::Always, AllocState::Pending),
+        (RequeuePolicy::OnNodeFailure, AllocState::Failed),
+    ] {
+        let (mut e, t, v) = engine(Policy::EASY, 1);
+        let mut s = spec(t, v, 1, 100);
+        s.requeue = policy;
+        let a = e.handle_submit(Time(0), s).unwrap();
+        pass(&mut e, Time(0));
+        e.handle_completion(Time(5), a, EndReason::ExitFailure).unwrap();
+        assert_eq!(e.allocation(a).unwrap().state, want, "{policy:?}");
     }
 }

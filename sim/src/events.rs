@@ -24,6 +24,12 @@ pub enum EventKind {
     CheckpointDone(AllocId, u32),
     /// Checkpoint storage went down (`false`) or came back (`true`).
     Storage(bool),
+    /// The trace's cluster event at this index of `Workload::events`.
+    Trace(usize),
+    /// A node's heartbeat grace period ends (Down unless it recovered).
+    Grace(u32),
+    /// The failure injector fails (`true`) or repairs (`false`) a node.
+    Inject(u32, bool),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

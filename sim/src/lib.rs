@@ -25,8 +25,8 @@ pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};
 
 use events::{EventKind, EventQueue};
 use lattice_engine::{
-    AllocId, AllocState, Dependency, Duration, EndReason, Engine, EngineConfig, Policy, TenantId, Time, VClusterConfig,
-    VClusterId,
+    AllocId, AllocState, Dependency, Duration, EndReason, Engine, EngineConfig, NodeEvent, NodeId, NodeState, Policy,
+    TenantId, Time, VClusterConfig, VClusterId,
 };
 use lattice_traces::{Inventory, Workload};
 use quorum::FakeQuorum;
@@ -60,6 +60,8 @@ pub struct SimConfig {
     pub storage_outages: Vec<(Time, Time)>,
     /// Window length for the windowed fairness metrics.
     pub fairness_window: Duration,
+    /// Random node failures for what-if studies (seeded).
+    pub failures: Option<FailureModel>,
     /// Stop the replay here: events after it are not processed (allocations still running or waiting
     /// are reported unfinished). `None` = run until every event is processed.
     pub horizon: Option<Time>,
@@ -80,6 +82,7 @@ impl Default for SimConfig {
             wipe: WipeModel::default(),
             storage_outages: Vec::new(),
             fairness_window: Duration::from_hours(24),
+            failures: None,
             horizon: None,
         }
     }
@@ -118,6 +121,14 @@ impl Default for WipeModel {
     }
 }
 
+/// The failure injector: each node fails after an exponential time with mean `mtbf` and is repaired
+/// `repair` later.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FailureModel {
+    pub mtbf: Duration,
+    pub repair: Duration,
+}
+
 /// Everything a replay produces.
 #[derive(Clone, Debug)]
 pub struct SimResult {
@@ -139,6 +150,8 @@ const RANK_ARRIVAL: u8 = 2;
 const PYSS_RANK_ARRIVAL: u8 = 0;
 const PYSS_RANK_END: u8 = 1;
 const RANK_WAKEUP: u8 = 3;
+/// Node changes come after completions and before arrivals (DESIGN.md §3 "Event order").
+const RANK_NODE: u8 = 1;
 
 fn engine_vclusters(e: &Engine) -> usize {
     (0..).take_while(|&i| e.vcluster(VClusterId(i)).is_some()).count()
@@ -156,7 +169,22 @@ pub fn simulate(
         return Err(SimError::PyssLatency);
     }
     let nodes = inventory.nodes.clone();
+    let node_ids: BTreeMap<&str, NodeId> = inventory
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), NodeId(i as u32)))
+        .collect();
+    // Price events of the trace join the site's series (prices are published ahead).
+    let mut energy_prices = inventory.energy_prices.clone();
+    for e in &workload.events {
+        if let lattice_traces::TraceEventKind::EnergyPrice { price } = e.kind {
+            energy_prices.push((e.time, price));
+        }
+    }
+    energy_prices.sort_by_key(|p| p.0);
     let total_nodes = nodes.len() as u32;
+    let node_power: Vec<u32> = nodes.iter().map(|n| n.capabilities.power_w).collect();
     let node_facts: Vec<(u32, u32, u64)> = nodes
         .iter()
         .map(|n| (n.capabilities.gpu_count, n.group.0, n.conformance.0))
@@ -165,7 +193,7 @@ pub fn simulate(
         policy: cfg.policy,
         power_budget_w: inventory.power_budget_w,
         storage_bandwidth_gbps: inventory.storage_bandwidth_gbps,
-        energy_prices: inventory.energy_prices.clone(),
+        energy_prices: energy_prices.clone(),
         fair_share: cfg.fair_share,
         sensitive_pool_size: cfg.sensitive_pool_size,
     };
@@ -215,7 +243,10 @@ pub fn simulate(
             || inventory.storage_bandwidth_gbps.is_some()
             || cfg.vclusters.values().any(|v| v.gpu_hours_budget.is_some())
             // Sensitive claims jump every queue and wipe nodes afterwards.
-            || workload.jobs.iter().any(|j| j.spec.sensitive_claim);
+            || workload.jobs.iter().any(|j| j.spec.sensitive_claim)
+            // Lost nodes and requeues legitimately push promised starts back.
+            || cfg.failures.is_some()
+            || !workload.events.is_empty();
         InvariantChecker::new(
             cfg.check_all_promises
                 || (arrival_easy && cfg.commit_latency == Duration::ZERO && !has_deps && !per_cycle_limits),
@@ -241,6 +272,31 @@ pub fn simulate(
         (RANK_ARRIVAL, RANK_END)
     };
     let mut q = EventQueue::default();
+    for (i, e) in workload.events.iter().enumerate() {
+        q.push(e.time, RANK_NODE, EventKind::Trace(i));
+    }
+    // The failure injector: exponential times between failures per node, up to the end of the workload.
+    let failure_horizon = cfg.horizon.unwrap_or_else(|| {
+        workload
+            .jobs
+            .iter()
+            .map(|j| j.submit + j.spec.lifecycle.walltime().unwrap_or(Duration::ZERO))
+            .max()
+            .unwrap_or(Time::ZERO)
+    });
+    let mut fail_rng = {
+        use rand_chacha::rand_core::SeedableRng;
+        rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0xFA11_u64)
+    };
+    if let Some(fm) = cfg.failures {
+        for n in 0..inventory.nodes.len() as u32 {
+            let t = Time::ZERO + draw_exp(&mut fail_rng, fm.mtbf);
+            if t <= failure_horizon {
+                q.push(t, RANK_NODE, EventKind::Inject(n, true));
+            }
+        }
+    }
+    let mut dyn_stats = DynStats::default();
     for &(down, up) in &cfg.storage_outages {
         q.push(down, RANK_END, EventKind::Storage(false));
         q.push(up, RANK_END, EventKind::Storage(true));
@@ -364,6 +420,100 @@ pub fn simulate(
                         }
                     }
                     EventKind::Storage(up) => engine.handle_storage(now, up),
+                    EventKind::Trace(i) => {
+                        use lattice_traces::TraceEventKind as K;
+                        let ev = &workload.events[i];
+                        let node_of = |name: &str| node_ids.get(name).copied();
+                        let (node, event) = match &ev.kind {
+                            K::NodeFail { node, heartbeat } => (
+                                node,
+                                if *heartbeat {
+                                    NodeEvent::HeartbeatMiss
+                                } else {
+                                    NodeEvent::HardwareFailure
+                                },
+                            ),
+                            K::NodeRecover { node } => (node, NodeEvent::Enable),
+                            K::Drain { node } => (node, NodeEvent::Drain),
+                            K::Undrain { node } => (node, NodeEvent::Undrain),
+                            K::EnergyPrice { .. } => break 'event, // merged into the price series up front
+                            K::StorageOutage => {
+                                engine.handle_storage(now, false);
+                                break 'event;
+                            }
+                            K::StorageRecover => {
+                                engine.handle_storage(now, true);
+                                break 'event;
+                            }
+                        };
+                        let Some(n) = node_of(node) else {
+                            *rejected.entry("unknown_node".into()).or_default() += 1;
+                            break 'event;
+                        };
+                        // A recovery undoes whatever state the failure left.
+                        let event = match (event, engine.node(n).map(|x| x.state)) {
+                            (NodeEvent::Enable, Some(NodeState::Degraded)) => NodeEvent::HeartbeatResume,
+                            (e, _) => e,
+                        };
+                        node_event(
+                            &mut engine,
+                            &mut quorum,
+                            &mut fake,
+                            &mut q,
+                            &mut dyn_stats,
+                            now,
+                            n,
+                            event,
+                        )
+                        .map_err(|m| fail(now, m))?;
+                    }
+                    EventKind::Grace(n) => {
+                        if engine.node(NodeId(n)).is_some_and(|x| x.state == NodeState::Degraded) {
+                            node_event(
+                                &mut engine,
+                                &mut quorum,
+                                &mut fake,
+                                &mut q,
+                                &mut dyn_stats,
+                                now,
+                                NodeId(n),
+                                NodeEvent::GraceTimeout,
+                            )
+                            .map_err(|m| fail(now, m))?;
+                        }
+                    }
+                    EventKind::Inject(n, failing) => {
+                        let state = engine.node(NodeId(n)).map(|x| x.state);
+                        if failing {
+                            if state != Some(NodeState::Down) {
+                                dyn_stats.injected += 1;
+                                node_event(
+                                    &mut engine,
+                                    &mut quorum,
+                                    &mut fake,
+                                    &mut q,
+                                    &mut dyn_stats,
+                                    now,
+                                    NodeId(n),
+                                    NodeEvent::HardwareFailure,
+                                )
+                                .map_err(|m| fail(now, m))?;
+                            }
+                            if let Some(fm) = cfg.failures {
+                                q.push(now + fm.repair, RANK_NODE, EventKind::Inject(n, false));
+                            }
+                        } else {
+                            if state == Some(NodeState::Down) {
+                                let _ = engine.handle_node_event(now, NodeId(n), NodeEvent::Enable);
+                            }
+                            if let Some(fm) = cfg.failures {
+                                let next = now + draw_exp(&mut fail_rng, fm.mtbf);
+                                if next <= failure_horizon {
+                                    q.push(next, RANK_NODE, EventKind::Inject(n, true));
+                                }
+                            }
+                        }
+                    }
                     EventKind::WipeDone(id, ok) => {
                         let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
                         for n in &nodes {
@@ -573,6 +723,13 @@ pub fn simulate(
             .sum::<f64>(),
     );
     summary.checkpoint_hints = broker_hints;
+    summary.node_failures = dyn_stats.node_failures;
+    summary.injected_failures = dyn_stats.injected;
+    summary.lost_node_hours = metrics::round6(dyn_stats.lost_node_s / 3600.0);
+    summary.requeues = engine.allocations().iter().map(|a| a.requeues as u64).sum();
+    let (kwh, energy_cost) = energy_use(&summary_jobs_energy(&engine, &node_power), &energy_prices);
+    summary.energy_kwh = kwh;
+    summary.energy_cost = energy_cost;
     summary.preemptions = preemptions.values().sum();
     summary.preemptions_by_reason = preemptions;
     summary.preemption_kills = preemption_kills;
@@ -678,6 +835,105 @@ fn commit(
     Ok(())
 }
 
+/// `(start, end, kW)` of every run that ended (current runs of requeued/preempted allocations only).
+fn summary_jobs_energy(engine: &Engine, power_w: &[u32]) -> Vec<(Time, Time, f64)> {
+    engine
+        .allocations()
+        .iter()
+        .filter_map(|a| {
+            let kw = a.nodes.iter().map(|n| power_w[n.index()] as f64).sum::<f64>() / 1000.0;
+            Some((a.started?, a.ended?, kw))
+        })
+        .collect()
+}
+
+/// Energy (kWh) and its cost under the price series (price per kWh, step function; before the first
+/// point the first price applies; no series = cost 0).
+fn energy_use(runs: &[(Time, Time, f64)], prices: &[(Time, f64)]) -> (f64, f64) {
+    let mut kwh = 0.0;
+    let mut cost = 0.0;
+    for &(s, e, kw) in runs {
+        let hours = e.since(s).as_secs_f64() / 3600.0;
+        kwh += kw * hours;
+        if prices.is_empty() {
+            continue;
+        }
+        let mut t = s;
+        while t < e {
+            let i = prices.partition_point(|p| p.0 <= t);
+            let price = if i == 0 { prices[0].1 } else { prices[i - 1].1 };
+            let until = prices.get(i).map_or(e, |p| p.0.min(e));
+            cost += kw * until.since(t).as_secs_f64() / 3600.0 * price;
+            t = until;
+        }
+    }
+    (metrics::round6(kwh), metrics::round6(cost))
+}
+
+/// Failures and their cost, for the summary.
+#[derive(Debug, Default)]
+struct DynStats {
+    node_failures: u64,
+    injected: u64,
+    lost_node_s: f64,
+}
+
+/// Applies a node event and settles the allocations that lost their node: their runs end (stale events
+/// are ignored), the quorum releases them, lost work is counted, and heartbeat misses get their grace.
+#[allow(clippy::too_many_arguments)]
+fn node_event(
+    engine: &mut Engine,
+    quorum: &mut FakeQuorum,
+    fake: &mut FakeNodes,
+    q: &mut EventQueue,
+    stats: &mut DynStats,
+    now: Time,
+    node: NodeId,
+    event: NodeEvent,
+) -> Result<(), String> {
+    // Grace before Down: 5 min for sensitive nodes, 30 s for borrowed ones, 60 s otherwise.
+    let owner = engine.node(node).and_then(|n| n.owner).map(|o| o.alloc);
+    let starts: Vec<(AllocId, Time, usize)> = owner
+        .and_then(|a| {
+            engine
+                .allocation(a)
+                .map(|x| (a, x.started.unwrap_or(now), x.nodes.len()))
+        })
+        .into_iter()
+        .collect();
+    let affected = match engine.handle_node_event(now, node, event) {
+        Ok(a) => a,
+        Err(e) => return Err(format!("node event rejected: {e}")),
+    };
+    if event == NodeEvent::HeartbeatMiss {
+        let grace = match owner {
+            Some(a) if engine.is_sensitive(a) => Duration::from_mins(5),
+            Some(a) if engine.borrowed_nodes(a) > 0 => Duration::from_secs(30),
+            _ => Duration::from_secs(60),
+        };
+        q.push(now + grace, RANK_NODE, EventKind::Grace(node.0));
+    }
+    if matches!(event, NodeEvent::HardwareFailure | NodeEvent::GraceTimeout) {
+        stats.node_failures += 1;
+    }
+    for id in affected {
+        fake.bump(id);
+        fake.restart(id);
+        quorum.release(engine, id);
+        if let Some(&(_, start, k)) = starts.iter().find(|s| s.0 == id) {
+            stats.lost_node_s += k as f64 * now.since(start).as_secs_f64();
+        }
+    }
+    Ok(())
+}
+
+/// An exponentially distributed duration with the given mean.
+fn draw_exp(rng: &mut rand_chacha::ChaCha8Rng, mean: Duration) -> Duration {
+    use rand_chacha::rand_core::Rng;
+    let u = ((rng.next_u64() >> 11) as f64 + 1.0) / ((1u64 << 53) as f64 + 1.0);
+    Duration((-(u.ln()) * mean.as_millis() as f64).round().max(1.0) as u64)
+}
+
 /// Appends a sensitive audit entry for claim `id`.
 fn audit_claim(
     log: &mut audit::AuditLog,
@@ -752,6 +1008,11 @@ impl FakeNodes {
     fn bump(&mut self, id: AllocId) {
         self.grow(id);
         self.epoch[id.index()] += 1;
+    }
+    /// A node failure: the run is lost, the next one restarts from zero.
+    fn restart(&mut self, id: AllocId) {
+        self.grow(id);
+        self.done[id.index()] = Duration::ZERO;
     }
     /// A checkpoint keeps the work done up to the hint; without one the job restarts from zero.
     fn suspended(&mut self, id: AllocId, checkpointed: bool) {
@@ -977,6 +1238,12 @@ fn summarize(
         preemption_kills: 0,
         checkpoint_success_rate: 1.0,
         checkpoint_hints: 0,
+        node_failures: 0,
+        injected_failures: 0,
+        lost_node_hours: 0.0,
+        requeues: 0,
+        energy_kwh: 0.0,
+        energy_cost: 0.0,
         suspended_requeues: engine.allocations().iter().map(|a| a.preempted as u64).sum(),
         sensitive_claims: 0,
         sensitive_wait_max_s: 0.0,

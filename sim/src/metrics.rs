@@ -213,6 +213,15 @@ pub struct Summary {
     pub checkpoint_success_rate: f64,
     /// Checkpoint hints the broker issued (Value > Cost).
     pub checkpoint_hints: u64,
+    /// Nodes that went Down (trace events and injected), injected failures, node-hours of work lost,
+    /// and requeues after failures.
+    pub node_failures: u64,
+    pub injected_failures: u64,
+    pub lost_node_hours: f64,
+    pub requeues: u64,
+    /// Energy used by allocations (node power × time) and its cost under the price series.
+    pub energy_kwh: f64,
+    pub energy_cost: f64,
     /// Suspended allocations that re-entered the queue.
     pub suspended_requeues: u64,
     /// Sensitive claims, their longest wait (0 when the pool has capacity), secure wipes, nodes

@@ -14,8 +14,8 @@ const EXAMPLES_KEPT: usize = 20;
 pub struct FakeQuorum {
     owner: Vec<Option<AllocId>>,
     pending: Vec<(AllocId, Vec<NodeId>)>,
-    /// Committed allocations: (tenant, nodes, sensitive).
-    committed: BTreeMap<AllocId, (usize, u64, bool)>,
+    /// Committed allocations: (tenant, nodes, sensitive, the nodes themselves).
+    committed: BTreeMap<AllocId, (usize, u64, bool, Vec<NodeId>)>,
     nodes_held: Vec<u64>,
     allocs_running: Vec<u64>,
     sensitive_held: u64,
@@ -109,21 +109,19 @@ impl FakeQuorum {
         if sensitive {
             self.sensitive_held += k;
         }
-        self.committed.insert(alloc, (t, k, sensitive));
+        self.committed.insert(alloc, (t, k, sensitive, nodes.clone()));
         self.commits += 1;
         true
     }
 
     /// The allocation ended (or, under pyss, reached its estimated end): its nodes are released.
-    pub fn release(&mut self, engine: &Engine, alloc: AllocId) {
-        if let Some(a) = engine.allocation(alloc) {
-            for n in &a.nodes {
+    pub fn release(&mut self, _engine: &Engine, alloc: AllocId) {
+        if let Some((t, k, sensitive, nodes)) = self.committed.remove(&alloc) {
+            for n in &nodes {
                 if self.owner[n.index()] == Some(alloc) {
                     self.owner[n.index()] = None;
                 }
             }
-        }
-        if let Some((t, k, sensitive)) = self.committed.remove(&alloc) {
             self.nodes_held[t] -= k;
             self.allocs_running[t] -= 1;
             if sensitive {

@@ -11,7 +11,7 @@
 
 use crate::duration::parse_duration;
 use crate::error::{Problem, TraceError};
-use crate::workload::{TraceJob, Workload};
+use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 use lattice_engine::{
     AllocSpec, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, DependencyCondition, Duration,
     Lifecycle, NodeRange, PreemptionClass, ProjectId, TenantId, Time, VClusterId,
@@ -21,7 +21,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Event types this version reads.
-pub const EVENT_TYPES: &[&str] = &["submit", "complete", "claim", "release"];
+pub const EVENT_TYPES: &[&str] = &[
+    "submit",
+    "complete",
+    "claim",
+    "release",
+    "node_fail",
+    "node_recover",
+    "drain",
+    "undrain",
+    "energy_price",
+    "storage_outage",
+    "storage_recover",
+];
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -116,6 +128,9 @@ struct SubmitIn {
     storage_gbps: Option<f64>,
     /// The user identity (required for sensitive claims).
     user: Option<String>,
+    /// never | on_node_failure | always
+    requeue: Option<String>,
+    max_requeues: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -134,6 +149,39 @@ struct SubmitEvent {
     #[serde(rename = "type")]
     kind: String,
     alloc: SubmitIn,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeEventIn {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[serde(rename = "type")]
+    kind: String,
+    node: String,
+    /// For node_fail: `hardware` (default) or `heartbeat`.
+    mode: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriceEventIn {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    price: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BareEventIn {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
 }
 
 #[derive(Deserialize)]
@@ -188,14 +236,21 @@ struct Pending {
 
 /// Parses JSONL text. Never fails: bad lines are skipped and counted by reason with their line number.
 pub fn parse_jsonl(file: &str, text: &str) -> Workload {
+    parse_jsonl_with(file, text, false)
+}
+
+/// [`parse_jsonl`], optionally keeping every problem.
+pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Workload {
     let mut w = Workload {
         source: file.to_string(),
+        keep_all_problems,
         ..Workload::default()
     };
     let mut pending: Vec<Pending> = Vec::new();
     let mut by_id: BTreeMap<String, usize> = BTreeMap::new();
     let mut completions: Vec<(u64, CompleteEvent)> = Vec::new();
     let mut releases: Vec<(u64, i64, String)> = Vec::new();
+    let mut others: Vec<(i64, u64, TraceEventKind)> = Vec::new();
     for (ln, line) in text.lines().enumerate() {
         let line_no = ln as u64 + 1;
         let t = line.trim();
@@ -292,6 +347,50 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
                     )),
                 }
             }
+            "node_fail" | "node_recover" | "drain" | "undrain" => match serde_json::from_str::<NodeEventIn>(t) {
+                Ok(e) => {
+                    let heartbeat = match e.mode.as_deref() {
+                        None | Some("hardware") => false,
+                        Some("heartbeat") if e.kind == "node_fail" => true,
+                        Some(o) => {
+                            w.skip(problem(
+                                Some("mode"),
+                                "invalid_field",
+                                format!("`{o}` is not one of hardware, heartbeat"),
+                            ));
+                            continue;
+                        }
+                    };
+                    let node = e.node;
+                    let kind = match e.kind.as_str() {
+                        "node_fail" => TraceEventKind::NodeFail { node, heartbeat },
+                        "node_recover" => TraceEventKind::NodeRecover { node },
+                        "drain" => TraceEventKind::Drain { node },
+                        _ => TraceEventKind::Undrain { node },
+                    };
+                    others.push((ts_ms, line_no, kind));
+                }
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "energy_price" => match serde_json::from_str::<PriceEventIn>(t) {
+                Ok(e) if e.price.is_finite() => {
+                    others.push((ts_ms, line_no, TraceEventKind::EnergyPrice { price: e.price }))
+                }
+                Ok(_) => w.skip(problem(Some("price"), "invalid_field", "price must be a number".into())),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "storage_outage" | "storage_recover" => match serde_json::from_str::<BareEventIn>(t) {
+                Ok(_) => others.push((
+                    ts_ms,
+                    line_no,
+                    if head.kind == "storage_outage" {
+                        TraceEventKind::StorageOutage
+                    } else {
+                        TraceEventKind::StorageRecover
+                    },
+                )),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
             "release" => match serde_json::from_str::<ReleaseEvent>(t) {
                 Ok(e) => releases.push((line_no, ts_ms, e.alloc_id)),
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
@@ -347,7 +446,21 @@ pub fn parse_jsonl(file: &str, text: &str) -> Workload {
             }),
         }
     }
-    let epoch = pending.iter().map(|p| p.ts_ms).min().unwrap_or(0);
+    let epoch = pending
+        .iter()
+        .map(|p| p.ts_ms)
+        .chain(others.iter().map(|o| o.0))
+        .min()
+        .unwrap_or(0);
+    others.sort_by_key(|o| (o.0, o.1));
+    w.events = others
+        .into_iter()
+        .map(|(ts, line, kind)| TraceEvent {
+            time: Time((ts - epoch) as u64),
+            kind,
+            line,
+        })
+        .collect();
     // Submit order: by ts, then line.
     pending.sort_by_key(|p| (p.ts_ms, p.line));
     let index: BTreeMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.job.id.clone(), i)).collect();
@@ -521,6 +634,22 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
         task_group: None,
         storage_gbps: a.storage_gbps,
         sensitive_claim: claim,
+        requeue: match a.requeue.as_deref() {
+            None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
+            Some("never") => lattice_engine::RequeuePolicy::Never,
+            Some("always") => lattice_engine::RequeuePolicy::Always,
+            Some(o) => {
+                return Err(f(
+                    "requeue",
+                    format!("`{o}` is not one of never, on_node_failure, always"),
+                ));
+            }
+        },
+        max_requeues: match a.max_requeues {
+            None => lattice_engine::alloc::DEFAULT_MAX_REQUEUES,
+            Some(m) if m <= lattice_engine::alloc::MAX_REQUEUES_LIMIT => m,
+            Some(m) => return Err(f("max_requeues", format!("{m} is above the limit of 100"))),
+        },
     };
     Ok((
         TraceJob {
@@ -653,5 +782,55 @@ mod claim_tests {
         let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();
         assert_eq!(p(3).field.as_deref(), Some("claim.user"));
         assert_eq!(p(4).reason, "unknown_claim");
+    }
+}
+
+#[cfg(test)]
+mod event_tests {
+    use super::*;
+
+    #[test]
+    fn cluster_events_and_requeue_fields() {
+        let text = r#"{"ts": 10, "type": "node_fail", "node": "gh0001", "mode": "heartbeat"}
+{"ts": 20, "type": "node_recover", "node": "gh0001"}
+{"ts": 5, "type": "drain", "node": "gh0002"}
+{"ts": 0, "type": "energy_price", "price": 0.12}
+{"ts": 30, "type": "storage_outage"}
+{"ts": 40, "type": "storage_recover"}
+{"ts": 1, "type": "submit", "alloc": {"id": "a", "nodes": 1, "walltime": 60, "requeue": "always", "max_requeues": 5}}
+{"ts": 2, "type": "submit", "alloc": {"id": "b", "nodes": 1, "walltime": 60, "max_requeues": 101}}
+{"ts": 3, "type": "node_fail", "node": "x", "mode": "meteor"}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert_eq!(w.events.len(), 6);
+        assert_eq!(w.events[0].kind, TraceEventKind::EnergyPrice { price: 0.12 });
+        assert_eq!(w.events[0].time, Time::ZERO);
+        assert!(matches!(
+            &w.events[2].kind,
+            TraceEventKind::NodeFail { heartbeat: true, .. }
+        ));
+        assert_eq!(w.jobs.len(), 1);
+        assert_eq!(w.jobs[0].spec.requeue, lattice_engine::RequeuePolicy::Always);
+        assert_eq!(w.jobs[0].spec.max_requeues, 5);
+        let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();
+        assert_eq!(p(8).field.as_deref(), Some("alloc.max_requeues"));
+        assert_eq!(p(9).field.as_deref(), Some("mode"));
+    }
+
+    /// The documented schema names exactly the event types the parser reads.
+    #[test]
+    fn schema_documents_every_event_type() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("jsonl-schema.json");
+        let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut documented: Vec<String> = schema["properties"]["type"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        documented.sort();
+        let mut known: Vec<String> = EVENT_TYPES.iter().map(|s| s.to_string()).collect();
+        known.sort();
+        assert_eq!(documented, known);
     }
 }

@@ -26,9 +26,22 @@ pub use jsonl::{parse_jsonl, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{parse_tenants, read_tenants};
-pub use workload::{TraceJob, Workload};
+pub use workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 
 use std::path::Path;
+
+/// [`read_trace`], keeping every problem (for `rm-replay validate`).
+pub fn read_trace_all_problems(path: &Path, swf: &SwfOptions) -> Result<Workload, TraceError> {
+    let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
+    let text = swf::decode(bytes).map_err(|e| TraceError::io(path, e))?;
+    let name = path.display().to_string();
+    let n = path.to_string_lossy();
+    Ok(if n.ends_with(".jsonl") || n.ends_with(".jsonl.gz") {
+        jsonl::parse_jsonl_with(&name, &text, true)
+    } else {
+        swf::parse_swf_with(&name, &text, swf, true)
+    })
+}
 
 /// Reads a trace by its extension: `.jsonl`/`.jsonl.gz` as the event log, anything else as SWF.
 pub fn read_trace(path: &Path, swf: &SwfOptions) -> Result<Workload, TraceError> {

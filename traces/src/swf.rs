@@ -92,8 +92,14 @@ const FIELD_NAMES: [&str; 18] = [
 
 /// Parses SWF text. Never fails: bad lines are skipped and counted by reason.
 pub fn parse_swf(file: &str, text: &str, opts: &SwfOptions) -> Workload {
+    parse_swf_with(file, text, opts, false)
+}
+
+/// [`parse_swf`], optionally keeping every problem.
+pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_problems: bool) -> Workload {
     let mut w = Workload {
         source: file.to_string(),
+        keep_all_problems,
         ..Workload::default()
     };
     let ppn = opts.procs_per_node.max(1);

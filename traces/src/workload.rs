@@ -29,12 +29,48 @@ pub struct TraceJob {
     pub user: Option<String>,
 }
 
+/// A non-job event of the trace (cluster dynamics).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TraceEventKind {
+    /// A node fails: `heartbeat` = it stops heartbeating (Degraded, then Down after the grace period
+    /// unless it recovers); otherwise a hardware failure (Down at once).
+    NodeFail {
+        node: String,
+        heartbeat: bool,
+    },
+    /// The node is back (heartbeat resumed, or repaired and re-enabled).
+    NodeRecover {
+        node: String,
+    },
+    Drain {
+        node: String,
+    },
+    Undrain {
+        node: String,
+    },
+    /// The electricity price from this time on.
+    EnergyPrice {
+        price: f64,
+    },
+    StorageOutage,
+    StorageRecover,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEvent {
+    pub time: Time,
+    pub kind: TraceEventKind,
+    pub line: u64,
+}
+
 /// A parsed trace.
 #[derive(Clone, Debug, Default)]
 pub struct Workload {
     /// Where it came from (file name).
     pub source: String,
     pub jobs: Vec<TraceJob>,
+    /// Cluster dynamics (node failures, drains, prices, storage), in time order.
+    pub events: Vec<TraceEvent>,
     pub tenants: Registry,
     pub projects: Registry,
     pub vclusters: Registry,
@@ -46,6 +82,8 @@ pub struct Workload {
     pub problems: Vec<Problem>,
     /// Notes that change nothing but are worth telling (e.g. "trace was not sorted by submit time").
     pub notes: Vec<String>,
+    /// Keep every problem, not only the first ones per reason.
+    pub keep_all_problems: bool,
 }
 
 impl Workload {
@@ -53,11 +91,12 @@ impl Workload {
         self.skipped.values().sum()
     }
 
-    /// Counts a skipped line and keeps its problem if fewer than [`PROBLEMS_KEPT_PER_REASON`] are kept.
+    /// Counts a skipped line and keeps its problem if fewer than [`PROBLEMS_KEPT_PER_REASON`] are kept
+    /// (all of them with `keep_all_problems`, as `rm-replay validate` wants).
     pub fn skip(&mut self, problem: Problem) {
         let n = self.skipped.entry(problem.reason.clone()).or_insert(0);
         *n += 1;
-        if *n as usize <= PROBLEMS_KEPT_PER_REASON {
+        if self.keep_all_problems || *n as usize <= PROBLEMS_KEPT_PER_REASON {
             self.problems.push(problem);
         }
     }

@@ -24,6 +24,13 @@ struct Cli {
 enum Cmd {
     /// Measure whole-process replay speed and peak memory on real traces with each policy.
     Bench(BenchArgs),
+    /// Check a trace: report every problem with its line number (exit 0 when clean, 1 otherwise).
+    Validate {
+        file: PathBuf,
+        /// SWF processors per node (for the cluster-size checks).
+        #[arg(long, default_value_t = 1)]
+        procs_per_node: u32,
+    },
     /// Rewrite the bundled demo trace from its seeded generator.
     GenerateDemo {
         #[arg(long, default_value = "traces/library/demo-128n.swf")]
@@ -148,6 +155,12 @@ struct ReplayArgs {
     /// gpu_hours_budget, node_hours_budget per tenant.
     #[arg(long)]
     tenants: Option<PathBuf>,
+    /// Inject random node failures: mean time between failures per node (e.g. `2000h`), seeded by --seed.
+    #[arg(long)]
+    mtbf: Option<String>,
+    /// Repair time of an injected failure (default 4h).
+    #[arg(long)]
+    repair: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -167,6 +180,29 @@ fn main() -> Result<()> {
             };
             std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {}", out.display());
+            Ok(())
+        }
+        Some(Cmd::Validate { file, procs_per_node }) => {
+            let opts = lattice_traces::SwfOptions {
+                procs_per_node,
+                ..Default::default()
+            };
+            let w = lattice_traces::read_trace_all_problems(&file, &opts)?;
+            for p in &w.problems {
+                println!("{p}");
+            }
+            let total = w.skipped_total();
+            println!(
+                "{}: {} jobs, {} cluster events, {} problem{}",
+                file.display(),
+                w.jobs.len(),
+                w.events.len(),
+                total,
+                if total == 1 { "" } else { "s" }
+            );
+            if total > 0 {
+                std::process::exit(1);
+            }
             Ok(())
         }
         None => run_replay(cli.replay),
@@ -205,6 +241,18 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .transpose()
             .map_err(|m| anyhow::anyhow!("--fairshare-half-life: {m}"))?,
         tenants: a.tenants,
+        mtbf: a
+            .mtbf
+            .as_deref()
+            .map(lattice_traces::parse_duration)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("--mtbf: {m}"))?,
+        repair: a
+            .repair
+            .as_deref()
+            .map(lattice_traces::parse_duration)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("--repair: {m}"))?,
     };
     let prepared = replay::prepare(&opts)?;
     if !a.quiet {
