@@ -175,6 +175,8 @@ pub struct Dependency {
 pub struct TaskGroupRef {
     pub group: u64,
     pub index: u32,
+    /// At most this many elements of the group run at once (`None` = unlimited).
+    pub concurrency: Option<u32>,
 }
 
 /// What a user asks for (the scheduling-relevant part of the Intent API request).
@@ -198,6 +200,8 @@ pub struct AllocSpec {
     pub requeue: RequeuePolicy,
     /// Requeues allowed before the allocation fails for good (default 3, at most 100).
     pub max_requeues: u32,
+    /// Singleton (the DAG `mutex` condition): allocations sharing this name never run at once.
+    pub mutex: Option<String>,
 }
 
 impl AllocSpec {
@@ -218,6 +222,7 @@ impl AllocSpec {
             sensitive_claim: false,
             requeue: RequeuePolicy::OnNodeFailure,
             max_requeues: DEFAULT_MAX_REQUEUES,
+            mutex: None,
         }
     }
 }

@@ -164,6 +164,9 @@ pub struct Engine {
     pub(crate) running: BTreeSet<(Time, AllocId)>,
     pub(crate) proposals: VecDeque<Proposal>,
     pub(crate) commands: VecDeque<Command>,
+    /// Running (or proposed) elements per task group, and holders of mutex names.
+    pub(crate) group_running: BTreeMap<u64, u32>,
+    pub(crate) mutex_held: BTreeMap<String, AllocId>,
     pub(crate) preemption: PreemptionConfig,
     pub(crate) broker: BrokerConfig,
     pub(crate) broker_next: Option<Time>,
@@ -282,6 +285,8 @@ impl Engine {
             running: BTreeSet::new(),
             proposals: VecDeque::new(),
             commands: VecDeque::new(),
+            group_running: BTreeMap::new(),
+            mutex_held: BTreeMap::new(),
             preemption: PreemptionConfig::default(),
             broker: BrokerConfig::default(),
             broker_next: None,
@@ -922,6 +927,13 @@ impl Engine {
         a.nodes = nodes.clone();
         a.backfilled = backfilled;
         self.outstanding.push(id);
+        let spec = &self.allocs[id.index()].spec;
+        if let Some(tg) = spec.task_group {
+            *self.group_running.entry(tg.group).or_default() += 1;
+        }
+        if let Some(m) = spec.mutex.clone() {
+            self.mutex_held.insert(m, id);
+        }
         self.proposals.push_back(Proposal {
             alloc: id,
             nodes,
@@ -937,6 +949,17 @@ impl Engine {
     pub(crate) fn release_nodes(&mut self, id: AllocId) {
         if !std::mem::take(&mut self.meta[id.index()].holding) {
             return;
+        }
+        let spec = &self.allocs[id.index()].spec;
+        if let Some(tg) = spec.task_group
+            && let Some(n) = self.group_running.get_mut(&tg.group)
+        {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(m) = &spec.mutex
+            && self.mutex_held.get(m) == Some(&id)
+        {
+            self.mutex_held.remove(m);
         }
         self.storage_used_gbps -= self.allocs[id.index()].spec.storage_gbps.unwrap_or(0.0);
         for i in 0..self.allocs[id.index()].nodes.len() {

@@ -206,6 +206,11 @@ impl Engine {
             let k = self.allocs[id.index()].spec.nodes.min;
             let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
             let breakdown = scores.get(i).and_then(|s| s.1);
+            // Task-group concurrency and mutex (singleton) limits: wait without blocking others.
+            if self.group_or_mutex_busy(id) {
+                keep.push(id);
+                continue;
+            }
             // Just requeued: excluded from this cycle's pending set (TOCTOU prevention); the next cycle
             // considers it.
             if self.meta[id.index()].requeued_at == Some(now) {
@@ -383,6 +388,19 @@ impl Engine {
             });
             stats.reservations += 1;
         }
+    }
+
+    /// Is the allocation's task group at its concurrency limit, or its mutex held by another running
+    /// (or proposed) allocation?
+    fn group_or_mutex_busy(&self, id: AllocId) -> bool {
+        let a = &self.allocs[id.index()];
+        if let Some(tg) = a.spec.task_group
+            && let Some(limit) = tg.concurrency
+            && self.group_running.get(&tg.group).copied().unwrap_or(0) >= limit
+        {
+            return true;
+        }
+        a.spec.mutex.as_ref().is_some_and(|m| self.mutex_held.contains_key(m))
     }
 
     /// A placement on the nodes free now, written into `out`.

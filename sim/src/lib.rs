@@ -713,6 +713,7 @@ pub fn simulate(
         *skipped.entry(k).or_default() += v;
     }
     let cost = EngineCost::from_nanos(pass_ns);
+    let (dags, groups) = workflow_metrics(workload, &trace_of, &jobs);
     let mut summary = summarize(workload, &engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
     summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
     summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
@@ -723,6 +724,13 @@ pub fn simulate(
             .sum::<f64>(),
     );
     summary.checkpoint_hints = broker_hints;
+    summary.mean_dag_stretch = if dags.is_empty() {
+        0.0
+    } else {
+        metrics::round6(dags.values().map(|d| d.stretch).sum::<f64>() / dags.len() as f64)
+    };
+    summary.dags = dags;
+    summary.task_groups = groups;
     summary.node_failures = dyn_stats.node_failures;
     summary.injected_failures = dyn_stats.injected;
     summary.lost_node_hours = metrics::round6(dyn_stats.lost_node_s / 3600.0);
@@ -833,6 +841,94 @@ fn commit(
         (None, _) => {} // unbounded, never ends in this trace
     }
     Ok(())
+}
+
+/// DAG makespan and critical-path stretch, and task-group throughput, from the trace's structure and
+/// the replayed records.
+fn workflow_metrics(
+    workload: &Workload,
+    trace_of: &[usize],
+    jobs: &[JobRecord],
+) -> (
+    BTreeMap<String, metrics::DagMetrics>,
+    BTreeMap<String, metrics::TaskGroupMetrics>,
+) {
+    let mut rec: Vec<Option<&JobRecord>> = vec![None; workload.jobs.len()];
+    for (a, &t) in trace_of.iter().enumerate() {
+        rec[t] = jobs.get(a);
+    }
+    let run = |i: usize| rec[i].and_then(|r| Some(r.end_s? - r.start_s?)).unwrap_or(0.0);
+    let mut dags: BTreeMap<String, metrics::DagMetrics> = BTreeMap::new();
+    // Longest path (run times) ending at each job; deps always point to earlier jobs.
+    let mut path = vec![0.0f64; workload.jobs.len()];
+    for (i, j) in workload.jobs.iter().enumerate() {
+        let before = j.deps.iter().map(|&(d, _)| path[d]).fold(0.0, f64::max);
+        path[i] = before + run(i);
+        let Some(d) = &j.dag else { continue };
+        let m = dags.entry(d.clone()).or_insert_with(|| metrics::DagMetrics {
+            submit_s: j.submit.as_secs_f64(),
+            ..Default::default()
+        });
+        m.allocations += 1;
+        let r = rec[i];
+        match r.map(|r| r.state) {
+            Some("completed") => m.completed += 1,
+            Some("failed") => m.failed += 1,
+            Some("cancelled") => m.cancelled += 1,
+            _ => m.unfinished += 1,
+        }
+        if let Some(e) = r.and_then(|r| r.end_s) {
+            m.last_end_s = m.last_end_s.max(e);
+        }
+        m.critical_path_s = m.critical_path_s.max(path[i]);
+    }
+    for m in dags.values_mut() {
+        m.makespan_s = metrics::round6((m.last_end_s - m.submit_s).max(0.0));
+        m.stretch = if m.critical_path_s > 0.0 {
+            metrics::round6(m.makespan_s / m.critical_path_s)
+        } else {
+            0.0
+        };
+        m.state = if m.unfinished > 0 {
+            "running"
+        } else if m.failed > 0 {
+            "failed"
+        } else {
+            "completed"
+        };
+    }
+    let mut groups: BTreeMap<String, metrics::TaskGroupMetrics> = BTreeMap::new();
+    for (i, j) in workload.jobs.iter().enumerate() {
+        let Some(g) = &j.group_name else { continue };
+        let m = groups.entry(g.clone()).or_insert_with(|| metrics::TaskGroupMetrics {
+            first_start_s: f64::INFINITY,
+            ..Default::default()
+        });
+        m.elements += 1;
+        if let Some(r) = rec[i] {
+            if r.state == "completed" {
+                m.completed += 1;
+            }
+            if let Some(s) = r.start_s {
+                m.first_start_s = m.first_start_s.min(s);
+            }
+            if let Some(e) = r.end_s {
+                m.last_end_s = m.last_end_s.max(e);
+            }
+        }
+    }
+    for m in groups.values_mut() {
+        if !m.first_start_s.is_finite() {
+            m.first_start_s = 0.0;
+        }
+        let span = (m.last_end_s - m.first_start_s).max(0.0);
+        m.throughput_per_h = if span > 0.0 {
+            metrics::round6(m.completed as f64 / (span / 3600.0))
+        } else {
+            0.0
+        };
+    }
+    (dags, groups)
 }
 
 /// `(start, end, kW)` of every run that ended (current runs of requeued/preempted allocations only).
@@ -1238,6 +1334,9 @@ fn summarize(
         preemption_kills: 0,
         checkpoint_success_rate: 1.0,
         checkpoint_hints: 0,
+        dags: BTreeMap::new(),
+        mean_dag_stretch: 0.0,
+        task_groups: BTreeMap::new(),
         node_failures: 0,
         injected_failures: 0,
         lost_node_hours: 0.0,

@@ -213,6 +213,11 @@ pub struct Summary {
     pub checkpoint_success_rate: f64,
     /// Checkpoint hints the broker issued (Value > Cost).
     pub checkpoint_hints: u64,
+    /// Per DAG: state, makespan, critical path and stretch; their mean stretch.
+    pub dags: BTreeMap<String, DagMetrics>,
+    pub mean_dag_stretch: f64,
+    /// Per task group: elements, completions, throughput.
+    pub task_groups: BTreeMap<String, TaskGroupMetrics>,
     /// Nodes that went Down (trace events and injected), injected failures, node-hours of work lost,
     /// and requeues after failures.
     pub node_failures: u64,
@@ -261,6 +266,32 @@ pub struct Summary {
     /// Per preemption class ("00".."10").
     pub per_class: BTreeMap<String, GroupMetrics>,
     pub notes: Vec<String>,
+}
+
+/// One DAG's outcome. Stretch = makespan / critical path (the longest chain of run times).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DagMetrics {
+    pub state: &'static str,
+    pub allocations: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub unfinished: u64,
+    pub submit_s: f64,
+    pub last_end_s: f64,
+    pub makespan_s: f64,
+    pub critical_path_s: f64,
+    pub stretch: f64,
+}
+
+/// One task group's throughput: completed elements per hour between its first start and last end.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TaskGroupMetrics {
+    pub elements: u64,
+    pub completed: u64,
+    pub first_start_s: f64,
+    pub last_end_s: f64,
+    pub throughput_per_h: f64,
 }
 
 /// Keys of `summary.json` that measure real time and so differ between otherwise identical runs.

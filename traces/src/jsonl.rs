@@ -14,7 +14,7 @@ use crate::error::{Problem, TraceError};
 use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 use lattice_engine::{
     AllocSpec, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, DependencyCondition, Duration,
-    Lifecycle, NodeRange, PreemptionClass, ProjectId, TenantId, Time, VClusterId,
+    Lifecycle, NodeRange, PreemptionClass, ProjectId, TaskGroupRef, TenantId, Time, VClusterId,
 };
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +23,7 @@ use std::path::Path;
 /// Event types this version reads.
 pub const EVENT_TYPES: &[&str] = &[
     "submit",
+    "dag",
     "complete",
     "claim",
     "release",
@@ -42,21 +43,21 @@ enum Ts {
     Text(String),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(untagged)]
 enum DurationValue {
     Secs(f64),
     Text(String),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(untagged)]
 enum Nodes {
     Exact(u32),
     Range { min: u32, max: u32 },
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 struct ConstraintsIn {
     gpu_type: Option<String>,
@@ -72,7 +73,7 @@ struct ConstraintsIn {
     require_unified_memory: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct LifecycleIn {
     #[serde(rename = "type")]
@@ -82,7 +83,7 @@ struct LifecycleIn {
     max_nodes: Option<u32>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct CheckpointIn {
     strategy: String,
@@ -91,7 +92,7 @@ struct CheckpointIn {
     mechanism: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct DependsIn {
     #[serde(rename = "ref")]
@@ -104,7 +105,7 @@ fn default_condition() -> String {
     "success".into()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct SubmitIn {
     id: Option<String>,
@@ -131,6 +132,42 @@ struct SubmitIn {
     /// never | on_node_failure | always
     requeue: Option<String>,
     max_requeues: Option<u32>,
+    /// A task group (job array): `range` of indices and a `concurrency` limit.
+    task_group: Option<TaskGroupIn>,
+    /// Singleton: allocations with the same mutex never run at once.
+    mutex: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct TaskGroupIn {
+    range: RangeIn,
+    concurrency: Option<u32>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RangeIn {
+    start: u32,
+    end: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DagEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    dag: DagIn,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DagIn {
+    id: String,
+    allocations: Vec<SubmitIn>,
 }
 
 #[derive(Deserialize)]
@@ -231,7 +268,7 @@ struct Pending {
     ts_ms: i64,
     line: u64,
     job: TraceJob,
-    deps: Vec<(String, DependencyCondition)>,
+    deps: Deps,
 }
 
 /// Parses JSONL text. Never fails: bad lines are skipped and counted by reason with their line number.
@@ -251,6 +288,8 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
     let mut completions: Vec<(u64, CompleteEvent)> = Vec::new();
     let mut releases: Vec<(u64, i64, String)> = Vec::new();
     let mut others: Vec<(i64, u64, TraceEventKind)> = Vec::new();
+    let mut next_group: u64 = 0;
+    let max_dag_size = MAX_DAG_SIZE;
     for (ln, line) in text.lines().enumerate() {
         let line_no = ln as u64 + 1;
         let t = line.trim();
@@ -287,24 +326,53 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                         continue;
                     }
                 };
-                match submit_job(&mut w, ev.alloc, line_no, false) {
-                    Ok((job, deps)) => {
-                        if by_id.insert(job.id.clone(), pending.len()).is_some() {
-                            w.skip(problem(
-                                Some("alloc.id"),
-                                "duplicate_id",
-                                format!("id `{}` already submitted", job.id),
-                            ));
-                            continue;
-                        }
-                        pending.push(Pending {
-                            ts_ms,
-                            line: line_no,
-                            job,
-                            deps,
-                        });
+                if let Err(pr) = push_submit(
+                    &mut w,
+                    &mut pending,
+                    &mut by_id,
+                    &mut next_group,
+                    ev.alloc,
+                    ts_ms,
+                    line_no,
+                    None,
+                ) {
+                    w.skip(problem(Some(&pr.0), &pr.1, pr.2));
+                }
+            }
+            "dag" => {
+                let ev: DagEvent = match serde_json::from_str(t) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string()));
+                        continue;
                     }
-                    Err((field, msg)) => w.skip(problem(Some(&field), "invalid_field", msg)),
+                };
+                match validate_dag(&ev.dag, max_dag_size) {
+                    Err(m) => w.skip(problem(Some("dag"), "invalid_dag", m)),
+                    Ok(order) => {
+                        let id = ev.dag.id.clone();
+                        for k in order {
+                            let mut a = ev.dag.allocations[k].clone();
+                            a.id = Some(format!("{id}/{}", a.id.clone().unwrap_or_default()));
+                            for d in &mut a.depends_on {
+                                if d.condition != "mutex" {
+                                    d.reference = format!("{id}/{}", d.reference);
+                                }
+                            }
+                            if let Err(pr) = push_submit(
+                                &mut w,
+                                &mut pending,
+                                &mut by_id,
+                                &mut next_group,
+                                a,
+                                ts_ms,
+                                line_no,
+                                Some(&id),
+                            ) {
+                                w.skip(problem(Some(&pr.0), &pr.1, pr.2));
+                            }
+                        }
+                    }
                 }
             }
             "claim" => {
@@ -464,6 +532,12 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
     // Submit order: by ts, then line.
     pending.sort_by_key(|p| (p.ts_ms, p.line));
     let index: BTreeMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.job.id.clone(), i)).collect();
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, p) in pending.iter().enumerate() {
+        if let Some(g) = &p.job.group_name {
+            groups.entry(g.clone()).or_default().push(i);
+        }
+    }
     let mut dropped: BTreeSet<usize> = BTreeSet::new();
     let mut jobs: Vec<TraceJob> = Vec::with_capacity(pending.len());
     let mut new_index = vec![usize::MAX; pending.len()];
@@ -471,8 +545,27 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
         p.job.submit = Time((p.ts_ms - epoch) as u64);
         let mut ok = true;
         for (r, cond) in &p.deps {
-            match index.get(r) {
-                Some(&j) if j < i && !dropped.contains(&j) => p.job.deps.push((new_index[j], *cond)),
+            // A name refers to one job, or to every element of a task group.
+            let targets: Option<Vec<usize>> = match (cond, p.job.spec.task_group) {
+                (None, Some(tg)) if groups.contains_key(r) => {
+                    // corresponding: element i after element i; an index the predecessor lacks has no
+                    // predecessor at all (it is released like a root, per the seed).
+                    Some(
+                        index
+                            .get(&format!("{r}[{}]", tg.index))
+                            .map(|&j| vec![j])
+                            .unwrap_or_default(),
+                    )
+                }
+                _ => index.get(r).map(|&j| vec![j]).or_else(|| groups.get(r).cloned()),
+            };
+            let cond = cond.unwrap_or(DependencyCondition::Success);
+            match targets {
+                Some(ts) if ts.iter().all(|&j| j < i && !dropped.contains(&j)) => {
+                    for j in ts {
+                        p.job.deps.push((new_index[j], cond));
+                    }
+                }
                 _ => {
                     w.skip(Problem {
                         file: file.to_string(),
@@ -497,7 +590,132 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
     w
 }
 
-type Deps = Vec<(String, DependencyCondition)>;
+/// Registers one submission (expanding a task group into its elements `id[i]`). Errors are
+/// `(field, reason, message)`.
+#[allow(clippy::too_many_arguments)]
+fn push_submit(
+    w: &mut Workload,
+    pending: &mut Vec<Pending>,
+    by_id: &mut BTreeMap<String, usize>,
+    next_group: &mut u64,
+    a: SubmitIn,
+    ts_ms: i64,
+    line: u64,
+    dag: Option<&str>,
+) -> Result<(), (String, String, String)> {
+    let tg = a.task_group;
+    let (job, deps) = submit_job(w, a, line, false).map_err(|(f, m)| (f, "invalid_field".to_string(), m))?;
+    let elements: Vec<(TraceJob, Deps)> = match tg {
+        None => vec![(job, deps)],
+        Some(t) => {
+            if t.range.end < t.range.start {
+                return Err((
+                    "alloc.task_group.range".into(),
+                    "invalid_field".into(),
+                    format!("end {} < start {}", t.range.end, t.range.start),
+                ));
+            }
+            if t.concurrency == Some(0) {
+                return Err((
+                    "alloc.task_group.concurrency".into(),
+                    "invalid_field".into(),
+                    "must be at least 1".into(),
+                ));
+            }
+            let group = *next_group;
+            *next_group += 1;
+            (t.range.start..=t.range.end)
+                .map(|i| {
+                    let mut e = job.clone();
+                    e.id = format!("{}[{i}]", job.id);
+                    e.group_name = Some(job.id.clone());
+                    e.spec.task_group = Some(TaskGroupRef {
+                        group,
+                        index: i,
+                        concurrency: t.concurrency,
+                    });
+                    (e, deps.clone())
+                })
+                .collect()
+        }
+    };
+    for (mut job, deps) in elements {
+        job.dag = dag.map(str::to_string);
+        if by_id.insert(job.id.clone(), pending.len()).is_some() {
+            return Err((
+                "alloc.id".into(),
+                "duplicate_id".into(),
+                format!("id `{}` already submitted", job.id),
+            ));
+        }
+        pending.push(Pending { ts_ms, line, job, deps });
+    }
+    Ok(())
+}
+
+/// DAG validation at submission: size limit, duplicate ids, references inside the DAG, no cycles.
+/// Returns the allocations in a topological order (ties by position).
+fn validate_dag(dag: &DagIn, max_size: usize) -> Result<Vec<usize>, String> {
+    let n = dag.allocations.len();
+    if n > max_size {
+        return Err(format!("DAG exceeds maximum size ({n} allocations, limit: {max_size})"));
+    }
+    let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, a) in dag.allocations.iter().enumerate() {
+        let Some(id) = a.id.as_deref() else {
+            return Err(format!("DAG {}: allocation {i} has no id", dag.id));
+        };
+        if ids.insert(id, i).is_some() {
+            return Err(format!("DAG {}: duplicate allocation id `{id}`", dag.id));
+        }
+    }
+    let mut indegree = vec![0usize; n];
+    let mut out: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, a) in dag.allocations.iter().enumerate() {
+        for d in &a.depends_on {
+            if d.condition == "mutex" {
+                continue;
+            }
+            let Some(&j) = ids.get(d.reference.as_str()) else {
+                return Err(format!(
+                    "DAG {}: `{}` depends on `{}`, which is not an allocation of the DAG",
+                    dag.id,
+                    a.id.as_deref().unwrap_or(""),
+                    d.reference
+                ));
+            };
+            indegree[i] += 1;
+            out[j].push(i);
+        }
+    }
+    // Kahn's algorithm, smallest index first (deterministic).
+    let mut ready: std::collections::BTreeSet<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &k in &out[i] {
+            indegree[k] -= 1;
+            if indegree[k] == 0 {
+                ready.insert(k);
+            }
+        }
+    }
+    if order.len() < n {
+        let stuck: Vec<&str> = (0..n)
+            .filter(|&i| indegree[i] > 0)
+            .filter_map(|i| dag.allocations[i].id.as_deref())
+            .collect();
+        return Err(format!("DAG {}: dependency cycle among {}", dag.id, stuck.join(", ")));
+    }
+    Ok(order)
+}
+
+/// A dependency as written: the referenced id (a job, or a task group by its name) and the condition;
+/// `None` is `corresponding` (element-wise between task groups).
+type Deps = Vec<(String, Option<DependencyCondition>)>;
+
+/// The largest DAG accepted (the seed's default).
+pub const MAX_DAG_SIZE: usize = 1000;
 
 fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
@@ -598,15 +816,22 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
         },
     };
     let mut deps = Vec::new();
+    let mut mutex = a.mutex.clone();
     for d in a.depends_on {
         let cond = match d.condition.as_str() {
-            "success" => DependencyCondition::Success,
-            "failure" => DependencyCondition::Failure,
-            "any" => DependencyCondition::Any,
+            "success" => Some(DependencyCondition::Success),
+            "failure" => Some(DependencyCondition::Failure),
+            "any" => Some(DependencyCondition::Any),
+            "corresponding" => None,
+            "mutex" => {
+                // Singleton: `ref` names the mutex.
+                mutex = Some(d.reference);
+                continue;
+            }
             o => {
                 return Err(f(
                     "depends_on.condition",
-                    format!("`{o}` is not one of success, failure, any"),
+                    format!("`{o}` is not one of success, failure, any, corresponding, mutex"),
                 ));
             }
         };
@@ -634,6 +859,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
         task_group: None,
         storage_gbps: a.storage_gbps,
         sensitive_claim: claim,
+        mutex,
         requeue: match a.requeue.as_deref() {
             None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
             Some("never") => lattice_engine::RequeuePolicy::Never,
@@ -661,6 +887,8 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
             deps: Vec::new(),
             line,
             user: a.user,
+            dag: None,
+            group_name: None,
         },
         deps,
     ))

@@ -274,6 +274,8 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
             deps: Vec::new(),
             line: line_no,
             user: None,
+            dag: None,
+            group_name: None,
         });
     }
     w.cluster_nodes = cluster;

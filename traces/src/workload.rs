@@ -27,6 +27,10 @@ pub struct TraceJob {
     pub line: u64,
     /// The submitting user's identity, when the trace names it (sensitive claims must).
     pub user: Option<String>,
+    /// The DAG it belongs to.
+    pub dag: Option<String>,
+    /// The task group (by its submitted id) it is an element of.
+    pub group_name: Option<String>,
 }
 
 /// A non-job event of the trace (cluster dynamics).
