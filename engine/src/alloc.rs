@@ -202,6 +202,8 @@ pub struct AllocSpec {
     pub max_requeues: u32,
     /// Singleton (the DAG `mutex` condition): allocations sharing this name never run at once.
     pub mutex: Option<String>,
+    /// Reactive scaling policy (metric target and windows).
+    pub scale: Option<crate::autoscale::ScalePolicy>,
 }
 
 impl AllocSpec {
@@ -223,6 +225,7 @@ impl AllocSpec {
             requeue: RequeuePolicy::OnNodeFailure,
             max_requeues: DEFAULT_MAX_REQUEUES,
             mutex: None,
+            scale: None,
         }
     }
 }

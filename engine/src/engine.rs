@@ -167,6 +167,12 @@ pub struct Engine {
     /// Running (or proposed) elements per task group, and holders of mutex names.
     pub(crate) group_running: BTreeMap<u64, u32>,
     pub(crate) mutex_held: BTreeMap<String, AllocId>,
+    pub(crate) scale_state: BTreeMap<AllocId, crate::autoscale::ScaleState>,
+    pub(crate) autoscale_next: Option<Time>,
+    pub(crate) autoscale_until: Option<Time>,
+    pub(crate) scale_log: Vec<(AllocId, NodeId, bool)>,
+    /// What the autoscaler did in the last `schedule` call.
+    pub(crate) last_scale_stats: crate::autoscale::ScaleStats,
     pub(crate) preemption: PreemptionConfig,
     pub(crate) broker: BrokerConfig,
     pub(crate) broker_next: Option<Time>,
@@ -287,6 +293,11 @@ impl Engine {
             commands: VecDeque::new(),
             group_running: BTreeMap::new(),
             mutex_held: BTreeMap::new(),
+            scale_state: BTreeMap::new(),
+            autoscale_next: None,
+            autoscale_until: None,
+            scale_log: Vec::new(),
+            last_scale_stats: Default::default(),
             preemption: PreemptionConfig::default(),
             broker: BrokerConfig::default(),
             broker_next: None,
@@ -513,11 +524,19 @@ impl Engine {
     /// next cycle tick of a pool with a pass due, or the next energy-price change while allocations wait
     /// for a cheaper window.
     pub fn next_wakeup(&self) -> Option<Time> {
-        let pass = self.pools.values().filter_map(|p| p.due_at).min();
-        match (pass, self.broker_next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.pools.values().filter_map(|p| p.due_at).min(),
+            self.broker_next,
+            self.autoscale_next,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// What the autoscaler did in the last `schedule` call.
+    pub fn scale_stats(&self) -> crate::autoscale::ScaleStats {
+        self.last_scale_stats
     }
 
     /// The next proposal for the quorum, in the order the passes made them.

@@ -21,6 +21,7 @@
 //! borrowing, preemption, DAG conditions beyond success/failure/any.
 
 pub mod alloc;
+pub mod autoscale;
 pub mod broker;
 pub mod classes;
 pub mod cost;
@@ -44,6 +45,7 @@ pub use alloc::{
     AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, Dependency,
     DependencyCondition, EndReason, Lifecycle, NodeRange, PreemptionClass, RequeuePolicy, TaskGroupRef,
 };
+pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
 pub use cost::{CostInputs, ScoreBreakdown};

@@ -49,6 +49,7 @@ impl Engine {
             self.project_ledger.accrue(now);
         }
         let hinted = self.run_broker(now);
+        self.last_scale_stats = self.autoscale(now);
         if !self.pools.values().any(|p| p.due_at.is_some_and(|d| d <= now)) {
             return PassStats {
                 checkpoint_hints: hinted,
@@ -237,7 +238,8 @@ impl Engine {
             let Some(p) = profile.as_mut() else {
                 // Nothing is blocked yet: every start so far is in queue order.
                 if budget_ok && self.place_now(id, k, start_rules, &mut placement) {
-                    let max = self.allocs[id.index()].spec.nodes.max;
+                    let a = &self.allocs[id.index()];
+                    let max = if a.spec.scale.is_some() { k } else { a.spec.nodes.max };
                     if max > k {
                         // Node ranges take as many nodes as are free, up to max.
                         let mut wider = Placement::default();
@@ -304,7 +306,8 @@ impl Engine {
                     &mut placement,
                 )
                 .is_ok();
-            let max = self.allocs[id.index()].spec.nodes.max;
+            let a = &self.allocs[id.index()];
+            let max = if a.spec.scale.is_some() { k } else { a.spec.nodes.max };
             if fit && max > k {
                 let eligible = &self.meta[id.index()].eligible;
                 let mut wider = Placement::default();

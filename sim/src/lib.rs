@@ -297,6 +297,22 @@ pub fn simulate(
         }
     }
     let mut dyn_stats = DynStats::default();
+    let job_index: BTreeMap<&str, usize> = workload
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (j.id.as_str(), i))
+        .collect();
+    // Services run until the trace ends: the autoscaler stops evaluating then.
+    let trace_end = workload
+        .jobs
+        .iter()
+        .map(|j| j.submit)
+        .chain(workload.events.iter().map(|e| e.time))
+        .max()
+        .unwrap_or(Time::ZERO);
+    engine.set_autoscale_until(Some(cfg.horizon.unwrap_or(trace_end)));
+    let mut scaling = lattice_engine::ScaleStats::default();
     for &(down, up) in &cfg.storage_outages {
         q.push(down, RANK_END, EventKind::Storage(false));
         q.push(up, RANK_END, EventKind::Storage(true));
@@ -437,6 +453,15 @@ pub fn simulate(
                             K::Drain { node } => (node, NodeEvent::Drain),
                             K::Undrain { node } => (node, NodeEvent::Undrain),
                             K::EnergyPrice { .. } => break 'event, // merged into the price series up front
+                            K::Metric { alloc, value } => {
+                                match job_index.get(alloc.as_str()).and_then(|&i| alloc_of[i]) {
+                                    Some(id) => {
+                                        let _ = engine.handle_metric(now, id, *value);
+                                    }
+                                    None => *rejected.entry("unknown_metric_alloc".into()).or_default() += 1,
+                                }
+                                break 'event;
+                            }
                             K::StorageOutage => {
                                 engine.handle_storage(now, false);
                                 break 'event;
@@ -561,6 +586,14 @@ pub fn simulate(
         }
         let t0 = std::time::Instant::now();
         let stats = engine.schedule(now);
+        let sc = engine.scale_stats();
+        scaling.ups += sc.ups;
+        scaling.downs += sc.downs;
+        scaling.oscillation_alerts += sc.oscillation_alerts;
+        scaling.blocked += sc.blocked;
+        for (alloc, node, added) in engine.drain_scale_log() {
+            quorum.scale(alloc, node, added);
+        }
         if stats.ran {
             pass_ns.push(t0.elapsed().as_nanos() as u64);
             deferred += stats.deferred as u64;
@@ -724,6 +757,29 @@ pub fn simulate(
             .sum::<f64>(),
     );
     summary.checkpoint_hints = broker_hints;
+    summary.scale_ups = scaling.ups as u64;
+    summary.scale_downs = scaling.downs as u64;
+    summary.scale_blocked = scaling.blocked as u64;
+    summary.oscillation_alerts = scaling.oscillation_alerts as u64;
+    let services: Vec<f64> = engine
+        .allocations()
+        .iter()
+        .filter(|a| a.spec.lifecycle.walltime().is_none() && !a.spec.sensitive_claim)
+        .map(|a| {
+            let end = cfg.horizon.unwrap_or(trace_end).max(a.submitted);
+            let window = end.since(a.submitted).as_secs_f64();
+            let up = a
+                .first_started
+                .map_or(0.0, |s| a.ended.unwrap_or(end).min(end).since(s).as_secs_f64());
+            if window > 0.0 { (up / window).min(1.0) } else { 1.0 }
+        })
+        .collect();
+    summary.services = services.len() as u64;
+    summary.service_availability = if services.is_empty() {
+        1.0
+    } else {
+        metrics::round6(services.iter().sum::<f64>() / services.len() as f64)
+    };
     summary.mean_dag_stretch = if dags.is_empty() {
         0.0
     } else {
@@ -1336,6 +1392,12 @@ fn summarize(
         checkpoint_hints: 0,
         dags: BTreeMap::new(),
         mean_dag_stretch: 0.0,
+        scale_ups: 0,
+        scale_downs: 0,
+        scale_blocked: 0,
+        oscillation_alerts: 0,
+        services: 0,
+        service_availability: 1.0,
         task_groups: BTreeMap::new(),
         node_failures: 0,
         injected_failures: 0,

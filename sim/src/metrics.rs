@@ -213,6 +213,14 @@ pub struct Summary {
     pub checkpoint_success_rate: f64,
     /// Checkpoint hints the broker issued (Value > Cost).
     pub checkpoint_hints: u64,
+    /// Reactive scaling: scale-ups, scale-downs, scale-ups that quota/capacity made no-ops, oscillation
+    /// alerts; services (unbounded/reactive) and their mean availability until the trace end.
+    pub scale_ups: u64,
+    pub scale_downs: u64,
+    pub scale_blocked: u64,
+    pub oscillation_alerts: u64,
+    pub services: u64,
+    pub service_availability: f64,
     /// Per DAG: state, makespan, critical path and stretch; their mean stretch.
     pub dags: BTreeMap<String, DagMetrics>,
     pub mean_dag_stretch: f64,

@@ -114,6 +114,27 @@ impl FakeQuorum {
         true
     }
 
+    /// The autoscaler added (or removed) a node of a committed allocation.
+    pub fn scale(&mut self, alloc: AllocId, node: NodeId, added: bool) {
+        let Some(entry) = self.committed.get_mut(&alloc) else {
+            return;
+        };
+        let t = entry.0;
+        if added {
+            self.owner[node.index()] = Some(alloc);
+            entry.1 += 1;
+            entry.3.push(node);
+            self.nodes_held[t] += 1;
+        } else {
+            if self.owner[node.index()] == Some(alloc) {
+                self.owner[node.index()] = None;
+            }
+            entry.1 -= 1;
+            entry.3.retain(|&n| n != node);
+            self.nodes_held[t] -= 1;
+        }
+    }
+
     /// The allocation ended (or, under pyss, reached its estimated end): its nodes are released.
     pub fn release(&mut self, _engine: &Engine, alloc: AllocId) {
         if let Some((t, k, sensitive, nodes)) = self.committed.remove(&alloc) {

@@ -34,6 +34,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "energy_price",
     "storage_outage",
     "storage_recover",
+    "metric",
 ];
 
 #[derive(Deserialize)]
@@ -81,6 +82,27 @@ struct LifecycleIn {
     walltime: Option<DurationValue>,
     min_nodes: Option<u32>,
     max_nodes: Option<u32>,
+    /// Reactive: the metric name (recorded; `metric` events carry the samples) and its target (a number,
+    /// or a duration such as "100ms", in seconds).
+    #[allow(dead_code)]
+    metric: Option<String>,
+    target: Option<DurationValue>,
+    scale_policy: Option<ScalePolicyIn>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct ScalePolicyIn {
+    min: Option<u32>,
+    max: Option<u32>,
+    #[allow(dead_code)]
+    metric: Option<String>,
+    target: Option<DurationValue>,
+    evaluation_interval: Option<DurationValue>,
+    scale_up_window: Option<DurationValue>,
+    scale_down_window: Option<DurationValue>,
+    scale_down_threshold: Option<f64>,
+    cooldown: Option<DurationValue>,
 }
 
 #[derive(Deserialize, Clone)]
@@ -209,6 +231,20 @@ struct PriceEventIn {
     #[serde(rename = "type")]
     kind: String,
     price: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricEventIn {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    alloc_id: String,
+    #[allow(dead_code)]
+    metric: Option<String>,
+    value: f64,
 }
 
 #[derive(Deserialize)]
@@ -445,6 +481,18 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                     others.push((ts_ms, line_no, TraceEventKind::EnergyPrice { price: e.price }))
                 }
                 Ok(_) => w.skip(problem(Some("price"), "invalid_field", "price must be a number".into())),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "metric" => match serde_json::from_str::<MetricEventIn>(t) {
+                Ok(e) if e.value.is_finite() => others.push((
+                    ts_ms,
+                    line_no,
+                    TraceEventKind::Metric {
+                        alloc: e.alloc_id,
+                        value: e.value,
+                    },
+                )),
+                Ok(_) => w.skip(problem(Some("value"), "invalid_field", "value must be a number".into())),
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
             },
             "storage_outage" | "storage_recover" => match serde_json::from_str::<BareEventIn>(t) {
@@ -719,10 +767,11 @@ pub const MAX_DAG_SIZE: usize = 1000;
 
 fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
-    let nodes = match a.nodes {
+    let mut nodes = match a.nodes {
         Nodes::Exact(n) => NodeRange::exact(n),
         Nodes::Range { min, max } => NodeRange { min, max },
     };
+    let mut scale = None;
     if nodes.min == 0 || nodes.min > nodes.max {
         return Err(f(
             "nodes",
@@ -769,10 +818,59 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
                     None => return Err(f("lifecycle.walltime", "a bounded allocation needs a walltime".into())),
                 },
                 "unbounded" => Lifecycle::Unbounded,
-                "reactive" => Lifecycle::Reactive {
-                    min_nodes: l.min_nodes.unwrap_or(nodes.min),
-                    max_nodes: l.max_nodes.unwrap_or(nodes.max),
-                },
+                "reactive" => {
+                    let sp = l.scale_policy.clone();
+                    let min_nodes = sp.as_ref().and_then(|p| p.min).or(l.min_nodes).unwrap_or(nodes.min);
+                    let max_nodes = sp.as_ref().and_then(|p| p.max).or(l.max_nodes).unwrap_or(nodes.max);
+                    if min_nodes == 0 || min_nodes > max_nodes {
+                        return Err(f(
+                            "lifecycle.min_nodes",
+                            format!("need 1 <= min_nodes <= max_nodes, got {min_nodes}..{max_nodes}"),
+                        ));
+                    }
+                    let target = sp
+                        .as_ref()
+                        .and_then(|p| p.target.clone())
+                        .or(l.target.clone())
+                        .ok_or_else(|| f("lifecycle.target", "a reactive allocation needs a metric target".into()))?;
+                    let target = match target {
+                        DurationValue::Secs(x) => x,
+                        DurationValue::Text(t) => match t.trim().parse::<f64>() {
+                            Ok(x) => x,
+                            Err(_) => parse_duration(&t).map_err(|m| f("lifecycle.target", m))?.as_secs_f64(),
+                        },
+                    };
+                    let mut policy = lattice_engine::ScalePolicy::with_target(target);
+                    if let Some(p) = &sp {
+                        let d = |v: &Option<DurationValue>, name: &str| -> Result<Option<Duration>, (String, String)> {
+                            v.as_ref()
+                                .map(duration_value)
+                                .transpose()
+                                .map_err(|m| f(&format!("lifecycle.scale_policy.{name}"), m))
+                        };
+                        if let Some(x) = d(&p.evaluation_interval, "evaluation_interval")? {
+                            policy.evaluation_interval = x;
+                        }
+                        if let Some(x) = d(&p.scale_up_window, "scale_up_window")? {
+                            policy.scale_up_window = x;
+                        }
+                        if let Some(x) = d(&p.scale_down_window, "scale_down_window")? {
+                            policy.scale_down_window = x;
+                        }
+                        if let Some(x) = d(&p.cooldown, "cooldown")? {
+                            policy.cooldown = x;
+                        }
+                        if let Some(x) = p.scale_down_threshold {
+                            policy.scale_down_threshold = x;
+                        }
+                    }
+                    scale = Some(policy);
+                    nodes = NodeRange {
+                        min: min_nodes,
+                        max: max_nodes,
+                    };
+                    Lifecycle::Reactive { min_nodes, max_nodes }
+                }
                 other => {
                     return Err(f(
                         "lifecycle.type",
@@ -860,6 +958,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
         storage_gbps: a.storage_gbps,
         sensitive_claim: claim,
         mutex,
+        scale,
         requeue: match a.requeue.as_deref() {
             None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
             Some("never") => lattice_engine::RequeuePolicy::Never,

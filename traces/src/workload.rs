@@ -58,6 +58,11 @@ pub enum TraceEventKind {
     },
     StorageOutage,
     StorageRecover,
+    /// A sample of a reactive allocation's scaling metric.
+    Metric {
+        alloc: String,
+        value: f64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -1,0 +1,103 @@
+//! Services and reactive autoscaling (book: "Autoscaling").
+
+mod common;
+use common::*;
+use lattice_sim::{SimConfig, SimResult, simulate};
+use lattice_traces::parse_jsonl;
+
+fn replay(text: &str, n: u32, cfg: SimConfig) -> SimResult {
+    let w = parse_jsonl("t.jsonl", text);
+    assert!(w.problems.is_empty(), "{:?}", w.problems);
+    simulate(&w, &nodes(n), &cfg, &mut |_, _| {}).unwrap()
+}
+
+fn checked() -> SimConfig {
+    SimConfig {
+        check_invariants: true,
+        ..SimConfig::default()
+    }
+}
+
+const SERVICE: &str = r#"{"ts": 0, "type": "submit", "alloc": {"id": "svc", "nodes": 1, "lifecycle": {"type": "reactive", "scale_policy": {"min": 2, "max": 4, "metric": "gpu_utilization", "target": 0.8}}}}
+"#;
+
+fn metrics(samples: &[(u64, f64)]) -> String {
+    samples
+        .iter()
+        .map(|(t, v)| format!("{{\"ts\": {t}, \"type\": \"metric\", \"alloc_id\": \"svc\", \"value\": {v}}}\n"))
+        .collect()
+}
+
+/// Starts at min_nodes; metric above target for the 2-minute window → +1 node at the next evaluation;
+/// cooldown (3 min) before the next step; capped at max_nodes.
+#[test]
+fn scales_up_one_node_at_a_time_with_cooldown_and_max() {
+    let samples: Vec<(u64, f64)> = (0..40).map(|i| (i * 30, 0.95)).collect();
+    let r = replay(&format!("{SERVICE}{}", metrics(&samples)), 8, checked());
+    // 2 → 3 → 4, then max_nodes.
+    assert_eq!(r.summary.scale_ups, 2);
+    assert_eq!(r.summary.scale_downs, 0);
+    assert_eq!(r.jobs[0].nodes, 4);
+    assert_eq!(r.summary.services, 1);
+}
+
+/// Low metric (< 0.5 × target) for the 5-minute window scales down, never below min_nodes.
+#[test]
+fn scales_down_to_min_only() {
+    let mut samples: Vec<(u64, f64)> = (0..20).map(|i| (i * 30, 0.95)).collect();
+    samples.extend((20..80).map(|i| (i * 30, 0.1)));
+    let r = replay(&format!("{SERVICE}{}", metrics(&samples)), 8, checked());
+    assert!(r.summary.scale_ups >= 1);
+    assert_eq!(r.summary.scale_downs, r.summary.scale_ups, "back to min_nodes");
+    assert_eq!(r.jobs[0].nodes, 2);
+}
+
+/// No metric, no action.
+#[test]
+fn no_metric_no_scaling() {
+    let text = format!(
+        "{SERVICE}{{\"ts\": 3600, \"type\": \"submit\", \"alloc\": {{\"id\": \"x\", \"nodes\": 1, \"walltime\": 10}}}}\n"
+    );
+    let r = replay(&text, 8, checked());
+    assert_eq!((r.summary.scale_ups, r.summary.scale_downs), (0, 0));
+    assert_eq!(r.jobs[0].nodes, 2);
+    assert_eq!(r.summary.service_availability, 1.0);
+}
+
+/// Scale-up respects the tenant's hard max_nodes: a no-op, not an error.
+#[test]
+fn scale_up_respects_tenant_max_nodes() {
+    let samples: Vec<(u64, f64)> = (0..40).map(|i| (i * 30, 0.95)).collect();
+    let mut cfg = checked();
+    cfg.tenants = [(
+        "default".to_string(),
+        lattice_engine::TenantQuota {
+            max_nodes: Some(3),
+            ..Default::default()
+        },
+    )]
+    .into();
+    let r = replay(&format!("{SERVICE}{}", metrics(&samples)), 8, cfg);
+    assert_eq!(r.jobs[0].nodes, 3);
+    assert!(r.summary.scale_blocked >= 1);
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        /// Whatever the metric does, the service stays within [min_nodes, max_nodes] and under the
+        /// tenant's hard max_nodes (the invariant checker recounts it at every event).
+        #[test]
+        fn scaling_stays_within_bounds(values in prop::collection::vec(0.0f64..1.5, 1..80), cap in 2u32..6) {
+            let samples: Vec<(u64, f64)> = values.iter().enumerate().map(|(i, v)| (i as u64 * 45, *v)).collect();
+            let mut cfg = checked();
+            cfg.tenants = [("default".to_string(), lattice_engine::TenantQuota { max_nodes: Some(cap), ..Default::default() })].into();
+            let r = replay(&format!("{SERVICE}{}", metrics(&samples)), 8, cfg);
+            let n = r.jobs[0].nodes;
+            prop_assert!((2..=4).contains(&n) && n <= cap.max(2), "{} nodes, cap {}", n, cap);
+        }
+    }
+}
