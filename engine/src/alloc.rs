@@ -204,6 +204,8 @@ pub struct AllocSpec {
     pub mutex: Option<String>,
     /// Reactive scaling policy (metric target and windows).
     pub scale: Option<crate::autoscale::ScalePolicy>,
+    /// Data mounts (size, current tier, tier hint) for pre-staging and f5.
+    pub data: Vec<crate::staging::DataMount>,
 }
 
 impl AllocSpec {
@@ -226,6 +228,7 @@ impl AllocSpec {
             max_requeues: DEFAULT_MAX_REQUEUES,
             mutex: None,
             scale: None,
+            data: Vec::new(),
         }
     }
 }

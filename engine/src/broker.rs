@@ -172,6 +172,17 @@ impl Engine {
     /// Checkpoint storage became unavailable or came back.
     pub fn handle_storage(&mut self, now: Time, available: bool) {
         self.clock.advance(now);
+        if !available {
+            // Staging progress up to the outage counts; nothing moves during it.
+            self.advance_staging(now);
+            self.staging_next = None;
+        } else {
+            self.staging_last = now;
+            let keys: Vec<u32> = self.pools.keys().copied().collect();
+            for k in keys {
+                self.mark_due(k, now);
+            }
+        }
         self.storage_available = available;
     }
 

@@ -173,6 +173,11 @@ pub struct Engine {
     pub(crate) scale_log: Vec<(AllocId, NodeId, bool)>,
     /// What the autoscaler did in the last `schedule` call.
     pub(crate) last_scale_stats: crate::autoscale::ScaleStats,
+    pub(crate) staging: BTreeMap<AllocId, crate::staging::StagingState>,
+    pub(crate) staging_last: Time,
+    pub(crate) staging_next: Option<Time>,
+    pub(crate) staging_alerts: u64,
+    pub(crate) vast_write_gbps: f64,
     pub(crate) preemption: PreemptionConfig,
     pub(crate) broker: BrokerConfig,
     pub(crate) broker_next: Option<Time>,
@@ -298,6 +303,11 @@ impl Engine {
             autoscale_until: None,
             scale_log: Vec::new(),
             last_scale_stats: Default::default(),
+            staging: BTreeMap::new(),
+            staging_last: Time::ZERO,
+            staging_next: None,
+            staging_alerts: 0,
+            vast_write_gbps: 100.0,
             preemption: PreemptionConfig::default(),
             broker: BrokerConfig::default(),
             broker_next: None,
@@ -528,6 +538,7 @@ impl Engine {
             self.pools.values().filter_map(|p| p.due_at).min(),
             self.broker_next,
             self.autoscale_next,
+            self.staging_next,
         ]
         .into_iter()
         .flatten()
@@ -537,6 +548,11 @@ impl Engine {
     /// What the autoscaler did in the last `schedule` call.
     pub fn scale_stats(&self) -> crate::autoscale::ScaleStats {
         self.last_scale_stats
+    }
+
+    /// Stagings that failed more than the retry limit (alerts raised).
+    pub fn staging_alerts(&self) -> u64 {
+        self.staging_alerts
     }
 
     /// The next proposal for the quorum, in the order the passes made them.
@@ -648,6 +664,7 @@ impl Engine {
             requested_gpu_hours,
             ..Meta::default()
         });
+        self.start_staging(now, id);
         if broken {
             self.cancel_for_dependency(now, id);
         } else if unresolved == 0 {
@@ -756,7 +773,7 @@ impl Engine {
     pub fn handle_cancel(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
         self.clock.advance(now);
         let was = self.allocation(id).ok_or(EngineError::UnknownAlloc(id))?.state;
-        if was == AllocState::Pending && self.meta[id.index()].proposed_at.is_some() {
+        if matches!(was, AllocState::Pending | AllocState::Staging) && self.meta[id.index()].proposed_at.is_some() {
             // An outstanding proposal: the driver will still report commit/reject; refuse for clarity.
             return Err(EngineError::InvalidTransition {
                 id,
@@ -1085,7 +1102,7 @@ impl Engine {
                 continue;
             };
             for w in waiting {
-                if self.allocs[w.index()].state != AllocState::Pending {
+                if !matches!(self.allocs[w.index()].state, AllocState::Pending | AllocState::Staging) {
                     continue;
                 }
                 let cond = self.allocs[w.index()]

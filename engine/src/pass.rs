@@ -48,6 +48,14 @@ impl Engine {
         if self.scored_any {
             self.project_ledger.accrue(now);
         }
+        let staged = self.advance_staging(now);
+        if staged > 0 {
+            // Newly staged jobs may start: every pool re-plans.
+            let keys: Vec<u32> = self.pools.keys().copied().collect();
+            for k in keys {
+                self.mark_due(k, now);
+            }
+        }
         let hinted = self.run_broker(now);
         self.last_scale_stats = self.autoscale(now);
         if !self.pools.values().any(|p| p.due_at.is_some_and(|d| d <= now)) {
@@ -207,6 +215,11 @@ impl Engine {
             let k = self.allocs[id.index()].spec.nodes.min;
             let walltime = self.allocs[id.index()].spec.lifecycle.walltime();
             let breakdown = scores.get(i).and_then(|s| s.1);
+            // Data staging below 80 %: held in the queue (f5 already ranks it lower).
+            if !self.staged_enough(id) {
+                keep.push(id);
+                continue;
+            }
             // Task-group concurrency and mutex (singleton) limits: wait without blocking others.
             if self.group_or_mutex_busy(id) {
                 keep.push(id);
@@ -749,7 +762,7 @@ impl Engine {
             actual_share: ctx.shares.get(t).copied().unwrap_or(0.0),
             groups_needed: placement.as_ref().map_or(groups.len() as u32, |p| p.groups),
             max_groups_available: groups.len() as u32,
-            hot_data_fraction: None,
+            hot_data_fraction: self.data_readiness(id),
             queued_gpu_hours: 0.0,
             running_gpu_hours: 0.0,
             normalized_energy_price: ctx.price_norm.unwrap_or(0.0),

@@ -410,3 +410,29 @@ fn requeue_policies() {
         assert_eq!(e.allocation(a).unwrap().state, want, "{policy:?}");
     }
 }
+
+#[test]
+fn staging_failures_retry_then_alert_and_f5_tracks_progress() {
+    let (mut e, t, v) = engine(Policy::EASY, 1);
+    e.set_vast_bandwidth(10.0);
+    let mut s = spec(t, v, 1, 10);
+    s.data = vec![DataMount {
+        source: "d".into(),
+        size_gb: 30.0,
+        tier: Tier::Cold,
+        tier_hint: Tier::Hot,
+    }];
+    let a = e.handle_submit(Time(0), s).unwrap();
+    assert_eq!(e.allocation(a).unwrap().state, AllocState::Staging);
+    assert_eq!(e.data_readiness(a), Some(0.0));
+    e.schedule(Time::from_secs(5)); // 3 GB/s × 5 s = 15 GB
+    assert_eq!(e.data_readiness(a), Some(0.5));
+    for _ in 0..4 {
+        e.handle_staging_failure(Time::from_secs(5), a).unwrap();
+    }
+    assert_eq!(e.data_readiness(a), Some(0.0));
+    assert_eq!(e.staging_alerts(), 1, "after 3 retries an alert, and it keeps waiting");
+    // An allocation without data has no readiness figure (f5 = 0.5 neutral).
+    let b = e.handle_submit(Time::from_secs(6), spec(t, v, 1, 10)).unwrap();
+    assert_eq!(e.data_readiness(b), None);
+}

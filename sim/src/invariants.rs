@@ -63,7 +63,7 @@ impl InvariantChecker {
             let a = engine
                 .allocation(o.alloc)
                 .ok_or_else(|| format!("node {} is owned by unknown allocation {}", node.id, o.alloc))?;
-            if !matches!(a.state, AllocState::Running | AllocState::Pending) {
+            if !matches!(a.state, AllocState::Running | AllocState::Pending | AllocState::Staging) {
                 return Err(format!("node {} is owned by {} which is {}", node.id, a.id, a.state));
             }
             if !a.nodes.contains(&node.id) {

@@ -198,6 +198,9 @@ pub fn simulate(
         sensitive_pool_size: cfg.sensitive_pool_size,
     };
     let mut engine = Engine::new(engine_cfg, nodes)?;
+    if let Some(bw) = inventory.storage_bandwidth_gbps {
+        engine.set_vast_bandwidth(bw);
+    }
     let tenant_map: Vec<TenantId> = workload.tenants.names().iter().map(|n| engine.add_tenant(n)).collect();
     for (name, q) in &cfg.tenants {
         let Some(i) = workload.tenants.lookup(name) else {
@@ -757,6 +760,29 @@ pub fn simulate(
             .sum::<f64>(),
     );
     summary.checkpoint_hints = broker_hints;
+    let staged: Vec<(Time, Option<Time>, Option<Time>)> = engine
+        .allocations()
+        .iter()
+        .filter_map(|a| engine.staging_times(a.id).map(|(s, e)| (s, e, a.first_started)))
+        .collect();
+    summary.staged_allocations = staged.len() as u64;
+    // Queue time that staging used: from staging start to the earlier of staging end and the job start.
+    summary.staging_overlap_s = metrics::round6(
+        staged
+            .iter()
+            .map(|&(s, e, st)| {
+                let until = match (e, st) {
+                    (Some(e), Some(st)) => e.min(st),
+                    (Some(e), None) => e,
+                    (None, Some(st)) => st,
+                    (None, None) => s,
+                };
+                until.since(s).as_secs_f64()
+            })
+            .sum(),
+    );
+    summary.staging_stall_s = metrics::round6(fake.stall_ms as f64 / 1000.0);
+    summary.staging_alerts = engine.staging_alerts();
     summary.scale_ups = scaling.ups as u64;
     summary.scale_downs = scaling.downs as u64;
     summary.scale_blocked = scaling.blocked as u64;
@@ -859,6 +885,9 @@ fn commit(
     if !quorum.decide(engine, id) {
         return engine.handle_reject(now, id).map_err(|e| e.to_string());
     }
+    // Started before its data was fully staged (the >80 % rule): an I/O stall at start.
+    let stall = Duration((engine.staging_remaining_s(id) * 1000.0).round() as u64);
+    fake.stall_ms += stall.0;
     engine.handle_commit(now, id).map_err(|e| e.to_string())?;
     if engine.allocation(id).is_some_and(|a| a.spec.sensitive_claim) {
         audit_claim(&mut quorum.audit, engine, workload, trace_of, id, now, "claim");
@@ -875,8 +904,8 @@ fn commit(
         }
         (None, None) => None,
     };
-    // A resumed allocation only has the rest of its work left.
-    let run = run.map(|r| Duration(r.0.saturating_sub(fake.done(id).0)));
+    // A resumed allocation only has the rest of its work left; a stall adds to it.
+    let run = run.map(|r| Duration(r.0.saturating_sub(fake.done(id).0) + stall.0));
     fake.started(id, now);
     let epoch = fake.epoch(id);
     // The fake node: ends at start + run, or kills at start + walltime.
@@ -1130,6 +1159,8 @@ struct FakeNodes {
     start: Vec<Time>,
     hint: Vec<Option<Time>>,
     defaulted_runtime: u64,
+    /// I/O stalls of allocations started before their staging finished.
+    stall_ms: u64,
 }
 
 impl FakeNodes {
@@ -1392,6 +1423,10 @@ fn summarize(
         checkpoint_hints: 0,
         dags: BTreeMap::new(),
         mean_dag_stretch: 0.0,
+        staged_allocations: 0,
+        staging_overlap_s: 0.0,
+        staging_stall_s: 0.0,
+        staging_alerts: 0,
         scale_ups: 0,
         scale_downs: 0,
         scale_blocked: 0,

@@ -213,6 +213,12 @@ pub struct Summary {
     pub checkpoint_success_rate: f64,
     /// Checkpoint hints the broker issued (Value > Cost).
     pub checkpoint_hints: u64,
+    /// Data staging: allocations pre-staged, queue time staging used (wait saved), I/O stalls of starts
+    /// above 80 % staged, stagings that exhausted their retries.
+    pub staged_allocations: u64,
+    pub staging_overlap_s: f64,
+    pub staging_stall_s: f64,
+    pub staging_alerts: u64,
     /// Reactive scaling: scale-ups, scale-downs, scale-ups that quota/capacity made no-ops, oscillation
     /// alerts; services (unbounded/reactive) and their mean availability until the trace end.
     pub scale_ups: u64,

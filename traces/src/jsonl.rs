@@ -156,8 +156,34 @@ struct SubmitIn {
     max_requeues: Option<u32>,
     /// A task group (job array): `range` of indices and a `concurrency` limit.
     task_group: Option<TaskGroupIn>,
+    /// Data mounts (the request's `data` block).
+    data: Option<DataIn>,
     /// Singleton: allocations with the same mutex never run at once.
     mutex: Option<String>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct DataIn {
+    #[serde(default)]
+    mounts: Vec<MountIn>,
+    #[allow(dead_code)]
+    defaults: Option<bool>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct MountIn {
+    source: String,
+    #[allow(dead_code)]
+    target: Option<String>,
+    #[allow(dead_code)]
+    access: Option<String>,
+    tier_hint: Option<String>,
+    /// Dataset size, GB (needed to simulate staging).
+    size_gb: Option<f64>,
+    /// Where the dataset is now: hot, warm (default) or cold.
+    tier: Option<String>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -767,6 +793,31 @@ pub const MAX_DAG_SIZE: usize = 1000;
 
 fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
+    let tier = |v: Option<&str>, field: &str| -> Result<lattice_engine::Tier, (String, String)> {
+        match v {
+            None => Ok(lattice_engine::Tier::Warm),
+            Some("hot") => Ok(lattice_engine::Tier::Hot),
+            Some("warm") => Ok(lattice_engine::Tier::Warm),
+            Some("cold") => Ok(lattice_engine::Tier::Cold),
+            Some(o) => Err(f(field, format!("`{o}` is not one of hot, warm, cold"))),
+        }
+    };
+    let mut data = Vec::new();
+    for m in a.data.iter().flat_map(|d| d.mounts.iter()) {
+        let size_gb = m.size_gb.unwrap_or(0.0);
+        if !(size_gb.is_finite() && size_gb >= 0.0) {
+            return Err(f("data.mounts.size_gb", format!("must be >= 0, got {size_gb}")));
+        }
+        data.push(lattice_engine::DataMount {
+            source: m.source.clone(),
+            size_gb,
+            tier: tier(m.tier.as_deref(), "data.mounts.tier")?,
+            tier_hint: match m.tier_hint.as_deref() {
+                None => lattice_engine::Tier::Warm,
+                t => tier(t, "data.mounts.tier_hint")?,
+            },
+        });
+    }
     let mut nodes = match a.nodes {
         Nodes::Exact(n) => NodeRange::exact(n),
         Nodes::Range { min, max } => NodeRange { min, max },
@@ -959,6 +1010,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
         sensitive_claim: claim,
         mutex,
         scale,
+        data,
         requeue: match a.requeue.as_deref() {
             None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
             Some("never") => lattice_engine::RequeuePolicy::Never,
