@@ -34,6 +34,8 @@ pub struct ReplayOptions {
     /// Failure injector: mean time between failures per node, and repair time (default 4 h).
     pub mtbf: Option<lattice_engine::Duration>,
     pub repair: Option<lattice_engine::Duration>,
+    /// SIGTERM→SIGKILL grace for allocations past their walltime (default 0: killed at walltime).
+    pub walltime_grace: Option<lattice_engine::Duration>,
 }
 
 /// A prepared replay: the workload and nodes, before simulation.
@@ -203,6 +205,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             mtbf,
             repair: o.repair.unwrap_or(lattice_engine::Duration::from_hours(4)),
         }),
+        walltime_grace: o.walltime_grace.unwrap_or(lattice_engine::Duration::ZERO),
     };
     Ok(Prepared {
         workload,

@@ -70,6 +70,10 @@ pub struct Proposal {
 pub struct Reservation {
     pub alloc: AllocId,
     pub start: Time,
+    /// The pass that made it. A pool's reservations stand until its next pass, so one made earlier may
+    /// start in the past when the running estimates it rests on have passed without an event (an
+    /// allocation still awaiting its commit under quorum latency).
+    pub made: Time,
     /// `None` for allocations without a walltime.
     pub end: Option<Time>,
     /// Nodes per node class (a class lies in one group and one conformance group).

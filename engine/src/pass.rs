@@ -399,6 +399,7 @@ impl Engine {
             self.pools.get_mut(&key).expect("pool").reservations.push(Reservation {
                 alloc: id,
                 start,
+                made: p.now(),
                 end: walltime.map(|w| start + w),
                 picks: out.picks,
             });
@@ -901,6 +902,7 @@ impl Engine {
         self.pools.get_mut(&key).expect("pool").reservations.push(Reservation {
             alloc: head,
             start: shadow,
+            made: now,
             end: self.allocs[head.index()].spec.lifecycle.walltime().map(|w| shadow + w),
             picks: vec![(0, head_k as u32)],
         });

@@ -178,7 +178,8 @@ impl InvariantChecker {
             }
         }
         for r in engine.reservations() {
-            if r.start < now {
+            // Only this pass's reservations must lie ahead; an untouched pool's may have gone stale.
+            if r.made == now && r.start < now {
                 return Err(format!(
                     "reservation of {} starts in the past ({} < {})",
                     r.alloc, r.start, now

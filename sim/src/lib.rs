@@ -65,6 +65,9 @@ pub struct SimConfig {
     /// Stop the replay here: events after it are not processed (allocations still running or waiting
     /// are reported unfinished). `None` = run until every event is processed.
     pub horizon: Option<Time>,
+    /// Grace between the walltime SIGTERM and the SIGKILL: an allocation running past its walltime ends
+    /// `walltime + grace` after its start (or at its natural end, if sooner). Zero = killed at walltime.
+    pub walltime_grace: Duration,
 }
 
 impl Default for SimConfig {
@@ -84,6 +87,7 @@ impl Default for SimConfig {
             fairness_window: Duration::from_hours(24),
             failures: None,
             horizon: None,
+            walltime_grace: Duration::ZERO,
         }
     }
 }
@@ -249,6 +253,8 @@ pub fn simulate(
             || workload.jobs.iter().any(|j| j.spec.sensitive_claim)
             // Lost nodes and requeues legitimately push promised starts back.
             || cfg.failures.is_some()
+            // A SIGTERM grace lets jobs overrun their walltime, so the profile under-estimates ends.
+            || cfg.walltime_grace > Duration::ZERO
             || !workload.events.is_empty();
         InvariantChecker::new(
             cfg.check_all_promises
@@ -399,6 +405,7 @@ pub fn simulate(
                             now,
                             rank_end,
                             &mut fake,
+                            cfg.walltime_grace,
                         )
                         .map_err(|m| fail(now, m))?;
                     }
@@ -619,6 +626,7 @@ pub fn simulate(
                     now,
                     rank_end,
                     &mut fake,
+                    cfg.walltime_grace,
                 )
                 .map_err(|m| fail(now, m))?;
                 if pyss && let Some(e) = engine.allocation(id).and_then(|a| a.estimated_end()) {
@@ -881,6 +889,7 @@ fn commit(
     now: Time,
     rank_end: u8,
     fake: &mut FakeNodes,
+    grace: Duration,
 ) -> Result<(), String> {
     if !quorum.decide(engine, id) {
         return engine.handle_reject(now, id).map_err(|e| e.to_string());
@@ -910,8 +919,10 @@ fn commit(
     let epoch = fake.epoch(id);
     // The fake node: ends at start + run, or kills at start + walltime.
     match (run, walltime) {
+        // Past its walltime: SIGTERM at the walltime, SIGKILL after the grace period (the job ends at
+        // the earlier of its own end and the kill).
         (Some(r), Some(w)) if r > w => q.push(
-            now + w,
+            now + Duration((w.0 + grace.0).min(r.0)),
             rank_end,
             EventKind::Completion(id, EndReason::WalltimeExceeded, epoch),
         ),

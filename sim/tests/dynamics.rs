@@ -182,3 +182,36 @@ fn energy_cost_integrates_price_over_runs() {
     assert_eq!(r.summary.energy_kwh, 2.0);
     assert!((r.summary.energy_cost - 0.4).abs() < 1e-9, "{}", r.summary.energy_cost);
 }
+
+/// A SIGTERM grace: a job past its walltime (100 s, would run 200 s) ends at walltime + grace (130 s),
+/// still `walltime_exceeded`; one that finishes inside the grace ends at its own end; without a grace
+/// the kill lands at the walltime. The job queued behind waits for the real end.
+#[test]
+fn walltime_grace_delays_the_kill() {
+    let mut w = workload(vec![
+        job("A", 0, 2, 100, 200),
+        job("B", 0, 1, 100, 110),
+        job("C", 1, 3, 10, 10),
+    ]);
+    w.events = Vec::new();
+    let run = |grace: u64| {
+        let cfg = SimConfig {
+            check_invariants: true,
+            walltime_grace: Duration::from_secs(grace),
+            ..SimConfig::default()
+        };
+        simulate(&w, &nodes(3), &cfg, &mut |_, _| {}).unwrap()
+    };
+    let r = run(30);
+    let (a, b, c) = (&r.jobs[0], &r.jobs[1], &r.jobs[2]);
+    assert_eq!(
+        (a.end_s, a.state, a.reason),
+        (Some(130.0), "failed", "walltime_exceeded")
+    );
+    assert_eq!((b.end_s, b.reason), (Some(110.0), "walltime_exceeded"));
+    assert_eq!(c.start_s, Some(130.0));
+    let r = run(0);
+    assert_eq!(r.jobs[0].end_s, Some(100.0));
+    assert_eq!(r.jobs[1].end_s, Some(100.0));
+    assert_eq!(r.jobs[2].start_s, Some(100.0));
+}

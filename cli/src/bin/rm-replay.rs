@@ -161,6 +161,9 @@ struct ReplayArgs {
     /// Repair time of an injected failure (default 4h).
     #[arg(long)]
     repair: Option<String>,
+    /// Grace between the walltime SIGTERM and the SIGKILL (e.g. `30s`; default 0 = killed at walltime).
+    #[arg(long)]
+    walltime_grace: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -253,6 +256,12 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .map(lattice_traces::parse_duration)
             .transpose()
             .map_err(|m| anyhow::anyhow!("--repair: {m}"))?,
+        walltime_grace: a
+            .walltime_grace
+            .as_deref()
+            .map(lattice_traces::parse_duration)
+            .transpose()
+            .map_err(|m| anyhow::anyhow!("--walltime-grace: {m}"))?,
     };
     let prepared = replay::prepare(&opts)?;
     if !a.quiet {
