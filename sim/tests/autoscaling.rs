@@ -39,6 +39,31 @@ fn scales_up_one_node_at_a_time_with_cooldown_and_max() {
     assert_eq!(r.summary.scale_downs, 0);
     assert_eq!(r.jobs[0].nodes, 4);
     assert_eq!(r.summary.services, 1);
+    assert_eq!(r.summary.oscillation_alerts, 0, "monotone growth is no oscillation");
+}
+
+/// A load that swings every 10 minutes (4 min hot, 6 min idle) makes the service scale up and down in
+/// turn; after more than five alternations in a row the autoscaler raises an oscillation alert.
+#[test]
+fn alternating_scale_events_raise_an_oscillation_alert() {
+    let samples: Vec<(u64, f64)> = (0..200)
+        .map(|i| {
+            let t = i * 30;
+            (t, if t % 600 < 240 { 0.95 } else { 0.1 })
+        })
+        .collect();
+    let r = replay(&format!("{SERVICE}{}", metrics(&samples)), 8, checked());
+    assert!(
+        r.summary.scale_ups >= 5 && r.summary.scale_downs >= 5,
+        "{:?}",
+        (r.summary.scale_ups, r.summary.scale_downs)
+    );
+    assert!(r.summary.oscillation_alerts >= 1);
+    // Fewer swings (the first 25 minutes: at most six events, five alternations) raise no alert.
+    let r = replay(&format!("{SERVICE}{}", metrics(&samples[..50])), 8, checked());
+    let events = r.summary.scale_ups + r.summary.scale_downs;
+    assert!((4..=6).contains(&events), "{events}");
+    assert_eq!(r.summary.oscillation_alerts, 0);
 }
 
 /// Low metric (< 0.5 × target) for the 5-minute window scales down, never below min_nodes.

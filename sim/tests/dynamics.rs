@@ -215,3 +215,47 @@ fn walltime_grace_delays_the_kill() {
     assert_eq!(r.jobs[1].end_s, Some(100.0));
     assert_eq!(r.jobs[2].start_s, Some(100.0));
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+        /// Under random injected failures, every allocation keeps its original submit time through any
+        /// number of requeues, never starts before it, and ends completed or failed by a node failure
+        /// (invariants checked at every event).
+        #[test]
+        fn requeued_allocations_keep_their_submit_time(
+            jobs in prop::collection::vec((0u64..120, 1u32..4, 60u64..900, 0u8..3), 1..30),
+            seed in 0u64..1000,
+        ) {
+            let mut t = 0;
+            let trace: Vec<_> = jobs.iter().enumerate().map(|(i, &(gap, k, run, policy))| {
+                t += gap;
+                let mut j = job(&format!("j{i}"), t, k, run, run);
+                j.spec.requeue = match policy {
+                    0 => lattice_engine::RequeuePolicy::Never,
+                    1 => lattice_engine::RequeuePolicy::OnNodeFailure,
+                    _ => lattice_engine::RequeuePolicy::Always,
+                };
+                j
+            }).collect();
+            let w = workload(trace.clone());
+            let cfg = SimConfig {
+                seed,
+                failures: Some(FailureModel { mtbf: Duration::from_hours(1), repair: Duration::from_mins(10) }),
+                check_invariants: true,
+                ..SimConfig::default()
+            };
+            let r = simulate(&w, &nodes(6), &cfg, &mut |_, _| {}).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            for (rec, j) in r.jobs.iter().zip(&trace) {
+                prop_assert_eq!(rec.submit_s, j.submit.as_secs_f64(), "{}", rec.id);
+                if let Some(s) = rec.start_s {
+                    prop_assert!(s >= rec.submit_s);
+                }
+                prop_assert!(rec.state == "completed" || rec.reason == "node_failure", "{:?}", rec);
+            }
+        }
+    }
+}
