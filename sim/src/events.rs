@@ -30,6 +30,8 @@ pub enum EventKind {
     Grace(u32),
     /// The failure injector fails (`true`) or repairs (`false`) a node.
     Inject(u32, bool),
+    /// Sample `u32` of the synthetic load curve at this index of `Workload::events`.
+    LoadSample(usize, u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

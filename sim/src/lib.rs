@@ -317,7 +317,11 @@ pub fn simulate(
         .jobs
         .iter()
         .map(|j| j.submit)
-        .chain(workload.events.iter().map(|e| e.time))
+        .chain(workload.events.iter().map(|e| match e.kind {
+            // A synthetic load lasts its duration.
+            lattice_traces::TraceEventKind::LoadCurve { duration, .. } => e.time + duration,
+            _ => e.time,
+        }))
         .max()
         .unwrap_or(Time::ZERO);
     engine.set_autoscale_until(Some(cfg.horizon.unwrap_or(trace_end)));
@@ -446,6 +450,44 @@ pub fn simulate(
                         }
                     }
                     EventKind::Storage(up) => engine.handle_storage(now, up),
+                    EventKind::LoadSample(i, k) => {
+                        let ev = &workload.events[i];
+                        let lattice_traces::TraceEventKind::LoadCurve {
+                            alloc,
+                            base,
+                            amplitude,
+                            period,
+                            interval,
+                            duration,
+                            noise,
+                        } = &ev.kind
+                        else {
+                            break 'event;
+                        };
+                        let Some(&j) = job_index.get(alloc.as_str()) else {
+                            *rejected.entry("unknown_metric_alloc".into()).or_default() += 1;
+                            break 'event;
+                        };
+                        let since = now.since(ev.time);
+                        // Before the service arrives (or while it waits) there is no metric: no sample.
+                        let id = alloc_of[j];
+                        if let Some(a) = id.and_then(|id| engine.allocation(id))
+                            && a.state == AllocState::Running
+                            && let Some(policy) = a.spec.scale
+                            && !a.nodes.is_empty()
+                        {
+                            let demand = load_demand(cfg.seed, i, k, since, *base, *amplitude, *period, *noise);
+                            let value = policy.target * demand / a.nodes.len() as f64;
+                            let _ = engine.handle_metric(now, a.id, value);
+                        }
+                        // The curve stops at its duration or when the allocation has ended.
+                        let ended = id
+                            .and_then(|id| engine.allocation(id))
+                            .is_some_and(|a| a.state.is_terminal());
+                        if !ended && since + *interval <= *duration {
+                            q.push(now + *interval, RANK_NODE, EventKind::LoadSample(i, k + 1));
+                        }
+                    }
                     EventKind::Trace(i) => {
                         use lattice_traces::TraceEventKind as K;
                         let ev = &workload.events[i];
@@ -470,6 +512,10 @@ pub fn simulate(
                                     }
                                     None => *rejected.entry("unknown_metric_alloc".into()).or_default() += 1,
                                 }
+                                break 'event;
+                            }
+                            K::LoadCurve { .. } => {
+                                q.push(now, RANK_NODE, EventKind::LoadSample(i, 0));
                                 break 'event;
                             }
                             K::StorageOutage => {
@@ -1120,6 +1166,27 @@ fn node_event(
 }
 
 /// An exponentially distributed duration with the given mean.
+/// Demand (nodes) of a synthetic load curve at `since` after its start: a sine around `base` plus
+/// uniform noise in ±`noise`, drawn from a generator seeded by (run seed, curve, sample) so every sample
+/// is reproducible on its own.
+#[allow(clippy::too_many_arguments)]
+fn load_demand(
+    seed: u64,
+    curve: usize,
+    k: u32,
+    since: Duration,
+    base: f64,
+    amplitude: f64,
+    period: Duration,
+    noise: f64,
+) -> f64 {
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+    let phase = since.0 as f64 / period.0 as f64 * std::f64::consts::TAU;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x10AD_C0DE_u64 ^ ((curve as u64) << 32) ^ k as u64);
+    let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    (base + amplitude * phase.sin() + noise * (2.0 * u - 1.0)).max(0.0)
+}
+
 fn draw_exp(rng: &mut rand_chacha::ChaCha8Rng, mean: Duration) -> Duration {
     use rand_chacha::rand_core::Rng;
     let u = ((rng.next_u64() >> 11) as f64 + 1.0) / ((1u64 << 53) as f64 + 1.0);

@@ -126,3 +126,43 @@ mod properties {
         }
     }
 }
+
+/// A synthetic load curve instead of metric samples: demand swings between 1 and 5 nodes over a 2-hour
+/// period; the service (2..6 nodes) follows it up to the peak demand and back down to min_nodes, one
+/// node per step, never beyond max. Same seed, same scaling; the noise draws from the seed.
+#[test]
+fn synthetic_load_curve_drives_scaling() {
+    let svc = r#"{"ts": 0, "type": "submit", "alloc": {"id": "svc", "nodes": 1, "lifecycle": {"type": "reactive", "scale_policy": {"min": 2, "max": 6, "metric": "load", "target": 0.8}}}}
+{"ts": 0, "type": "load_curve", "alloc_id": "svc", "base": 3, "amplitude": 2, "period": "2h", "interval": "30s", "duration": "4h", "noise": 0.2}
+"#;
+    let r = replay(svc, 8, checked());
+    assert!(r.summary.scale_ups >= 2, "{}", r.summary.scale_ups);
+    assert!(r.summary.scale_downs >= 2, "{}", r.summary.scale_downs);
+    assert!(r.jobs[0].nodes <= 6);
+    let again = replay(svc, 8, checked());
+    assert_eq!(
+        (again.summary.scale_ups, again.summary.scale_downs),
+        (r.summary.scale_ups, r.summary.scale_downs)
+    );
+    // A flat demand of 2 nodes at the target never scales.
+    let flat = svc
+        .replace(r#""amplitude": 2"#, r#""amplitude": 0"#)
+        .replace(r#""base": 3"#, r#""base": 2"#)
+        .replace(r#""noise": 0.2"#, r#""noise": 0"#);
+    let r = replay(&flat, 8, checked());
+    assert_eq!((r.summary.scale_ups, r.summary.scale_downs), (0, 0));
+}
+
+/// A malformed load curve is reported with its line and field, and the rest of the trace still replays.
+#[test]
+fn malformed_load_curve_is_reported() {
+    let text = format!(
+        "{SERVICE}{{\"ts\": 0, \"type\": \"load_curve\", \"alloc_id\": \"svc\", \"base\": -1, \"duration\": \"1h\"}}\n{{\"ts\": 0, \"type\": \"load_curve\", \"alloc_id\": \"svc\", \"base\": 1}}\n"
+    );
+    let w = parse_jsonl("t.jsonl", &text);
+    assert_eq!(w.problems.len(), 2, "{:?}", w.problems);
+    let msgs: Vec<String> = w.problems.iter().map(|p| p.to_string()).collect();
+    assert!(msgs[0].contains(":2:") && msgs[0].contains("base"), "{}", msgs[0]);
+    assert!(msgs[1].contains(":3:") && msgs[1].contains("duration"), "{}", msgs[1]);
+    assert_eq!(w.jobs.len(), 1);
+}

@@ -35,6 +35,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "storage_outage",
     "storage_recover",
     "metric",
+    "load_curve",
 ];
 
 #[derive(Deserialize)]
@@ -271,6 +272,27 @@ struct MetricEventIn {
     #[allow(dead_code)]
     metric: Option<String>,
     value: f64,
+}
+
+/// A synthetic load for a reactive allocation: demand (in nodes) `base + amplitude·sin(2π·t/period)`
+/// plus seeded uniform noise of ±`noise`, sampled every `interval` for `duration`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadCurveEventIn {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    alloc_id: String,
+    base: f64,
+    #[serde(default)]
+    amplitude: f64,
+    period: Option<DurationValue>,
+    interval: Option<DurationValue>,
+    duration: DurationValue,
+    #[serde(default)]
+    noise: f64,
 }
 
 #[derive(Deserialize)]
@@ -520,6 +542,17 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                 )),
                 Ok(_) => w.skip(problem(Some("value"), "invalid_field", "value must be a number".into())),
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "load_curve" => match serde_json::from_str::<LoadCurveEventIn>(t)
+                .map_err(|e| (field_of(&e).unwrap_or_default(), e.to_string()))
+                .and_then(load_curve)
+            {
+                Ok(kind) => others.push((ts_ms, line_no, kind)),
+                Err((field, m)) => w.skip(problem(
+                    (!field.is_empty()).then_some(field.as_str()),
+                    "invalid_field",
+                    m,
+                )),
             },
             "storage_outage" | "storage_recover" => match serde_json::from_str::<BareEventIn>(t) {
                 Ok(_) => others.push((
@@ -1057,6 +1090,47 @@ fn ts_millis(ts: &Ts) -> Result<i64, String> {
             Ok(d.as_millis() as i64)
         }
     }
+}
+
+/// Checks a `load_curve` event's numbers (errors name the field).
+fn load_curve(e: LoadCurveEventIn) -> Result<TraceEventKind, (String, String)> {
+    let bad = |f: &str, m: String| (f.to_string(), m);
+    for (f, v) in [("base", e.base), ("amplitude", e.amplitude), ("noise", e.noise)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(bad(f, format!("must be a non-negative number, got {v}")));
+        }
+    }
+    let dur = |v: &Option<DurationValue>, f: &str, default: Duration| -> Result<Duration, (String, String)> {
+        v.as_ref()
+            .map_or(Ok(default), |d| duration_value(d).map_err(|m| bad(f, m)))
+    };
+    let period = dur(&e.period, "period", Duration::from_hours(24))?;
+    let interval = dur(&e.interval, "interval", Duration::from_secs(30))?;
+    let duration = duration_value(&e.duration).map_err(|m| bad("duration", m))?;
+    if period == Duration::ZERO {
+        return Err(bad("period", "must be positive".into()));
+    }
+    if interval < Duration::from_secs(1) {
+        return Err(bad("interval", "must be at least 1s".into()));
+    }
+    if duration.0 / interval.0 > 1_000_000 {
+        return Err(bad(
+            "duration",
+            format!(
+                "{} samples (duration / interval) exceed the limit of 1000000",
+                duration.0 / interval.0
+            ),
+        ));
+    }
+    Ok(TraceEventKind::LoadCurve {
+        alloc: e.alloc_id,
+        base: e.base,
+        amplitude: e.amplitude,
+        period,
+        interval,
+        duration,
+        noise: e.noise,
+    })
 }
 
 fn duration_value(d: &DurationValue) -> Result<Duration, String> {

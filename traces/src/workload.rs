@@ -63,6 +63,18 @@ pub enum TraceEventKind {
         alloc: String,
         value: f64,
     },
+    /// A synthetic load curve for a reactive allocation (instead of `metric` samples): demand in nodes
+    /// `base + amplitude·sin(2π·(t − ts)/period)` ± uniform `noise`, sampled every `interval` for
+    /// `duration`; the simulator turns it into metric samples `target × demand / nodes held`.
+    LoadCurve {
+        alloc: String,
+        base: f64,
+        amplitude: f64,
+        period: Duration,
+        interval: Duration,
+        duration: Duration,
+        noise: f64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
