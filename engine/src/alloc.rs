@@ -302,6 +302,8 @@ pub enum EndReason {
     UserCancelled,
     /// Preempted and killed: its checkpoint did not complete in time (or storage was down).
     PreemptionKilled,
+    /// Its prologue (uenv pull/mount) failed on more nodes than the retry limit allows.
+    PrologueFailure,
 }
 
 impl EndReason {
@@ -315,6 +317,7 @@ impl EndReason {
             EndReason::DependencyUnsatisfied => "dependency_unsatisfied",
             EndReason::UserCancelled => "user_cancelled",
             EndReason::PreemptionKilled => "preemption_killed",
+            EndReason::PrologueFailure => "prologue_failure",
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub fair_share: FairShareConfig,
     /// Hard, system-wide: nodes that allocations of `reservation` (sensitive) vClusters may hold.
     pub sensitive_pool_size: Option<u32>,
+    /// Prologue failures an allocation is retried after (on other nodes) before it fails (default 3).
+    pub max_prologue_retries: u32,
 }
 
 impl EngineConfig {
@@ -52,6 +54,7 @@ impl EngineConfig {
             energy_prices: Vec::new(),
             fair_share: FairShareConfig::default(),
             sensitive_pool_size: None,
+            max_prologue_retries: 3,
         }
     }
 }
@@ -129,6 +132,9 @@ pub(crate) struct Meta {
     pub last_checkpoint: Option<Time>,
     /// When it was last requeued (it sits out that cycle).
     pub requeued_at: Option<Time>,
+    /// Nodes its prologue failed on: placed last (other nodes first) when it starts again.
+    pub avoid: Vec<NodeId>,
+    pub prologue_failures: u32,
 }
 
 /// One scheduler instance: a vCluster's nodes, queue and settings.
@@ -806,6 +812,40 @@ impl Engine {
             crate::alloc::RequeuePolicy::OnNodeFailure => reason == EndReason::NodeFailure,
             crate::alloc::RequeuePolicy::Always => true,
         }
+    }
+
+    /// The node agent reports that the allocation's prologue (uenv pull/mount) failed on `node`. The
+    /// allocation leaves its nodes and is retried on different nodes (the failed ones are taken last),
+    /// keeping its submit time and sitting out this cycle; past `max_prologue_retries` it fails. Does
+    /// not count against the requeue policy. Returns whether it was retried.
+    pub fn handle_prologue_failure(&mut self, now: Time, id: AllocId, node: NodeId) -> Result<bool, EngineError> {
+        self.clock.advance(now);
+        let a = self.allocs.get(id.index()).ok_or(EngineError::UnknownAlloc(id))?;
+        if a.state != AllocState::Running {
+            return Err(EngineError::InvalidTransition {
+                id,
+                from: a.state,
+                to: AllocState::Pending,
+            });
+        }
+        if !a.nodes.contains(&node) {
+            return Err(EngineError::UnknownNode(node));
+        }
+        let m = &mut self.meta[id.index()];
+        m.prologue_failures += 1;
+        if !m.avoid.contains(&node) {
+            m.avoid.push(node);
+        }
+        if m.prologue_failures > self.config.max_prologue_retries {
+            self.transition(id, AllocState::Failed)?;
+            self.finish(now, id, EndReason::PrologueFailure);
+            let key = self.pool_key_of(id);
+            self.mark_due(key, now);
+            return Ok(false);
+        }
+        self.requeue(now, id)?;
+        self.allocs[id.index()].requeues -= 1;
+        Ok(true)
     }
 
     /// Puts a failed running allocation back in the queue: original submit time kept, excluded from the

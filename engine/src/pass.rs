@@ -439,26 +439,37 @@ impl Engine {
         let k: u32 = pl.picks.iter().map(|p| p.1).sum();
         let mut need = pl.picks.clone();
         let mut nodes: Vec<NodeId> = Vec::with_capacity(k as usize);
-        if self.class_keys.len() == 1 {
+        // Nodes its prologue failed on go last: retried on different nodes where the class has them.
+        let avoid = std::mem::take(&mut self.meta[id.index()].avoid);
+        if self.class_keys.len() == 1 && avoid.is_empty() {
             // One class (every homogeneous machine): the lowest free ids.
             nodes.extend(self.free.iter().take(k as usize));
             need.clear();
+        } else if self.class_keys.len() == 1 {
+            need = vec![(0, k)];
         }
-        for n in self.free.iter() {
-            if need.is_empty() {
+        for last in [false, true] {
+            for n in self.free.iter() {
+                if need.iter().all(|p| p.1 == 0) || nodes.len() == k as usize {
+                    break;
+                }
+                if avoid.contains(&n) != last {
+                    continue;
+                }
+                let c = self.class_of[n.index()];
+                if let Some(p) = need.iter_mut().find(|p| p.0 == c)
+                    && p.1 > 0
+                {
+                    p.1 -= 1;
+                    nodes.push(n);
+                }
+            }
+            if avoid.is_empty() {
                 break;
             }
-            if nodes.len() == k as usize {
-                break;
-            }
-            let c = self.class_of[n.index()];
-            if let Some(p) = need.iter_mut().find(|p| p.0 == c)
-                && p.1 > 0
-            {
-                p.1 -= 1;
-                nodes.push(n);
-            }
         }
+        self.meta[id.index()].avoid = avoid;
+        nodes.sort_unstable();
         assert_eq!(
             nodes.len(),
             k as usize,

@@ -30,6 +30,8 @@ pub enum EventKind {
     Grace(u32),
     /// The failure injector fails (`true`) or repairs (`false`) a node.
     Inject(u32, bool),
+    /// The node agent reports the allocation's prologue failed on a node (run epoch `u32`).
+    PrologueFail(AllocId, u32, u32),
     /// Sample `u32` of the synthetic load curve at this index of `Workload::events`.
     LoadSample(usize, u32),
 }

@@ -200,6 +200,7 @@ pub fn simulate(
         energy_prices: energy_prices.clone(),
         fair_share: cfg.fair_share,
         sensitive_pool_size: cfg.sensitive_pool_size,
+        max_prologue_retries: lattice_engine::EngineConfig::new(cfg.policy).max_prologue_retries,
     };
     let mut engine = Engine::new(engine_cfg, nodes)?;
     if let Some(bw) = inventory.storage_bandwidth_gbps {
@@ -439,6 +440,20 @@ pub fn simulate(
                             q.push(now + took, rank_end, EventKind::WipeDone(id, ok));
                         }
                     }
+                    EventKind::PrologueFail(id, node, epoch) => {
+                        if epoch != fake.epoch(id)
+                            || engine.allocation(id).is_none_or(|a| a.state != AllocState::Running)
+                        {
+                            break 'event;
+                        }
+                        fake.prologue_failures += 1;
+                        quorum.release(&engine, id);
+                        engine
+                            .handle_prologue_failure(now, id, NodeId(node))
+                            .map_err(|e| fail(now, format!("prologue failure rejected by the engine: {e}")))?;
+                        fake.bump(id);
+                        fake.restart(id);
+                    }
                     EventKind::CheckpointDone(id, epoch) => {
                         if epoch == fake.epoch(id)
                             && engine.allocation(id).is_some_and(|a| a.state == AllocState::Running)
@@ -514,6 +529,15 @@ pub fn simulate(
                                 }
                                 break 'event;
                             }
+                            K::PrologueFail { node } => {
+                                match node_of(node) {
+                                    Some(n) => {
+                                        fake.bad_image.insert(n);
+                                    }
+                                    None => *rejected.entry("unknown_node".into()).or_default() += 1,
+                                }
+                                break 'event;
+                            }
                             K::LoadCurve { .. } => {
                                 q.push(now, RANK_NODE, EventKind::LoadSample(i, 0));
                                 break 'event;
@@ -531,6 +555,13 @@ pub fn simulate(
                             *rejected.entry("unknown_node".into()).or_default() += 1;
                             break 'event;
                         };
+                        if event == NodeEvent::Enable {
+                            // Recovery also repairs a broken image cache; a node that only had that is done.
+                            let had_image = fake.bad_image.remove(&n);
+                            if had_image && engine.node(n).is_some_and(|x| x.state == NodeState::Ready) {
+                                break 'event;
+                            }
+                        }
                         // A recovery undoes whatever state the failure left.
                         let event = match (event, engine.node(n).map(|x| x.state)) {
                             (NodeEvent::Enable, Some(NodeState::Degraded)) => NodeEvent::HeartbeatResume,
@@ -871,6 +902,7 @@ pub fn simulate(
     summary.injected_failures = dyn_stats.injected;
     summary.lost_node_hours = metrics::round6(dyn_stats.lost_node_s / 3600.0);
     summary.requeues = engine.allocations().iter().map(|a| a.requeues as u64).sum();
+    summary.prologue_failures = fake.prologue_failures;
     let (kwh, energy_cost) = energy_use(&summary_jobs_energy(&engine, &node_power), &energy_prices);
     summary.energy_kwh = kwh;
     summary.energy_cost = energy_cost;
@@ -923,6 +955,9 @@ pub fn simulate(
     })
 }
 
+/// How long after its start a failing prologue is reported.
+const PROLOGUE_TIME: Duration = Duration(5_000);
+
 /// The quorum decides a proposal; on commit the fake nodes start the allocation.
 #[allow(clippy::too_many_arguments)]
 fn commit(
@@ -963,6 +998,15 @@ fn commit(
     let run = run.map(|r| Duration(r.0.saturating_sub(fake.done(id).0) + stall.0));
     fake.started(id, now);
     let epoch = fake.epoch(id);
+    // The prologue (uenv pull/mount) fails on a node with a broken image cache: the agent reports it
+    // a few seconds after the start, and the allocation never runs its entrypoint.
+    if let Some(bad) = engine
+        .allocation(id)
+        .and_then(|a| a.nodes.iter().find(|n| fake.bad_image.contains(n)).copied())
+    {
+        q.push(now + PROLOGUE_TIME, rank_end, EventKind::PrologueFail(id, bad.0, epoch));
+        return Ok(());
+    }
     // The fake node: ends at start + run, or kills at start + walltime.
     match (run, walltime) {
         // Past its walltime: SIGTERM at the walltime, SIGKILL after the grace period (the job ends at
@@ -1165,7 +1209,6 @@ fn node_event(
     Ok(())
 }
 
-/// An exponentially distributed duration with the given mean.
 /// Demand (nodes) of a synthetic load curve at `since` after its start: a sine around `base` plus
 /// uniform noise in ±`noise`, drawn from a generator seeded by (run seed, curve, sample) so every sample
 /// is reproducible on its own.
@@ -1187,6 +1230,7 @@ fn load_demand(
     (base + amplitude * phase.sin() + noise * (2.0 * u - 1.0)).max(0.0)
 }
 
+/// An exponentially distributed duration with the given mean.
 fn draw_exp(rng: &mut rand_chacha::ChaCha8Rng, mean: Duration) -> Duration {
     use rand_chacha::rand_core::Rng;
     let u = ((rng.next_u64() >> 11) as f64 + 1.0) / ((1u64 << 53) as f64 + 1.0);
@@ -1239,6 +1283,9 @@ struct FakeNodes {
     defaulted_runtime: u64,
     /// I/O stalls of allocations started before their staging finished.
     stall_ms: u64,
+    /// Nodes whose local image cache is broken: every prologue there fails (until `node_recover`).
+    bad_image: std::collections::BTreeSet<NodeId>,
+    prologue_failures: u64,
 }
 
 impl FakeNodes {
@@ -1516,6 +1563,7 @@ fn summarize(
         injected_failures: 0,
         lost_node_hours: 0.0,
         requeues: 0,
+        prologue_failures: 0,
         energy_kwh: 0.0,
         energy_cost: 0.0,
         suspended_requeues: engine.allocations().iter().map(|a| a.preempted as u64).sum(),

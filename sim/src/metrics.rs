@@ -238,6 +238,8 @@ pub struct Summary {
     pub injected_failures: u64,
     pub lost_node_hours: f64,
     pub requeues: u64,
+    /// Prologue failures reported by node agents (each retried on other nodes, up to the limit).
+    pub prologue_failures: u64,
     /// Energy used by allocations (node power × time) and its cost under the price series.
     pub energy_kwh: f64,
     pub energy_cost: f64,

@@ -259,3 +259,36 @@ mod properties {
         }
     }
 }
+
+/// Prologue failure: n00000's image cache is broken. A (1 node) starts there at 0, the agent reports the
+/// failure 5 s later, and A is retried on a different node at the next cycle (its submit time kept).
+/// When every node is broken, A fails after the initial attempt plus 3 retries (`prologue_failure`);
+/// `node_recover` repairs the cache.
+#[test]
+fn prologue_failure_retries_on_other_nodes() {
+    let bad = |n: &str| ev(0, TraceEventKind::PrologueFail { node: node(n) });
+    let r = run_events(vec![job("A", 1, 1, 100, 100)], vec![bad("n00000")], 3);
+    let a = &r.jobs[0];
+    assert_eq!(
+        (a.submit_s, a.start_s, a.end_s, a.state),
+        (1.0, Some(1.0), Some(106.001), "completed")
+    );
+    assert_eq!(r.summary.prologue_failures, 1);
+    assert_eq!(r.summary.requeues, 0, "a prologue retry is not a requeue");
+
+    let r = run_events(vec![job("A", 1, 1, 100, 100)], vec![bad("n00000"), bad("n00001")], 2);
+    let a = &r.jobs[0];
+    assert_eq!((a.state, a.reason), ("failed", "prologue_failure"));
+    assert_eq!(r.summary.prologue_failures, 4);
+
+    // Repaired before the retry: the retry may use the node again.
+    let r = run_events(
+        vec![job("A", 1, 1, 100, 100)],
+        vec![
+            bad("n00000"),
+            ev(3, TraceEventKind::NodeRecover { node: node("n00000") }),
+        ],
+        1,
+    );
+    assert_eq!((r.jobs[0].state, r.summary.prologue_failures), ("completed", 1));
+}

@@ -63,6 +63,11 @@ pub enum TraceEventKind {
         alloc: String,
         value: f64,
     },
+    /// The node's local image cache is broken (e.g. a corrupted uenv): every prologue on it fails until
+    /// a `node_recover` for the node.
+    PrologueFail {
+        node: String,
+    },
     /// A synthetic load curve for a reactive allocation (instead of `metric` samples): demand in nodes
     /// `base + amplitude·sin(2π·(t − ts)/period)` ± uniform `noise`, sampled every `interval` for
     /// `duration`; the simulator turns it into metric samples `target × demand / nodes held`.
