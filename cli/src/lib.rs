@@ -1,9 +1,10 @@
 //! `lattice-cli` — the command-line tools. `rm-replay` replays a workload trace through the very engine
 //! the production runtime runs, on a virtual clock ([`replay`]), prints the seed's "RM-Replay Results"
-//! block ([`report`]), writes the output contract (`summary.json`, `jobs.csv`) and measures itself
-//! ([`bench`]). The `lattice` client of the runtime arrives with the runtime issue.
+//! block ([`report`]) — against a baseline profile with arrows ([`compare`]) —, writes the output contract
+//! (`summary.json`, `jobs.csv`) and measures itself ([`bench`]). The `lattice` client of the runtime arrives with the runtime issue.
 
 pub mod bench;
+pub mod compare;
 pub mod replay;
 pub mod report;
 

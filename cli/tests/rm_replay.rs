@@ -333,3 +333,52 @@ fn validate_reports_every_problem_with_its_line() {
     assert!(out.contains("bad.jsonl:31: field `alloc.walltime`"), "{out}");
     assert!(out.contains("31 problems"), "{out}");
 }
+
+/// `--baseline`: the demo trace with hpc-batch against balanced prints the comparison block, writes the
+/// baseline's outputs and `comparison.txt`; `compare DIR_A DIR_B` prints the same block from the folders;
+/// a folder without a summary is a clear error.
+#[test]
+fn baseline_comparison_and_compare_command() {
+    let dir = tmp("baseline");
+    let out = dir.join("hpc-batch");
+    let o = rm_replay(&[
+        "--weights",
+        "profiles/hpc-batch.yaml",
+        "--baseline",
+        "profiles/balanced.yaml",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("=== RM-Replay Results: hpc-batch (baseline: balanced) ==="),
+        "{t}"
+    );
+    for section in [
+        "p95: ",
+        "(baseline: ",
+        "Fairness (Jain's Index):",
+        "Backfill jobs: ",
+        "Preemptions:",
+    ] {
+        assert!(t.contains(section), "missing {section} in {t}");
+    }
+    let cmp = std::fs::read_to_string(out.join("comparison.txt")).unwrap();
+    assert!(t.contains(&cmp));
+    let (a, b) = (out.clone(), out.join("baseline"));
+    assert!(b.join("summary.json").exists());
+    let o = rm_replay(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("=== RM-Replay Results: hpc-batch (baseline: baseline) ==="),
+        "{t}"
+    );
+    // Same numbers as the live comparison (only the header's names differ).
+    let body = |s: &str| s.lines().skip(1).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(body(&t), body(&cmp));
+    let o = rm_replay(&["compare", a.to_str().unwrap(), dir.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("summary.json"), "{}", text(&o));
+}

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lattice_cli::{bench, replay, report};
+use lattice_cli::{bench, compare, replay, report};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -31,6 +31,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         procs_per_node: u32,
     },
+    /// Compare two earlier runs (`--output` folders): the results block of RUN with BASELINE's values and
+    /// the change of each metric, overall and per vCluster.
+    Compare { run: PathBuf, baseline: PathBuf },
     /// Rewrite the bundled demo trace from its seeded generator.
     GenerateDemo {
         #[arg(long, default_value = "traces/library/demo-128n.swf")]
@@ -127,9 +130,14 @@ struct ReplayArgs {
     /// Seed recorded in the summary (every random choice derives from it).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Write summary.json, jobs.csv and engine_cost.json here.
+    /// Write summary.json, jobs.csv and engine_cost.json here (with --baseline, the baseline's go to
+    /// DIR/baseline and the comparison to DIR/comparison.txt).
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Also replay the trace with this weight profile and compare: each metric with the baseline's
+    /// value and the relative change (↑/↓).
+    #[arg(long)]
+    baseline: Option<PathBuf>,
     /// Fake quorum commit latency in milliseconds.
     #[arg(long, default_value_t = 0)]
     commit_latency_ms: u64,
@@ -183,6 +191,16 @@ fn main() -> Result<()> {
             };
             std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {}", out.display());
+            Ok(())
+        }
+        Some(Cmd::Compare { run, baseline }) => {
+            let (a, b) = (compare::read_summary(&run)?, compare::read_summary(&baseline)?);
+            let name = |p: &PathBuf| {
+                p.file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| p.display().to_string())
+            };
+            print!("{}", compare::render(&name(&run), &a, &name(&baseline), &b));
             Ok(())
         }
         Some(Cmd::Validate { file, procs_per_node }) => {
@@ -309,6 +327,42 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         replay::write_outputs(dir, &result)?;
         if !a.quiet {
             println!("Wrote {}/summary.json, jobs.csv, engine_cost.json", dir.display());
+        }
+    }
+    if let Some(baseline) = &a.baseline {
+        // The same trace and options with the baseline's weights.
+        let mut bopts = opts.clone();
+        bopts.weights = Some(baseline.clone());
+        let base = replay::run(&replay::prepare(&bopts)?, &mut |_, _| {})?;
+        let stem = |p: &PathBuf| {
+            p.file_stem()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_else(|| p.display().to_string())
+        };
+        let name = opts
+            .weights
+            .as_ref()
+            .map(stem)
+            .unwrap_or_else(|| result.summary.policy.clone());
+        let text = compare::render(
+            &name,
+            &serde_json::to_value(&result.summary)?,
+            &stem(baseline),
+            &serde_json::to_value(&base.summary)?,
+        );
+        print!("\n{text}");
+        if let Some(dir) = &a.output {
+            let bdir = dir.join("baseline");
+            replay::write_outputs(&bdir, &base)?;
+            std::fs::write(dir.join("comparison.txt"), &text)
+                .with_context(|| format!("writing {}/comparison.txt", dir.display()))?;
+            if !a.quiet {
+                println!(
+                    "Wrote {}/summary.json, jobs.csv, engine_cost.json and {}/comparison.txt",
+                    bdir.display(),
+                    dir.display()
+                );
+            }
         }
     }
     Ok(())
