@@ -7,6 +7,7 @@ pub mod bench;
 pub mod compare;
 pub mod replay;
 pub mod report;
+pub mod sweep;
 
 /// The bundled demo trace (`traces/library/demo-128n.swf`), replayed when no `--trace` is given.
 pub const DEMO_TRACE: &str = include_str!("../../traces/library/demo-128n.swf");

@@ -382,3 +382,77 @@ fn baseline_comparison_and_compare_command() {
     assert!(!o.status.success());
     assert!(text(&o).contains("summary.json"), "{}", text(&o));
 }
+
+/// `sweep`: a 2×2 grid on the demo trace writes one row and one profile per run, the table does not
+/// depend on the thread count, `--emit-profile` writes the best run's profile (which replays), and bad
+/// `--vary`/`--objective` are clear errors before anything runs.
+#[test]
+fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
+    let dir = tmp("sweep");
+    let table = |threads: &str| {
+        let out = dir.join(format!("t{threads}"));
+        let best = dir.join(format!("best{threads}.yaml"));
+        let o = rm_replay(&[
+            "sweep",
+            "--weights",
+            "profiles/hpc-batch.yaml",
+            "--vary",
+            "fair_share=0.1:0.3:0.2",
+            "--vary",
+            "wait_time=0.1:0.3:0.2",
+            "--objective",
+            "minimize p95_wait subject to utilization >= 0.1",
+            "--threads",
+            threads,
+            "--emit-profile",
+            best.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("4 runs"), "{}", text(&o));
+        let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+        // Without the profile path column (it names the output folder).
+        let rows: Vec<String> = csv.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect();
+        (rows, std::fs::read_to_string(best).unwrap(), text(&o))
+    };
+    let (one, best1, out1) = table("1");
+    let (two, best2, _) = table("2");
+    assert_eq!(one.len(), 5);
+    assert!(one[0].starts_with("run,priority,wait_time,fair_share"));
+    assert_eq!(one, two);
+    assert_eq!(best1, best2);
+    assert!(best1.contains("fair_share:"), "{best1}");
+    // The best row is the feasible one with the lowest p95 wait.
+    let header: Vec<&str> = one[0].split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let p95: Vec<f64> = one[1..]
+        .iter()
+        .map(|r| r.split(',').nth(col("p95_wait_s")).unwrap().parse().unwrap())
+        .collect();
+    let min = p95.iter().cloned().fold(f64::INFINITY, f64::min);
+    assert!(out1.contains(&format!("p95_wait = {min}")), "{out1} {p95:?}");
+    // The emitted profile is a valid profile.
+    let o = rm_replay(&["--weights", dir.join("best1.yaml").to_str().unwrap(), "--quiet"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (args, want) in [
+        (vec!["--vary", "fairshare=0:1:0.5"], "not a weight"),
+        (vec!["--vary", "fair_share=0:1"], "needs a STEP"),
+        (
+            vec!["--vary", "fair_share=0:1:0.5", "--objective", "minimize p96_wait"],
+            "p96_wait",
+        ),
+    ] {
+        let mut a = vec![
+            "sweep",
+            "--weights",
+            "profiles/hpc-batch.yaml",
+            "--output",
+            dir.to_str().unwrap(),
+        ];
+        a.extend(args);
+        let o = rm_replay(&a);
+        assert!(!o.status.success());
+        assert!(text(&o).contains(want), "{}", text(&o));
+    }
+}

@@ -165,7 +165,7 @@ pub fn bounded_slowdown(wait: Duration, run: Duration) -> f64 {
 }
 
 /// `summary.json`: the output contract of DESIGN.md §3 (keys are stable once landed).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Summary {
     pub trace: String,
     pub jobs: u64,

@@ -174,6 +174,35 @@ pub fn parse_profile(file: &str, text: &str) -> Result<WeightProfile, TraceError
     Ok(out)
 }
 
+/// The profile `text` with new weights for the vClusters in `weights` (every other key, and every other
+/// vCluster, kept as it was; comments are not). The result parses back to the same config with the new
+/// weights — `rm-replay sweep --emit-profile` writes it so it can be deployed as is.
+pub fn profile_with_weights(
+    file: &str,
+    text: &str,
+    weights: &BTreeMap<String, CostWeights>,
+) -> Result<String, TraceError> {
+    let err = |message: String| TraceError::Config {
+        file: file.to_string(),
+        message,
+    };
+    let mut doc: BTreeMap<String, BTreeMap<String, yaml_serde::Value>> =
+        yaml_serde::from_str(text).map_err(|e| err(format!("expected `vcluster: {{key: value, ...}}`: {e}")))?;
+    for (vc, w) in weights {
+        let entries = doc
+            .get_mut(vc)
+            .ok_or_else(|| err(format!("the profile has no vCluster `{vc}`")))?;
+        for (name, x) in CostWeights::NAMES.iter().zip(w.as_array()) {
+            // Rounded so the file reads like a hand-written one (and stays exact on a round trip).
+            let x = (x * 1e6).round() / 1e6;
+            entries.insert(name.to_string(), yaml_serde::Value::from(x));
+        }
+    }
+    let out = yaml_serde::to_string(&doc).map_err(|e| err(format!("writing YAML: {e}")))?;
+    parse_profile(file, &out)?;
+    Ok(out)
+}
+
 /// `fcfs`/`fifo`, `easy`, `conservative`, `backfill` (with `depth`, default 10 — the tuning guide's
 /// "moderate"), `bin-pack` or `reservation`.
 pub fn parse_policy(name: &str, depth: Option<u32>) -> Result<Policy, String> {
@@ -197,6 +226,21 @@ mod tests {
     use super::*;
 
     const OK: &str = "hpc-batch:\n  priority: 0.15\n  wait_time: 0.20\n  fair_share: 0.20\n  topology: 0.15\n  data_readiness: 0.10\n  backlog: 0.05\n  energy: 0.00\n  checkpoint: 0.05\n  conformance: 0.10\n";
+
+    #[test]
+    fn rewriting_weights_keeps_the_config() {
+        let text = format!("{OK}  policy: backfill\n  backfill_depth: 7\n  cycle_interval: 15s\n");
+        let before = parse_profile("p.yaml", &text).unwrap();
+        let mut w = before.vclusters["hpc-batch"].weights;
+        w.fair_share = 0.35;
+        let out = profile_with_weights("p.yaml", &text, &[("hpc-batch".to_string(), w)].into()).unwrap();
+        let after = parse_profile("p.yaml", &out).unwrap();
+        let (a, b) = (&before.vclusters["hpc-batch"], &after.vclusters["hpc-batch"]);
+        assert_eq!(b.weights, w);
+        assert_eq!((a.policy, a.cycle_interval), (b.policy, b.cycle_interval));
+        let e = profile_with_weights("p.yaml", &text, &[("ml".to_string(), w)].into()).unwrap_err();
+        assert!(e.to_string().contains("no vCluster `ml`"), "{e}");
+    }
 
     #[test]
     fn parses_weights_and_config() {

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lattice_cli::{bench, compare, replay, report};
+use lattice_cli::{bench, compare, replay, report, sweep};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -34,6 +34,9 @@ enum Cmd {
     /// Compare two earlier runs (`--output` folders): the results block of RUN with BASELINE's values and
     /// the change of each metric, overall and per vCluster.
     Compare { run: PathBuf, baseline: PathBuf },
+    /// Replay the trace under many weight vectors (grid or random search) on all cores, score each run
+    /// with --objective, write DIR/sweep.csv and DIR/profiles/, and name the best profile.
+    Sweep(Box<SweepArgs>),
     /// Rewrite the bundled demo trace from its seeded generator.
     GenerateDemo {
         #[arg(long, default_value = "traces/library/demo-128n.swf")]
@@ -93,6 +96,28 @@ struct BenchArgs {
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct SweepArgs {
+    /// Weight to vary and its range: NAME=LO:HI:STEP for a grid (repeat for several; every
+    /// combination runs), NAME=LO:HI with --random. The other weights are rescaled to keep the total.
+    #[arg(long = "vary", required = true)]
+    vary: Vec<String>,
+    /// Random search: N points drawn within the --vary ranges (seeded by --seed) instead of a grid.
+    #[arg(long)]
+    random: Option<usize>,
+    /// What "best" means, e.g. "minimize p95_wait subject to jain >= 0.9" (metrics: summary.json keys).
+    #[arg(long, default_value = "minimize p95_wait")]
+    objective: String,
+    /// Write the best run's profile here (deployable as is).
+    #[arg(long)]
+    emit_profile: Option<PathBuf>,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    replay: ReplayArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -226,20 +251,21 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Some(Cmd::Sweep(a)) => run_sweep(*a),
         None => run_replay(cli.replay),
     }
 }
 
-fn run_replay(a: ReplayArgs) -> Result<()> {
-    let opts = replay::ReplayOptions {
-        trace: a.trace,
-        inventory: a.inventory,
+fn options(a: &ReplayArgs) -> Result<replay::ReplayOptions> {
+    Ok(replay::ReplayOptions {
+        trace: a.trace.clone(),
+        inventory: a.inventory.clone(),
         procs_per_node: a.procs_per_node,
-        policy: a.policy,
+        policy: a.policy.clone(),
         depth: a.depth,
-        compat: a.compat,
-        weights: a.weights,
-        vcluster: a.vcluster,
+        compat: a.compat.clone(),
+        weights: a.weights.clone(),
+        vcluster: a.vcluster.clone(),
         seed: a.seed,
         commit_latency_ms: a.commit_latency_ms,
         tenant_field: match a.tenant_field {
@@ -261,7 +287,7 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .map(lattice_traces::parse_duration)
             .transpose()
             .map_err(|m| anyhow::anyhow!("--fairshare-half-life: {m}"))?,
-        tenants: a.tenants,
+        tenants: a.tenants.clone(),
         mtbf: a
             .mtbf
             .as_deref()
@@ -280,7 +306,11 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             .map(lattice_traces::parse_duration)
             .transpose()
             .map_err(|m| anyhow::anyhow!("--walltime-grace: {m}"))?,
-    };
+    })
+}
+
+fn run_replay(a: ReplayArgs) -> Result<()> {
+    let opts = options(&a)?;
     let prepared = replay::prepare(&opts)?;
     if !a.quiet {
         for p in &prepared.workload.problems {
@@ -364,6 +394,86 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+fn run_sweep(a: SweepArgs) -> Result<()> {
+    let Some(base) = a.replay.weights.clone() else {
+        anyhow::bail!("sweep needs --weights BASE.yaml (the profile whose weights are varied)");
+    };
+    let Some(out) = a.replay.output.clone() else {
+        anyhow::bail!("sweep needs --output DIR (for sweep.csv and the run profiles)");
+    };
+    let vary: Vec<sweep::Vary> = a
+        .vary
+        .iter()
+        .map(|v| sweep::Vary::parse(v).map_err(|m| anyhow::anyhow!("--vary {m}")))
+        .collect::<Result<_>>()?;
+    let objective = sweep::Objective::parse(&a.objective).map_err(|m| anyhow::anyhow!("--objective {m}"))?;
+    objective
+        .check_names(&serde_json::to_value(lattice_sim::Summary::default())?)
+        .map_err(|m| anyhow::anyhow!("--objective: {m}"))?;
+    let points = match a.random {
+        Some(n) => sweep::random(&vary, n, a.replay.seed),
+        None => {
+            if let Some(v) = vary.iter().find(|v| v.step.is_none()) {
+                anyhow::bail!(
+                    "--vary {}: a grid needs a STEP (NAME=LO:HI:STEP), or use --random N",
+                    v.name()
+                );
+            }
+            sweep::grid(&vary)
+        }
+    };
+    sweep::check_points(&points)?;
+    let opts = options(&a.replay)?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bar = indicatif::ProgressBar::new(points.len() as u64);
+    if a.replay.quiet || !std::io::stderr().is_terminal() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} runs ({elapsed}, eta {eta})")
+            .expect("valid template"),
+    );
+    let started = std::time::Instant::now();
+    let runs = sweep::run(&opts, &base, &vary, &points, &out, threads, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+    let table = sweep::table(&runs, &objective);
+    std::fs::write(out.join("sweep.csv"), table).with_context(|| format!("writing {}/sweep.csv", out.display()))?;
+    let best = sweep::best(&runs, &objective).expect("a sweep has runs");
+    let b = &runs[best];
+    println!(
+        "{} runs on {} threads in {:.1} s; table: {}/sweep.csv",
+        runs.len(),
+        threads,
+        started.elapsed().as_secs_f64(),
+        out.display()
+    );
+    let shown: Vec<String> = vary
+        .iter()
+        .map(|v| format!("{}={}", v.name(), b.weights.as_array()[v.weight]))
+        .collect();
+    println!(
+        "best ({}{}): run {} [{}] -> {} = {}",
+        a.objective,
+        if objective.feasible(&b.summary) {
+            ""
+        } else {
+            "; no run meets the constraints"
+        },
+        b.index,
+        shown.join(", "),
+        objective.metric,
+        sweep::metric(&b.summary, &objective.metric).unwrap_or(f64::NAN)
+    );
+    println!("profile: {}", b.profile.display());
+    if let Some(dest) = &a.emit_profile {
+        std::fs::copy(&b.profile, dest).with_context(|| format!("writing {}", dest.display()))?;
+        println!("wrote {}", dest.display());
     }
     Ok(())
 }

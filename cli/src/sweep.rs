@@ -1,0 +1,455 @@
+//! `rm-replay sweep`: replay one trace under many weight vectors (a grid, or a seeded random search)
+//! on all cores, score each run with an objective, write the table of every run and name the best
+//! profile (Performance Tuning Guide, steps 3-5).
+//!
+//! Varied weights take exactly the swept values; the other weights are rescaled so the total stays the
+//! base profile's (the usual renormalisation: weights are relative). Each replay is deterministic, so a
+//! sweep's table does not depend on the number of threads.
+
+use crate::replay::{self, ReplayOptions};
+use anyhow::{Context, Result, bail};
+use lattice_engine::CostWeights;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// `fair_share=0.1:0.4:0.05`: a weight and its range (`lo:hi:step`; the step is only for grids).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vary {
+    pub weight: usize,
+    pub lo: f64,
+    pub hi: f64,
+    pub step: Option<f64>,
+}
+
+impl Vary {
+    pub fn name(&self) -> &'static str {
+        CostWeights::NAMES[self.weight]
+    }
+
+    pub fn parse(s: &str) -> Result<Vary, String> {
+        let (name, range) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}`: expected NAME=LO:HI[:STEP]"))?;
+        let weight = CostWeights::NAMES
+            .iter()
+            .position(|n| *n == name.trim())
+            .ok_or_else(|| format!("`{name}` is not a weight ({})", CostWeights::NAMES.join(", ")))?;
+        let parts: Vec<&str> = range.split(':').collect();
+        let num = |p: &str| -> Result<f64, String> {
+            p.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| format!("`{s}`: `{p}` is not a number >= 0"))
+        };
+        let (lo, hi, step) = match parts.as_slice() {
+            [lo, hi] => (num(lo)?, num(hi)?, None),
+            [lo, hi, st] => (num(lo)?, num(hi)?, Some(num(st)?)),
+            _ => return Err(format!("`{s}`: expected NAME=LO:HI[:STEP]")),
+        };
+        if lo > hi {
+            return Err(format!("`{s}`: LO is above HI"));
+        }
+        if step == Some(0.0) {
+            return Err(format!("`{s}`: STEP must be positive"));
+        }
+        Ok(Vary { weight, lo, hi, step })
+    }
+
+    /// Grid values lo, lo+step, ..., up to hi (inclusive, within rounding).
+    fn values(&self) -> Vec<f64> {
+        let Some(step) = self.step else {
+            return vec![self.lo, self.hi];
+        };
+        let n = ((self.hi - self.lo) / step + 1e-9).floor() as usize;
+        (0..=n)
+            .map(|i| ((self.lo + i as f64 * step) * 1e9).round() / 1e9)
+            .collect()
+    }
+}
+
+/// Every combination of the grid values (first `--vary` outermost).
+pub fn grid(vary: &[Vary]) -> Vec<Vec<f64>> {
+    let mut points = vec![Vec::new()];
+    for v in vary {
+        let vals = v.values();
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                vals.iter().map(move |x| {
+                    let mut q = p.clone();
+                    q.push(*x);
+                    q
+                })
+            })
+            .collect();
+    }
+    points
+}
+
+/// `n` points drawn uniformly within each range, from `seed`.
+pub fn random(vary: &[Vary], n: usize, seed: u64) -> Vec<Vec<f64>> {
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            vary.iter()
+                .map(|v| {
+                    let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                    ((v.lo + u * (v.hi - v.lo)) * 1e6).round() / 1e6
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `base` with the varied weights set and the others rescaled so the total stays the base's.
+pub fn apply(base: &CostWeights, vary: &[Vary], values: &[f64]) -> CostWeights {
+    let mut w = base.as_array();
+    let total: f64 = w.iter().sum();
+    let varied: f64 = values.iter().sum();
+    let others: f64 = (0..9)
+        .filter(|i| !vary.iter().any(|v| v.weight == *i))
+        .map(|i| w[i])
+        .sum();
+    let scale = if others > 0.0 && total > varied {
+        (total - varied) / others
+    } else {
+        1.0
+    };
+    for (i, x) in w.iter_mut().enumerate() {
+        match vary.iter().position(|v| v.weight == i) {
+            Some(k) => *x = values[k],
+            None => *x = (*x * scale * 1e6).round() / 1e6,
+        }
+    }
+    CostWeights {
+        priority: w[0],
+        wait_time: w[1],
+        fair_share: w[2],
+        topology: w[3],
+        data_readiness: w[4],
+        backlog: w[5],
+        energy: w[6],
+        checkpoint: w[7],
+        conformance: w[8],
+    }
+}
+
+/// A summary metric by name: the `summary.json` key, with `_s` implied for times and short aliases
+/// (`jain` = `jain_index`, `share_deviation` = `max_share_deviation`, `bsld` = `mean_bsld`).
+pub fn metric(summary: &Value, name: &str) -> Option<f64> {
+    let key = match name {
+        "jain" => "jain_index",
+        "share_deviation" => "max_share_deviation",
+        "bsld" => "mean_bsld",
+        "backfill" => "backfilled",
+        n => n,
+    };
+    summary
+        .get(key)
+        .or_else(|| summary.get(format!("{key}_s")))
+        .and_then(Value::as_f64)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Cmp {
+    Ge,
+    Le,
+    Gt,
+    Lt,
+}
+
+/// `minimize p95_wait subject to jain >= 0.9 and utilization > 0.6`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Objective {
+    pub minimize: bool,
+    pub metric: String,
+    pub constraints: Vec<(String, Cmp, f64)>,
+}
+
+impl Objective {
+    pub fn parse(s: &str) -> Result<Objective, String> {
+        let words: Vec<&str> = s.split_whitespace().collect();
+        let minimize = match words.first() {
+            Some(&"minimize") | Some(&"min") => true,
+            Some(&"maximize") | Some(&"max") => false,
+            _ => return Err(format!("`{s}`: start with `minimize METRIC` or `maximize METRIC`")),
+        };
+        let metric = words.get(1).ok_or_else(|| format!("`{s}`: which metric?"))?.to_string();
+        let mut constraints = Vec::new();
+        let mut rest = &words[2..];
+        if !rest.is_empty() {
+            if rest.len() < 2 || rest[0] != "subject" || rest[1] != "to" {
+                return Err(format!(
+                    "`{s}`: expected `subject to METRIC >= VALUE [and ...]` after the metric"
+                ));
+            }
+            rest = &rest[2..];
+            loop {
+                let [m, op, v, tail @ ..] = rest else {
+                    return Err(format!("`{s}`: a constraint is `METRIC >= VALUE` (or <=, >, <)"));
+                };
+                let op = match *op {
+                    ">=" => Cmp::Ge,
+                    "<=" => Cmp::Le,
+                    ">" => Cmp::Gt,
+                    "<" => Cmp::Lt,
+                    o => return Err(format!("`{s}`: `{o}` is not one of >=, <=, >, <")),
+                };
+                let v: f64 = v.parse().map_err(|_| format!("`{s}`: `{v}` is not a number"))?;
+                constraints.push((m.to_string(), op, v));
+                match tail {
+                    [] => break,
+                    ["and", more @ ..] => rest = more,
+                    _ => return Err(format!("`{s}`: join constraints with `and`")),
+                }
+            }
+        }
+        Ok(Objective {
+            minimize,
+            metric,
+            constraints,
+        })
+    }
+
+    /// Checks the metric names against a summary (so typos fail before hours of replays).
+    pub fn check_names(&self, summary: &Value) -> Result<(), String> {
+        for m in std::iter::once(&self.metric).chain(self.constraints.iter().map(|c| &c.0)) {
+            if metric(summary, m).is_none() {
+                return Err(format!("objective: `{m}` is not a numeric summary metric"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn feasible(&self, summary: &Value) -> bool {
+        self.constraints.iter().all(|(m, op, v)| {
+            metric(summary, m).is_some_and(|x| match op {
+                Cmp::Ge => x >= *v,
+                Cmp::Le => x <= *v,
+                Cmp::Gt => x > *v,
+                Cmp::Lt => x < *v,
+            })
+        })
+    }
+
+    /// Is `a` better than `b`? Feasible runs beat infeasible ones; ties keep the earlier run.
+    pub fn better(&self, a: &Value, b: &Value) -> bool {
+        match (self.feasible(a), self.feasible(b)) {
+            (true, false) => return true,
+            (false, true) => return false,
+            _ => {}
+        }
+        let (x, y) = (
+            metric(a, &self.metric).unwrap_or(f64::NAN),
+            metric(b, &self.metric).unwrap_or(f64::NAN),
+        );
+        if self.minimize { x < y } else { x > y }
+    }
+}
+
+/// One replay of the sweep.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub index: usize,
+    pub weights: CostWeights,
+    pub profile: PathBuf,
+    pub summary: Value,
+}
+
+/// The columns of `sweep.csv` after the run number and the nine weights.
+pub const METRICS: [&str; 10] = [
+    "utilization",
+    "mean_wait_s",
+    "p50_wait_s",
+    "p95_wait_s",
+    "p99_wait_s",
+    "mean_bsld",
+    "jain_index",
+    "max_share_deviation",
+    "backfilled",
+    "preemptions",
+];
+
+/// Replays every point on `threads` worker threads. Each run's profile is written to
+/// `out/profiles/run-NNNN.yaml` first (the table refers to it; the best one is deployable as is).
+pub fn run(
+    opts: &ReplayOptions,
+    base_profile: &Path,
+    vary: &[Vary],
+    points: &[Vec<f64>],
+    out: &Path,
+    threads: usize,
+    progress: &(dyn Fn() + Sync),
+) -> Result<Vec<Run>> {
+    let text = std::fs::read_to_string(base_profile).with_context(|| format!("reading {}", base_profile.display()))?;
+    let base = lattice_traces::parse_profile(&base_profile.display().to_string(), &text)?;
+    let dir = out.join("profiles");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut jobs = Vec::with_capacity(points.len());
+    for (i, p) in points.iter().enumerate() {
+        let per_vc: BTreeMap<String, CostWeights> = base
+            .vclusters
+            .iter()
+            .map(|(name, vc)| (name.clone(), apply(&vc.weights, vary, p)))
+            .collect();
+        let yaml = lattice_traces::profile_with_weights(&base.source, &text, &per_vc)?;
+        let path = dir.join(format!("run-{i:04}.yaml"));
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        let first = per_vc.values().next().copied().unwrap_or_default();
+        jobs.push((path, first));
+    }
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Run>>>> = Mutex::new((0..points.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= jobs.len() {
+                        break;
+                    }
+                    let (path, weights) = &jobs[i];
+                    let mut o = opts.clone();
+                    o.weights = Some(path.clone());
+                    let r = replay::prepare(&o)
+                        .and_then(|p| replay::run(&p, &mut |_, _| {}))
+                        .and_then(|r| serde_json::to_value(&r.summary).map_err(anyhow::Error::from))
+                        .map(|summary| Run {
+                            index: i,
+                            weights: *weights,
+                            profile: path.clone(),
+                            summary,
+                        });
+                    results.lock().expect("no worker panicked")[i] = Some(r);
+                    progress();
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("no worker panicked")
+        .into_iter()
+        .map(|r| r.expect("every point ran"))
+        .collect()
+}
+
+/// The index of the best run under the objective.
+pub fn best(runs: &[Run], objective: &Objective) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, r) in runs.iter().enumerate() {
+        if best.is_none_or(|b| objective.better(&r.summary, &runs[b].summary)) {
+            best = Some(i);
+        }
+    }
+    best
+}
+
+/// `sweep.csv`: run, the nine weights, the metrics, feasible, profile.
+pub fn table(runs: &[Run], objective: &Objective) -> String {
+    let mut o = String::from("run");
+    for n in CostWeights::NAMES {
+        let _ = write!(o, ",{n}");
+    }
+    for m in METRICS {
+        let _ = write!(o, ",{m}");
+    }
+    o.push_str(",feasible,profile\n");
+    for r in runs {
+        let _ = write!(o, "{}", r.index);
+        for x in r.weights.as_array() {
+            let _ = write!(o, ",{x}");
+        }
+        for m in METRICS {
+            let _ = write!(
+                o,
+                ",{}",
+                metric(&r.summary, m).map(|x| x.to_string()).unwrap_or_default()
+            );
+        }
+        let _ = writeln!(o, ",{},{}", objective.feasible(&r.summary), r.profile.display());
+    }
+    o
+}
+
+/// Rejects sweeps that would be empty or enormous.
+pub fn check_points(points: &[Vec<f64>]) -> Result<()> {
+    if points.is_empty() {
+        bail!("the sweep has no points (give --vary NAME=LO:HI:STEP, or --random N)");
+    }
+    if points.len() > 10_000 {
+        bail!(
+            "the sweep has {} points; the limit is 10000 (coarser steps or --random N)",
+            points.len()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vary_parses_and_grids() {
+        let v = Vary::parse("fair_share=0.1:0.4:0.05").unwrap();
+        assert_eq!(v.name(), "fair_share");
+        assert_eq!(v.values(), vec![0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4]);
+        let t = Vary::parse("topology=0:0.2:0.1").unwrap();
+        let g = grid(&[v.clone(), t]);
+        assert_eq!(g.len(), 21);
+        assert_eq!((g[0].clone(), g[20].clone()), (vec![0.1, 0.0], vec![0.4, 0.2]));
+        assert!(Vary::parse("fairshare=0:1").unwrap_err().contains("not a weight"));
+        assert!(
+            Vary::parse("fair_share=0.4:0.1")
+                .unwrap_err()
+                .contains("LO is above HI")
+        );
+        assert!(Vary::parse("fair_share=0:1:0").unwrap_err().contains("STEP"));
+    }
+
+    #[test]
+    fn random_points_are_seeded_and_in_bounds() {
+        let v = [Vary::parse("fair_share=0.1:0.4").unwrap()];
+        let (a, b, c) = (random(&v, 50, 7), random(&v, 50, 7), random(&v, 50, 8));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|p| (0.1..=0.4).contains(&p[0])));
+    }
+
+    #[test]
+    fn apply_renormalises_the_other_weights() {
+        let base = CostWeights::default(); // sums to 1.0
+        let v = [Vary::parse("fair_share=0:1").unwrap()];
+        let w = apply(&base, &v, &[0.4]);
+        assert_eq!(w.fair_share, 0.4);
+        assert!((w.as_array().iter().sum::<f64>() - 1.0).abs() < 1e-5);
+        // The others keep their proportions: priority = wait_time in the default.
+        assert_eq!(w.priority, w.wait_time);
+        assert!(w.priority < base.priority);
+    }
+
+    #[test]
+    fn objectives_parse_and_rank() {
+        let o = Objective::parse("minimize p95_wait subject to jain >= 0.9 and utilization > 0.5").unwrap();
+        assert!(o.minimize);
+        assert_eq!(o.constraints.len(), 2);
+        let run = |p95: f64, jain: f64| serde_json::json!({"p95_wait_s": p95, "jain_index": jain, "utilization": 0.7});
+        assert!(o.feasible(&run(10.0, 0.95)));
+        assert!(!o.feasible(&run(10.0, 0.85)));
+        assert!(o.better(&run(10.0, 0.95), &run(5.0, 0.85)), "feasible first");
+        assert!(o.better(&run(5.0, 0.95), &run(10.0, 0.95)));
+        assert!(o.check_names(&run(1.0, 1.0)).is_ok());
+        let bad = Objective::parse("minimize p96_wait").unwrap();
+        assert!(bad.check_names(&run(1.0, 1.0)).unwrap_err().contains("p96_wait"));
+        assert!(Objective::parse("lower p95").is_err());
+        assert!(Objective::parse("minimize p95_wait given jain >= 0.9").is_err());
+        assert!(Objective::parse("minimize p95_wait subject to jain => 0.9").is_err());
+    }
+}
