@@ -351,7 +351,22 @@ pub fn best(runs: &[Run], objective: &Objective) -> Option<usize> {
     best
 }
 
-/// `sweep.csv`: run, the nine weights, the metrics, feasible, profile.
+/// Which runs lie on the Pareto front of utilization (higher is better) against p95 wait (lower is
+/// better): no other run is at least as good on both and strictly better on one.
+pub fn pareto(runs: &[Run]) -> Vec<bool> {
+    let point = |r: &Run| {
+        (
+            metric(&r.summary, "utilization").unwrap_or(0.0),
+            metric(&r.summary, "p95_wait").unwrap_or(f64::INFINITY),
+        )
+    };
+    let pts: Vec<(f64, f64)> = runs.iter().map(point).collect();
+    pts.iter()
+        .map(|&(u, w)| !pts.iter().any(|&(u2, w2)| u2 >= u && w2 <= w && (u2 > u || w2 < w)))
+        .collect()
+}
+
+/// `sweep.csv`: run, the nine weights, the metrics, feasible, pareto, profile.
 pub fn table(runs: &[Run], objective: &Objective) -> String {
     let mut o = String::from("run");
     for n in CostWeights::NAMES {
@@ -360,8 +375,9 @@ pub fn table(runs: &[Run], objective: &Objective) -> String {
     for m in METRICS {
         let _ = write!(o, ",{m}");
     }
-    o.push_str(",feasible,profile\n");
-    for r in runs {
+    o.push_str(",feasible,pareto,profile\n");
+    let front = pareto(runs);
+    for (r, on_front) in runs.iter().zip(front) {
         let _ = write!(o, "{}", r.index);
         for x in r.weights.as_array() {
             let _ = write!(o, ",{x}");
@@ -373,7 +389,13 @@ pub fn table(runs: &[Run], objective: &Objective) -> String {
                 metric(&r.summary, m).map(|x| x.to_string()).unwrap_or_default()
             );
         }
-        let _ = writeln!(o, ",{},{}", objective.feasible(&r.summary), r.profile.display());
+        let _ = writeln!(
+            o,
+            ",{},{},{}",
+            objective.feasible(&r.summary),
+            on_front,
+            r.profile.display()
+        );
     }
     o
 }
@@ -433,6 +455,25 @@ mod tests {
         // The others keep their proportions: priority = wait_time in the default.
         assert_eq!(w.priority, w.wait_time);
         assert!(w.priority < base.priority);
+    }
+
+    #[test]
+    fn pareto_front_of_utilization_and_p95_wait() {
+        let run = |i: usize, u: f64, w: f64| Run {
+            index: i,
+            weights: CostWeights::default(),
+            profile: PathBuf::new(),
+            summary: serde_json::json!({"utilization": u, "p95_wait_s": w}),
+        };
+        // (0.7, 100) and (0.8, 200) trade off; (0.6, 150) is dominated by the first; a duplicate of
+        // a front point stays on the front.
+        let runs = [
+            run(0, 0.7, 100.0),
+            run(1, 0.8, 200.0),
+            run(2, 0.6, 150.0),
+            run(3, 0.7, 100.0),
+        ];
+        assert_eq!(pareto(&runs), vec![true, true, false, true]);
     }
 
     #[test]

@@ -432,6 +432,15 @@ fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
         .collect();
     let min = p95.iter().cloned().fold(f64::INFINITY, f64::min);
     assert!(out1.contains(&format!("p95_wait = {min}")), "{out1} {p95:?}");
+    assert!(out1.contains("pareto front (utilization vs p95 wait): runs "), "{out1}");
+    // The lowest-p95 run with the highest utilization among those is on the front.
+    let field = |r: &str, c: &str| r.split(',').nth(col(c)).unwrap().parse::<f64>().unwrap();
+    let best_row = one[1..]
+        .iter()
+        .filter(|r| field(r, "p95_wait_s") == min)
+        .max_by(|a, b| field(a, "utilization").total_cmp(&field(b, "utilization")))
+        .unwrap();
+    assert_eq!(best_row.split(',').nth(col("pareto")), Some("true"), "{best_row}");
     // The emitted profile is a valid profile.
     let o = rm_replay(&["--weights", dir.join("best1.yaml").to_str().unwrap(), "--quiet"]);
     assert!(o.status.success(), "{}", text(&o));

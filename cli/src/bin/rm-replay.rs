@@ -471,6 +471,13 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
         sweep::metric(&b.summary, &objective.metric).unwrap_or(f64::NAN)
     );
     println!("profile: {}", b.profile.display());
+    let front: Vec<String> = sweep::pareto(&runs)
+        .iter()
+        .enumerate()
+        .filter(|(_, on)| **on)
+        .map(|(i, _)| runs[i].index.to_string())
+        .collect();
+    println!("pareto front (utilization vs p95 wait): runs {}", front.join(", "));
     if let Some(dest) = &a.emit_profile {
         std::fs::copy(&b.profile, dest).with_context(|| format!("writing {}", dest.display()))?;
         println!("wrote {}", dest.display());
