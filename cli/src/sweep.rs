@@ -366,6 +366,41 @@ pub fn pareto(runs: &[Run]) -> Vec<bool> {
         .collect()
 }
 
+/// One-at-a-time sensitivity: for each varied weight, the mean of `metric` over the runs at each of its
+/// values (grid), or in each of 5 equal-width bins of its range (random search). Rows are
+/// `(weight, value or bin centre, mean, runs)`, in weight then value order.
+pub fn sensitivity(runs: &[Run], vary: &[Vary], metric_name: &str) -> Vec<(&'static str, f64, f64, usize)> {
+    let mut rows = Vec::new();
+    for v in vary {
+        // Bucket key in millionths of a weight (exact for grid values).
+        let mut buckets: BTreeMap<i64, (f64, usize)> = BTreeMap::new();
+        for r in runs {
+            let x = r.weights.as_array()[v.weight];
+            let key = match v.step {
+                Some(_) => (x * 1e6).round() as i64,
+                None => {
+                    let width = (v.hi - v.lo) / 5.0;
+                    let bin = if width > 0.0 {
+                        ((x - v.lo) / width).floor().clamp(0.0, 4.0)
+                    } else {
+                        0.0
+                    };
+                    ((v.lo + (bin + 0.5) * width) * 1e6).round() as i64
+                }
+            };
+            if let Some(m) = metric(&r.summary, metric_name) {
+                let e = buckets.entry(key).or_default();
+                e.0 += m;
+                e.1 += 1;
+            }
+        }
+        for (key, (sum, n)) in buckets {
+            rows.push((v.name(), key as f64 / 1e6, sum / n as f64, n));
+        }
+    }
+    rows
+}
+
 /// `sweep.csv`: run, the nine weights, the metrics, feasible, pareto, profile.
 pub fn table(runs: &[Run], objective: &Objective) -> String {
     let mut o = String::from("run");
@@ -455,6 +490,33 @@ mod tests {
         // The others keep their proportions: priority = wait_time in the default.
         assert_eq!(w.priority, w.wait_time);
         assert!(w.priority < base.priority);
+    }
+
+    #[test]
+    fn sensitivity_averages_per_value() {
+        let v = [Vary::parse("fair_share=0.1:0.2:0.1").unwrap()];
+        let run = |i: usize, fs: f64, w: f64| {
+            let mut weights = CostWeights::default();
+            weights.fair_share = fs;
+            Run {
+                index: i,
+                weights,
+                profile: PathBuf::new(),
+                summary: serde_json::json!({"p95_wait_s": w}),
+            }
+        };
+        let runs = [run(0, 0.1, 100.0), run(1, 0.1, 300.0), run(2, 0.2, 50.0)];
+        assert_eq!(
+            sensitivity(&runs, &v, "p95_wait"),
+            vec![("fair_share", 0.1, 200.0, 2), ("fair_share", 0.2, 50.0, 1)]
+        );
+        // Random search: 5 bins over the range, labelled by their centres.
+        let r = [Vary::parse("fair_share=0:1").unwrap()];
+        let runs = [run(0, 0.05, 10.0), run(1, 0.15, 30.0), run(2, 0.95, 5.0)];
+        assert_eq!(
+            sensitivity(&runs, &r, "p95_wait"),
+            vec![("fair_share", 0.1, 20.0, 2), ("fair_share", 0.9, 5.0, 1)]
+        );
     }
 
     #[test]

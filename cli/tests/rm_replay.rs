@@ -433,6 +433,10 @@ fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
     let min = p95.iter().cloned().fold(f64::INFINITY, f64::min);
     assert!(out1.contains(&format!("p95_wait = {min}")), "{out1} {p95:?}");
     assert!(out1.contains("pareto front (utilization vs p95 wait): runs "), "{out1}");
+    let sens = std::fs::read_to_string(dir.join("t1").join("sensitivity.csv")).unwrap();
+    assert_eq!(sens.lines().next(), Some("weight,value,mean_p95_wait,runs"));
+    // Two weights × two values, two runs each.
+    assert_eq!(sens.lines().skip(1).filter(|l| l.ends_with(",2")).count(), 4, "{sens}");
     // The lowest-p95 run with the highest utilization among those is on the front.
     let field = |r: &str, c: &str| r.split(',').nth(col(c)).unwrap().parse::<f64>().unwrap();
     let best_row = one[1..]

@@ -478,6 +478,15 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
         .map(|(i, _)| runs[i].index.to_string())
         .collect();
     println!("pareto front (utilization vs p95 wait): runs {}", front.join(", "));
+    let sens = sweep::sensitivity(&runs, &vary, &objective.metric);
+    let mut csv = format!("weight,value,mean_{},runs\n", objective.metric);
+    println!("sensitivity (mean {} per weight value):", objective.metric);
+    for (w, x, mean, n) in &sens {
+        csv.push_str(&format!("{w},{x},{mean},{n}\n"));
+        println!("  {w} = {x}: {mean:.1} ({n} runs)");
+    }
+    std::fs::write(out.join("sensitivity.csv"), csv)
+        .with_context(|| format!("writing {}/sensitivity.csv", out.display()))?;
     if let Some(dest) = &a.emit_profile {
         std::fs::copy(&b.profile, dest).with_context(|| format!("writing {}", dest.display()))?;
         println!("wrote {}", dest.display());
