@@ -495,15 +495,14 @@ mod tests {
     #[test]
     fn sensitivity_averages_per_value() {
         let v = [Vary::parse("fair_share=0.1:0.2:0.1").unwrap()];
-        let run = |i: usize, fs: f64, w: f64| {
-            let mut weights = CostWeights::default();
-            weights.fair_share = fs;
-            Run {
-                index: i,
-                weights,
-                profile: PathBuf::new(),
-                summary: serde_json::json!({"p95_wait_s": w}),
-            }
+        let run = |i: usize, fs: f64, w: f64| Run {
+            index: i,
+            weights: CostWeights {
+                fair_share: fs,
+                ..CostWeights::default()
+            },
+            profile: PathBuf::new(),
+            summary: serde_json::json!({"p95_wait_s": w}),
         };
         let runs = [run(0, 0.1, 100.0), run(1, 0.1, 300.0), run(2, 0.2, 50.0)];
         assert_eq!(
