@@ -469,3 +469,42 @@ fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
         assert!(text(&o).contains(want), "{}", text(&o));
     }
 }
+
+/// `--report`: one self-contained HTML file with every section, each chart an inline SVG with data
+/// (both runs' curves when there is a baseline), no network fetches, and the same bytes on a rerun.
+#[test]
+fn report_is_self_contained_with_every_chart() {
+    let dir = tmp("report");
+    let path = dir.join("report.html");
+    let args = [
+        "--weights",
+        "profiles/hpc-batch.yaml",
+        "--baseline",
+        "profiles/balanced.yaml",
+        "--report",
+        path.to_str().unwrap(),
+        "--quiet",
+    ];
+    let o = rm_replay(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("RM-Replay report: hpc-batch vs balanced"));
+    for id in ["config", "metrics", "utilization", "waits", "bsld"] {
+        assert!(html.contains(&format!("<section id=\"{id}\">")), "missing section {id}");
+    }
+    // Three charts; line charts carry a curve per run (the utilization chart two per run).
+    let svgs: Vec<&str> = html.split("<svg").skip(1).collect();
+    assert_eq!(svgs.len(), 3);
+    assert!(svgs[0].matches("<polyline").count() >= 4);
+    assert!(svgs[1].matches("<polyline").count() >= 2);
+    assert!(svgs[2].matches("<rect").count() >= 4);
+    assert!(html.contains("<td class=\"better\">") || html.contains("<td class=\"worse\">"));
+    // Nothing is fetched: no scripts, stylesheets or images by URL (the SVG namespace is not a fetch).
+    for bad in ["<script", "<link", "src=\"http", "href=\"http", "url(http"] {
+        assert!(!html.contains(bad), "report fetches something: {bad}");
+    }
+    let o = rm_replay(&args);
+    assert!(o.status.success());
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), html, "same inputs, same bytes");
+}

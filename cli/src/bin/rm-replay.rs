@@ -163,6 +163,10 @@ struct ReplayArgs {
     /// value and the relative change (↑/↓).
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// Write the site-review report here: one self-contained HTML file with charts (overlaying the
+    /// baseline's when --baseline is given).
+    #[arg(long)]
+    report: Option<PathBuf>,
     /// Fake quorum commit latency in milliseconds.
     #[arg(long, default_value_t = 0)]
     commit_latency_ms: u64,
@@ -359,21 +363,22 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             println!("Wrote {}/summary.json, jobs.csv, engine_cost.json", dir.display());
         }
     }
+    let stem = |p: &PathBuf| {
+        p.file_stem()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| p.display().to_string())
+    };
+    let name = opts
+        .weights
+        .as_ref()
+        .map(stem)
+        .unwrap_or_else(|| result.summary.policy.clone());
+    let mut baseline_run = None;
     if let Some(baseline) = &a.baseline {
         // The same trace and options with the baseline's weights.
         let mut bopts = opts.clone();
         bopts.weights = Some(baseline.clone());
         let base = replay::run(&replay::prepare(&bopts)?, &mut |_, _| {})?;
-        let stem = |p: &PathBuf| {
-            p.file_stem()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_else(|| p.display().to_string())
-        };
-        let name = opts
-            .weights
-            .as_ref()
-            .map(stem)
-            .unwrap_or_else(|| result.summary.policy.clone());
         let text = compare::render(
             &name,
             &serde_json::to_value(&result.summary)?,
@@ -393,6 +398,21 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
                     dir.display()
                 );
             }
+        }
+        baseline_run = Some((stem(baseline), base));
+    }
+    if let Some(path) = &a.report {
+        let run = lattice_reports::Run {
+            name: &name,
+            result: &result,
+        };
+        let base = baseline_run
+            .as_ref()
+            .map(|(n, r)| lattice_reports::Run { name: n, result: r });
+        let html = lattice_reports::render_html(&run, base.as_ref())?;
+        std::fs::write(path, &html).with_context(|| format!("writing {}", path.display()))?;
+        if !a.quiet {
+            println!("Wrote {} ({} KiB)", path.display(), html.len() / 1024);
         }
     }
     Ok(())

@@ -1,0 +1,217 @@
+//! The charts, drawn with plotters into SVG strings. The first run is drawn in blue, a baseline in
+//! orange (dashed where it shares an axis with the run's second series).
+
+use crate::ReportError;
+use crate::series::Series;
+use plotters::prelude::*;
+use std::sync::Once;
+
+const W: u32 = 900;
+const H: u32 = 380;
+const COLORS: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14)];
+
+/// Registers the bundled font for plotters' `sans-serif` (once per process).
+fn fonts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let bytes: &'static [u8] = include_bytes!("../assets/DejaVuSans.ttf");
+        // The font is bundled and valid; a failure here would be a build defect, so it is ignored
+        // (plotters then reports every text draw as an error, which `chart` turns into a clear one).
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, bytes);
+    });
+}
+
+fn err<E: std::fmt::Debug>(chart: &'static str) -> impl Fn(E) -> ReportError {
+    move |e| ReportError::Chart {
+        chart,
+        message: format!("{e:?}"),
+    }
+}
+
+fn max_x(series: &[&Series]) -> f64 {
+    series
+        .iter()
+        .flat_map(|s| s.iter().map(|p| p.0))
+        .fold(0.0, f64::max)
+        .max(1e-6)
+}
+
+/// Utilization (left axis, 0-1) and queue depth (right axis) against hours.
+pub fn utilization(runs: &[(String, Series, Series)]) -> Result<String, ReportError> {
+    fonts();
+    let e = err("utilization");
+    let xs: Vec<&Series> = runs.iter().map(|r| &r.1).collect();
+    let x_max = max_x(&xs);
+    let q_max = runs.iter().flat_map(|r| r.2.iter().map(|p| p.1)).fold(1.0, f64::max);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(50)
+            .right_y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..1.05f64)
+            .map_err(&e)?
+            .set_secondary_coord(0f64..x_max, 0f64..q_max * 1.05);
+        chart
+            .configure_mesh()
+            .x_desc("hours since first submission")
+            .y_desc("utilization")
+            .draw()
+            .map_err(&e)?;
+        chart
+            .configure_secondary_axes()
+            .y_desc("queued allocations")
+            .draw()
+            .map_err(&e)?;
+        for (i, (name, busy, queued)) in runs.iter().enumerate() {
+            let c = COLORS[i % 2];
+            chart
+                .draw_series(LineSeries::new(busy.iter().copied(), c.stroke_width(2)))
+                .map_err(&e)?
+                .label(format!("{name}: utilization"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            chart
+                .draw_secondary_series(LineSeries::new(queued.iter().copied(), c.mix(0.45).stroke_width(1)))
+                .map_err(&e)?
+                .label(format!("{name}: queue depth"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.mix(0.45)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
+/// Empirical CDFs of the wait time.
+pub fn wait_cdf(runs: &[(String, Series)]) -> Result<String, ReportError> {
+    fonts();
+    let e = err("waits");
+    let xs: Vec<&Series> = runs.iter().map(|r| &r.1).collect();
+    let x_max = max_x(&xs);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..1.0f64)
+            .map_err(&e)?;
+        chart
+            .configure_mesh()
+            .x_desc("wait (hours)")
+            .y_desc("fraction of allocations")
+            .draw()
+            .map_err(&e)?;
+        for (i, (name, cdf)) in runs.iter().enumerate() {
+            let c = COLORS[i % 2];
+            chart
+                .draw_series(LineSeries::new(cdf.iter().copied(), c.stroke_width(2)))
+                .map_err(&e)?
+                .label(name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
+/// Bounded slowdowns in log₂ buckets: bucket k holds [2^k, 2^(k+1)), k = 0..=15 (the last is open).
+pub fn bsld_buckets(values: &[f64]) -> [u64; 16] {
+    let mut b = [0u64; 16];
+    for &v in values {
+        let k = if v < 1.0 {
+            0
+        } else {
+            (v.log2().floor() as usize).min(15)
+        };
+        b[k] += 1;
+    }
+    b
+}
+
+/// Histogram of bounded slowdowns, one bar per run side by side in each bucket.
+pub fn bsld_histogram(runs: &[(String, Vec<f64>)]) -> Result<String, ReportError> {
+    fonts();
+    let e = err("bsld");
+    let buckets: Vec<[u64; 16]> = runs.iter().map(|r| bsld_buckets(&r.1)).collect();
+    let y_max = buckets.iter().flat_map(|b| b.iter().copied()).max().unwrap_or(1).max(1);
+    let n = runs.len().max(1) as f64;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..16f64, 0u64..y_max + y_max / 20 + 1)
+            .map_err(&e)?;
+        chart
+            .configure_mesh()
+            .x_desc("bounded slowdown (log2 bucket: 2^x to 2^(x+1))")
+            .y_desc("allocations")
+            .disable_x_mesh()
+            .draw()
+            .map_err(&e)?;
+        for (i, (name, b)) in runs.iter().zip(&buckets).enumerate() {
+            let c = COLORS[i % 2];
+            let off = i as f64 / n;
+            chart
+                .draw_series(b.iter().enumerate().filter(|(_, v)| **v > 0).map(|(k, v)| {
+                    let x0 = k as f64 + 0.05 + off * 0.9;
+                    Rectangle::new([(x0, 0), (x0 + 0.9 / n, *v)], c.filled())
+                }))
+                .map_err(&e)?
+                .label(name.0.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_log2() {
+        let b = bsld_buckets(&[1.0, 1.9, 2.0, 3.9, 4.0, 1e9]);
+        assert_eq!(&b[..3], &[2, 2, 1]);
+        assert_eq!(b[15], 1);
+    }
+
+    #[test]
+    fn charts_have_text_and_data() {
+        let s: Series = (0..50).map(|i| (i as f64, (i as f64 / 50.0))).collect();
+        let svg = wait_cdf(&[("a".into(), s.clone()), ("b".into(), s)]).unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("wait (hours)"));
+        assert!(svg.matches("<polyline").count() >= 2, "{}", &svg[..500.min(svg.len())]);
+    }
+}
