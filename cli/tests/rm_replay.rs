@@ -508,3 +508,79 @@ fn report_is_self_contained_with_every_chart() {
     assert!(o.status.success());
     assert_eq!(std::fs::read_to_string(&path).unwrap(), html, "same inputs, same bytes");
 }
+
+/// The browser check: headless Chromium opens the report, takes a screenshot, and the page rendered —
+/// a good share of non-white pixels and the charts' blue and orange curves — without console errors.
+/// Runs where Chromium is installed (`.ci/run` installs it); elsewhere it says it skipped.
+#[test]
+fn report_renders_in_headless_chromium() {
+    let Some(browser) = ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| {
+        Command::new(b)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        eprintln!("skipped: no Chromium on this machine");
+        return;
+    };
+    let dir = tmp("chromium");
+    let report = dir.join("report.html");
+    let o = rm_replay(&[
+        "--weights",
+        "profiles/hpc-batch.yaml",
+        "--baseline",
+        "profiles/balanced.yaml",
+        "--report",
+        report.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let shot = dir.join("shot.png");
+    let o = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--window-size=1000,2000",
+            &format!("--screenshot={}", shot.display()),
+            &format!("file://{}", report.display()),
+        ])
+        .output()
+        .expect("chromium runs");
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        !log.contains("Uncaught") && !log.contains(":CONSOLE("),
+        "console errors: {log}"
+    );
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    assert!(channels >= 3, "{:?}", info.color_type);
+    let px = &buf[..info.buffer_size()];
+    let (mut ink, mut blue, mut orange, mut total) = (0usize, 0usize, 0usize, 0usize);
+    for p in px.chunks(channels) {
+        let (r, g, b) = (p[0] as i32, p[1] as i32, p[2] as i32);
+        total += 1;
+        if r < 240 || g < 240 || b < 240 {
+            ink += 1;
+        }
+        // The two series colours (31,119,180) and (255,127,14), with anti-aliasing slack.
+        if (r - 31).abs() < 30 && (g - 119).abs() < 30 && (b - 180).abs() < 30 {
+            blue += 1;
+        }
+        if (r - 255).abs() < 30 && (g - 127).abs() < 30 && (b - 14).abs() < 40 {
+            orange += 1;
+        }
+    }
+    assert_eq!((info.width, info.height), (1000, 2000));
+    assert!(ink * 100 > total * 5, "mostly blank: {ink} of {total} pixels drawn");
+    assert!(
+        blue > 500 && orange > 500,
+        "series colours missing: blue {blue}, orange {orange}"
+    );
+}
