@@ -490,15 +490,29 @@ fn report_is_self_contained_with_every_chart() {
     let html = std::fs::read_to_string(&path).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert!(html.contains("RM-Replay report: hpc-batch vs balanced"));
-    for id in ["config", "metrics", "utilization", "waits", "bsld"] {
+    for id in [
+        "config",
+        "metrics",
+        "classes",
+        "utilization",
+        "waits",
+        "tenants",
+        "bsld",
+    ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "missing section {id}");
     }
-    // Three charts; line charts carry a curve per run (the utilization chart two per run).
+    // Four charts; line charts carry a curve per run (the utilization chart two per run, the tenant
+    // chart one per top tenant and run).
     let svgs: Vec<&str> = html.split("<svg").skip(1).collect();
-    assert_eq!(svgs.len(), 3);
+    assert_eq!(svgs.len(), 4);
     assert!(svgs[0].matches("<polyline").count() >= 4);
     assert!(svgs[1].matches("<polyline").count() >= 2);
-    assert!(svgs[2].matches("<rect").count() >= 4);
+    assert!(svgs[2].matches("<polyline").count() >= 4);
+    assert!(svgs[3].matches("<rect").count() >= 4);
+    assert!(
+        html.contains("<td>hpc-batch</td>") && html.contains("<td>balanced</td>"),
+        "class table rows"
+    );
     assert!(html.contains("<td class=\"better\">") || html.contains("<td class=\"worse\">"));
     // Nothing is fetched: no scripts, stylesheets or images by URL (the SVG namespace is not a fetch).
     for bad in ["<script", "<link", "src=\"http", "href=\"http", "url(http"] {

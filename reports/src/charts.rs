@@ -133,6 +133,73 @@ pub fn wait_cdf(runs: &[(String, Series)]) -> Result<String, ReportError> {
     Ok(svg)
 }
 
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+/// Each top tenant's share of the busy node-time over time; the run's lines solid, the baseline's
+/// (same tenant, same colour) faded.
+pub fn tenant_shares(runs: &[(String, Vec<(String, Series)>)]) -> Result<String, ReportError> {
+    fonts();
+    let e = err("tenants");
+    let xs: Vec<&Series> = runs.iter().flat_map(|r| r.1.iter().map(|t| &t.1)).collect();
+    let x_max = max_x(&xs);
+    // Colours follow the first run's tenant order.
+    let order: Vec<&str> = runs
+        .first()
+        .map(|r| r.1.iter().map(|t| t.0.as_str()).collect())
+        .unwrap_or_default();
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..1.0f64)
+            .map_err(&e)?;
+        chart
+            .configure_mesh()
+            .x_desc("hours since first submission")
+            .y_desc("share of busy node-time")
+            .draw()
+            .map_err(&e)?;
+        for (i, (run, tenants)) in runs.iter().enumerate() {
+            for (tenant, series) in tenants {
+                let k = order.iter().position(|t| t == tenant).unwrap_or(order.len());
+                let c = PALETTE[k % PALETTE.len()];
+                let style = if i == 0 {
+                    c.stroke_width(2)
+                } else {
+                    c.mix(0.35).stroke_width(1)
+                };
+                let s = chart
+                    .draw_series(LineSeries::new(series.iter().copied(), style))
+                    .map_err(&e)?;
+                if i == 0 || runs.len() == 1 {
+                    s.label(format!("{tenant} ({run})"))
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
 /// Bounded slowdowns in log₂ buckets: bucket k holds [2^k, 2^(k+1)), k = 0..=15 (the last is open).
 pub fn bsld_buckets(values: &[f64]) -> [u64; 16] {
     let mut b = [0u64; 16];

@@ -1,11 +1,12 @@
 //! `lattice-reports` — the site-review report of an `rm-replay` run: one self-contained HTML file (charts
 //! embedded as inline SVG, no network fetches) with the run configuration and trace summary, headline
-//! metrics (against a baseline when given), utilization and queue depth over time, the wait-time CDF
-//! and the bounded-slowdown distribution; a baseline's curves overlay the run's on every chart.
+//! metrics (against a baseline when given), wait percentiles per priority class, utilization and queue
+//! depth over time, the wait-time CDF, tenant shares over time and the bounded-slowdown distribution; a
+//! baseline's curves overlay the run's on every chart.
 //!
 //! Text in the charts is laid out with a bundled font (DejaVu Sans, `assets/`), so a fresh machine
-//! needs no system fonts. Status: the first slice of the reports issue; polars tables, Parquet export,
-//! tenant shares, Gantt, event and histogram charts and sweep plots come next.
+//! needs no system fonts. Still to come: polars tables and Parquet export, a Gantt, event and
+//! span/conformance charts, and sweep plots.
 
 mod charts;
 mod series;
@@ -13,7 +14,7 @@ mod series;
 use lattice_sim::SimResult;
 use std::fmt::Write;
 
-pub use series::{Series, occupancy, wait_cdf};
+pub use series::{Series, occupancy, tenant_shares, wait_cdf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -28,11 +29,13 @@ pub struct Run<'a> {
 }
 
 /// The chart sections, in report order (their ids are the HTML `id`s).
-pub const SECTIONS: [(&str, &str); 5] = [
+pub const SECTIONS: [(&str, &str); 7] = [
     ("config", "Run configuration"),
     ("metrics", "Headline metrics"),
+    ("classes", "Wait percentiles per priority class"),
     ("utilization", "Utilization and queue depth over time"),
     ("waits", "Wait-time CDF"),
+    ("tenants", "Tenant shares over time"),
     ("bsld", "Bounded slowdown distribution"),
 ];
 
@@ -121,6 +124,31 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         o.push_str("</tr>");
     }
     o.push_str("</table></section>\n");
+    // Per priority class: wait percentiles of every run.
+    let _ = write!(
+        o,
+        "<section id=\"classes\"><h2>Wait percentiles per priority class</h2><table><tr><th>class</th><th>run</th><th>jobs</th><th>p50 wait (h)</th><th>p95 wait (h)</th><th>p99 wait (h)</th><th>mean bsld</th></tr>"
+    );
+    let classes: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|r| r.result.summary.per_class.keys()).collect();
+    for c in classes {
+        for r in &runs {
+            if let Some(g) = r.result.summary.per_class.get(c) {
+                let _ = write!(
+                    o,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td></tr>",
+                    esc(c),
+                    esc(r.name),
+                    g.jobs,
+                    g.p50_wait_s / 3600.0,
+                    g.p95_wait_s / 3600.0,
+                    g.p99_wait_s / 3600.0,
+                    g.mean_bsld
+                );
+            }
+        }
+    }
+    o.push_str("</table></section>\n");
     // Charts.
     let occ: Vec<(String, Series, Series)> = runs
         .iter()
@@ -148,6 +176,18 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         "Wait-time CDF",
         &svg,
         "Fraction of started allocations that waited at most x hours.",
+    );
+    let shares: Vec<(String, Vec<(String, Series)>)> = runs
+        .iter()
+        .map(|r| (r.name.to_string(), tenant_shares(&r.result.jobs, 100, 6)))
+        .collect();
+    let svg = charts::tenant_shares(&shares)?;
+    section(
+        &mut o,
+        "tenants",
+        "Tenant shares over time",
+        &svg,
+        "Share of the busy node-time of the six tenants with the most node-hours, averaged over 100 intervals (the baseline's faded).",
     );
     let bslds: Vec<(String, Vec<f64>)> = runs
         .iter()

@@ -22,48 +22,111 @@ pub fn occupancy(jobs: &[JobRecord], nodes: u32, bins: usize) -> (Series, Series
             }
         }
     }
+    let Some((t0, t1)) = span(jobs).filter(|_| bins > 0) else {
+        return (Vec::new(), Vec::new());
+    };
+    let width = (t1 - t0) / bins as f64;
+    let average = |ev: Vec<(f64, i64)>, scale: f64| -> Series {
+        bin_average(ev, t0, t1, bins)
+            .iter()
+            .enumerate()
+            .map(|(k, v)| ((k as f64 + 0.5) * width / 3600.0, v * scale))
+            .collect()
+    };
+    (average(busy, 1.0 / nodes.max(1) as f64), average(queue, 1.0))
+}
+
+/// The time span of the records: first submission to last end (at least 1 s), if any.
+fn span(jobs: &[JobRecord]) -> Option<(f64, f64)> {
     let t0 = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
     let t1 = jobs
         .iter()
         .map(|j| j.end_s.or(j.start_s).unwrap_or(j.submit_s))
         .fold(f64::NEG_INFINITY, f64::max);
-    if !t0.is_finite() || !t1.is_finite() || bins == 0 {
-        return (Vec::new(), Vec::new());
-    }
-    let t1 = t1.max(t0 + 1.0);
+    (t0.is_finite() && t1.is_finite()).then(|| (t0, t1.max(t0 + 1.0)))
+}
+
+/// The average level of a step function (`(time, change)` events, starting at 0) over each of `bins`
+/// equal intervals of [t0, t1].
+fn bin_average(mut ev: Vec<(f64, i64)>, t0: f64, t1: f64, bins: usize) -> Vec<f64> {
     let width = (t1 - t0) / bins as f64;
-    let average = |mut ev: Vec<(f64, i64)>, scale: f64| -> Series {
-        ev.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut acc = vec![0.0f64; bins];
-        // Adds `level` over [from, to) to the bins it covers.
-        let mut spread = |from: f64, to: f64, level: i64| {
-            let mut a = from;
-            while a < to {
-                let bin = (((a - t0) / width).floor() as usize).min(bins - 1);
-                let edge = (t0 + (bin + 1) as f64 * width).min(to);
-                let b = if edge > a { edge } else { to };
-                acc[bin] += level as f64 * (b - a);
-                a = b;
-            }
-        };
-        let (mut level, mut t) = (0i64, t0);
-        for (et, d) in ev {
-            let et = et.min(t1);
-            if et > t {
-                spread(t, et, level);
-                t = et;
-            }
-            level += d;
+    ev.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut acc = vec![0.0f64; bins];
+    // Adds `level` over [from, to) to the bins it covers.
+    let mut spread = |from: f64, to: f64, level: i64| {
+        let mut a = from;
+        while a < to {
+            let bin = (((a - t0) / width).floor() as usize).min(bins - 1);
+            let edge = (t0 + (bin + 1) as f64 * width).min(to);
+            let b = if edge > a { edge } else { to };
+            acc[bin] += level as f64 * (b - a);
+            a = b;
         }
-        if t < t1 {
-            spread(t, t1, level);
-        }
-        acc.iter()
-            .enumerate()
-            .map(|(k, sum)| ((k as f64 + 0.5) * width / 3600.0, sum / width * scale))
-            .collect()
     };
-    (average(busy, 1.0 / nodes.max(1) as f64), average(queue, 1.0))
+    let (mut level, mut t) = (0i64, t0);
+    for (et, d) in ev {
+        let et = et.clamp(t0, t1);
+        if et > t {
+            spread(t, et, level);
+            t = et;
+        }
+        level += d;
+    }
+    if t < t1 {
+        spread(t, t1, level);
+    }
+    acc.iter().map(|sum| sum / width).collect()
+}
+
+/// Each of the `top` tenants with the most node-hours: its share of the busy node-time in each of
+/// `bins` intervals (0 where nothing ran), in decreasing node-hours order.
+pub fn tenant_shares(jobs: &[JobRecord], bins: usize, top: usize) -> Vec<(String, Series)> {
+    let Some((t0, t1)) = span(jobs) else { return Vec::new() };
+    if bins == 0 {
+        return Vec::new();
+    }
+    let run_events = |j: &JobRecord| -> Option<[(f64, i64); 2]> {
+        let (s, e) = (j.start_s?, j.end_s?);
+        Some([(s, j.nodes as i64), (e, -(j.nodes as i64))])
+    };
+    let mut hours: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+    for j in jobs {
+        if let (Some(s), Some(e)) = (j.start_s, j.end_s) {
+            *hours.entry(j.tenant.as_str()).or_default() += j.nodes as f64 * (e - s);
+        }
+    }
+    let mut ranked: Vec<(&str, f64)> = hours.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    let total = bin_average(jobs.iter().filter_map(run_events).flatten().collect(), t0, t1, bins);
+    let width = (t1 - t0) / bins as f64;
+    ranked
+        .into_iter()
+        .take(top)
+        .map(|(t, _)| {
+            let mine = bin_average(
+                jobs.iter()
+                    .filter(|j| j.tenant == t)
+                    .filter_map(run_events)
+                    .flatten()
+                    .collect(),
+                t0,
+                t1,
+                bins,
+            );
+            let series = mine
+                .iter()
+                .zip(&total)
+                .enumerate()
+                .map(|(k, (m, all))| {
+                    (
+                        (k as f64 + 0.5) * width / 3600.0,
+                        if *all > 0.0 { m / all } else { 0.0 },
+                    )
+                })
+                .collect();
+            (t.to_string(), series)
+        })
+        .collect()
 }
 
 /// The empirical CDF of wait times in hours (at most 1000 points: every k-th sorted wait).
@@ -132,6 +195,20 @@ mod tests {
         let (busy, _) = occupancy(&jobs, 4, 7);
         let total: f64 = busy.iter().map(|p| p.1 * 2.0 / 7.0).sum();
         assert!((total - 1.5).abs() < 1e-9, "{total}");
+    }
+
+    #[test]
+    fn tenant_shares_split_the_busy_time() {
+        let mut a = rec(0.0, Some(0.0), Some(7200.0), 3);
+        a.tenant = "a".into();
+        let mut b = rec(0.0, Some(3600.0), Some(7200.0), 1);
+        b.tenant = "b".into();
+        let shares = tenant_shares(&[a, b], 2, 5);
+        assert_eq!(shares.len(), 2);
+        assert_eq!(shares[0].0, "a", "most node-hours first");
+        assert_eq!(shares[0].1, vec![(0.5, 1.0), (1.5, 0.75)]);
+        assert_eq!(shares[1].1, vec![(0.5, 0.0), (1.5, 0.25)]);
+        assert_eq!(tenant_shares(&[], 2, 5), vec![]);
     }
 
     #[test]
