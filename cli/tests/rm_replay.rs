@@ -598,3 +598,18 @@ fn report_renders_in_headless_chromium() {
         "series colours missing: blue {blue}, orange {orange}"
     );
 }
+
+/// `bench report` times the report of a replayed trace (a smoke test of the mode, not a timing).
+#[test]
+fn bench_report_mode_runs() {
+    let o = rm_replay(&[
+        "bench",
+        "--runs",
+        "1",
+        "report",
+        "--trace",
+        "traces/library/demo-128n.swf",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("report best_ms="), "{}", text(&o));
+}

@@ -55,6 +55,16 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum BenchKind {
+    /// Time the HTML report of a replayed trace against a baseline (the replays are not timed).
+    Report {
+        /// Trace to replay (default: LANL-CM5 in --traces-dir).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        #[arg(long, default_value = "profiles/hpc-batch.yaml")]
+        weights: PathBuf,
+        #[arg(long, default_value = "profiles/balanced.yaml")]
+        baseline: PathBuf,
+    },
     /// Time one scheduling cycle over a synthetic cluster (sizes a site's scheduler).
     Cycle {
         /// Pending allocations in the queue.
@@ -515,6 +525,57 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
 }
 
 fn run_bench(b: BenchArgs) -> Result<()> {
+    if let Some(BenchKind::Report {
+        trace,
+        weights,
+        baseline,
+    }) = &b.kind
+    {
+        let trace = trace
+            .clone()
+            .unwrap_or_else(|| b.traces_dir.join("LANL-CM5-1994-4.1-cln.swf.gz"));
+        let replay_with = |profile: &PathBuf| -> Result<lattice_sim::SimResult> {
+            let cli = Cli::try_parse_from([
+                "rm-replay".as_ref(),
+                "--trace".as_ref(),
+                trace.as_os_str(),
+                "--weights".as_ref(),
+                profile.as_os_str(),
+            ])?;
+            replay::run(&replay::prepare(&options(&cli.replay)?)?, &mut |_, _| {})
+        };
+        let (run, base) = (replay_with(weights)?, replay_with(baseline)?);
+        let (a, bb) = (
+            lattice_reports::Run {
+                name: "run",
+                result: &run,
+            },
+            lattice_reports::Run {
+                name: "baseline",
+                result: &base,
+            },
+        );
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..b.runs.max(1) {
+            let t = std::time::Instant::now();
+            bytes = lattice_reports::render_html(&a, Some(&bb))?.len();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "{}: {} jobs, report with baseline: {} bytes",
+            trace.display(),
+            run.summary.jobs,
+            bytes
+        );
+        println!(
+            "report best_ms={:.1} median_ms={:.1} bytes={bytes}",
+            times[0],
+            times[times.len() / 2]
+        );
+        return Ok(());
+    }
     if let Some(BenchKind::Cycle {
         pending,
         nodes,
