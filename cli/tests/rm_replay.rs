@@ -406,6 +406,8 @@ fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
             threads,
             "--emit-profile",
             best.to_str().unwrap(),
+            "--report",
+            out.join("sweep.html").to_str().unwrap(),
             "--output",
             out.to_str().unwrap(),
         ]);
@@ -418,6 +420,18 @@ fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
     };
     let (one, best1, out1) = table("1");
     let (two, best2, _) = table("2");
+    // The sweep report (written by the 1-thread run): Pareto and sensitivity charts with data.
+    let html = std::fs::read_to_string(dir.join("t1").join("sweep.html")).unwrap();
+    for id in ["pareto", "sensitivity", "runs"] {
+        assert!(html.contains(&format!("<section id=\"{id}\">")), "missing {id}");
+    }
+    let svgs: Vec<&str> = html.split("<svg").skip(1).collect();
+    assert_eq!(svgs.len(), 2);
+    assert!(svgs[0].matches("<circle").count() >= 5, "4 runs + the best ring");
+    // One line per varied weight (plus its legend swatch).
+    assert!(svgs[1].matches("<polyline").count() >= 2);
+    assert!(svgs[1].contains("fair_share") && svgs[1].contains("wait_time"));
+    assert!(html.contains("(best)"));
     assert_eq!(one.len(), 5);
     assert!(one[0].starts_with("run,priority,wait_time,fair_share"));
     assert_eq!(one, two);

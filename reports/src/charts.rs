@@ -200,6 +200,113 @@ pub fn tenant_shares(runs: &[(String, Vec<(String, Series)>)]) -> Result<String,
     Ok(svg)
 }
 
+/// Every sweep run as a point (utilization %, p95 wait h); the Pareto front orange, the best ringed.
+pub fn pareto(points: &[crate::SweepPoint]) -> Result<String, ReportError> {
+    fonts();
+    let e = err("pareto");
+    let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY);
+    for p in points {
+        x0 = x0.min(p.utilization * 100.0);
+        x1 = x1.max(p.utilization * 100.0);
+        y0 = y0.min(p.p95_wait_h);
+        y1 = y1.max(p.p95_wait_h);
+    }
+    if !x0.is_finite() {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let (px, py) = (((x1 - x0) * 0.1).max(0.05), ((y1 - y0) * 0.1).max(0.01));
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(60)
+            .build_cartesian_2d((x0 - px)..(x1 + px), (y0 - py).max(0.0)..(y1 + py))
+            .map_err(&e)?;
+        chart
+            .configure_mesh()
+            .x_desc("utilization %")
+            .y_desc("p95 wait (hours)")
+            .draw()
+            .map_err(&e)?;
+        chart
+            .draw_series(points.iter().map(|p| {
+                let c = if p.pareto { COLORS[1] } else { COLORS[0] };
+                Circle::new((p.utilization * 100.0, p.p95_wait_h), 4, c.filled())
+            }))
+            .map_err(&e)?;
+        chart
+            .draw_series(
+                points
+                    .iter()
+                    .filter(|p| p.best)
+                    .map(|p| Circle::new((p.utilization * 100.0, p.p95_wait_h), 9, BLACK.stroke_width(2))),
+            )
+            .map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
+/// The mean objective metric against each varied weight's value, one line per weight.
+pub fn sensitivity(metric: &str, rows: &crate::Sensitivity) -> Result<String, ReportError> {
+    fonts();
+    let e = err("sensitivity");
+    let mut names: Vec<&str> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.0) {
+            names.push(r.0);
+        }
+    }
+    let x1 = rows.iter().map(|r| r.1).fold(0.0, f64::max).max(1e-3);
+    let (y0, y1) = rows
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.2), b.max(r.2)));
+    let (y0, y1) = if y0.is_finite() { (y0, y1) } else { (0.0, 1.0) };
+    let pad = ((y1 - y0) * 0.1).max(y1.abs() * 0.01).max(1e-3);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..x1 * 1.05, (y0 - pad)..(y1 + pad))
+            .map_err(&e)?;
+        chart
+            .configure_mesh()
+            .x_desc("weight value")
+            .y_desc(format!("mean {metric}"))
+            .draw()
+            .map_err(&e)?;
+        for (k, name) in names.iter().enumerate() {
+            let c = PALETTE[k % PALETTE.len()];
+            let pts: Vec<(f64, f64)> = rows.iter().filter(|r| r.0 == *name).map(|r| (r.1, r.2)).collect();
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .map_err(&e)?
+                .label(name.to_string())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            chart
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
+                .map_err(&e)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
 /// Bounded slowdowns in log₂ buckets: bucket k holds [2^k, 2^(k+1)), k = 0..=15 (the last is open).
 pub fn bsld_buckets(values: &[f64]) -> [u64; 16] {
     let mut b = [0u64; 16];

@@ -5,16 +5,19 @@
 //! baseline's curves overlay the run's on every chart.
 //!
 //! Text in the charts is laid out with a bundled font (DejaVu Sans, `assets/`), so a fresh machine
-//! needs no system fonts. Still to come: polars tables and Parquet export, a Gantt, event and
-//! span/conformance charts, and sweep plots.
+//! needs no system fonts. A sweep gets its own report: the Pareto front of utilization against p95
+//! wait and the objective's sensitivity per weight. Still to come: polars tables and Parquet export, a
+//! Gantt, event and span/conformance charts.
 
 mod charts;
 mod series;
+mod sweep;
 
 use lattice_sim::SimResult;
 use std::fmt::Write;
 
 pub use series::{Series, occupancy, tenant_shares, wait_cdf};
+pub use sweep::{Sensitivity, SweepPoint, render_sweep_html};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -221,14 +224,14 @@ fn section(o: &mut String, id: &str, title: &str, svg: &str, caption: &str) {
 type TextOf = fn(&SimResult) -> String;
 type ValueOf = fn(&SimResult) -> f64;
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
 
-const CSS: &str = "body{font-family:sans-serif;margin:2em auto;max-width:960px;color:#222}\
+pub(crate) const CSS: &str = "body{font-family:sans-serif;margin:2em auto;max-width:960px;color:#222}\
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}\
 td:first-child{text-align:left}.better{color:#11772d}.worse{color:#b3261e}figure{margin:0}\
 figcaption{color:#555;font-size:0.9em}section{margin-bottom:2em}";

@@ -517,6 +517,34 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     }
     std::fs::write(out.join("sensitivity.csv"), csv)
         .with_context(|| format!("writing {}/sensitivity.csv", out.display()))?;
+    if let Some(path) = &a.replay.report {
+        let front = sweep::pareto(&runs);
+        let points: Vec<lattice_reports::SweepPoint> = runs
+            .iter()
+            .zip(&front)
+            .enumerate()
+            .map(|(i, (r, on))| lattice_reports::SweepPoint {
+                run: r.index,
+                utilization: sweep::metric(&r.summary, "utilization").unwrap_or(0.0),
+                p95_wait_h: sweep::metric(&r.summary, "p95_wait").unwrap_or(0.0) / 3600.0,
+                pareto: *on,
+                best: i == best,
+                label: vary
+                    .iter()
+                    .map(|v| format!("{}={}", v.name(), r.weights.as_array()[v.weight]))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+            .collect();
+        let html = lattice_reports::render_sweep_html(
+            &format!("RM-Replay sweep: {} runs, {}", runs.len(), a.objective),
+            &objective.metric,
+            &points,
+            &sens,
+        )?;
+        std::fs::write(path, &html).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {} ({} KiB)", path.display(), html.len() / 1024);
+    }
     if let Some(dest) = &a.emit_profile {
         std::fs::copy(&b.profile, dest).with_context(|| format!("writing {}", dest.display()))?;
         println!("wrote {}", dest.display());
