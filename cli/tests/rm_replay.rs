@@ -512,13 +512,17 @@ fn report_is_self_contained_with_every_chart() {
         "waits",
         "tenants",
         "bsld",
+        "placement",
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "missing section {id}");
     }
-    // Four charts; line charts carry a curve per run (the utilization chart two per run, the tenant
+    // Six charts; line charts carry a curve per run (the utilization chart two per run, the tenant
     // chart one per top tenant and run).
     let svgs: Vec<&str> = html.split("<svg").skip(1).collect();
-    assert_eq!(svgs.len(), 4);
+    assert_eq!(svgs.len(), 6);
+    // Placement histograms: every allocation of the demo machine spans one group and is fully
+    // conformant, so each chart has at least one bar per run.
+    assert!(svgs[4].matches("<rect").count() >= 2 && svgs[5].matches("<rect").count() >= 2);
     assert!(svgs[0].matches("<polyline").count() >= 4);
     assert!(svgs[1].matches("<polyline").count() >= 2);
     assert!(svgs[2].matches("<polyline").count() >= 4);

@@ -323,45 +323,69 @@ pub fn bsld_buckets(values: &[f64]) -> [u64; 16] {
 
 /// Histogram of bounded slowdowns, one bar per run side by side in each bucket.
 pub fn bsld_histogram(runs: &[(String, Vec<f64>)]) -> Result<String, ReportError> {
+    let counts: Vec<(String, Vec<u64>)> = runs
+        .iter()
+        .map(|r| (r.0.clone(), bsld_buckets(&r.1).to_vec()))
+        .collect();
+    bars("bsld", "bounded slowdown (log2 bucket: 2^x to 2^(x+1))", &counts)
+}
+
+/// Dragonfly groups spanned per allocation: buckets 1..=8 and 9+ (x = groups − 1).
+pub fn span_buckets(groups: &[u32]) -> Vec<u64> {
+    let mut b = vec![0u64; 9];
+    for &g in groups {
+        b[(g.max(1) as usize - 1).min(8)] += 1;
+    }
+    b
+}
+
+/// Conformance fitness in tenths: bucket k holds [k/10, (k+1)/10), 1.0 in the last.
+pub fn conformance_buckets(values: &[f64]) -> Vec<u64> {
+    let mut b = vec![0u64; 10];
+    for &v in values {
+        b[((v.clamp(0.0, 1.0) * 10.0).floor() as usize).min(9)] += 1;
+    }
+    b
+}
+
+/// Bars per bucket (x = bucket index), one bar per run side by side.
+pub fn bars(chart: &'static str, x_desc: &str, runs: &[(String, Vec<u64>)]) -> Result<String, ReportError> {
     fonts();
-    let e = err("bsld");
-    let buckets: Vec<[u64; 16]> = runs.iter().map(|r| bsld_buckets(&r.1)).collect();
-    let y_max = buckets.iter().flat_map(|b| b.iter().copied()).max().unwrap_or(1).max(1);
+    let e = err(chart);
+    let n_buckets = runs.iter().map(|r| r.1.len()).max().unwrap_or(1).max(1);
+    let y_max = runs.iter().flat_map(|r| r.1.iter().copied()).max().unwrap_or(1).max(1);
     let n = runs.len().max(1) as f64;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
         root.fill(&WHITE).map_err(&e)?;
-        let mut chart = ChartBuilder::on(&root)
+        let mut c = ChartBuilder::on(&root)
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..16f64, 0u64..y_max + y_max / 20 + 1)
+            .build_cartesian_2d(0f64..n_buckets as f64, 0u64..y_max + y_max / 20 + 1)
             .map_err(&e)?;
-        chart
-            .configure_mesh()
-            .x_desc("bounded slowdown (log2 bucket: 2^x to 2^(x+1))")
+        c.configure_mesh()
+            .x_desc(x_desc)
             .y_desc("allocations")
             .disable_x_mesh()
             .draw()
             .map_err(&e)?;
-        for (i, (name, b)) in runs.iter().zip(&buckets).enumerate() {
-            let c = COLORS[i % 2];
+        for (i, (name, b)) in runs.iter().enumerate() {
+            let col = COLORS[i % 2];
             let off = i as f64 / n;
-            chart
-                .draw_series(b.iter().enumerate().filter(|(_, v)| **v > 0).map(|(k, v)| {
-                    let x0 = k as f64 + 0.05 + off * 0.9;
-                    Rectangle::new([(x0, 0), (x0 + 0.9 / n, *v)], c.filled())
-                }))
-                .map_err(&e)?
-                .label(name.0.clone())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+            c.draw_series(b.iter().enumerate().filter(|(_, v)| **v > 0).map(|(k, v)| {
+                let x0 = k as f64 + 0.05 + off * 0.9;
+                Rectangle::new([(x0, 0), (x0 + 0.9 / n, *v)], col.filled())
+            }))
+            .map_err(&e)?
+            .label(name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], col.filled()));
         }
-        chart
-            .configure_series_labels()
+        c.configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
+            .position(SeriesLabelPosition::UpperMiddle)
             .draw()
             .map_err(&e)?;
         root.present().map_err(&e)?;
@@ -378,6 +402,13 @@ mod tests {
         let b = bsld_buckets(&[1.0, 1.9, 2.0, 3.9, 4.0, 1e9]);
         assert_eq!(&b[..3], &[2, 2, 1]);
         assert_eq!(b[15], 1);
+    }
+
+    #[test]
+    fn span_and_conformance_buckets() {
+        assert_eq!(span_buckets(&[1, 1, 2, 9, 40]), vec![2, 1, 0, 0, 0, 0, 0, 0, 2]);
+        let c = conformance_buckets(&[0.0, 0.55, 1.0, 0.99]);
+        assert_eq!((c[0], c[5], c[9]), (1, 1, 2));
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! `lattice-reports` — the site-review report of an `rm-replay` run: one self-contained HTML file (charts
 //! embedded as inline SVG, no network fetches) with the run configuration and trace summary, headline
 //! metrics (against a baseline when given), wait percentiles per priority class, utilization and queue
-//! depth over time, the wait-time CDF, tenant shares over time and the bounded-slowdown distribution; a
-//! baseline's curves overlay the run's on every chart.
+//! depth over time, the wait-time CDF, tenant shares over time, the bounded-slowdown distribution and
+//! group-span/conformance histograms; a baseline's curves overlay the run's on every chart.
 //!
 //! Text in the charts is laid out with a bundled font (DejaVu Sans, `assets/`), so a fresh machine
 //! needs no system fonts. A sweep gets its own report: the Pareto front of utilization against p95
 //! wait and the objective's sensitivity per weight. Still to come: polars tables and Parquet export, a
-//! Gantt, event and span/conformance charts.
+//! Gantt and event charts.
 
 mod charts;
 mod series;
@@ -32,7 +32,7 @@ pub struct Run<'a> {
 }
 
 /// The chart sections, in report order (their ids are the HTML `id`s).
-pub const SECTIONS: [(&str, &str); 7] = [
+pub const SECTIONS: [(&str, &str); 8] = [
     ("config", "Run configuration"),
     ("metrics", "Headline metrics"),
     ("classes", "Wait percentiles per priority class"),
@@ -40,6 +40,7 @@ pub const SECTIONS: [(&str, &str); 7] = [
     ("waits", "Wait-time CDF"),
     ("tenants", "Tenant shares over time"),
     ("bsld", "Bounded slowdown distribution"),
+    ("placement", "Placement: dragonfly groups spanned and conformance"),
 ];
 
 /// The report as one HTML document.
@@ -208,6 +209,30 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         "Bounded slowdown distribution",
         &svg,
         "Allocations per bounded-slowdown bucket (τ = 10 s), log₂ buckets.",
+    );
+    let spans: Vec<(String, Vec<u64>)> = runs
+        .iter()
+        .map(|r| {
+            let g: Vec<u32> = r.result.jobs.iter().filter_map(|j| j.groups).collect();
+            (r.name.to_string(), charts::span_buckets(&g))
+        })
+        .collect();
+    let conf: Vec<(String, Vec<u64>)> = runs
+        .iter()
+        .map(|r| {
+            let c: Vec<f64> = r.result.jobs.iter().filter_map(|j| j.conformance).collect();
+            (r.name.to_string(), charts::conformance_buckets(&c))
+        })
+        .collect();
+    let span_svg = charts::bars(
+        "span",
+        "dragonfly groups spanned (x + 1; the last bar is 9 or more)",
+        &spans,
+    )?;
+    let conf_svg = charts::bars("conformance", "conformance fitness (tenths: x/10 to (x+1)/10)", &conf)?;
+    let _ = writeln!(
+        o,
+        "<section id=\"placement\"><h2>Placement: dragonfly groups spanned and conformance</h2><figure>{span_svg}<figcaption>Allocations by the number of dragonfly groups their nodes span.</figcaption></figure><figure>{conf_svg}<figcaption>Allocations by conformance fitness (largest same-fingerprint share of their nodes).</figcaption></figure></section>"
     );
     o.push_str("</body></html>\n");
     Ok(o)
