@@ -28,6 +28,23 @@ fn err<E: std::fmt::Debug>(chart: &'static str) -> impl Fn(E) -> ReportError {
     }
 }
 
+/// The series legend, in the report's style.
+fn legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .position(at)
+        .draw()
+}
+
 fn max_x(series: &[&Series]) -> f64 {
     series
         .iter()
@@ -79,13 +96,7 @@ pub fn utilization(runs: &[(String, Series, Series)]) -> Result<String, ReportEr
                 .label(format!("{name}: queue depth"))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.mix(0.45)));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(&e)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&e)?;
         root.present().map_err(&e)?;
     }
     Ok(svg)
@@ -121,13 +132,7 @@ pub fn wait_cdf(runs: &[(String, Series)]) -> Result<String, ReportError> {
                 .label(name.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(&e)?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight).map_err(&e)?;
         root.present().map_err(&e)?;
     }
     Ok(svg)
@@ -188,13 +193,7 @@ pub fn tenant_shares(runs: &[(String, Vec<(String, Series)>)]) -> Result<String,
                 }
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(&e)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&e)?;
         root.present().map_err(&e)?;
     }
     Ok(svg)
@@ -295,13 +294,7 @@ pub fn sensitivity(metric: &str, rows: &crate::Sensitivity) -> Result<String, Re
                 .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
                 .map_err(&e)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(&e)?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&e)?;
         root.present().map_err(&e)?;
     }
     Ok(svg)
@@ -382,12 +375,7 @@ pub fn bars(chart: &'static str, x_desc: &str, runs: &[(String, Vec<u64>)]) -> R
             .label(name.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], col.filled()));
         }
-        c.configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .position(SeriesLabelPosition::UpperMiddle)
-            .draw()
-            .map_err(&e)?;
+        legend(&mut c, SeriesLabelPosition::UpperMiddle).map_err(&e)?;
         root.present().map_err(&e)?;
     }
     Ok(svg)

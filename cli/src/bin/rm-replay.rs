@@ -288,39 +288,21 @@ fn options(a: &ReplayArgs) -> Result<replay::ReplayOptions> {
         },
         vcluster_by_queue: a.vcluster_by_queue,
         check_invariants: a.check || cfg!(debug_assertions),
-        horizon: a
-            .horizon
-            .as_deref()
-            .map(lattice_traces::parse_duration)
-            .transpose()
-            .map_err(|m| anyhow::anyhow!("--horizon: {m}"))?
-            .map(|d| lattice_engine::Time(d.as_millis())),
-        fairshare_half_life: a
-            .fairshare_half_life
-            .as_deref()
-            .map(lattice_traces::parse_duration)
-            .transpose()
-            .map_err(|m| anyhow::anyhow!("--fairshare-half-life: {m}"))?,
+        horizon: duration_flag(&a.horizon, "--horizon")?.map(|d| lattice_engine::Time(d.as_millis())),
+        fairshare_half_life: duration_flag(&a.fairshare_half_life, "--fairshare-half-life")?,
         tenants: a.tenants.clone(),
-        mtbf: a
-            .mtbf
-            .as_deref()
-            .map(lattice_traces::parse_duration)
-            .transpose()
-            .map_err(|m| anyhow::anyhow!("--mtbf: {m}"))?,
-        repair: a
-            .repair
-            .as_deref()
-            .map(lattice_traces::parse_duration)
-            .transpose()
-            .map_err(|m| anyhow::anyhow!("--repair: {m}"))?,
-        walltime_grace: a
-            .walltime_grace
-            .as_deref()
-            .map(lattice_traces::parse_duration)
-            .transpose()
-            .map_err(|m| anyhow::anyhow!("--walltime-grace: {m}"))?,
+        mtbf: duration_flag(&a.mtbf, "--mtbf")?,
+        repair: duration_flag(&a.repair, "--repair")?,
+        walltime_grace: duration_flag(&a.walltime_grace, "--walltime-grace")?,
     })
+}
+
+/// An optional duration flag (`72h`, `30m`, ...), its errors naming the flag.
+fn duration_flag(v: &Option<String>, flag: &str) -> Result<Option<lattice_engine::Duration>> {
+    v.as_deref()
+        .map(lattice_traces::parse_duration)
+        .transpose()
+        .map_err(|m| anyhow::anyhow!("{flag}: {m}"))
 }
 
 fn run_replay(a: ReplayArgs) -> Result<()> {
