@@ -414,6 +414,11 @@ fn sweep_grid_is_deterministic_and_emits_the_best_profile() {
         assert!(o.status.success(), "{}", text(&o));
         assert!(text(&o).contains("4 runs"), "{}", text(&o));
         let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+        let parquet = std::fs::read(out.join("sweep.parquet")).unwrap();
+        assert!(
+            parquet.starts_with(b"PAR1") && parquet.ends_with(b"PAR1"),
+            "sweep.parquet is Parquet"
+        );
         // Without the profile path column (it names the output folder).
         let rows: Vec<String> = csv.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect();
         (rows, std::fs::read_to_string(best).unwrap(), text(&o))
@@ -511,26 +516,37 @@ fn report_is_self_contained_with_every_chart() {
         "utilization",
         "waits",
         "tenants",
+        "gantt",
+        "events",
         "bsld",
         "placement",
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "missing section {id}");
     }
-    // Six charts; line charts carry a curve per run (the utilization chart two per run, the tenant
-    // chart one per top tenant and run).
+    // Nine charts; line charts carry a curve per run (the utilization chart two per run, the tenant
+    // chart one per top tenant and run, the events chart one per kind and run); the Gantt has one heat
+    // map per run.
     let svgs: Vec<&str> = html.split("<svg").skip(1).collect();
-    assert_eq!(svgs.len(), 6);
+    assert_eq!(svgs.len(), 9);
+    let [util, waits, tenants, gantt_a, gantt_b, events, bsld, span, conf] = svgs[..] else {
+        unreachable!()
+    };
     // Placement histograms: every allocation of the demo machine spans one group and is fully
     // conformant, so each chart has at least one bar per run.
-    assert!(svgs[4].matches("<rect").count() >= 2 && svgs[5].matches("<rect").count() >= 2);
-    assert!(svgs[0].matches("<polyline").count() >= 4);
-    assert!(svgs[1].matches("<polyline").count() >= 2);
-    assert!(svgs[2].matches("<polyline").count() >= 4);
-    assert!(svgs[3].matches("<rect").count() >= 4);
+    assert!(span.matches("<rect").count() >= 2 && conf.matches("<rect").count() >= 2);
+    assert!(util.matches("<polyline").count() >= 4);
+    assert!(waits.matches("<polyline").count() >= 2);
+    assert!(tenants.matches("<polyline").count() >= 4);
+    assert!(bsld.matches("<rect").count() >= 4);
+    // The demo machine is busy: its Gantt heat maps have shaded cells (48 node blocks, many shades).
+    assert!(gantt_a.matches("<rect").count() >= 48 && gantt_b.matches("<rect").count() >= 48);
+    assert!(events.matches("<polyline").count() >= 10, "5 event kinds × 2 runs");
+    // Per-class and per-tenant tables (polars), one per run; the tenant table names targets.
     assert!(
-        html.contains("<td>hpc-batch</td>") && html.contains("<td>balanced</td>"),
-        "class table rows"
+        html.contains("<h3>hpc-batch</h3>") && html.contains("<h3>balanced</h3>"),
+        "class tables"
     );
+    assert!(html.contains("<th>share_minus_target</th>"), "tenant table");
     assert!(html.contains("<td class=\"better\">") || html.contains("<td class=\"worse\">"));
     // Nothing is fetched: no scripts, stylesheets or images by URL (the SVG namespace is not a fetch).
     for bad in ["<script", "<link", "src=\"http", "href=\"http", "url(http"] {
@@ -630,4 +646,32 @@ fn bench_report_mode_runs() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("report best_ms="), "{}", text(&o));
+}
+
+/// `--tables`: the run's polars tables land in DIR/tables as Parquet and CSV; without --output it is a
+/// clear error.
+#[test]
+fn tables_flag_exports_parquet_and_csv() {
+    let dir = tmp("tables");
+    let o = rm_replay(&["--output", dir.to_str().unwrap(), "--tables", "--quiet"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for f in [
+        "jobs.parquet",
+        "intervals.parquet",
+        "intervals.csv",
+        "tenant_intervals.parquet",
+        "tenants.parquet",
+        "tenants.csv",
+        "classes.csv",
+    ] {
+        let bytes = std::fs::read(dir.join("tables").join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        if f.ends_with(".parquet") {
+            assert!(bytes.starts_with(b"PAR1"), "{f}");
+        } else {
+            assert!(bytes.len() > 40, "{f}");
+        }
+    }
+    let o = rm_replay(&["--tables", "--quiet"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--tables needs --output DIR"), "{}", text(&o));
 }

@@ -149,7 +149,11 @@ const PALETTE: [RGBColor; 6] = [
 
 /// Each top tenant's share of the busy node-time over time; the run's lines solid, the baseline's
 /// (same tenant, same colour) faded.
-pub fn tenant_shares(runs: &[(String, Vec<(String, Series)>)]) -> Result<String, ReportError> {
+/// Each tenant's target share (of the first run) is a dashed line in the tenant's colour.
+pub fn tenant_shares(
+    runs: &[(String, Vec<(String, Series)>)],
+    targets: &std::collections::BTreeMap<String, f64>,
+) -> Result<String, ReportError> {
     fonts();
     let e = err("tenants");
     let xs: Vec<&Series> = runs.iter().flat_map(|r| r.1.iter().map(|t| &t.1)).collect();
@@ -191,6 +195,121 @@ pub fn tenant_shares(runs: &[(String, Vec<(String, Series)>)]) -> Result<String,
                     s.label(format!("{tenant} ({run})"))
                         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
                 }
+                if i == 0
+                    && let Some(&t) = targets.get(tenant)
+                {
+                    chart
+                        .draw_series(DashedLineSeries::new([(0.0, t), (x_max, t)], 6, 4, c.stroke_width(1)))
+                        .map_err(&e)?;
+                }
+            }
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
+/// Node occupancy as a heat map (a Gantt aggregated to `cells.len()` blocks of nodes × intervals): the
+/// darker a cell, the busier its nodes; `hours` is the time axis length. Runs of cells of the same
+/// shade in a row are drawn as one rectangle, which keeps the SVG small for long traces.
+pub fn gantt(
+    chart: &'static str,
+    run: usize,
+    cells: &[Vec<f64>],
+    nodes: u32,
+    hours: f64,
+) -> Result<String, ReportError> {
+    fonts();
+    let e = err(chart);
+    let rows = cells.len().max(1);
+    let bins = cells.first().map_or(1, |r| r.len()).max(1);
+    let width = hours.max(1e-6) / bins as f64;
+    let first = |r: usize| (r as u64 * nodes as u64 / rows as u64) as f64;
+    let base = COLORS[run % 2];
+    let shade = |level: u8| {
+        let f = level as f64 / 10.0;
+        let mix = |c: u8| (255.0 - (255.0 - c as f64) * f).round() as u8;
+        RGBColor(mix(base.0), mix(base.1), mix(base.2))
+    };
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut c = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..hours.max(1e-6), 0f64..nodes.max(1) as f64)
+            .map_err(&e)?;
+        c.configure_mesh()
+            .x_desc("hours since first submission")
+            .y_desc("node")
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .disable_mesh()
+            .draw()
+            .map_err(&e)?;
+        let mut rects = Vec::new();
+        for (r, row) in cells.iter().enumerate() {
+            let (y0, y1) = (first(r), if r + 1 < rows { first(r + 1) } else { nodes as f64 });
+            let mut b = 0;
+            while b < row.len() {
+                let level = (row[b].clamp(0.0, 1.0) * 10.0).round() as u8;
+                let mut end = b + 1;
+                while end < row.len() && (row[end].clamp(0.0, 1.0) * 10.0).round() as u8 == level {
+                    end += 1;
+                }
+                if level > 0 {
+                    rects.push(Rectangle::new(
+                        [(b as f64 * width, y0), (end as f64 * width, y1)],
+                        shade(level).filled(),
+                    ));
+                }
+                b = end;
+            }
+        }
+        c.draw_series(rects).map_err(&e)?;
+        root.present().map_err(&e)?;
+    }
+    Ok(svg)
+}
+
+/// Point events per interval, one line per kind; the baseline's lines faded.
+pub fn events(runs: &[(String, Vec<(&'static str, Series)>)]) -> Result<String, ReportError> {
+    fonts();
+    let e = err("events");
+    let xs: Vec<&Series> = runs.iter().flat_map(|r| r.1.iter().map(|k| &k.1)).collect();
+    let x_max = max_x(&xs);
+    let y_max = xs.iter().flat_map(|s| s.iter().map(|p| p.1)).fold(1.0, f64::max);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(&e)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..x_max, 0f64..y_max * 1.1)
+            .map_err(&e)?;
+        chart
+            .configure_mesh()
+            .x_desc("hours since first submission")
+            .y_desc("events per interval")
+            .draw()
+            .map_err(&e)?;
+        for (i, (run, kinds)) in runs.iter().enumerate() {
+            for (k, (kind, series)) in kinds.iter().enumerate() {
+                let c = PALETTE[k % PALETTE.len()];
+                let style = if i == 0 {
+                    c.stroke_width(2)
+                } else {
+                    c.mix(0.35).stroke_width(1)
+                };
+                chart
+                    .draw_series(LineSeries::new(series.iter().copied(), style))
+                    .map_err(&e)?
+                    .label(format!("{kind} ({run})"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
             }
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(&e)?;

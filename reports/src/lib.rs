@@ -1,28 +1,34 @@
 //! `lattice-reports` — the site-review report of an `rm-replay` run: one self-contained HTML file (charts
 //! embedded as inline SVG, no network fetches) with the run configuration and trace summary, headline
 //! metrics (against a baseline when given), wait percentiles per priority class, utilization and queue
-//! depth over time, the wait-time CDF, tenant shares over time, the bounded-slowdown distribution and
-//! group-span/conformance histograms; a baseline's curves overlay the run's on every chart.
+//! depth over time, the wait-time CDF, tenant shares over time against their targets, a Gantt of node
+//! occupancy (aggregated into node blocks × intervals), preemption/checkpoint/borrowing/failure events
+//! over time, the bounded-slowdown distribution and group-span/conformance histograms; a baseline's
+//! curves overlay the run's on every chart.
 //!
+//! The per-allocation and per-interval tables, and the per-class and per-tenant aggregations the report
+//! shows, are polars DataFrames ([`tables`]), exported as Parquet/CSV by [`tables::write_tables`].
 //! Text in the charts is laid out with a bundled font (DejaVu Sans, `assets/`), so a fresh machine
 //! needs no system fonts. A sweep gets its own report: the Pareto front of utilization against p95
-//! wait and the objective's sensitivity per weight. Still to come: polars tables and Parquet export, a
-//! Gantt and event charts.
+//! wait and the objective's sensitivity per weight.
 
 mod charts;
 mod series;
 mod sweep;
+pub mod tables;
 
 use lattice_sim::SimResult;
 use std::fmt::Write;
 
-pub use series::{Series, occupancy, tenant_shares, wait_cdf};
+pub use series::{Series, event_counts, gantt_cells, occupancy, tenant_shares, wait_cdf};
 pub use sweep::{Sensitivity, SweepPoint, render_sweep_html};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("drawing chart `{chart}`: {message}")]
     Chart { chart: &'static str, message: String },
+    #[error("report table: {0}")]
+    Table(#[from] polars::prelude::PolarsError),
 }
 
 /// One replayed run, with the name it is shown under.
@@ -32,13 +38,15 @@ pub struct Run<'a> {
 }
 
 /// The chart sections, in report order (their ids are the HTML `id`s).
-pub const SECTIONS: [(&str, &str); 8] = [
+pub const SECTIONS: [(&str, &str); 10] = [
     ("config", "Run configuration"),
     ("metrics", "Headline metrics"),
     ("classes", "Wait percentiles per priority class"),
     ("utilization", "Utilization and queue depth over time"),
     ("waits", "Wait-time CDF"),
-    ("tenants", "Tenant shares over time"),
+    ("tenants", "Tenant shares: actual vs target"),
+    ("gantt", "Node occupancy (Gantt)"),
+    ("events", "Preemptions, checkpoints, borrowing and failures over time"),
     ("bsld", "Bounded slowdown distribution"),
     ("placement", "Placement: dragonfly groups spanned and conformance"),
 ];
@@ -128,31 +136,17 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         o.push_str("</tr>");
     }
     o.push_str("</table></section>\n");
-    // Per priority class: wait percentiles of every run.
-    let _ = write!(
-        o,
-        "<section id=\"classes\"><h2>Wait percentiles per priority class</h2><table><tr><th>class</th><th>run</th><th>jobs</th><th>p50 wait (h)</th><th>p95 wait (h)</th><th>p99 wait (h)</th><th>mean bsld</th></tr>"
-    );
-    let classes: std::collections::BTreeSet<&String> =
-        runs.iter().flat_map(|r| r.result.summary.per_class.keys()).collect();
-    for c in classes {
-        for r in &runs {
-            if let Some(g) = r.result.summary.per_class.get(c) {
-                let _ = write!(
-                    o,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td></tr>",
-                    esc(c),
-                    esc(r.name),
-                    g.jobs,
-                    g.p50_wait_s / 3600.0,
-                    g.p95_wait_s / 3600.0,
-                    g.p99_wait_s / 3600.0,
-                    g.mean_bsld
-                );
-            }
-        }
+    // Per priority class: wait percentiles of every run (polars group-by over the jobs table).
+    let frames: Vec<polars::prelude::DataFrame> = runs
+        .iter()
+        .map(|r| tables::jobs_frame(r.result))
+        .collect::<Result<_, _>>()?;
+    o.push_str("<section id=\"classes\"><h2>Wait percentiles per priority class</h2>");
+    for (r, jobs) in runs.iter().zip(&frames) {
+        let _ = write!(o, "<h3>{}</h3>", esc(r.name));
+        o.push_str(&frame_html(&tables::class_table(jobs)?)?);
     }
-    o.push_str("</table></section>\n");
+    o.push_str("</section>\n");
     // Charts.
     let occ: Vec<(String, Series, Series)> = runs
         .iter()
@@ -185,13 +179,73 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         .iter()
         .map(|r| (r.name.to_string(), tenant_shares(&r.result.jobs, 100, 6)))
         .collect();
-    let svg = charts::tenant_shares(&shares)?;
+    let svg = charts::tenant_shares(&shares, &run.result.tenant_targets)?;
+    let _ = write!(
+        o,
+        "<section id=\"tenants\"><h2>Tenant shares: actual vs target</h2><figure>{svg}<figcaption>Share of the busy node-time of the six tenants with the most node-hours, averaged over 100 intervals (the baseline's faded); dashed: each tenant's target share (configured, or an equal split of the rest).</figcaption></figure>"
+    );
+    for (r, jobs) in runs.iter().zip(&frames) {
+        let _ = write!(o, "<h3>{}: whole run</h3>", esc(r.name));
+        o.push_str(&frame_html(
+            &tables::tenant_table(jobs, &r.result.tenant_targets)?.head(Some(12)),
+        )?);
+    }
+    o.push_str("</section>\n");
+    // Gantt: node blocks × intervals, one heat map per run.
+    o.push_str("<section id=\"gantt\"><h2>Node occupancy (Gantt)</h2>");
+    for (i, r) in runs.iter().enumerate() {
+        let nodes = r.result.summary.nodes;
+        let (t0, t1) = series::time_span(&r.result.jobs).unwrap_or((0.0, 1.0));
+        let rows = (nodes as usize).min(GANTT_ROWS);
+        let cells = gantt_cells(&r.result.timeline, nodes, t0, t1, rows, GANTT_BINS);
+        let svg = charts::gantt("gantt", i, &cells, nodes, (t1 - t0) / 3600.0)?;
+        let per_row = (nodes as usize).div_ceil(rows.max(1));
+        let _ = write!(
+            o,
+            "<figure>{svg}<figcaption>{}: busy fraction of each block of {} node{} in each of {GANTT_BINS} intervals (darker = busier; {} runs on nodes).</figcaption></figure>",
+            esc(r.name),
+            if per_row > 1 {
+                format!("≈{per_row}")
+            } else {
+                "1".into()
+            },
+            if per_row > 1 { "s" } else { "" },
+            r.result.timeline.runs.len()
+        );
+    }
+    o.push_str("</section>\n");
+    // Point events over time.
+    let events: Vec<(String, Vec<(&'static str, Series)>)> = runs
+        .iter()
+        .map(|r| {
+            let (t0, t1) = series::time_span(&r.result.jobs).unwrap_or((0.0, 1.0));
+            (r.name.to_string(), event_counts(&r.result.timeline, t0, t1, 100))
+        })
+        .collect();
+    let svg = charts::events(&events)?;
+    let totals: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            let s = &r.result.summary;
+            format!(
+                "{}: {} preemptions, checkpoint success {:.0}%, {:.1} borrowed node-hours, {} node failures",
+                esc(r.name),
+                s.preemptions,
+                s.checkpoint_success_rate * 100.0,
+                s.borrowed_node_hours,
+                s.node_failures
+            )
+        })
+        .collect();
     section(
         &mut o,
-        "tenants",
-        "Tenant shares over time",
+        "events",
+        "Preemptions, checkpoints, borrowing and failures over time",
         &svg,
-        "Share of the busy node-time of the six tenants with the most node-hours, averaged over 100 intervals (the baseline's faded).",
+        &format!(
+            "Events per interval (100 intervals; the baseline's faded). {}.",
+            totals.join("; ")
+        ),
     );
     let bslds: Vec<(String, Vec<f64>)> = runs
         .iter()
@@ -235,6 +289,37 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         "<section id=\"placement\"><h2>Placement: dragonfly groups spanned and conformance</h2><figure>{span_svg}<figcaption>Allocations by the number of dragonfly groups their nodes span.</figcaption></figure><figure>{conf_svg}<figcaption>Allocations by conformance fitness (largest same-fingerprint share of their nodes).</figcaption></figure></section>"
     );
     o.push_str("</body></html>\n");
+    Ok(o)
+}
+
+/// Rows and intervals of the Gantt heat map.
+const GANTT_ROWS: usize = 48;
+const GANTT_BINS: usize = 120;
+
+/// A DataFrame as an HTML table: floats with 3 decimals, nulls as "–".
+fn frame_html(df: &polars::prelude::DataFrame) -> Result<String, ReportError> {
+    use polars::prelude::AnyValue;
+    let mut o = String::from("<table><tr>");
+    for name in df.get_column_names() {
+        let _ = write!(o, "<th>{}</th>", esc(name));
+    }
+    o.push_str("</tr>");
+    for i in 0..df.height() {
+        o.push_str("<tr>");
+        for c in df.columns() {
+            let text = match c.get(i)? {
+                AnyValue::Null => "–".to_string(),
+                AnyValue::Float64(x) => format!("{x:.3}"),
+                AnyValue::Float32(x) => format!("{x:.3}"),
+                AnyValue::String(s) => esc(s),
+                AnyValue::StringOwned(s) => esc(&s),
+                v => esc(&v.to_string()),
+            };
+            let _ = write!(o, "<td>{text}</td>");
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</table>");
     Ok(o)
 }
 

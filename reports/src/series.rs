@@ -1,6 +1,6 @@
 //! Time series and distributions derived from the per-allocation records.
 
-use lattice_sim::JobRecord;
+use lattice_sim::{JobRecord, Timeline};
 
 /// `(x, y)` points in x order.
 pub type Series = Vec<(f64, f64)>;
@@ -129,6 +129,110 @@ pub fn tenant_shares(jobs: &[JobRecord], bins: usize, top: usize) -> Vec<(String
         .collect()
 }
 
+/// The time span of a run's records (seconds): first submission to last end, if any.
+pub fn time_span(jobs: &[JobRecord]) -> Option<(f64, f64)> {
+    span(jobs)
+}
+
+/// Point events of the timeline counted per interval: for each kind (in [`EVENT_KINDS`] order) the
+/// number of events in each of `bins` equal intervals of [t0, t1] (points at interval centres, hours
+/// since t0). Borrowing counts starts on borrowed nodes.
+pub fn event_counts(timeline: &Timeline, t0: f64, t1: f64, bins: usize) -> Vec<(&'static str, Series)> {
+    let width = (t1 - t0) / bins.max(1) as f64;
+    let mut counts = vec![vec![0.0f64; bins]; EVENT_KINDS.len()];
+    for e in &timeline.events {
+        let label = e.kind.label();
+        let Some(k) = EVENT_KINDS.iter().position(|x| *x == label) else {
+            continue;
+        };
+        if bins == 0 || e.time_s < t0 || e.time_s > t1 {
+            continue;
+        }
+        let b = (((e.time_s - t0) / width).floor() as usize).min(bins - 1);
+        counts[k][b] += 1.0;
+    }
+    EVENT_KINDS
+        .iter()
+        .zip(counts)
+        .map(|(name, c)| {
+            let series = c
+                .into_iter()
+                .enumerate()
+                .map(|(b, v)| ((b as f64 + 0.5) * width / 3600.0, v))
+                .collect();
+            (*name, series)
+        })
+        .collect()
+}
+
+/// The event series of [`event_counts`], in order.
+pub const EVENT_KINDS: [&str; 5] = [
+    "preemptions",
+    "checkpoints completed",
+    "checkpoints failed",
+    "starts on borrowed nodes",
+    "node failures",
+];
+
+/// Node occupancy aggregated for a Gantt heat map: `rows` blocks of consecutive nodes (node indices
+/// split as evenly as possible) × `bins` equal intervals of [t0, t1]; each cell is the busy fraction of
+/// its block's node-time (exact: every run's node-seconds are split over the cells it covers).
+pub fn gantt_cells(timeline: &Timeline, nodes: u32, t0: f64, t1: f64, rows: usize, bins: usize) -> Vec<Vec<f64>> {
+    let rows = rows.min(nodes as usize).max(1);
+    let mut cells = vec![vec![0.0f64; bins]; rows];
+    if bins == 0 || nodes == 0 || t1 <= t0 {
+        return cells;
+    }
+    let width = (t1 - t0) / bins as f64;
+    // Block r holds nodes [first(r), first(r + 1)).
+    let first = |r: usize| (r as u64 * nodes as u64 / rows as u64) as u32;
+    let block_of = |n: u32| {
+        // The largest r with first(r) <= n.
+        let mut r = ((n as u64 * rows as u64) / nodes as u64) as usize;
+        while r + 1 < rows && first(r + 1) <= n {
+            r += 1;
+        }
+        while r > 0 && first(r) > n {
+            r -= 1;
+        }
+        r
+    };
+    for run in &timeline.runs {
+        let (s, e) = (run.start_s.max(t0), run.end_s.unwrap_or(t1).min(t1));
+        if e <= s {
+            continue;
+        }
+        let (b0, b1) = (
+            (((s - t0) / width).floor() as usize).min(bins - 1),
+            (((e - t0) / width).ceil() as usize).clamp(1, bins),
+        );
+        for &(lo, hi) in &run.nodes {
+            let (lo, hi) = (lo.min(nodes - 1), hi.min(nodes - 1));
+            let mut n = lo;
+            while n <= hi {
+                let r = block_of(n);
+                let end = (if r + 1 < rows { first(r + 1) } else { nodes }).min(hi + 1);
+                let count = (end - n) as f64;
+                for (b, cell) in cells[r].iter_mut().enumerate().take(b1).skip(b0) {
+                    let (c0, c1) = (t0 + b as f64 * width, t0 + (b + 1) as f64 * width);
+                    let overlap = e.min(c1) - s.max(c0);
+                    if overlap > 0.0 {
+                        *cell += count * overlap;
+                    }
+                }
+                n = end;
+            }
+        }
+    }
+    for (r, row) in cells.iter_mut().enumerate() {
+        let size = (if r + 1 < rows { first(r + 1) } else { nodes } - first(r)).max(1) as f64;
+        for c in row.iter_mut() {
+            *c = (*c / (size * width)).min(1.0);
+        }
+    }
+    cells
+}
+
 /// The empirical CDF of wait times in hours (at most 1000 points: every k-th sorted wait).
 pub fn wait_cdf(jobs: &[JobRecord]) -> Series {
     let mut w: Vec<f64> = jobs.iter().filter_map(|j| j.wait_s).map(|s| s / 3600.0).collect();
@@ -174,6 +278,65 @@ mod tests {
             preempted: 0,
             borrowed: 0,
         }
+    }
+
+    fn run(start: f64, end: Option<f64>, nodes: Vec<(u32, u32)>) -> lattice_sim::RunSpan {
+        lattice_sim::RunSpan {
+            job: 0,
+            start_s: start,
+            end_s: end,
+            nodes,
+        }
+    }
+
+    #[test]
+    fn gantt_cells_split_node_time_exactly() {
+        // 4 nodes in 2 blocks, 2 one-hour bins. Node 0 busy 0-2 h, nodes 2-3 busy 1-1.5 h; an open run on
+        // node 1 from 1.5 h lasts to the end.
+        let t = Timeline {
+            runs: vec![
+                run(0.0, Some(7200.0), vec![(0, 0)]),
+                run(3600.0, Some(5400.0), vec![(2, 3)]),
+                run(5400.0, None, vec![(1, 1)]),
+            ],
+            events: vec![],
+        };
+        let cells = gantt_cells(&t, 4, 0.0, 7200.0, 2, 2);
+        assert_eq!(cells, vec![vec![0.5, 0.75], vec![0.0, 0.5]]);
+        // More rows than nodes: one node per row.
+        let cells = gantt_cells(&t, 4, 0.0, 7200.0, 10, 1);
+        assert_eq!(cells, vec![vec![1.0], vec![0.25], vec![0.25], vec![0.25]]);
+        // Uneven blocks (5 nodes, 2 rows: nodes 0-1 and 2-4): node-time is kept.
+        let t = Timeline {
+            runs: vec![run(0.0, Some(3600.0), vec![(0, 4)])],
+            events: vec![],
+        };
+        assert_eq!(gantt_cells(&t, 5, 0.0, 3600.0, 2, 1), vec![vec![1.0], vec![1.0]]);
+    }
+
+    #[test]
+    fn events_are_counted_per_interval_and_kind() {
+        use lattice_sim::{TimelineEvent, TimelineKind};
+        let ev = |t: f64, kind| TimelineEvent { time_s: t, kind };
+        let t = Timeline {
+            runs: vec![],
+            events: vec![
+                ev(10.0, TimelineKind::Preemption("priority")),
+                ev(20.0, TimelineKind::Preemption("reclaim")),
+                ev(3700.0, TimelineKind::CheckpointDone),
+                ev(7200.0, TimelineKind::NodeDown),
+                ev(100.0, TimelineKind::Borrow(3)),
+            ],
+        };
+        let c = event_counts(&t, 0.0, 7200.0, 2);
+        let ys = |k: usize| c[k].1.iter().map(|p| p.1).collect::<Vec<_>>();
+        assert_eq!(c[0].0, "preemptions");
+        assert_eq!(ys(0), vec![2.0, 0.0]);
+        assert_eq!(ys(1), vec![0.0, 1.0]);
+        assert_eq!(ys(2), vec![0.0, 0.0]);
+        assert_eq!(ys(3), vec![1.0, 0.0]);
+        assert_eq!(ys(4), vec![0.0, 1.0], "an event at the end falls in the last interval");
+        assert_eq!(c[0].1[0].0, 0.5);
     }
 
     #[test]

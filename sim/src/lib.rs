@@ -11,17 +11,19 @@
 //! `--compat pyss` the order is pyss's: one event at a time, submissions before terminations, and the
 //! engine's pyss policy decides whether the event triggers a pass.
 //!
-//! Not here (yet): node failures, drains, staging, energy prices and the other dynamics of the workload
-//! issue; multi-vCluster quorum conflicts.
+//! Besides the metrics, a replay keeps a [`Timeline`] (every run of every allocation on its nodes, and
+//! preemption, checkpoint, borrowing and node-failure events) for the report's Gantt and event charts.
 
 pub mod audit;
 pub mod events;
 pub mod invariants;
 pub mod metrics;
 pub mod quorum;
+pub mod timeline;
 
 pub use invariants::InvariantChecker;
 pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};
+pub use timeline::{RunSpan, Timeline, TimelineEvent, TimelineKind};
 
 use events::{EventKind, EventQueue};
 use lattice_engine::{
@@ -146,6 +148,11 @@ pub struct SimResult {
     pub audit: audit::AuditLog,
     pub cost: EngineCost,
     pub invariant_checks: u64,
+    /// Runs on nodes and point events, for the report's Gantt and event charts.
+    pub timeline: Timeline,
+    /// Each tenant's target share of node-hours, as the fairness metrics use it: configured targets,
+    /// the other tenants with usage splitting the rest equally.
+    pub tenant_targets: BTreeMap<String, f64>,
 }
 
 // Event ranks at equal times.
@@ -425,7 +432,7 @@ pub fn simulate(
                         if let Err(e) = engine.handle_completion(now, id, reason) {
                             return Err(fail(now, format!("completion rejected by the engine: {e}")));
                         }
-                        fake.bump(id);
+                        fake.bump(id, now);
                         if reason == EndReason::PreemptionKilled {
                             preemption_kills += 1;
                         }
@@ -451,7 +458,7 @@ pub fn simulate(
                         engine
                             .handle_prologue_failure(now, id, NodeId(node))
                             .map_err(|e| fail(now, format!("prologue failure rejected by the engine: {e}")))?;
-                        fake.bump(id);
+                        fake.bump(id, now);
                         fake.restart(id);
                     }
                     EventKind::CheckpointDone(id, epoch) => {
@@ -462,6 +469,7 @@ pub fn simulate(
                                 .handle_checkpointed(now, id, true)
                                 .map_err(|e| fail(now, format!("checkpoint rejected by the engine: {e}")))?;
                             checkpoint_ok += 1;
+                            fake.event(now, TimelineKind::CheckpointDone);
                         }
                     }
                     EventKind::Storage(up) => engine.handle_storage(now, up),
@@ -660,7 +668,7 @@ pub fn simulate(
                         engine
                             .handle_suspended(now, id, checkpointed)
                             .map_err(|e| fail(now, format!("suspend rejected by the engine: {e}")))?;
-                        fake.suspended(id, checkpointed);
+                        fake.suspended(id, checkpointed, now);
                     }
                 }
             }
@@ -728,6 +736,7 @@ pub fn simulate(
                         );
                     } else {
                         let _ = engine.handle_checkpointed(now, alloc, false);
+                        fake.event(now, TimelineKind::CheckpointFailed);
                     }
                 }
                 lattice_engine::Command::Preempt {
@@ -736,6 +745,7 @@ pub fn simulate(
                     for_alloc,
                 } => {
                     *preemptions.entry(reason.as_str().to_string()).or_default() += 1;
+                    fake.event(now, TimelineKind::Preemption(reason.as_str()));
                     if checker.is_some() {
                         let (v, p) = (engine.allocation(alloc), engine.allocation(for_alloc));
                         let (vc, pc) = (
@@ -769,6 +779,7 @@ pub fn simulate(
                         _ if storage_down && a.spec.checkpoint.kind != lattice_engine::CheckpointKind::None => {
                             // Storage outage: no checkpoint can be written; a forced preemption kills.
                             checkpoint_attempts += 1;
+                            fake.event(now, TimelineKind::CheckpointFailed);
                             q.push(
                                 now + Duration::from_secs(30),
                                 rank_end,
@@ -794,8 +805,10 @@ pub fn simulate(
                             let took = Duration((minutes * factor * 60_000.0).round() as u64);
                             if took <= deadline {
                                 checkpoint_ok += 1;
+                                fake.event(now + took, TimelineKind::CheckpointDone);
                                 q.push(now + took, rank_end, EventKind::Suspend(alloc, epoch, true));
                             } else {
+                                fake.event(now + deadline, TimelineKind::CheckpointFailed);
                                 q.push(
                                     now + deadline,
                                     rank_end,
@@ -935,6 +948,12 @@ pub fn simulate(
         .collect();
     summary.sensitive_claims = engine.allocations().iter().filter(|a| a.spec.sensitive_claim).count() as u64;
     summary.sensitive_wait_max_s = claim_waits.iter().copied().fold(0.0, f64::max);
+    let configured: BTreeMap<String, f64> = cfg
+        .tenants
+        .iter()
+        .filter_map(|(t, q)| q.fair_share_target.map(|x| (t.clone(), x)))
+        .collect();
+    let tenant_targets = metrics::effective_targets(summary.per_tenant.keys(), &configured);
     let scores = engine
         .allocations()
         .iter()
@@ -952,6 +971,13 @@ pub fn simulate(
         audit: std::mem::take(&mut quorum.audit),
         cost,
         invariant_checks: checker.map_or(0, |c| c.checks),
+        timeline: {
+            let mut t = std::mem::take(&mut fake.timeline);
+            // Checkpoint outcomes are logged when decided; order every event by time (stable).
+            t.events.sort_by(|a, b| a.time_s.total_cmp(&b.time_s));
+            t
+        },
+        tenant_targets,
     })
 }
 
@@ -996,7 +1022,12 @@ fn commit(
     };
     // A resumed allocation only has the rest of its work left; a stall adds to it.
     let run = run.map(|r| Duration(r.0.saturating_sub(fake.done(id).0) + stall.0));
-    fake.started(id, now);
+    let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+    fake.started(id, now, &nodes);
+    let borrowed = engine.borrowed_nodes(id);
+    if borrowed > 0 {
+        fake.event(now, TimelineKind::Borrow(borrowed));
+    }
     let epoch = fake.epoch(id);
     // The prologue (uenv pull/mount) fails on a node with a broken image cache: the agent reports it
     // a few seconds after the start, and the allocation never runs its entrypoint.
@@ -1197,9 +1228,10 @@ fn node_event(
     }
     if matches!(event, NodeEvent::HardwareFailure | NodeEvent::GraceTimeout) {
         stats.node_failures += 1;
+        fake.event(now, TimelineKind::NodeDown);
     }
     for id in affected {
-        fake.bump(id);
+        fake.bump(id, now);
         fake.restart(id);
         quorum.release(engine, id);
         if let Some(&(_, start, k)) = starts.iter().find(|s| s.0 == id) {
@@ -1286,6 +1318,9 @@ struct FakeNodes {
     /// Nodes whose local image cache is broken: every prologue there fails (until `node_recover`).
     bad_image: std::collections::BTreeSet<NodeId>,
     prologue_failures: u64,
+    /// The timeline: runs (the open run of each allocation is `open[id]`) and point events.
+    timeline: Timeline,
+    open: Vec<Option<u32>>,
 }
 
 impl FakeNodes {
@@ -1295,6 +1330,20 @@ impl FakeNodes {
             self.done.push(Duration::ZERO);
             self.start.push(Time::ZERO);
             self.hint.push(None);
+            self.open.push(None);
+        }
+    }
+    fn event(&mut self, now: Time, kind: TimelineKind) {
+        self.timeline.events.push(TimelineEvent {
+            time_s: now.as_secs_f64(),
+            kind,
+        });
+    }
+    /// Ends the allocation's open run (if any) at `now`.
+    fn close(&mut self, id: AllocId, now: Time) {
+        self.grow(id);
+        if let Some(r) = self.open[id.index()].take() {
+            self.timeline.runs[r as usize].end_s = Some(now.as_secs_f64());
         }
     }
     fn epoch(&mut self, id: AllocId) -> u32 {
@@ -1305,16 +1354,25 @@ impl FakeNodes {
         self.grow(id);
         self.done[id.index()]
     }
-    fn started(&mut self, id: AllocId, now: Time) {
-        self.grow(id);
+    fn started(&mut self, id: AllocId, now: Time, nodes: &[NodeId]) {
+        self.close(id, now);
         self.start[id.index()] = now;
+        self.open[id.index()] = Some(self.timeline.runs.len() as u32);
+        self.timeline.runs.push(RunSpan {
+            job: id.index() as u32,
+            start_s: now.as_secs_f64(),
+            end_s: None,
+            nodes: timeline::node_ranges(nodes),
+        });
     }
     fn hint(&mut self, id: AllocId, now: Time) {
         self.grow(id);
         self.hint[id.index()] = Some(now);
     }
-    fn bump(&mut self, id: AllocId) {
-        self.grow(id);
+    /// The current run ended at `now` (completion, kill, prologue failure, lost node): events still
+    /// queued for it are stale.
+    fn bump(&mut self, id: AllocId, now: Time) {
+        self.close(id, now);
         self.epoch[id.index()] += 1;
     }
     /// A node failure: the run is lost, the next one restarts from zero.
@@ -1323,8 +1381,8 @@ impl FakeNodes {
         self.done[id.index()] = Duration::ZERO;
     }
     /// A checkpoint keeps the work done up to the hint; without one the job restarts from zero.
-    fn suspended(&mut self, id: AllocId, checkpointed: bool) {
-        self.grow(id);
+    fn suspended(&mut self, id: AllocId, checkpointed: bool, now: Time) {
+        self.close(id, now);
         let i = id.index();
         self.done[i] = if checkpointed {
             let upto = self.hint[i].unwrap_or(self.start[i]);

@@ -322,14 +322,8 @@ pub fn fairness(usage: &BTreeMap<String, f64>, targets: &BTreeMap<String, f64>) 
     if n == 0 || total <= 0.0 {
         return (1.0, 0.0);
     }
-    let set: f64 = usage.keys().filter_map(|t| targets.get(t)).sum();
-    let unset = usage.keys().filter(|t| !targets.contains_key(*t)).count();
-    let rest = if unset > 0 {
-        (1.0 - set).max(0.0) / unset as f64
-    } else {
-        0.0
-    };
-    let target = |t: &str| targets.get(t).copied().unwrap_or(rest);
+    let effective = effective_targets(usage.keys(), targets);
+    let target = |t: &str| effective.get(t).copied().unwrap_or(0.0);
     let x: Vec<f64> = usage
         .iter()
         .filter(|(t, _)| target(t) > 0.0)
@@ -347,6 +341,24 @@ pub fn fairness(usage: &BTreeMap<String, f64>, targets: &BTreeMap<String, f64>) 
         .map(|(t, u)| (u / total - target(t)).abs())
         .fold(0.0, f64::max);
     (round6(jain), round6(dev))
+}
+
+/// The target share of each of `tenants`: its configured target, or an equal split of what the
+/// configured targets (of these tenants) leave.
+pub fn effective_targets<'a>(
+    tenants: impl Iterator<Item = &'a String> + Clone,
+    targets: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    let set: f64 = tenants.clone().filter_map(|t| targets.get(t)).sum();
+    let unset = tenants.clone().filter(|t| !targets.contains_key(*t)).count();
+    let rest = if unset > 0 {
+        (1.0 - set).max(0.0) / unset as f64
+    } else {
+        0.0
+    };
+    tenants
+        .map(|t| (t.clone(), targets.get(t).copied().unwrap_or(rest)))
+        .collect()
 }
 
 /// Fairness per time window: each allocation's node-seconds are split over the windows it ran in;

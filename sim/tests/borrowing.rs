@@ -85,6 +85,13 @@ fn home_vcluster_reclaims_lent_nodes() {
     assert_eq!(r.summary.preemptions_by_reason.get("reclaim"), Some(&1));
     let a2 = rec(&r, "A2");
     assert_eq!((a2.preempted, a2.state), (1, "completed"));
+    // The timeline shows A2 starting on 2 borrowed nodes and the reclaim preemption at B1's arrival.
+    let kinds: Vec<(f64, lattice_sim::TimelineKind)> = r.timeline.events.iter().map(|e| (e.time_s, e.kind)).collect();
+    assert_eq!(kinds[0], (1.0, lattice_sim::TimelineKind::Borrow(2)));
+    assert!(
+        kinds.contains(&(600.0, lattice_sim::TimelineKind::Preemption("reclaim"))),
+        "{kinds:?}"
+    );
 }
 
 /// Non-preemptible allocations (checkpoint none, class ≥ 7) are never placed on borrowed nodes.
@@ -123,6 +130,25 @@ mod properties {
             }).collect();
             let r = two_vclusters(trace);
             prop_assert_eq!(r.summary.unfinished, 0);
+            // The timeline agrees with the records: runs never share a node at the same time, every
+            // allocation's last run ends when it ended, and every preemption is logged.
+            let runs = &r.timeline.runs;
+            for (i, a) in runs.iter().enumerate() {
+                let a_end = a.end_s.unwrap_or(f64::INFINITY);
+                prop_assert!(a.start_s <= a_end);
+                for b in &runs[i + 1..] {
+                    let b_end = b.end_s.unwrap_or(f64::INFINITY);
+                    let overlap_t = a.start_s < b_end && b.start_s < a_end;
+                    let overlap_n = a.nodes.iter().any(|x| b.nodes.iter().any(|y| x.0 <= y.1 && y.0 <= x.1));
+                    prop_assert!(!(overlap_t && overlap_n), "runs {:?} and {:?} share a node", a, b);
+                }
+            }
+            for (k, j) in r.jobs.iter().enumerate() {
+                let last = runs.iter().rev().find(|s| s.job as usize == k).map(|s| s.end_s);
+                prop_assert_eq!(last.flatten(), j.end_s, "{}", j.id);
+            }
+            let logged = r.timeline.events.iter().filter(|e| matches!(e.kind, lattice_sim::TimelineKind::Preemption(_))).count();
+            prop_assert_eq!(logged as u64, r.summary.preemptions);
         }
     }
 }

@@ -51,6 +51,19 @@ fn node_failure_requeues_and_keeps_submit_time() {
     assert_eq!(r.summary.requeues, 1);
     assert_eq!(r.summary.node_failures, 1);
     assert!((r.summary.lost_node_hours - 100.0 / 3600.0).abs() < 1e-6);
+    // Two runs: on n0-n1 until the failure, then on the two healthy nodes n1-n2.
+    let run = |start_s, end_s, nodes| lattice_sim::RunSpan {
+        job: 0,
+        start_s,
+        end_s: Some(end_s),
+        nodes,
+    };
+    assert_eq!(
+        r.timeline.runs,
+        vec![run(0.0, 50.0, vec![(0, 1)]), run(50.001, 150.001, vec![(1, 2)])]
+    );
+    assert_eq!(r.timeline.events.len(), 1);
+    assert_eq!(r.timeline.events[0].kind, lattice_sim::TimelineKind::NodeDown);
 }
 
 /// `requeue: never` fails the allocation on a node failure.

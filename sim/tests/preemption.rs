@@ -62,6 +62,22 @@ fn higher_class_preempts_with_checkpoint_and_victim_resumes() {
     assert_eq!(r.summary.preemptions_by_reason.get("priority"), Some(&1));
     assert_eq!(r.summary.checkpoint_success_rate, 1.0);
     assert_eq!(r.summary.suspended_requeues, 1);
+    // The timeline: L ran twice on all 4 nodes (0 → 1 h 2 min, 2 h 2 min → 6 h 2 min), H once between;
+    // the preemption at 1 h and the checkpoint done 2 min later.
+    use lattice_sim::TimelineKind::*;
+    let run = |job, start_s, end_s| lattice_sim::RunSpan {
+        job,
+        start_s,
+        end_s: Some(end_s),
+        nodes: vec![(0, 3)],
+    };
+    let (t1, t2) = ((H + 120) as f64, (2 * H + 120) as f64);
+    assert_eq!(
+        r.timeline.runs,
+        vec![run(0, 0.0, t1), run(1, t1, t2), run(0, t2, (6 * H + 120) as f64)]
+    );
+    let events: Vec<(f64, lattice_sim::TimelineKind)> = r.timeline.events.iter().map(|e| (e.time_s, e.kind)).collect();
+    assert_eq!(events, vec![(H as f64, Preemption("priority")), (t1, CheckpointDone)]);
 }
 
 /// Preemption only moves down: an equal class waits.
@@ -103,6 +119,18 @@ fn checkpoint_timeout_kills_the_victim() {
     assert_eq!(start_of(&r, "H"), (H + 900) as f64);
     assert_eq!(r.summary.checkpoint_success_rate, 0.0);
     assert_eq!(r.summary.preemption_kills, 1);
+    let failed: Vec<f64> = r
+        .timeline
+        .events
+        .iter()
+        .filter(|e| e.kind == lattice_sim::TimelineKind::CheckpointFailed)
+        .map(|e| e.time_s)
+        .collect();
+    assert_eq!(
+        failed,
+        vec![(H + 900) as f64],
+        "the checkpoint fails when the extended timeout ends"
+    );
 }
 
 /// Without checkpoint support the victim gets SIGTERM and a 30 s grace, then restarts from scratch.

@@ -177,6 +177,11 @@ struct ReplayArgs {
     /// baseline's when --baseline is given).
     #[arg(long)]
     report: Option<PathBuf>,
+    /// With --output: also write the run's tables (computed with polars) to DIR/tables/ — jobs.parquet,
+    /// intervals.parquet/.csv (utilization, queue depth, events per interval), tenant_intervals.parquet,
+    /// tenants.parquet/.csv (actual vs target share), classes.csv.
+    #[arg(long)]
+    tables: bool,
     /// Fake quorum commit latency in milliseconds.
     #[arg(long, default_value_t = 0)]
     commit_latency_ms: u64,
@@ -354,6 +359,14 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         if !a.quiet {
             println!("Wrote {}/summary.json, jobs.csv, engine_cost.json", dir.display());
         }
+        if a.tables {
+            let written = lattice_reports::tables::write_tables(&dir.join("tables"), &result)?;
+            if !a.quiet {
+                println!("Wrote {} tables to {}/tables/", written.len(), dir.display());
+            }
+        }
+    } else if a.tables {
+        anyhow::bail!("--tables needs --output DIR");
     }
     let stem = |p: &PathBuf| {
         p.file_stem()
@@ -456,6 +469,7 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     bar.finish_and_clear();
     let table = sweep::table(&runs, &objective);
     std::fs::write(out.join("sweep.csv"), table).with_context(|| format!("writing {}/sweep.csv", out.display()))?;
+    lattice_reports::tables::csv_to_parquet(&out.join("sweep.csv"), &out.join("sweep.parquet"))?;
     let best = sweep::best(&runs, &objective).expect("a sweep has runs");
     let b = &runs[best];
     println!(
