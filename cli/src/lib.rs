@@ -1,10 +1,12 @@
 //! `lattice-cli` — the command-line tools. `rm-replay` replays a workload trace through the very engine
 //! the production runtime runs, on a virtual clock ([`replay`]), prints the seed's "RM-Replay Results"
 //! block ([`report`]) — against a baseline profile with arrows ([`compare`]) —, writes the output contract
-//! (`summary.json`, `jobs.csv`) and measures itself ([`bench`]). The `lattice` client of the runtime arrives with the runtime issue.
+//! (`summary.json`, `jobs.csv`), sweeps weights ([`sweep`]), runs the regression suite ([`regress`]) and
+//! measures itself ([`bench`]). The `lattice` client of the runtime arrives with the runtime issue.
 
 pub mod bench;
 pub mod compare;
+pub mod regress;
 pub mod replay;
 pub mod report;
 pub mod sweep;

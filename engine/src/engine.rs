@@ -575,6 +575,7 @@ impl Engine {
     /// A new allocation request. Refused requests create nothing.
     pub fn handle_submit(&mut self, now: Time, mut spec: AllocSpec) -> Result<AllocId, SubmitError> {
         self.clock.advance(now);
+        let claim = spec.sensitive_claim;
         if spec.sensitive_claim {
             // Sensitive claims are class 10: highest, never preempted.
             spec.preemption_class = crate::alloc::PreemptionClass::new(10).expect("10 is valid");
@@ -681,7 +682,12 @@ impl Engine {
             let fits_free = min as usize <= self.free.len();
             self.enqueue(id);
             // pyss runs a pass on a submission only if the new job fits in free(t).
-            if policy != Policy::PyssEasy || fits_free {
+            if claim {
+                // A sensitive claim is immediate: its pool's pass runs now, not at the next cycle tick.
+                if let Some(p) = self.pools.get_mut(&pool_key) {
+                    p.due_at = Some(now);
+                }
+            } else if policy != Policy::PyssEasy || fits_free {
                 self.mark_due(pool_key, now);
             }
         }

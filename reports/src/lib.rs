@@ -151,7 +151,7 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
     let occ: Vec<(String, Series, Series)> = runs
         .iter()
         .map(|r| {
-            let (busy, queued) = occupancy(&r.result.jobs, r.result.summary.nodes, 200);
+            let (busy, queued) = occupancy(&r.result.jobs, &r.result.timeline.runs, r.result.summary.nodes, 200);
             (r.name.to_string(), busy, queued)
         })
         .collect();
@@ -177,7 +177,12 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
     );
     let shares: Vec<(String, Vec<(String, Series)>)> = runs
         .iter()
-        .map(|r| (r.name.to_string(), tenant_shares(&r.result.jobs, 100, 6)))
+        .map(|r| {
+            (
+                r.name.to_string(),
+                tenant_shares(&r.result.jobs, &r.result.timeline.runs, 100, 6),
+            )
+        })
         .collect();
     let svg = charts::tenant_shares(&shares, &run.result.tenant_targets)?;
     let _ = write!(

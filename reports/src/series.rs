@@ -1,25 +1,28 @@
 //! Time series and distributions derived from the per-allocation records.
 
-use lattice_sim::{JobRecord, Timeline};
+use lattice_sim::{JobRecord, RunSpan, Timeline};
 
 /// `(x, y)` points in x order.
 pub type Series = Vec<(f64, f64)>;
 
 /// Busy-node fraction and queue depth (submitted, not yet started), each averaged over `bins` equal
 /// intervals from the first submission to the last end; points at the interval centres (hours since the
-/// first submission). Exact integrals of the step functions, so short spikes are neither lost nor
-/// exaggerated.
-pub fn occupancy(jobs: &[JobRecord], nodes: u32, bins: usize) -> (Series, Series) {
+/// first submission). Busy nodes come from the runs on nodes (a suspended allocation holds none).
+/// Exact integrals of the step functions, so short spikes are neither lost nor exaggerated.
+pub fn occupancy(jobs: &[JobRecord], runs: &[RunSpan], nodes: u32, bins: usize) -> (Series, Series) {
     let mut busy: Vec<(f64, i64)> = Vec::new();
     let mut queue: Vec<(f64, i64)> = Vec::new();
     for j in jobs {
         queue.push((j.submit_s, 1));
         if let Some(s) = j.start_s {
             queue.push((s, -1));
-            busy.push((s, j.nodes as i64));
-            if let Some(e) = j.end_s {
-                busy.push((e, -(j.nodes as i64)));
-            }
+        }
+    }
+    for r in runs {
+        let n: i64 = r.nodes.iter().map(|(a, b)| (b - a + 1) as i64).sum();
+        busy.push((r.start_s, n));
+        if let Some(e) = r.end_s {
+            busy.push((e, -n));
         }
     }
     let Some((t0, t1)) = span(jobs).filter(|_| bins > 0) else {
@@ -80,35 +83,34 @@ fn bin_average(mut ev: Vec<(f64, i64)>, t0: f64, t1: f64, bins: usize) -> Vec<f6
 
 /// Each of the `top` tenants with the most node-hours: its share of the busy node-time in each of
 /// `bins` intervals (0 where nothing ran), in decreasing node-hours order.
-pub fn tenant_shares(jobs: &[JobRecord], bins: usize, top: usize) -> Vec<(String, Series)> {
+pub fn tenant_shares(jobs: &[JobRecord], runs: &[RunSpan], bins: usize, top: usize) -> Vec<(String, Series)> {
     let Some((t0, t1)) = span(jobs) else { return Vec::new() };
     if bins == 0 {
         return Vec::new();
     }
-    let run_events = |j: &JobRecord| -> Option<[(f64, i64); 2]> {
-        let (s, e) = (j.start_s?, j.end_s?);
-        Some([(s, j.nodes as i64), (e, -(j.nodes as i64))])
-    };
+    // Ended runs: (tenant, start, end, nodes).
+    let ended: Vec<(&str, f64, f64, i64)> = runs
+        .iter()
+        .filter_map(|r| {
+            let n: i64 = r.nodes.iter().map(|(a, b)| (b - a + 1) as i64).sum();
+            Some((jobs.get(r.job as usize)?.tenant.as_str(), r.start_s, r.end_s?, n))
+        })
+        .collect();
+    let run_events = |r: &(&str, f64, f64, i64)| -> [(f64, i64); 2] { [(r.1, r.3), (r.2, -r.3)] };
     let mut hours: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
-    for j in jobs {
-        if let (Some(s), Some(e)) = (j.start_s, j.end_s) {
-            *hours.entry(j.tenant.as_str()).or_default() += j.nodes as f64 * (e - s);
-        }
+    for r in &ended {
+        *hours.entry(r.0).or_default() += r.3 as f64 * (r.2 - r.1);
     }
     let mut ranked: Vec<(&str, f64)> = hours.into_iter().collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
-    let total = bin_average(jobs.iter().filter_map(run_events).flatten().collect(), t0, t1, bins);
+    let total = bin_average(ended.iter().flat_map(run_events).collect(), t0, t1, bins);
     let width = (t1 - t0) / bins as f64;
     ranked
         .into_iter()
         .take(top)
         .map(|(t, _)| {
             let mine = bin_average(
-                jobs.iter()
-                    .filter(|j| j.tenant == t)
-                    .filter_map(run_events)
-                    .flatten()
-                    .collect(),
+                ended.iter().filter(|r| r.0 == t).flat_map(run_events).collect(),
                 t0,
                 t1,
                 bins,
@@ -277,6 +279,7 @@ mod tests {
             score: None,
             preempted: 0,
             borrowed: 0,
+            run_s: start.zip(end).map(|(s, e)| e - s),
         }
     }
 
@@ -339,6 +342,23 @@ mod tests {
         assert_eq!(c[0].1[0].0, 0.5);
     }
 
+    /// One run per started record, on nodes 0..nodes.
+    fn runs_of(jobs: &[JobRecord]) -> Vec<lattice_sim::RunSpan> {
+        jobs.iter()
+            .enumerate()
+            .filter_map(|(k, j)| Some(run_of(k, j.start_s?, j.end_s, j.nodes)))
+            .collect()
+    }
+
+    fn run_of(job: usize, start: f64, end: Option<f64>, nodes: u32) -> lattice_sim::RunSpan {
+        lattice_sim::RunSpan {
+            job: job as u32,
+            start_s: start,
+            end_s: end,
+            nodes: vec![(0, nodes - 1)],
+        }
+    }
+
     #[test]
     fn occupancy_tracks_busy_nodes_and_queue() {
         // 4 nodes. A: 2 nodes 0-3600 s; B submitted at 0, waits, runs 3600-7200 s on 4 nodes.
@@ -346,18 +366,28 @@ mod tests {
             rec(0.0, Some(0.0), Some(3600.0), 2),
             rec(0.0, Some(3600.0), Some(7200.0), 4),
         ];
-        let (busy, queue) = occupancy(&jobs, 4, 2);
+        let runs = runs_of(&jobs);
+        let (busy, queue) = occupancy(&jobs, &runs, 4, 2);
         assert_eq!(busy, vec![(0.5, 0.5), (1.5, 1.0)]);
         assert_eq!(queue, vec![(0.5, 1.0), (1.5, 0.0)]);
         // Bins that split the runs: a quarter-hour bin each; averages are exact.
-        let (busy, queue) = occupancy(&jobs, 4, 3);
+        let (busy, queue) = occupancy(&jobs, &runs, 4, 3);
         let close = |a: &Series, b: &[f64]| a.iter().zip(b).all(|(p, x)| (p.1 - x).abs() < 1e-9);
         assert!(close(&busy, &[0.5, 0.75, 1.0]), "{busy:?}");
         assert!(close(&queue, &[1.0, 0.5, 0.0]), "{queue:?}");
         // Node-hours are preserved: Σ busy × width = (2 × 1 h + 4 × 1 h) / 4 nodes.
-        let (busy, _) = occupancy(&jobs, 4, 7);
+        let (busy, _) = occupancy(&jobs, &runs, 4, 7);
         let total: f64 = busy.iter().map(|p| p.1 * 2.0 / 7.0).sum();
         assert!((total - 1.5).abs() < 1e-9, "{total}");
+        // A preempted allocation holds no nodes while suspended: 4 nodes 0-1 h and 2-3 h.
+        let jobs = [rec(0.0, Some(0.0), Some(3.0 * 3600.0), 4)];
+        let runs = [
+            run_of(0, 0.0, Some(3600.0), 4),
+            run_of(0, 7200.0, Some(3.0 * 3600.0), 4),
+        ];
+        let (busy, queue) = occupancy(&jobs, &runs, 4, 3);
+        assert_eq!(busy.iter().map(|p| p.1).collect::<Vec<_>>(), vec![1.0, 0.0, 1.0]);
+        assert_eq!(queue.iter().map(|p| p.1).collect::<Vec<_>>(), vec![0.0, 0.0, 0.0]);
     }
 
     #[test]
@@ -366,12 +396,13 @@ mod tests {
         a.tenant = "a".into();
         let mut b = rec(0.0, Some(3600.0), Some(7200.0), 1);
         b.tenant = "b".into();
-        let shares = tenant_shares(&[a, b], 2, 5);
+        let jobs = [a, b];
+        let shares = tenant_shares(&jobs, &runs_of(&jobs), 2, 5);
         assert_eq!(shares.len(), 2);
         assert_eq!(shares[0].0, "a", "most node-hours first");
         assert_eq!(shares[0].1, vec![(0.5, 1.0), (1.5, 0.75)]);
         assert_eq!(shares[1].1, vec![(0.5, 0.0), (1.5, 0.25)]);
-        assert_eq!(tenant_shares(&[], 2, 5), vec![]);
+        assert_eq!(tenant_shares(&[], &[], 2, 5), vec![]);
     }
 
     #[test]

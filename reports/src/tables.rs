@@ -20,10 +20,7 @@ pub const INTERVALS: usize = 200;
 pub fn jobs_frame(r: &SimResult) -> PolarsResult<DataFrame> {
     let j = &r.jobs;
     let s = |f: fn(&lattice_sim::JobRecord) -> &str| j.iter().map(f).collect::<Vec<&str>>();
-    let node_hours: Vec<Option<f64>> = j
-        .iter()
-        .map(|x| Some(x.nodes as f64 * (x.end_s? - x.start_s?) / 3600.0))
-        .collect();
+    let node_hours: Vec<Option<f64>> = j.iter().map(|x| Some(x.nodes as f64 * x.run_s? / 3600.0)).collect();
     DataFrame::new_infer_height(vec![
         Column::new("id".into(), s(|x| &x.id)),
         Column::new("tenant".into(), s(|x| &x.tenant)),
@@ -66,7 +63,7 @@ pub fn intervals_frame(r: &SimResult, bins: usize) -> PolarsResult<DataFrame> {
             Column::new("end_h".into(), Vec::<f64>::new()),
         ]);
     };
-    let (busy, queue) = occupancy(&r.jobs, r.summary.nodes, bins);
+    let (busy, queue) = occupancy(&r.jobs, &r.timeline.runs, r.summary.nodes, bins);
     let width_h = (t1 - t0) / bins as f64 / 3600.0;
     let mut cols = vec![
         Column::new("interval".into(), (0..bins as u32).collect::<Vec<_>>()),
@@ -94,7 +91,7 @@ pub fn intervals_frame(r: &SimResult, bins: usize) -> PolarsResult<DataFrame> {
 /// of the interval's busy node-time and its target share.
 pub fn tenant_intervals_frame(r: &SimResult, bins: usize, top: usize) -> PolarsResult<DataFrame> {
     let (mut interval, mut tenant, mut share, mut target) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (t, series) in tenant_shares(&r.jobs, bins, top) {
+    for (t, series) in tenant_shares(&r.jobs, &r.timeline.runs, bins, top) {
         for (k, p) in series.iter().enumerate() {
             interval.push(k as u32);
             tenant.push(t.clone());

@@ -841,7 +841,17 @@ pub fn simulate(
         ));
     }
 
-    let jobs = records(&engine, workload, &trace_of, &node_facts);
+    let mut jobs = records(&engine, workload, &trace_of, &node_facts);
+    // Node-time held: the sum of each ended allocation's runs.
+    let mut held = vec![0.0f64; jobs.len()];
+    for r in &fake.timeline.runs {
+        if let (Some(e), Some(h)) = (r.end_s, held.get_mut(r.job as usize)) {
+            *h += e - r.start_s;
+        }
+    }
+    for (j, h) in jobs.iter_mut().zip(held) {
+        j.run_s = j.end_s.map(|_| metrics::round6(h));
+    }
     let mut skipped = workload.skipped.clone();
     for (k, v) in rejected {
         *skipped.entry(k).or_default() += v;
@@ -854,7 +864,7 @@ pub fn simulate(
     summary.deferred_for_energy = deferred;
     summary.borrowed_node_hours = metrics::round6(
         jobs.iter()
-            .filter_map(|j| Some(j.borrowed as f64 * (j.end_s? - j.start_s?) / 3600.0))
+            .filter_map(|j| Some(j.borrowed as f64 * j.run_s? / 3600.0))
             .sum::<f64>(),
     );
     summary.checkpoint_hints = broker_hints;
@@ -1074,7 +1084,7 @@ fn workflow_metrics(
     for (a, &t) in trace_of.iter().enumerate() {
         rec[t] = jobs.get(a);
     }
-    let run = |i: usize| rec[i].and_then(|r| Some(r.end_s? - r.start_s?)).unwrap_or(0.0);
+    let run = |i: usize| rec[i].and_then(|r| r.run_s).unwrap_or(0.0);
     let mut dags: BTreeMap<String, metrics::DagMetrics> = BTreeMap::new();
     // Longest path (run times) ending at each job; deps always point to earlier jobs.
     let mut path = vec![0.0f64; workload.jobs.len()];
@@ -1462,6 +1472,7 @@ fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &Nod
                 score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
                 preempted: a.preempted,
                 borrowed: engine.borrowed_nodes(a.id),
+                run_s: None,
             }
         })
         .collect()

@@ -2,7 +2,8 @@
 //!
 //! - wait = start − submit; percentiles are nearest-rank (`p`-th = the `ceil(p/100·n)`-th smallest).
 //! - bounded slowdown = max(1, (wait + run) / max(run, 10 s)), over allocations that ended.
-//! - utilization = Σ(nodes × run) / (total nodes × (last end − first submit)).
+//! - utilization = Σ(nodes × run) / (total nodes × (last end − first submit)); `run` is the time the
+//!   allocation held its nodes, summed over its runs (suspended time between runs does not count).
 //! - makespan = last end − first submit; throughput = ended allocations per hour of makespan.
 //! - backfilled = allocations started ahead of an earlier-queued allocation that still waited.
 
@@ -42,6 +43,9 @@ pub struct JobRecord {
     pub preempted: u32,
     /// Nodes it holds outside its vCluster's home pool (borrowed).
     pub borrowed: u32,
+    /// Time it held nodes, summed over its runs (a preempted allocation waits suspended between runs),
+    /// when it ended; the `run` of the node-time metrics.
+    pub run_s: Option<f64>,
 }
 
 impl JobRecord {
@@ -131,9 +135,9 @@ pub fn group_metrics<'a>(jobs: impl Iterator<Item = &'a JobRecord>, capacity_nod
         if let Some(b) = j.bsld {
             bslds.push(b);
         }
-        if let (Some(s), Some(e)) = (j.start_s, j.end_s) {
-            node_s += j.nodes as f64 * (e - s);
-            gpu_s += j.gpus as f64 * (e - s);
+        if let Some(run) = j.run_s {
+            node_s += j.nodes as f64 * run;
+            gpu_s += j.gpus as f64 * run;
         }
     }
     m.started = waits.len() as u64;
@@ -367,14 +371,16 @@ pub fn effective_targets<'a>(
 pub fn windowed_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<String, f64>) -> (f64, f64, f64) {
     let mut windows: BTreeMap<u64, BTreeMap<String, f64>> = BTreeMap::new();
     for j in jobs {
-        let (Some(s), Some(e)) = (j.start_s, j.end_s) else {
+        let (Some(s), Some(e), Some(run)) = (j.start_s, j.end_s, j.run_s) else {
             continue;
         };
+        // Its node-time, spread evenly from first start to end (exact unless it was suspended).
+        let density = if e > s { j.nodes as f64 * run / (e - s) } else { 0.0 };
         let mut t = s;
         while t < e {
             let w = (t / window_s).floor() as u64;
             let until = ((w + 1) as f64 * window_s).min(e);
-            *windows.entry(w).or_default().entry(j.tenant.clone()).or_default() += j.nodes as f64 * (until - t);
+            *windows.entry(w).or_default().entry(j.tenant.clone()).or_default() += density * (until - t);
             t = until;
         }
     }
@@ -481,6 +487,7 @@ mod tests {
             score: None,
             preempted: 0,
             borrowed: 0,
+            run_s: None,
         };
         let mut s = String::new();
         r.csv_row(&mut s);

@@ -130,6 +130,8 @@ mod properties {
             }).collect();
             let r = two_vclusters(trace);
             prop_assert_eq!(r.summary.unfinished, 0);
+            // Suspended time is not node-time: the machine is never more than fully used.
+            prop_assert!(r.summary.utilization <= 1.0 + 1e-9, "utilization {}", r.summary.utilization);
             // The timeline agrees with the records: runs never share a node at the same time, every
             // allocation's last run ends when it ended, and every preemption is logged.
             let runs = &r.timeline.runs;

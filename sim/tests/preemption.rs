@@ -62,6 +62,13 @@ fn higher_class_preempts_with_checkpoint_and_victim_resumes() {
     assert_eq!(r.summary.preemptions_by_reason.get("priority"), Some(&1));
     assert_eq!(r.summary.checkpoint_success_rate, 1.0);
     assert_eq!(r.summary.suspended_requeues, 1);
+    // Node-time counts the runs only: L held its 4 nodes 1 h 2 min + 4 h, not its 6 h 2 min span.
+    assert_eq!(l.run_s, Some((5 * H + 120) as f64));
+    assert!(
+        (r.summary.node_hours - 4.0 * (5.0 + 120.0 / 3600.0 + 1.0)).abs() < 1e-5,
+        "{}",
+        r.summary.node_hours
+    );
     // The timeline: L ran twice on all 4 nodes (0 → 1 h 2 min, 2 h 2 min → 6 h 2 min), H once between;
     // the preemption at 1 h and the checkpoint done 2 min later.
     use lattice_sim::TimelineKind::*;

@@ -5,14 +5,20 @@
 //! - [`jsonl`]: the JSONL event log of the book ("Using RM-Replay"): `submit`, `complete`.
 //! - [`inventory`]: node inventory YAML; [`profile`]: weight profiles and vCluster config YAML.
 //! - [`synth`]: seeded synthetic generators; the bundled demo trace lives in `traces/library/`.
+//! - [`import`]: Slurm `sacct` dumps and the Alibaba GPU pod list → JSONL, any workload → JSONL, and
+//!   anonymisation (stable keyed pseudonyms).
+//! - [`library`]: the regression library's six seeded traces (`traces/library/*.jsonl`) with their
+//!   inventory, tenants and profiles.
 //!
 //! Everything produces a [`Workload`]: jobs in submission order, the names they use, and what was skipped.
 //! Importers never panic on bad input and never drop a line silently.
 
 pub mod duration;
 pub mod error;
+pub mod import;
 pub mod inventory;
 pub mod jsonl;
+pub mod library;
 pub mod profile;
 pub mod swf;
 pub mod synth;

@@ -42,6 +42,47 @@ enum Cmd {
         #[arg(long, default_value = "traces/library/demo-128n.swf")]
         out: PathBuf,
     },
+    /// Run the regression suite: replay every trace of the manifest, check its pass/fail thresholds,
+    /// print the table, write the JSON result; exit 1 when any check fails.
+    Regress {
+        /// The library folder holding manifest.yaml (or a manifest file).
+        #[arg(long, default_value = "traces/library")]
+        library: PathBuf,
+        /// Run only these traces (repeat the flag).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Where to write the JSON result.
+        #[arg(long, default_value = "regress.json")]
+        json: PathBuf,
+        /// Replays in parallel (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Convert site data to the JSONL event log: a Slurm sacct dump, the Alibaba GPU pod list, or SWF.
+    Import {
+        #[command(subcommand)]
+        kind: ImportKind,
+    },
+    /// Replace user, account/tenant, project and partition/vCluster names with stable keyed
+    /// pseudonyms (JSONL, or SWF's numeric ids) so a trace can be shared.
+    Anonymise {
+        input: PathBuf,
+        /// Where to write the anonymised trace.
+        #[arg(long, short)]
+        output: PathBuf,
+        /// Secret key of the pseudonyms: the same key maps a name to the same pseudonym in every file.
+        /// Default: the LATTICE_ANON_KEY environment variable.
+        #[arg(long, env = "LATTICE_ANON_KEY", hide_env_values = true)]
+        key: String,
+    },
+    /// Rewrite the regression library's generated files (six JSONL traces, inventories, tenants, the
+    /// sensitive profile) from their seeded generators; the manifest is not touched.
+    GenerateLibrary {
+        #[arg(long, default_value = "traces/library")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = lattice_traces::library::SEED)]
+        seed: u64,
+    },
     /// Write an Alps-like inventory (several thousand GH200 nodes in dragonfly groups, a few drifted
     /// fingerprints), or convert the Alibaba GPU node list to inventory YAML with --from-alibaba.
     GenerateInventory {
@@ -50,6 +91,49 @@ enum Cmd {
         /// Alibaba node list CSV (sn,cpu_milli,memory_mib,gpu,model) to convert instead.
         #[arg(long)]
         from_alibaba: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImportKind {
+    /// `sacct --parsable2 --allusers --format=JobID,User,Account,Partition,QOS,Submit,Start,End,Elapsed,
+    /// Timelimit,NNodes,AllocTRES,State,ExitCode,Priority` output → JSONL.
+    Sacct {
+        input: PathBuf,
+        /// The JSONL to write.
+        #[arg(long, short)]
+        output: PathBuf,
+        /// Partition → vCluster and QOS → class mappings (`lattice-compat.yaml`); default QOS mapping
+        /// low 1, normal 4, high 7, urgent 9 and no partition mapping (one vCluster).
+        #[arg(long)]
+        compat: Option<PathBuf>,
+        /// Also write an inventory of this many identical nodes next to the output (`*.inventory.yaml`).
+        #[arg(long)]
+        cluster_nodes: Option<u32>,
+        /// GPUs per node of that inventory.
+        #[arg(long, default_value_t = 0)]
+        gpus_per_node: u32,
+        /// GPU model of that inventory's nodes.
+        #[arg(long)]
+        gpu_type: Option<String>,
+    },
+    /// The Alibaba GPU-cluster pod list (`openb_pod_list_*.csv`) → JSONL (+ the node list → inventory).
+    Alibaba {
+        input: PathBuf,
+        #[arg(long, short)]
+        output: PathBuf,
+        /// The node list CSV (`openb_node_list_*.csv`): written as `*.inventory.yaml` next to the output.
+        #[arg(long)]
+        nodes_csv: Option<PathBuf>,
+    },
+    /// An SWF trace → JSONL (+ an inventory of its declared size next to the output).
+    Swf {
+        input: PathBuf,
+        #[arg(long, short)]
+        output: PathBuf,
+        /// SWF processors per node.
+        #[arg(long, default_value_t = 1)]
+        procs_per_node: u32,
     },
 }
 
@@ -226,6 +310,71 @@ fn main() -> Result<()> {
             let text = lattice_traces::synth::generate_swf(&lattice_traces::synth::SwfGenParams::demo());
             std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {}", out.display());
+            Ok(())
+        }
+        Some(Cmd::Regress {
+            library,
+            only,
+            json,
+            threads,
+        }) => {
+            let manifest = if library.is_dir() {
+                library.join("manifest.yaml")
+            } else {
+                library
+            };
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let results = lattice_cli::regress::run(&manifest, &only, threads)?;
+            print!("{}", lattice_cli::regress::table(&results));
+            let mut text = serde_json::to_string_pretty(&serde_json::json!({
+                "manifest": manifest.display().to_string(),
+                "pass": results.iter().all(|r| r.pass()),
+                "traces": results,
+            }))?;
+            text.push('\n');
+            std::fs::write(&json, text).with_context(|| format!("writing {}", json.display()))?;
+            println!("wrote {}", json.display());
+            if !results.iter().all(|r| r.pass()) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Some(Cmd::Import { kind }) => run_import(kind),
+        Some(Cmd::Anonymise { input, output, key }) => {
+            if key.is_empty() {
+                anyhow::bail!("anonymise needs a non-empty --key (or LATTICE_ANON_KEY)");
+            }
+            let bytes = std::fs::read(&input).with_context(|| format!("reading {}", input.display()))?;
+            let text = lattice_traces::swf::decode(bytes).with_context(|| format!("reading {}", input.display()))?;
+            let name = input.display().to_string();
+            let jsonl = name.ends_with(".jsonl") || name.ends_with(".jsonl.gz");
+            let (anon, replaced) = if jsonl {
+                lattice_traces::import::anonymise_jsonl(&name, &text, &key)
+            } else {
+                lattice_traces::import::anonymise_swf(&name, &text, &key)
+            }
+            .map_err(|p| anyhow::anyhow!("{p}"))?;
+            std::fs::write(&output, anon).with_context(|| format!("writing {}", output.display()))?;
+            let counts: Vec<String> = replaced.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("wrote {} (replaced: {})", output.display(), counts.join(", "));
+            Ok(())
+        }
+        Some(Cmd::GenerateLibrary { dir, seed }) => {
+            use lattice_traces::library;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let mut files: Vec<(String, String)> = library::TRACES
+                .iter()
+                .map(|n| (format!("{n}.jsonl"), library::generate(n, seed).expect("known trace")))
+                .collect();
+            files.push(("library-128.yaml".into(), library::inventory_yaml(false)));
+            files.push(("library-sensitive-128.yaml".into(), library::inventory_yaml(true)));
+            files.push(("tenants.yaml".into(), library::tenants_yaml()));
+            files.push(("sensitive-claim.profile.yaml".into(), library::sensitive_profile_yaml()));
+            for (name, text) in files {
+                let path = dir.join(&name);
+                std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
             Ok(())
         }
         Some(Cmd::GenerateInventory { out, from_alibaba }) => {
@@ -418,6 +567,115 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         std::fs::write(path, &html).with_context(|| format!("writing {}", path.display()))?;
         if !a.quiet {
             println!("Wrote {} ({} KiB)", path.display(), html.len() / 1024);
+        }
+    }
+    Ok(())
+}
+
+/// The inventory written next to an import's output: `site.jsonl` → `site.inventory.yaml`.
+fn inventory_path(output: &std::path::Path) -> PathBuf {
+    let stem = output
+        .file_name()
+        .map(|f| {
+            f.to_string_lossy()
+                .trim_end_matches(".gz")
+                .trim_end_matches(".jsonl")
+                .to_string()
+        })
+        .unwrap_or_else(|| "trace".into());
+    output.with_file_name(format!("{stem}.inventory.yaml"))
+}
+
+fn run_import(kind: ImportKind) -> Result<()> {
+    let write = |output: &PathBuf, imp: &lattice_traces::import::Imported| -> Result<()> {
+        std::fs::write(output, &imp.jsonl).with_context(|| format!("writing {}", output.display()))?;
+        for p in &imp.problems {
+            eprintln!("{p}");
+        }
+        for n in &imp.notes {
+            println!("note: {n}");
+        }
+        println!("{}: {}", output.display(), imp.summary());
+        Ok(())
+    };
+    let write_inventory = |output: &PathBuf, text: String| -> Result<()> {
+        let path = inventory_path(output);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+        Ok(())
+    };
+    match kind {
+        ImportKind::Sacct {
+            input,
+            output,
+            compat,
+            cluster_nodes,
+            gpus_per_node,
+            gpu_type,
+        } => {
+            let map = match compat {
+                Some(p) => lattice_traces::import::read_compat(&p)?,
+                None => Default::default(),
+            };
+            let imp = lattice_traces::import::sacct_file(&input, &map)?;
+            write(&output, &imp)?;
+            if let Some(n) = cluster_nodes {
+                let mut text = format!(
+                    "# {n} nodes for {} (rm-replay import sacct --cluster-nodes)\nnodes:\n  - prefix: n\n    count: {n}\n",
+                    input.display()
+                );
+                if gpus_per_node > 0 {
+                    text.push_str(&format!("    gpu_count: {gpus_per_node}\n"));
+                }
+                if let Some(t) = gpu_type {
+                    text.push_str(&format!("    gpu_type: {t}\n"));
+                }
+                write_inventory(&output, text)?;
+            }
+        }
+        ImportKind::Alibaba {
+            input,
+            output,
+            nodes_csv,
+        } => {
+            let imp = lattice_traces::import::alibaba_file(&input)?;
+            write(&output, &imp)?;
+            if let Some(csv) = nodes_csv {
+                write_inventory(&output, report::inventory_yaml(&lattice_traces::read_inventory(&csv)?))?;
+            }
+        }
+        ImportKind::Swf {
+            input,
+            output,
+            procs_per_node,
+        } => {
+            let w = lattice_traces::read_swf(
+                &input,
+                &lattice_traces::SwfOptions {
+                    procs_per_node,
+                    ..Default::default()
+                },
+            )?;
+            for p in &w.problems {
+                eprintln!("{p}");
+            }
+            let jsonl = lattice_traces::import::workload_to_jsonl(&w);
+            std::fs::write(&output, jsonl).with_context(|| format!("writing {}", output.display()))?;
+            println!(
+                "{}: {} jobs written, {} lines skipped",
+                output.display(),
+                w.jobs.len(),
+                w.skipped_total()
+            );
+            if let Some(n) = w.cluster_nodes {
+                write_inventory(
+                    &output,
+                    format!(
+                        "# {n} nodes declared by {}\nnodes:\n  - prefix: n\n    count: {n}\n",
+                        input.display()
+                    ),
+                )?;
+            }
         }
     }
     Ok(())
