@@ -1,5 +1,253 @@
-//! `lattice-adapters` — will own the real implementations of the engine's ports: the openraft quorum, NVML GPU
-//! discovery, eBPF telemetry (aya), the Slingshot fabric manager, VAST REST and the TSDB client, each behind a
-//! cargo feature where it pulls heavy or platform dependencies.
-//!
-//! Status: not built yet (its issue has not come). Nothing here is implemented.
+//! `lattice-adapters` — the real implementations of the engine's ports. Here now: the **quorum** —
+//! openraft 0.9 with a durable log and state machine on redb ([`raft_store`]), Raft over gRPC
+//! ([`raft_net`], tonic, vendored `protoc`), and the replicated state itself ([`quorum_state`]: node
+//! ownership with hard-quota validation at apply time, and the hash-chained sensitive audit log).
+//! [`Member`] starts one quorum member. NVML GPU discovery, eBPF telemetry, VAST and the Slingshot
+//! fabric arrive with the agent issue, behind cargo features.
+
+pub mod quorum_state;
+pub mod raft_net;
+pub mod raft_store;
+
+pub use quorum_state::{AuditEntry, QuorumCommand, QuorumResponse, QuorumState};
+pub use raft_store::{NodeId, Raft, TypeConfig};
+
+use openraft::{BasicNode, ServerState};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Why a proposal did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    /// This member is not the leader; the leader's Raft address when known.
+    #[error("not the quorum leader (leader: {})", leader.as_deref().unwrap_or("unknown"))]
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader: Option<String>,
+    },
+    #[error("quorum: {0}")]
+    Raft(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the quorum store in {dir}: {source}")]
+    Store { dir: String, source: std::io::Error },
+    #[error("binding the quorum's gRPC address {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("quorum: {0}")]
+    Raft(String),
+}
+
+/// A running quorum member: its Raft handle and a view of its applied state.
+#[derive(Clone)]
+pub struct Member {
+    pub id: NodeId,
+    pub raft: Raft,
+    sm: raft_store::StateMachine,
+    /// Stops the member's Raft gRPC server (when it serves one).
+    server: Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+/// Raft timings for members on one site network (heartbeat 100 ms, election 400-800 ms), a snapshot
+/// every [`raft_store::SNAPSHOT_EVERY`] entries.
+pub fn raft_config() -> openraft::Config {
+    openraft::Config {
+        cluster_name: "lattice".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(raft_store::SNAPSHOT_EVERY),
+        max_in_snapshot_log_to_keep: 100,
+        ..Default::default()
+    }
+}
+
+impl Member {
+    /// Opens the member's store in `dir` (restoring its state from disk) and starts Raft. The Raft
+    /// gRPC service is served by the caller ([`raft_net::server`]) on the member's address.
+    pub async fn start(id: NodeId, dir: &Path) -> Result<Member, StartError> {
+        let db = raft_store::open(dir).map_err(|source| StartError::Store {
+            dir: dir.display().to_string(),
+            source,
+        })?;
+        let sm = raft_store::StateMachine::load(db.clone()).map_err(|e| StartError::Raft(e.to_string()))?;
+        let config = raft_config().validate().map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            id,
+            Arc::new(config),
+            raft_net::Network { from: id },
+            raft_store::LogStore::new(db),
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        Ok(Member {
+            id,
+            raft,
+            sm,
+            server: Arc::new(std::sync::Mutex::new(None)),
+        })
+    }
+
+    /// Starts a member and serves its Raft service on `addr` (spawned on the current runtime).
+    pub async fn start_serving(id: NodeId, dir: &Path, addr: SocketAddr) -> Result<Member, StartError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        Member::start_on(id, dir, listener).await
+    }
+
+    /// Starts a member serving its Raft service on an already bound listener.
+    pub async fn start_on(id: NodeId, dir: &Path, listener: tokio::net::TcpListener) -> Result<Member, StartError> {
+        let m = Member::start(id, dir).await?;
+        let svc = raft_net::server(m.raft.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        *m.server.lock().unwrap_or_else(|p| p.into_inner()) = Some(stop);
+        Ok(m)
+    }
+
+    /// `--bootstrap`: forms the quorum from `members` (id → Raft address). Only on first start: a member
+    /// that already has state refuses (that is not an error).
+    pub async fn bootstrap(&self, members: &BTreeMap<NodeId, String>) -> Result<bool, ProposeError> {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        match self.raft.initialize(nodes).await {
+            Ok(()) => Ok(true),
+            Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(false),
+            Err(e) => Err(ProposeError::Raft(e.to_string())),
+        }
+    }
+
+    /// Proposes a command and waits until it is committed and applied; the state machine's response.
+    pub async fn propose(&self, cmd: QuorumCommand) -> Result<QuorumResponse, ProposeError> {
+        match self.raft.client_write(cmd).await {
+            Ok(r) => Ok(r.data),
+            Err(e) => match e.forward_to_leader() {
+                Some(f) => Err(ProposeError::NotLeader {
+                    leader_id: f.leader_id,
+                    leader: f.leader_node.as_ref().map(|n| n.addr.clone()),
+                }),
+                None => Err(ProposeError::Raft(e.to_string())),
+            },
+        }
+    }
+
+    /// A copy of the applied state (local; possibly behind the leader on a follower).
+    pub async fn state(&self) -> QuorumState {
+        self.sm.data.read().await.state.clone()
+    }
+
+    /// The applied state after confirming leadership with a quorum (linearizable).
+    pub async fn state_linearizable(&self) -> Result<QuorumState, ProposeError> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|e| match e.forward_to_leader() {
+                Some(f) => ProposeError::NotLeader {
+                    leader_id: f.leader_id,
+                    leader: f.leader_node.as_ref().map(|n| n.addr.clone()),
+                },
+                None => ProposeError::Raft(e.to_string()),
+            })?;
+        Ok(self.state().await)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader
+    }
+
+    pub fn status(&self) -> RaftStatus {
+        let m = self.raft.metrics().borrow().clone();
+        RaftStatus {
+            id: self.id,
+            state: format!("{:?}", m.state),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            members: m
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect(),
+        }
+    }
+
+    /// Adds a member: learner first (catches up), then voter.
+    pub async fn add_member(&self, id: NodeId, addr: &str) -> Result<(), ProposeError> {
+        let raft_err = |e: String| ProposeError::Raft(e);
+        self.raft
+            .add_learner(id, BasicNode { addr: addr.to_string() }, true)
+            .await
+            .map_err(|e| raft_err(e.to_string()))?;
+        let mut voters: std::collections::BTreeSet<NodeId> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        voters.insert(id);
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| raft_err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Removes a member from the voters (and the cluster).
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), ProposeError> {
+        let mut voters: std::collections::BTreeSet<NodeId> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        voters.remove(&id);
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| ProposeError::Raft(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Stops Raft and the member's gRPC server (the store stays on disk).
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+        if let Some(stop) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// `raft status`: this member's view.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RaftStatus {
+    pub id: NodeId,
+    pub state: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    pub members: BTreeMap<NodeId, String>,
+}

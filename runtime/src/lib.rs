@@ -1,5 +1,20 @@
-//! `lattice-runtime` — will own the production control plane: gRPC (tonic/prost) and REST API, the openraft
-//! quorum, and the very same `lattice-engine` driven by the wall clock, plus trace capture in the format
-//! `lattice-traces` reads and Prometheus `/metrics`.
+//! `lattice-runtime` — the production control plane. It drives the very same `lattice-engine` that
+//! `rm-replay` drives, on the wall clock instead of a virtual one: the scheduling loop ([`server`]) runs
+//! each vCluster's passes, proposes node ownership through the openraft quorum
+//! (`lattice-adapters`: durable redb log and state machine, Raft over gRPC), starts committed
+//! allocations (on simulated agents until the node agent lands) and retries rejected proposals next
+//! cycle. [`api`] serves the REST API (`/v1/...`, `/healthz`, Prometheus `/metrics`); [`control`]
+//! keeps the engine, the request details and the trace capture (`scheduler.trace_capture`, JSONL that
+//! `rm-replay` replays); [`config`] reads `runtime/config/*.yaml`.
 //!
-//! Status: not built yet (its issue has not come). Nothing here is implemented.
+//! Not here yet (issue 8 continues): the public gRPC services, TLS/mTLS and OIDC/JWT auth with roles
+//! and rate limits, DAG endpoints, backup/restore endpoints and membership changes over the API.
+
+pub mod api;
+pub mod config;
+pub mod control;
+pub mod metrics;
+pub mod server;
+
+pub use config::RuntimeConfig;
+pub use server::{Running, start};

@@ -482,6 +482,15 @@ mod tests {
         let mut runs: Vec<f64> = w.jobs.iter().map(|j| j.runtime.unwrap().as_secs_f64()).collect();
         runs.sort_by(f64::total_cmp);
         assert!(runs[runs.len() - 1] > 10.0 * runs[runs.len() / 2]);
+        // Sizes: powers of two up to 32 nodes, about 39 % single-node (30 % of HPC, all interactive,
+        // half the services).
+        assert!(
+            w.jobs
+                .iter()
+                .all(|j| j.spec.nodes.min.is_power_of_two() && j.spec.nodes.min <= 32)
+        );
+        let single = w.jobs.iter().filter(|j| j.spec.nodes.min == 1).count() as f64 / w.jobs.len() as f64;
+        assert!((0.33..0.45).contains(&single), "{single}");
         // Every tenant appears; walltimes cover the run times.
         assert_eq!(w.tenants.names().len(), TENANTS.len());
         assert!(

@@ -1,0 +1,343 @@
+//! The replicated state of the quorum — exactly the seed's two strong-consistency domains:
+//!
+//! 1. **Node ownership**: which allocation holds which node, validated at apply time: a node has one
+//!    owner, and hard quotas (`max_nodes`, `max_concurrent_allocations` per tenant, `sensitive_pool_size`
+//!    system-wide) are never exceeded — a violating assignment is rejected with the seed's message and
+//!    the scheduler retries next cycle.
+//! 2. **The sensitive audit log**: append-only, every entry carrying the SHA-256 of the previous one.
+//!
+//! Queues, capacity and telemetry are eventually consistent and stay out of Raft. The state is a pure
+//! value ([`QuorumState::apply`] is deterministic), so every member that applies the same log reaches
+//! the same state, and snapshots are its serialised form.
+
+use lattice_engine::{HardQuota, QuotaViolation, TenantQuota, quota::check_hard};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// A command proposed to the quorum (the Raft log's application data).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum QuorumCommand {
+    /// Hard quotas of a tenant (replaces earlier ones).
+    SetQuota {
+        tenant: String,
+        max_nodes: Option<u32>,
+        max_concurrent_allocations: Option<u32>,
+    },
+    /// System-wide: nodes sensitive allocations may hold.
+    SetSensitivePool { size: Option<u32> },
+    /// A scheduler proposes that `alloc` (of `tenant`) takes `nodes`.
+    Assign {
+        alloc: String,
+        tenant: String,
+        nodes: Vec<String>,
+        sensitive: bool,
+    },
+    /// The allocation ended, was cancelled or preempted: its nodes are free again.
+    Release { alloc: String },
+    /// An event of a sensitive allocation (claim, release, wipe, attach, ...).
+    Audit {
+        at_ms: u64,
+        user: String,
+        alloc: String,
+        action: String,
+        detail: String,
+    },
+}
+
+/// What applying a command did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub enum QuorumResponse {
+    /// Applied (also the response to Raft's own blank and membership entries).
+    #[default]
+    Applied,
+    /// Rejected at apply time; `reason` is stable (`node_conflict`, `max_nodes`, ...), `message` is the
+    /// seed's wording.
+    Rejected { reason: String, message: String },
+}
+
+/// One audit log entry; `hash` = SHA-256(prev ‖ the entry's fields).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub seq: u64,
+    pub at_ms: u64,
+    pub user: String,
+    pub alloc: String,
+    pub action: String,
+    pub detail: String,
+    pub prev: String,
+    pub hash: String,
+}
+
+impl AuditEntry {
+    fn digest(prev: &str, seq: u64, at_ms: u64, user: &str, alloc: &str, action: &str, detail: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(prev.as_bytes());
+        h.update(seq.to_le_bytes());
+        h.update(at_ms.to_le_bytes());
+        for part in [user, alloc, action, detail] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// A committed assignment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub tenant: String,
+    pub nodes: Vec<String>,
+    pub sensitive: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QuorumState {
+    /// node → owning allocation.
+    pub owners: BTreeMap<String, String>,
+    pub assignments: BTreeMap<String, Assignment>,
+    pub quotas: BTreeMap<String, (Option<u32>, Option<u32>)>,
+    pub sensitive_pool_size: Option<u32>,
+    pub audit: Vec<AuditEntry>,
+    /// Assignments committed and rejected so far (for `/metrics` and raft status).
+    pub commits: u64,
+    pub rejections: u64,
+}
+
+impl QuorumState {
+    /// Applies one command; deterministic.
+    pub fn apply(&mut self, cmd: &QuorumCommand) -> QuorumResponse {
+        match cmd {
+            QuorumCommand::SetQuota {
+                tenant,
+                max_nodes,
+                max_concurrent_allocations,
+            } => {
+                self.quotas
+                    .insert(tenant.clone(), (*max_nodes, *max_concurrent_allocations));
+                QuorumResponse::Applied
+            }
+            QuorumCommand::SetSensitivePool { size } => {
+                self.sensitive_pool_size = *size;
+                QuorumResponse::Applied
+            }
+            QuorumCommand::Assign {
+                alloc,
+                tenant,
+                nodes,
+                sensitive,
+            } => self.assign(alloc, tenant, nodes, *sensitive),
+            QuorumCommand::Release { alloc } => {
+                if let Some(a) = self.assignments.remove(alloc) {
+                    for n in &a.nodes {
+                        if self.owners.get(n) == Some(alloc) {
+                            self.owners.remove(n);
+                        }
+                    }
+                }
+                QuorumResponse::Applied
+            }
+            QuorumCommand::Audit {
+                at_ms,
+                user,
+                alloc,
+                action,
+                detail,
+            } => {
+                let prev = self.audit.last().map(|e| e.hash.clone()).unwrap_or_default();
+                let seq = self.audit.len() as u64;
+                let hash = AuditEntry::digest(&prev, seq, *at_ms, user, alloc, action, detail);
+                self.audit.push(AuditEntry {
+                    seq,
+                    at_ms: *at_ms,
+                    user: user.clone(),
+                    alloc: alloc.clone(),
+                    action: action.clone(),
+                    detail: detail.clone(),
+                    prev,
+                    hash,
+                });
+                QuorumResponse::Applied
+            }
+        }
+    }
+
+    fn reject(&mut self, reason: &str, message: String) -> QuorumResponse {
+        self.rejections += 1;
+        QuorumResponse::Rejected {
+            reason: reason.to_string(),
+            message,
+        }
+    }
+
+    fn assign(&mut self, alloc: &str, tenant: &str, nodes: &[String], sensitive: bool) -> QuorumResponse {
+        if self.assignments.contains_key(alloc) {
+            return self.reject("duplicate", format!("allocation rejected: {alloc} already holds nodes"));
+        }
+        if let Some(n) = nodes.iter().find(|n| self.owners.contains_key(*n)) {
+            return self.reject(
+                "node_conflict",
+                format!("allocation rejected: node {n} is already owned or not available"),
+            );
+        }
+        let (held, running) = self
+            .assignments
+            .values()
+            .filter(|a| a.tenant == tenant)
+            .fold((0u64, 0u64), |(h, r), a| (h + a.nodes.len() as u64, r + 1));
+        let (max_nodes, max_concurrent) = self.quotas.get(tenant).copied().unwrap_or_default();
+        let quota = TenantQuota {
+            max_nodes,
+            max_concurrent_allocations: max_concurrent,
+            ..TenantQuota::default()
+        };
+        let k = nodes.len() as u64;
+        if let Err(v) = check_hard(tenant, &quota, held, running, k) {
+            return self.reject(v.quota.as_str(), v.to_string());
+        }
+        if sensitive && let Some(size) = self.sensitive_pool_size {
+            let held: u64 = self
+                .assignments
+                .values()
+                .filter(|a| a.sensitive)
+                .map(|a| a.nodes.len() as u64)
+                .sum();
+            if held + k > size as u64 {
+                let v = QuotaViolation {
+                    quota: HardQuota::SensitivePoolSize,
+                    tenant: tenant.to_string(),
+                    current: held,
+                    requested: k,
+                    limit: size as u64,
+                };
+                return self.reject(v.quota.as_str(), v.to_string());
+            }
+        }
+        for n in nodes {
+            self.owners.insert(n.clone(), alloc.to_string());
+        }
+        self.assignments.insert(
+            alloc.to_string(),
+            Assignment {
+                tenant: tenant.to_string(),
+                nodes: nodes.to_vec(),
+                sensitive,
+            },
+        );
+        self.commits += 1;
+        QuorumResponse::Applied
+    }
+
+    /// Re-derives every audit hash: `Err(seq)` names the first entry that does not chain.
+    pub fn verify_audit(&self) -> Result<(), u64> {
+        let mut prev = String::new();
+        for e in &self.audit {
+            let want = AuditEntry::digest(&prev, e.seq, e.at_ms, &e.user, &e.alloc, &e.action, &e.detail);
+            if e.prev != prev || e.hash != want {
+                return Err(e.seq);
+            }
+            prev = e.hash.clone();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assign(alloc: &str, tenant: &str, nodes: &[&str]) -> QuorumCommand {
+        QuorumCommand::Assign {
+            alloc: alloc.into(),
+            tenant: tenant.into(),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            sensitive: false,
+        }
+    }
+
+    #[test]
+    fn one_owner_per_node_and_release() {
+        let mut s = QuorumState::default();
+        assert_eq!(s.apply(&assign("a", "t", &["n1", "n2"])), QuorumResponse::Applied);
+        let r = s.apply(&assign("b", "t", &["n2", "n3"]));
+        assert!(
+            matches!(r, QuorumResponse::Rejected { ref reason, .. } if reason == "node_conflict"),
+            "{r:?}"
+        );
+        s.apply(&QuorumCommand::Release { alloc: "a".into() });
+        assert_eq!(s.apply(&assign("b", "t", &["n2", "n3"])), QuorumResponse::Applied);
+        assert_eq!(s.owners.get("n2").map(String::as_str), Some("b"));
+        assert_eq!((s.commits, s.rejections), (2, 1));
+    }
+
+    #[test]
+    fn hard_quotas_reject_with_the_seed_message() {
+        let mut s = QuorumState::default();
+        s.apply(&QuorumCommand::SetQuota {
+            tenant: "physics".into(),
+            max_nodes: Some(3),
+            max_concurrent_allocations: Some(2),
+        });
+        assert_eq!(s.apply(&assign("a", "physics", &["n1", "n2"])), QuorumResponse::Applied);
+        let QuorumResponse::Rejected { reason, message } = s.apply(&assign("b", "physics", &["n3", "n4"])) else {
+            panic!("max_nodes must reject")
+        };
+        assert_eq!(reason, "max_nodes");
+        assert!(message.contains("physics") && message.contains('3'), "{message}");
+        assert_eq!(s.apply(&assign("c", "physics", &["n3"])), QuorumResponse::Applied);
+        let QuorumResponse::Rejected { reason, .. } = s.apply(&assign("d", "physics", &["n5"])) else {
+            panic!("max_concurrent_allocations must reject")
+        };
+        assert_eq!(reason, "max_nodes", "4 nodes would exceed 3 first");
+        s.apply(&QuorumCommand::SetQuota {
+            tenant: "physics".into(),
+            max_nodes: None,
+            max_concurrent_allocations: Some(2),
+        });
+        let QuorumResponse::Rejected { reason, .. } = s.apply(&assign("d", "physics", &["n5"])) else {
+            panic!("max_concurrent_allocations must reject")
+        };
+        assert_eq!(reason, "max_concurrent_allocations");
+        // Other tenants are not affected.
+        assert_eq!(s.apply(&assign("e", "bio", &["n6"])), QuorumResponse::Applied);
+    }
+
+    #[test]
+    fn sensitive_pool_is_system_wide() {
+        let mut s = QuorumState::default();
+        s.apply(&QuorumCommand::SetSensitivePool { size: Some(2) });
+        let claim = |a: &str, n: &str| QuorumCommand::Assign {
+            alloc: a.into(),
+            tenant: "hospital".into(),
+            nodes: vec![n.into()],
+            sensitive: true,
+        };
+        assert_eq!(s.apply(&claim("c1", "n1")), QuorumResponse::Applied);
+        assert_eq!(s.apply(&claim("c2", "n2")), QuorumResponse::Applied);
+        assert!(
+            matches!(s.apply(&claim("c3", "n3")), QuorumResponse::Rejected { ref reason, .. } if reason == "sensitive_pool_size")
+        );
+    }
+
+    #[test]
+    fn audit_log_chains_and_detects_tampering() {
+        let mut s = QuorumState::default();
+        for (i, action) in ["claim", "attach", "release"].iter().enumerate() {
+            s.apply(&QuorumCommand::Audit {
+                at_ms: i as u64,
+                user: "dr-x".into(),
+                alloc: "c1".into(),
+                action: action.to_string(),
+                detail: String::new(),
+            });
+        }
+        assert_eq!(s.verify_audit(), Ok(()));
+        assert_eq!(s.audit[1].prev, s.audit[0].hash);
+        let mut t = s.clone();
+        t.audit[1].user = "mallory".into();
+        assert_eq!(t.verify_audit(), Err(1));
+        let mut t = s.clone();
+        t.audit.remove(1);
+        assert!(t.verify_audit().is_err());
+    }
+}

@@ -1,0 +1,221 @@
+//! The Raft transport over gRPC (tonic): a lazily connected, cached channel per peer on the client
+//! side, with openraft's per-RPC deadline; the server side hands requests to the local `Raft`.
+//! Connection failures are `Unreachable` (openraft backs off), transport failures `Network` (retried),
+//! and errors of the remote Raft come back as `RemoteError`.
+
+use crate::raft_store::{NodeId, Raft, TypeConfig};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
+use serde::{Deserialize, Serialize};
+
+pub mod pb {
+    tonic::include_proto!("lattice.raft.v1");
+}
+
+/// Largest Raft message (snapshot chunks are 3 MiB of bytes, about 4× that as JSON numbers).
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Fault injection for chaos tests (process-wide): links cut between members, checked by the
+/// sending side of every RPC, so a cut `(a, b)` pair isolates both directions when both are cut.
+pub mod fault {
+    use super::NodeId;
+    use std::collections::BTreeSet;
+    use std::sync::{Mutex, OnceLock};
+
+    fn cut() -> &'static Mutex<BTreeSet<(NodeId, NodeId)>> {
+        static CUT: OnceLock<Mutex<BTreeSet<(NodeId, NodeId)>>> = OnceLock::new();
+        CUT.get_or_init(Default::default)
+    }
+
+    /// Partitions the members into `groups`: every link between two groups is cut (both directions).
+    pub fn partition(groups: &[&[NodeId]]) {
+        let mut c = cut().lock().unwrap_or_else(|p| p.into_inner());
+        for (i, a) in groups.iter().enumerate() {
+            for b in &groups[i + 1..] {
+                for x in *a {
+                    for y in *b {
+                        c.insert((*x, *y));
+                        c.insert((*y, *x));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Restores every link.
+    pub fn heal() {
+        cut().lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    pub(crate) fn is_cut(from: NodeId, to: NodeId) -> bool {
+        cut().lock().unwrap_or_else(|p| p.into_inner()).contains(&(from, to))
+    }
+}
+
+/// Creates one [`Conn`] per peer for the member `from`.
+#[derive(Clone, Default)]
+pub struct Network {
+    pub from: NodeId,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Conn;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Conn {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
+            .map(|e| e.connect_timeout(std::time::Duration::from_secs(1)).connect_lazy())
+            .ok();
+        Conn {
+            from: self.from,
+            target,
+            channel,
+        }
+    }
+}
+
+pub struct Conn {
+    from: NodeId,
+    target: NodeId,
+    channel: Option<tonic::transport::Channel>,
+}
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl Conn {
+    async fn call<Req, Resp, E>(
+        &self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
+    where
+        Req: Serialize,
+        Resp: for<'a> Deserialize<'a>,
+        E: std::error::Error + for<'a> Deserialize<'a>,
+    {
+        if fault::is_cut(self.from, self.target) {
+            let e = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "link cut (fault injection)");
+            return Err(RPCError::Unreachable(Unreachable::new(&e)));
+        }
+        let Some(channel) = self.channel.clone() else {
+            let e = std::io::Error::other(format!("node {}: invalid address", self.target));
+            return Err(RPCError::Unreachable(Unreachable::new(&e)));
+        };
+        let mut client = pb::raft_service_client::RaftServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let request = pb::RaftRequest { data };
+        let fut = async {
+            match rpc {
+                Rpc::Append => client.append_entries(request).await,
+                Rpc::Vote => client.vote(request).await,
+                Rpc::Snapshot => client.install_snapshot(request).await,
+            }
+        };
+        let reply = match tokio::time::timeout(option.hard_ttl(), fut).await {
+            Err(_) => {
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "raft rpc deadline");
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
+            Ok(Err(status)) => return Err(RPCError::Network(NetworkError::new(&status))),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        if !reply.error.is_empty() {
+            let e: E = serde_json::from_str(&reply.error).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            return Err(RPCError::RemoteError(RemoteError::new(self.target, e)));
+        }
+        serde_json::from_slice(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Conn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(Rpc::Append, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>>
+    {
+        self.call(Rpc::Snapshot, &rpc, &option).await
+    }
+}
+
+/// The gRPC service a member serves to its peers.
+pub struct RaftService {
+    pub raft: Raft,
+}
+
+fn reply<T: Serialize, E: Serialize>(r: Result<T, E>) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+    let encode = |e: serde_json::Error| tonic::Status::internal(e.to_string());
+    Ok(tonic::Response::new(match r {
+        Ok(v) => pb::RaftReply {
+            data: serde_json::to_vec(&v).map_err(encode)?,
+            error: String::new(),
+        },
+        Err(e) => pb::RaftReply {
+            data: Vec::new(),
+            error: serde_json::to_string(&e).map_err(encode)?,
+        },
+    }))
+}
+
+fn decode<T: for<'a> Deserialize<'a>>(r: tonic::Request<pb::RaftRequest>) -> Result<T, tonic::Status> {
+    serde_json::from_slice(&r.into_inner().data).map_err(|e| tonic::Status::invalid_argument(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl pb::raft_service_server::RaftService for RaftService {
+    async fn append_entries(
+        &self,
+        r: tonic::Request<pb::RaftRequest>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        reply(self.raft.append_entries(decode(r)?).await)
+    }
+
+    async fn vote(&self, r: tonic::Request<pb::RaftRequest>) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        reply(self.raft.vote(decode(r)?).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        r: tonic::Request<pb::RaftRequest>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        reply(self.raft.install_snapshot(decode(r)?).await)
+    }
+}
+
+/// The tonic server for a member's Raft service, with the message size limits raised.
+pub fn server(raft: Raft) -> pb::raft_service_server::RaftServiceServer<RaftService> {
+    pb::raft_service_server::RaftServiceServer::new(RaftService { raft })
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}

@@ -1,0 +1,335 @@
+//! Durable Raft storage on [redb](https://docs.rs/redb): the log, the vote, the committed index and
+//! the latest snapshot live in one embedded database file per member (`DATA_DIR/quorum.redb`).
+//!
+//! Why redb: it is a maintained, pure-Rust, ACID embedded store whose commits are durable by default
+//! (copy-on-write B-trees with a checksummed commit; `fsync` before `commit` returns), so "the vote is
+//! on disk before `save_vote` returns" and "the log is on disk before the append callback fires" hold
+//! without hand-written fsync/rename logic, and a crash mid-write leaves the previous commit intact. A
+//! hand-rolled log would have to get segment truncation, torn writes and directory fsyncs right itself.
+//!
+//! The state machine ([`QuorumState`]) is kept in memory and made durable through snapshots: every
+//! snapshot is written to the database, and on start the member loads the latest snapshot and openraft
+//! re-applies the committed log after it (the committed index is persisted too). Snapshots are taken
+//! every [`SNAPSHOT_EVERY`] entries and let openraft purge (compact) the log before them.
+
+// openraft's storage traits return its `StorageError` by value; the helpers here share that type.
+#![allow(clippy::result_large_err)]
+
+use crate::quorum_state::{QuorumCommand, QuorumResponse, QuorumState};
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership, Vote,
+};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::RwLock;
+
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// The quorum's Raft types: commands are [`QuorumCommand`]s, responses [`QuorumResponse`]s.
+    pub TypeConfig:
+        D = QuorumCommand,
+        R = QuorumResponse,
+        NodeId = NodeId,
+        Node = BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+type SE = StorageError<NodeId>;
+
+/// Entries between snapshots (the log is compacted behind each).
+pub const SNAPSHOT_EVERY: u64 = 1000;
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// Opens (or creates) the member's database in `dir`.
+pub fn open(dir: &Path) -> Result<Arc<Database>, std::io::Error> {
+    std::fs::create_dir_all(dir)?;
+    let db = Database::create(dir.join("quorum.redb")).map_err(std::io::Error::other)?;
+    // Create the tables so readers never see them missing.
+    let tx = db.begin_write().map_err(std::io::Error::other)?;
+    tx.open_table(LOG).map_err(std::io::Error::other)?;
+    tx.open_table(META).map_err(std::io::Error::other)?;
+    tx.commit().map_err(std::io::Error::other)?;
+    Ok(Arc::new(db))
+}
+
+fn meta_get<T: for<'a> Deserialize<'a>>(db: &Database, key: &str) -> Result<Option<T>, SE> {
+    let tx = db.begin_read().map_err(|e| StorageIOError::read(&e))?;
+    let t = tx.open_table(META).map_err(|e| StorageIOError::read(&e))?;
+    let Some(v) = t.get(key).map_err(|e| StorageIOError::read(&e))? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(v.value())
+        .map(Some)
+        .map_err(|e| StorageIOError::read(&e).into())
+}
+
+fn meta_put<T: Serialize>(db: &Database, key: &str, value: &T) -> Result<(), SE> {
+    let bytes = serde_json::to_vec(value).map_err(|e| StorageIOError::write(&e))?;
+    let tx = db.begin_write().map_err(|e| StorageIOError::write(&e))?;
+    {
+        let mut t = tx.open_table(META).map_err(|e| StorageIOError::write(&e))?;
+        t.insert(key, bytes.as_slice()).map_err(|e| StorageIOError::write(&e))?;
+    }
+    tx.commit().map_err(|e| StorageIOError::write(&e))?;
+    Ok(())
+}
+
+/// The log store (log, vote, committed index, last purged id).
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Database>,
+}
+
+impl LogStore {
+    pub fn new(db: Arc<Database>) -> LogStore {
+        LogStore { db }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, SE> {
+        let tx = self.db.begin_read().map_err(|e| StorageIOError::read_logs(&e))?;
+        let t = tx.open_table(LOG).map_err(|e| StorageIOError::read_logs(&e))?;
+        let (lo, hi) = (range.start_bound().cloned(), range.end_bound().cloned());
+        let iter = t.range::<u64>((lo, hi)).map_err(|e| StorageIOError::read_logs(&e))?;
+        let mut out = Vec::new();
+        for item in iter {
+            let (_, v) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            out.push(serde_json::from_slice(v.value()).map_err(|e| StorageIOError::read_logs(&e))?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, SE> {
+        let last_purged: Option<LogId<NodeId>> = meta_get(&self.db, "last_purged")?;
+        let tx = self.db.begin_read().map_err(|e| StorageIOError::read_logs(&e))?;
+        let t = tx.open_table(LOG).map_err(|e| StorageIOError::read_logs(&e))?;
+        let last = match t.last().map_err(|e| StorageIOError::read_logs(&e))? {
+            Some((_, v)) => {
+                let e: Entry<TypeConfig> =
+                    serde_json::from_slice(v.value()).map_err(|e| StorageIOError::read_logs(&e))?;
+                Some(e.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), SE> {
+        meta_put(&self.db, "vote", vote)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, SE> {
+        meta_get(&self.db, "vote")
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SE> {
+        meta_put(&self.db, "committed", &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SE> {
+        Ok(meta_get::<Option<LogId<NodeId>>>(&self.db, "committed")?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), SE>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let tx = self.db.begin_write().map_err(|e| StorageIOError::write_logs(&e))?;
+        {
+            let mut t = tx.open_table(LOG).map_err(|e| StorageIOError::write_logs(&e))?;
+            for e in entries {
+                let bytes = serde_json::to_vec(&e).map_err(|e| StorageIOError::write_logs(&e))?;
+                t.insert(e.log_id.index, bytes.as_slice())
+                    .map_err(|e| StorageIOError::write_logs(&e))?;
+            }
+        }
+        // Durable on return (redb's default durability fsyncs the commit).
+        tx.commit().map_err(|e| StorageIOError::write_logs(&e))?;
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), SE> {
+        let tx = self.db.begin_write().map_err(|e| StorageIOError::write_logs(&e))?;
+        {
+            let mut t = tx.open_table(LOG).map_err(|e| StorageIOError::write_logs(&e))?;
+            t.retain_in(log_id.index.., |_, _| false)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        tx.commit().map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SE> {
+        meta_put(&self.db, "last_purged", &Some(log_id))?;
+        let tx = self.db.begin_write().map_err(|e| StorageIOError::write_logs(&e))?;
+        {
+            let mut t = tx.open_table(LOG).map_err(|e| StorageIOError::write_logs(&e))?;
+            t.retain_in(..=log_id.index, |_, _| false)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        tx.commit().map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}
+
+/// The state machine and what it has applied.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SmData {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub last_membership: StoredMembership<NodeId, BasicNode>,
+    pub state: QuorumState,
+}
+
+/// A stored snapshot: its metadata and the serialised [`SmData`].
+#[derive(Clone, Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, BasicNode>,
+    data: Vec<u8>,
+}
+
+/// The state machine: [`QuorumState`] in memory, snapshots in the database.
+#[derive(Clone)]
+pub struct StateMachine {
+    db: Arc<Database>,
+    pub data: Arc<RwLock<SmData>>,
+}
+
+impl StateMachine {
+    /// Loads the latest snapshot (if any) as the starting state.
+    pub fn load(db: Arc<Database>) -> Result<StateMachine, SE> {
+        let data = match meta_get::<StoredSnapshot>(&db, "snapshot")? {
+            Some(s) => serde_json::from_slice(&s.data)
+                .map_err(|e| StorageIOError::read_snapshot(Some(s.meta.signature()), &e))?,
+            None => SmData::default(),
+        };
+        Ok(StateMachine {
+            db,
+            data: Arc::new(RwLock::new(data)),
+        })
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SE> {
+        let sm = self.data.read().await.clone();
+        let data = serde_json::to_vec(&sm).map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let meta = SnapshotMeta {
+            last_log_id: sm.last_applied,
+            last_membership: sm.last_membership.clone(),
+            snapshot_id: match sm.last_applied {
+                Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+                None => "empty".into(),
+            },
+        };
+        meta_put(
+            &self.db,
+            "snapshot",
+            &StoredSnapshot {
+                meta: meta.clone(),
+                data: data.clone(),
+            },
+        )?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), SE> {
+        let g = self.data.read().await;
+        Ok((g.last_applied, g.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<QuorumResponse>, SE>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut g = self.data.write().await;
+        let mut out = Vec::new();
+        for e in entries {
+            g.last_applied = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => out.push(QuorumResponse::Applied),
+                EntryPayload::Normal(cmd) => {
+                    let r = g.state.apply(&cmd);
+                    out.push(r);
+                }
+                EntryPayload::Membership(m) => {
+                    g.last_membership = StoredMembership::new(Some(e.log_id), m);
+                    out.push(QuorumResponse::Applied);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, SE> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), SE> {
+        let data = snapshot.into_inner();
+        let sm: SmData =
+            serde_json::from_slice(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        meta_put(
+            &self.db,
+            "snapshot",
+            &StoredSnapshot {
+                meta: meta.clone(),
+                data,
+            },
+        )?;
+        *self.data.write().await = sm;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, SE> {
+        Ok(meta_get::<StoredSnapshot>(&self.db, "snapshot")?.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}

@@ -1,0 +1,287 @@
+//! The REST API (axum): the seed's `/v1/...` paths with JSON bodies for curl and the Python users,
+//! `/healthz`, Prometheus `/metrics`, and the quorum's status at `/api/v1/raft/status`. Writes are
+//! served by the quorum leader; a follower answers 421 with the leader's id so clients can redirect.
+//! Bad requests get 400 with `{"error", "field"}` naming the field.
+
+use crate::control::{FieldError, SubmitRequest};
+use crate::server::{Shared, release};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+type S = State<Arc<Shared>>;
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/allocations", get(list).post(submit))
+        .route("/v1/allocations/{id}", get(get_one).delete(cancel))
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/nodes/{id}", get(node))
+        .route("/v1/nodes/{id}/drain", axum::routing::post(drain))
+        .route("/v1/nodes/{id}/undrain", axum::routing::post(undrain))
+        .route("/v1/tenants", get(tenants))
+        .route("/v1/vclusters", get(vclusters))
+        .route("/v1/vclusters/{id}/queue", get(queue))
+        .route("/v1/vclusters/{id}/weights", put(set_weights))
+        .route("/api/v1/raft/status", get(raft_status))
+        .route("/v1/admin/raft/status", get(raft_status))
+        .with_state(shared)
+}
+
+fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Response {
+    let mut body = json!({ "error": message.into() });
+    if let Some(f) = field {
+        body["field"] = Value::from(f);
+    }
+    (status, Json(body)).into_response()
+}
+
+fn field_error(e: FieldError) -> Response {
+    error(StatusCode::BAD_REQUEST, Some(&e.field), e.message)
+}
+
+/// Writes go to the leader: elsewhere 421 Misdirected Request naming the leader.
+fn not_leader(shared: &Shared) -> Option<Response> {
+    if shared.member.is_leader() {
+        return None;
+    }
+    let st = shared.member.status();
+    let leader = st.leader.and_then(|l| st.members.get(&l).cloned());
+    Some(
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            Json(json!({"error": "not the quorum leader", "leader_id": st.leader, "leader_grpc": leader})),
+        )
+            .into_response(),
+    )
+}
+
+async fn healthz(State(s): S) -> Json<Value> {
+    let st = s.member.status();
+    Json(json!({"status": "ok", "raft_state": st.state, "leader": st.leader, "term": st.term}))
+}
+
+async fn metrics(State(s): S) -> Response {
+    let (allocs, nodes) = {
+        let c = s.control.lock().await;
+        let mut allocs: BTreeMap<String, f64> = BTreeMap::new();
+        for a in c.list() {
+            *allocs.entry(a.state).or_default() += 1.0;
+        }
+        let mut nodes: BTreeMap<String, f64> = BTreeMap::new();
+        for n in c.nodes() {
+            *nodes.entry(n.state).or_default() += 1.0;
+        }
+        (allocs, nodes)
+    };
+    let labelled = |m: BTreeMap<String, f64>| -> Vec<(String, f64)> {
+        m.into_iter().map(|(k, v)| (format!("{{state=\"{k}\"}}"), v)).collect()
+    };
+    let st = s.member.status();
+    let text = s.metrics.render(&[
+        ("lattice_allocations", "Allocations by state.", labelled(allocs)),
+        ("lattice_nodes", "Nodes by state.", labelled(nodes)),
+        (
+            "lattice_raft_term",
+            "Current Raft term.",
+            vec![(String::new(), st.term as f64)],
+        ),
+        (
+            "lattice_raft_is_leader",
+            "1 on the quorum leader.",
+            vec![(String::new(), if s.member.is_leader() { 1.0 } else { 0.0 })],
+        ),
+    ]);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn submit(State(s): S, body: axum::body::Bytes) -> Response {
+    if let Some(r) = not_leader(&s) {
+        return r;
+    }
+    let req: SubmitRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            // serde names the unknown or mistyped field in its message.
+            let msg = e.to_string();
+            let field = msg
+                .split('`')
+                .nth(1)
+                .filter(|_| msg.contains("field"))
+                .map(str::to_string);
+            return error(StatusCode::BAD_REQUEST, field.as_deref().or(Some("body")), msg);
+        }
+    };
+    let r = s.control.lock().await.submit(req);
+    match r {
+        Ok(id) => {
+            s.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            s.wake.notify_one();
+            (StatusCode::CREATED, Json(json!({"id": id}))).into_response()
+        }
+        Err(e) => field_error(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    tenant: Option<String>,
+    user: Option<String>,
+    state: Option<String>,
+    vcluster: Option<String>,
+}
+
+async fn list(State(s): S, Query(q): Query<ListQuery>) -> Json<Value> {
+    let all = s.control.lock().await.list();
+    let keep: Vec<_> = all
+        .into_iter()
+        .filter(|a| q.tenant.as_ref().is_none_or(|t| &a.tenant == t))
+        .filter(|a| q.user.as_ref().is_none_or(|u| a.user.as_ref() == Some(u)))
+        .filter(|a| q.state.as_ref().is_none_or(|st| &a.state == st))
+        .filter(|a| q.vcluster.as_ref().is_none_or(|v| &a.vcluster == v))
+        .collect();
+    Json(json!({ "allocations": keep }))
+}
+
+async fn get_one(State(s): S, Path(id): Path<String>) -> Response {
+    let c = s.control.lock().await;
+    match c.id_of(&id).and_then(|i| c.view(i)) {
+        Some(v) => Json(v).into_response(),
+        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
+    }
+}
+
+async fn cancel(State(s): S, Path(id): Path<String>) -> Response {
+    if let Some(r) = not_leader(&s) {
+        return r;
+    }
+    let held = s.control.lock().await.cancel(&id);
+    match held {
+        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
+        Some(held) => {
+            if held {
+                release(&s, id.clone()).await;
+            }
+            s.wake.notify_one();
+            Json(json!({"id": id, "state": "cancelled"})).into_response()
+        }
+    }
+}
+
+async fn nodes(State(s): S) -> Json<Value> {
+    Json(json!({ "nodes": s.control.lock().await.nodes() }))
+}
+
+async fn node(State(s): S, Path(id): Path<String>) -> Response {
+    let all = s.control.lock().await.nodes();
+    match all.into_iter().find(|n| n.name == id) {
+        Some(n) => Json(n).into_response(),
+        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no node {id}")),
+    }
+}
+
+async fn drain(State(s): S, Path(id): Path<String>) -> Response {
+    set_drain(s, id, true).await
+}
+
+async fn undrain(State(s): S, Path(id): Path<String>) -> Response {
+    set_drain(s, id, false).await
+}
+
+async fn set_drain(s: Arc<Shared>, id: String, drain: bool) -> Response {
+    if let Some(r) = not_leader(&s) {
+        return r;
+    }
+    let r = s.control.lock().await.drain(&id, drain);
+    match r {
+        Ok(state) => {
+            s.wake.notify_one();
+            Json(json!({"node": id, "state": state})).into_response()
+        }
+        Err(e) if e.message.starts_with("no node") => error(StatusCode::NOT_FOUND, Some("id"), e.message),
+        Err(e) => field_error(e),
+    }
+}
+
+async fn tenants(State(s): S) -> Json<Value> {
+    Json(json!({ "tenants": s.control.lock().await.tenant_names() }))
+}
+
+async fn vclusters(State(s): S) -> Json<Value> {
+    Json(json!({ "vclusters": s.control.lock().await.vcluster_names() }))
+}
+
+async fn queue(State(s): S, Path(id): Path<String>) -> Json<Value> {
+    let all = s.control.lock().await.list();
+    let q: Vec<_> = all
+        .into_iter()
+        .filter(|a| a.vcluster == id && a.state == "pending")
+        .collect();
+    Json(json!({ "vcluster": id, "queue": q }))
+}
+
+/// `lattice admin vcluster set-weights`: the nine weights (missing ones 0); next cycle uses them.
+async fn set_weights(State(s): S, Path(id): Path<String>, Json(w): Json<BTreeMap<String, f64>>) -> Response {
+    let names = [
+        "priority",
+        "wait_time",
+        "fair_share",
+        "topology",
+        "data_readiness",
+        "backlog",
+        "energy",
+        "checkpoint",
+        "conformance",
+    ];
+    if let Some(bad) = w.keys().find(|k| !names.contains(&k.as_str())) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            Some(bad),
+            format!("unknown weight `{bad}` (known: {})", names.join(", ")),
+        );
+    }
+    if let Some((k, v)) = w.iter().find(|(_, v)| !v.is_finite() || **v < 0.0) {
+        return error(StatusCode::BAD_REQUEST, Some(k), format!("{v}: weights are >= 0"));
+    }
+    let get = |k: &str| w.get(k).copied().unwrap_or(0.0);
+    let weights = lattice_engine::CostWeights {
+        priority: get("priority"),
+        wait_time: get("wait_time"),
+        fair_share: get("fair_share"),
+        topology: get("topology"),
+        data_readiness: get("data_readiness"),
+        backlog: get("backlog"),
+        energy: get("energy"),
+        checkpoint: get("checkpoint"),
+        conformance: get("conformance"),
+    };
+    let r = s.control.lock().await.set_weights(&id, weights);
+    match r {
+        Ok(()) => {
+            s.wake.notify_one();
+            Json(json!({"vcluster": id, "weights": w})).into_response()
+        }
+        Err(e) => field_error(e),
+    }
+}
+
+async fn raft_status(State(s): S) -> Json<Value> {
+    let st = s.member.status();
+    let q = s.member.state().await;
+    Json(json!({
+        "status": st,
+        "assignments": q.assignments.len(),
+        "commits": q.commits,
+        "rejections": q.rejections,
+        "audit_entries": q.audit.len(),
+        "audit_chain_valid": q.verify_audit().is_ok(),
+    }))
+}

@@ -1,0 +1,154 @@
+//! The runtime's configuration file (YAML). Paths are relative to the file's folder.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// This member's quorum id.
+    #[serde(default = "one")]
+    pub node_id: u64,
+    /// REST API, `/healthz` and `/metrics`.
+    #[serde(default = "rest_default")]
+    pub rest_listen: String,
+    /// gRPC: the quorum's Raft service (peers reach this member here).
+    #[serde(default = "grpc_default")]
+    pub grpc_listen: String,
+    /// Where the quorum keeps its durable log, vote and snapshots.
+    #[serde(default = "data_default")]
+    pub data_dir: PathBuf,
+    /// Every quorum member (this one included): id → gRPC address. Empty = a single member.
+    #[serde(default)]
+    pub members: BTreeMap<u64, String>,
+    /// Node inventory YAML (or the Alibaba node list CSV).
+    pub inventory: Option<PathBuf>,
+    /// Simulated nodes `sim-000..` added when no inventory is given (dev and tests).
+    #[serde(default)]
+    pub simulated_nodes: u32,
+    /// Simulated agents run every started allocation in-process (default: on when nodes are simulated).
+    pub simulate_agents: Option<bool>,
+    /// Weight profile: per-vCluster weights and scheduler config (`profiles/*.yaml`).
+    pub profile: Option<PathBuf>,
+    /// Tenant contracts: hard quotas (enforced by the quorum) and soft ones.
+    pub tenants: Option<PathBuf>,
+    /// How often the scheduling loop wakes when nothing else wakes it.
+    #[serde(default = "cycle_default")]
+    pub cycle: String,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// `scheduler.trace_capture`: append every submission and completion to this JSONL file, in the
+    /// format `rm-replay` reads.
+    pub trace_capture: Option<PathBuf>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn rest_default() -> String {
+    "127.0.0.1:8080".into()
+}
+fn grpc_default() -> String {
+    "127.0.0.1:50051".into()
+}
+fn data_default() -> PathBuf {
+    PathBuf::from("lattice-data")
+}
+fn cycle_default() -> String {
+    "1s".into()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: {message}")]
+    Invalid { file: String, message: String },
+}
+
+impl RuntimeConfig {
+    /// Reads and validates a config file; relative paths become relative to its folder.
+    pub fn read(path: &Path) -> Result<RuntimeConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        let mut c = RuntimeConfig::parse(&file, &text)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut c.data_dir);
+        for p in [
+            &mut c.inventory,
+            &mut c.profile,
+            &mut c.tenants,
+            &mut c.scheduler.trace_capture,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fix(p);
+        }
+        Ok(c)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<RuntimeConfig, ConfigError> {
+        let err = |message: String| ConfigError::Invalid {
+            file: file.to_string(),
+            message,
+        };
+        let c: RuntimeConfig = yaml_serde::from_str(text).map_err(|e| err(e.to_string()))?;
+        lattice_traces::parse_duration(&c.cycle).map_err(|m| err(format!("cycle: {m}")))?;
+        if c.inventory.is_none() && c.simulated_nodes == 0 {
+            return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));
+        }
+        if !c.members.is_empty() && !c.members.contains_key(&c.node_id) {
+            return Err(err(format!("members: this node ({}) is not among them", c.node_id)));
+        }
+        Ok(c)
+    }
+
+    /// The quorum's members: the configured ones, or this member alone.
+    pub fn quorum_members(&self) -> BTreeMap<u64, String> {
+        if self.members.is_empty() {
+            [(self.node_id, self.grpc_listen.clone())].into_iter().collect()
+        } else {
+            self.members.clone()
+        }
+    }
+
+    pub fn cycle(&self) -> std::time::Duration {
+        let d = lattice_traces::parse_duration(&self.cycle).unwrap_or(lattice_engine::Duration::from_secs(1));
+        std::time::Duration::from_millis(d.0.max(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_is_valid_and_errors_name_the_field() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/minimal.yaml");
+        let c = RuntimeConfig::read(&path).unwrap();
+        assert_eq!(
+            (c.rest_listen.as_str(), c.grpc_listen.as_str()),
+            ("127.0.0.1:8080", "127.0.0.1:50051")
+        );
+        assert_eq!(c.quorum_members().len(), 1);
+        let e = RuntimeConfig::parse("x.yaml", "simulated_nodes: 2\ncolour: red\n").unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+        let e = RuntimeConfig::parse("x.yaml", "simulated_nodes: 2\ncycle: soon\n").unwrap_err();
+        assert!(e.to_string().contains("cycle"), "{e}");
+        let e = RuntimeConfig::parse("x.yaml", "node_id: 4\nsimulated_nodes: 2\nmembers: {1: a, 2: b}\n").unwrap_err();
+        assert!(e.to_string().contains("members"), "{e}");
+    }
+}

@@ -1,0 +1,579 @@
+//! The control plane's local (eventually consistent) state: the very same `lattice-engine` the
+//! simulator drives, fed from the API and the wall clock, plus the names and request details the API
+//! shows. Node ownership itself is decided by the quorum; this side only proposes.
+
+use lattice_engine::{
+    AllocId, AllocSpec, AllocState, Constraints, Duration, EndReason, Engine, EngineConfig, Lifecycle, NodeRange,
+    NodeSpec, Policy, PreemptionClass, TenantId, Time, VClusterConfig, VClusterId,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+
+/// Milliseconds since the Unix epoch: the engine's clock in production.
+pub fn wall_now() -> Time {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    Time(ms)
+}
+
+/// `POST /v1/allocations`: the scheduling-relevant part of the Intent API request.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    pub tenant: String,
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub vcluster: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    pub resources: Resources,
+    #[serde(default)]
+    pub lifecycle: Option<LifecycleIn>,
+    #[serde(default)]
+    pub preemption_class: Option<i64>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// Simulated agents only: how long the run takes (default: `sleep N` in the entrypoint, else 1 s).
+    #[serde(default)]
+    pub duration: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub nodes: NodesIn,
+    #[serde(default)]
+    pub constraints: Option<ConstraintsIn>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum NodesIn {
+    Exact(i64),
+    Range { min: i64, max: i64 },
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConstraintsIn {
+    pub gpu_type: Option<String>,
+    pub gpu_count: Option<u32>,
+    #[serde(default)]
+    pub features: Vec<String>,
+    #[serde(default)]
+    pub topology: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleIn {
+    #[serde(rename = "type", default = "bounded")]
+    pub kind: String,
+    pub walltime: Option<String>,
+}
+
+fn bounded() -> String {
+    "bounded".into()
+}
+
+/// A request the API refuses: the field and why (HTTP 400).
+#[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: &str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// What the API shows of an allocation.
+#[derive(Clone, Debug, Serialize)]
+pub struct AllocationView {
+    pub id: String,
+    pub tenant: String,
+    pub vcluster: String,
+    pub user: Option<String>,
+    pub state: String,
+    pub nodes: Vec<String>,
+    pub requested_nodes: u32,
+    pub walltime_s: Option<f64>,
+    pub preemption_class: u8,
+    pub submitted_ms: u64,
+    pub started_ms: Option<u64>,
+    pub ended_ms: Option<u64>,
+    pub end_reason: Option<String>,
+    pub entrypoint: Option<String>,
+    pub tags: BTreeMap<String, String>,
+    /// Why it is still pending, when the quorum rejected its last proposal.
+    pub last_rejection: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeView {
+    pub name: String,
+    pub state: String,
+    pub owner: Option<String>,
+    pub gpu_type: Option<String>,
+    pub gpu_count: u32,
+    pub group: u32,
+}
+
+/// Per-allocation details the engine does not keep.
+#[derive(Clone, Debug)]
+struct Meta {
+    name: String,
+    user: Option<String>,
+    entrypoint: Option<String>,
+    tags: BTreeMap<String, String>,
+    run: std::time::Duration,
+    last_rejection: Option<String>,
+}
+
+pub struct Control {
+    pub engine: Engine,
+    tenants: BTreeMap<String, TenantId>,
+    vclusters: BTreeMap<String, VClusterId>,
+    default_vcluster: String,
+    meta: Vec<Meta>,
+    by_name: BTreeMap<String, AllocId>,
+    node_names: Vec<String>,
+    next: u64,
+    capture: Option<std::fs::File>,
+}
+
+/// An ownership change for the quorum.
+#[derive(Clone, Debug)]
+pub struct PendingProposal {
+    pub alloc: AllocId,
+    pub name: String,
+    pub tenant: String,
+    pub nodes: Vec<String>,
+    pub sensitive: bool,
+}
+
+impl Control {
+    /// An engine over `nodes` with the profile's vClusters (or one EASY vCluster `default`).
+    pub fn new(
+        nodes: Vec<NodeSpec>,
+        vclusters: BTreeMap<String, VClusterConfig>,
+        tenants: &BTreeMap<String, lattice_engine::TenantQuota>,
+        capture: Option<&std::path::Path>,
+    ) -> anyhow::Result<Control> {
+        let node_names = nodes.iter().map(|n| n.name.clone()).collect();
+        let mut engine = Engine::new(EngineConfig::new(Policy::EASY), nodes)?;
+        let mut vcs = BTreeMap::new();
+        let mut default_vcluster = "default".to_string();
+        if vclusters.is_empty() {
+            vcs.insert("default".to_string(), engine.add_vcluster("default"));
+        } else {
+            for (i, (name, cfg)) in vclusters.into_iter().enumerate() {
+                let id = engine.add_vcluster(&name);
+                engine.configure_vcluster(id, cfg)?;
+                if i == 0 {
+                    default_vcluster = name.clone();
+                }
+                vcs.insert(name, id);
+            }
+        }
+        let mut c = Control {
+            engine,
+            tenants: BTreeMap::new(),
+            vclusters: vcs,
+            default_vcluster,
+            meta: Vec::new(),
+            by_name: BTreeMap::new(),
+            node_names,
+            next: 1,
+            capture: None,
+        };
+        for (t, q) in tenants {
+            let id = c.tenant_id(t);
+            c.engine.set_tenant_quota(id, *q);
+        }
+        if let Some(path) = capture {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            c.capture = Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?);
+        }
+        Ok(c)
+    }
+
+    fn tenant_id(&mut self, name: &str) -> TenantId {
+        if let Some(id) = self.tenants.get(name) {
+            return *id;
+        }
+        let id = self.engine.add_tenant(name);
+        self.tenants.insert(name.to_string(), id);
+        id
+    }
+
+    /// The engine's clock never goes back, even if the wall clock does.
+    pub fn now(&self) -> Time {
+        wall_now().max(self.engine.now())
+    }
+
+    /// Validates a request and queues it; returns the new allocation's id.
+    pub fn submit(&mut self, req: SubmitRequest) -> Result<String, FieldError> {
+        if req.tenant.trim().is_empty() {
+            return Err(bad("tenant", "must not be empty"));
+        }
+        let nodes = match req.resources.nodes {
+            NodesIn::Exact(n) if n >= 1 => NodeRange::exact(n as u32),
+            NodesIn::Range { min, max } if min >= 1 && max >= min => NodeRange {
+                min: min as u32,
+                max: max as u32,
+            },
+            NodesIn::Exact(n) => return Err(bad("resources.nodes", format!("{n}: at least 1 node"))),
+            NodesIn::Range { min, max } => {
+                return Err(bad(
+                    "resources.nodes",
+                    format!("min {min} / max {max}: need 1 <= min <= max"),
+                ));
+            }
+        };
+        if nodes.max as usize > self.node_names.len() {
+            return Err(bad(
+                "resources.nodes",
+                format!(
+                    "{} nodes requested; the cluster has {}",
+                    nodes.min,
+                    self.node_names.len()
+                ),
+            ));
+        }
+        let class = match req.preemption_class {
+            None => PreemptionClass::default(),
+            Some(c) => u8::try_from(c)
+                .ok()
+                .and_then(PreemptionClass::new)
+                .ok_or_else(|| bad("preemption_class", format!("{c}: must be 0-10")))?,
+        };
+        let lc = req.lifecycle.clone().unwrap_or(LifecycleIn {
+            kind: "bounded".into(),
+            walltime: None,
+        });
+        let lifecycle = match lc.kind.as_str() {
+            "bounded" => {
+                let w = lc
+                    .walltime
+                    .as_deref()
+                    .ok_or_else(|| bad("lifecycle.walltime", "a bounded allocation needs a walltime"))?;
+                let walltime =
+                    lattice_traces::parse_duration(w).map_err(|m| bad("lifecycle.walltime", format!("`{w}`: {m}")))?;
+                if walltime == Duration::ZERO {
+                    return Err(bad("lifecycle.walltime", "must be positive"));
+                }
+                Lifecycle::Bounded { walltime }
+            }
+            "unbounded" => Lifecycle::Unbounded,
+            other => {
+                return Err(bad(
+                    "lifecycle.type",
+                    format!("`{other}`: bounded or unbounded (reactive needs the autoscaler's metrics)"),
+                ));
+            }
+        };
+        let vc_name = req.vcluster.clone().unwrap_or_else(|| self.default_vcluster.clone());
+        let Some(&vcluster) = self.vclusters.get(&vc_name) else {
+            return Err(bad(
+                "vcluster",
+                format!(
+                    "vCluster \"{vc_name}\" not found. Available: {}",
+                    self.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        };
+        let run = match req.duration.as_deref() {
+            Some(d) => {
+                let d = lattice_traces::parse_duration(d).map_err(|m| bad("duration", format!("`{d}`: {m}")))?;
+                std::time::Duration::from_millis(d.0)
+            }
+            None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
+        };
+        let tenant = self.tenant_id(&req.tenant);
+        let mut spec = AllocSpec::simple(tenant, vcluster, nodes.min, Duration::from_secs(1));
+        spec.nodes = nodes;
+        spec.lifecycle = lifecycle;
+        spec.preemption_class = class;
+        if let Some(c) = &req.constraints_opt() {
+            spec.constraints = Constraints {
+                gpu_type: c.gpu_type.clone(),
+                gpu_count: c.gpu_count,
+                features: c.features.iter().cloned().collect(),
+                ..Constraints::default()
+            };
+        }
+        let now = self.now();
+        let id = self
+            .engine
+            .handle_submit(now, spec)
+            .map_err(|e| bad("resources", e.to_string()))?;
+        let name = format!("a-{:06}", self.next);
+        self.next += 1;
+        while self.meta.len() <= id.index() {
+            self.meta.push(Meta {
+                name: String::new(),
+                user: None,
+                entrypoint: None,
+                tags: BTreeMap::new(),
+                run,
+                last_rejection: None,
+            });
+        }
+        self.meta[id.index()] = Meta {
+            name: name.clone(),
+            user: req.user.clone(),
+            entrypoint: req.entrypoint.clone(),
+            tags: req.tags.clone(),
+            run,
+            last_rejection: None,
+        };
+        self.by_name.insert(name.clone(), id);
+        self.capture_line(serde_json::json!({
+            "ts": now.0 as f64 / 1000.0,
+            "type": "submit",
+            "alloc": {
+                "id": name,
+                "tenant": req.tenant,
+                "vcluster": vc_name,
+                "nodes": nodes.min,
+                "walltime": lifecycle.walltime().map(|w| w.as_secs_f64()),
+                "priority": class.get(),
+                "user": req.user,
+            }
+        }));
+        Ok(name)
+    }
+
+    fn capture_line(&mut self, mut v: serde_json::Value) {
+        // Drop null fields: the JSONL reader takes absent, not null, optional fields.
+        if let Some(a) = v.get_mut("alloc").and_then(|a| a.as_object_mut()) {
+            a.retain(|_, x| !x.is_null());
+        }
+        if let Some(f) = self.capture.as_mut() {
+            let _ = writeln!(f, "{v}");
+            let _ = f.flush();
+        }
+    }
+
+    /// Runs a scheduling pass at `now` and returns its proposals for the quorum.
+    pub fn schedule(&mut self) -> Vec<PendingProposal> {
+        let now = self.now();
+        self.engine.schedule(now);
+        let mut out = Vec::new();
+        while let Some(p) = self.engine.poll_proposal() {
+            let Some(a) = self.engine.allocation(p.alloc) else {
+                continue;
+            };
+            let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+            out.push(PendingProposal {
+                alloc: p.alloc,
+                name: self
+                    .meta
+                    .get(p.alloc.index())
+                    .map(|m| m.name.clone())
+                    .unwrap_or_default(),
+                tenant,
+                nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                sensitive: a.spec.sensitive_claim,
+            });
+        }
+        out
+    }
+
+    /// The quorum committed the proposal: the allocation runs; returns how long its run takes.
+    pub fn committed(&mut self, id: AllocId) -> Option<std::time::Duration> {
+        let now = self.now();
+        self.engine.handle_commit(now, id).ok()?;
+        if let Some(m) = self.meta.get_mut(id.index()) {
+            m.last_rejection = None;
+        }
+        self.meta.get(id.index()).map(|m| m.run)
+    }
+
+    /// The quorum rejected it: back to the queue, retried next cycle.
+    pub fn rejected(&mut self, id: AllocId, why: String) {
+        let now = self.now();
+        let _ = self.engine.handle_reject(now, id);
+        if let Some(m) = self.meta.get_mut(id.index()) {
+            m.last_rejection = Some(why);
+        }
+    }
+
+    /// A run ended (success, failure or walltime): returns whether the allocation was still running
+    /// (so its nodes must be released at the quorum).
+    pub fn completed(&mut self, id: AllocId, reason: EndReason) -> bool {
+        let running = self
+            .engine
+            .allocation(id)
+            .is_some_and(|a| a.state == AllocState::Running);
+        if !running {
+            return false;
+        }
+        let now = self.now();
+        let started = self.engine.allocation(id).and_then(|a| a.started).unwrap_or(now);
+        if self.engine.handle_completion(now, id, reason).is_err() {
+            return false;
+        }
+        let name = self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default();
+        self.capture_line(serde_json::json!({
+            "ts": now.0 as f64 / 1000.0,
+            "type": "complete",
+            "alloc_id": name,
+            "duration": now.since(started).as_secs_f64(),
+            "exit": if reason == EndReason::Success { 0 } else { 1 },
+        }));
+        true
+    }
+
+    /// Cancels; returns whether it held nodes (to release at the quorum). `None` = no such allocation.
+    pub fn cancel(&mut self, name: &str) -> Option<bool> {
+        let id = *self.by_name.get(name)?;
+        let held = self
+            .engine
+            .allocation(id)
+            .is_some_and(|a| matches!(a.state, AllocState::Running | AllocState::Staging));
+        let now = self.now();
+        let _ = self.engine.handle_cancel(now, id);
+        Some(held)
+    }
+
+    pub fn id_of(&self, name: &str) -> Option<AllocId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn name_of(&self, id: AllocId) -> String {
+        self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default()
+    }
+
+    pub fn view(&self, id: AllocId) -> Option<AllocationView> {
+        let a = self.engine.allocation(id)?;
+        let m = self.meta.get(id.index())?;
+        Some(AllocationView {
+            id: m.name.clone(),
+            tenant: self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
+            vcluster: self
+                .engine
+                .vcluster(a.spec.vcluster)
+                .map(|v| v.name)
+                .unwrap_or_default(),
+            user: m.user.clone(),
+            state: a.state.as_str().to_string(),
+            nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+            requested_nodes: a.spec.nodes.min,
+            walltime_s: a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),
+            preemption_class: a.spec.preemption_class.get(),
+            submitted_ms: a.submitted.0,
+            started_ms: a.started.map(|t| t.0),
+            ended_ms: a.ended.map(|t| t.0),
+            end_reason: a.end_reason.map(|r| r.as_str().to_string()),
+            entrypoint: m.entrypoint.clone(),
+            tags: m.tags.clone(),
+            last_rejection: m.last_rejection.clone(),
+        })
+    }
+
+    pub fn list(&self) -> Vec<AllocationView> {
+        self.engine
+            .allocations()
+            .iter()
+            .filter_map(|a| self.view(a.id))
+            .collect()
+    }
+
+    pub fn nodes(&self) -> Vec<NodeView> {
+        self.engine
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeView {
+                name: self.node_names[i].clone(),
+                state: format!("{:?}", n.state).to_lowercase(),
+                owner: n.owner.map(|o| self.name_of(o.alloc)),
+                gpu_type: n.spec.capabilities.gpu_type.clone(),
+                gpu_count: n.spec.capabilities.gpu_count,
+                group: n.spec.group.0,
+            })
+            .collect()
+    }
+
+    pub fn node_index(&self, name: &str) -> Option<lattice_engine::NodeId> {
+        self.node_names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| lattice_engine::NodeId(i as u32))
+    }
+
+    /// Drain (`true`) or undrain a node; the node's state afterwards.
+    pub fn drain(&mut self, node: &str, drain: bool) -> Result<String, FieldError> {
+        let id = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node}")))?;
+        let now = self.now();
+        let ev = if drain {
+            lattice_engine::NodeEvent::Drain
+        } else {
+            lattice_engine::NodeEvent::Undrain
+        };
+        self.engine
+            .handle_node_event(now, id, ev)
+            .map_err(|e| bad("id", e.to_string()))?;
+        Ok(self
+            .engine
+            .node(id)
+            .map(|n| format!("{:?}", n.state).to_lowercase())
+            .unwrap_or_default())
+    }
+
+    /// Hot-reloads a vCluster's weights: they take effect at its next pass.
+    pub fn set_weights(&mut self, vcluster: &str, weights: lattice_engine::CostWeights) -> Result<(), FieldError> {
+        let id = *self
+            .vclusters
+            .get(vcluster)
+            .ok_or_else(|| bad("vcluster", format!("vCluster \"{vcluster}\" not found")))?;
+        let mut cfg = self
+            .engine
+            .vcluster_config(id)
+            .cloned()
+            .unwrap_or_else(|| VClusterConfig::new(Policy::EASY));
+        cfg.weights = Some(weights);
+        self.engine
+            .configure_vcluster(id, cfg)
+            .map_err(|e| bad("weights", e.to_string()))
+    }
+
+    pub fn vcluster_names(&self) -> Vec<String> {
+        self.vclusters.keys().cloned().collect()
+    }
+
+    pub fn tenant_names(&self) -> Vec<String> {
+        self.tenants.keys().cloned().collect()
+    }
+}
+
+impl SubmitRequest {
+    fn constraints_opt(&self) -> Option<ConstraintsIn> {
+        self.resources.constraints.clone()
+    }
+}
+
+/// `sleep 30` → 30 s (simulated agents "run" sleep entrypoints for their duration).
+fn sleep_seconds(entrypoint: Option<&str>) -> Option<std::time::Duration> {
+    let words: Vec<&str> = entrypoint?.split_whitespace().collect();
+    match words[..] {
+        ["sleep", n] => n.parse::<f64>().ok().map(std::time::Duration::from_secs_f64),
+        _ => None,
+    }
+}

@@ -1,0 +1,277 @@
+//! Starting a runtime: the quorum member, the scheduling loop (the same engine as `sim`, on the wall
+//! clock, proposing ownership through the quorum), simulated agents, and the REST API.
+
+use crate::api;
+use crate::config::RuntimeConfig;
+use crate::control::{Control, PendingProposal};
+use crate::metrics::Metrics;
+use anyhow::{Context, Result};
+use lattice_adapters::{Member, QuorumCommand, QuorumResponse};
+use lattice_engine::{EndReason, NodeSpec, VClusterConfig};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::{Mutex, Notify};
+
+/// Everything the API handlers and the loop share.
+pub struct Shared {
+    pub control: Mutex<Control>,
+    pub member: Member,
+    pub metrics: Metrics,
+    /// Wakes the scheduling loop early (a submission, a completion).
+    pub wake: Notify,
+    pub simulate_agents: bool,
+}
+
+/// A started runtime: its bound addresses and a way to stop it.
+pub struct Running {
+    pub rest_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Running {
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.shared.member.shutdown().await;
+    }
+}
+
+fn nodes_of(cfg: &RuntimeConfig) -> Result<(Vec<NodeSpec>, Option<u32>)> {
+    match &cfg.inventory {
+        Some(path) => {
+            let inv = lattice_traces::read_inventory(path)?;
+            Ok((inv.nodes, inv.sensitive_pool_size))
+        }
+        None => Ok((
+            (0..cfg.simulated_nodes)
+                .map(|i| NodeSpec::plain(format!("sim-{i:03}")))
+                .collect(),
+            None,
+        )),
+    }
+}
+
+fn vcluster_configs(cfg: &RuntimeConfig) -> Result<BTreeMap<String, VClusterConfig>> {
+    let Some(path) = &cfg.profile else {
+        return Ok(BTreeMap::new());
+    };
+    let prof = lattice_traces::read_profile(path)?;
+    Ok(prof
+        .vclusters
+        .iter()
+        .map(|(name, p)| {
+            let mut c = VClusterConfig::new(p.policy.unwrap_or(lattice_engine::Policy::EASY));
+            c.weights = Some(p.weights);
+            if let Some(i) = p.cycle_interval {
+                c.cycle_interval = i;
+            }
+            (name.clone(), c)
+        })
+        .collect())
+}
+
+/// Starts a runtime from `cfg`; `bootstrap` forms the quorum on first start. Binding port 0 picks a
+/// free port (tests); the bound addresses are in the result.
+pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
+    let (nodes, sensitive_pool) = nodes_of(&cfg)?;
+    let tenants = match &cfg.tenants {
+        Some(p) => lattice_traces::read_tenants(p)?,
+        None => BTreeMap::new(),
+    };
+    let control = Control::new(
+        nodes,
+        vcluster_configs(&cfg)?,
+        &tenants,
+        cfg.scheduler.trace_capture.as_deref(),
+    )?;
+    // The quorum member and its gRPC service.
+    let grpc = tokio::net::TcpListener::bind(&cfg.grpc_listen)
+        .await
+        .with_context(|| format!("binding gRPC on {}", cfg.grpc_listen))?;
+    let grpc_addr = grpc.local_addr()?;
+    let member = Member::start_on(cfg.node_id, &cfg.data_dir, grpc).await?;
+    if bootstrap {
+        let mut members = cfg.quorum_members();
+        // A single member announces the address it actually bound.
+        if members.len() == 1 {
+            members.insert(cfg.node_id, grpc_addr.to_string());
+        }
+        if member.bootstrap(&members).await? {
+            tracing::info!("quorum bootstrapped with {} member(s)", members.len());
+        } else {
+            tracing::info!("quorum already initialised; --bootstrap ignored");
+        }
+    }
+    let shared = Arc::new(Shared {
+        control: Mutex::new(control),
+        member,
+        metrics: Metrics::default(),
+        wake: Notify::new(),
+        simulate_agents: cfg.simulate_agents.unwrap_or(cfg.inventory.is_none()),
+    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Quotas and the sensitive pool go to the quorum once a leader exists.
+    tokio::spawn(push_quotas(shared.clone(), tenants, sensitive_pool, stopped.clone()));
+    tokio::spawn(scheduling_loop(shared.clone(), cfg.cycle(), stopped.clone()));
+    let rest = tokio::net::TcpListener::bind(&cfg.rest_listen)
+        .await
+        .with_context(|| format!("binding REST on {}", cfg.rest_listen))?;
+    let rest_addr = rest.local_addr()?;
+    let app = api::router(shared.clone());
+    let mut rest_stop = stopped.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(rest, app)
+            .with_graceful_shutdown(async move {
+                let _ = rest_stop.changed().await;
+            })
+            .await;
+    });
+    tracing::info!("REST on {rest_addr}, gRPC (quorum) on {grpc_addr}");
+    Ok(Running {
+        rest_addr,
+        grpc_addr,
+        shared,
+        stop,
+    })
+}
+
+async fn push_quotas(
+    shared: Arc<Shared>,
+    tenants: BTreeMap<String, lattice_engine::TenantQuota>,
+    sensitive_pool: Option<u32>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut cmds: Vec<QuorumCommand> = tenants
+        .iter()
+        .filter(|(_, q)| q.max_nodes.is_some() || q.max_concurrent_allocations.is_some())
+        .map(|(t, q)| QuorumCommand::SetQuota {
+            tenant: t.clone(),
+            max_nodes: q.max_nodes,
+            max_concurrent_allocations: q.max_concurrent_allocations,
+        })
+        .collect();
+    if sensitive_pool.is_some() {
+        cmds.push(QuorumCommand::SetSensitivePool { size: sensitive_pool });
+    }
+    while !cmds.is_empty() && !*stopped.borrow() {
+        if shared.member.is_leader() {
+            let cmd = cmds[0].clone();
+            if shared.member.propose(cmd).await.is_ok() {
+                cmds.remove(0);
+                continue;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            _ = stopped.changed() => {}
+        }
+    }
+}
+
+/// Every cycle (or when woken): on the leader, one pass per due vCluster; proposals go to the quorum,
+/// committed ones start (on simulated agents), rejected ones retry next cycle.
+async fn scheduling_loop(
+    shared: Arc<Shared>,
+    cycle: std::time::Duration,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(cycle) => {}
+            _ = shared.wake.notified() => {}
+            _ = stopped.changed() => {}
+        }
+        if *stopped.borrow() {
+            return;
+        }
+        if !shared.member.is_leader() {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let proposals = shared.control.lock().await.schedule();
+        shared.metrics.cycle(t0.elapsed());
+        for p in proposals {
+            propose_start(&shared, p).await;
+        }
+    }
+}
+
+async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
+    let cmd = QuorumCommand::Assign {
+        alloc: p.name.clone(),
+        tenant: p.tenant.clone(),
+        nodes: p.nodes.clone(),
+        sensitive: p.sensitive,
+    };
+    let t0 = std::time::Instant::now();
+    let r = shared.member.propose(cmd).await;
+    shared.metrics.commit(t0.elapsed());
+    let mut c = shared.control.lock().await;
+    match r {
+        Ok(QuorumResponse::Applied) => {
+            shared
+                .metrics
+                .started
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let run = c.committed(p.alloc);
+            drop(c);
+            if shared.simulate_agents
+                && let Some(run) = run
+            {
+                tokio::spawn(simulated_run(shared.clone(), p.alloc, run));
+            }
+        }
+        Ok(QuorumResponse::Rejected { reason, message }) => {
+            shared
+                .metrics
+                .rejected
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!("quorum rejected {} ({reason}): {message}", p.name);
+            c.rejected(p.alloc, message);
+        }
+        Err(e) => c.rejected(p.alloc, e.to_string()),
+    }
+}
+
+/// A simulated agent: the allocation runs for its duration (killed at its walltime), then completes
+/// and its nodes are released at the quorum.
+async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run: std::time::Duration) {
+    let walltime = {
+        let c = shared.control.lock().await;
+        c.engine
+            .allocation(alloc)
+            .and_then(|a| a.spec.lifecycle.walltime())
+            .map(|w| std::time::Duration::from_millis(w.0))
+    };
+    let (wait, reason) = match walltime {
+        Some(w) if w < run => (w, EndReason::WalltimeExceeded),
+        _ => (run, EndReason::Success),
+    };
+    tokio::time::sleep(wait).await;
+    let (was_running, name) = {
+        let mut c = shared.control.lock().await;
+        (c.completed(alloc, reason), c.name_of(alloc))
+    };
+    if was_running {
+        release(&shared, name).await;
+        shared.wake.notify_one();
+    }
+}
+
+/// Frees an allocation's nodes at the quorum (retried until a leader takes it).
+pub async fn release(shared: &Arc<Shared>, name: String) {
+    for _ in 0..50 {
+        if shared
+            .member
+            .propose(QuorumCommand::Release { alloc: name.clone() })
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tracing::warn!("could not release {name} at the quorum");
+}

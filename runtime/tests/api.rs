@@ -1,0 +1,203 @@
+//! The control plane end to end on loopback: a single-member quorum, simulated agents and the REST
+//! API — submit → schedule → commit → run → complete, validation errors naming the field, cancel,
+//! drain/undrain, hard quotas, weight hot-reload, `/metrics`, and the trace capture replaying in
+//! `rm-replay`'s reader.
+
+use lattice_runtime::{RuntimeConfig, start};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+struct Api {
+    base: String,
+}
+
+impl Api {
+    async fn call(&self, method: &'static str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        tokio::task::spawn_blocking(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+            let mut resp = match (method, body) {
+                ("GET", _) => agent.get(&url).call(),
+                ("DELETE", _) => agent.delete(&url).call(),
+                ("POST", Some(b)) => agent.post(&url).send_json(b),
+                ("POST", None) => agent.post(&url).send_empty(),
+                ("PUT", Some(b)) => agent.put(&url).send_json(b),
+                _ => unreachable!(),
+            }
+            .expect("request reaches the server");
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.call("GET", path, None).await.1
+    }
+
+    async fn submit(&self, body: Value) -> String {
+        let (status, v) = self.call("POST", "/v1/allocations", Some(body)).await;
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    /// Waits until the allocation reaches `state`.
+    async fn wait_state(&self, id: &str, state: &str, within: Duration) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let v = self.get(&format!("/v1/allocations/{id}")).await;
+            if v["state"] == state {
+                return v;
+            }
+            assert!(t0.elapsed() < within, "{id} not {state} within {within:?}: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn job(tenant: &str, nodes: u32, secs: f64) -> Value {
+    json!({
+        "tenant": tenant,
+        "user": "alice",
+        "entrypoint": format!("sleep {secs}"),
+        "resources": {"nodes": nodes},
+        "lifecycle": {"type": "bounded", "walltime": "10m"},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn allocations_run_through_the_api_quorum_and_engine() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tenants.yaml"), "physics:\n  max_nodes: 2\n").unwrap();
+    let cfg_text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/quorum\nsimulated_nodes: 4\ncycle: 100ms\ntenants: {d}/tenants.yaml\nscheduler:\n  trace_capture: {d}/capture.jsonl\n",
+        d = dir.display()
+    );
+    let cfg = RuntimeConfig::parse("test.yaml", &cfg_text).unwrap();
+    let rt = start(cfg, true).await.unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while api.get("/healthz").await["raft_state"] != "Leader" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the single member leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Submit → schedule → commit → run → complete.
+    let a = api.submit(job("bio", 2, 0.3)).await;
+    let running = api.wait_state(&a, "running", Duration::from_secs(5)).await;
+    assert_eq!(running["nodes"].as_array().unwrap().len(), 2);
+    let done = api.wait_state(&a, "completed", Duration::from_secs(5)).await;
+    assert_eq!(done["end_reason"], "success");
+    let list = api.get("/v1/allocations?tenant=bio").await;
+    assert_eq!(list["allocations"].as_array().unwrap().len(), 1);
+    assert_eq!(api.get("/v1/allocations?tenant=nobody").await["allocations"], json!([]));
+
+    // Validation: 400 naming the field; unknown ids are 404.
+    for (body, field) in [
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "10m"}, "preemption_class": 11}),
+            "preemption_class",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "soon"}}),
+            "lifecycle.walltime",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 0}, "lifecycle": {"walltime": "1m"}}),
+            "resources.nodes",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}, "colour": "red"}),
+            "colour",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}, "vcluster": "gpu"}),
+            "vcluster",
+        ),
+    ] {
+        let (status, v) = api.call("POST", "/v1/allocations", Some(body)).await;
+        assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");
+    }
+    assert_eq!(api.call("GET", "/v1/allocations/a-999999", None).await.0, 404);
+
+    // Hard quota (physics max_nodes 2, enforced by the engine and validated by the quorum): two
+    // 2-node allocations never run at the same time.
+    let p1 = api.submit(job("physics", 2, 0.4)).await;
+    let p2 = api.submit(job("physics", 2, 0.4)).await;
+    let v1 = api.wait_state(&p1, "completed", Duration::from_secs(10)).await;
+    let v2 = api.wait_state(&p2, "completed", Duration::from_secs(10)).await;
+    let (s1, e1, s2, e2) = (
+        v1["started_ms"].as_u64().unwrap(),
+        v1["ended_ms"].as_u64().unwrap(),
+        v2["started_ms"].as_u64().unwrap(),
+        v2["ended_ms"].as_u64().unwrap(),
+    );
+    assert!(e1 <= s2 || e2 <= s1, "physics held 4 nodes at once: {v1} {v2}");
+
+    // Cancel a running allocation: its nodes go back (the quorum releases them).
+    let long = api.submit(job("bio", 4, 100.0)).await;
+    api.wait_state(&long, "running", Duration::from_secs(5)).await;
+    let (status, _) = api.call("DELETE", &format!("/v1/allocations/{long}"), None).await;
+    assert_eq!(status, 200);
+    api.wait_state(&long, "cancelled", Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    while api.get("/api/v1/raft/status").await["assignments"] != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "nodes released at the quorum");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Drain: a 4-node allocation waits while a node is drained, and runs once it is undrained.
+    let (status, v) = api.call("POST", "/v1/nodes/sim-001/drain", None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "drained");
+    let wide = api.submit(job("bio", 4, 0.2)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(api.get(&format!("/v1/allocations/{wide}")).await["state"], "pending");
+    assert_eq!(api.call("POST", "/v1/nodes/sim-001/undrain", None).await.0, 200);
+    api.wait_state(&wide, "completed", Duration::from_secs(5)).await;
+    assert_eq!(api.call("POST", "/v1/nodes/sim-999/drain", None).await.0, 404);
+
+    // Weights hot-reload: validated, then used from the next cycle.
+    let (status, v) = api
+        .call(
+            "PUT",
+            "/v1/vclusters/default/weights",
+            Some(json!({"priority": 1.0, "wait_tme": 0.5})),
+        )
+        .await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("wait_tme")));
+    let (status, _) = api
+        .call(
+            "PUT",
+            "/v1/vclusters/default/weights",
+            Some(json!({"priority": 0.5, "wait_time": 0.5})),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    // Metrics with the seed's names.
+    let (_, m) = api.call("GET", "/metrics", None).await;
+    let m = m.as_str().unwrap().to_string();
+    for name in [
+        "lattice_scheduling_cycle_duration_seconds_count",
+        "lattice_raft_commit_latency_seconds_bucket",
+        "lattice_allocations{state=\"completed\"} 4",
+    ] {
+        assert!(m.contains(name), "{name} missing from /metrics");
+    }
+
+    // The trace capture replays: every submission and completion, in rm-replay's JSONL format.
+    rt.shutdown().await;
+    let capture = std::fs::read_to_string(dir.join("capture.jsonl")).unwrap();
+    let w = lattice_traces::parse_jsonl("capture.jsonl", &capture);
+    assert_eq!(w.skipped_total(), 0, "{:?}", w.problems);
+    assert_eq!(w.jobs.len(), 5);
+    let completed = w.jobs.iter().filter(|j| j.runtime.is_some()).count();
+    assert_eq!(completed, 4, "the cancelled one has no completion");
+}
