@@ -2,10 +2,12 @@
 //! the production runtime runs, on a virtual clock ([`replay`]), prints the seed's "RM-Replay Results"
 //! block ([`report`]) — against a baseline profile with arrows ([`compare`]) —, writes the output contract
 //! (`summary.json`, `jobs.csv`), sweeps weights ([`sweep`]), runs the regression suite ([`regress`]) and
-//! measures itself ([`bench`]). The `lattice` client of the runtime arrives with the runtime issue.
+//! measures itself ([`bench`]). The `lattice` client (`bin/lattice.rs`) talks to `lattice-runtime`'s REST API;
+//! [`directives`] reads its scripts' `#LATTICE`/`#SBATCH` lines.
 
 pub mod bench;
 pub mod compare;
+pub mod directives;
 pub mod regress;
 pub mod replay;
 pub mod report;

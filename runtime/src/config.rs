@@ -136,6 +136,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bundled_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let p = RuntimeConfig::parse("production.yaml", &std::fs::read_to_string(dir.join("production.yaml")).unwrap())
+            .unwrap();
+        assert_eq!((p.members.len(), p.simulate_agents), (3, Some(false)));
+        for i in 1..=3 {
+            let c = RuntimeConfig::read(&dir.join(format!("local-3/member-{i}.yaml"))).unwrap();
+            assert_eq!(c.quorum_members().len(), 3);
+            assert_eq!(c.quorum_members()[&i], c.grpc_listen);
+        }
+    }
+
+    #[test]
     fn minimal_config_is_valid_and_errors_name_the_field() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/minimal.yaml");
         let c = RuntimeConfig::read(&path).unwrap();

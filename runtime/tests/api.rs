@@ -201,3 +201,61 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
     let completed = w.jobs.iter().filter(|j| j.runtime.is_some()).count();
     assert_eq!(completed, 4, "the cancelled one has no completion");
 }
+
+/// Three members on loopback: one leads and schedules; a follower answers writes with 421 naming
+/// the leader; an allocation submitted to the leader runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_member_quorum_schedules_on_the_leader() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-3-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let grpc: Vec<u16> = (0..3).map(|_| port()).collect();
+    let members: String = grpc
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("  {}: 127.0.0.1:{p}\n", i + 1))
+        .collect();
+    let mut rts = Vec::new();
+    for (i, p) in grpc.iter().enumerate() {
+        let text = format!(
+            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: 4\ncycle: 100ms\nmembers:\n{members}",
+            id = i + 1,
+            d = dir.display()
+        );
+        let cfg = RuntimeConfig::parse("m.yaml", &text).unwrap();
+        rts.push(start(cfg, i == 0).await.unwrap());
+    }
+    let t0 = Instant::now();
+    let leader = loop {
+        if let Some(i) = rts.iter().position(|r| r.shared.member.is_leader()) {
+            break i;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "a leader within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let follower = (leader + 1) % 3;
+    let f = Api {
+        base: format!("http://{}", rts[follower].rest_addr),
+    };
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = f.call("POST", "/v1/allocations", Some(job("bio", 1, 0.1))).await;
+        assert_eq!(status, 421, "{v}");
+        if v["leader_id"] == json!(leader + 1) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "the follower learns the leader: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let l = Api {
+        base: format!("http://{}", rts[leader].rest_addr),
+    };
+    let id = l.submit(job("bio", 2, 0.2)).await;
+    l.wait_state(&id, "completed", Duration::from_secs(5)).await;
+    // Every member applied the assignment and its release.
+    let status = f.get("/api/v1/raft/status").await;
+    assert_eq!(status["status"]["members"].as_object().unwrap().len(), 3, "{status}");
+    for r in rts {
+        r.shutdown().await;
+    }
+}

@@ -1,0 +1,459 @@
+//! `lattice` — the command-line client of `lattice-runtime` (REST): submit (flags, or a script's
+//! `#LATTICE`/`#SBATCH` directives), status, cancel, nodes and admin. The endpoint and tenant come from
+//! `--endpoint`/`--tenant`, else `LATTICE_ENDPOINT`/`LATTICE_TENANT`, else
+//! `~/.config/lattice/config.yaml` (`endpoint:`, `tenant:`), else `http://127.0.0.1:8080`.
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use lattice_cli::directives::{SubmitFields, parse_script};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "lattice", version, about = "Lattice client: submit and manage allocations")]
+struct Cli {
+    /// Runtime REST endpoint (default: LATTICE_ENDPOINT, the config file, http://127.0.0.1:8080).
+    #[arg(long, global = true)]
+    endpoint: Option<String>,
+    /// Tenant to submit as (default: LATTICE_TENANT or the config file).
+    #[arg(long, global = true)]
+    tenant: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Submit an allocation: `lattice submit --nodes=2 --walltime=1h -- CMD ARGS` or
+    /// `lattice submit job.sh` (directives in the script; flags override them). Prints its id.
+    Submit {
+        #[arg(long)]
+        nodes: Option<u32>,
+        #[arg(long)]
+        walltime: Option<String>,
+        #[arg(long)]
+        vcluster: Option<String>,
+        #[arg(long)]
+        preemption_class: Option<i64>,
+        #[arg(long)]
+        gpu_type: Option<String>,
+        #[arg(long)]
+        gpus: Option<u32>,
+        #[arg(long)]
+        constraint: Vec<String>,
+        #[arg(long)]
+        name: Option<String>,
+        /// Simulated agents only: how long the run takes.
+        #[arg(long)]
+        duration: Option<String>,
+        /// A batch script (its directives are read), or the command after `--`.
+        #[arg(trailing_var_arg = true)]
+        command: Vec<String>,
+    },
+    /// Allocations (all of the tenant's, or one): `-o table|wide|json|yaml`, `--watch` to refresh.
+    Status {
+        id: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+        #[arg(long)]
+        watch: bool,
+        #[arg(long)]
+        user: Option<String>,
+        /// Every tenant's allocations.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Cancel allocations.
+    Cancel { ids: Vec<String> },
+    /// Nodes and their state.
+    Nodes {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Administration.
+    Admin {
+        #[command(subcommand)]
+        cmd: AdminCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    Drain {
+        node: String,
+    },
+    Undrain {
+        node: String,
+    },
+    /// The quorum's status (leader, term, members, commits, audit chain).
+    RaftStatus,
+    /// Tenants known to the scheduler.
+    Tenant,
+    /// vCluster administration.
+    Vcluster {
+        #[command(subcommand)]
+        cmd: VclusterCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum VclusterCmd {
+    /// Replace a vCluster's weights (`--weights priority=0.3,wait_time=0.2,...` or a profile YAML's
+    /// entry with `--profile FILE`); they take effect at its next cycle.
+    SetWeights {
+        vcluster: String,
+        #[arg(long)]
+        weights: Option<String>,
+        #[arg(long)]
+        profile: Option<PathBuf>,
+    },
+}
+
+struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.base);
+        let resp = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
+            ("POST", Some(b)) => self.agent.post(&url).send_json(b),
+            ("POST", None) => self.agent.post(&url).send_empty(),
+            ("PUT", Some(b)) => self.agent.put(&url).send_json(b),
+            _ => bail!("unsupported request {method} {path}"),
+        };
+        let mut resp = resp.with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status >= 400 {
+            let msg = v["error"].as_str().unwrap_or("request failed");
+            match v["field"].as_str() {
+                Some(f) => bail!("{msg} (field `{f}`, HTTP {status})"),
+                None => bail!("{msg} (HTTP {status})"),
+            }
+        }
+        Ok(v)
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+struct FileConfig {
+    endpoint: Option<String>,
+    tenant: Option<String>,
+}
+
+fn file_config() -> FileConfig {
+    let Some(home) = std::env::var_os("HOME") else {
+        return FileConfig::default();
+    };
+    let path = PathBuf::from(home).join(".config/lattice/config.yaml");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| yaml_serde::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let fc = file_config();
+    let base = cli
+        .endpoint
+        .clone()
+        .or_else(|| std::env::var("LATTICE_ENDPOINT").ok())
+        .or(fc.endpoint)
+        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let tenant = cli
+        .tenant
+        .clone()
+        .or_else(|| std::env::var("LATTICE_TENANT").ok())
+        .or(fc.tenant);
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let client = Client {
+        base: base.trim_end_matches('/').to_string(),
+        agent,
+    };
+    match cli.cmd {
+        Cmd::Submit {
+            nodes,
+            walltime,
+            vcluster,
+            preemption_class,
+            gpu_type,
+            gpus,
+            constraint,
+            name,
+            duration,
+            command,
+        } => {
+            // A script file: its directives, then the flags on top.
+            let mut fields = SubmitFields::default();
+            let mut entrypoint = command.join(" ");
+            if let [script] = command.as_slice()
+                && std::path::Path::new(script).is_file()
+            {
+                let text = std::fs::read_to_string(script).with_context(|| format!("reading {script}"))?;
+                let (f, warnings) = parse_script(&text);
+                for w in warnings {
+                    eprintln!("{w}");
+                }
+                fields = f;
+                entrypoint = format!("bash {script}");
+            }
+            let flags = SubmitFields {
+                nodes,
+                walltime,
+                tenant: tenant.clone(),
+                vcluster,
+                preemption_class,
+                gpu_type,
+                gpu_count: gpus,
+                features: constraint,
+                tags: name
+                    .map(|n| [("name".to_string(), n)].into_iter().collect())
+                    .unwrap_or_default(),
+                ntasks: None,
+                ntasks_per_node: None,
+            };
+            let f = fields.overlay(&flags);
+            let Some(tenant) = f.tenant.clone() else {
+                bail!("no tenant: pass --tenant, set LATTICE_TENANT, or `tenant:` in ~/.config/lattice/config.yaml");
+            };
+            if entrypoint.is_empty() {
+                bail!("nothing to run: `lattice submit [flags] -- COMMAND` or `lattice submit SCRIPT`");
+            }
+            let mut body = json!({
+                "tenant": tenant,
+                "user": std::env::var("USER").unwrap_or_else(|_| "unknown".into()),
+                "entrypoint": entrypoint,
+                "resources": {"nodes": f.node_count()},
+                "lifecycle": {"type": "bounded", "walltime": f.walltime.clone().unwrap_or_else(|| "1h".into())},
+                "tags": f.tags,
+            });
+            if let Some(v) = &f.vcluster {
+                body["vcluster"] = json!(v);
+            }
+            if let Some(c) = f.preemption_class {
+                body["preemption_class"] = json!(c);
+            }
+            if f.gpu_type.is_some() || f.gpu_count.is_some() || !f.features.is_empty() {
+                body["resources"]["constraints"] =
+                    json!({"gpu_type": f.gpu_type, "gpu_count": f.gpu_count, "features": f.features});
+            }
+            if let Some(d) = duration {
+                body["duration"] = json!(d);
+            }
+            let v = client.call("POST", "/v1/allocations", Some(&body))?;
+            println!("{}", v["id"].as_str().unwrap_or_default());
+        }
+        Cmd::Status {
+            id,
+            output,
+            watch,
+            user,
+            all,
+        } => loop {
+            let rows: Vec<Value> = match &id {
+                Some(id) => vec![client.call("GET", &format!("/v1/allocations/{id}"), None)?],
+                None => {
+                    let mut q = Vec::new();
+                    if let (Some(t), false) = (&tenant, all) {
+                        q.push(format!("tenant={t}"));
+                    }
+                    if let Some(u) = &user {
+                        q.push(format!("user={u}"));
+                    }
+                    let path = format!("/v1/allocations{}{}", if q.is_empty() { "" } else { "?" }, q.join("&"));
+                    client.call("GET", &path, None)?["allocations"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                }
+            };
+            print_rows(&rows, output, id.is_some(), "allocation")?;
+            if !watch {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            println!();
+        },
+        Cmd::Cancel { ids } => {
+            if ids.is_empty() {
+                bail!("which allocation? `lattice cancel ID...`");
+            }
+            for id in ids {
+                client.call("DELETE", &format!("/v1/allocations/{id}"), None)?;
+                println!("cancelled {id}");
+            }
+        }
+        Cmd::Nodes { output } => {
+            let v = client.call("GET", "/v1/nodes", None)?;
+            print_rows(
+                v["nodes"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+                output,
+                false,
+                "node",
+            )?;
+        }
+        Cmd::Admin { cmd } => match cmd {
+            AdminCmd::Drain { node } => {
+                let v = client.call("POST", &format!("/v1/nodes/{node}/drain"), None)?;
+                println!("{node}: {}", v["state"].as_str().unwrap_or_default());
+            }
+            AdminCmd::Undrain { node } => {
+                let v = client.call("POST", &format!("/v1/nodes/{node}/undrain"), None)?;
+                println!("{node}: {}", v["state"].as_str().unwrap_or_default());
+            }
+            AdminCmd::RaftStatus => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&client.call("GET", "/api/v1/raft/status", None)?)?
+                );
+            }
+            AdminCmd::Tenant => {
+                let v = client.call("GET", "/v1/tenants", None)?;
+                for t in v["tenants"].as_array().cloned().unwrap_or_default() {
+                    println!("{}", t.as_str().unwrap_or_default());
+                }
+            }
+            AdminCmd::Vcluster {
+                cmd:
+                    VclusterCmd::SetWeights {
+                        vcluster,
+                        weights,
+                        profile,
+                    },
+            } => {
+                let body: serde_json::Map<String, Value> = match (weights, profile) {
+                    (Some(w), None) => w
+                        .split(',')
+                        .map(|kv| {
+                            let (k, v) = kv
+                                .split_once('=')
+                                .with_context(|| format!("`{kv}`: expected NAME=VALUE"))?;
+                            let v: f64 = v.trim().parse().with_context(|| format!("`{kv}`: not a number"))?;
+                            Ok((k.trim().to_string(), json!(v)))
+                        })
+                        .collect::<Result<_>>()?,
+                    (None, Some(p)) => {
+                        let prof = lattice_traces::read_profile(&p)?;
+                        let entry = prof
+                            .vclusters
+                            .get(&vcluster)
+                            .or_else(|| prof.vclusters.values().next().filter(|_| prof.vclusters.len() == 1))
+                            .with_context(|| format!("{}: no entry for vCluster `{vcluster}`", p.display()))?;
+                        let w = entry.weights;
+                        [
+                            ("priority", w.priority),
+                            ("wait_time", w.wait_time),
+                            ("fair_share", w.fair_share),
+                            ("topology", w.topology),
+                            ("data_readiness", w.data_readiness),
+                            ("backlog", w.backlog),
+                            ("energy", w.energy),
+                            ("checkpoint", w.checkpoint),
+                            ("conformance", w.conformance),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), json!(v)))
+                        .collect()
+                    }
+                    _ => bail!("give exactly one of --weights NAME=VALUE,... and --profile FILE"),
+                };
+                client.call(
+                    "PUT",
+                    &format!("/v1/vclusters/{vcluster}/weights"),
+                    Some(&Value::Object(body)),
+                )?;
+                println!("weights of {vcluster} set; they apply from its next cycle");
+            }
+        },
+    }
+    Ok(())
+}
+
+/// Prints rows as a table (chosen columns), wide (more columns), JSON or YAML.
+fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Result<()> {
+    match output {
+        Output::Json => {
+            let v = if single && rows.len() == 1 {
+                rows[0].clone()
+            } else {
+                Value::Array(rows.to_vec())
+            };
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Output::Yaml => {
+            let v = if single && rows.len() == 1 {
+                rows[0].clone()
+            } else {
+                Value::Array(rows.to_vec())
+            };
+            print!("{}", yaml_serde::to_string(&v)?);
+        }
+        Output::Table | Output::Wide => {
+            let cols: &[&str] = match (kind, output) {
+                ("node", Output::Wide) => &["name", "state", "owner", "gpu_type", "gpu_count", "group"],
+                ("node", _) => &["name", "state", "owner"],
+                (_, Output::Wide) => &[
+                    "id",
+                    "tenant",
+                    "vcluster",
+                    "user",
+                    "state",
+                    "requested_nodes",
+                    "nodes",
+                    "walltime_s",
+                    "preemption_class",
+                    "end_reason",
+                ],
+                _ => &["id", "tenant", "state", "requested_nodes", "end_reason"],
+            };
+            let cell = |v: &Value| match v {
+                Value::Null => "-".to_string(),
+                Value::String(s) => s.clone(),
+                Value::Array(a) => a
+                    .iter()
+                    .map(|x| x.as_str().unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                other => other.to_string(),
+            };
+            let table: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| cols.iter().map(|c| cell(&r[*c])).collect())
+                .collect();
+            let widths: Vec<usize> = cols
+                .iter()
+                .enumerate()
+                .map(|(i, c)| table.iter().map(|r| r[i].len()).chain([c.len()]).max().unwrap_or(0))
+                .collect();
+            let line = |cells: Vec<String>| {
+                cells
+                    .iter()
+                    .zip(&widths)
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect::<Vec<_>>()
+                    .join("  ")
+                    .trim_end()
+                    .to_string()
+            };
+            println!("{}", line(cols.iter().map(|c| c.to_uppercase()).collect()));
+            for r in table {
+                println!("{}", line(r));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! `#LATTICE` and `#SBATCH` directives of a batch script (book: "Slurm Migration"), turned into the
+//! fields of a submission. Supported Slurm options map per the migration table; unsupported ones
+//! (`--mem`, `--cpus-per-task`, `--mail-*`, ...) produce warnings, never errors, so existing scripts keep
+//! working. Command-line flags override directives; `#LATTICE` lines override `#SBATCH` ones.
+
+use std::collections::BTreeMap;
+
+/// The submission fields a script (or the command line) can set.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SubmitFields {
+    pub nodes: Option<u32>,
+    pub walltime: Option<String>,
+    pub tenant: Option<String>,
+    pub vcluster: Option<String>,
+    pub preemption_class: Option<i64>,
+    pub gpu_type: Option<String>,
+    pub gpu_count: Option<u32>,
+    pub features: Vec<String>,
+    pub tags: BTreeMap<String, String>,
+    pub ntasks: Option<u32>,
+    pub ntasks_per_node: Option<u32>,
+}
+
+impl SubmitFields {
+    /// `other`'s set fields win.
+    pub fn overlay(mut self, other: &SubmitFields) -> SubmitFields {
+        macro_rules! take {
+            ($($f:ident),*) => { $( if other.$f.is_some() { self.$f = other.$f.clone(); } )* };
+        }
+        take!(
+            nodes,
+            walltime,
+            tenant,
+            vcluster,
+            preemption_class,
+            gpu_type,
+            gpu_count,
+            ntasks,
+            ntasks_per_node
+        );
+        if !other.features.is_empty() {
+            self.features = other.features.clone();
+        }
+        self.tags.extend(other.tags.clone());
+        self
+    }
+
+    /// Nodes: `--nodes` wins; else `ceil(ntasks / ntasks_per_node)` (1 task per node by default).
+    pub fn node_count(&self) -> u32 {
+        self.nodes.unwrap_or_else(|| match self.ntasks {
+            Some(t) => t.div_ceil(self.ntasks_per_node.unwrap_or(1).max(1)),
+            None => 1,
+        })
+    }
+}
+
+/// The migration chapter's default QOS → preemption class mapping.
+pub fn qos_class(qos: &str) -> Option<i64> {
+    match qos {
+        "low" => Some(1),
+        "normal" => Some(4),
+        "high" => Some(7),
+        "urgent" => Some(9),
+        _ => None,
+    }
+}
+
+/// `--key=value` / `--key value` / `-N 2` options of one directive line.
+fn options(line: &str) -> Vec<(String, Option<String>)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        if let Some(rest) = w.strip_prefix("--") {
+            match rest.split_once('=') {
+                Some((k, v)) => out.push((k.to_string(), Some(v.to_string()))),
+                None => {
+                    let v = words.get(i + 1).filter(|n| !n.starts_with('-')).map(|v| v.to_string());
+                    if v.is_some() {
+                        i += 1;
+                    }
+                    out.push((rest.to_string(), v));
+                }
+            }
+        } else if let Some(short) = w.strip_prefix('-') {
+            let long = match short {
+                "N" => "nodes",
+                "n" => "ntasks",
+                "t" => "time",
+                "p" => "partition",
+                "A" => "account",
+                "J" => "job-name",
+                "C" => "constraint",
+                "q" => "qos",
+                "d" => "dependency",
+                "a" => "array",
+                other => other,
+            };
+            let v = words.get(i + 1).map(|v| v.to_string());
+            if v.is_some() {
+                i += 1;
+            }
+            out.push((long.to_string(), v));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Slurm `--time` → a duration the API reads: `MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`.
+pub fn slurm_time(t: &str) -> Option<String> {
+    let (days, rest) = match t.split_once('-') {
+        Some((d, r)) => (d.parse::<u64>().ok()?, r),
+        None => (0, t),
+    };
+    let p: Vec<u64> = rest.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let secs = match (days, p.as_slice()) {
+        (0, [m]) => m * 60,
+        (0, [m, s]) => m * 60 + s,
+        (_, [h]) => h * 3600,
+        (_, [h, m]) => h * 3600 + m * 60,
+        (_, [h, m, s]) => h * 3600 + m * 60 + s,
+        _ => return None,
+    };
+    Some(format!("{}s", days * 86400 + secs))
+}
+
+/// Parses a script's directives: the fields and the warnings for what was ignored.
+pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
+    let (mut slurm, mut lattice) = (SubmitFields::default(), SubmitFields::default());
+    let mut warnings = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        let (is_slurm, rest) = if let Some(r) = t.strip_prefix("#SBATCH") {
+            (true, r)
+        } else if let Some(r) = t.strip_prefix("#LATTICE") {
+            (false, r)
+        } else {
+            continue;
+        };
+        let f = if is_slurm { &mut slurm } else { &mut lattice };
+        for (k, v) in options(rest) {
+            let val = v.clone().unwrap_or_default();
+            let num = |s: &str| s.parse::<u32>().ok();
+            match k.as_str() {
+                "nodes" => f.nodes = num(val.split('-').next().unwrap_or("")),
+                "ntasks" => f.ntasks = num(&val),
+                "ntasks-per-node" => f.ntasks_per_node = num(&val),
+                "time" if is_slurm => match slurm_time(&val) {
+                    Some(w) => f.walltime = Some(w),
+                    None => warnings.push(format!("#SBATCH --time={val}: not a Slurm time; ignored")),
+                },
+                "walltime" | "time" => f.walltime = Some(val),
+                "partition" | "vcluster" => f.vcluster = Some(val),
+                "account" | "tenant" => f.tenant = Some(val),
+                "job-name" => {
+                    f.tags.insert("name".into(), val);
+                }
+                "constraint" => f.features = val.split(['&', ',']).map(str::to_string).collect(),
+                "gres" => match val.strip_prefix("gpu:") {
+                    Some(g) => {
+                        let mut parts = g.rsplitn(2, ':');
+                        f.gpu_count = parts.next().and_then(|n| n.parse().ok());
+                        if let Some(model) = parts.next() {
+                            f.gpu_type = Some(model.to_string());
+                        }
+                    }
+                    None => warnings.push(format!("--gres={val} ignored (only GPUs are a resource; use --constraint)")),
+                },
+                "gpu-type" => f.gpu_type = Some(val),
+                "gpus" => f.gpu_count = num(&val),
+                "qos" => match qos_class(&val) {
+                    Some(c) => f.preemption_class = Some(c),
+                    None => warnings.push(format!("--qos={val}: no QOS mapping; default class kept")),
+                },
+                "preemption-class" | "priority" => f.preemption_class = val.parse().ok(),
+                "exclusive" => {}
+                "mem" | "mem-per-cpu" | "mem-per-gpu" => warnings.push(format!(
+                    "Warning: #SBATCH --{k}={val} ignored (Lattice uses full-node scheduling, memory is not constrainable)"
+                )),
+                "cpus-per-task" => warnings.push(format!("#SBATCH --{k}={val} ignored (full-node scheduling)")),
+                "mail-user" | "mail-type" => warnings.push(format!(
+                    "Warning: #SBATCH --{k}={val} ignored (use `lattice watch` for event notifications)"
+                )),
+                "output" | "error" => warnings.push(format!(
+                    "--{k}={val}: logs always go to S3; the path is only a download hint"
+                )),
+                "dependency" | "array" => warnings.push(format!(
+                    "--{k}={val}: DAGs and task groups are not accepted by this server version yet; ignored"
+                )),
+                other => warnings.push(format!("--{other}{} ignored (not supported)", v.map(|v| format!("={v}")).unwrap_or_default())),
+            }
+        }
+    }
+    (slurm.overlay(&lattice), warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sbatch_directives_map_per_the_migration_table() {
+        let script = "#!/bin/bash\n#SBATCH --nodes=4\n#SBATCH -t 01:30:00\n#SBATCH --partition=gpu\n#SBATCH --account=ml-team\n#SBATCH --job-name=train\n#SBATCH --gres=gpu:a100:4\n#SBATCH --qos=high\n#SBATCH --mem=64G\n#SBATCH --mail-user=a@b.c\n#SBATCH --exclusive\nsrun ./train\n";
+        let (f, warnings) = parse_script(script);
+        assert_eq!(f.nodes, Some(4));
+        assert_eq!(f.walltime.as_deref(), Some("5400s"));
+        assert_eq!(
+            (f.vcluster.as_deref(), f.tenant.as_deref()),
+            (Some("gpu"), Some("ml-team"))
+        );
+        assert_eq!(f.tags.get("name").map(String::as_str), Some("train"));
+        assert_eq!((f.gpu_type.as_deref(), f.gpu_count), (Some("a100"), Some(4)));
+        assert_eq!(f.preemption_class, Some(7));
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("--mem=64G ignored"));
+        assert!(warnings[1].contains("--mail-user"));
+    }
+
+    #[test]
+    fn lattice_directives_win_and_ntasks_become_nodes() {
+        let script = "#SBATCH --ntasks=128\n#SBATCH --ntasks-per-node=32\n#SBATCH --time=2-00\n#LATTICE --walltime=72h\n#LATTICE --preemption-class=2\n";
+        let (f, w) = parse_script(script);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(f.node_count(), 4);
+        assert_eq!(f.walltime.as_deref(), Some("72h"));
+        assert_eq!(f.preemption_class, Some(2));
+        let (f, _) = parse_script("#SBATCH --time=2-00\n");
+        assert_eq!(f.walltime.as_deref(), Some("172800s"));
+        assert_eq!(slurm_time("30"), Some("1800s".into()));
+        assert_eq!(slurm_time("10:00"), Some("600s".into()));
+        assert_eq!(slurm_time("x"), None);
+    }
+}

@@ -1,0 +1,132 @@
+//! The `lattice` client against a real control plane (single-member quorum, simulated agents) started
+//! in-process: submit with flags and with an `#SBATCH` script, status in every format, nodes, drain,
+//! cancel, raft status, weights, and errors that name the field.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn lattice(endpoint: &str, home: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lattice"))
+        .args(args)
+        .env("LATTICE_ENDPOINT", endpoint)
+        .env("LATTICE_TENANT", "physics")
+        .env("HOME", home)
+        .output()
+        .expect("lattice runs")
+}
+
+fn out(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn lattice_cli_drives_the_runtime() {
+    let dir = std::env::temp_dir().join(format!("lattice-cli-rt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = lattice_runtime::RuntimeConfig::parse(
+        "t.yaml",
+        &format!(
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let ep = format!("http://{}", running.rest_addr);
+    let run = |args: &[&str]| lattice(&ep, &dir, args);
+    // Wait for the member to lead.
+    let t0 = Instant::now();
+    while !running.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // `lattice submit --nodes=1 --walltime=10m -- CMD...` prints the new id.
+    let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "0.2"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let id = out(&o).trim().to_string();
+    assert_eq!(id, "a-000001");
+    let t0 = Instant::now();
+    loop {
+        let o = run(&["status", &id, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        if v["state"] == "completed" {
+            assert_eq!(v["tenant"], "physics");
+            assert_eq!(v["entrypoint"], "sleep 0.2");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A Slurm script: directives map, unsupported ones warn.
+    let script = dir.join("job.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --time=00:30:00\n#SBATCH --job-name=sim\n#SBATCH --mem=64G\n#SBATCH --qos=high\nsrun ./a.out\n",
+    )
+    .unwrap();
+    let o = run(&["submit", script.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).contains("--mem=64G ignored"), "{}", err(&o));
+    let sid = out(&o).trim().to_string();
+    let o = run(&["status", &sid, "-o", "yaml"]);
+    let y = out(&o);
+    assert!(
+        y.contains("requested_nodes: 2") && y.contains("walltime_s: 1800") && y.contains("preemption_class: 7"),
+        "{y}"
+    );
+    assert!(y.contains("name: sim"), "{y}");
+
+    // Tables.
+    let o = run(&["status"]);
+    let t = out(&o);
+    assert!(
+        t.starts_with("ID") && t.contains("a-000001") && t.contains("completed"),
+        "{t}"
+    );
+    let o = run(&["status", "-o", "wide"]);
+    assert!(out(&o).contains("VCLUSTER"), "{}", out(&o));
+    let o = run(&["nodes"]);
+    assert!(out(&o).contains("sim-003"), "{}", out(&o));
+
+    // Admin: drain, raft status, weights.
+    let o = run(&["admin", "drain", "sim-003"]);
+    assert_eq!(out(&o).trim(), "sim-003: drained", "{}", err(&o));
+    let o = run(&["admin", "undrain", "sim-003"]);
+    assert_eq!(out(&o).trim(), "sim-003: ready", "{}", err(&o));
+    let o = run(&["admin", "raft-status"]);
+    assert!(out(&o).contains("\"audit_chain_valid\": true"), "{}", out(&o));
+    let o = run(&[
+        "admin",
+        "vcluster",
+        "set-weights",
+        "default",
+        "--weights",
+        "priority=0.5,wait_time=0.5",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+
+    // Cancel a long one.
+    let o = run(&["submit", "--nodes=1", "--walltime=1h", "--", "sleep", "100"]);
+    let long = out(&o).trim().to_string();
+    let o = run(&["cancel", &long]);
+    assert_eq!(out(&o).trim(), format!("cancelled {long}"));
+
+    // Errors name the field and exit non-zero.
+    let o = run(&["submit", "--nodes=1", "--walltime=soon", "--", "x"]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("lifecycle.walltime"), "{}", err(&o));
+    let o = run(&["status", "a-999999"]);
+    assert!(!o.status.success() && err(&o).contains("no allocation"), "{}", err(&o));
+    let o = lattice("http://127.0.0.1:1", &dir, &["status"]);
+    assert!(err(&o).contains("cannot reach the Lattice API"), "{}", err(&o));
+
+    rt.block_on(running.shutdown());
+}
