@@ -231,6 +231,26 @@ impl Member {
         Ok(())
     }
 
+    /// A backup of the applied state, written to `path` (a consistent copy: taken under the state
+    /// machine's lock, with the log position it corresponds to).
+    pub async fn backup(&self, path: &Path) -> Result<raft_store::Backup, String> {
+        let data = self.sm.data.read().await.clone();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let b = raft_store::Backup::of(self.id, data, now).map_err(|e| e.to_string())?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        }
+        let bytes = serde_json::to_vec(&b).map_err(|e| e.to_string())?;
+        // Write then rename: a crash never leaves a half-written backup under the final name.
+        let tmp = path.with_extension("partial");
+        std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(b)
+    }
+
     /// Stops Raft and the member's gRPC server (the store stays on disk).
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;

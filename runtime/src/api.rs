@@ -33,6 +33,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/vclusters/{id}/weights", put(set_weights))
         .route("/api/v1/raft/status", get(raft_status))
         .route("/v1/admin/raft/status", get(raft_status))
+        .route("/api/v1/admin/backup", axum::routing::post(backup))
+        .route("/api/v1/admin/backup/verify", get(verify_backup))
+        .route("/api/v1/admin/restore", axum::routing::post(restore))
+        .route("/api/v1/admin/members", axum::routing::post(add_member))
+        .route("/api/v1/admin/members/{id}", axum::routing::delete(remove_member))
         .with_state(shared)
 }
 
@@ -270,6 +275,94 @@ async fn set_weights(State(s): S, Path(id): Path<String>, Json(w): Json<BTreeMap
             Json(json!({"vcluster": id, "weights": w})).into_response()
         }
         Err(e) => field_error(e),
+    }
+}
+
+/// The newest backup file in `DATA_DIR/backups`.
+fn latest_backup(s: &Shared) -> Option<std::path::PathBuf> {
+    let dir = s.data_dir.join("backups");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files.pop()
+}
+
+async fn backup(State(s): S) -> Response {
+    let ms = crate::control::wall_now().0;
+    let path = s.data_dir.join("backups").join(format!("backup-{ms:013}.json"));
+    match s.member.backup(&path).await {
+        Ok(b) => Json(json!({
+            "path": path.display().to_string(),
+            "sha256": b.sha256,
+            "last_applied": b.data.last_applied.map(|l| l.index),
+            "assignments": b.data.state.assignments.len(),
+            "audit_entries": b.data.state.audit.len(),
+        }))
+        .into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, None, e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct PathQuery {
+    path: Option<String>,
+}
+
+async fn verify_backup(State(s): S, Query(q): Query<PathQuery>) -> Response {
+    let Some(path) = q.path.map(std::path::PathBuf::from).or_else(|| latest_backup(&s)) else {
+        return error(StatusCode::NOT_FOUND, Some("path"), "no backup yet");
+    };
+    match lattice_adapters::raft_store::Backup::read_verified(&path) {
+        Ok(b) => Json(json!({"path": path.display().to_string(), "valid": true, "sha256": b.sha256})).into_response(),
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"path": path.display().to_string(), "valid": false, "error": e})),
+        )
+            .into_response(),
+    }
+}
+
+/// Stages a verified backup; it is installed when the member restarts ("requires restart").
+async fn restore(State(s): S, Json(q): Json<PathQuery>) -> Response {
+    let Some(path) = q.path else {
+        return error(StatusCode::BAD_REQUEST, Some("path"), "which backup? {\"path\": ...}");
+    };
+    if let Err(e) = lattice_adapters::raft_store::Backup::read_verified(std::path::Path::new(&path)) {
+        return error(StatusCode::BAD_REQUEST, Some("path"), e);
+    }
+    let staged = s.data_dir.join(crate::server::RESTORE_PENDING);
+    match std::fs::copy(&path, &staged) {
+        Ok(_) => Json(json!({"staged": staged.display().to_string(), "restart_required": true})).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, None, e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+struct MemberIn {
+    id: u64,
+    addr: String,
+}
+
+async fn add_member(State(s): S, Json(m): Json<MemberIn>) -> Response {
+    if let Some(r) = not_leader(&s) {
+        return r;
+    }
+    match s.member.add_member(m.id, &m.addr).await {
+        Ok(()) => Json(json!({"members": s.member.status().members})).into_response(),
+        Err(e) => error(StatusCode::CONFLICT, None, e.to_string()),
+    }
+}
+
+async fn remove_member(State(s): S, Path(id): Path<u64>) -> Response {
+    if let Some(r) = not_leader(&s) {
+        return r;
+    }
+    match s.member.remove_member(id).await {
+        Ok(()) => Json(json!({"members": s.member.status().members})).into_response(),
+        Err(e) => error(StatusCode::CONFLICT, None, e.to_string()),
     }
 }
 

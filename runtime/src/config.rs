@@ -138,8 +138,11 @@ mod tests {
     #[test]
     fn bundled_configs_parse() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
-        let p = RuntimeConfig::parse("production.yaml", &std::fs::read_to_string(dir.join("production.yaml")).unwrap())
-            .unwrap();
+        let p = RuntimeConfig::parse(
+            "production.yaml",
+            &std::fs::read_to_string(dir.join("production.yaml")).unwrap(),
+        )
+        .unwrap();
         assert_eq!((p.members.len(), p.simulate_agents), (3, Some(false)));
         for i in 1..=3 {
             let c = RuntimeConfig::read(&dir.join(format!("local-3/member-{i}.yaml"))).unwrap();

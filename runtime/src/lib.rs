@@ -8,7 +8,7 @@
 //! `rm-replay` replays); [`config`] reads `runtime/config/*.yaml`.
 //!
 //! Not here yet (issue 8 continues): the public gRPC services, TLS/mTLS and OIDC/JWT auth with roles
-//! and rate limits, DAG endpoints, backup/restore endpoints and membership changes over the API.
+//! and rate limits, DAG endpoints.
 
 pub mod api;
 pub mod config;

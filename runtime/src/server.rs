@@ -13,6 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::{Mutex, Notify};
 
+/// A backup staged by `POST /api/v1/admin/restore`, installed at the next start.
+pub const RESTORE_PENDING: &str = "restore-pending.json";
+
 /// Everything the API handlers and the loop share.
 pub struct Shared {
     pub control: Mutex<Control>,
@@ -21,6 +24,10 @@ pub struct Shared {
     /// Wakes the scheduling loop early (a submission, a completion).
     pub wake: Notify,
     pub simulate_agents: bool,
+    /// The quorum's data folder (backups go to `backups/`, a staged restore to `restore-pending.json`).
+    pub data_dir: std::path::PathBuf,
+    /// Becomes `true` when the runtime stops (tasks end; nothing keeps the store open).
+    pub stopped: tokio::sync::watch::Receiver<bool>,
 }
 
 /// A started runtime: its bound addresses and a way to stop it.
@@ -29,12 +36,23 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     pub shared: Arc<Shared>,
     stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
+    /// Stops the loop, the API and every simulated agent, then the quorum member; when it returns the
+    /// member's store is closed (a restart in the same process can open it).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
         self.shared.member.shutdown().await;
+        // Wait for the last holders of the shared state (agents winding down) to let go.
+        let t0 = std::time::Instant::now();
+        while Arc::strong_count(&self.shared) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 }
 
@@ -91,6 +109,14 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         .await
         .with_context(|| format!("binding gRPC on {}", cfg.grpc_listen))?;
     let grpc_addr = grpc.local_addr()?;
+    // A restore staged through the API is installed before the member starts.
+    let staged = cfg.data_dir.join(RESTORE_PENDING);
+    if staged.exists() {
+        let b = lattice_adapters::raft_store::Backup::read_verified(&staged).map_err(anyhow::Error::msg)?;
+        lattice_adapters::raft_store::restore(&cfg.data_dir, &b).map_err(anyhow::Error::msg)?;
+        std::fs::remove_file(&staged)?;
+        tracing::info!("restored the quorum state from the staged backup ({})", b.sha256);
+    }
     let member = Member::start_on(cfg.node_id, &cfg.data_dir, grpc).await?;
     if bootstrap {
         let mut members = cfg.quorum_members();
@@ -104,36 +130,41 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
             tracing::info!("quorum already initialised; --bootstrap ignored");
         }
     }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
         control: Mutex::new(control),
         member,
         metrics: Metrics::default(),
         wake: Notify::new(),
         simulate_agents: cfg.simulate_agents.unwrap_or(cfg.inventory.is_none()),
+        data_dir: cfg.data_dir.clone(),
+        stopped: stopped.clone(),
     });
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     // Quotas and the sensitive pool go to the quorum once a leader exists.
-    tokio::spawn(push_quotas(shared.clone(), tenants, sensitive_pool, stopped.clone()));
-    tokio::spawn(scheduling_loop(shared.clone(), cfg.cycle(), stopped.clone()));
+    let mut tasks = vec![
+        tokio::spawn(push_quotas(shared.clone(), tenants, sensitive_pool, stopped.clone())),
+        tokio::spawn(scheduling_loop(shared.clone(), cfg.cycle(), stopped.clone())),
+    ];
     let rest = tokio::net::TcpListener::bind(&cfg.rest_listen)
         .await
         .with_context(|| format!("binding REST on {}", cfg.rest_listen))?;
     let rest_addr = rest.local_addr()?;
     let app = api::router(shared.clone());
     let mut rest_stop = stopped.clone();
-    tokio::spawn(async move {
+    tasks.push(tokio::spawn(async move {
         let _ = axum::serve(rest, app)
             .with_graceful_shutdown(async move {
                 let _ = rest_stop.changed().await;
             })
             .await;
-    });
+    }));
     tracing::info!("REST on {rest_addr}, gRPC (quorum) on {grpc_addr}");
     Ok(Running {
         rest_addr,
         grpc_addr,
         shared,
         stop,
+        tasks,
     })
 }
 
@@ -249,7 +280,11 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
         Some(w) if w < run => (w, EndReason::WalltimeExceeded),
         _ => (run, EndReason::Success),
     };
-    tokio::time::sleep(wait).await;
+    let mut stopped = shared.stopped.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = stopped.changed() => return,
+    }
     let (was_running, name) = {
         let mut c = shared.control.lock().await;
         (c.completed(alloc, reason), c.name_of(alloc))
