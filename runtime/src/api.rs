@@ -3,13 +3,14 @@
 //! served by the quorum leader; a follower answers 421 with the leader's id so clients can redirect.
 //! Bad requests get 400 with `{"error", "field"}` naming the field.
 
+use crate::auth::{Principal, Refusal};
 use crate::control::{FieldError, SubmitRequest};
 use crate::server::{Shared, release};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -18,9 +19,10 @@ use std::sync::Arc;
 type S = State<Arc<Shared>>;
 
 pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    let open = Router::new()
         .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let guarded = Router::new()
         .route("/v1/allocations", get(list).post(submit))
         .route("/v1/allocations/{id}", get(get_one).delete(cancel))
         .route("/v1/nodes", get(nodes))
@@ -38,7 +40,41 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/admin/restore", axum::routing::post(restore))
         .route("/api/v1/admin/members", axum::routing::post(add_member))
         .route("/api/v1/admin/members/{id}", axum::routing::delete(remove_member))
-        .with_state(shared)
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate));
+    open.merge(guarded).with_state(shared)
+}
+
+/// Every `/v1` and `/api/v1` request: a valid bearer token (401 otherwise) within the user's rate limit
+/// (429 with Retry-After); the principal goes to the handler.
+async fn authenticate(State(s): S, mut req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match s.auth.check(header) {
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+            next.run(req).await
+        }
+        Err(Refusal::Unauthenticated(why)) => (
+            StatusCode::UNAUTHORIZED,
+            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+            Json(json!({"error": why})),
+        )
+            .into_response(),
+        Err(Refusal::RateLimited(secs)) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(axum::http::header::RETRY_AFTER, secs.to_string())],
+            Json(json!({"error": "rate limit exceeded", "retry_after_s": secs})),
+        )
+            .into_response(),
+    }
+}
+
+type P = Extension<Principal>;
+
+fn forbidden(what: &str) -> Response {
+    error(StatusCode::FORBIDDEN, None, format!("forbidden: {what}"))
 }
 
 fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Response {
@@ -108,11 +144,11 @@ async fn metrics(State(s): S) -> Response {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn submit(State(s): S, body: axum::body::Bytes) -> Response {
+async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
     if let Some(r) = not_leader(&s) {
         return r;
     }
-    let req: SubmitRequest = match serde_json::from_slice(&body) {
+    let mut req: SubmitRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
             // serde names the unknown or mistyped field in its message.
@@ -125,6 +161,17 @@ async fn submit(State(s): S, body: axum::body::Bytes) -> Response {
             return error(StatusCode::BAD_REQUEST, field.as_deref().or(Some("body")), msg);
         }
     };
+    if !p.can_submit_for(&req.tenant) {
+        return error(
+            StatusCode::FORBIDDEN,
+            Some("tenant"),
+            format!("{} may not submit for tenant {}", p.user, req.tenant),
+        );
+    }
+    if !p.is_admin() || req.user.is_none() {
+        // The submitter is the token's subject.
+        req.user = Some(p.user.clone());
+    }
     let r = s.control.lock().await.submit(req);
     match r {
         Ok(id) => {
@@ -144,10 +191,11 @@ struct ListQuery {
     vcluster: Option<String>,
 }
 
-async fn list(State(s): S, Query(q): Query<ListQuery>) -> Json<Value> {
+async fn list(State(s): S, Extension(p): P, Query(q): Query<ListQuery>) -> Json<Value> {
     let all = s.control.lock().await.list();
     let keep: Vec<_> = all
         .into_iter()
+        .filter(|a| p.can_see(&a.tenant, a.user.as_deref()))
         .filter(|a| q.tenant.as_ref().is_none_or(|t| &a.tenant == t))
         .filter(|a| q.user.as_ref().is_none_or(|u| a.user.as_ref() == Some(u)))
         .filter(|a| q.state.as_ref().is_none_or(|st| &a.state == st))
@@ -156,17 +204,31 @@ async fn list(State(s): S, Query(q): Query<ListQuery>) -> Json<Value> {
     Json(json!({ "allocations": keep }))
 }
 
-async fn get_one(State(s): S, Path(id): Path<String>) -> Response {
+async fn get_one(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     let c = s.control.lock().await;
-    match c.id_of(&id).and_then(|i| c.view(i)) {
+    // Other tenants' allocations do not exist for the caller (404, not 403: no existence leak).
+    match c
+        .id_of(&id)
+        .and_then(|i| c.view(i))
+        .filter(|v| p.can_see(&v.tenant, v.user.as_deref()))
+    {
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
     }
 }
 
-async fn cancel(State(s): S, Path(id): Path<String>) -> Response {
+async fn cancel(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     if let Some(r) = not_leader(&s) {
         return r;
+    }
+    let owner = {
+        let c = s.control.lock().await;
+        c.id_of(&id).and_then(|i| c.view(i)).map(|v| (v.tenant, v.user))
+    };
+    match owner {
+        Some((t, u)) if p.can_cancel(&t, u.as_deref()) => {}
+        Some((t, u)) if p.can_see(&t, u.as_deref()) => return forbidden("cancelling this allocation"),
+        _ => return error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
     }
     let held = s.control.lock().await.cancel(&id);
     match held {
@@ -193,11 +255,17 @@ async fn node(State(s): S, Path(id): Path<String>) -> Response {
     }
 }
 
-async fn drain(State(s): S, Path(id): Path<String>) -> Response {
+async fn drain(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    if !p.can_operate() {
+        return forbidden("node operations need the Operator or SystemAdmin role");
+    }
     set_drain(s, id, true).await
 }
 
-async fn undrain(State(s): S, Path(id): Path<String>) -> Response {
+async fn undrain(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    if !p.can_operate() {
+        return forbidden("node operations need the Operator or SystemAdmin role");
+    }
     set_drain(s, id, false).await
 }
 
@@ -224,17 +292,26 @@ async fn vclusters(State(s): S) -> Json<Value> {
     Json(json!({ "vclusters": s.control.lock().await.vcluster_names() }))
 }
 
-async fn queue(State(s): S, Path(id): Path<String>) -> Json<Value> {
+async fn queue(State(s): S, Extension(p): P, Path(id): Path<String>) -> Json<Value> {
     let all = s.control.lock().await.list();
     let q: Vec<_> = all
         .into_iter()
+        .filter(|a| p.can_see(&a.tenant, a.user.as_deref()))
         .filter(|a| a.vcluster == id && a.state == "pending")
         .collect();
     Json(json!({ "vcluster": id, "queue": q }))
 }
 
 /// `lattice admin vcluster set-weights`: the nine weights (missing ones 0); next cycle uses them.
-async fn set_weights(State(s): S, Path(id): Path<String>, Json(w): Json<BTreeMap<String, f64>>) -> Response {
+async fn set_weights(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    Json(w): Json<BTreeMap<String, f64>>,
+) -> Response {
+    if !p.is_admin() {
+        return forbidden("setting weights needs SystemAdmin");
+    }
     let names = [
         "priority",
         "wait_time",
@@ -290,7 +367,10 @@ fn latest_backup(s: &Shared) -> Option<std::path::PathBuf> {
     files.pop()
 }
 
-async fn backup(State(s): S) -> Response {
+async fn backup(State(s): S, Extension(p): P) -> Response {
+    if !p.is_admin() {
+        return forbidden("backups need SystemAdmin");
+    }
     let ms = crate::control::wall_now().0;
     let path = s.data_dir.join("backups").join(format!("backup-{ms:013}.json"));
     match s.member.backup(&path).await {
@@ -311,7 +391,10 @@ struct PathQuery {
     path: Option<String>,
 }
 
-async fn verify_backup(State(s): S, Query(q): Query<PathQuery>) -> Response {
+async fn verify_backup(State(s): S, Extension(p): P, Query(q): Query<PathQuery>) -> Response {
+    if !p.is_admin() {
+        return forbidden("backups need SystemAdmin");
+    }
     let Some(path) = q.path.map(std::path::PathBuf::from).or_else(|| latest_backup(&s)) else {
         return error(StatusCode::NOT_FOUND, Some("path"), "no backup yet");
     };
@@ -326,7 +409,10 @@ async fn verify_backup(State(s): S, Query(q): Query<PathQuery>) -> Response {
 }
 
 /// Stages a verified backup; it is installed when the member restarts ("requires restart").
-async fn restore(State(s): S, Json(q): Json<PathQuery>) -> Response {
+async fn restore(State(s): S, Extension(p): P, Json(q): Json<PathQuery>) -> Response {
+    if !p.is_admin() {
+        return forbidden("restores need SystemAdmin");
+    }
     let Some(path) = q.path else {
         return error(StatusCode::BAD_REQUEST, Some("path"), "which backup? {\"path\": ...}");
     };
@@ -346,7 +432,10 @@ struct MemberIn {
     addr: String,
 }
 
-async fn add_member(State(s): S, Json(m): Json<MemberIn>) -> Response {
+async fn add_member(State(s): S, Extension(p): P, Json(m): Json<MemberIn>) -> Response {
+    if !p.is_admin() {
+        return forbidden("membership changes need SystemAdmin");
+    }
     if let Some(r) = not_leader(&s) {
         return r;
     }
@@ -356,7 +445,10 @@ async fn add_member(State(s): S, Json(m): Json<MemberIn>) -> Response {
     }
 }
 
-async fn remove_member(State(s): S, Path(id): Path<u64>) -> Response {
+async fn remove_member(State(s): S, Extension(p): P, Path(id): Path<u64>) -> Response {
+    if !p.is_admin() {
+        return forbidden("membership changes need SystemAdmin");
+    }
     if let Some(r) = not_leader(&s) {
         return r;
     }

@@ -38,6 +38,9 @@ pub struct RuntimeConfig {
     pub cycle: String,
     #[serde(default)]
     pub scheduler: SchedulerConfig,
+    /// API authentication: `mode: none` (dev) or `jwt` (RS256 JWKS file and/or HS256 dev secret).
+    #[serde(default)]
+    pub auth: crate::auth::AuthConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -91,6 +94,7 @@ impl RuntimeConfig {
             &mut c.profile,
             &mut c.tenants,
             &mut c.scheduler.trace_capture,
+            &mut c.auth.jwks_file,
         ]
         .into_iter()
         .flatten()

@@ -7,10 +7,11 @@
 //! keeps the engine, the request details and the trace capture (`scheduler.trace_capture`, JSONL that
 //! `rm-replay` replays); [`config`] reads `runtime/config/*.yaml`.
 //!
-//! Not here yet (issue 8 continues): the public gRPC services, TLS/mTLS and OIDC/JWT auth with roles
-//! and rate limits, DAG endpoints.
+//! [`auth`] checks bearer JWTs (RS256 JWKS, HS256 dev), the seed's roles with tenant scoping, and
+//! per-user rate limits. Not here yet (issue 8 continues): the public gRPC services, TLS/mTLS, DAGs.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod metrics;

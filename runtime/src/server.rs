@@ -28,6 +28,7 @@ pub struct Shared {
     pub data_dir: std::path::PathBuf,
     /// Becomes `true` when the runtime stops (tasks end; nothing keeps the store open).
     pub stopped: tokio::sync::watch::Receiver<bool>,
+    pub auth: crate::auth::Authenticator,
 }
 
 /// A started runtime: its bound addresses and a way to stop it.
@@ -139,6 +140,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         simulate_agents: cfg.simulate_agents.unwrap_or(cfg.inventory.is_none()),
         data_dir: cfg.data_dir.clone(),
         stopped: stopped.clone(),
+        auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![

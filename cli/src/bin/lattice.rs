@@ -1,7 +1,8 @@
 //! `lattice` — the command-line client of `lattice-runtime` (REST): submit (flags, or a script's
 //! `#LATTICE`/`#SBATCH` directives), status, cancel, nodes and admin. The endpoint and tenant come from
 //! `--endpoint`/`--tenant`, else `LATTICE_ENDPOINT`/`LATTICE_TENANT`, else
-//! `~/.config/lattice/config.yaml` (`endpoint:`, `tenant:`), else `http://127.0.0.1:8080`.
+//! `~/.config/lattice/config.yaml` (`endpoint:`, `tenant:`), else `http://127.0.0.1:8080`; the bearer
+//! token from `LATTICE_TOKEN` or the file's `token:`.
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -120,17 +121,29 @@ enum VclusterCmd {
 struct Client {
     base: String,
     agent: ureq::Agent,
+    /// `Authorization: Bearer` token (LATTICE_TOKEN or the config file's `token:`).
+    token: Option<String>,
 }
 
 impl Client {
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
         let url = format!("{}{path}", self.base);
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        macro_rules! authed {
+            ($req:expr) => {{
+                let r = $req;
+                match &auth {
+                    Some(a) => r.header("Authorization", a),
+                    None => r,
+                }
+            }};
+        }
         let resp = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            ("POST", Some(b)) => self.agent.post(&url).send_json(b),
-            ("POST", None) => self.agent.post(&url).send_empty(),
-            ("PUT", Some(b)) => self.agent.put(&url).send_json(b),
+            ("GET", _) => authed!(self.agent.get(&url)).call(),
+            ("DELETE", _) => authed!(self.agent.delete(&url)).call(),
+            ("POST", Some(b)) => authed!(self.agent.post(&url)).send_json(b),
+            ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
+            ("PUT", Some(b)) => authed!(self.agent.put(&url)).send_json(b),
             _ => bail!("unsupported request {method} {path}"),
         };
         let mut resp = resp.with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
@@ -152,6 +165,7 @@ impl Client {
 struct FileConfig {
     endpoint: Option<String>,
     tenant: Option<String>,
+    token: Option<String>,
 }
 
 fn file_config() -> FileConfig {
@@ -183,6 +197,7 @@ fn main() -> Result<()> {
     let client = Client {
         base: base.trim_end_matches('/').to_string(),
         agent,
+        token: std::env::var("LATTICE_TOKEN").ok().or(fc.token),
     };
     match cli.cmd {
         Cmd::Submit {

@@ -1,0 +1,192 @@
+//! API authentication and authorization: no token → 401; RS256 tokens checked against a JWKS file and
+//! HS256 dev tokens; the seed's roles with tenant scoping (a user sees only their own allocations,
+//! other tenants' are 404); node operations and admin endpoints by role; 429 with Retry-After.
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use lattice_runtime::{RuntimeConfig, start};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const SECRET: &str = "dev-secret-for-tests";
+
+fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn claims(sub: &str, tenant: Option<&str>, roles: &[&str]) -> Value {
+    json!({"sub": sub, "tenant": tenant, "roles": roles, "exp": jsonwebtoken::get_current_timestamp() + 600})
+}
+
+fn hs256(sub: &str, tenant: Option<&str>, roles: &[&str]) -> String {
+    encode(
+        &Header::new(Algorithm::HS256),
+        &claims(sub, tenant, roles),
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn rs256(sub: &str, tenant: Option<&str>, roles: &[&str]) -> String {
+    let pem = std::fs::read(fixtures().join("test-rs256.pem")).unwrap();
+    let mut h = Header::new(Algorithm::RS256);
+    h.kid = Some("test-key".into());
+    encode(
+        &h,
+        &claims(sub, tenant, roles),
+        &EncodingKey::from_rsa_pem(&pem).unwrap(),
+    )
+    .unwrap()
+}
+
+async fn call(
+    base: &str,
+    token: Option<&str>,
+    method: &'static str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value, Option<String>) {
+    let url = format!("{base}{path}");
+    let token = token.map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let auth = token.map(|t| format!("Bearer {t}"));
+        macro_rules! with_auth {
+            ($req:expr) => {{
+                let r = $req;
+                match &auth {
+                    Some(a) => r.header("Authorization", a),
+                    None => r,
+                }
+            }};
+        }
+        let mut resp = match (method, body) {
+            ("GET", _) => with_auth!(agent.get(&url)).call(),
+            ("DELETE", _) => with_auth!(agent.delete(&url)).call(),
+            ("POST", Some(b)) => with_auth!(agent.post(&url)).send_json(b),
+            ("POST", None) => with_auth!(agent.post(&url)).send_empty(),
+            _ => unreachable!(),
+        }
+        .unwrap();
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .or_else(|| resp.headers().get("www-authenticate"))
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            retry,
+        )
+    })
+    .await
+    .unwrap()
+}
+
+fn job(tenant: &str) -> Value {
+    json!({"tenant": tenant, "entrypoint": "sleep 100", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1h"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_roles_tenant_scoping_and_rate_limits() {
+    let dir = std::env::temp_dir().join(format!("lattice-auth-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nauth:\n  mode: jwt\n  jwks_file: {}\n  hs256_secret: {SECRET}\n  rate_limit_per_minute: 40\n",
+        dir.display(),
+        fixtures().join("test-jwks.json").display()
+    );
+    let rt = start(RuntimeConfig::parse("a.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let base = format!("http://{}", rt.rest_addr);
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let alice = hs256("alice", Some("physics"), &["User"]);
+    let bob = hs256("bob", Some("physics"), &["User"]);
+    let carol = rs256("carol", Some("physics"), &["TenantAdmin"]);
+    let dave = hs256("dave", Some("bio"), &["User"]);
+    let op = rs256("olga", None, &["Operator"]);
+    let admin = rs256("root", None, &["SystemAdmin"]);
+
+    // Unauthenticated: 401 with a Bearer challenge; /healthz stays open.
+    let (status, _, challenge) = call(&base, None, "GET", "/v1/allocations", None).await;
+    assert_eq!((status, challenge.as_deref()), (401, Some("Bearer")));
+    let forged = encode(
+        &Header::new(Algorithm::HS256),
+        &claims("mallory", None, &["SystemAdmin"]),
+        &EncodingKey::from_secret(b"guess"),
+    )
+    .unwrap();
+    assert_eq!(call(&base, Some(&forged), "GET", "/v1/allocations", None).await.0, 401);
+    assert_eq!(call(&base, None, "GET", "/healthz", None).await.0, 200);
+
+    // Submitting: own tenant only; the submitter is the token's subject.
+    let (status, v, _) = call(&base, Some(&alice), "POST", "/v1/allocations", Some(job("physics"))).await;
+    assert_eq!(status, 201, "{v}");
+    let a = v["id"].as_str().unwrap().to_string();
+    let (status, v, _) = call(&base, Some(&alice), "POST", "/v1/allocations", Some(job("bio"))).await;
+    assert_eq!((status, v["field"].as_str()), (403, Some("tenant")), "{v}");
+
+    // Reading: the owner and the tenant admin see it; another user of the tenant and other tenants
+    // get 404; lists are scoped the same way.
+    let path = format!("/v1/allocations/{a}");
+    let (status, v, _) = call(&base, Some(&alice), "GET", &path, None).await;
+    assert_eq!((status, v["user"].as_str()), (200, Some("alice")));
+    assert_eq!(call(&base, Some(&carol), "GET", &path, None).await.0, 200);
+    assert_eq!(call(&base, Some(&bob), "GET", &path, None).await.0, 404);
+    assert_eq!(call(&base, Some(&dave), "GET", &path, None).await.0, 404);
+    let (_, v, _) = call(&base, Some(&bob), "GET", "/v1/allocations", None).await;
+    assert_eq!(v["allocations"], json!([]));
+    let (_, v, _) = call(&base, Some(&op), "GET", "/v1/allocations", None).await;
+    assert_eq!(
+        v["allocations"].as_array().unwrap().len(),
+        1,
+        "operators see everything"
+    );
+
+    // Node operations and admin endpoints by role.
+    assert_eq!(
+        call(&base, Some(&alice), "POST", "/v1/nodes/sim-001/drain", None)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        call(&base, Some(&op), "POST", "/v1/nodes/sim-001/drain", None).await.0,
+        200
+    );
+    assert_eq!(
+        call(&base, Some(&op), "POST", "/api/v1/admin/backup", None).await.0,
+        403
+    );
+    assert_eq!(
+        call(&base, Some(&admin), "POST", "/api/v1/admin/backup", None).await.0,
+        200
+    );
+
+    // Cancelling: not another user's (404 when it is invisible), but the tenant admin may.
+    assert_eq!(call(&base, Some(&bob), "DELETE", &path, None).await.0, 404);
+    assert_eq!(call(&base, Some(&carol), "DELETE", &path, None).await.0, 200);
+
+    // Rate limit: the 41st request of a minute gets 429 with Retry-After (other users unaffected).
+    let flood = hs256("flood", Some("bio"), &["ReadOnly"]);
+    let mut limited = None;
+    for i in 0..45 {
+        let (status, _, retry) = call(&base, Some(&flood), "GET", "/v1/nodes", None).await;
+        if status == 429 {
+            limited = Some((i, retry));
+            break;
+        }
+    }
+    let (i, retry) = limited.expect("the flood is limited");
+    assert_eq!(i, 40);
+    let secs: u64 = retry.unwrap().parse().unwrap();
+    assert!((1..=60).contains(&secs));
+    assert_eq!(call(&base, Some(&dave), "GET", "/v1/nodes", None).await.0, 200);
+    rt.shutdown().await;
+}
