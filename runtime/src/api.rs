@@ -5,7 +5,8 @@
 
 use crate::auth::{Principal, Refusal};
 use crate::control::{FieldError, SubmitRequest};
-use crate::server::{Shared, release};
+use crate::ops::{self, ApiError};
+use crate::server::Shared;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -89,20 +90,24 @@ fn field_error(e: FieldError) -> Response {
     error(StatusCode::BAD_REQUEST, Some(&e.field), e.message)
 }
 
-/// Writes go to the leader: elsewhere 421 Misdirected Request naming the leader.
-fn not_leader(shared: &Shared) -> Option<Response> {
-    if shared.member.is_leader() {
-        return None;
+/// REST status codes: 400 (naming the field), 403, 404, and 421 Misdirected Request naming the leader.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            ApiError::BadRequest { field, message } => error(StatusCode::BAD_REQUEST, Some(field), message.clone()),
+            ApiError::Forbidden { field, message } => error(StatusCode::FORBIDDEN, field.as_deref(), message.clone()),
+            ApiError::NotFound { field, message } => error(StatusCode::NOT_FOUND, Some(field), message.clone()),
+            ApiError::NotLeader { leader_id, leader } => (
+                StatusCode::MISDIRECTED_REQUEST,
+                Json(json!({"error": "not the quorum leader", "leader_id": leader_id, "leader_grpc": leader})),
+            )
+                .into_response(),
+        }
     }
-    let st = shared.member.status();
-    let leader = st.leader.and_then(|l| st.members.get(&l).cloned());
-    Some(
-        (
-            StatusCode::MISDIRECTED_REQUEST,
-            Json(json!({"error": "not the quorum leader", "leader_id": st.leader, "leader_grpc": leader})),
-        )
-            .into_response(),
-    )
+}
+
+fn not_leader(shared: &Shared) -> Option<Response> {
+    ops::leader_only(shared).err().map(IntoResponse::into_response)
 }
 
 async fn healthz(State(s): S) -> Json<Value> {
@@ -145,10 +150,7 @@ async fn metrics(State(s): S) -> Response {
 }
 
 async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
-    if let Some(r) = not_leader(&s) {
-        return r;
-    }
-    let mut req: SubmitRequest = match serde_json::from_slice(&body) {
+    let req: SubmitRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
             // serde names the unknown or mistyped field in its message.
@@ -161,126 +163,53 @@ async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Respon
             return error(StatusCode::BAD_REQUEST, field.as_deref().or(Some("body")), msg);
         }
     };
-    if !p.can_submit_for(&req.tenant) {
-        return error(
-            StatusCode::FORBIDDEN,
-            Some("tenant"),
-            format!("{} may not submit for tenant {}", p.user, req.tenant),
-        );
-    }
-    if !p.is_admin() || req.user.is_none() {
-        // The submitter is the token's subject.
-        req.user = Some(p.user.clone());
-    }
-    let r = s.control.lock().await.submit(req);
-    match r {
-        Ok(id) => {
-            s.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            s.wake.notify_one();
-            (StatusCode::CREATED, Json(json!({"id": id}))).into_response()
-        }
-        Err(e) => field_error(e),
+    match ops::submit(&s, &p, req).await {
+        Ok(id) => (StatusCode::CREATED, Json(json!({"id": id}))).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
-#[derive(Deserialize)]
-struct ListQuery {
-    tenant: Option<String>,
-    user: Option<String>,
-    state: Option<String>,
-    vcluster: Option<String>,
-}
-
-async fn list(State(s): S, Extension(p): P, Query(q): Query<ListQuery>) -> Json<Value> {
-    let all = s.control.lock().await.list();
-    let keep: Vec<_> = all
-        .into_iter()
-        .filter(|a| p.can_see(&a.tenant, a.user.as_deref()))
-        .filter(|a| q.tenant.as_ref().is_none_or(|t| &a.tenant == t))
-        .filter(|a| q.user.as_ref().is_none_or(|u| a.user.as_ref() == Some(u)))
-        .filter(|a| q.state.as_ref().is_none_or(|st| &a.state == st))
-        .filter(|a| q.vcluster.as_ref().is_none_or(|v| &a.vcluster == v))
-        .collect();
-    Json(json!({ "allocations": keep }))
+async fn list(State(s): S, Extension(p): P, Query(q): Query<ops::ListFilter>) -> Json<Value> {
+    Json(json!({ "allocations": ops::list(&s, &p, &q).await }))
 }
 
 async fn get_one(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    let c = s.control.lock().await;
-    // Other tenants' allocations do not exist for the caller (404, not 403: no existence leak).
-    match c
-        .id_of(&id)
-        .and_then(|i| c.view(i))
-        .filter(|v| p.can_see(&v.tenant, v.user.as_deref()))
-    {
-        Some(v) => Json(v).into_response(),
-        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
+    match ops::get(&s, &p, &id).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
 async fn cancel(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    if let Some(r) = not_leader(&s) {
-        return r;
-    }
-    let owner = {
-        let c = s.control.lock().await;
-        c.id_of(&id).and_then(|i| c.view(i)).map(|v| (v.tenant, v.user))
-    };
-    match owner {
-        Some((t, u)) if p.can_cancel(&t, u.as_deref()) => {}
-        Some((t, u)) if p.can_see(&t, u.as_deref()) => return forbidden("cancelling this allocation"),
-        _ => return error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
-    }
-    let held = s.control.lock().await.cancel(&id);
-    match held {
-        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no allocation {id}")),
-        Some(held) => {
-            if held {
-                release(&s, id.clone()).await;
-            }
-            s.wake.notify_one();
-            Json(json!({"id": id, "state": "cancelled"})).into_response()
-        }
+    match ops::cancel(&s, &p, &id).await {
+        Ok(()) => Json(json!({"id": id, "state": "cancelled"})).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
 async fn nodes(State(s): S) -> Json<Value> {
-    Json(json!({ "nodes": s.control.lock().await.nodes() }))
+    Json(json!({ "nodes": ops::nodes(&s).await }))
 }
 
 async fn node(State(s): S, Path(id): Path<String>) -> Response {
-    let all = s.control.lock().await.nodes();
-    match all.into_iter().find(|n| n.name == id) {
-        Some(n) => Json(n).into_response(),
-        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no node {id}")),
+    match ops::node(&s, &id).await {
+        Ok(n) => Json(n).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
 async fn drain(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    if !p.can_operate() {
-        return forbidden("node operations need the Operator or SystemAdmin role");
-    }
-    set_drain(s, id, true).await
+    set_drain(s, p, id, true).await
 }
 
 async fn undrain(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    if !p.can_operate() {
-        return forbidden("node operations need the Operator or SystemAdmin role");
-    }
-    set_drain(s, id, false).await
+    set_drain(s, p, id, false).await
 }
 
-async fn set_drain(s: Arc<Shared>, id: String, drain: bool) -> Response {
-    if let Some(r) = not_leader(&s) {
-        return r;
-    }
-    let r = s.control.lock().await.drain(&id, drain);
-    match r {
-        Ok(state) => {
-            s.wake.notify_one();
-            Json(json!({"node": id, "state": state})).into_response()
-        }
-        Err(e) if e.message.starts_with("no node") => error(StatusCode::NOT_FOUND, Some("id"), e.message),
-        Err(e) => field_error(e),
+async fn set_drain(s: Arc<Shared>, p: Principal, id: String, drain: bool) -> Response {
+    match ops::set_drain(&s, &p, &id, drain).await {
+        Ok(state) => Json(json!({"node": id, "state": state})).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 

@@ -8,13 +8,17 @@
 //! `rm-replay` replays); [`config`] reads `runtime/config/*.yaml`.
 //!
 //! [`auth`] checks bearer JWTs (RS256 JWKS, HS256 dev), the seed's roles with tenant scoping, and
-//! per-user rate limits. Not here yet (issue 8 continues): the public gRPC services, TLS/mTLS, DAGs.
+//! per-user rate limits. [`grpc`] serves the same operations ([`ops`]) over gRPC. Not here yet (issue 8
+//! continues): TLS/mTLS, DAGs.
 
 pub mod api;
 pub mod auth;
+pub mod bench;
 pub mod config;
 pub mod control;
+pub mod grpc;
 pub mod metrics;
+pub mod ops;
 pub mod server;
 
 pub use config::RuntimeConfig;

@@ -118,7 +118,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         std::fs::remove_file(&staged)?;
         tracing::info!("restored the quorum state from the staged backup ({})", b.sha256);
     }
-    let member = Member::start_on(cfg.node_id, &cfg.data_dir, grpc).await?;
+    let member = Member::start(cfg.node_id, &cfg.data_dir).await?;
     if bootstrap {
         let mut members = cfg.quorum_members();
         // A single member announces the address it actually bound.
@@ -147,6 +147,24 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         tokio::spawn(push_quotas(shared.clone(), tenants, sensitive_pool, stopped.clone())),
         tokio::spawn(scheduling_loop(shared.clone(), cfg.cycle(), stopped.clone())),
     ];
+    // One gRPC port: the quorum's Raft service and the public API.
+    let api = crate::grpc::Api { shared: shared.clone() };
+    let mut grpc_stop = stopped.clone();
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(lattice_adapters::raft_net::server(shared.member.raft.clone()))
+        .add_service(crate::grpc::pb::allocation_service_server::AllocationServiceServer::new(api.clone()))
+        .add_service(crate::grpc::pb::node_service_server::NodeServiceServer::new(
+            api.clone(),
+        ))
+        .add_service(crate::grpc::pb::admin_service_server::AdminServiceServer::new(api))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), async move {
+            let _ = grpc_stop.changed().await;
+        });
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = grpc_server.await {
+            tracing::error!("gRPC server: {e}");
+        }
+    }));
     let rest = tokio::net::TcpListener::bind(&cfg.rest_listen)
         .await
         .with_context(|| format!("binding REST on {}", cfg.rest_listen))?;
