@@ -119,6 +119,27 @@ fn lattice_cli_drives_the_runtime() {
     let o = run(&["cancel", &long]);
     assert_eq!(out(&o).trim(), format!("cancelled {long}"));
 
+    // A DAG from YAML: prep → train; status lists both.
+    let dag = dir.join("dag.yaml");
+    std::fs::write(
+        &dag,
+        "allocations:\n  - {name: prep, entrypoint: sleep 0.1, resources: {nodes: 1}, lifecycle: {walltime: 10m}}\n  - {name: train, entrypoint: sleep 0.1, resources: {nodes: 1}, lifecycle: {walltime: 10m}, depends_on: [{ref: prep}]}\n",
+    )
+    .unwrap();
+    let o = run(&["dag", "submit", dag.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", err(&o));
+    let dag_id = out(&o).trim().to_string();
+    let t0 = Instant::now();
+    loop {
+        let s = out(&run(&["dag", "status", &dag_id]));
+        if s.starts_with(&format!("{dag_id}: completed")) {
+            assert!(s.contains("prep") && s.contains("train"), "{s}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // Errors name the field and exit non-zero.
     let o = run(&["submit", "--nodes=1", "--walltime=soon", "--", "x"]);
     assert!(!o.status.success());

@@ -26,6 +26,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
     let guarded = Router::new()
         .route("/v1/allocations", get(list).post(submit))
         .route("/v1/allocations/{id}", get(get_one).delete(cancel))
+        .route("/v1/dags", axum::routing::post(submit_dag))
+        .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/nodes", get(nodes))
         .route("/v1/nodes/{id}", get(node))
         .route("/v1/nodes/{id}/drain", axum::routing::post(drain))
@@ -183,6 +185,40 @@ async fn get_one(State(s): S, Extension(p): P, Path(id): Path<String>) -> Respon
 async fn cancel(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::cancel(&s, &p, &id).await {
         Ok(()) => Json(json!({"id": id, "state": "cancelled"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn submit_dag(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let req: ops::DagRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, Some("body"), e.to_string()),
+    };
+    match ops::submit_dag(&s, &p, req).await {
+        Ok((id, members)) => {
+            let m: BTreeMap<String, String> = members.into_iter().collect();
+            (StatusCode::CREATED, Json(json!({"id": id, "allocations": m}))).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::dag(&s, &p, &id).await {
+        Ok((state, members)) => {
+            let m: Vec<Value> = members
+                .into_iter()
+                .map(|(name, v)| json!({"name": name, "id": v.id, "state": v.state}))
+                .collect();
+            Json(json!({"id": id, "state": state, "allocations": m})).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn cancel_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::cancel_dag(&s, &p, &id).await {
+        Ok(n) => Json(json!({"id": id, "cancelled": n})).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -42,6 +42,23 @@ pub struct SubmitRequest {
     /// Simulated agents only: how long the run takes (default: `sleep N` in the entrypoint, else 1 s).
     #[serde(default)]
     pub duration: Option<String>,
+    /// DAG edges: `{"ref": ID, "condition": "success"}` (success/afterok, failure/afternotok,
+    /// any/afterany); `ref` is an allocation id (or, inside a DAG, a member's name).
+    #[serde(default)]
+    pub depends_on: Vec<DependsIn>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DependsIn {
+    #[serde(rename = "ref")]
+    pub reference: String,
+    #[serde(default = "success")]
+    pub condition: String,
+}
+
+fn success() -> String {
+    "success".into()
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -150,6 +167,8 @@ pub struct Control {
     node_names: Vec<String>,
     next: u64,
     capture: Option<std::fs::File>,
+    /// DAG id → (member name, allocation id) in submission order.
+    dags: BTreeMap<String, Vec<(String, String)>>,
 }
 
 /// An ownership change for the quorum.
@@ -196,6 +215,7 @@ impl Control {
             node_names,
             next: 1,
             capture: None,
+            dags: BTreeMap::new(),
         };
         for (t, q) in tenants {
             let id = c.tenant_id(t);
@@ -302,8 +322,29 @@ impl Control {
             }
             None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
         };
+        let mut deps = Vec::new();
+        for (i, d) in req.depends_on.iter().enumerate() {
+            let field = format!("depends_on[{i}]");
+            let on = *self
+                .by_name
+                .get(&d.reference)
+                .ok_or_else(|| bad(&field, format!("ref `{}`: no such allocation", d.reference)))?;
+            let condition = match d.condition.as_str() {
+                "success" | "afterok" => lattice_engine::DependencyCondition::Success,
+                "failure" | "afternotok" => lattice_engine::DependencyCondition::Failure,
+                "any" | "afterany" => lattice_engine::DependencyCondition::Any,
+                other => {
+                    return Err(bad(
+                        &field,
+                        format!("condition `{other}`: success (afterok), failure (afternotok) or any (afterany)"),
+                    ));
+                }
+            };
+            deps.push(lattice_engine::Dependency { on, condition });
+        }
         let tenant = self.tenant_id(&req.tenant);
         let mut spec = AllocSpec::simple(tenant, vcluster, nodes.min, Duration::from_secs(1));
+        spec.depends_on = deps;
         spec.nodes = nodes;
         spec.lifecycle = lifecycle;
         spec.preemption_class = class;
@@ -448,6 +489,18 @@ impl Control {
         let now = self.now();
         let _ = self.engine.handle_cancel(now, id);
         Some(held)
+    }
+
+    pub fn next_dag_id(&self) -> String {
+        format!("dag-{:04}", self.dags.len() + 1)
+    }
+
+    pub fn add_dag(&mut self, id: &str, members: Vec<(String, String)>) {
+        self.dags.insert(id.to_string(), members);
+    }
+
+    pub fn dag(&self, id: &str) -> Option<&Vec<(String, String)>> {
+        self.dags.get(id)
     }
 
     pub fn id_of(&self, name: &str) -> Option<AllocId> {

@@ -130,6 +130,7 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
         preemption_class: r.preemption_class.map(i64::from),
         tags: r.tags.into_iter().collect(),
         duration: none_if_empty(r.duration),
+        depends_on: Vec::new(),
     })
 }
 

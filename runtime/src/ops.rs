@@ -187,3 +187,170 @@ pub async fn set_drain(s: &Shared, p: &Principal, id: &str, drain: bool) -> Resu
     s.wake.notify_one();
     Ok(state)
 }
+
+/// `POST /v1/dags`: allocations with edges between them by member name.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DagRequest {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub allocations: Vec<DagMember>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct DagMember {
+    /// The member's name inside the DAG (what `depends_on.ref` of other members names).
+    pub name: String,
+    #[serde(flatten)]
+    pub request: SubmitRequest,
+}
+
+/// The book's limit on one DAG.
+pub const MAX_DAG_SIZE: usize = 1000;
+
+/// Submits a DAG: members in dependency order (refs name earlier or later members; cycles and unknown
+/// refs are refused before anything is queued). Returns the DAG id and member name → allocation id.
+pub async fn submit_dag(
+    s: &Shared,
+    p: &Principal,
+    req: DagRequest,
+) -> Result<(String, Vec<(String, String)>), ApiError> {
+    leader_only(s)?;
+    let bad = |field: String, message: String| ApiError::BadRequest { field, message };
+    let n = req.allocations.len();
+    if n == 0 {
+        return Err(bad("allocations".into(), "a DAG needs at least one allocation".into()));
+    }
+    if n > MAX_DAG_SIZE {
+        return Err(bad(
+            "allocations".into(),
+            format!("DAG has {n} allocations; the limit is {MAX_DAG_SIZE}"),
+        ));
+    }
+    let index: std::collections::BTreeMap<&str, usize> = req
+        .allocations
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.name.as_str(), i))
+        .collect();
+    if index.len() != n {
+        return Err(bad("allocations.name".into(), "member names must be unique".into()));
+    }
+    // Kahn's algorithm over in-DAG refs (refs to existing allocation ids are allowed too).
+    let mut indegree = vec![0usize; n];
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, m) in req.allocations.iter().enumerate() {
+        if !p.can_submit_for(&m.request.tenant) {
+            return Err(ApiError::Forbidden {
+                field: Some(format!("allocations[{i}].tenant")),
+                message: format!("{} may not submit for tenant {}", p.user, m.request.tenant),
+            });
+        }
+        for d in &m.request.depends_on {
+            if let Some(&j) = index.get(d.reference.as_str()) {
+                indegree[i] += 1;
+                children[j].push(i);
+            } else if s.control.lock().await.id_of(&d.reference).is_none() {
+                return Err(bad(
+                    format!("allocations[{i}].depends_on"),
+                    format!("ref `{}` is neither a member of the DAG nor an allocation", d.reference),
+                ));
+            }
+        }
+    }
+    let mut ready: std::collections::VecDeque<usize> = (0..n).filter(|i| indegree[*i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_front() {
+        order.push(i);
+        for &c in &children[i] {
+            indegree[c] -= 1;
+            if indegree[c] == 0 {
+                ready.push_back(c);
+            }
+        }
+    }
+    if order.len() != n {
+        let stuck: Vec<&str> = (0..n)
+            .filter(|i| indegree[*i] > 0)
+            .map(|i| req.allocations[i].name.as_str())
+            .collect();
+        return Err(bad(
+            "allocations.depends_on".into(),
+            format!("dependency cycle among {}", stuck.join(", ")),
+        ));
+    }
+    let mut c = s.control.lock().await;
+    let dag_id = req.id.clone().unwrap_or_else(|| c.next_dag_id());
+    if c.dag(&dag_id).is_some() {
+        return Err(bad("id".into(), format!("DAG {dag_id} exists")));
+    }
+    let mut ids: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    let mut members = Vec::new();
+    for i in order {
+        let m = &req.allocations[i];
+        let mut r = m.request.clone();
+        for d in &mut r.depends_on {
+            if let Some(id) = ids.get(&d.reference) {
+                d.reference = id.clone();
+            }
+        }
+        if !p.is_admin() || r.user.is_none() {
+            r.user = Some(p.user.clone());
+        }
+        let id = c.submit(r).map_err(|e| ApiError::BadRequest {
+            field: format!("allocations[{i}].{}", e.field),
+            message: e.message,
+        })?;
+        ids.insert(m.name.clone(), id.clone());
+        members.push((m.name.clone(), id));
+    }
+    c.add_dag(&dag_id, members.clone());
+    drop(c);
+    s.metrics
+        .submitted
+        .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    s.wake.notify_one();
+    Ok((dag_id, members))
+}
+
+/// A DAG's members and its overall state: `failed` if any failed, else `cancelled` if any was,
+/// `completed` when all completed, `running` when any runs, else `pending`.
+pub async fn dag(s: &Shared, p: &Principal, id: &str) -> Result<(String, Vec<(String, AllocationView)>), ApiError> {
+    let c = s.control.lock().await;
+    let members = c.dag(id).ok_or_else(|| not_found("DAG", id))?.clone();
+    let mut out = Vec::new();
+    for (name, alloc) in members {
+        if let Some(v) = c.id_of(&alloc).and_then(|i| c.view(i)) {
+            out.push((name, v));
+        }
+    }
+    if !out.iter().any(|(_, v)| p.can_see(&v.tenant, v.user.as_deref())) {
+        return Err(not_found("DAG", id));
+    }
+    let any = |st: &str| out.iter().any(|(_, v)| v.state == st);
+    let state = if any("failed") {
+        "failed"
+    } else if any("cancelled") {
+        "cancelled"
+    } else if out.iter().all(|(_, v)| v.state == "completed") {
+        "completed"
+    } else if any("running") || any("staging") {
+        "running"
+    } else {
+        "pending"
+    };
+    Ok((state.to_string(), out))
+}
+
+/// Cancels every member of a DAG that has not ended.
+pub async fn cancel_dag(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<usize, ApiError> {
+    let (_, members) = dag(s, p, id).await?;
+    let mut n = 0;
+    for (_, v) in members {
+        if v.ended_ms.is_none() {
+            cancel(s, p, &v.id).await?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}

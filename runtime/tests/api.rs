@@ -329,3 +329,101 @@ async fn backup_verify_and_restore_through_the_api() {
     assert_eq!(api.get("/api/v1/raft/status").await["assignments"], 1);
     rt.shutdown().await;
 }
+
+/// DAGs: members run in dependency order; cycles and unknown refs are refused before anything is
+/// queued; a failed upstream cancels `afterok` dependants; DELETE cancels the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dags_run_in_dependency_order() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-dag-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n",
+        dir.display()
+    );
+    let rt = start(RuntimeConfig::parse("d.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let member = |name: &str, secs: f64, deps: &[(&str, &str)]| {
+        let mut j = job("bio", 1, secs);
+        j["name"] = json!(name);
+        j["depends_on"] = json!(
+            deps.iter()
+                .map(|(r, c)| json!({"ref": r, "condition": c}))
+                .collect::<Vec<_>>()
+        );
+        j
+    };
+    // eval listed first: the order of the request does not matter, only the edges.
+    let dag = json!({"allocations": [
+        member("eval", 0.1, &[("train", "success")]),
+        member("prep", 0.2, &[]),
+        member("train", 0.2, &[("prep", "afterok")]),
+    ]});
+    let (status, v) = api.call("POST", "/v1/dags", Some(dag)).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let ids = v["allocations"].clone();
+    let t0 = Instant::now();
+    loop {
+        let d = api.get(&format!("/v1/dags/{id}")).await;
+        if d["state"] == "completed" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{d}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut view = std::collections::BTreeMap::new();
+    for name in ["prep", "train", "eval"] {
+        view.insert(
+            name,
+            api.get(&format!("/v1/allocations/{}", ids[name].as_str().unwrap()))
+                .await,
+        );
+    }
+    let at = |name: &str, key: &str| view[name][key].as_u64().unwrap();
+    assert!(at("prep", "ended_ms") <= at("train", "started_ms"));
+    assert!(at("train", "ended_ms") <= at("eval", "started_ms"));
+
+    // Refused before anything is queued.
+    let before = api.get("/v1/allocations").await["allocations"]
+        .as_array()
+        .unwrap()
+        .len();
+    let cycle = json!({"allocations": [member("a", 0.1, &[("b", "success")]), member("b", 0.1, &[("a", "success")])]});
+    let (status, v) = api.call("POST", "/v1/dags", Some(cycle)).await;
+    assert_eq!(status, 400);
+    assert!(v["error"].as_str().unwrap().contains("cycle"), "{v}");
+    let unknown = json!({"allocations": [member("a", 0.1, &[("ghost", "success")])]});
+    let (status, v) = api.call("POST", "/v1/dags", Some(unknown)).await;
+    assert_eq!(
+        (status, v["field"].as_str()),
+        (400, Some("allocations[0].depends_on")),
+        "{v}"
+    );
+    assert_eq!(
+        api.get("/v1/allocations").await["allocations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        before
+    );
+
+    // DELETE cancels the members that have not ended.
+    let long = json!({"allocations": [member("x", 100.0, &[]), member("y", 0.1, &[("x", "success")])]});
+    let (_, v) = api.call("POST", "/v1/dags", Some(long)).await;
+    let id = v["id"].as_str().unwrap().to_string();
+    let x = v["allocations"]["x"].as_str().unwrap().to_string();
+    api.wait_state(&x, "running", Duration::from_secs(5)).await;
+    let (status, v) = api.call("DELETE", &format!("/v1/dags/{id}"), None).await;
+    assert_eq!((status, v["cancelled"].as_u64()), (200, Some(2)), "{v}");
+    assert_eq!(api.get(&format!("/v1/dags/{id}")).await["state"], "cancelled");
+    rt.shutdown().await;
+}

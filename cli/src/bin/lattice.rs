@@ -79,11 +79,24 @@ enum Cmd {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
+    /// DAGs of allocations: `submit FILE` (YAML or JSON: `allocations:` with `name` and `depends_on`),
+    /// `status ID`, `cancel ID`.
+    Dag {
+        #[command(subcommand)]
+        cmd: DagCmd,
+    },
     /// Administration.
     Admin {
         #[command(subcommand)]
         cmd: AdminCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum DagCmd {
+    Submit { file: PathBuf },
+    Status { id: String },
+    Cancel { id: String },
 }
 
 #[derive(Subcommand)]
@@ -321,6 +334,44 @@ fn main() -> Result<()> {
                 "node",
             )?;
         }
+        Cmd::Dag { cmd } => match cmd {
+            DagCmd::Submit { file } => {
+                let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+                let mut body: Value =
+                    yaml_serde::from_str(&text).with_context(|| format!("{}: not YAML/JSON", file.display()))?;
+                // Members without a tenant submit as the client's tenant.
+                if let (Some(t), Some(members)) = (&tenant, body["allocations"].as_array_mut()) {
+                    for m in members {
+                        if m.get("tenant").is_none() {
+                            m["tenant"] = json!(t);
+                        }
+                    }
+                }
+                let v = client.call("POST", "/v1/dags", Some(&body))?;
+                println!("{}", v["id"].as_str().unwrap_or_default());
+                if let Some(m) = v["allocations"].as_object() {
+                    for (name, id) in m {
+                        eprintln!("  {name}: {}", id.as_str().unwrap_or_default());
+                    }
+                }
+            }
+            DagCmd::Status { id } => {
+                let v = client.call("GET", &format!("/v1/dags/{id}"), None)?;
+                println!("{id}: {}", v["state"].as_str().unwrap_or_default());
+                for m in v["allocations"].as_array().cloned().unwrap_or_default() {
+                    println!(
+                        "  {:<16} {:<10} {}",
+                        m["name"].as_str().unwrap_or_default(),
+                        m["id"].as_str().unwrap_or_default(),
+                        m["state"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+            DagCmd::Cancel { id } => {
+                let v = client.call("DELETE", &format!("/v1/dags/{id}"), None)?;
+                println!("{id}: cancelled {}", v["cancelled"].as_u64().unwrap_or(0));
+            }
+        },
         Cmd::Admin { cmd } => match cmd {
             AdminCmd::Drain { node } => {
                 let v = client.call("POST", &format!("/v1/nodes/{node}/drain"), None)?;
