@@ -185,6 +185,7 @@ async fn allocations_nodes_and_admin_over_grpc() {
         (st.state.as_str(), st.members.len(), st.audit_chain_valid),
         ("Leader", 1, true)
     );
-    assert!(st.commits >= 2);
+    // The watched allocation's assignment (the cancelled one may have been cancelled before it started).
+    assert!(st.commits >= 1, "{st:?}");
     rt.shutdown().await;
 }
