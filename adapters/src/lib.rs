@@ -251,12 +251,19 @@ impl Member {
         Ok(b)
     }
 
-    /// Stops Raft and the member's gRPC server (the store stays on disk).
+    /// Stops Raft and the member's gRPC server (the store stays on disk). Raft's workers let go of the
+    /// store shortly after; [`Member::store_handles`] counts who still holds it.
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
         if let Some(stop) = self.server.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = stop.send(());
         }
+    }
+
+    /// Open handles on the member's database (this `Member` and its clones hold one each); the file
+    /// can be reopened once the last is dropped.
+    pub fn store_handles(&self) -> usize {
+        Arc::strong_count(&self.sm.db)
     }
 }
 

@@ -220,7 +220,7 @@ struct StoredSnapshot {
 /// The state machine: [`QuorumState`] in memory, snapshots in the database.
 #[derive(Clone)]
 pub struct StateMachine {
-    db: Arc<Database>,
+    pub(crate) db: Arc<Database>,
     pub data: Arc<RwLock<SmData>>,
 }
 

@@ -49,9 +49,12 @@ impl Running {
             let _ = t.await;
         }
         self.shared.member.shutdown().await;
-        // Wait for the last holders of the shared state (agents winding down) to let go.
+        // Wait for the last holders of the shared state (agents winding down) and of the store
+        // (Raft's workers, the gRPC services) to let go, so the store closes when this returns.
         let t0 = std::time::Instant::now();
-        while Arc::strong_count(&self.shared) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
+        while (Arc::strong_count(&self.shared) > 1 || self.shared.member.store_handles() > 1)
+            && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
