@@ -173,10 +173,11 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     assert_eq!(call(&base, Some(&bob), "DELETE", &path, None).await.0, 404);
     assert_eq!(call(&base, Some(&carol), "DELETE", &path, None).await.0, 200);
 
-    // Rate limit: the 41st request of a minute gets 429 with Retry-After (other users unaffected).
+    // Rate limit: the 41st request of a minute gets 429 with Retry-After (other users unaffected). If a
+    // minute boundary falls inside the flood, its count restarts once: the limit still hits by 81.
     let flood = hs256("flood", Some("bio"), &["ReadOnly"]);
     let mut limited = None;
-    for i in 0..45 {
+    for i in 0..90 {
         let (status, _, retry) = call(&base, Some(&flood), "GET", "/v1/nodes", None).await;
         if status == 429 {
             limited = Some((i, retry));
@@ -184,7 +185,7 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
         }
     }
     let (i, retry) = limited.expect("the flood is limited");
-    assert_eq!(i, 40);
+    assert!((40..=80).contains(&i), "limited after {i} requests");
     let secs: u64 = retry.unwrap().parse().unwrap();
     assert!((1..=60).contains(&secs));
     assert_eq!(call(&base, Some(&dave), "GET", "/v1/nodes", None).await.0, 200);
