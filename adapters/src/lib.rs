@@ -111,7 +111,7 @@ impl Member {
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async {
+                .serve_with_incoming_shutdown(raft_net::nodelay(listener), async {
                     let _ = stopped.await;
                 }),
         );

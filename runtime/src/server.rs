@@ -160,7 +160,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
             api.clone(),
         ))
         .add_service(crate::grpc::pb::admin_service_server::AdminServiceServer::new(api))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), async move {
+        .serve_with_incoming_shutdown(lattice_adapters::raft_net::nodelay(grpc), async move {
             let _ = grpc_stop.changed().await;
         });
     tasks.push(tokio::spawn(async move {
