@@ -101,6 +101,10 @@ fn lattice_cli_drives_the_runtime() {
     assert_eq!(out(&o).trim(), "sim-003: drained", "{}", err(&o));
     let o = run(&["admin", "undrain", "sim-003"]);
     assert_eq!(out(&o).trim(), "sim-003: ready", "{}", err(&o));
+    let o = run(&["admin", "backup"]);
+    assert!(out(&o).contains("\"sha256\""), "{}{}", out(&o), err(&o));
+    let o = run(&["admin", "backup", "--verify"]);
+    assert!(out(&o).contains("\"valid\": true"), "{}{}", out(&o), err(&o));
     let o = run(&["admin", "raft-status"]);
     assert!(out(&o).contains("\"audit_chain_valid\": true"), "{}", out(&o));
     let o = run(&[

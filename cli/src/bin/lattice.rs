@@ -111,6 +111,14 @@ enum AdminCmd {
     RaftStatus,
     /// Tenants known to the scheduler.
     Tenant,
+    /// Back up the quorum's state (written on the server, under its data folder), or `--verify` the
+    /// latest backup (or `--path`).
+    Backup {
+        #[arg(long)]
+        verify: bool,
+        #[arg(long)]
+        path: Option<String>,
+    },
     /// vCluster administration.
     Vcluster {
         #[command(subcommand)]
@@ -386,6 +394,15 @@ fn main() -> Result<()> {
                     "{}",
                     serde_json::to_string_pretty(&client.call("GET", "/api/v1/raft/status", None)?)?
                 );
+            }
+            AdminCmd::Backup { verify, path } => {
+                let v = if verify {
+                    let q = path.map(|p| format!("?path={p}")).unwrap_or_default();
+                    client.call("GET", &format!("/api/v1/admin/backup/verify{q}"), None)?
+                } else {
+                    client.call("POST", "/api/v1/admin/backup", None)?
+                };
+                println!("{}", serde_json::to_string_pretty(&v)?);
             }
             AdminCmd::Tenant => {
                 let v = client.call("GET", "/v1/tenants", None)?;
