@@ -30,6 +30,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/nodes", get(nodes))
         .route("/v1/nodes/{id}", get(node))
+        .route("/v1/nodes/{id}/register", axum::routing::post(register))
+        .route("/v1/nodes/{id}/heartbeat", axum::routing::post(heartbeat))
         .route("/v1/nodes/{id}/drain", axum::routing::post(drain))
         .route("/v1/nodes/{id}/undrain", axum::routing::post(undrain))
         .route("/v1/tenants", get(tenants))
@@ -230,6 +232,25 @@ async fn nodes(State(s): S) -> Json<Value> {
 async fn node(State(s): S, Path(id): Path<String>) -> Response {
     match ops::node(&s, &id).await {
         Ok(n) => Json(n).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn register(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::register(&s, &p, &id).await {
+        Ok(state) => Json(json!({"node": id, "state": state})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct HeartbeatIn {
+    seq: u64,
+}
+
+async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, Json(h): Json<HeartbeatIn>) -> Response {
+    match ops::heartbeat(&s, &p, &id, h.seq).await {
+        Ok(state) => Json(json!({"node": id, "state": state, "seq": h.seq})).into_response(),
         Err(e) => e.into_response(),
     }
 }

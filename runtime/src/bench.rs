@@ -4,7 +4,9 @@
 //!   another give the commit latency distribution (goal p99 < 10 ms), then N proposals with 64 in
 //!   flight give commits per second.
 //! - `submit`: a single-member runtime with simulated agents; N submissions through the REST API from
-//!   8 concurrent clients give submissions per second (goal > 5,000/s; the gRPC API is not built yet).
+//!   8 concurrent clients give submissions per second (goal > 5,000/s).
+//! - `heartbeats`: N agents (default 10,000) heartbeating every 10 s over gRPC for 20 s: the process's
+//!   CPU share of one core (goal < 5 %; the in-process clients are included).
 
 use lattice_adapters::{Member, QuorumCommand};
 use std::collections::BTreeMap;
@@ -140,5 +142,61 @@ pub async fn submit(requests: usize) -> anyhow::Result<String> {
     rt.shutdown().await;
     Ok(format!(
         "REST submissions ({clients} clients, {requests} requests, {ok} accepted): submissions_per_s={per_s:.0}"
+    ))
+}
+
+/// CPU seconds (user + system) this process has used (Linux `/proc/self/stat`).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// `agents` simulated agents registered over gRPC, each heartbeating every 10 s (spread evenly) for
+/// `seconds`: the CPU the process spends, as a share of one core. The in-process clients are counted
+/// too, so the server's own share is at most this.
+pub async fn heartbeats(agents: usize, seconds: u64) -> anyhow::Result<String> {
+    let dir = scratch("heartbeats");
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: {agents}\ncycle: 1s\nauth:\n  rate_limit_per_minute: 100000000\n",
+        dir.display()
+    );
+    let rt = crate::start(crate::RuntimeConfig::parse("bench.yaml", &text)?, true).await?;
+    let url = format!("http://{}", rt.grpc_addr);
+    let mut client = crate::grpc::pb::node_service_client::NodeServiceClient::connect(url).await?;
+    let names: Vec<String> = (0..agents).map(|i| format!("sim-{i:03}")).collect();
+    for n in &names {
+        client.register(crate::grpc::pb::NodeRequest { id: n.clone() }).await?;
+    }
+    let per_s = agents as f64 / 10.0;
+    let total = (per_s * seconds as f64) as usize;
+    let interval = Duration::from_secs_f64(1.0 / per_s);
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut seq = vec![0u64; agents];
+    let mut failed = 0usize;
+    for k in 0..total {
+        ticker.tick().await;
+        let i = k % agents;
+        seq[i] += 1;
+        let r = client
+            .heartbeat(crate::grpc::pb::HeartbeatRequest {
+                id: names[i].clone(),
+                seq: seq[i],
+            })
+            .await;
+        failed += usize::from(r.is_err());
+    }
+    let (cpu, wall) = (cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
+    rt.shutdown().await;
+    Ok(format!(
+        "heartbeats ({agents} agents every 10 s for {seconds} s: {total} over gRPC, {failed} failed): cpu_s={cpu:.2} wall_s={wall:.1} core_share_pct={:.2} (clients included)",
+        100.0 * cpu / wall
     ))
 }

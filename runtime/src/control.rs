@@ -169,6 +169,9 @@ pub struct Control {
     capture: Option<std::fs::File>,
     /// DAG id → (member name, allocation id) in submission order.
     dags: BTreeMap<String, Vec<(String, String)>>,
+    /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered.
+    agents: Vec<Option<(u64, u64)>>,
+    node_by_name: BTreeMap<String, u32>,
 }
 
 /// An ownership change for the quorum.
@@ -216,7 +219,16 @@ impl Control {
             next: 1,
             capture: None,
             dags: BTreeMap::new(),
+            agents: Vec::new(),
+            node_by_name: BTreeMap::new(),
         };
+        c.node_by_name = c
+            .node_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u32))
+            .collect();
+        c.agents = vec![None; c.node_names.len()];
         for (t, q) in tenants {
             let id = c.tenant_id(t);
             c.engine.set_tenant_quota(id, *q);
@@ -491,6 +503,52 @@ impl Control {
         Some(held)
     }
 
+    /// An agent (re)registers its node: its heartbeat sequence restarts. Returns the node's state.
+    pub fn register_agent(&mut self, node: &str) -> Result<String, FieldError> {
+        let id = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        let now = self.now();
+        self.agents[id.index()] = Some((0, now.0));
+        Ok(self.node_state(id))
+    }
+
+    /// A heartbeat with the agent's monotonic sequence number: a replayed or reordered one (not above
+    /// the last) is refused; a heartbeat of a Degraded node brings it back (HeartbeatResume).
+    pub fn heartbeat(&mut self, node: &str, seq: u64) -> Result<String, FieldError> {
+        let id = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        let Some((last, _)) = self.agents[id.index()] else {
+            return Err(bad("id", format!("node {node}: the agent has not registered")));
+        };
+        if seq <= last {
+            return Err(bad(
+                "seq",
+                format!("replayed or out-of-order heartbeat: seq {seq}, last accepted {last}"),
+            ));
+        }
+        let now = self.now();
+        self.agents[id.index()] = Some((seq, now.0));
+        if self
+            .engine
+            .node(id)
+            .is_some_and(|n| n.state == lattice_engine::NodeState::Degraded)
+        {
+            let _ = self
+                .engine
+                .handle_node_event(now, id, lattice_engine::NodeEvent::HeartbeatResume);
+        }
+        Ok(self.node_state(id))
+    }
+
+    fn node_state(&self, id: lattice_engine::NodeId) -> String {
+        self.engine
+            .node(id)
+            .map(|n| format!("{:?}", n.state).to_lowercase())
+            .unwrap_or_default()
+    }
+
     pub fn next_dag_id(&self) -> String {
         format!("dag-{:04}", self.dags.len() + 1)
     }
@@ -547,26 +605,26 @@ impl Control {
     }
 
     pub fn nodes(&self) -> Vec<NodeView> {
-        self.engine
-            .nodes()
-            .iter()
-            .enumerate()
-            .map(|(i, n)| NodeView {
-                name: self.node_names[i].clone(),
-                state: format!("{:?}", n.state).to_lowercase(),
-                owner: n.owner.map(|o| self.name_of(o.alloc)),
-                gpu_type: n.spec.capabilities.gpu_type.clone(),
-                gpu_count: n.spec.capabilities.gpu_count,
-                group: n.spec.group.0,
-            })
+        (0..self.node_names.len())
+            .filter_map(|i| self.node_view(lattice_engine::NodeId(i as u32)))
             .collect()
     }
 
+    pub fn node_view(&self, id: lattice_engine::NodeId) -> Option<NodeView> {
+        let n = self.engine.node(id)?;
+        Some(NodeView {
+            name: self.node_names[id.index()].clone(),
+            state: format!("{:?}", n.state).to_lowercase(),
+            owner: n.owner.map(|o| self.name_of(o.alloc)),
+            gpu_type: n.spec.capabilities.gpu_type.clone(),
+            gpu_count: n.spec.capabilities.gpu_count,
+            group: n.spec.group.0,
+        })
+    }
+
+    /// A node by name (O(log n): heartbeats of thousands of agents look nodes up constantly).
     pub fn node_index(&self, name: &str) -> Option<lattice_engine::NodeId> {
-        self.node_names
-            .iter()
-            .position(|n| n == name)
-            .map(|i| lattice_engine::NodeId(i as u32))
+        self.node_by_name.get(name).map(|&i| lattice_engine::NodeId(i))
     }
 
     /// Drain (`true`) or undrain a node; the node's state afterwards.

@@ -238,6 +238,20 @@ impl NodeService for Api {
         Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
     }
 
+    async fn register(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let p = self.principal(&req)?;
+        let id = req.into_inner().id;
+        ops::register(&self.shared, &p, &id).await?;
+        Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::Node>, Status> {
+        let p = self.principal(&req)?;
+        let h = req.into_inner();
+        ops::heartbeat(&self.shared, &p, &h.id, h.seq).await?;
+        Ok(Response::new(node_pb(ops::node(&self.shared, &h.id).await?)))
+    }
+
     async fn undrain(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
         let p = self.principal(&req)?;
         let id = req.into_inner().id;

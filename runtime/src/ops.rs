@@ -157,10 +157,9 @@ pub async fn nodes(s: &Shared) -> Vec<NodeView> {
 }
 
 pub async fn node(s: &Shared, id: &str) -> Result<NodeView, ApiError> {
-    nodes(s)
-        .await
-        .into_iter()
-        .find(|n| n.name == id)
+    let c = s.control.lock().await;
+    c.node_index(id)
+        .and_then(|i| c.node_view(i))
         .ok_or_else(|| not_found("node", id))
 }
 
@@ -353,4 +352,40 @@ pub async fn cancel_dag(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<usiz
         }
     }
     Ok(n)
+}
+
+/// Agents register and heartbeat for their own node; node-agent tokens carry the Operator role (or the
+/// runtime runs without auth in development).
+fn agent_allowed(p: &Principal) -> Result<(), ApiError> {
+    if p.can_operate() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden {
+            field: None,
+            message: "forbidden: agents authenticate with an Operator (agent) token".into(),
+        })
+    }
+}
+
+fn field_error(node: &str, e: crate::control::FieldError) -> ApiError {
+    if e.field == "id" && e.message.starts_with("no node") {
+        not_found("node", node)
+    } else {
+        ApiError::BadRequest {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
+pub async fn register(s: &Shared, p: &Principal, node: &str) -> Result<String, ApiError> {
+    agent_allowed(p)?;
+    let r = s.control.lock().await.register_agent(node);
+    r.map_err(|e| field_error(node, e))
+}
+
+pub async fn heartbeat(s: &Shared, p: &Principal, node: &str, seq: u64) -> Result<String, ApiError> {
+    agent_allowed(p)?;
+    let r = s.control.lock().await.heartbeat(node, seq);
+    r.map_err(|e| field_error(node, e))
 }

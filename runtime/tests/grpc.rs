@@ -175,6 +175,38 @@ async fn allocations_nodes_and_admin_over_grpc() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
 
+    // Agents: register, then heartbeats with a strictly increasing sequence; replays are refused.
+    let hb = |seq: u64| pb::HeartbeatRequest {
+        id: "sim-001".into(),
+        seq,
+    };
+    let e = nodes.heartbeat(authed(hb(1), &root)).await.unwrap_err();
+    assert!(e.message().contains("has not registered"), "{}", e.message());
+    nodes
+        .register(authed(pb::NodeRequest { id: "sim-001".into() }, &root))
+        .await
+        .unwrap();
+    nodes.heartbeat(authed(hb(1), &root)).await.unwrap();
+    nodes.heartbeat(authed(hb(5), &root)).await.unwrap();
+    for replay in [5, 3] {
+        let e = nodes.heartbeat(authed(hb(replay), &root)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("seq: replayed"), "{}", e.message());
+    }
+    // A restarted agent registers again and its sequence starts over.
+    nodes
+        .register(authed(pb::NodeRequest { id: "sim-001".into() }, &root))
+        .await
+        .unwrap();
+    nodes.heartbeat(authed(hb(1), &root)).await.unwrap();
+    let e = nodes.heartbeat(authed(hb(2), &alice)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let e = nodes
+        .register(authed(pb::NodeRequest { id: "nid999".into() }, &root))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
     // Raft status.
     let st = admin
         .raft_status(authed(pb::RaftStatusRequest {}, &root))

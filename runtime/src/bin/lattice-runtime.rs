@@ -19,8 +19,8 @@ struct Args {
 
 #[derive(clap::Subcommand)]
 enum Cmd {
-    /// Measure: `raft` (commit latency p50/p99 on 3 local members, commits/s) or `submit`
-    /// (submissions/s through the REST API).
+    /// Measure: `raft` (commit latency p50/p99 on 3 local members, commits/s), `submit`
+    /// (submissions/s through the REST API) or `heartbeats` (N agents every 10 s: CPU share).
     Bench {
         kind: String,
         /// Proposals or requests.
@@ -41,7 +41,8 @@ async fn main() -> Result<()> {
         let line = match kind.as_str() {
             "raft" => lattice_runtime::bench::raft(n).await?,
             "submit" => lattice_runtime::bench::submit(n).await?,
-            other => anyhow::bail!("bench {other}: raft or submit"),
+            "heartbeats" => lattice_runtime::bench::heartbeats(n, 20).await?,
+            other => anyhow::bail!("bench {other}: raft, submit or heartbeats"),
         };
         println!("{line}");
         return Ok(());
