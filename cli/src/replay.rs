@@ -108,7 +108,7 @@ fn vcluster_configs(
         workload.vclusters = lattice_engine::Registry::default();
         workload.vclusters.intern(&name);
         notes.push(format!("trace jobs run in vCluster `{name}` of {}", path.display()));
-        out.insert(name, to_config(entry, default_policy));
+        out.insert(name, entry.config(default_policy));
         return Ok(out);
     }
     for n in &names {
@@ -119,31 +119,9 @@ fn vcluster_configs(
                 prof.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
             )
         })?;
-        out.insert(n.clone(), to_config(entry, default_policy));
+        out.insert(n.clone(), entry.config(default_policy));
     }
     Ok(out)
-}
-
-fn to_config(p: &lattice_traces::VClusterProfile, default_policy: Option<Policy>) -> VClusterConfig {
-    let mut c = VClusterConfig::new(default_policy.or(p.policy).unwrap_or(Policy::Backfill {
-        depth: Depth::Limited(10),
-    }));
-    c.weights = Some(p.weights);
-    if let Some(i) = p.cycle_interval {
-        c.cycle_interval = i;
-    }
-    if let Some(r) = p.reference_wait {
-        c.reference_wait = r;
-    }
-    c.slo_wait_target = p.slo_wait_target;
-    c.gpu_hours_budget = p.gpu_hours_budget;
-    if let Some(b) = p.preemption {
-        c.preemption = b;
-    }
-    if let Some(l) = p.lend_cap {
-        c.lend_cap = l;
-    }
-    c
 }
 
 pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {

@@ -1,34 +1,9 @@
 //! `rm-replay regress`, `import` and `anonymise` end to end (run from the repository root, as CI does).
 
+mod common;
+use common::{rm_replay, root, text, tmp};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
-fn rm_replay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rm-replay"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("rm-replay runs")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lattice-regress-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Command;
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

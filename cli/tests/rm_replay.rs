@@ -1,30 +1,9 @@
 //! `rm-replay` as users run it: the output contract, determinism, and clear errors on bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn rm_replay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rm-replay"))
-        .args(args)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .output()
-        .expect("rm-replay runs")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lattice-cli-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{rm_replay, text, tmp};
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn default_run_writes_the_output_contract_deterministically() {

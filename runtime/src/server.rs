@@ -80,17 +80,11 @@ fn vcluster_configs(cfg: &RuntimeConfig) -> Result<BTreeMap<String, VClusterConf
         return Ok(BTreeMap::new());
     };
     let prof = lattice_traces::read_profile(path)?;
+    // The same mapping rm-replay uses: a profile schedules here as it did in simulation.
     Ok(prof
         .vclusters
         .iter()
-        .map(|(name, p)| {
-            let mut c = VClusterConfig::new(p.policy.unwrap_or(lattice_engine::Policy::EASY));
-            c.weights = Some(p.weights);
-            if let Some(i) = p.cycle_interval {
-                c.cycle_interval = i;
-            }
-            (name.clone(), c)
-        })
+        .map(|(name, p)| (name.clone(), p.config(None)))
         .collect())
 }
 

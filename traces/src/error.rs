@@ -14,6 +14,19 @@ pub struct Problem {
     pub message: String,
 }
 
+impl Problem {
+    /// A problem at `line` of `file`, in `field`.
+    pub fn at(file: &str, line: u64, field: &str, reason: &str, message: String) -> Problem {
+        Problem {
+            file: file.into(),
+            line,
+            field: Some(field.into()),
+            reason: reason.into(),
+            message,
+        }
+    }
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file)?;

@@ -235,13 +235,7 @@ pub fn sacct(file: &str, text: &str, map: &CompatMapping) -> Imported {
         let line_no = n as u64 + 1;
         out.lines += 1;
         let f: Vec<&str> = line.split('|').collect();
-        let problem = |field: &str, reason: &str, message: String| Problem {
-            file: file.into(),
-            line: line_no,
-            field: Some(field.into()),
-            reason: reason.into(),
-            message,
-        };
+        let problem = |field: &str, reason: &str, message: String| Problem::at(file, line_no, field, reason, message);
         if f.len() != cols.len() {
             out.skip(problem(
                 "line",
@@ -492,13 +486,7 @@ pub fn alibaba(file: &str, text: &str) -> Imported {
         let line_no = n as u64 + 1;
         out.lines += 1;
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        let problem = |field: &str, reason: &str, message: String| Problem {
-            file: file.into(),
-            line: line_no,
-            field: Some(field.into()),
-            reason: reason.into(),
-            message,
-        };
+        let problem = |field: &str, reason: &str, message: String| Problem::at(file, line_no, field, reason, message);
         if f.len() != cols.len() {
             out.skip(problem(
                 "line",

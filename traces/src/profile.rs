@@ -51,6 +51,34 @@ pub struct VClusterProfile {
     pub lend_cap: Option<f64>,
 }
 
+impl VClusterProfile {
+    /// The engine's vCluster configuration for this profile entry — the one mapping both drivers use
+    /// (`rm-replay` and `lattice-runtime`), so a profile schedules the same way in simulation and in
+    /// production. `default_policy` (e.g. `--policy`) overrides the entry's; without either, backfill
+    /// with depth 10.
+    pub fn config(&self, default_policy: Option<Policy>) -> lattice_engine::VClusterConfig {
+        let mut c = lattice_engine::VClusterConfig::new(default_policy.or(self.policy).unwrap_or(Policy::Backfill {
+            depth: Depth::Limited(10),
+        }));
+        c.weights = Some(self.weights);
+        if let Some(i) = self.cycle_interval {
+            c.cycle_interval = i;
+        }
+        if let Some(r) = self.reference_wait {
+            c.reference_wait = r;
+        }
+        c.slo_wait_target = self.slo_wait_target;
+        c.gpu_hours_budget = self.gpu_hours_budget;
+        if let Some(b) = self.preemption {
+            c.preemption = b;
+        }
+        if let Some(l) = self.lend_cap {
+            c.lend_cap = l;
+        }
+        c
+    }
+}
+
 /// A profile file: vCluster name → profile, in name order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WeightProfile {
