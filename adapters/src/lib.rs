@@ -152,6 +152,11 @@ impl Member {
         self.sm.data.read().await.state.clone()
     }
 
+    /// A read of the applied state without copying it all (local, like [`Member::state`]).
+    pub async fn read<T>(&self, f: impl FnOnce(&QuorumState) -> T) -> T {
+        f(&self.sm.data.read().await.state)
+    }
+
     /// The applied state after confirming leadership with a quorum (linearizable).
     pub async fn state_linearizable(&self) -> Result<QuorumState, ProposeError> {
         self.raft

@@ -9,7 +9,7 @@
 //! [`VClusterConfig`]. Nodes without a home form the shared pool, scheduled in one pass for all vClusters
 //! that have no nodes of their own (each allocation still scored with its own vCluster's weights).
 
-use crate::alloc::{AllocSpec, AllocState, Allocation, DependencyCondition, EndReason};
+use crate::alloc::{AllocSpec, AllocState, Allocation, DependencyCondition, EndReason, Lifecycle};
 use crate::broker::BrokerConfig;
 use crate::classes::{ClassInfo, ClassKey};
 use crate::error::{EngineError, SubmitError};
@@ -751,6 +751,36 @@ impl Engine {
         a.start_score = None;
         self.meta[id.index()].proposed_at = None;
         self.enqueue(id);
+        let key = self.pool_key_of(id);
+        self.mark_due(key, now);
+        Ok(())
+    }
+
+    /// `PATCH /v1/allocations/{id}` with a new walltime (e.g. an extension): a bounded allocation that
+    /// has not ended gets `walltime`; a holder's estimated end moves with it, and its pool re-plans its
+    /// reservations at the next pass (an extension may push a promised start later; that is the
+    /// operator's decision, not a backfill's).
+    pub fn handle_walltime_update(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        walltime: crate::time::Duration,
+    ) -> Result<(), EngineError> {
+        self.clock.advance(now);
+        let a = self.allocs.get(id.index()).ok_or(EngineError::UnknownAlloc(id))?;
+        let old = match a.spec.lifecycle {
+            Lifecycle::Bounded { walltime } if !a.state.is_terminal() => walltime,
+            _ => return Err(EngineError::WalltimeFixed(id)),
+        };
+        let since = self.meta[id.index()]
+            .proposed_at
+            .or(a.started.filter(|_| a.state == AllocState::Running));
+        if let Some(t) = since
+            && self.running.remove(&(t + old, id))
+        {
+            self.running.insert((t + walltime, id));
+        }
+        self.allocs[id.index()].spec.lifecycle = Lifecycle::Bounded { walltime };
         let key = self.pool_key_of(id);
         self.mark_due(key, now);
         Ok(())

@@ -43,6 +43,8 @@ pub enum EngineError {
     NotProposed(AllocId),
     #[error("allocation {0} is not being preempted")]
     NotPreempting(AllocId),
+    #[error("allocation {0} has ended or is not bounded: its walltime cannot change")]
+    WalltimeFixed(AllocId),
     #[error(transparent)]
     Node(#[from] crate::node::InvalidNodeTransition),
     #[error("the pyss-compatible policy needs a single homogeneous node pool; the inventory has {0} node classes")]

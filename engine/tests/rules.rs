@@ -436,3 +436,35 @@ fn staging_failures_retry_then_alert_and_f5_tracks_progress() {
     let b = e.handle_submit(Time::from_secs(6), spec(t, v, 1, 10)).unwrap();
     assert_eq!(e.data_readiness(b), None);
 }
+
+#[test]
+fn a_walltime_extension_moves_the_estimated_end_and_the_reservation() {
+    // 2 nodes: A runs on both for 100 s; B (2 nodes) is reserved at A's estimated end.
+    let (mut e, t, v) = engine(Policy::EASY, 2);
+    let a = e.handle_submit(Time(0), spec(t, v, 2, 100)).unwrap();
+    assert_eq!(pass(&mut e, Time(0)), vec![a]);
+    let b = e.handle_submit(Time(1_000), spec(t, v, 2, 10)).unwrap();
+    pass(&mut e, Time(1_000));
+    assert_eq!(e.running_estimates().collect::<Vec<_>>(), vec![(Time(100_000), a)]);
+    let before: Vec<Time> = e.reservations().filter(|r| r.alloc == b).map(|r| r.start).collect();
+    assert_eq!(before, vec![Time(100_000)]);
+
+    e.handle_walltime_update(Time(2_000), a, Duration::from_secs(300))
+        .unwrap();
+    pass(&mut e, Time(2_000));
+    assert_eq!(e.running_estimates().collect::<Vec<_>>(), vec![(Time(300_000), a)]);
+    let after: Vec<Time> = e.reservations().filter(|r| r.alloc == b).map(|r| r.start).collect();
+    assert_eq!(after, vec![Time(300_000)], "B's reservation follows A's new end");
+    // A pending allocation's walltime changes too; an ended one's cannot.
+    e.handle_walltime_update(Time(2_000), b, Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(
+        e.allocation(b).unwrap().spec.lifecycle.walltime(),
+        Some(Duration::from_secs(20))
+    );
+    e.handle_completion(Time(3_000), a, EndReason::Success).unwrap();
+    assert_eq!(
+        e.handle_walltime_update(Time(3_000), a, Duration::from_secs(900)),
+        Err(EngineError::WalltimeFixed(a))
+    );
+}

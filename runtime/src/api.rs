@@ -4,9 +4,10 @@
 //! Bad requests get 400 with `{"error", "field"}` naming the field.
 
 use crate::auth::{Principal, Refusal};
-use crate::control::{FieldError, SubmitRequest};
+use crate::control::{NodeOp, SubmitRequest, UpdateRequest};
 use crate::ops::{self, ApiError};
 use crate::server::Shared;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -25,8 +26,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics));
     let guarded = Router::new()
         .route("/v1/allocations", get(list).post(submit))
-        .route("/v1/allocations/{id}", get(get_one).delete(cancel))
-        .route("/v1/dags", axum::routing::post(submit_dag))
+        .route("/v1/allocations/{id}", get(get_one).delete(cancel).patch(update))
+        .route("/v1/allocations/{id}/checkpoint", axum::routing::post(checkpoint))
+        .route("/v1/dags", get(list_dags).post(submit_dag))
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/nodes", get(nodes))
         .route("/v1/nodes/{id}", get(node))
@@ -34,6 +36,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/nodes/{id}/heartbeat", axum::routing::post(heartbeat))
         .route("/v1/nodes/{id}/drain", axum::routing::post(drain))
         .route("/v1/nodes/{id}/undrain", axum::routing::post(undrain))
+        .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
+        .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
+        .route("/v1/audit/logs", get(audit_logs))
+        .route("/api/v1/tenants/{id}/usage", get(tenant_usage))
+        .route("/api/v1/usage", get(usage))
         .route("/v1/tenants", get(tenants))
         .route("/v1/vclusters", get(vclusters))
         .route("/v1/vclusters/{id}/queue", get(queue))
@@ -88,10 +95,6 @@ fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) ->
         body["field"] = Value::from(f);
     }
     (status, Json(body)).into_response()
-}
-
-fn field_error(e: FieldError) -> Response {
-    error(StatusCode::BAD_REQUEST, Some(&e.field), e.message)
 }
 
 /// REST status codes: 400 (naming the field), 403, 404, and 421 Misdirected Request naming the leader.
@@ -156,16 +159,7 @@ async fn metrics(State(s): S) -> Response {
 async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
     let req: SubmitRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => {
-            // serde names the unknown or mistyped field in its message.
-            let msg = e.to_string();
-            let field = msg
-                .split('`')
-                .nth(1)
-                .filter(|_| msg.contains("field"))
-                .map(str::to_string);
-            return error(StatusCode::BAD_REQUEST, field.as_deref().or(Some("body")), msg);
-        }
+        Err(e) => return body_error(e),
     };
     match ops::submit(&s, &p, req).await {
         Ok(id) => (StatusCode::CREATED, Json(json!({"id": id}))).into_response(),
@@ -263,11 +257,110 @@ async fn undrain(State(s): S, Extension(p): P, Path(id): Path<String>) -> Respon
     set_drain(s, p, id, false).await
 }
 
+async fn disable(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    node_op(s, p, id, NodeOp::Disable).await
+}
+
+async fn enable(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    node_op(s, p, id, NodeOp::Enable).await
+}
+
 async fn set_drain(s: Arc<Shared>, p: Principal, id: String, drain: bool) -> Response {
-    match ops::set_drain(&s, &p, &id, drain).await {
+    node_op(s, p, id, if drain { NodeOp::Drain } else { NodeOp::Undrain }).await
+}
+
+async fn node_op(s: Arc<Shared>, p: Principal, id: String, op: NodeOp) -> Response {
+    match ops::node_op(&s, &p, &id, op).await {
         Ok(state) => Json(json!({"node": id, "state": state})).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+async fn update(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let req: UpdateRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return body_error(e),
+    };
+    match ops::update(&s, &p, &id, &req).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn checkpoint(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::checkpoint(&s, &p, &id).await {
+        Ok(n) => (StatusCode::ACCEPTED, Json(json!({"id": id, "checkpoints": n}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn list_dags(State(s): S, Extension(p): P) -> Json<Value> {
+    let dags: Vec<Value> = ops::dags(&s, &p)
+        .await
+        .into_iter()
+        .map(|(id, state, m)| json!({"id": id, "state": state, "allocations": m.len()}))
+        .collect();
+    Json(json!({ "dags": dags }))
+}
+
+async fn audit_logs(State(s): S, Extension(p): P, q: Result<Query<ops::AuditQuery>, QueryRejection>) -> Response {
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
+    };
+    match ops::audit(&s, &p, &q).await {
+        Ok((entries, valid)) => Json(json!({"entries": entries, "chain_valid": valid})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DaysIn {
+    days: Option<u32>,
+}
+
+async fn tenant_usage(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    q: Result<Query<DaysIn>, QueryRejection>,
+) -> Response {
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, Some("days"), e.body_text()),
+    };
+    let q = ops::UsageQuery {
+        tenant: Some(id),
+        user: None,
+        days: q.days,
+    };
+    match ops::usage(&s, &p, &q).await {
+        Ok(u) => Json(u).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn usage(State(s): S, Extension(p): P, q: Result<Query<ops::UsageQuery>, QueryRejection>) -> Response {
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
+    };
+    match ops::usage(&s, &p, &q).await {
+        Ok(u) => Json(u).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A body serde could not read: 400 naming the unknown or mistyped field.
+fn body_error(e: serde_json::Error) -> Response {
+    let msg = e.to_string();
+    let field = msg
+        .split('`')
+        .nth(1)
+        .filter(|_| msg.contains("field"))
+        .map(str::to_string);
+    error(StatusCode::BAD_REQUEST, field.as_deref().or(Some("body")), msg)
 }
 
 async fn tenants(State(s): S) -> Json<Value> {
@@ -278,14 +371,11 @@ async fn vclusters(State(s): S) -> Json<Value> {
     Json(json!({ "vclusters": s.control.lock().await.vcluster_names() }))
 }
 
-async fn queue(State(s): S, Extension(p): P, Path(id): Path<String>) -> Json<Value> {
-    let all = s.control.lock().await.list();
-    let q: Vec<_> = all
-        .into_iter()
-        .filter(|a| p.can_see(&a.tenant, a.user.as_deref()))
-        .filter(|a| a.vcluster == id && a.state == "pending")
-        .collect();
-    Json(json!({ "vcluster": id, "queue": q }))
+async fn queue(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::queue(&s, &p, &id).await {
+        Ok(q) => Json(json!({ "vcluster": id, "queue": q })).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `lattice admin vcluster set-weights`: the nine weights (missing ones 0); next cycle uses them.
@@ -295,49 +385,9 @@ async fn set_weights(
     Path(id): Path<String>,
     Json(w): Json<BTreeMap<String, f64>>,
 ) -> Response {
-    if !p.is_admin() {
-        return forbidden("setting weights needs SystemAdmin");
-    }
-    let names = [
-        "priority",
-        "wait_time",
-        "fair_share",
-        "topology",
-        "data_readiness",
-        "backlog",
-        "energy",
-        "checkpoint",
-        "conformance",
-    ];
-    if let Some(bad) = w.keys().find(|k| !names.contains(&k.as_str())) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            Some(bad),
-            format!("unknown weight `{bad}` (known: {})", names.join(", ")),
-        );
-    }
-    if let Some((k, v)) = w.iter().find(|(_, v)| !v.is_finite() || **v < 0.0) {
-        return error(StatusCode::BAD_REQUEST, Some(k), format!("{v}: weights are >= 0"));
-    }
-    let get = |k: &str| w.get(k).copied().unwrap_or(0.0);
-    let weights = lattice_engine::CostWeights {
-        priority: get("priority"),
-        wait_time: get("wait_time"),
-        fair_share: get("fair_share"),
-        topology: get("topology"),
-        data_readiness: get("data_readiness"),
-        backlog: get("backlog"),
-        energy: get("energy"),
-        checkpoint: get("checkpoint"),
-        conformance: get("conformance"),
-    };
-    let r = s.control.lock().await.set_weights(&id, weights);
-    match r {
-        Ok(()) => {
-            s.wake.notify_one();
-            Json(json!({"vcluster": id, "weights": w})).into_response()
-        }
-        Err(e) => field_error(e),
+    match ops::set_weights(&s, &p, &id, &w).await {
+        Ok(()) => Json(json!({"vcluster": id, "weights": w})).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -354,21 +404,16 @@ fn latest_backup(s: &Shared) -> Option<std::path::PathBuf> {
 }
 
 async fn backup(State(s): S, Extension(p): P) -> Response {
-    if !p.is_admin() {
-        return forbidden("backups need SystemAdmin");
-    }
-    let ms = crate::control::wall_now().0;
-    let path = s.data_dir.join("backups").join(format!("backup-{ms:013}.json"));
-    match s.member.backup(&path).await {
+    match ops::backup(&s, &p, None).await {
         Ok(b) => Json(json!({
-            "path": path.display().to_string(),
-            "sha256": b.sha256,
-            "last_applied": b.data.last_applied.map(|l| l.index),
-            "assignments": b.data.state.assignments.len(),
-            "audit_entries": b.data.state.audit.len(),
+            "path": b.path.display().to_string(),
+            "sha256": b.backup.sha256,
+            "last_applied": b.backup.data.last_applied.map(|l| l.index),
+            "assignments": b.backup.data.state.assignments.len(),
+            "audit_entries": b.backup.data.state.audit.len(),
         }))
         .into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, None, e),
+        Err(e) => e.into_response(),
     }
 }
 

@@ -46,6 +46,10 @@ pub struct SubmitRequest {
     /// any/afterany); `ref` is an allocation id (or, inside a DAG, a member's name).
     #[serde(default)]
     pub depends_on: Vec<DependsIn>,
+    /// A sensitive claim (ClaimingUser or SystemAdmin): class 10, first in the queue, its claim and
+    /// release recorded in the quorum's hash-chained audit log.
+    #[serde(default)]
+    pub sensitive: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -134,6 +138,11 @@ pub struct AllocationView {
     pub tags: BTreeMap<String, String>,
     /// Why it is still pending, when the quorum rejected its last proposal.
     pub last_rejection: Option<String>,
+    /// Telemetry mode: prod | debug | audit.
+    pub telemetry: String,
+    /// Checkpoints requested through the API and taken by its agents.
+    pub checkpoints: u32,
+    pub last_checkpoint_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -155,6 +164,69 @@ struct Meta {
     tags: BTreeMap<String, String>,
     run: std::time::Duration,
     last_rejection: Option<String>,
+    telemetry: String,
+    checkpoints: u32,
+    last_checkpoint_ms: Option<u64>,
+}
+
+impl Meta {
+    fn new(name: String, run: std::time::Duration) -> Meta {
+        Meta {
+            name,
+            user: None,
+            entrypoint: None,
+            tags: BTreeMap::new(),
+            run,
+            last_rejection: None,
+            telemetry: "prod".into(),
+            checkpoints: 0,
+            last_checkpoint_ms: None,
+        }
+    }
+}
+
+/// `PATCH /v1/allocations/{id}`: what may change after submission.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateRequest {
+    /// A new walltime ("72h", "30m", "HH:MM:SS", seconds); not shorter than the time already run.
+    #[serde(default)]
+    pub walltime: Option<String>,
+    /// Tags to set (an empty value removes the tag).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default)]
+    pub telemetry: Option<TelemetryIn>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryIn {
+    /// prod | debug | audit (book: "Switching Telemetry Mode").
+    pub mode: String,
+    #[serde(default)]
+    pub duration: Option<String>,
+}
+
+/// A node operation of `lattice node ...`/`lattice admin ...`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeOp {
+    Drain,
+    Undrain,
+    /// Down at once: its allocation is requeued or failed (per its requeue policy).
+    Disable,
+    /// Down → Ready.
+    Enable,
+}
+
+/// Node-hours and GPU-hours of finished and running allocations in a window (`usage` endpoints).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Usage {
+    pub allocations: u64,
+    pub node_hours: f64,
+    pub gpu_hours: f64,
+    pub since_ms: u64,
+    pub until_ms: u64,
 }
 
 pub struct Control {
@@ -180,6 +252,8 @@ pub struct PendingProposal {
     pub alloc: AllocId,
     pub name: String,
     pub tenant: String,
+    /// The submitting user (the audit log's subject for sensitive claims).
+    pub user: String,
     pub nodes: Vec<String>,
     pub sensitive: bool,
 }
@@ -360,6 +434,7 @@ impl Control {
         spec.nodes = nodes;
         spec.lifecycle = lifecycle;
         spec.preemption_class = class;
+        spec.sensitive_claim = req.sensitive;
         if let Some(c) = &req.constraints_opt() {
             spec.constraints = Constraints {
                 gpu_type: c.gpu_type.clone(),
@@ -376,22 +451,13 @@ impl Control {
         let name = format!("a-{:06}", self.next);
         self.next += 1;
         while self.meta.len() <= id.index() {
-            self.meta.push(Meta {
-                name: String::new(),
-                user: None,
-                entrypoint: None,
-                tags: BTreeMap::new(),
-                run,
-                last_rejection: None,
-            });
+            self.meta.push(Meta::new(String::new(), run));
         }
         self.meta[id.index()] = Meta {
-            name: name.clone(),
             user: req.user.clone(),
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
-            run,
-            last_rejection: None,
+            ..Meta::new(name.clone(), run)
         };
         self.by_name.insert(name.clone(), id);
         self.capture_line(serde_json::json!({
@@ -439,6 +505,11 @@ impl Control {
                     .map(|m| m.name.clone())
                     .unwrap_or_default(),
                 tenant,
+                user: self
+                    .meta
+                    .get(p.alloc.index())
+                    .and_then(|m| m.user.clone())
+                    .unwrap_or_default(),
                 nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                 sensitive: a.spec.sensitive_claim,
             });
@@ -557,6 +628,10 @@ impl Control {
         self.dags.insert(id.to_string(), members);
     }
 
+    pub fn dag_ids(&self) -> Vec<String> {
+        self.dags.keys().cloned().collect()
+    }
+
     pub fn dag(&self, id: &str) -> Option<&Vec<(String, String)>> {
         self.dags.get(id)
     }
@@ -593,6 +668,9 @@ impl Control {
             entrypoint: m.entrypoint.clone(),
             tags: m.tags.clone(),
             last_rejection: m.last_rejection.clone(),
+            telemetry: m.telemetry.clone(),
+            checkpoints: m.checkpoints,
+            last_checkpoint_ms: m.last_checkpoint_ms,
         })
     }
 
@@ -629,23 +707,156 @@ impl Control {
 
     /// Drain (`true`) or undrain a node; the node's state afterwards.
     pub fn drain(&mut self, node: &str, drain: bool) -> Result<String, FieldError> {
+        let op = if drain { NodeOp::Drain } else { NodeOp::Undrain };
+        self.node_op(node, op).map(|(state, _)| state)
+    }
+
+    /// A node operation; the node's state afterwards and the allocations that lost their nodes
+    /// (requeued or failed by a disable: their nodes must be released at the quorum).
+    pub fn node_op(&mut self, node: &str, op: NodeOp) -> Result<(String, Vec<String>), FieldError> {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node}")))?;
         let now = self.now();
-        let ev = if drain {
-            lattice_engine::NodeEvent::Drain
-        } else {
-            lattice_engine::NodeEvent::Undrain
+        let ev = match op {
+            NodeOp::Drain => lattice_engine::NodeEvent::Drain,
+            NodeOp::Undrain => lattice_engine::NodeEvent::Undrain,
+            NodeOp::Disable => lattice_engine::NodeEvent::HardwareFailure,
+            NodeOp::Enable => lattice_engine::NodeEvent::Enable,
         };
-        self.engine
+        let lost = self
+            .engine
             .handle_node_event(now, id, ev)
             .map_err(|e| bad("id", e.to_string()))?;
-        Ok(self
+        let lost = lost.into_iter().map(|a| self.name_of(a)).collect();
+        Ok((self.node_state(id), lost))
+    }
+
+    /// Applies a `PATCH`: walltime (through the engine, so reservations follow), tags, telemetry mode.
+    /// Everything is validated before anything changes.
+    pub fn update(&mut self, name: &str, req: &UpdateRequest) -> Result<(), FieldError> {
+        let id = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let a = self
             .engine
-            .node(id)
-            .map(|n| format!("{:?}", n.state).to_lowercase())
-            .unwrap_or_default())
+            .allocation(id)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        if a.state.is_terminal() {
+            return Err(bad("state", format!("{name} has ended ({})", a.state.as_str())));
+        }
+        let now = self.now();
+        let walltime = match &req.walltime {
+            None => None,
+            Some(w) => {
+                let d = lattice_traces::parse_duration(w).map_err(|m| bad("walltime", format!("`{w}`: {m}")))?;
+                if d == Duration::ZERO {
+                    return Err(bad("walltime", "must be positive"));
+                }
+                if a.spec.lifecycle.walltime().is_none() {
+                    return Err(bad("walltime", "only a bounded allocation has a walltime"));
+                }
+                if let Some(t) = a.started
+                    && a.state == AllocState::Running
+                    && now.since(t) > d
+                {
+                    return Err(bad(
+                        "walltime",
+                        format!(
+                            "`{w}` is shorter than the {:.0} s already run",
+                            now.since(t).as_secs_f64()
+                        ),
+                    ));
+                }
+                Some(d)
+            }
+        };
+        if let Some(t) = &req.telemetry
+            && !matches!(t.mode.as_str(), "prod" | "debug" | "audit")
+        {
+            return Err(bad(
+                "telemetry.mode",
+                format!("`{}`: expected prod, debug or audit", t.mode),
+            ));
+        }
+        if let Some(d) = walltime {
+            self.engine
+                .handle_walltime_update(now, id, d)
+                .map_err(|e| bad("walltime", e.to_string()))?;
+        }
+        let m = &mut self.meta[id.index()];
+        for (k, v) in &req.tags {
+            if v.is_empty() {
+                m.tags.remove(k);
+            } else {
+                m.tags.insert(k.clone(), v.clone());
+            }
+        }
+        if let Some(t) = &req.telemetry {
+            m.telemetry = t.mode.clone();
+        }
+        Ok(())
+    }
+
+    /// `POST .../checkpoint`: a running allocation's agents are asked to checkpoint (simulated agents
+    /// take it at once). Returns the number of checkpoints taken so far.
+    pub fn checkpoint(&mut self, name: &str) -> Result<u32, FieldError> {
+        let id = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let a = self
+            .engine
+            .allocation(id)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        if a.state != AllocState::Running {
+            return Err(bad(
+                "state",
+                format!(
+                    "{name} is {}: only a running allocation can checkpoint",
+                    a.state.as_str()
+                ),
+            ));
+        }
+        let now = self.now();
+        let m = &mut self.meta[id.index()];
+        m.checkpoints += 1;
+        m.last_checkpoint_ms = Some(now.0);
+        Ok(m.checkpoints)
+    }
+
+    /// Node-hours and GPU-hours held in `[since, until)` by allocations matching the filters.
+    pub fn usage(&self, tenant: Option<&str>, user: Option<&str>, since: Time, until: Time) -> Usage {
+        let mut u = Usage {
+            since_ms: since.0,
+            until_ms: until.0,
+            ..Usage::default()
+        };
+        for a in self.engine.allocations() {
+            let Some(start) = a.started else { continue };
+            let end = a.ended.unwrap_or(until).min(until);
+            let start = start.max(since);
+            if end <= start {
+                continue;
+            }
+            let t = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+            let m = &self.meta[a.id.index()];
+            if tenant.is_some_and(|w| w != t) || user.is_some_and(|w| Some(w) != m.user.as_deref()) {
+                continue;
+            }
+            let hours = end.since(start).as_secs_f64() / 3600.0;
+            let gpus: u32 = a
+                .nodes
+                .iter()
+                .filter_map(|n| self.engine.node(*n))
+                .map(|n| n.spec.capabilities.gpu_count)
+                .sum();
+            u.allocations += 1;
+            u.node_hours += hours * a.nodes.len() as f64;
+            u.gpu_hours += hours * gpus as f64;
+        }
+        u
     }
 
     /// Hot-reloads a vCluster's weights: they take effect at its next pass.

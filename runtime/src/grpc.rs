@@ -1,10 +1,15 @@
 //! The public gRPC API (tonic/prost, `proto/lattice/v1/*.proto`): AllocationService (submit, get,
-//! list, cancel, watch), NodeService (list, get, drain, undrain) and AdminService (raft status), served
+//! list, cancel, watch, update, checkpoint, DAG submit/get/list/cancel), NodeService (list, get, drain,
+//! undrain, disable, enable, register, heartbeat) and AdminService (raft status, tenants, vClusters,
+//! queue, weights, backup/verify, audit query, usage), served
 //! on the member's gRPC port next to the quorum's Raft service. Every call goes through the same
 //! operations as REST ([`crate::ops`]); the bearer token travels in the `authorization` metadata.
 
 use crate::auth::{Principal, Refusal};
-use crate::control::{AllocationView, LifecycleIn, NodeView, NodesIn, Resources, SubmitRequest};
+use crate::control::{
+    AllocationView, DependsIn, LifecycleIn, NodeOp, NodeView, NodesIn, Resources, SubmitRequest, TelemetryIn,
+    UpdateRequest,
+};
 use crate::ops::{self, ApiError};
 use crate::server::Shared;
 use std::sync::Arc;
@@ -73,6 +78,23 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
         entrypoint: a.entrypoint.unwrap_or_default(),
         tags: a.tags.into_iter().collect(),
         last_rejection: a.last_rejection.unwrap_or_default(),
+        telemetry: a.telemetry,
+        checkpoints: a.checkpoints,
+        last_checkpoint_ms: a.last_checkpoint_ms,
+    }
+}
+
+fn dag_pb(id: String, state: String, members: Vec<(String, AllocationView)>) -> pb::Dag {
+    pb::Dag {
+        id,
+        state,
+        allocations: members
+            .into_iter()
+            .map(|(name, v)| pb::DagMemberStatus {
+                name,
+                allocation: Some(to_pb(v)),
+            })
+            .collect(),
     }
 }
 
@@ -130,7 +152,19 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
         preemption_class: r.preemption_class.map(i64::from),
         tags: r.tags.into_iter().collect(),
         duration: none_if_empty(r.duration),
-        depends_on: Vec::new(),
+        depends_on: r
+            .depends_on
+            .into_iter()
+            .map(|d| DependsIn {
+                reference: d.r#ref,
+                condition: if d.condition.is_empty() {
+                    "success".into()
+                } else {
+                    d.condition
+                },
+            })
+            .collect(),
+        sensitive: r.sensitive,
     })
 }
 
@@ -213,6 +247,75 @@ impl AllocationService for Api {
         });
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
+
+    async fn update(&self, req: Request<pb::UpdateRequest>) -> Result<Response<pb::Allocation>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let u = UpdateRequest {
+            walltime: none_if_empty(r.walltime),
+            tags: r.tags.into_iter().collect(),
+            telemetry: none_if_empty(r.telemetry_mode).map(|mode| TelemetryIn { mode, duration: None }),
+        };
+        let v = ops::update(&self.shared, &p, &r.id, &u).await?;
+        Ok(Response::new(to_pb(v)))
+    }
+
+    async fn checkpoint(
+        &self,
+        req: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<pb::CheckpointResponse>, Status> {
+        let p = self.principal(&req)?;
+        let id = req.into_inner().id;
+        let checkpoints = ops::checkpoint(&self.shared, &p, &id).await?;
+        Ok(Response::new(pb::CheckpointResponse { id, checkpoints }))
+    }
+
+    async fn submit_dag(&self, req: Request<pb::SubmitDagRequest>) -> Result<Response<pb::Dag>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let mut allocations = Vec::with_capacity(r.allocations.len());
+        for (i, m) in r.allocations.into_iter().enumerate() {
+            let request = m
+                .request
+                .ok_or_else(|| Status::invalid_argument(format!("allocations[{i}].request: required")))?;
+            allocations.push(ops::DagMember {
+                name: m.name,
+                request: from_pb(request)?,
+            });
+        }
+        let dag = ops::DagRequest {
+            id: none_if_empty(r.id),
+            allocations,
+        };
+        let (id, _) = ops::submit_dag(&self.shared, &p, dag).await?;
+        let (state, members) = ops::dag(&self.shared, &p, &id).await?;
+        Ok(Response::new(dag_pb(id, state, members)))
+    }
+
+    async fn get_dag(&self, req: Request<pb::DagRequest>) -> Result<Response<pb::Dag>, Status> {
+        let p = self.principal(&req)?;
+        let id = req.into_inner().id;
+        let (state, members) = ops::dag(&self.shared, &p, &id).await?;
+        Ok(Response::new(dag_pb(id, state, members)))
+    }
+
+    async fn list_dags(&self, req: Request<pb::ListDagsRequest>) -> Result<Response<pb::ListDagsResponse>, Status> {
+        let p = self.principal(&req)?;
+        let dags = ops::dags(&self.shared, &p).await;
+        Ok(Response::new(pb::ListDagsResponse {
+            dags: dags.into_iter().map(|(id, st, m)| dag_pb(id, st, m)).collect(),
+        }))
+    }
+
+    async fn cancel_dag(&self, req: Request<pb::DagRequest>) -> Result<Response<pb::CancelDagResponse>, Status> {
+        let p = self.principal(&req)?;
+        let id = req.into_inner().id;
+        let n = ops::cancel_dag(&self.shared, &p, &id).await?;
+        Ok(Response::new(pb::CancelDagResponse {
+            id,
+            cancelled: n as u32,
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -258,6 +361,20 @@ impl NodeService for Api {
         ops::set_drain(&self.shared, &p, &id, false).await?;
         Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
     }
+
+    async fn disable(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let p = self.principal(&req)?;
+        let id = req.into_inner().id;
+        ops::node_op(&self.shared, &p, &id, NodeOp::Disable).await?;
+        Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
+    }
+
+    async fn enable(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let p = self.principal(&req)?;
+        let id = req.into_inner().id;
+        ops::node_op(&self.shared, &p, &id, NodeOp::Enable).await?;
+        Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
+    }
 }
 
 #[tonic::async_trait]
@@ -280,6 +397,147 @@ impl AdminService for Api {
             rejections: q.rejections,
             audit_entries: q.audit.len() as u64,
             audit_chain_valid: q.verify_audit().is_ok(),
+        }))
+    }
+
+    async fn list_tenants(
+        &self,
+        req: Request<pb::ListTenantsRequest>,
+    ) -> Result<Response<pb::ListTenantsResponse>, Status> {
+        self.principal(&req)?;
+        let tenants = self.shared.control.lock().await.tenant_names();
+        Ok(Response::new(pb::ListTenantsResponse { tenants }))
+    }
+
+    async fn list_v_clusters(
+        &self,
+        req: Request<pb::ListVClustersRequest>,
+    ) -> Result<Response<pb::ListVClustersResponse>, Status> {
+        self.principal(&req)?;
+        let vclusters = self.shared.control.lock().await.vcluster_names();
+        Ok(Response::new(pb::ListVClustersResponse { vclusters }))
+    }
+
+    async fn queue(&self, req: Request<pb::QueueRequest>) -> Result<Response<pb::QueueResponse>, Status> {
+        let p = self.principal(&req)?;
+        let q = ops::queue(&self.shared, &p, &req.into_inner().vcluster).await?;
+        Ok(Response::new(pb::QueueResponse {
+            allocations: q.into_iter().map(|a| a.id).collect(),
+        }))
+    }
+
+    async fn set_weights(
+        &self,
+        req: Request<pb::SetWeightsRequest>,
+    ) -> Result<Response<pb::SetWeightsResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let w = r.weights.unwrap_or_default();
+        let map: std::collections::BTreeMap<String, f64> = ops::WEIGHT_NAMES
+            .iter()
+            .zip([
+                w.priority,
+                w.wait_time,
+                w.fair_share,
+                w.topology,
+                w.data_readiness,
+                w.backlog,
+                w.energy,
+                w.checkpoint_efficiency,
+                w.conformance,
+            ])
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        ops::set_weights(&self.shared, &p, &r.vcluster, &map).await?;
+        Ok(Response::new(pb::SetWeightsResponse { vcluster: r.vcluster }))
+    }
+
+    async fn backup(&self, req: Request<pb::BackupRequest>) -> Result<Response<pb::BackupResponse>, Status> {
+        let p = self.principal(&req)?;
+        let name = req.into_inner().name;
+        let b = ops::backup(&self.shared, &p, Some(&name)).await?;
+        Ok(Response::new(pb::BackupResponse {
+            path: b.path.display().to_string(),
+            last_applied: b.backup.data.last_applied.map_or(0, |l| l.index),
+            sha256: b.backup.sha256,
+        }))
+    }
+
+    async fn verify_backup(
+        &self,
+        req: Request<pb::VerifyBackupRequest>,
+    ) -> Result<Response<pb::VerifyBackupResponse>, Status> {
+        let p = self.principal(&req)?;
+        if !p.is_admin() {
+            return Err(Status::permission_denied("forbidden: backups need SystemAdmin"));
+        }
+        let name = req.into_inner().name;
+        if name.is_empty() || name.contains('/') || name.contains("..") {
+            return Err(Status::invalid_argument(
+                "name: a backup's file name under the backup directory",
+            ));
+        }
+        let path = self
+            .shared
+            .data_dir
+            .join("backups")
+            .join(format!("{}.json", name.trim_end_matches(".json")));
+        let r = lattice_adapters::raft_store::Backup::read_verified(&path);
+        Ok(Response::new(match r {
+            Ok(b) => pb::VerifyBackupResponse {
+                ok: true,
+                detail: format!("{}: sha256 {}", path.display(), b.sha256),
+            },
+            Err(e) => pb::VerifyBackupResponse { ok: false, detail: e },
+        }))
+    }
+
+    async fn query_audit(
+        &self,
+        req: Request<pb::AuditQueryRequest>,
+    ) -> Result<Response<pb::AuditQueryResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let q = ops::AuditQuery {
+            user: none_if_empty(r.user),
+            allocation: none_if_empty(r.allocation),
+            node: none_if_empty(r.node),
+            since: none_if_empty(r.since),
+            until: none_if_empty(r.until),
+        };
+        let (entries, chain_valid) = ops::audit(&self.shared, &p, &q).await?;
+        Ok(Response::new(pb::AuditQueryResponse {
+            entries: entries
+                .into_iter()
+                .map(|e| pb::AuditEntry {
+                    seq: e.seq,
+                    at_ms: e.at_ms,
+                    user: e.user,
+                    allocation: e.alloc,
+                    action: e.action,
+                    detail: e.detail,
+                    hash: e.hash,
+                })
+                .collect(),
+            chain_valid,
+        }))
+    }
+
+    async fn usage(&self, req: Request<pb::UsageRequest>) -> Result<Response<pb::UsageResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let q = ops::UsageQuery {
+            tenant: none_if_empty(r.tenant),
+            user: none_if_empty(r.user),
+            days: (r.days > 0).then_some(r.days),
+        };
+        let u = ops::usage(&self.shared, &p, &q).await?;
+        Ok(Response::new(pb::UsageResponse {
+            allocations: u.allocations,
+            node_hours: u.node_hours,
+            gpu_hours: u.gpu_hours,
+            since_ms: u.since_ms,
+            until_ms: u.until_ms,
         }))
     }
 }

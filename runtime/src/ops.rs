@@ -2,8 +2,9 @@
 //! ([`crate::grpc`]) both call these, so validation, authorization and tenant scoping are one code.
 
 use crate::auth::Principal;
-use crate::control::{AllocationView, NodeView, SubmitRequest};
+use crate::control::{AllocationView, NodeOp, NodeView, SubmitRequest, UpdateRequest, Usage};
 use crate::server::{Shared, release};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Why an operation was refused; each transport maps it to its status codes.
@@ -76,6 +77,12 @@ pub async fn submit(s: &Shared, p: &Principal, mut req: SubmitRequest) -> Result
             message: format!("{} may not submit for tenant {}", p.user, req.tenant),
         });
     }
+    if req.sensitive && !(p.is_admin() || p.has(crate::auth::Role::ClaimingUser)) {
+        return Err(ApiError::Forbidden {
+            field: Some("sensitive".into()),
+            message: format!("{} may not make sensitive claims (needs the ClaimingUser role)", p.user),
+        });
+    }
     if !p.is_admin() || req.user.is_none() {
         // The submitter is the token's subject.
         req.user = Some(p.user.clone());
@@ -122,23 +129,54 @@ pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Vec<AllocationVi
         .collect()
 }
 
-/// Cancels; a running allocation's nodes are released at the quorum.
-pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiError> {
-    leader_only(s)?;
+/// The caller may change allocation `id` (owner, tenant admin or system admin): 403 if they only see
+/// it, 404 if they do not even see it.
+async fn may_change(s: &Shared, p: &Principal, id: &str, what: &str) -> Result<(), ApiError> {
     let owner = {
         let c = s.control.lock().await;
         c.id_of(id).and_then(|i| c.view(i)).map(|v| (v.tenant, v.user))
     };
     match owner {
-        Some((t, u)) if p.can_cancel(&t, u.as_deref()) => {}
-        Some((t, u)) if p.can_see(&t, u.as_deref()) => {
-            return Err(ApiError::Forbidden {
-                field: None,
-                message: "forbidden: cancelling this allocation".into(),
-            });
-        }
-        _ => return Err(not_found("allocation", id)),
+        Some((t, u)) if p.can_cancel(&t, u.as_deref()) => Ok(()),
+        Some((t, u)) if p.can_see(&t, u.as_deref()) => Err(ApiError::Forbidden {
+            field: None,
+            message: format!("forbidden: {what} this allocation"),
+        }),
+        _ => Err(not_found("allocation", id)),
     }
+}
+
+fn bad_request(e: crate::control::FieldError) -> ApiError {
+    ApiError::BadRequest {
+        field: e.field,
+        message: e.message,
+    }
+}
+
+/// `PATCH /v1/allocations/{id}`: walltime, tags, telemetry mode; the allocation afterwards.
+pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) -> Result<AllocationView, ApiError> {
+    leader_only(s)?;
+    may_change(s, p, id, "updating").await?;
+    let mut c = s.control.lock().await;
+    c.update(id, req).map_err(bad_request)?;
+    s.wake.notify_one();
+    c.id_of(id)
+        .and_then(|i| c.view(i))
+        .ok_or_else(|| not_found("allocation", id))
+}
+
+/// `POST /v1/allocations/{id}/checkpoint`: checkpoints taken so far.
+pub async fn checkpoint(s: &Shared, p: &Principal, id: &str) -> Result<u32, ApiError> {
+    leader_only(s)?;
+    may_change(s, p, id, "checkpointing").await?;
+    let r = s.control.lock().await.checkpoint(id);
+    r.map_err(bad_request)
+}
+
+/// Cancels; a running allocation's nodes are released at the quorum.
+pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiError> {
+    leader_only(s)?;
+    may_change(s, p, id, "cancelling").await?;
     let held = s
         .control
         .lock()
@@ -164,7 +202,13 @@ pub async fn node(s: &Shared, id: &str) -> Result<NodeView, ApiError> {
 }
 
 /// Drains (or undrains) a node; its state afterwards.
-pub async fn set_drain(s: &Shared, p: &Principal, id: &str, drain: bool) -> Result<String, ApiError> {
+pub async fn set_drain(s: &Arc<Shared>, p: &Principal, id: &str, drain: bool) -> Result<String, ApiError> {
+    node_op(s, p, id, if drain { NodeOp::Drain } else { NodeOp::Undrain }).await
+}
+
+/// Drain, undrain, disable or enable a node; its state afterwards. A disabled node's allocation is
+/// requeued or failed by the engine, and its nodes are released at the quorum.
+pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Result<String, ApiError> {
     if !p.can_operate() {
         return Err(ApiError::Forbidden {
             field: None,
@@ -172,19 +216,252 @@ pub async fn set_drain(s: &Shared, p: &Principal, id: &str, drain: bool) -> Resu
         });
     }
     leader_only(s)?;
-    let r = s.control.lock().await.drain(id, drain);
-    let state = r.map_err(|e| {
+    let r = s.control.lock().await.node_op(id, op);
+    let (state, lost) = r.map_err(|e| {
         if e.message.starts_with("no node") {
             not_found("node", id)
         } else {
-            ApiError::BadRequest {
+            bad_request(e)
+        }
+    })?;
+    for alloc in lost {
+        release(s, alloc).await;
+    }
+    s.wake.notify_one();
+    Ok(state)
+}
+
+/// One DAG's summary: id, overall state, members.
+pub async fn dags(s: &Shared, p: &Principal) -> Vec<(String, String, Vec<(String, AllocationView)>)> {
+    let ids: Vec<String> = s.control.lock().await.dag_ids();
+    let mut out = Vec::new();
+    for id in ids {
+        if let Ok((state, members)) = dag(s, p, &id).await {
+            out.push((id, state, members));
+        }
+    }
+    out
+}
+
+/// A vCluster's pending allocations the caller may see, in queue order.
+pub async fn queue(s: &Shared, p: &Principal, vcluster: &str) -> Result<Vec<AllocationView>, ApiError> {
+    let c = s.control.lock().await;
+    if !c.vcluster_names().iter().any(|v| v == vcluster) {
+        return Err(ApiError::NotFound {
+            field: "vcluster".into(),
+            message: format!("vCluster \"{vcluster}\" not found"),
+        });
+    }
+    Ok(c.engine
+        .queue()
+        .into_iter()
+        .filter_map(|i| c.view(i))
+        .filter(|a| a.vcluster == vcluster && p.can_see(&a.tenant, a.user.as_deref()))
+        .collect())
+}
+
+/// The nine cost weights by name (the profile's and `lattice admin vcluster set-weights`' keys).
+pub const WEIGHT_NAMES: [&str; 9] = [
+    "priority",
+    "wait_time",
+    "fair_share",
+    "topology",
+    "data_readiness",
+    "backlog",
+    "energy",
+    "checkpoint",
+    "conformance",
+];
+
+/// Hot-reloads a vCluster's weights (missing ones 0); its next pass uses them.
+pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap<String, f64>) -> Result<(), ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("setting weights needs SystemAdmin"));
+    }
+    if let Some(k) = w.keys().find(|k| !WEIGHT_NAMES.contains(&k.as_str())) {
+        return Err(ApiError::BadRequest {
+            field: k.clone(),
+            message: format!("unknown weight `{k}` (known: {})", WEIGHT_NAMES.join(", ")),
+        });
+    }
+    if let Some((k, v)) = w.iter().find(|(_, v)| !v.is_finite() || **v < 0.0) {
+        return Err(ApiError::BadRequest {
+            field: k.clone(),
+            message: format!("{v}: weights are >= 0"),
+        });
+    }
+    let get = |k: &str| w.get(k).copied().unwrap_or(0.0);
+    let weights = lattice_engine::CostWeights {
+        priority: get("priority"),
+        wait_time: get("wait_time"),
+        fair_share: get("fair_share"),
+        topology: get("topology"),
+        data_readiness: get("data_readiness"),
+        backlog: get("backlog"),
+        energy: get("energy"),
+        checkpoint: get("checkpoint"),
+        conformance: get("conformance"),
+    };
+    let r = s.control.lock().await.set_weights(vcluster, weights);
+    r.map_err(|e| {
+        if e.field == "vcluster" {
+            ApiError::NotFound {
                 field: e.field,
                 message: e.message,
             }
+        } else {
+            bad_request(e)
         }
     })?;
     s.wake.notify_one();
-    Ok(state)
+    Ok(())
+}
+
+fn forbidden(message: &str) -> ApiError {
+    ApiError::Forbidden {
+        field: None,
+        message: format!("forbidden: {message}"),
+    }
+}
+
+/// A backup written by this member: where, at which log index, its checksum.
+pub struct BackupMade {
+    pub path: std::path::PathBuf,
+    pub backup: lattice_adapters::raft_store::Backup,
+}
+
+/// Writes a backup of the applied quorum state under `DATA_DIR/backups` (`name`, or a timestamped one).
+pub async fn backup(s: &Shared, p: &Principal, name: Option<&str>) -> Result<BackupMade, ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("backups need SystemAdmin"));
+    }
+    let file = match name.filter(|n| !n.is_empty()) {
+        Some(n) if n.contains('/') || n.contains("..") => {
+            return Err(ApiError::BadRequest {
+                field: "name".into(),
+                message: format!("`{n}`: a plain file name (written under the backup directory)"),
+            });
+        }
+        Some(n) => format!("{}.json", n.trim_end_matches(".json")),
+        None => format!("backup-{:013}.json", crate::control::wall_now().0),
+    };
+    let path = s.data_dir.join("backups").join(file);
+    match s.member.backup(&path).await {
+        Ok(backup) => Ok(BackupMade { path, backup }),
+        Err(e) => Err(ApiError::BadRequest {
+            field: "name".into(),
+            message: e,
+        }),
+    }
+}
+
+/// `lattice audit query`: filters of the quorum's audit log (empty = any).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    pub user: Option<String>,
+    pub allocation: Option<String>,
+    pub node: Option<String>,
+    /// `YYYY-MM-DD` (UTC midnight) or milliseconds since the epoch.
+    pub since: Option<String>,
+    pub until: Option<String>,
+}
+
+/// `2026-03-01` → ms at UTC midnight; a bare integer is taken as ms.
+pub fn parse_instant(field: &str, v: &str) -> Result<u64, ApiError> {
+    let bad = || ApiError::BadRequest {
+        field: field.into(),
+        message: format!("`{v}`: expected YYYY-MM-DD or milliseconds since the epoch"),
+    };
+    if let Ok(ms) = v.parse::<u64>() {
+        return Ok(ms);
+    }
+    let parts: Vec<&str> = v.split('-').collect();
+    let [y, m, d] = parts[..] else { return Err(bad()) };
+    let (y, m, d) = (
+        y.parse::<i64>().map_err(|_| bad())?,
+        m.parse::<i64>().map_err(|_| bad())?,
+        d.parse::<i64>().map_err(|_| bad())?,
+    );
+    if y < 1970 || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return Err(bad());
+    }
+    // Days from civil (proleptic Gregorian), Howard Hinnant's algorithm.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok(days as u64 * 86_400_000)
+}
+
+/// The audit entries matching `q` and whether the whole chain verifies. SystemAdmin and Operator see
+/// every entry; anyone else only their own.
+pub async fn audit(
+    s: &Shared,
+    p: &Principal,
+    q: &AuditQuery,
+) -> Result<(Vec<lattice_adapters::AuditEntry>, bool), ApiError> {
+    let since = q.since.as_deref().map(|v| parse_instant("since", v)).transpose()?;
+    let until = q.until.as_deref().map(|v| parse_instant("until", v)).transpose()?;
+    let all = p.is_admin() || p.can_operate();
+    let want = |w: &Option<String>, have: &str| w.as_deref().is_none_or(|w| w.is_empty() || w == have);
+    let (entries, valid) = s
+        .member
+        .read(|st| {
+            let e: Vec<_> = st
+                .audit
+                .iter()
+                .filter(|e| all || e.user == p.user)
+                .filter(|e| want(&q.user, &e.user) && want(&q.allocation, &e.alloc))
+                .filter(|e| {
+                    q.node
+                        .as_deref()
+                        .is_none_or(|n| n.is_empty() || e.detail.split(',').any(|d| d == n))
+                })
+                .filter(|e| since.is_none_or(|t| e.at_ms >= t) && until.is_none_or(|t| e.at_ms < t))
+                .cloned()
+                .collect();
+            (e, st.verify_audit().is_ok())
+        })
+        .await;
+    Ok((entries, valid))
+}
+
+/// `GET /api/v1/tenants/{id}/usage?days=N` and `GET /api/v1/usage?user=U&days=N`.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageQuery {
+    pub tenant: Option<String>,
+    pub user: Option<String>,
+    pub days: Option<u32>,
+}
+
+/// Usage over the last `days` (default 90, the book's budget period): a tenant's for its TenantAdmin,
+/// a user's for that user, anything for SystemAdmin, Operator and ReadOnly.
+pub async fn usage(s: &Shared, p: &Principal, q: &UsageQuery) -> Result<Usage, ApiError> {
+    let days = q.days.unwrap_or(90);
+    if days == 0 || days > 3660 {
+        return Err(ApiError::BadRequest {
+            field: "days".into(),
+            message: format!("{days}: between 1 and 3660"),
+        });
+    }
+    let tenant = q.tenant.as_deref().filter(|t| !t.is_empty());
+    let user = q.user.as_deref().filter(|u| !u.is_empty());
+    use crate::auth::Role;
+    let wide = p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly);
+    let own_tenant = tenant.is_some() && tenant == p.tenant.as_deref() && p.has(Role::TenantAdmin);
+    let own_user = user == Some(p.user.as_str()) && tenant.is_none_or(|t| Some(t) == p.tenant.as_deref());
+    if !(wide || own_tenant || own_user) {
+        return Err(forbidden("usage of other tenants or users"));
+    }
+    let c = s.control.lock().await;
+    let until = c.now();
+    let since = lattice_engine::Time(until.0.saturating_sub(days as u64 * 86_400_000));
+    Ok(c.usage(tenant, user, since, until))
 }
 
 /// `POST /v1/dags`: allocations with edges between them by member name.

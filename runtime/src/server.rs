@@ -7,7 +7,7 @@ use crate::control::{Control, PendingProposal};
 use crate::metrics::Metrics;
 use anyhow::{Context, Result};
 use lattice_adapters::{Member, QuorumCommand, QuorumResponse};
-use lattice_engine::{EndReason, NodeSpec, VClusterConfig};
+use lattice_engine::{AllocState, EndReason, NodeSpec, VClusterConfig};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -265,6 +265,9 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let run = c.committed(p.alloc);
             drop(c);
+            if p.sensitive {
+                audit(shared, &p.user, &p.name, "claim", p.nodes.join(",")).await;
+            }
             if shared.simulate_agents
                 && let Some(run) = run
             {
@@ -283,25 +286,45 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
     }
 }
 
-/// A simulated agent: the allocation runs for its duration (killed at its walltime), then completes
-/// and its nodes are released at the quorum.
+/// A simulated agent: the allocation runs for its duration (killed at its walltime, read again as
+/// it runs so a `PATCH` extension counts), then completes and its nodes are released at the quorum.
+/// A run whose allocation lost its nodes meanwhile (disabled node, cancel) just stops.
 async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run: std::time::Duration) {
-    let walltime = {
+    let started = {
         let c = shared.control.lock().await;
-        c.engine
-            .allocation(alloc)
-            .and_then(|a| a.spec.lifecycle.walltime())
-            .map(|w| std::time::Duration::from_millis(w.0))
+        c.engine.allocation(alloc).and_then(|a| a.started)
     };
-    let (wait, reason) = match walltime {
-        Some(w) if w < run => (w, EndReason::WalltimeExceeded),
-        _ => (run, EndReason::Success),
-    };
+    let Some(started) = started else { return };
     let mut stopped = shared.stopped.clone();
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => {}
-        _ = stopped.changed() => return,
-    }
+    let reason = loop {
+        let (now, walltime, same_run) = {
+            let c = shared.control.lock().await;
+            let a = c.engine.allocation(alloc);
+            (
+                c.now(),
+                a.and_then(|a| a.spec.lifecycle.walltime())
+                    .map(|w| std::time::Duration::from_millis(w.0)),
+                a.is_some_and(|a| a.state == AllocState::Running && a.started == Some(started)),
+            )
+        };
+        if !same_run {
+            return;
+        }
+        let (end, reason) = match walltime {
+            Some(w) if w < run => (w, EndReason::WalltimeExceeded),
+            _ => (run, EndReason::Success),
+        };
+        let elapsed = std::time::Duration::from_millis(now.0.saturating_sub(started.0));
+        if elapsed >= end {
+            break reason;
+        }
+        // Wake at the end, or within a second to see a walltime change.
+        let wait = (end - elapsed).min(std::time::Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stopped.changed() => return,
+        }
+    };
     let (was_running, name) = {
         let mut c = shared.control.lock().await;
         (c.completed(alloc, reason), c.name_of(alloc))
@@ -312,18 +335,46 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
     }
 }
 
-/// Frees an allocation's nodes at the quorum (retried until a leader takes it).
+/// Frees an allocation's nodes at the quorum (retried until a leader takes it); a sensitive
+/// allocation's release is appended to the audit log.
 pub async fn release(shared: &Arc<Shared>, name: String) {
+    let held = shared.member.read(|q| q.assignments.get(&name).cloned()).await;
+    if propose_retried(shared, QuorumCommand::Release { alloc: name.clone() }).await {
+        if let Some(a) = held.filter(|a| a.sensitive) {
+            let user = {
+                let c = shared.control.lock().await;
+                c.id_of(&name)
+                    .and_then(|i| c.view(i))
+                    .and_then(|v| v.user)
+                    .unwrap_or_default()
+            };
+            audit(shared, &user, &name, "release", a.nodes.join(",")).await;
+        }
+    } else {
+        tracing::warn!("could not release {name} at the quorum");
+    }
+}
+
+/// Appends to the quorum's hash-chained audit log (book: sensitive workloads).
+async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
+    let cmd = QuorumCommand::Audit {
+        at_ms: crate::control::wall_now().0,
+        user: user.to_string(),
+        alloc: alloc.to_string(),
+        action: action.to_string(),
+        detail,
+    };
+    if !propose_retried(shared, cmd).await {
+        tracing::error!("could not append {action} of {alloc} to the audit log");
+    }
+}
+
+async fn propose_retried(shared: &Arc<Shared>, cmd: QuorumCommand) -> bool {
     for _ in 0..50 {
-        if shared
-            .member
-            .propose(QuorumCommand::Release { alloc: name.clone() })
-            .await
-            .is_ok()
-        {
-            return;
+        if shared.member.propose(cmd.clone()).await.is_ok() {
+            return true;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    tracing::warn!("could not release {name} at the quorum");
+    false
 }

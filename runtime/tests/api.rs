@@ -1,7 +1,8 @@
 //! The control plane end to end on loopback: a single-member quorum, simulated agents and the REST
 //! API — submit → schedule → commit → run → complete, validation errors naming the field, cancel,
 //! drain/undrain, hard quotas, weight hot-reload, `/metrics`, and the trace capture replaying in
-//! `rm-replay`'s reader.
+//! `rm-replay`'s reader; PATCH (walltime extension), checkpoint, node disable/enable, the sensitive
+//! audit log query and usage.
 
 use lattice_runtime::{RuntimeConfig, start};
 use serde_json::{Value, json};
@@ -22,6 +23,7 @@ impl Api {
                 ("POST", Some(b)) => agent.post(&url).send_json(b),
                 ("POST", None) => agent.post(&url).send_empty(),
                 ("PUT", Some(b)) => agent.put(&url).send_json(b),
+                ("PATCH", Some(b)) => agent.patch(&url).send_json(b),
                 _ => unreachable!(),
             }
             .expect("request reaches the server");
@@ -425,5 +427,139 @@ async fn dags_run_in_dependency_order() {
     let (status, v) = api.call("DELETE", &format!("/v1/dags/{id}"), None).await;
     assert_eq!((status, v["cancelled"].as_u64()), (200, Some(2)), "{v}");
     assert_eq!(api.get(&format!("/v1/dags/{id}")).await["state"], "cancelled");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn update_checkpoint_disable_audit_and_usage() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-ops-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n",
+        dir.display()
+    );
+    let rt = start(RuntimeConfig::parse("o.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A 2 s run with a 1 s walltime would be killed; the extension lets it finish.
+    let mut j = job("bio", 1, 2.0);
+    j["lifecycle"]["walltime"] = json!("1s");
+    let a = api.submit(j).await;
+    api.wait_state(&a, "running", Duration::from_secs(5)).await;
+    let path = format!("/v1/allocations/{a}");
+    for (body, field) in [
+        (json!({"walltime": "0"}), "walltime"),
+        (json!({"walltime": "later"}), "walltime"),
+        (json!({"telemetry": {"mode": "loud"}}), "telemetry.mode"),
+        (json!({"priority": 3}), "priority"),
+    ] {
+        let (status, v) = api.call("PATCH", &path, Some(body.clone())).await;
+        assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{body}: {v}");
+    }
+    let (status, v) = api
+        .call(
+            "PATCH",
+            &path,
+            Some(json!({"walltime": "5s", "tags": {"team": "b"}, "telemetry": {"mode": "debug"}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["walltime_s"].as_f64(), v["telemetry"].as_str()),
+        (Some(5.0), Some("debug"))
+    );
+    assert_eq!(v["tags"]["team"], "b");
+    let (status, v) = api.call("POST", &format!("{path}/checkpoint"), None).await;
+    assert_eq!((status, v["checkpoints"].as_u64()), (202, Some(1)), "{v}");
+    let done = api.wait_state(&a, "completed", Duration::from_secs(6)).await;
+    assert_eq!(done["end_reason"], "success", "the extended walltime holds: {done}");
+    assert_eq!(done["checkpoints"], 1);
+    let (status, v) = api.call("POST", &format!("{path}/checkpoint"), None).await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("state")), "{v}");
+    let (status, _) = api.call("PATCH", &path, Some(json!({"walltime": "9s"}))).await;
+    assert_eq!(status, 400, "an ended allocation does not change");
+
+    // Disable the node under a running allocation: it is requeued and runs elsewhere; enable → ready.
+    let b = api.submit(job("bio", 1, 30.0)).await;
+    let run1 = api.wait_state(&b, "running", Duration::from_secs(5)).await;
+    let node = run1["nodes"][0].as_str().unwrap().to_string();
+    let (status, v) = api.call("POST", &format!("/v1/nodes/{node}/disable"), None).await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("down")), "{v}");
+    let t0 = Instant::now();
+    loop {
+        let v = api.get(&format!("/v1/allocations/{b}")).await;
+        if v["state"] == "running" && v["nodes"][0] != node.as_str() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{b} not rescheduled off {node}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let owners = rt.shared.member.state().await.owners;
+    assert!(
+        !owners.contains_key(&node),
+        "the disabled node was released at the quorum"
+    );
+    let (status, v) = api.call("POST", &format!("/v1/nodes/{node}/enable"), None).await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("ready")), "{v}");
+    let (status, _) = api.call("POST", "/v1/nodes/ghost/disable", None).await;
+    assert_eq!(status, 404);
+    api.call("DELETE", &format!("/v1/allocations/{b}"), None).await;
+
+    // A sensitive claim: its claim and release are in the quorum's audit log.
+    let mut s = job("bio", 1, 0.2);
+    s["sensitive"] = json!(true);
+    let c = api.submit(s).await;
+    let held = api.wait_state(&c, "running", Duration::from_secs(5)).await;
+    let claimed = held["nodes"][0].as_str().unwrap().to_string();
+    api.wait_state(&c, "completed", Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    let log = loop {
+        let v = api.get(&format!("/v1/audit/logs?allocation={c}")).await;
+        if v["entries"].as_array().unwrap().len() == 2 {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let actions: Vec<&str> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["claim", "release"]);
+    assert_eq!(log["entries"][0]["user"], "alice");
+    assert_eq!(log["chain_valid"], true);
+    let by_node = api.get(&format!("/v1/audit/logs?node={claimed}")).await;
+    assert_eq!(by_node["entries"].as_array().unwrap().len(), 2);
+    let future = api.get("/v1/audit/logs?since=2099-01-01").await;
+    assert_eq!(future["entries"], json!([]));
+    let (status, v) = api.call("GET", "/v1/audit/logs?since=yesterday", None).await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("since")), "{v}");
+
+    // Usage: a 2 s run, a part of a 30 s one, a 0.2 s claim — all of tenant bio, none of "nobody".
+    let u = api.get("/api/v1/tenants/bio/usage?days=1").await;
+    assert!(u["allocations"].as_u64().unwrap() >= 3, "{u}");
+    let hours = u["node_hours"].as_f64().unwrap();
+    assert!(hours > 2.0 / 3600.0 && hours < 60.0 / 3600.0, "{u}");
+    let none = api.get("/api/v1/usage?user=nobody").await;
+    assert_eq!(
+        (none["allocations"].as_u64(), none["node_hours"].as_f64()),
+        (Some(0), Some(0.0))
+    );
+    let (status, v) = api.call("GET", "/api/v1/tenants/bio/usage?days=0", None).await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("days")), "{v}");
     rt.shutdown().await;
 }

@@ -1,5 +1,7 @@
-//! The public gRPC API: submit and watch an allocation to completion, list, cancel, node operations,
-//! raft status; errors as gRPC codes naming the field; tokens in the `authorization` metadata.
+//! The public gRPC API: submit and watch an allocation to completion, list, cancel, update,
+//! checkpoint, DAGs, node operations (drain, disable/enable, agents), and the admin calls (raft
+//! status, tenants, vClusters, queue, weights, backup/verify, audit, usage); errors as gRPC codes
+//! naming the field; tokens in the `authorization` metadata.
 
 use lattice_runtime::grpc::pb;
 use lattice_runtime::{RuntimeConfig, start};
@@ -219,5 +221,298 @@ async fn allocations_nodes_and_admin_over_grpc() {
     );
     // The watched allocation's assignment (the cancelled one may have been cancelled before it started).
     assert!(st.commits >= 1, "{st:?}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dags_updates_nodes_and_admin_calls_over_grpc() {
+    let dir = std::env::temp_dir().join(format!("lattice-grpc-admin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nauth:\n  mode: jwt\n  hs256_secret: {SECRET}\n",
+        dir.display()
+    );
+    let rt = start(RuntimeConfig::parse("a.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = format!("http://{}", rt.grpc_addr);
+    let mut allocs = pb::allocation_service_client::AllocationServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    let mut nodes = pb::node_service_client::NodeServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    let mut admin = pb::admin_service_client::AdminServiceClient::connect(url)
+        .await
+        .unwrap();
+    let alice = token("alice", Some("physics"), &["User"]);
+    let carol = token("carol", Some("physics"), &["ClaimingUser"]);
+    let root = token("root", None, &["SystemAdmin"]);
+
+    // A DAG: train after prep; get, list, and it completes in order.
+    let member = |name: &str, deps: &[&str]| pb::DagMember {
+        name: name.into(),
+        request: Some(pb::AllocationRequest {
+            entrypoint: "sleep 0.1".into(),
+            depends_on: deps
+                .iter()
+                .map(|d| pb::Dependency {
+                    r#ref: d.to_string(),
+                    condition: "success".into(),
+                })
+                .collect(),
+            ..request("physics", 1, "10m", None)
+        }),
+    };
+    let dag = allocs
+        .submit_dag(authed(
+            pb::SubmitDagRequest {
+                id: String::new(),
+                allocations: vec![member("train", &["prep"]), member("prep", &[])],
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(dag.allocations.len(), 2);
+    let t0 = Instant::now();
+    let done = loop {
+        let d = allocs
+            .get_dag(authed(pb::DagRequest { id: dag.id.clone() }, &alice))
+            .await
+            .unwrap()
+            .into_inner();
+        if d.state == "completed" {
+            break d;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{d:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let at = |name: &str| {
+        done.allocations
+            .iter()
+            .find(|m| m.name == name)
+            .and_then(|m| m.allocation.clone())
+            .unwrap()
+    };
+    assert!(at("prep").ended_ms.unwrap() <= at("train").started_ms.unwrap());
+    let listed = allocs
+        .list_dags(authed(pb::ListDagsRequest {}, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.dags.len(), 1);
+    let cyclic = allocs
+        .submit_dag(authed(
+            pb::SubmitDagRequest {
+                id: String::new(),
+                allocations: vec![member("a", &["b"]), member("b", &["a"])],
+            },
+            &alice,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(cyclic.code(), Code::InvalidArgument);
+
+    // Update (walltime extension, tags, telemetry) and checkpoint of a running allocation.
+    let long = allocs
+        .submit(authed(
+            pb::AllocationRequest {
+                entrypoint: "sleep 100".into(),
+                ..request("physics", 1, "1h", None)
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let t0 = Instant::now();
+    let running = loop {
+        let a = allocs
+            .get(authed(pb::GetAllocationRequest { id: long.clone() }, &alice))
+            .await
+            .unwrap()
+            .into_inner();
+        if a.state == "running" {
+            break a;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let u = allocs
+        .update(authed(
+            pb::UpdateRequest {
+                id: long.clone(),
+                walltime: "2h".into(),
+                tags: [("stage".to_string(), "2".to_string())].into(),
+                telemetry_mode: "debug".into(),
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((u.walltime_s, u.telemetry.as_str()), (Some(7200.0), "debug"));
+    assert_eq!(u.tags.get("stage").map(String::as_str), Some("2"));
+    let e = allocs
+        .update(authed(
+            pb::UpdateRequest {
+                id: long.clone(),
+                walltime: "soon".into(),
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.message().starts_with("walltime"), "{}", e.message());
+    let cp = allocs
+        .checkpoint(authed(pb::CheckpointRequest { id: long.clone() }, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cp.checkpoints, 1);
+
+    // Disable the node under it (operators only) → requeued; enable → ready.
+    let node = running.nodes[0].clone();
+    let e = nodes
+        .disable(authed(pb::NodeRequest { id: node.clone() }, &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let n = nodes
+        .disable(authed(pb::NodeRequest { id: node.clone() }, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(n.state, "down");
+    let n = nodes
+        .enable(authed(pb::NodeRequest { id: node.clone() }, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(n.state, "ready");
+
+    // Admin: tenants, vClusters, queue, weights.
+    let t = admin
+        .list_tenants(authed(pb::ListTenantsRequest {}, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(t.tenants.contains(&"physics".to_string()), "{t:?}");
+    let v = admin
+        .list_v_clusters(authed(pb::ListVClustersRequest {}, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(v.vclusters, ["default"]);
+    admin
+        .queue(authed(
+            pb::QueueRequest {
+                vcluster: "default".into(),
+            },
+            &root,
+        ))
+        .await
+        .unwrap();
+    let e = admin
+        .queue(authed(pb::QueueRequest { vcluster: "gpu".into() }, &root))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let w = pb::SetWeightsRequest {
+        vcluster: "default".into(),
+        weights: Some(pb::Weights {
+            priority: 0.5,
+            wait_time: 0.5,
+            ..Default::default()
+        }),
+    };
+    let e = admin.set_weights(authed(w.clone(), &alice)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    admin.set_weights(authed(w, &root)).await.unwrap();
+
+    // A sensitive claim needs the ClaimingUser role; its claim is audited.
+    let mut claim = request("physics", 1, "10m", None);
+    claim.sensitive = true;
+    let e = allocs.submit(authed(claim.clone(), &alice)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let c = allocs.submit(authed(claim, &carol)).await.unwrap().into_inner().id;
+    let t0 = Instant::now();
+    let log = loop {
+        let q = pb::AuditQueryRequest {
+            allocation: c.clone(),
+            ..Default::default()
+        };
+        let log = admin.query_audit(authed(q, &root)).await.unwrap().into_inner();
+        if !log.entries.is_empty() {
+            break log;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (log.entries[0].action.as_str(), log.entries[0].user.as_str()),
+        ("claim", "carol")
+    );
+    assert!(log.chain_valid);
+    let mine = admin
+        .query_audit(authed(pb::AuditQueryRequest::default(), &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(mine.entries.is_empty(), "alice sees only her own entries");
+
+    // Usage: alice may read hers, not another tenant's.
+    let u = admin
+        .usage(authed(
+            pb::UsageRequest {
+                user: "alice".into(),
+                days: 7,
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(u.allocations >= 3 && u.node_hours > 0.0, "{u:?}");
+    let e = admin
+        .usage(authed(
+            pb::UsageRequest {
+                tenant: "bio".into(),
+                ..Default::default()
+            },
+            &alice,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+
+    // Backup and verify by name.
+    let b = admin
+        .backup(authed(pb::BackupRequest { name: "nightly".into() }, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(b.path.ends_with("nightly.json") && b.last_applied > 0, "{b:?}");
+    let ok = admin
+        .verify_backup(authed(pb::VerifyBackupRequest { name: "nightly".into() }, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.ok, "{ok:?}");
+    let e = admin
+        .backup(authed(pb::BackupRequest { name: "../x".into() }, &root))
+        .await
+        .unwrap_err();
+    assert!(e.message().starts_with("name"), "{}", e.message());
     rt.shutdown().await;
 }
