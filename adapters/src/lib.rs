@@ -69,6 +69,11 @@ impl Member {
     /// Opens the member's store in `dir` (restoring its state from disk) and starts Raft. The Raft
     /// gRPC service is served by the caller ([`raft_net::server`]) on the member's address.
     pub async fn start(id: NodeId, dir: &Path) -> Result<Member, StartError> {
+        Member::start_with_tls(id, dir, None).await
+    }
+
+    /// [`Member::start`], reaching peers over (m)TLS when `tls` is given.
+    pub async fn start_with_tls(id: NodeId, dir: &Path, tls: Option<raft_net::PeerTls>) -> Result<Member, StartError> {
         let db = raft_store::open(dir).map_err(|source| StartError::Store {
             dir: dir.display().to_string(),
             source,
@@ -78,7 +83,10 @@ impl Member {
         let raft = Raft::new(
             id,
             Arc::new(config),
-            raft_net::Network { from: id },
+            raft_net::Network {
+                from: id,
+                tls: tls.map(Arc::new),
+            },
             raft_store::LogStore::new(db),
             sm.clone(),
         )

@@ -57,23 +57,56 @@ pub mod fault {
     }
 }
 
+/// TLS between members (PEM bytes): peers' server certificates are verified against `ca`, and this
+/// member presents `cert`/`key` as its client certificate (mTLS). The same material serves the
+/// member's own gRPC port, so a member certificate carries both serverAuth and clientAuth usages.
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    pub ca: Vec<u8>,
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+impl PeerTls {
+    /// tonic's client configuration for a peer at `host` (the name or IP its certificate names).
+    pub fn client_config(&self, host: &str) -> tonic::transport::ClientTlsConfig {
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca))
+            .identity(tonic::transport::Identity::from_pem(&self.cert, &self.key))
+            .domain_name(host)
+    }
+}
+
+/// The host part of `host:port` (`[v6]:port` too).
+fn host_of(addr: &str) -> &str {
+    let h = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    h.trim_start_matches('[').trim_end_matches(']')
+}
+
 /// Creates one [`Conn`] per peer for the member `from`.
 #[derive(Clone, Default)]
 pub struct Network {
     pub from: NodeId,
+    /// `Some`: peers are reached over TLS with this member's client certificate.
+    pub tls: Option<std::sync::Arc<PeerTls>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Conn;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Conn {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let channel = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", node.addr))
+            .and_then(|e| match &self.tls {
+                Some(t) => e.tls_config(t.client_config(host_of(&node.addr))),
+                None => Ok(e),
+            })
             .map(|e| {
                 e.connect_timeout(std::time::Duration::from_secs(1))
                     .tcp_nodelay(true)
                     .connect_lazy()
             })
-            .ok();
+            .map_err(|e| format!("{}: {e}", node.addr));
         Conn {
             from: self.from,
             target,
@@ -85,7 +118,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Conn {
     from: NodeId,
     target: NodeId,
-    channel: Option<tonic::transport::Channel>,
+    /// The lazily connected channel, or why the peer's address/TLS settings are unusable (every RPC
+    /// then fails as `Unreachable` with that reason).
+    channel: Result<tonic::transport::Channel, String>,
 }
 
 #[derive(Clone, Copy)]
@@ -111,9 +146,12 @@ impl Conn {
             let e = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "link cut (fault injection)");
             return Err(RPCError::Unreachable(Unreachable::new(&e)));
         }
-        let Some(channel) = self.channel.clone() else {
-            let e = std::io::Error::other(format!("node {}: invalid address", self.target));
-            return Err(RPCError::Unreachable(Unreachable::new(&e)));
+        let channel = match &self.channel {
+            Ok(c) => c.clone(),
+            Err(why) => {
+                let e = std::io::Error::other(format!("node {}: {why}", self.target));
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
         };
         let mut client = pb::raft_service_client::RaftServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)

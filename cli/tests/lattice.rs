@@ -155,3 +155,59 @@ fn lattice_cli_drives_the_runtime() {
 
     rt.block_on(running.shutdown());
 }
+
+/// `lattice` against a member serving mTLS: the site CA and client certificate from the config file
+/// submit and read; without the client certificate the call fails; a broken config file is an error.
+#[test]
+fn lattice_cli_over_mtls() {
+    let dir = std::env::temp_dir().join(format!("lattice-cli-mtls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join(".config/lattice")).unwrap();
+    let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/fixtures/tls");
+    let f = |n: &str| tls.join(n).display().to_string();
+    let cfg = lattice_runtime::RuntimeConfig::parse(
+        "t.yaml",
+        &format!(
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\ncycle: 100ms\ntls:\n  cert: {}\n  key: {}\n  ca: {}\n  mtls: true\n",
+            dir.display(),
+            f("member.pem"),
+            f("member.key"),
+            f("ca.pem")
+        ),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let t0 = Instant::now();
+    while !running.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ep = format!("https://{}", running.rest_addr);
+    let config = dir.join(".config/lattice/config.yaml");
+    std::fs::write(&config, format!("ca: {}\n", f("ca.pem"))).unwrap();
+    let o = lattice(&ep, &dir, &["nodes"]);
+    assert!(!o.status.success(), "served without a client certificate: {}", out(&o));
+    std::fs::write(
+        &config,
+        format!(
+            "ca: {}\nclient_cert: {}\nclient_key: {}\n",
+            f("ca.pem"),
+            f("client.pem"),
+            f("client.key")
+        ),
+    )
+    .unwrap();
+    let o = lattice(
+        &ep,
+        &dir,
+        &["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "0.1"],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(out(&o).trim(), "a-000001");
+    std::fs::write(&config, "endpoint: [not, a, string]\n").unwrap();
+    let o = lattice(&ep, &dir, &["nodes"]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("config.yaml"), "{}", err(&o));
+    rt.block_on(running.shutdown());
+}

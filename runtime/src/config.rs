@@ -41,6 +41,8 @@ pub struct RuntimeConfig {
     /// API authentication: `mode: none` (dev) or `jwt` (RS256 JWKS file and/or HS256 dev secret).
     #[serde(default)]
     pub auth: crate::auth::AuthConfig,
+    /// TLS on REST and gRPC (the public API and Raft between members); absent = plaintext (dev).
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -100,6 +102,11 @@ impl RuntimeConfig {
         .flatten()
         {
             fix(p);
+        }
+        if let Some(t) = &mut c.tls {
+            fix(&mut t.cert);
+            fix(&mut t.key);
+            fix(&mut t.ca);
         }
         Ok(c)
     }

@@ -8,8 +8,8 @@
 //! `rm-replay` replays); [`config`] reads `runtime/config/*.yaml`.
 //!
 //! [`auth`] checks bearer JWTs (RS256 JWKS, HS256 dev), the seed's roles with tenant scoping, and
-//! per-user rate limits. [`grpc`] serves the same operations ([`ops`]) over gRPC. Not here yet (issue 8
-//! continues): TLS/mTLS, DAGs.
+//! per-user rate limits. [`grpc`] serves the same operations ([`ops`]) over gRPC. [`tls`] puts both
+//! ports (and Raft between members) behind rustls TLS or mTLS.
 
 pub mod api;
 pub mod auth;
@@ -20,6 +20,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod ops;
 pub mod server;
+pub mod tls;
 
 pub use config::RuntimeConfig;
 pub use server::{Running, start};

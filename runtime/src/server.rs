@@ -115,7 +115,8 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         std::fs::remove_file(&staged)?;
         tracing::info!("restored the quorum state from the staged backup ({})", b.sha256);
     }
-    let member = Member::start(cfg.node_id, &cfg.data_dir).await?;
+    let tls = cfg.tls.as_ref().map(crate::tls::Tls::load).transpose()?;
+    let member = Member::start_with_tls(cfg.node_id, &cfg.data_dir, tls.as_ref().map(|t| t.peer())).await?;
     if bootstrap {
         let mut members = cfg.quorum_members();
         // A single member announces the address it actually bound.
@@ -147,7 +148,11 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     // One gRPC port: the quorum's Raft service and the public API.
     let api = crate::grpc::Api { shared: shared.clone() };
     let mut grpc_stop = stopped.clone();
-    let grpc_server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(t) = &tls {
+        builder = builder.tls_config(t.grpc()).context("gRPC TLS")?;
+    }
+    let grpc_server = builder
         .add_service(lattice_adapters::raft_net::server(shared.member.raft.clone()))
         .add_service(crate::grpc::pb::allocation_service_server::AllocationServiceServer::new(api.clone()))
         .add_service(crate::grpc::pb::node_service_server::NodeServiceServer::new(
@@ -168,14 +173,22 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     let rest_addr = rest.local_addr()?;
     let app = api::router(shared.clone());
     let mut rest_stop = stopped.clone();
-    tasks.push(tokio::spawn(async move {
-        let _ = axum::serve(rest, app)
-            .with_graceful_shutdown(async move {
-                let _ = rest_stop.changed().await;
-            })
-            .await;
-    }));
-    tracing::info!("REST on {rest_addr}, gRPC (quorum) on {grpc_addr}");
+    match &tls {
+        Some(t) => tasks.push(tokio::spawn(crate::tls::serve_rest(rest, app, t.rest()?, rest_stop))),
+        None => tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(rest, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rest_stop.changed().await;
+                })
+                .await;
+        })),
+    }
+    let scheme = match &tls {
+        Some(t) if t.mtls => "mTLS",
+        Some(_) => "TLS",
+        None => "plaintext",
+    };
+    tracing::info!("REST on {rest_addr}, gRPC (API and quorum) on {grpc_addr} ({scheme})");
     Ok(Running {
         rest_addr,
         grpc_addr,

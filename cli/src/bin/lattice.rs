@@ -2,7 +2,9 @@
 //! `#LATTICE`/`#SBATCH` directives), status, cancel, nodes and admin. The endpoint and tenant come from
 //! `--endpoint`/`--tenant`, else `LATTICE_ENDPOINT`/`LATTICE_TENANT`, else
 //! `~/.config/lattice/config.yaml` (`endpoint:`, `tenant:`), else `http://127.0.0.1:8080`; the bearer
-//! token from `LATTICE_TOKEN` or the file's `token:`.
+//! token from `LATTICE_TOKEN` or the file's `token:`. For an `https://` endpoint the site CA comes from
+//! `LATTICE_CA` or `ca:` (PEM; default: the system's roots), and under mTLS the client certificate from
+//! `LATTICE_CLIENT_CERT`/`LATTICE_CLIENT_KEY` or `client_cert:`/`client_key:`.
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -183,26 +185,74 @@ impl Client {
 }
 
 #[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct FileConfig {
     endpoint: Option<String>,
     tenant: Option<String>,
     token: Option<String>,
+    ca: Option<PathBuf>,
+    client_cert: Option<PathBuf>,
+    client_key: Option<PathBuf>,
 }
 
-fn file_config() -> FileConfig {
+/// `~/.config/lattice/config.yaml`; absent is fine, unreadable or invalid is an error naming it.
+fn file_config() -> Result<FileConfig> {
     let Some(home) = std::env::var_os("HOME") else {
-        return FileConfig::default();
+        return Ok(FileConfig::default());
     };
     let path = PathBuf::from(home).join(".config/lattice/config.yaml");
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| yaml_serde::from_str(&t).ok())
-        .unwrap_or_default()
+    if !path.exists() {
+        return Ok(FileConfig::default());
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    yaml_serde::from_str(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// The HTTP agent: the site CA and client certificate when configured (rustls, ring).
+fn http_agent(fc: &FileConfig) -> Result<ureq::Agent> {
+    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+    let path = |env: &str, file: &Option<PathBuf>| std::env::var_os(env).map(PathBuf::from).or(file.clone());
+    let read = |what: &str, p: &PathBuf| std::fs::read(p).with_context(|| format!("{what}: reading {}", p.display()));
+    let mut tls = TlsConfig::builder().provider(TlsProvider::Rustls);
+    if let Some(ca) = path("LATTICE_CA", &fc.ca) {
+        let pem = read("ca", &ca)?;
+        let certs = ureq::tls::parse_pem(&pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("ca: {}", ca.display()))?;
+        tls = tls.root_certs(RootCerts::new_with_certs(&certs));
+    }
+    match (
+        path("LATTICE_CLIENT_CERT", &fc.client_cert),
+        path("LATTICE_CLIENT_KEY", &fc.client_key),
+    ) {
+        (Some(c), Some(k)) => {
+            let cert = Certificate::from_pem(&read("client_cert", &c)?)
+                .with_context(|| format!("client_cert: {}", c.display()))?;
+            let key = PrivateKey::from_pem(&read("client_key", &k)?)
+                .with_context(|| format!("client_key: {}", k.display()))?;
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&[cert], key)));
+        }
+        (None, None) => {}
+        _ => {
+            bail!("a client certificate needs both client_cert and client_key (LATTICE_CLIENT_CERT/LATTICE_CLIENT_KEY)")
+        }
+    }
+    Ok(ureq::Agent::config_builder()
+        .tls_config(tls.build())
+        .http_status_as_error(false)
+        .build()
+        .into())
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let fc = file_config();
+    let fc = file_config()?;
+    let agent = http_agent(&fc)?;
     let base = cli
         .endpoint
         .clone()
@@ -214,7 +264,6 @@ fn main() -> Result<()> {
         .clone()
         .or_else(|| std::env::var("LATTICE_TENANT").ok())
         .or(fc.tenant);
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let client = Client {
         base: base.trim_end_matches('/').to_string(),
         agent,
