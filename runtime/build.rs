@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/lattice/v1/allocations.proto",
                 "proto/lattice/v1/nodes.proto",
                 "proto/lattice/v1/admin.proto",
+                "proto/lattice/v1/mirror.proto",
             ],
             &["proto"],
         )?;

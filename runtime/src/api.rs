@@ -104,6 +104,7 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest { field, message } => error(StatusCode::BAD_REQUEST, Some(field), message.clone()),
             ApiError::Forbidden { field, message } => error(StatusCode::FORBIDDEN, field.as_deref(), message.clone()),
             ApiError::NotFound { field, message } => error(StatusCode::NOT_FOUND, Some(field), message.clone()),
+            ApiError::Unavailable { message } => error(StatusCode::SERVICE_UNAVAILABLE, None, message.clone()),
             ApiError::NotLeader { leader_id, leader } => (
                 StatusCode::MISDIRECTED_REQUEST,
                 Json(json!({"error": "not the quorum leader", "leader_id": leader_id, "leader_grpc": leader})),

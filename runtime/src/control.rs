@@ -20,7 +20,7 @@ pub fn wall_now() -> Time {
 }
 
 /// `POST /v1/allocations`: the scheduling-relevant part of the Intent API request.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     pub tenant: String,
@@ -52,7 +52,7 @@ pub struct SubmitRequest {
     pub sensitive: bool,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DependsIn {
     #[serde(rename = "ref")]
@@ -65,7 +65,7 @@ fn success() -> String {
     "success".into()
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     pub nodes: NodesIn,
@@ -73,14 +73,14 @@ pub struct Resources {
     pub constraints: Option<ConstraintsIn>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum NodesIn {
     Exact(i64),
     Range { min: i64, max: i64 },
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConstraintsIn {
     pub gpu_type: Option<String>,
@@ -91,7 +91,7 @@ pub struct ConstraintsIn {
     pub topology: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LifecycleIn {
     #[serde(rename = "type", default = "bounded")]
@@ -332,6 +332,12 @@ impl Control {
 
     /// Validates a request and queues it; returns the new allocation's id.
     pub fn submit(&mut self, req: SubmitRequest) -> Result<String, FieldError> {
+        self.submit_named(req, None)
+    }
+
+    /// [`Control::submit`] under a given id (a mirrored submission adopted after a fail-over keeps
+    /// the id its submitter was given); later ids continue above it.
+    pub fn submit_named(&mut self, req: SubmitRequest, name: Option<&str>) -> Result<String, FieldError> {
         if req.tenant.trim().is_empty() {
             return Err(bad("tenant", "must not be empty"));
         }
@@ -448,8 +454,16 @@ impl Control {
             .engine
             .handle_submit(now, spec)
             .map_err(|e| bad("resources", e.to_string()))?;
-        let name = format!("a-{:06}", self.next);
-        self.next += 1;
+        let name = match name {
+            Some(n) => {
+                self.next = self.next.max(id_number(n).map_or(0, |k| k + 1));
+                n.to_string()
+            }
+            None => {
+                self.next += 1;
+                format!("a-{:06}", self.next - 1)
+            }
+        };
         while self.meta.len() <= id.index() {
             self.meta.push(Meta::new(String::new(), run));
         }
@@ -626,6 +640,24 @@ impl Control {
 
     pub fn add_dag(&mut self, id: &str, members: Vec<(String, String)>) {
         self.dags.insert(id.to_string(), members);
+    }
+
+    /// New ids start above `n` (ids are never reused, across fail-overs too).
+    pub fn ids_above(&mut self, n: u64) {
+        self.next = self.next.max(n + 1);
+    }
+
+    /// The ids of `names` whose allocations have ended (or are unknown here).
+    pub fn ended_among<'a>(&self, names: impl Iterator<Item = &'a String>) -> Vec<String> {
+        names
+            .filter(|n| {
+                self.by_name
+                    .get(*n)
+                    .and_then(|i| self.engine.allocation(*i))
+                    .is_none_or(|a| a.state.is_terminal())
+            })
+            .cloned()
+            .collect()
     }
 
     pub fn dag_ids(&self) -> Vec<String> {
@@ -898,4 +930,9 @@ fn sleep_seconds(entrypoint: Option<&str>) -> Option<std::time::Duration> {
         ["sleep", n] => n.parse::<f64>().ok().map(std::time::Duration::from_secs_f64),
         _ => None,
     }
+}
+
+/// `a-000123` → 123.
+pub fn id_number(name: &str) -> Option<u64> {
+    name.strip_prefix("a-")?.parse().ok()
 }

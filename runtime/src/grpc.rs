@@ -34,6 +34,7 @@ impl From<ApiError> for Status {
             ApiError::BadRequest { .. } => Status::invalid_argument(msg),
             ApiError::Forbidden { .. } => Status::permission_denied(msg),
             ApiError::NotFound { .. } => Status::not_found(msg),
+            ApiError::Unavailable { .. } => Status::unavailable(msg),
             ApiError::NotLeader { leader_id, leader } => Status::failed_precondition(format!(
                 "not the quorum leader (leader {}, {})",
                 leader_id.map_or("unknown".into(), |l| l.to_string()),

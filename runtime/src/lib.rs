@@ -18,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod grpc;
 pub mod metrics;
+pub mod mirror;
 pub mod ops;
 pub mod server;
 pub mod tls;

@@ -3,6 +3,7 @@
 
 use crate::auth::Principal;
 use crate::control::{AllocationView, NodeOp, NodeView, SubmitRequest, UpdateRequest, Usage};
+use crate::mirror::MirrorOp;
 use crate::server::{Shared, release};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +24,10 @@ pub enum ApiError {
         field: String,
         message: String,
     },
+    /// Not accepted now (e.g. the queue could not be mirrored to a majority); retry.
+    Unavailable {
+        message: String,
+    },
     /// Writes go to the leader.
     NotLeader {
         leader_id: Option<u64>,
@@ -37,6 +42,7 @@ impl ApiError {
             | ApiError::Forbidden { message, .. }
             | ApiError::NotFound { message, .. } => message.clone(),
             ApiError::NotLeader { .. } => "not the quorum leader".into(),
+            ApiError::Unavailable { message } => message.clone(),
         }
     }
 
@@ -44,7 +50,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { field, .. } | ApiError::NotFound { field, .. } => Some(field),
             ApiError::Forbidden { field, .. } => field.as_deref(),
-            ApiError::NotLeader { .. } => None,
+            ApiError::NotLeader { .. } | ApiError::Unavailable { .. } => None,
         }
     }
 }
@@ -68,9 +74,39 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
     })
 }
 
-/// Queues an allocation for the caller; its id.
-pub async fn submit(s: &Shared, p: &Principal, mut req: SubmitRequest) -> Result<String, ApiError> {
+/// Acknowledges `items` (already queued here and in this member's mirror) only once a majority of the
+/// members holds them, so they survive the leader's death; otherwise cancels them and refuses (503).
+async fn mirrored(s: &Arc<Shared>, items: Vec<(String, SubmitRequest)>) -> Result<(), ApiError> {
+    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
+    let op = MirrorOp::Submit { items };
+    if crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2)).await {
+        return Ok(());
+    }
+    for id in &ids {
+        let held = s.control.lock().await.cancel(id).unwrap_or(false);
+        if held {
+            release(s, id.clone()).await;
+        }
+    }
+    Err(ApiError::Unavailable {
+        message: format!(
+            "{} could not be mirrored to a majority of the quorum; not accepted, retry",
+            ids.join(", ")
+        ),
+    })
+}
+
+/// Writes that touch the queue or the engine: served by the leader once it has taken over the queue
+/// (a member that just won an election adopts its mirror first, here or in its scheduling loop).
+pub async fn writable(s: &Shared) -> Result<(), ApiError> {
     leader_only(s)?;
+    crate::server::sync_leadership(s).await;
+    leader_only(s)
+}
+
+/// Queues an allocation for the caller; its id.
+pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> Result<String, ApiError> {
+    writable(s).await?;
     if !p.can_submit_for(&req.tenant) {
         return Err(ApiError::Forbidden {
             field: Some("tenant".into()),
@@ -87,11 +123,19 @@ pub async fn submit(s: &Shared, p: &Principal, mut req: SubmitRequest) -> Result
         // The submitter is the token's subject.
         req.user = Some(p.user.clone());
     }
-    let r = s.control.lock().await.submit(req);
-    let id = r.map_err(|e| ApiError::BadRequest {
-        field: e.field,
-        message: e.message,
-    })?;
+    let id = {
+        // Queued and mirrored locally under one lock (a leadership change adopts one or the other).
+        let mut c = s.control.lock().await;
+        let id = c.submit(req.clone()).map_err(bad_request)?;
+        s.mirror
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply(MirrorOp::Submit {
+                items: vec![(id.clone(), req.clone())],
+            });
+        id
+    };
+    mirrored(s, vec![(id.clone(), req)]).await?;
     s.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     s.wake.notify_one();
     Ok(id)
@@ -155,7 +199,7 @@ fn bad_request(e: crate::control::FieldError) -> ApiError {
 
 /// `PATCH /v1/allocations/{id}`: walltime, tags, telemetry mode; the allocation afterwards.
 pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) -> Result<AllocationView, ApiError> {
-    leader_only(s)?;
+    writable(s).await?;
     may_change(s, p, id, "updating").await?;
     let mut c = s.control.lock().await;
     c.update(id, req).map_err(bad_request)?;
@@ -167,7 +211,7 @@ pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) ->
 
 /// `POST /v1/allocations/{id}/checkpoint`: checkpoints taken so far.
 pub async fn checkpoint(s: &Shared, p: &Principal, id: &str) -> Result<u32, ApiError> {
-    leader_only(s)?;
+    writable(s).await?;
     may_change(s, p, id, "checkpointing").await?;
     let r = s.control.lock().await.checkpoint(id);
     r.map_err(bad_request)
@@ -175,7 +219,7 @@ pub async fn checkpoint(s: &Shared, p: &Principal, id: &str) -> Result<u32, ApiE
 
 /// Cancels; a running allocation's nodes are released at the quorum.
 pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiError> {
-    leader_only(s)?;
+    writable(s).await?;
     may_change(s, p, id, "cancelling").await?;
     let held = s
         .control
@@ -215,7 +259,7 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
             message: "forbidden: node operations need the Operator or SystemAdmin role".into(),
         });
     }
-    leader_only(s)?;
+    writable(s).await?;
     let r = s.control.lock().await.node_op(id, op);
     let (state, lost) = r.map_err(|e| {
         if e.message.starts_with("no node") {
@@ -487,11 +531,11 @@ pub const MAX_DAG_SIZE: usize = 1000;
 /// Submits a DAG: members in dependency order (refs name earlier or later members; cycles and unknown
 /// refs are refused before anything is queued). Returns the DAG id and member name → allocation id.
 pub async fn submit_dag(
-    s: &Shared,
+    s: &Arc<Shared>,
     p: &Principal,
     req: DagRequest,
 ) -> Result<(String, Vec<(String, String)>), ApiError> {
-    leader_only(s)?;
+    writable(s).await?;
     let bad = |field: String, message: String| ApiError::BadRequest { field, message };
     let n = req.allocations.len();
     if n == 0 {
@@ -562,6 +606,7 @@ pub async fn submit_dag(
     }
     let mut ids: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
     let mut members = Vec::new();
+    let mut items = Vec::new();
     for i in order {
         let m = &req.allocations[i];
         let mut r = m.request.clone();
@@ -573,15 +618,21 @@ pub async fn submit_dag(
         if !p.is_admin() || r.user.is_none() {
             r.user = Some(p.user.clone());
         }
-        let id = c.submit(r).map_err(|e| ApiError::BadRequest {
+        let id = c.submit(r.clone()).map_err(|e| ApiError::BadRequest {
             field: format!("allocations[{i}].{}", e.field),
             message: e.message,
         })?;
         ids.insert(m.name.clone(), id.clone());
-        members.push((m.name.clone(), id));
+        members.push((m.name.clone(), id.clone()));
+        items.push((id, r));
     }
     c.add_dag(&dag_id, members.clone());
+    s.mirror
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .apply(MirrorOp::Submit { items: items.clone() });
     drop(c);
+    mirrored(s, items).await?;
     s.metrics
         .submitted
         .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -29,6 +29,17 @@ pub struct Shared {
     /// Becomes `true` when the runtime stops (tasks end; nothing keeps the store open).
     pub stopped: tokio::sync::watch::Receiver<bool>,
     pub auth: crate::auth::Authenticator,
+    /// This member's copy of the leader's queue ([`crate::mirror`]).
+    pub mirror: std::sync::Mutex<crate::mirror::Mirror>,
+    pub peers: std::sync::Mutex<crate::mirror::Peers>,
+    /// How peers are reached when the gRPC port runs TLS.
+    pub peer_tls: Option<lattice_adapters::raft_net::PeerTls>,
+    /// A fresh control plane (the engine as configured): a member that gains or loses leadership
+    /// starts from one.
+    pub fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync>,
+    /// Whether this member's control plane is the leader's (it adopted the mirror); changes under
+    /// this lock only ([`sync_leadership`]).
+    pub leading: Mutex<bool>,
 }
 
 /// A started runtime: its bound addresses and a way to stop it.
@@ -96,12 +107,12 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         Some(p) => lattice_traces::read_tenants(p)?,
         None => BTreeMap::new(),
     };
-    let control = Control::new(
-        nodes,
-        vcluster_configs(&cfg)?,
-        &tenants,
-        cfg.scheduler.trace_capture.as_deref(),
-    )?;
+    let vcs = vcluster_configs(&cfg)?;
+    let capture = cfg.scheduler.trace_capture.clone();
+    let control = Control::new(nodes.clone(), vcs.clone(), &tenants, capture.as_deref())?;
+    let quotas = tenants.clone();
+    let fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync> =
+        Box::new(move || Control::new(nodes.clone(), vcs.clone(), &quotas, capture.as_deref()));
     // The quorum member and its gRPC service.
     let grpc = tokio::net::TcpListener::bind(&cfg.grpc_listen)
         .await
@@ -139,6 +150,11 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         data_dir: cfg.data_dir.clone(),
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
+        mirror: Default::default(),
+        peers: Default::default(),
+        peer_tls: tls.as_ref().map(|t| t.peer()),
+        fresh_control,
+        leading: Mutex::new(false),
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -159,6 +175,9 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
             api.clone(),
         ))
         .add_service(crate::grpc::pb::admin_service_server::AdminServiceServer::new(api))
+        .add_service(crate::grpc::pb::queue_mirror_server::QueueMirrorServer::new(
+            crate::mirror::MirrorService { shared: shared.clone() },
+        ))
         .serve_with_incoming_shutdown(lattice_adapters::raft_net::nodelay(grpc), async move {
             let _ = grpc_stop.changed().await;
         });
@@ -247,9 +266,10 @@ async fn scheduling_loop(
         if *stopped.borrow() {
             return;
         }
-        if !shared.member.is_leader() {
+        if !sync_leadership(&shared).await {
             continue;
         }
+        prune_mirror(&shared).await;
         let t0 = std::time::Instant::now();
         let proposals = shared.control.lock().await.schedule();
         shared.metrics.cycle(t0.elapsed());
@@ -257,6 +277,86 @@ async fn scheduling_loop(
             propose_start(&shared, p).await;
         }
     }
+}
+
+/// Brings this member's control plane in line with its Raft role (adopting the mirror when it has just
+/// become the leader); whether it leads.
+pub async fn sync_leadership(shared: &Shared) -> bool {
+    let mut leading = shared.leading.lock().await;
+    let leader = shared.member.is_leader();
+    if leader != *leading {
+        if let Err(e) = leadership_changed(shared, leader).await {
+            tracing::error!("taking over the queue: {e:#}");
+        }
+        *leading = leader;
+    }
+    leader
+}
+
+/// A member that gains leadership starts from a fresh engine and adopts its mirror of the queue (a
+/// mirrored allocation that held nodes under the old leader has them released and runs again); one
+/// that loses it drops its engine state (the new leader owns the queue now).
+async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
+    let mut control = (shared.fresh_control)()?;
+    if !leader {
+        *shared.control.lock().await = control;
+        tracing::info!("no longer the leader: the queue is the new leader's");
+        return Ok(());
+    }
+    // Hold the control lock while adopting: a submission either lands before (and is in the mirror)
+    // or after (in the new engine).
+    let mut current = shared.control.lock().await;
+    let (entries, max_id): (Vec<(String, crate::control::SubmitRequest)>, u64) = {
+        let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
+        (m.entries.values().cloned().collect(), m.max_id)
+    };
+    control.ids_above(max_id);
+    let held = shared
+        .member
+        .read(|q| q.assignments.keys().cloned().collect::<std::collections::BTreeSet<_>>())
+        .await;
+    let (mut adopted, mut rerun) = (0, 0);
+    for (id, mut req) in entries {
+        if held.contains(&id) {
+            // Its run (a simulated agent of the old leader) is gone: free the nodes, run it again.
+            // (Not `release`: that may read the control plane, whose lock is held here.)
+            propose_retried(shared, QuorumCommand::Release { alloc: id.clone() }).await;
+            rerun += 1;
+        }
+        // Dependencies that ended before the fail-over are no longer known here: satisfied.
+        req.depends_on.retain(|d| control.id_of(&d.reference).is_some());
+        match control.submit_named(req, Some(&id)) {
+            Ok(_) => adopted += 1,
+            Err(e) => tracing::warn!("could not adopt {id}: {e}"),
+        }
+    }
+    *current = control;
+    drop(current);
+    shared.wake.notify_one();
+    tracing::info!("leader: adopted {adopted} queued allocation(s) from the mirror ({rerun} run again)");
+    Ok(())
+}
+
+/// Drops ended allocations from the mirrors (this member's at once, the others' in the background).
+async fn prune_mirror(shared: &Arc<Shared>) {
+    let ended = {
+        let c = shared.control.lock().await;
+        let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
+        c.ended_among(m.entries.values().map(|(id, _)| id))
+    };
+    if ended.is_empty() {
+        return;
+    }
+    let op = crate::mirror::MirrorOp::Ended { ids: ended };
+    shared
+        .mirror
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .apply(op.clone());
+    let s = shared.clone();
+    tokio::spawn(async move {
+        crate::mirror::replicate(&s, &op, std::time::Duration::from_secs(1)).await;
+    });
 }
 
 async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
@@ -382,7 +482,7 @@ async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, deta
     }
 }
 
-async fn propose_retried(shared: &Arc<Shared>, cmd: QuorumCommand) -> bool {
+async fn propose_retried(shared: &Shared, cmd: QuorumCommand) -> bool {
     for _ in 0..50 {
         if shared.member.propose(cmd.clone()).await.is_ok() {
             return true;
