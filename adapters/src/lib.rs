@@ -181,8 +181,8 @@ impl Member {
     }
 
     pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
-        m.state == ServerState::Leader
+        // Borrowed, not cloned: every API write asks.
+        self.raft.metrics().borrow().state == ServerState::Leader
     }
 
     pub fn status(&self) -> RaftStatus {

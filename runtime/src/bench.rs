@@ -3,10 +3,14 @@
 //! - `raft`: three quorum members on loopback (real gRPC, real redb fsyncs); N proposals one after
 //!   another give the commit latency distribution (goal p99 < 10 ms), then N proposals with 64 in
 //!   flight give commits per second.
-//! - `submit`: a single-member runtime with simulated agents; N submissions through the REST API from
-//!   8 concurrent clients give submissions per second (goal > 5,000/s).
-//! - `heartbeats`: N agents (default 10,000) heartbeating every 10 s over gRPC for 20 s: the process's
-//!   CPU share of one core (goal < 5 %; the in-process clients are included).
+//! - `submit`: a single-member runtime with simulated agents; N submissions through the REST API and
+//!   N through gRPC, each from 8 concurrent clients, give submissions per second (goal > 5,000/s);
+//!   `submit3` does the same against the leader of a 3-member quorum, where every submission is
+//!   mirrored to a majority before it is acknowledged.
+//! - `heartbeats`: N agents (default 10,000) heartbeating every 10 s for 20 s, each on its own gRPC
+//!   `HeartbeatStream`, run by a
+//!   child process (`bench heartbeat-agents`): the server process's own CPU share of one core (goal
+//!   < 5 %).
 
 use lattice_adapters::{Member, QuorumCommand};
 use std::collections::BTreeMap;
@@ -98,30 +102,62 @@ pub async fn raft(proposals: usize) -> anyhow::Result<String> {
     ))
 }
 
-/// Submissions per second through the REST API (8 concurrent clients).
-pub async fn submit(requests: usize) -> anyhow::Result<String> {
-    let dir = scratch("submit");
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 64\ncycle: 1s\nauth:\n  rate_limit_per_minute: 100000000\n",
-        dir.display()
-    );
-    let cfg = crate::RuntimeConfig::parse("bench.yaml", &text)?;
-    let rt = crate::start(cfg, true).await?;
+/// Runtimes for the submission benchmark: one member, or three (the first bootstrapping) with the
+/// leader first in the returned list.
+async fn bench_cluster(members: usize) -> anyhow::Result<Vec<crate::Running>> {
+    let dir = scratch(&format!("submit{members}"));
+    let ports: Vec<u16> = (0..members)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+        })
+        .collect::<Result<_, _>>()?;
+    let list: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("  {}: 127.0.0.1:{p}\n", i + 1))
+        .collect();
+    let mut rts = Vec::new();
+    for (i, p) in ports.iter().enumerate() {
+        let members_block = if members > 1 {
+            format!("members:\n{list}")
+        } else {
+            String::new()
+        };
+        let text = format!(
+            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: 64\ncycle: 1s\nauth:\n  rate_limit_per_minute: 100000000\n{members_block}",
+            id = i + 1,
+            d = dir.display()
+        );
+        rts.push(crate::start(crate::RuntimeConfig::parse("bench.yaml", &text)?, i == 0).await?);
+    }
     let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
+    loop {
+        if let Some(i) = rts.iter().position(|r| r.shared.member.is_leader()) {
+            rts.swap(0, i);
+            return Ok(rts);
+        }
         anyhow::ensure!(t0.elapsed() < Duration::from_secs(10), "no leader");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let url = format!("http://{}/v1/allocations", rt.rest_addr);
+}
+
+/// Submissions per second through the REST API and through gRPC (8 concurrent clients each), on
+/// the leader of `members` members.
+pub async fn submit(requests: usize, members: usize) -> anyhow::Result<String> {
+    // A fresh quorum per transport: the second must not queue behind the first's backlog.
+    let rts = bench_cluster(members).await?;
+    let url = format!("http://{}/v1/allocations", rts[0].rest_addr);
     let body = serde_json::json!({
         "tenant": "bench", "entrypoint": "sleep 3600", "resources": {"nodes": 1}, "lifecycle": {"walltime": "2h"}
     });
     let clients = 8;
+    let share = |c: usize| requests / clients + usize::from(c < requests % clients);
     let t = Instant::now();
     let handles: Vec<_> = (0..clients)
         .map(|c| {
-            let (url, body) = (url.clone(), body.clone());
-            let n = requests / clients + usize::from(c < requests % clients);
+            let (url, body, n) = (url.clone(), body.clone(), share(c));
             tokio::task::spawn_blocking(move || {
                 let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
                 let mut ok = 0usize;
@@ -138,10 +174,55 @@ pub async fn submit(requests: usize) -> anyhow::Result<String> {
     for h in handles {
         ok += h.await?;
     }
-    let per_s = ok as f64 / t.elapsed().as_secs_f64();
-    rt.shutdown().await;
+    let rest_per_s = ok as f64 / t.elapsed().as_secs_f64();
+    for r in rts {
+        r.shutdown().await;
+    }
+    let rts = bench_cluster(members).await?;
+
+    // gRPC: 8 clients, each on its own HTTP/2 connection, one request in flight each.
+    let grpc_url = format!("http://{}", rts[0].grpc_addr);
+    let request = crate::grpc::pb::AllocationRequest {
+        tenant: "bench".into(),
+        entrypoint: "sleep 3600".into(),
+        resources: Some(crate::grpc::pb::Resources {
+            nodes: 1,
+            ..Default::default()
+        }),
+        lifecycle: Some(crate::grpc::pb::Lifecycle {
+            r#type: "bounded".into(),
+            walltime: "2h".into(),
+        }),
+        ..Default::default()
+    };
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(
+            crate::grpc::pb::allocation_service_client::AllocationServiceClient::connect(grpc_url.clone()).await?,
+        );
+    }
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (c, mut client) in conns.into_iter().enumerate() {
+        let (request, n) = (request.clone(), share(c));
+        set.spawn(async move {
+            let mut ok = 0usize;
+            for _ in 0..n {
+                ok += usize::from(client.submit(request.clone()).await.is_ok());
+            }
+            ok
+        });
+    }
+    let mut grpc_ok = 0;
+    while let Some(r) = set.join_next().await {
+        grpc_ok += r?;
+    }
+    let grpc_per_s = grpc_ok as f64 / t.elapsed().as_secs_f64();
+    for r in rts {
+        r.shutdown().await;
+    }
     Ok(format!(
-        "REST submissions ({clients} clients, {requests} requests, {ok} accepted): submissions_per_s={per_s:.0}"
+        "submissions to the leader of {members} member(s) ({clients} clients each): REST {ok}/{requests} accepted, submissions_per_s={rest_per_s:.0}; gRPC {grpc_ok}/{requests} accepted, submissions_per_s={grpc_per_s:.0}"
     ))
 }
 
@@ -157,46 +238,107 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// `agents` simulated agents registered over gRPC, each heartbeating every 10 s (spread evenly) for
-/// `seconds`: the CPU the process spends, as a share of one core. The in-process clients are counted
-/// too, so the server's own share is at most this.
+/// `agents` simulated agents heartbeating every 10 s (spread evenly) for `seconds`, run by a child
+/// process (`lattice-runtime bench heartbeat-agents`) so the figure is the server's own: the CPU this
+/// process spends while they heartbeat, as a share of one core.
 pub async fn heartbeats(agents: usize, seconds: u64) -> anyhow::Result<String> {
+    use tokio::io::AsyncBufReadExt;
     let dir = scratch("heartbeats");
     let text = format!(
         "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: {agents}\ncycle: 1s\nauth:\n  rate_limit_per_minute: 100000000\n",
         dir.display()
     );
     let rt = crate::start(crate::RuntimeConfig::parse("bench.yaml", &text)?, true).await?;
-    let url = format!("http://{}", rt.grpc_addr);
-    let mut client = crate::grpc::pb::node_service_client::NodeServiceClient::connect(url).await?;
+    // Agents register with the leader (a member that becomes leader starts a fresh control plane).
+    let t0 = Instant::now();
+    while !crate::server::sync_leadership(&rt.shared).await {
+        anyhow::ensure!(t0.elapsed() < Duration::from_secs(10), "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args([
+            "bench",
+            "heartbeat-agents",
+            "--n",
+            &agents.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+            "--target",
+            &rt.grpc_addr.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    // The agents register first; the window starts once they all have.
+    let mut report = String::new();
+    while let Some(l) = lines.next_line().await? {
+        if l == "registered" {
+            break;
+        }
+    }
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    while let Some(l) = lines.next_line().await? {
+        report = l;
+    }
+    let (cpu, wall) = (cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
+    let status = child.wait().await?;
+    rt.shutdown().await;
+    anyhow::ensure!(status.success(), "the agents' process failed: {status}");
+    Ok(format!(
+        "heartbeats ({agents} agents every 10 s for {seconds} s, from another process: {report}): server cpu_s={cpu:.2} wall_s={wall:.1} core_share_pct={:.2}",
+        100.0 * cpu / wall
+    ))
+}
+
+/// The agents' side of [`heartbeats`]: registers `agents` nodes at `target` (gRPC), prints
+/// `registered`, then each agent heartbeats every 10 s (evenly spread) for `seconds` on its own
+/// long-lived `HeartbeatStream`, and prints what the server accepted.
+pub async fn heartbeat_agents(target: &str, agents: usize, seconds: u64) -> anyhow::Result<String> {
+    use crate::grpc::pb;
+    let mut client = pb::node_service_client::NodeServiceClient::connect(format!("http://{target}")).await?;
     let names: Vec<String> = (0..agents).map(|i| format!("sim-{i:03}")).collect();
     for n in &names {
-        client.register(crate::grpc::pb::NodeRequest { id: n.clone() }).await?;
+        client.register(pb::NodeRequest { id: n.clone() }).await?;
     }
+    let mut senders = Vec::with_capacity(agents);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..agents {
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::HeartbeatRequest>(4);
+        senders.push(tx);
+        let mut c = client.clone();
+        calls.spawn(async move {
+            c.heartbeat_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .map(|r| r.into_inner().accepted)
+        });
+    }
+    println!("registered");
     let per_s = agents as f64 / 10.0;
     let total = (per_s * seconds as f64) as usize;
-    let interval = Duration::from_secs_f64(1.0 / per_s);
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
-    let mut ticker = tokio::time::interval(interval);
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / per_s));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut seq = vec![0u64; agents];
-    let mut failed = 0usize;
     for k in 0..total {
         ticker.tick().await;
         let i = k % agents;
         seq[i] += 1;
-        let r = client
-            .heartbeat(crate::grpc::pb::HeartbeatRequest {
+        let _ = senders[i]
+            .send(pb::HeartbeatRequest {
                 id: names[i].clone(),
                 seq: seq[i],
             })
             .await;
-        failed += usize::from(r.is_err());
     }
-    let (cpu, wall) = (cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
-    rt.shutdown().await;
+    drop(senders);
+    let (mut accepted, mut failed) = (0, 0);
+    while let Some(r) = calls.join_next().await {
+        match r? {
+            Ok(n) => accepted += n,
+            Err(_) => failed += 1,
+        }
+    }
     Ok(format!(
-        "heartbeats ({agents} agents every 10 s for {seconds} s: {total} over gRPC, {failed} failed): cpu_s={cpu:.2} wall_s={wall:.1} core_share_pct={:.2} (clients included)",
-        100.0 * cpu / wall
+        "{total} heartbeats on {agents} gRPC streams, {accepted} accepted, {failed} streams failed"
     ))
 }

@@ -708,12 +708,15 @@ fn field_error(node: &str, e: crate::control::FieldError) -> ApiError {
 
 pub async fn register(s: &Shared, p: &Principal, node: &str) -> Result<String, ApiError> {
     agent_allowed(p)?;
+    // A leadership change resets the control plane: let it happen before, not after, this lands.
+    crate::server::sync_leadership(s).await;
     let r = s.control.lock().await.register_agent(node);
     r.map_err(|e| field_error(node, e))
 }
 
 pub async fn heartbeat(s: &Shared, p: &Principal, node: &str, seq: u64) -> Result<String, ApiError> {
     agent_allowed(p)?;
+    crate::server::sync_leadership(s).await;
     let r = s.control.lock().await.heartbeat(node, seq);
     r.map_err(|e| field_error(node, e))
 }

@@ -203,6 +203,22 @@ async fn allocations_nodes_and_admin_over_grpc() {
     nodes.heartbeat(authed(hb(1), &root)).await.unwrap();
     let e = nodes.heartbeat(authed(hb(2), &alice)).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
+    // The long-lived stream: accepted heartbeats are counted; a replay ends it with an error.
+    let stream = tokio_stream::iter([hb(2), hb(3), hb(7)]);
+    let n = nodes
+        .heartbeat_stream(authed(stream, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(n.accepted, 3);
+    let stream = tokio_stream::iter([hb(8), hb(8)]);
+    let e = nodes.heartbeat_stream(authed(stream, &root)).await.unwrap_err();
+    assert!(e.message().starts_with("seq: replayed"), "{}", e.message());
+    let e = nodes
+        .heartbeat_stream(authed(tokio_stream::iter([hb(9)]), &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
     let e = nodes
         .register(authed(pb::NodeRequest { id: "nid999".into() }, &root))
         .await

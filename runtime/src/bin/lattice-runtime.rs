@@ -19,13 +19,20 @@ struct Args {
 
 #[derive(clap::Subcommand)]
 enum Cmd {
-    /// Measure: `raft` (commit latency p50/p99 on 3 local members, commits/s), `submit`
-    /// (submissions/s through the REST API) or `heartbeats` (N agents every 10 s: CPU share).
+    /// Measure: `raft` (commit latency p50/p99 on 3 local members, commits/s), `submit` / `submit3`
+    /// (submissions/s through REST and gRPC to a 1- / 3-member quorum's leader) or `heartbeats` (N
+    /// agents every 10 s from another process: the server's CPU share).
     Bench {
         kind: String,
-        /// Proposals or requests.
+        /// Proposals, requests or agents.
         #[arg(long, default_value_t = 2000)]
         n: usize,
+        /// `heartbeats`: how long the agents heartbeat.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// `heartbeat-agents` (the child process of `heartbeats`): the server's gRPC address.
+        #[arg(long)]
+        target: Option<String>,
     },
 }
 
@@ -37,12 +44,25 @@ async fn main() -> Result<()> {
         )
         .init();
     let args = Args::parse();
-    if let Some(Cmd::Bench { kind, n }) = args.cmd {
+    if let Some(Cmd::Bench {
+        kind,
+        n,
+        seconds,
+        target,
+    }) = args.cmd
+    {
         let line = match kind.as_str() {
             "raft" => lattice_runtime::bench::raft(n).await?,
-            "submit" => lattice_runtime::bench::submit(n).await?,
-            "heartbeats" => lattice_runtime::bench::heartbeats(n, 20).await?,
-            other => anyhow::bail!("bench {other}: raft, submit or heartbeats"),
+            "submit" => lattice_runtime::bench::submit(n, 1).await?,
+            "submit3" => lattice_runtime::bench::submit(n, 3).await?,
+            "heartbeats" => lattice_runtime::bench::heartbeats(n, seconds).await?,
+            "heartbeat-agents" => {
+                let Some(t) = target else {
+                    anyhow::bail!("bench heartbeat-agents needs --target HOST:PORT");
+                };
+                lattice_runtime::bench::heartbeat_agents(&t, n, seconds).await?
+            }
+            other => anyhow::bail!("bench {other}: raft, submit, submit3 or heartbeats"),
         };
         println!("{line}");
         return Ok(());
