@@ -1,4 +1,15 @@
-//! `lattice-agent` — will own the node agent: registration and heartbeats, capability and GPU discovery,
-//! conformance fingerprint, process launch with walltime enforcement, logs, telemetry, checkpoint signalling.
+//! `lattice-agent` — the node agent (book: "Node Lifecycle", "MPI Process Management"). It registers
+//! its node with the control plane and heartbeats with a strictly increasing sequence number
+//! ([`client`]); reports the node's capabilities and its conformance fingerprint ([`discovery`]);
+//! polls for work and runs each allocation's entrypoint as a real process in its own process group
+//! with the seed's environment, enforcing the walltime (SIGTERM, grace, SIGKILL) and capturing
+//! stdout/stderr into a bounded ring buffer flushed to a log directory ([`runner`]); and reports each
+//! exit ([`agent`]). Blocking I/O on a few threads: an agent does little, often.
 //!
-//! Status: not built yet (its issue has not come). Nothing here is implemented.
+//! Not here yet (issue 9 continues): GPU discovery through NVML, eBPF telemetry, checkpoint hints,
+//! the state file for re-attaching after an agent restart, heartbeat buffering during a partition.
+
+pub mod agent;
+pub mod client;
+pub mod discovery;
+pub mod runner;

@@ -36,6 +36,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/nodes/{id}/heartbeat", axum::routing::post(heartbeat))
         .route("/v1/nodes/{id}/drain", axum::routing::post(drain))
         .route("/v1/nodes/{id}/undrain", axum::routing::post(undrain))
+        .route("/v1/nodes/{id}/work", axum::routing::post(work))
+        .route("/v1/allocations/{id}/exit", axum::routing::post(agent_exit))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
         .route("/v1/audit/logs", get(audit_logs))
@@ -231,8 +233,23 @@ async fn node(State(s): S, Path(id): Path<String>) -> Response {
     }
 }
 
-async fn register(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    match ops::register(&s, &p, &id).await {
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RegisterIn {
+    fingerprint: Option<String>,
+    capabilities: Option<Value>,
+}
+
+async fn register(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let r: RegisterIn = if body.is_empty() {
+        RegisterIn::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => return body_error(e),
+        }
+    };
+    match ops::register(&s, &p, &id, r.fingerprint, r.capabilities).await {
         Ok(state) => Json(json!({"node": id, "state": state})).into_response(),
         Err(e) => e.into_response(),
     }
@@ -501,4 +518,42 @@ async fn raft_status(State(s): S) -> Json<Value> {
         "audit_entries": q.audit.len(),
         "audit_chain_valid": q.verify_audit().is_ok(),
     }))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct WorkIn {
+    #[serde(default)]
+    running: Vec<String>,
+}
+
+async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let w: WorkIn = match serde_json::from_slice(&body) {
+        Ok(w) => w,
+        Err(e) => return body_error(e),
+    };
+    match ops::work(&s, &p, &id, &w.running).await {
+        Ok(w) => Json(w).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExitIn {
+    node: String,
+    kind: crate::control::ExitKind,
+    #[serde(default)]
+    exit_code: i32,
+}
+
+async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let x: ExitIn = match serde_json::from_slice(&body) {
+        Ok(x) => x,
+        Err(e) => return body_error(e),
+    };
+    match ops::agent_exit(&s, &p, &id, &x.node, x.kind, x.exit_code).await {
+        Ok(ended) => Json(json!({"id": id, "ended": ended})).into_response(),
+        Err(e) => e.into_response(),
+    }
 }

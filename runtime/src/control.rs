@@ -153,6 +153,9 @@ pub struct NodeView {
     pub gpu_type: Option<String>,
     pub gpu_count: u32,
     pub group: u32,
+    /// What its agent reported at registration: the conformance fingerprint and capabilities.
+    pub fingerprint: Option<String>,
+    pub agent_capabilities: Option<serde_json::Value>,
 }
 
 /// Per-allocation details the engine does not keep.
@@ -243,6 +246,10 @@ pub struct Control {
     dags: BTreeMap<String, Vec<(String, String)>>,
     /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered.
     agents: Vec<Option<(u64, u64)>>,
+    /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
+    exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
+    /// Per node: the fingerprint and capabilities its agent reported.
+    agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
     node_by_name: BTreeMap<String, u32>,
 }
 
@@ -294,6 +301,8 @@ impl Control {
             capture: None,
             dags: BTreeMap::new(),
             agents: Vec::new(),
+            exits: BTreeMap::new(),
+            agent_info: BTreeMap::new(),
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -535,6 +544,8 @@ impl Control {
     pub fn committed(&mut self, id: AllocId) -> Option<std::time::Duration> {
         let now = self.now();
         self.engine.handle_commit(now, id).ok()?;
+        // A new run: earlier exit reports (of a requeued run) do not count.
+        self.exits.remove(&id);
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = None;
         }
@@ -590,11 +601,27 @@ impl Control {
 
     /// An agent (re)registers its node: its heartbeat sequence restarts. Returns the node's state.
     pub fn register_agent(&mut self, node: &str) -> Result<String, FieldError> {
+        self.register_agent_with(node, None, None)
+    }
+
+    /// [`Control::register_agent`] with what the agent reports about its node.
+    pub fn register_agent_with(
+        &mut self,
+        node: &str,
+        fingerprint: Option<String>,
+        capabilities: Option<serde_json::Value>,
+    ) -> Result<String, FieldError> {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        if let Some(f) = &fingerprint
+            && (f.len() != 64 || !f.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(bad("fingerprint", "a SHA-256 in hex (64 characters)"));
+        }
         let now = self.now();
         self.agents[id.index()] = Some((0, now.0));
+        self.agent_info.insert(id.0, (fingerprint, capabilities));
         Ok(self.node_state(id))
     }
 
@@ -729,7 +756,78 @@ impl Control {
             gpu_type: n.spec.capabilities.gpu_type.clone(),
             gpu_count: n.spec.capabilities.gpu_count,
             group: n.spec.group.0,
+            fingerprint: self.agent_info.get(&id.0).and_then(|a| a.0.clone()),
+            agent_capabilities: self.agent_info.get(&id.0).and_then(|a| a.1.clone()),
         })
+    }
+
+    /// An agent's poll: allocations running on `node` that its agent has neither started (`running`)
+    /// nor reported, and ones it runs that no longer run there.
+    pub fn work(&self, node: &str, running: &[String]) -> Result<Work, FieldError> {
+        let nid = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        let mut w = Work::default();
+        let mine = self.engine.node(nid).and_then(|n| n.owner).map(|o| o.alloc);
+        if let Some(id) = mine
+            && let Some(a) = self.engine.allocation(id)
+            && a.state == AllocState::Running
+        {
+            let name = self.name_of(id);
+            let reported = self.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0));
+            if !reported && !running.contains(&name) {
+                let m = &self.meta[id.index()];
+                w.launch.push(Launch {
+                    id: name,
+                    entrypoint: m.entrypoint.clone().unwrap_or_default(),
+                    nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                    task_index: a.nodes.iter().position(|n| *n == nid).unwrap_or(0) as u32,
+                    walltime_s: a.spec.lifecycle.walltime().map(|d| d.as_secs_f64()),
+                    tenant: self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
+                    user: m.user.clone(),
+                });
+            }
+        }
+        let mine_name = mine.map(|m| self.name_of(m));
+        w.kill = running
+            .iter()
+            .filter(|r| Some(*r) != mine_name.as_ref())
+            .cloned()
+            .collect();
+        Ok(w)
+    }
+
+    /// An agent reports the end of an allocation's process on its node. The allocation ends when one
+    /// node fails or is killed at walltime, or when every node exited 0; returns whether it ended now
+    /// (so its nodes are released at the quorum).
+    pub fn agent_exit(&mut self, name: &str, node: &str, kind: ExitKind, code: i32) -> Result<bool, FieldError> {
+        let nid = self
+            .node_index(node)
+            .ok_or_else(|| bad("node", format!("no node {node} in the inventory")))?;
+        let id = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let a = self
+            .engine
+            .allocation(id)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        if a.state != AllocState::Running || !a.nodes.contains(&nid) {
+            // A late report of a run that already ended or moved: nothing to do.
+            return Ok(false);
+        }
+        let n = a.nodes.len();
+        let e = self.exits.entry(id).or_default();
+        e.insert(nid.0, code);
+        let reason = match kind {
+            ExitKind::Walltime => Some(EndReason::WalltimeExceeded),
+            ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
+            ExitKind::Exited if e.len() == n => Some(EndReason::Success),
+            ExitKind::Exited => None,
+        };
+        let Some(reason) = reason else { return Ok(false) };
+        self.exits.remove(&id);
+        Ok(self.completed(id, reason))
     }
 
     /// A node by name (O(log n): heartbeats of thousands of agents look nodes up constantly).
@@ -930,6 +1028,37 @@ fn sleep_seconds(entrypoint: Option<&str>) -> Option<std::time::Duration> {
         ["sleep", n] => n.parse::<f64>().ok().map(std::time::Duration::from_secs_f64),
         _ => None,
     }
+}
+
+/// What an agent starts for one allocation on its node (book: MPI process management environment).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Launch {
+    pub id: String,
+    pub entrypoint: String,
+    /// Every node of the allocation, in order; this node is `nodes[task_index]`.
+    pub nodes: Vec<String>,
+    pub task_index: u32,
+    pub walltime_s: Option<f64>,
+    pub tenant: String,
+    pub user: Option<String>,
+}
+
+/// An agent's poll: what it runs now. The answer: what to start and what to stop.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Work {
+    pub launch: Vec<Launch>,
+    /// Allocations it runs that no longer run here (cancelled, preempted, requeued): stop them.
+    pub kill: Vec<String>,
+}
+
+/// How a process ended on one node.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitKind {
+    /// Exited by itself with `exit_code`.
+    Exited,
+    /// The agent killed it at its walltime.
+    Walltime,
 }
 
 /// `a-000123` → 123.

@@ -345,7 +345,7 @@ impl NodeService for Api {
     async fn register(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
         let p = self.principal(&req)?;
         let id = req.into_inner().id;
-        ops::register(&self.shared, &p, &id).await?;
+        ops::register(&self.shared, &p, &id, None, None).await?;
         Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
     }
 

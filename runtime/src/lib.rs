@@ -2,7 +2,7 @@
 //! `rm-replay` drives, on the wall clock instead of a virtual one: the scheduling loop ([`server`]) runs
 //! each vCluster's passes, proposes node ownership through the openraft quorum
 //! (`lattice-adapters`: durable redb log and state machine, Raft over gRPC), starts committed
-//! allocations (on simulated agents until the node agent lands) and retries rejected proposals next
+//! allocations (on simulated agents, or hands them to `lattice-agent`s that poll for work) and retries rejected proposals next
 //! cycle. [`api`] serves the REST API (`/v1/...`, `/healthz`, Prometheus `/metrics`); [`control`]
 //! keeps the engine, the request details and the trace capture (`scheduler.trace_capture`, JSONL that
 //! `rm-replay` replays); [`config`] reads `runtime/config/*.yaml`.

@@ -706,11 +706,21 @@ fn field_error(node: &str, e: crate::control::FieldError) -> ApiError {
     }
 }
 
-pub async fn register(s: &Shared, p: &Principal, node: &str) -> Result<String, ApiError> {
+pub async fn register(
+    s: &Shared,
+    p: &Principal,
+    node: &str,
+    fingerprint: Option<String>,
+    capabilities: Option<serde_json::Value>,
+) -> Result<String, ApiError> {
     agent_allowed(p)?;
     // A leadership change resets the control plane: let it happen before, not after, this lands.
     crate::server::sync_leadership(s).await;
-    let r = s.control.lock().await.register_agent(node);
+    let r = s
+        .control
+        .lock()
+        .await
+        .register_agent_with(node, fingerprint, capabilities);
     r.map_err(|e| field_error(node, e))
 }
 
@@ -719,4 +729,38 @@ pub async fn heartbeat(s: &Shared, p: &Principal, node: &str, seq: u64) -> Resul
     crate::server::sync_leadership(s).await;
     let r = s.control.lock().await.heartbeat(node, seq);
     r.map_err(|e| field_error(node, e))
+}
+
+/// `POST /v1/nodes/{id}/work {"running": [...]}`: an agent's poll (leader only).
+pub async fn work(s: &Shared, p: &Principal, node: &str, running: &[String]) -> Result<crate::control::Work, ApiError> {
+    agent_allowed(p)?;
+    writable(s).await?;
+    let r = s.control.lock().await.work(node, running);
+    r.map_err(|e| field_error(node, e))
+}
+
+/// `POST /v1/allocations/{id}/exit {"node", "kind", "exit_code"}`: an agent reports a process's end.
+pub async fn agent_exit(
+    s: &Arc<Shared>,
+    p: &Principal,
+    id: &str,
+    node: &str,
+    kind: crate::control::ExitKind,
+    code: i32,
+) -> Result<bool, ApiError> {
+    agent_allowed(p)?;
+    writable(s).await?;
+    let r = s.control.lock().await.agent_exit(id, node, kind, code);
+    let ended = r.map_err(|e| {
+        if e.field == "id" {
+            not_found("allocation", id)
+        } else {
+            bad_request(e)
+        }
+    })?;
+    if ended {
+        release(s, id.to_string()).await;
+        s.wake.notify_one();
+    }
+    Ok(ended)
 }

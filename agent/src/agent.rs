@@ -1,0 +1,174 @@
+//! The agent's loop: register (again whenever the control plane no longer knows it), heartbeat every
+//! `heartbeat` interval with a strictly increasing sequence, poll for work every `poll` interval,
+//! start what it is given with the seed's environment, stop what it is told to, and report every exit
+//! — retried until the control plane takes it, so a report is never lost to a transient failure.
+
+use crate::client::{Client, ExitKind, Launch};
+use crate::discovery::{Capabilities, Sources, fingerprint};
+use crate::runner::{self, Ending, RunSpec};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub node: String,
+    pub poll: Duration,
+    pub heartbeat: Duration,
+    /// SIGTERM → SIGKILL at the walltime.
+    pub grace: Duration,
+    pub log_dir: PathBuf,
+    pub ring_bytes: usize,
+    /// Also set the `SLURM_*` compatibility variables.
+    pub slurm_env: bool,
+}
+
+/// The seed's environment for one task of an allocation.
+pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("LATTICE_ALLOC_ID".to_string(), l.id.clone()),
+        ("LATTICE_NODELIST".to_string(), l.nodes.join(",")),
+        ("LATTICE_NNODES".to_string(), l.nodes.len().to_string()),
+        ("LATTICE_TASK_INDEX".to_string(), l.task_index.to_string()),
+        ("LATTICE_TENANT".to_string(), l.tenant.clone()),
+    ];
+    if slurm {
+        env.extend([
+            ("SLURM_JOB_ID".to_string(), l.id.clone()),
+            ("SLURM_JOB_NODELIST".to_string(), l.nodes.join(",")),
+            ("SLURM_JOB_NUM_NODES".to_string(), l.nodes.len().to_string()),
+            ("SLURM_NODEID".to_string(), l.task_index.to_string()),
+            ("SLURM_PROCID".to_string(), l.task_index.to_string()),
+        ]);
+    }
+    env
+}
+
+/// Runs until `stop` is set; then stops its processes (and reports them) before returning.
+pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let sources = Sources::default();
+    let caps: Capabilities = sources.capabilities();
+    let fp = fingerprint(&sources.components());
+    let mut registered = false;
+    let mut seq = 0u64;
+    let mut last_beat = Instant::now() - cfg.heartbeat;
+    let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
+    // Exits not yet taken by the control plane: (alloc, kind, code).
+    let mut unreported: Vec<(String, ExitKind, i32)> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        if !registered {
+            match client.register(&cfg.node, &caps, &fp) {
+                Ok(_) => {
+                    registered = true;
+                    seq = 0;
+                }
+                Err(e) => {
+                    eprintln!("lattice-agent {}: register: {e}", cfg.node);
+                    std::thread::sleep(cfg.poll);
+                    continue;
+                }
+            }
+        }
+        if last_beat.elapsed() >= cfg.heartbeat {
+            seq += 1;
+            match client.heartbeat(&cfg.node, seq) {
+                Ok(_) => last_beat = Instant::now(),
+                Err(e) if e.needs_register() => registered = false,
+                Err(e) => eprintln!("lattice-agent {}: heartbeat: {e}", cfg.node),
+            }
+        }
+        // Collect ended processes.
+        let ended: Vec<String> = procs
+            .iter()
+            .filter(|(_, r)| r.is_finished())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in ended {
+            let out = procs.remove(&id).expect("listed").wait();
+            match out.ending {
+                Ending::Exited(code) => unreported.push((id, ExitKind::Exited, code)),
+                Ending::Walltime => unreported.push((id, ExitKind::Walltime, 137)),
+                // Stopped on the control plane's request: it already knows.
+                Ending::Stopped => {}
+            }
+        }
+        unreported.retain(|(id, kind, code)| match client.exit(id, &cfg.node, *kind, *code) {
+            Ok(()) => false,
+            Err(e) => {
+                eprintln!("lattice-agent {}: report {id}: {e}", cfg.node);
+                true
+            }
+        });
+        let running: Vec<String> = procs.keys().cloned().collect();
+        match client.work(&cfg.node, &running) {
+            Ok(w) => {
+                for id in w.kill {
+                    if let Some(p) = procs.get(&id) {
+                        p.stop();
+                    }
+                }
+                for l in w.launch {
+                    if procs.contains_key(&l.id) || unreported.iter().any(|(id, _, _)| *id == l.id) {
+                        continue;
+                    }
+                    let spec = RunSpec {
+                        id: l.id.clone(),
+                        entrypoint: l.entrypoint.clone(),
+                        env: environment(&l, cfg.slurm_env),
+                        walltime: l.walltime_s.map(Duration::from_secs_f64),
+                        grace: cfg.grace,
+                        log_dir: cfg.log_dir.clone(),
+                        ring_bytes: cfg.ring_bytes,
+                    };
+                    match runner::start(spec) {
+                        Ok(r) => {
+                            procs.insert(l.id.clone(), r);
+                        }
+                        // Could not even start: a failure, reported like any other.
+                        Err(e) => {
+                            eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
+                            unreported.push((l.id.clone(), ExitKind::Exited, 127));
+                        }
+                    }
+                }
+            }
+            Err(e) if e.needs_register() => registered = false,
+            Err(e) => eprintln!("lattice-agent {}: work: {e}", cfg.node),
+        }
+        std::thread::sleep(cfg.poll);
+    }
+    for p in procs.values() {
+        p.stop();
+    }
+    for (_, p) in procs {
+        let _ = p.wait();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_names_the_allocation_its_nodes_and_the_task() {
+        let l = Launch {
+            id: "a-000007".into(),
+            entrypoint: "hostname".into(),
+            nodes: vec!["n1".into(), "n2".into()],
+            task_index: 1,
+            walltime_s: Some(60.0),
+            tenant: "physics".into(),
+            user: None,
+        };
+        let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
+        assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");
+        assert_eq!(env["LATTICE_NODELIST"], "n1,n2");
+        assert_eq!(env["LATTICE_NNODES"], "2");
+        assert_eq!(env["LATTICE_TASK_INDEX"], "1");
+        assert_eq!(env["SLURM_JOB_NUM_NODES"], "2");
+        assert!(!environment(&l, false).iter().any(|(k, _)| k.starts_with("SLURM_")));
+    }
+}

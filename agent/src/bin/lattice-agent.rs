@@ -1,0 +1,84 @@
+//! `lattice-agent --node-id=ID --quorum-endpoint=URL`: the node agent (see the crate docs).
+
+use anyhow::Result;
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Lattice node agent: registers, heartbeats, runs allocations on this node"
+)]
+struct Args {
+    /// This node's name in the inventory.
+    #[arg(long)]
+    node_id: String,
+    /// The control plane's REST endpoint (the leader's; e.g. https://lattice-01:8080).
+    #[arg(long)]
+    quorum_endpoint: String,
+    /// PEM CA for an https endpoint (default: the system roots).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// Where allocations' output is written (one `ID.log` each).
+    #[arg(long, default_value = "/var/lib/lattice/logs")]
+    log_dir: PathBuf,
+    /// How often the agent asks for work.
+    #[arg(long, default_value = "1s")]
+    poll: humantime::Duration,
+    /// Heartbeat interval.
+    #[arg(long, default_value = "10s")]
+    heartbeat: humantime::Duration,
+    /// SIGTERM → SIGKILL grace at the walltime.
+    #[arg(long, default_value = "30s")]
+    grace: humantime::Duration,
+    /// Output ring buffer per allocation, in MiB.
+    #[arg(long, default_value_t = 64)]
+    ring_mib: usize,
+    /// Also set SLURM_* compatibility variables.
+    #[arg(long)]
+    slurm_env: bool,
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let client = lattice_agent::client::Client::new(
+        &a.quorum_endpoint,
+        std::env::var("LATTICE_AGENT_TOKEN").ok(),
+        a.ca.as_deref(),
+    )?;
+    let cfg = lattice_agent::agent::AgentConfig {
+        node: a.node_id,
+        poll: a.poll.into(),
+        heartbeat: a.heartbeat.into(),
+        grace: a.grace.into(),
+        log_dir: a.log_dir,
+        ring_bytes: a.ring_mib * 1024 * 1024,
+        slurm_env: a.slurm_env,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let s = stop.clone();
+        // A tiny signal flag: the loop notices within one poll interval.
+        register_flag(sig, s);
+    }
+    lattice_agent::agent::run(&client, &cfg, stop)?;
+    Ok(())
+}
+
+static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+extern "C" fn on_signal(_: libc::c_int) {
+    if let Some(f) = FLAG.get() {
+        f.store(true, Ordering::SeqCst);
+    }
+}
+
+fn register_flag(sig: libc::c_int, flag: Arc<AtomicBool>) {
+    let _ = FLAG.set(flag);
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+    }
+}

@@ -1,0 +1,132 @@
+//! The agent's REST client of the control plane (ureq, rustls): register, heartbeat, poll for work,
+//! report exits. The bearer token (`LATTICE_AGENT_TOKEN`, an Operator-role agent token) is sent when
+//! set; `https://` endpoints are verified against the system roots or `--ca`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What the control plane answered, when it was not a success.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{url}: {status}: {body}")]
+    Refused { url: String, status: u16, body: String },
+    #[error("{url}: {message}")]
+    Transport { url: String, message: String },
+}
+
+impl ClientError {
+    /// The runtime no longer knows this agent (restarted, or a new leader): register again.
+    pub fn needs_register(&self) -> bool {
+        matches!(self, ClientError::Refused { body, .. } if body.contains("has not registered"))
+    }
+}
+
+/// Work the control plane hands this node (see the runtime's `Work`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Work {
+    pub launch: Vec<Launch>,
+    pub kill: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct Launch {
+    pub id: String,
+    pub entrypoint: String,
+    pub nodes: Vec<String>,
+    pub task_index: u32,
+    pub walltime_s: Option<f64>,
+    pub tenant: String,
+    pub user: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitKind {
+    Exited,
+    Walltime,
+}
+
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    pub fn new(endpoint: &str, token: Option<String>, ca: Option<&std::path::Path>) -> anyhow::Result<Client> {
+        use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+        let mut tls = TlsConfig::builder().provider(TlsProvider::Rustls);
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca).map_err(|e| anyhow::anyhow!("--ca {}: {e}", ca.display()))?;
+            let cert = Certificate::from_pem(&pem).map_err(|e| anyhow::anyhow!("--ca {}: {e}", ca.display()))?;
+            tls = tls.root_certs(RootCerts::new_with_certs(&[cert]));
+        }
+        Ok(Client {
+            base: endpoint.trim_end_matches('/').to_string(),
+            token,
+            agent: ureq::Agent::config_builder()
+                .tls_config(tls.build())
+                .http_status_as_error(false)
+                .timeout_global(Some(std::time::Duration::from_secs(10)))
+                .build()
+                .into(),
+        })
+    }
+
+    fn post(&self, path: &str, body: Value) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.post(&url);
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let mut resp = req.send_json(body).map_err(|e| ClientError::Transport {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        if !(200..300).contains(&status) {
+            return Err(ClientError::Refused {
+                url,
+                status,
+                body: text,
+            });
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Registers the node with its capabilities and fingerprint; the node's state.
+    pub fn register(
+        &self,
+        node: &str,
+        caps: &crate::discovery::Capabilities,
+        fingerprint: &str,
+    ) -> Result<String, ClientError> {
+        let v = self.post(
+            &format!("/v1/nodes/{node}/register"),
+            json!({"capabilities": caps, "fingerprint": fingerprint}),
+        )?;
+        Ok(v["state"].as_str().unwrap_or_default().to_string())
+    }
+
+    pub fn heartbeat(&self, node: &str, seq: u64) -> Result<String, ClientError> {
+        let v = self.post(&format!("/v1/nodes/{node}/heartbeat"), json!({"seq": seq}))?;
+        Ok(v["state"].as_str().unwrap_or_default().to_string())
+    }
+
+    pub fn work(&self, node: &str, running: &[String]) -> Result<Work, ClientError> {
+        let v = self.post(&format!("/v1/nodes/{node}/work"), json!({"running": running}))?;
+        serde_json::from_value(v).map_err(|e| ClientError::Transport {
+            url: format!("{}/v1/nodes/{node}/work", self.base),
+            message: format!("unexpected answer: {e}"),
+        })
+    }
+
+    pub fn exit(&self, alloc: &str, node: &str, kind: ExitKind, code: i32) -> Result<(), ClientError> {
+        self.post(
+            &format!("/v1/allocations/{alloc}/exit"),
+            json!({"node": node, "kind": kind, "exit_code": code}),
+        )
+        .map(|_| ())
+    }
+}
