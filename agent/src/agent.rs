@@ -55,8 +55,8 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
     let mut seq = 0u64;
     let mut last_beat = Instant::now() - cfg.heartbeat;
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
-    // Exits not yet taken by the control plane: (alloc, kind, code).
-    let mut unreported: Vec<(String, ExitKind, i32)> = Vec::new();
+    // Exits not yet taken by the control plane: (alloc, kind, code, output tail).
+    let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         if !registered {
             match client.register(&cfg.node, &caps, &fp) {
@@ -87,20 +87,23 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
             .collect();
         for id in ended {
             let out = procs.remove(&id).expect("listed").wait();
+            let tail = tail_of(&out.output);
             match out.ending {
-                Ending::Exited(code) => unreported.push((id, ExitKind::Exited, code)),
-                Ending::Walltime => unreported.push((id, ExitKind::Walltime, 137)),
+                Ending::Exited(code) => unreported.push((id, ExitKind::Exited, code, tail)),
+                Ending::Walltime => unreported.push((id, ExitKind::Walltime, 137, tail)),
                 // Stopped on the control plane's request: it already knows.
                 Ending::Stopped => {}
             }
         }
-        unreported.retain(|(id, kind, code)| match client.exit(id, &cfg.node, *kind, *code) {
-            Ok(()) => false,
-            Err(e) => {
-                eprintln!("lattice-agent {}: report {id}: {e}", cfg.node);
-                true
-            }
-        });
+        unreported.retain(
+            |(id, kind, code, tail)| match client.exit(id, &cfg.node, *kind, *code, tail) {
+                Ok(()) => false,
+                Err(e) => {
+                    eprintln!("lattice-agent {}: report {id}: {e}", cfg.node);
+                    true
+                }
+            },
+        );
         let running: Vec<String> = procs.keys().cloned().collect();
         match client.work(&cfg.node, &running) {
             Ok(w) => {
@@ -110,7 +113,7 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                     }
                 }
                 for l in w.launch {
-                    if procs.contains_key(&l.id) || unreported.iter().any(|(id, _, _)| *id == l.id) {
+                    if procs.contains_key(&l.id) || unreported.iter().any(|(id, ..)| *id == l.id) {
                         continue;
                     }
                     let spec = RunSpec {
@@ -129,7 +132,7 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                         // Could not even start: a failure, reported like any other.
                         Err(e) => {
                             eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
-                            unreported.push((l.id.clone(), ExitKind::Exited, 127));
+                            unreported.push((l.id.clone(), ExitKind::Exited, 127, format!("could not start: {e}")));
                         }
                     }
                 }
@@ -146,6 +149,12 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
         let _ = p.wait();
     }
     Ok(())
+}
+
+/// The newest 64 KiB of an output, as text (invalid UTF-8 replaced).
+fn tail_of(out: &[u8]) -> String {
+    let from = out.len().saturating_sub(64 * 1024);
+    String::from_utf8_lossy(&out[from..]).into_owned()
 }
 
 #[cfg(test)]

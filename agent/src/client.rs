@@ -122,10 +122,11 @@ impl Client {
         })
     }
 
-    pub fn exit(&self, alloc: &str, node: &str, kind: ExitKind, code: i32) -> Result<(), ClientError> {
+    /// Reports a process's end with the newest `log_tail` of its output.
+    pub fn exit(&self, alloc: &str, node: &str, kind: ExitKind, code: i32, log_tail: &str) -> Result<(), ClientError> {
         self.post(
             &format!("/v1/allocations/{alloc}/exit"),
-            json!({"node": node, "kind": kind, "exit_code": code}),
+            json!({"node": node, "kind": kind, "exit_code": code, "log_tail": log_tail}),
         )
         .map(|_| ())
     }

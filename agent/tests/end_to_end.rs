@@ -1,7 +1,8 @@
 //! A control plane and two real `lattice-agent` processes on loopback: a 2-node job runs as real
 //! processes with the seed's environment on both nodes and completes; a job that outlives its
 //! walltime is terminated; a failing command fails the allocation; a cancelled job's processes are
-//! stopped and its nodes run the next job; each agent registered its conformance fingerprint.
+//! stopped and its nodes run the next job; each agent registered its conformance fingerprint; and
+//! when an agent dies under a running job its node goes Down and the job is requeued elsewhere.
 
 use serde_json::{Value, json};
 use std::process::{Child, Command};
@@ -50,7 +51,7 @@ fn two_agents_run_real_jobs() {
     let cfg = lattice_runtime::RuntimeConfig::parse(
         "t.yaml",
         &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\nsimulate_agents: false\ncycle: 100ms\n",
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\nsimulate_agents: false\ncycle: 100ms\nagents:\n  heartbeat_timeout: 1s\n  grace: 1s\n",
             dir.display()
         ),
     )
@@ -69,7 +70,7 @@ fn two_agents_run_real_jobs() {
             .map(|n| {
                 Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
                     .args(["--node-id", n, "--quorum-endpoint", &base, "--poll", "100ms"])
-                    .args(["--heartbeat", "1s", "--grace", "300ms", "--log-dir"])
+                    .args(["--heartbeat", "200ms", "--grace", "300ms", "--log-dir"])
                     .arg(dir.join(format!("logs-{n}")))
                     .spawn()
                     .expect("lattice-agent starts")
@@ -129,6 +130,14 @@ fn two_agents_run_real_jobs() {
         );
     }
 
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{a}/logs"), None);
+    for n in ["sim-000", "sim-001"] {
+        assert!(
+            l["nodes"][n].as_str().unwrap().contains("of 2 on sim-000,sim-001"),
+            "{l}"
+        );
+    }
+
     // A failing command fails the allocation; one past its walltime is killed.
     let b = submit("exit 3", 1, "1m");
     let v = wait_for(&base, &b, ended, Duration::from_secs(10));
@@ -163,6 +172,25 @@ fn two_agents_run_real_jobs() {
     let e = submit("true", 2, "1m");
     let v = wait_for(&base, &e, ended, Duration::from_secs(10));
     assert_eq!(v["end_reason"], "success", "{v}");
+
+    // Kill an agent under a running job: its heartbeats stop, its node goes Degraded then Down, and
+    // the job is requeued (the default policy on node failure) and runs on the other node.
+    let mut agents = agents;
+    let f = submit("sleep 2", 1, "1m");
+    let v = wait_for(&base, &f, |v| v["state"] == "running", Duration::from_secs(10));
+    let first = v["nodes"][0].as_str().unwrap().to_string();
+    let k = if first == "sim-000" { 0 } else { 1 };
+    agents.0[k].kill().unwrap();
+    agents.0[k].wait().unwrap();
+    let v = wait_for(&base, &f, ended, Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    assert_ne!(
+        v["nodes"][0].as_str(),
+        Some(first.as_str()),
+        "it ran again elsewhere: {v}"
+    );
+    let (_, n) = call("GET", &format!("{base}/v1/nodes/{first}"), None);
+    assert_eq!(n["state"], "down", "{n}");
     drop(agents);
     rt.block_on(running.shutdown());
 }

@@ -65,6 +65,12 @@ fn lattice_cli_drives_the_runtime() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // `lattice logs`: simulated agents report no output; an unknown id is an error.
+    let o = run(&["logs", &id]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).contains("no output reported yet"), "{}", err(&o));
+    assert!(!run(&["logs", "a-999999"]).status.success());
+
     // A Slurm script: directives map, unsupported ones warn.
     let script = dir.join("job.sh");
     std::fs::write(

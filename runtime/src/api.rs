@@ -38,6 +38,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/nodes/{id}/undrain", axum::routing::post(undrain))
         .route("/v1/nodes/{id}/work", axum::routing::post(work))
         .route("/v1/allocations/{id}/exit", axum::routing::post(agent_exit))
+        .route("/v1/allocations/{id}/logs", get(logs))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
         .route("/v1/audit/logs", get(audit_logs))
@@ -545,6 +546,9 @@ struct ExitIn {
     kind: crate::control::ExitKind,
     #[serde(default)]
     exit_code: i32,
+    /// The newest output (at most 64 KiB are kept).
+    #[serde(default)]
+    log_tail: Option<String>,
 }
 
 async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -552,8 +556,15 @@ async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: 
         Ok(x) => x,
         Err(e) => return body_error(e),
     };
-    match ops::agent_exit(&s, &p, &id, &x.node, x.kind, x.exit_code).await {
+    match ops::agent_exit(&s, &p, &id, &x.node, x.kind, x.exit_code, x.log_tail.as_deref()).await {
         Ok(ended) => Json(json!({"id": id, "ended": ended})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn logs(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::logs(&s, &p, &id).await {
+        Ok(l) => Json(json!({"id": id, "nodes": l})).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -43,6 +43,8 @@ pub struct RuntimeConfig {
     pub auth: crate::auth::AuthConfig,
     /// TLS on REST and gRPC (the public API and Raft between members); absent = plaintext (dev).
     pub tls: Option<crate::tls::TlsConfig>,
+    #[serde(default)]
+    pub agents: AgentsConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -51,6 +53,43 @@ pub struct SchedulerConfig {
     /// `scheduler.trace_capture`: append every submission and completion to this JSONL file, in the
     /// format `rm-replay` reads.
     pub trace_capture: Option<PathBuf>,
+}
+
+/// `agents:` — how the control plane watches its node agents (book: heartbeat protocol).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// No heartbeat for this long: the node is Degraded (HeartbeatMiss). Default 30 s (3 beats).
+    #[serde(default = "hb_timeout")]
+    pub heartbeat_timeout: String,
+    /// Degraded for this long more: Down (GraceTimeout) and its allocation requeued or failed per its
+    /// requeue policy. Default 60 s (the seed's grace period).
+    #[serde(default = "hb_grace")]
+    pub grace: String,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            heartbeat_timeout: hb_timeout(),
+            grace: hb_grace(),
+        }
+    }
+}
+
+fn hb_timeout() -> String {
+    "30s".into()
+}
+fn hb_grace() -> String {
+    "60s".into()
+}
+
+impl AgentsConfig {
+    /// (timeout, grace) in ms.
+    pub fn durations(&self) -> (u64, u64) {
+        let ms = |s: &str, d: u64| lattice_traces::parse_duration(s).map_or(d, |x| x.0);
+        (ms(&self.heartbeat_timeout, 30_000), ms(&self.grace, 60_000))
+    }
 }
 
 fn one() -> u64 {
@@ -118,6 +157,9 @@ impl RuntimeConfig {
         };
         let c: RuntimeConfig = yaml_serde::from_str(text).map_err(|e| err(e.to_string()))?;
         lattice_traces::parse_duration(&c.cycle).map_err(|m| err(format!("cycle: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.heartbeat_timeout)
+            .map_err(|m| err(format!("agents.heartbeat_timeout: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.grace).map_err(|m| err(format!("agents.grace: {m}")))?;
         if c.inventory.is_none() && c.simulated_nodes == 0 {
             return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));
         }

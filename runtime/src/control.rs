@@ -248,6 +248,9 @@ pub struct Control {
     agents: Vec<Option<(u64, u64)>>,
     /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
     exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
+    /// The output tails agents reported with exits: allocation → node → text (the newest
+    /// [`LOGS_KEPT`] allocations).
+    logs: BTreeMap<AllocId, BTreeMap<String, String>>,
     /// Per node: the fingerprint and capabilities its agent reported.
     agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
     node_by_name: BTreeMap<String, u32>,
@@ -303,6 +306,7 @@ impl Control {
             agents: Vec::new(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
+            logs: BTreeMap::new(),
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -761,6 +765,34 @@ impl Control {
         })
     }
 
+    /// Registered agents that went quiet: Ready → Degraded after `timeout_ms` without a heartbeat,
+    /// Degraded → Down after `grace_ms` more (its allocation requeued or failed by the engine). Returns
+    /// the allocations that lost their nodes (to release at the quorum).
+    pub fn check_agents(&mut self, timeout_ms: u64, grace_ms: u64) -> Vec<String> {
+        use lattice_engine::{NodeEvent, NodeState};
+        let now = self.now();
+        let mut lost = Vec::new();
+        for i in 0..self.agents.len() {
+            let Some((_, last)) = self.agents[i] else { continue };
+            let id = lattice_engine::NodeId(i as u32);
+            let Some(state) = self.engine.node(id).map(|n| n.state) else {
+                continue;
+            };
+            let quiet = now.0.saturating_sub(last);
+            let event = match state {
+                NodeState::Ready if quiet >= timeout_ms => Some(NodeEvent::HeartbeatMiss),
+                NodeState::Degraded if quiet >= timeout_ms + grace_ms => Some(NodeEvent::GraceTimeout),
+                _ => None,
+            };
+            if let Some(ev) = event
+                && let Ok(l) = self.engine.handle_node_event(now, id, ev)
+            {
+                lost.extend(l.into_iter().map(|a| self.name_of(a)));
+            }
+        }
+        lost
+    }
+
     /// An agent's poll: allocations running on `node` that its agent has neither started (`running`)
     /// nor reported, and ones it runs that no longer run there.
     pub fn work(&self, node: &str, running: &[String]) -> Result<Work, FieldError> {
@@ -800,6 +832,28 @@ impl Control {
     /// An agent reports the end of an allocation's process on its node. The allocation ends when one
     /// node fails or is killed at walltime, or when every node exited 0; returns whether it ended now
     /// (so its nodes are released at the quorum).
+    /// Keeps the output tail an agent reported for `name` on `node`.
+    pub fn add_log(&mut self, name: &str, node: &str, tail: &str) {
+        let Some(&id) = self.by_name.get(name) else { return };
+        let start = tail.len().saturating_sub(LOG_TAIL_BYTES);
+        let start = (start..=tail.len())
+            .find(|i| tail.is_char_boundary(*i))
+            .unwrap_or(tail.len());
+        self.logs
+            .entry(id)
+            .or_default()
+            .insert(node.to_string(), tail[start..].to_string());
+        while self.logs.len() > LOGS_KEPT {
+            self.logs.pop_first();
+        }
+    }
+
+    /// The output tails reported for `name`, by node.
+    pub fn logs(&self, name: &str) -> Option<BTreeMap<String, String>> {
+        let id = self.by_name.get(name)?;
+        Some(self.logs.get(id).cloned().unwrap_or_default())
+    }
+
     pub fn agent_exit(&mut self, name: &str, node: &str, kind: ExitKind, code: i32) -> Result<bool, FieldError> {
         let nid = self
             .node_index(node)
@@ -1060,6 +1114,11 @@ pub enum ExitKind {
     /// The agent killed it at its walltime.
     Walltime,
 }
+
+/// How many allocations' output tails the control plane keeps (the full logs stay on the nodes).
+pub const LOGS_KEPT: usize = 1000;
+/// The most of one node's output an exit report carries.
+pub const LOG_TAIL_BYTES: usize = 64 * 1024;
 
 /// `a-000123` → 123.
 pub fn id_number(name: &str) -> Option<u64> {

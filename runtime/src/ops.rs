@@ -747,10 +747,16 @@ pub async fn agent_exit(
     node: &str,
     kind: crate::control::ExitKind,
     code: i32,
+    log_tail: Option<&str>,
 ) -> Result<bool, ApiError> {
     agent_allowed(p)?;
     writable(s).await?;
-    let r = s.control.lock().await.agent_exit(id, node, kind, code);
+    let mut c = s.control.lock().await;
+    if let Some(t) = log_tail {
+        c.add_log(id, node, t);
+    }
+    let r = c.agent_exit(id, node, kind, code);
+    drop(c);
     let ended = r.map_err(|e| {
         if e.field == "id" {
             not_found("allocation", id)
@@ -763,4 +769,12 @@ pub async fn agent_exit(
         s.wake.notify_one();
     }
     Ok(ended)
+}
+
+/// `GET /v1/allocations/{id}/logs`: the output tails its agents reported, by node (same visibility
+/// as the allocation itself).
+pub async fn logs(s: &Shared, p: &Principal, id: &str) -> Result<BTreeMap<String, String>, ApiError> {
+    get(s, p, id).await?;
+    let c = s.control.lock().await;
+    c.logs(id).ok_or_else(|| not_found("allocation", id))
 }

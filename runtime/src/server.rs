@@ -159,7 +159,12 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
         tokio::spawn(push_quotas(shared.clone(), tenants, sensitive_pool, stopped.clone())),
-        tokio::spawn(scheduling_loop(shared.clone(), cfg.cycle(), stopped.clone())),
+        tokio::spawn(scheduling_loop(
+            shared.clone(),
+            cfg.cycle(),
+            cfg.agents.durations(),
+            stopped.clone(),
+        )),
     ];
     // One gRPC port: the quorum's Raft service and the public API.
     let api = crate::grpc::Api { shared: shared.clone() };
@@ -255,6 +260,7 @@ async fn push_quotas(
 async fn scheduling_loop(
     shared: Arc<Shared>,
     cycle: std::time::Duration,
+    (agent_timeout, agent_grace): (u64, u64),
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -270,6 +276,11 @@ async fn scheduling_loop(
             continue;
         }
         prune_mirror(&shared).await;
+        let lost = shared.control.lock().await.check_agents(agent_timeout, agent_grace);
+        for alloc in lost {
+            tracing::warn!("{alloc} lost its node (agent heartbeats stopped)");
+            release(&shared, alloc).await;
+        }
         let t0 = std::time::Instant::now();
         let proposals = shared.control.lock().await.schedule();
         shared.metrics.cycle(t0.elapsed());

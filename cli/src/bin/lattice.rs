@@ -76,6 +76,8 @@ enum Cmd {
     },
     /// Cancel allocations.
     Cancel { ids: Vec<String> },
+    /// The output of an allocation's processes (the tail each node's agent reported when it ended).
+    Logs { id: String },
     /// Nodes and their state.
     Nodes {
         #[arg(short, long, value_enum, default_value = "table")]
@@ -373,6 +375,20 @@ fn main() -> Result<()> {
             std::thread::sleep(std::time::Duration::from_secs(2));
             println!();
         },
+        Cmd::Logs { id } => {
+            let v = client.call("GET", &format!("/v1/allocations/{id}/logs"), None)?;
+            let nodes = v["nodes"].as_object().cloned().unwrap_or_default();
+            if nodes.is_empty() {
+                eprintln!("{id}: no output reported yet (agents report it when the processes end)");
+            }
+            let many = nodes.len() > 1;
+            for (node, text) in nodes {
+                if many {
+                    println!("==> {node} <==");
+                }
+                print!("{}", text.as_str().unwrap_or_default());
+            }
+        }
         Cmd::Cancel { ids } => {
             if ids.is_empty() {
                 bail!("which allocation? `lattice cancel ID...`");
