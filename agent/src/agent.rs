@@ -23,6 +23,28 @@ pub struct AgentConfig {
     pub ring_bytes: usize,
     /// Also set the `SLURM_*` compatibility variables.
     pub slurm_env: bool,
+    /// Where the running processes are recorded, so a restarted agent takes them over.
+    pub state_file: Option<PathBuf>,
+}
+
+/// The processes recorded by a previous agent (none when the file is absent; an unreadable one is
+/// an error naming it — taking over nothing would orphan live jobs silently).
+pub fn read_state(path: &std::path::Path) -> anyhow::Result<Vec<runner::Record>> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| anyhow::anyhow!("state file {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(anyhow::anyhow!("state file {}: {e}", path.display())),
+    }
+}
+
+/// Writes the records (to a temporary file, then renamed: never half-written).
+pub fn write_state(path: &std::path::Path, records: &[runner::Record]) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(records).unwrap_or_default())?;
+    std::fs::rename(tmp, path)
 }
 
 /// The seed's environment for one task of an allocation.
@@ -57,6 +79,27 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
     // Exits not yet taken by the control plane: (alloc, kind, code, output tail).
     let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
+    // Take over what a previous agent started: live processes are watched again, ended ones reported.
+    if let Some(path) = &cfg.state_file {
+        for rec in read_state(path)? {
+            let id = rec.id.clone();
+            match runner::attach(rec.clone()) {
+                Some(r) => {
+                    eprintln!("lattice-agent {}: took over {id} (pid {})", cfg.node, rec.pid);
+                    procs.insert(id, r);
+                }
+                None => {
+                    let out = runner::ended_unwatched(&rec);
+                    let code = match out.ending {
+                        Ending::Exited(c) => c,
+                        _ => -1,
+                    };
+                    unreported.push((id, ExitKind::Exited, code, tail_of(&out.output)));
+                }
+            }
+        }
+    }
+    let mut recorded: Vec<String> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         if !registered {
             match client.register(&cfg.node, &caps, &fp) {
@@ -140,7 +183,22 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
             Err(e) if e.needs_register() => registered = false,
             Err(e) => eprintln!("lattice-agent {}: work: {e}", cfg.node),
         }
+        if let Some(path) = &cfg.state_file {
+            let now: Vec<String> = procs.keys().cloned().collect();
+            if now != recorded {
+                let records: Vec<runner::Record> = procs.values().map(|r| r.record.clone()).collect();
+                match write_state(path, &records) {
+                    Ok(()) => recorded = now,
+                    Err(e) => eprintln!("lattice-agent {}: state file {}: {e}", cfg.node, path.display()),
+                }
+            }
+        }
         std::thread::sleep(cfg.poll);
+    }
+    // Stopping the agent does not stop its jobs (systemd KillMode=process): a restarted agent takes
+    // them over from the state file. Without one, nothing could, so they are stopped.
+    if cfg.state_file.is_some() {
+        return Ok(());
     }
     for p in procs.values() {
         p.stop();

@@ -2,12 +2,13 @@
 //! its node with the control plane and heartbeats with a strictly increasing sequence number
 //! ([`client`]); reports the node's capabilities and its conformance fingerprint ([`discovery`]);
 //! polls for work and runs each allocation's entrypoint as a real process in its own process group
-//! with the seed's environment, enforcing the walltime (SIGTERM, grace, SIGKILL) and capturing
-//! stdout/stderr into a bounded ring buffer flushed to a log directory ([`runner`]); and reports each
-//! exit ([`agent`]). Blocking I/O on a few threads: an agent does little, often.
+//! with the seed's environment, enforcing the walltime (SIGTERM, grace, SIGKILL), its output going
+//! straight to a log file ([`runner`]); records running processes in a state file so a restarted
+//! agent takes them over, and reports each exit ([`agent`]). Blocking I/O on a few threads: an agent
+//! does little, often.
 //!
 //! Not here yet (issue 9 continues): GPU discovery through NVML, eBPF telemetry, checkpoint hints,
-//! the state file for re-attaching after an agent restart, heartbeat buffering during a partition.
+//! heartbeat buffering during a partition.
 
 pub mod agent;
 pub mod client;

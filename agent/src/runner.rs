@@ -1,16 +1,18 @@
 //! Runs one allocation's entrypoint on this node as a real process: `/bin/sh -c ENTRYPOINT` in its
-//! own process group with the seed's environment, stdout and stderr captured into a bounded ring
-//! buffer (the newest bytes win; how many were dropped is counted) that is written to the log
-//! directory when the process ends. At the walltime the whole group gets SIGTERM, and SIGKILL after
-//! the grace period; a stop request (cancel, preemption) does the same at once.
+//! own process group with the seed's environment. Its stdout and stderr go straight to
+//! `LOG_DIR/ID.log` (not through the agent, so the process outlives an agent restart), and a small
+//! wrapper shell writes its exit status to `LOG_DIR/ID.status`. When it ends, the newest
+//! `ring_bytes` of the log are the outcome's output (how many older bytes there were is counted). At
+//! the walltime the whole group gets SIGTERM, and SIGKILL after the grace period; a stop request
+//! (cancel, preemption) does the same at once. [`attach`] takes over a process a previous agent
+//! started (found alive with `kill(pid, 0)`), enforcing the same walltime from its recorded start.
 
-use std::collections::VecDeque;
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What to run.
@@ -23,7 +25,7 @@ pub struct RunSpec {
     /// SIGTERM → SIGKILL.
     pub grace: Duration,
     pub log_dir: PathBuf,
-    /// Ring buffer size (the seed's default is 64 MiB).
+    /// How much of the newest output an outcome carries in memory (the seed's ring: 64 MiB).
     pub ring_bytes: usize,
 }
 
@@ -47,49 +49,12 @@ pub struct Outcome {
     pub log: PathBuf,
 }
 
-/// A bounded byte ring: appends drop the oldest bytes beyond the capacity.
-#[derive(Debug, Default)]
-pub struct Ring {
-    buf: VecDeque<u8>,
-    cap: usize,
-    dropped: u64,
-}
-
-impl Ring {
-    pub fn new(cap: usize) -> Ring {
-        Ring {
-            buf: VecDeque::new(),
-            cap,
-            dropped: 0,
-        }
-    }
-
-    pub fn push(&mut self, bytes: &[u8]) {
-        let bytes = if bytes.len() > self.cap {
-            self.dropped += (bytes.len() - self.cap) as u64;
-            &bytes[bytes.len() - self.cap..]
-        } else {
-            bytes
-        };
-        let over = (self.buf.len() + bytes.len()).saturating_sub(self.cap);
-        self.buf.drain(..over);
-        self.dropped += over as u64;
-        self.buf.extend(bytes);
-    }
-
-    pub fn contents(&self) -> Vec<u8> {
-        self.buf.iter().copied().collect()
-    }
-
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-}
-
 /// A started process.
 pub struct Running {
     pub id: String,
     pub pid: u32,
+    /// What the state file keeps of it.
+    pub record: Record,
     stop: Arc<AtomicBool>,
     done: std::thread::JoinHandle<Outcome>,
 }
@@ -122,54 +87,125 @@ fn signal_group(pgid: i32, sig: i32) {
     }
 }
 
-/// Starts `spec` (the process group is the child's pid).
+/// What the agent's state file keeps of a running process, to take it over after a restart.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Record {
+    pub id: String,
+    pub pid: u32,
+    /// Wall-clock start, ms since the epoch.
+    pub started_ms: u64,
+    pub walltime_s: Option<f64>,
+    pub grace_ms: u64,
+    pub log: PathBuf,
+    pub status: PathBuf,
+    pub ring_bytes: usize,
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Whether `pid` is alive (`kill(pid, 0)`; a zombie of ours counts as ended once waited).
+pub fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// The newest `cap` bytes of `path`, and how many came before them.
+fn tail(path: &std::path::Path, cap: usize) -> (Vec<u8>, u64) {
+    use std::io::{Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return (Vec::new(), 0);
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let from = len.saturating_sub(cap as u64);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_ok() {
+        let _ = f.read_to_end(&mut buf);
+    }
+    (buf, from)
+}
+
+fn status_code(path: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Starts `spec` (the process group is the child's pid); its [`Record`] is `Running::record`.
 pub fn start(spec: RunSpec) -> std::io::Result<Running> {
     std::fs::create_dir_all(&spec.log_dir)?;
-    let id = spec.id.clone();
-    let mut child = Command::new("/bin/sh")
+    let log = spec.log_dir.join(format!("{}.log", spec.id));
+    let status = spec.log_dir.join(format!("{}.status", spec.id));
+    let _ = std::fs::remove_file(&status);
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+    let child = Command::new("/bin/sh")
         .arg("-c")
+        // The wrapper outlives a SIGTERM to the group (a handler, not an ignore: the task still gets
+        // the signal) until the task ends, then records its status.
+        .arg(r#"trap 'true' TERM; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#)
+        .arg("lattice-task")
         .arg(&spec.entrypoint)
+        .arg(&status)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(out.try_clone()?))
+        .stderr(Stdio::from(out))
         .process_group(0)
         .spawn()?;
-    let pid = child.id();
-    let ring = Arc::new(Mutex::new(Ring::new(spec.ring_bytes)));
-    let mut readers = Vec::new();
-    let out: Vec<Box<dyn Read + Send>> = vec![
-        Box::new(child.stdout.take().expect("piped")),
-        Box::new(child.stderr.take().expect("piped")),
-    ];
-    for mut r in out {
-        let ring = ring.clone();
-        readers.push(std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = r.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                ring.lock().unwrap_or_else(|e| e.into_inner()).push(&buf[..n]);
-            }
-        }));
+    let record = Record {
+        id: spec.id.clone(),
+        pid: child.id(),
+        started_ms: wall_ms(),
+        walltime_s: spec.walltime.map(|w| w.as_secs_f64()),
+        grace_ms: spec.grace.as_millis() as u64,
+        log,
+        status,
+        ring_bytes: spec.ring_bytes,
+    };
+    Ok(watch(record, Some(child)))
+}
+
+/// Takes over a process a previous agent started: `None` when it is no longer alive.
+pub fn attach(record: Record) -> Option<Running> {
+    alive(record.pid).then(|| watch(record, None))
+}
+
+/// What a process that ended while no agent watched it left behind (its status file and log).
+pub fn ended_unwatched(record: &Record) -> Outcome {
+    let (output, dropped) = tail(&record.log, record.ring_bytes);
+    Outcome {
+        ending: Ending::Exited(status_code(&record.status).unwrap_or(-1)),
+        output,
+        dropped,
+        log: record.log.clone(),
     }
+}
+
+fn watch(record: Record, mut child: Option<std::process::Child>) -> Running {
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
+    let r = record.clone();
     let done = std::thread::spawn(move || {
-        let t0 = Instant::now();
-        let pgid = pid as i32;
+        let pgid = r.pid as i32;
+        let started = r.started_ms;
+        let grace = Duration::from_millis(r.grace_ms);
         let mut term: Option<(Instant, Ending)> = None;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(st)) => break Some(st),
-                Ok(None) => {}
-                Err(_) => break None,
+        let code = loop {
+            match child.as_mut() {
+                Some(c) => match c.try_wait() {
+                    Ok(Some(st)) => break Some(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))),
+                    Ok(None) => {}
+                    Err(_) => break None,
+                },
+                None if !alive(r.pid) => break status_code(&r.status),
+                None => {}
             }
             if term.is_none() {
+                let ran = Duration::from_millis(wall_ms().saturating_sub(started));
                 let why = if stop2.load(Ordering::SeqCst) {
                     Some(Ending::Stopped)
-                } else if spec.walltime.is_some_and(|w| t0.elapsed() >= w) {
+                } else if r.walltime_s.is_some_and(|w| ran.as_secs_f64() >= w) {
                     Some(Ending::Walltime)
                 } else {
                     None
@@ -179,33 +215,34 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
                     term = Some((Instant::now(), why));
                 }
             } else if let Some((at, _)) = &term
-                && at.elapsed() >= spec.grace
+                && at.elapsed() >= grace
             {
                 signal_group(pgid, libc::SIGKILL);
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        // Whatever the entrypoint left behind in its group goes too (it would hold the pipes open).
+        // Whatever the entrypoint left behind in its group goes too.
         signal_group(pgid, libc::SIGKILL);
-        for r in readers {
-            let _ = r.join();
-        }
-        let ending = match (term, status) {
+        let ending = match (term, code) {
             (Some((_, why)), _) => why,
-            (None, Some(st)) => Ending::Exited(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))),
+            (None, Some(c)) => Ending::Exited(c),
             (None, None) => Ending::Exited(-1),
         };
-        let r = ring.lock().unwrap_or_else(|e| e.into_inner());
-        let log = spec.log_dir.join(format!("{}.log", spec.id));
-        let _ = std::fs::write(&log, r.contents());
+        let (output, dropped) = tail(&r.log, r.ring_bytes);
         Outcome {
             ending,
-            output: r.contents(),
-            dropped: r.dropped(),
-            log,
+            output,
+            dropped,
+            log: r.log.clone(),
         }
     });
-    Ok(Running { id, pid, stop, done })
+    Running {
+        id: record.id.clone(),
+        pid: record.pid,
+        record,
+        stop,
+        done,
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +270,10 @@ mod tests {
         let text = String::from_utf8_lossy(&o.output);
         assert!(text.contains("hi a1") && text.contains("err"), "{text}");
         assert_eq!(std::fs::read(&o.log).unwrap(), o.output);
+        assert_eq!(
+            std::fs::read_to_string(o.log.with_extension("status")).unwrap().trim(),
+            "3"
+        );
     }
 
     #[test]
@@ -259,15 +300,26 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_keeps_the_newest_bytes_and_counts_the_rest() {
-        let mut r = Ring::new(8);
-        r.push(b"0123");
-        r.push(b"456789");
-        assert_eq!(r.contents(), b"23456789");
-        assert_eq!(r.dropped(), 2);
-        r.push(b"abcdefghijkl");
-        assert_eq!(r.contents(), b"efghijkl");
-        assert_eq!(r.dropped(), 2 + 8 + 4);
+    fn a_restarted_agent_takes_over_a_live_process_and_reads_an_ended_ones_status() {
+        let r = start(spec("a5", "sleep 0.5; echo done; exit 4", None)).unwrap();
+        let rec = r.record.clone();
+        // The agent "restarts": the new one attaches by pid and sees the end through the status file.
+        drop(r);
+        let again = attach(rec.clone()).expect("still alive");
+        let o = again.wait();
+        assert_eq!(o.ending, Ending::Exited(4));
+        assert!(String::from_utf8_lossy(&o.output).contains("done"));
+        assert!(attach(rec.clone()).is_none(), "gone now");
+        assert_eq!(ended_unwatched(&rec).ending, Ending::Exited(4));
+        // A taken-over process still gets its walltime from its recorded start.
+        let w = start(spec("a6", "sleep 30", Some(300))).unwrap().record.clone();
+        let t0 = Instant::now();
+        assert_eq!(attach(w).unwrap().wait().ending, Ending::Walltime);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_output_keeps_the_newest_bytes_and_counts_the_rest() {
         let o = start(spec("a4", "head -c 1000 /dev/zero | tr '\\0' x", None))
             .unwrap()
             .wait();

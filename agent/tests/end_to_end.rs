@@ -2,7 +2,8 @@
 //! processes with the seed's environment on both nodes and completes; a job that outlives its
 //! walltime is terminated; a failing command fails the allocation; a cancelled job's processes are
 //! stopped and its nodes run the next job; each agent registered its conformance fingerprint; and
-//! when an agent dies under a running job its node goes Down and the job is requeued elsewhere.
+//! a restarted agent takes over its running job from the state file; and when an agent dies under a
+//! running job its node goes Down and the job is requeued elsewhere.
 
 use serde_json::{Value, json};
 use std::process::{Child, Command};
@@ -64,19 +65,17 @@ fn two_agents_run_real_jobs() {
         assert!(t0.elapsed() < Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(50));
     }
-    let agents = Agents(
-        ["sim-000", "sim-001"]
-            .iter()
-            .map(|n| {
-                Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
-                    .args(["--node-id", n, "--quorum-endpoint", &base, "--poll", "100ms"])
-                    .args(["--heartbeat", "200ms", "--grace", "300ms", "--log-dir"])
-                    .arg(dir.join(format!("logs-{n}")))
-                    .spawn()
-                    .expect("lattice-agent starts")
-            })
-            .collect(),
-    );
+    let spawn = |n: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
+            .args(["--node-id", n, "--quorum-endpoint", &base, "--poll", "100ms"])
+            .args(["--heartbeat", "200ms", "--grace", "300ms", "--log-dir"])
+            .arg(dir.join(format!("logs-{n}")))
+            .arg("--state-file")
+            .arg(dir.join(format!("state-{n}.json")))
+            .spawn()
+            .expect("lattice-agent starts")
+    };
+    let agents = Agents(["sim-000", "sim-001"].iter().map(|n| spawn(n)).collect());
     // Both registered with a fingerprint.
     let t0 = Instant::now();
     loop {
@@ -173,9 +172,31 @@ fn two_agents_run_real_jobs() {
     let v = wait_for(&base, &e, ended, Duration::from_secs(10));
     assert_eq!(v["end_reason"], "success", "{v}");
 
+    // Restart an agent under a running job: the new one takes the process over from the state file
+    // and reports its end; the job completes where it ran.
+    let mut agents = agents;
+    let g = submit("echo started; sleep 1.5; echo survived", 1, "1m");
+    let v = wait_for(&base, &g, |v| v["state"] == "running", Duration::from_secs(10));
+    let node = v["nodes"][0].as_str().unwrap().to_string();
+    let k = if node == "sim-000" { 0 } else { 1 };
+    std::thread::sleep(Duration::from_millis(300));
+    agents.0[k].kill().unwrap();
+    agents.0[k].wait().unwrap();
+    agents.0[k] = spawn(&node);
+    let v = wait_for(&base, &g, ended, Duration::from_secs(10));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    assert_eq!(v["nodes"][0].as_str(), Some(node.as_str()), "it was not rerun: {v}");
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{g}/logs"), None);
+    let text = l["nodes"][&node].as_str().unwrap();
+    assert!(text.contains("survived"), "{l}");
+    assert_eq!(
+        text.matches("started").count(),
+        1,
+        "taken over, not started again: {text}"
+    );
+
     // Kill an agent under a running job: its heartbeats stop, its node goes Degraded then Down, and
     // the job is requeued (the default policy on node failure) and runs on the other node.
-    let mut agents = agents;
     let f = submit("sleep 2", 1, "1m");
     let v = wait_for(&base, &f, |v| v["state"] == "running", Duration::from_secs(10));
     let first = v["nodes"][0].as_str().unwrap().to_string();

@@ -39,6 +39,9 @@ struct Args {
     /// Also set SLURM_* compatibility variables.
     #[arg(long)]
     slurm_env: bool,
+    /// Running processes are recorded here; a restarted agent takes them over.
+    #[arg(long, default_value = "/var/lib/lattice/agent-state.json")]
+    state_file: PathBuf,
 }
 
 fn main() -> Result<()> {
@@ -56,6 +59,7 @@ fn main() -> Result<()> {
         log_dir: a.log_dir,
         ring_bytes: a.ring_mib * 1024 * 1024,
         slurm_env: a.slurm_env,
+        state_file: Some(a.state_file),
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
