@@ -71,8 +71,15 @@ pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
 /// Runs until `stop` is set; then stops its processes (and reports them) before returning.
 pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let sources = Sources::default();
-    let caps: Capabilities = sources.capabilities();
-    let fp = fingerprint(&sources.components());
+    let mut caps: Capabilities = sources.capabilities();
+    let mut components = sources.components();
+    let (gpus, model, driver) = crate::gpu::summary(&*crate::gpu::default_provider());
+    caps.gpu_count = gpus;
+    caps.gpu_model = model;
+    if let Some(d) = driver {
+        components.insert("gpu_driver".into(), d);
+    }
+    let fp = fingerprint(&components);
     let mut registered = false;
     let mut seq = 0u64;
     let mut last_beat = Instant::now() - cfg.heartbeat;

@@ -7,10 +7,13 @@
 //! agent takes them over, and reports each exit ([`agent`]). Blocking I/O on a few threads: an agent
 //! does little, often.
 //!
-//! Not here yet (issue 9 continues): GPU discovery through NVML, eBPF telemetry, checkpoint hints,
+//! GPUs come from [`gpu`] (NVML with the `nvidia` feature; the seed's local alert rules).
+//!
+//! Not here yet (issue 9 continues): eBPF telemetry, checkpoint hints,
 //! heartbeat buffering during a partition.
 
 pub mod agent;
 pub mod client;
 pub mod discovery;
+pub mod gpu;
 pub mod runner;
