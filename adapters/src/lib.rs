@@ -2,12 +2,16 @@
 //! openraft 0.9 with a durable log and state machine on redb ([`raft_store`]), Raft over gRPC
 //! ([`raft_net`], tonic, vendored `protoc`), and the replicated state itself ([`quorum_state`]: node
 //! ownership with hard-quota validation at apply time, and the hash-chained sensitive audit log).
-//! [`Member`] starts one quorum member. NVML GPU discovery, eBPF telemetry, VAST and the Slingshot
-//! fabric arrive with the agent issue, behind cargo features.
+//! [`Member`] starts one quorum member. The external services' REST clients: VAST storage
+//! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
+//! retries with backoff and typed errors ([`http`]). (GPU discovery lives in `lattice-agent`.)
 
+pub mod fabric;
+pub mod http;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;
+pub mod vast;
 
 pub use quorum_state::{AuditEntry, QuorumCommand, QuorumResponse, QuorumState};
 pub use raft_store::{NodeId, Raft, TypeConfig};
