@@ -162,6 +162,11 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                         p.stop();
                     }
                 }
+                for id in w.checkpoint {
+                    if let Some(p) = procs.get(&id) {
+                        p.signal(libc::SIGUSR1);
+                    }
+                }
                 for l in w.launch {
                     if procs.contains_key(&l.id) || unreported.iter().any(|(id, ..)| *id == l.id) {
                         continue;

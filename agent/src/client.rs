@@ -26,6 +26,9 @@ impl ClientError {
 pub struct Work {
     pub launch: Vec<Launch>,
     pub kill: Vec<String>,
+    /// Checkpoint hints: signal these allocations' process groups (SIGUSR1).
+    #[serde(default)]
+    pub checkpoint: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

@@ -65,6 +65,11 @@ impl Running {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// Sends `sig` to its process group (a checkpoint hint is SIGUSR1).
+    pub fn signal(&self, sig: i32) {
+        signal_group(self.pid as i32, sig);
+    }
+
     pub fn is_finished(&self) -> bool {
         self.done.is_finished()
     }
@@ -141,9 +146,9 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
     let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
     let child = Command::new("/bin/sh")
         .arg("-c")
-        // The wrapper outlives a SIGTERM to the group (a handler, not an ignore: the task still gets
-        // the signal) until the task ends, then records its status.
-        .arg(r#"trap 'true' TERM; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#)
+        // The wrapper outlives a SIGTERM or a checkpoint hint (SIGUSR1) to the group (handlers, not
+        // ignores: the task still gets the signals) until the task ends, then records its status.
+        .arg(r#"trap 'true' TERM USR1; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#)
         .arg("lattice-task")
         .arg(&spec.entrypoint)
         .arg(&status)

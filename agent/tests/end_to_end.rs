@@ -13,6 +13,7 @@ fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let mut resp = match (method, body) {
         ("POST", Some(b)) => agent.post(url).send_json(b),
+        ("POST", None) => agent.post(url).send_empty(),
         ("DELETE", _) => agent.delete(url).call(),
         _ => agent.get(url).call(),
     }
@@ -136,6 +137,25 @@ fn two_agents_run_real_jobs() {
             "{l}"
         );
     }
+
+    // A checkpoint request reaches the task as SIGUSR1 (the book's signal hint) and the job goes on.
+    let h = submit(
+        "trap 'echo checkpoint-hint' USR1; for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.2; done; echo finished",
+        1,
+        "1m",
+    );
+    wait_for(&base, &h, |v| v["state"] == "running", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(400));
+    let (status, v) = call("POST", &format!("{base}/v1/allocations/{h}/checkpoint"), None);
+    assert_eq!(status, 202, "{v}");
+    let v = wait_for(&base, &h, ended, Duration::from_secs(10));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{h}/logs"), None);
+    let text = l["nodes"][v["nodes"][0].as_str().unwrap()]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(text.contains("checkpoint-hint") && text.contains("finished"), "{text}");
 
     // A failing command fails the allocation; one past its walltime is killed.
     let b = submit("exit 3", 1, "1m");

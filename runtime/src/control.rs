@@ -251,6 +251,8 @@ pub struct Control {
     /// The output tails agents reported with exits: allocation → node → text (the newest
     /// [`LOGS_KEPT`] allocations).
     logs: BTreeMap<AllocId, BTreeMap<String, String>>,
+    /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
+    checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
     agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
     node_by_name: BTreeMap<String, u32>,
@@ -306,6 +308,7 @@ impl Control {
             agents: Vec::new(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
+            checkpoint_hints: BTreeMap::new(),
             logs: BTreeMap::new(),
             node_by_name: BTreeMap::new(),
         };
@@ -580,6 +583,7 @@ impl Control {
         if self.engine.handle_completion(now, id, reason).is_err() {
             return false;
         }
+        self.checkpoint_hints.remove(&id);
         let name = self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default();
         self.capture_line(serde_json::json!({
             "ts": now.0 as f64 / 1000.0,
@@ -795,7 +799,7 @@ impl Control {
 
     /// An agent's poll: allocations running on `node` that its agent has neither started (`running`)
     /// nor reported, and ones it runs that no longer run there.
-    pub fn work(&self, node: &str, running: &[String]) -> Result<Work, FieldError> {
+    pub fn work(&mut self, node: &str, running: &[String]) -> Result<Work, FieldError> {
         let nid = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
@@ -821,6 +825,21 @@ impl Control {
             }
         }
         let mine_name = mine.map(|m| self.name_of(m));
+        // A checkpoint hint is handed out once per node (a hint, not a guarantee: the application
+        // decides whether and when to checkpoint).
+        if let Some(id) = mine
+            && let Some(nodes) = self.checkpoint_hints.get_mut(&id)
+            && nodes.remove(&nid.0)
+        {
+            if nodes.is_empty() {
+                self.checkpoint_hints.remove(&id);
+            }
+            if let Some(n) = &mine_name
+                && running.contains(n)
+            {
+                w.checkpoint.push(n.clone());
+            }
+        }
         w.kill = running
             .iter()
             .filter(|r| Some(*r) != mine_name.as_ref())
@@ -1004,6 +1023,9 @@ impl Control {
             ));
         }
         let now = self.now();
+        // Real agents deliver the hint (SIGUSR1 to the task's process group) at their next poll.
+        let nodes: std::collections::BTreeSet<u32> = a.nodes.iter().map(|n| n.0).collect();
+        self.checkpoint_hints.insert(id, nodes);
         let m = &mut self.meta[id.index()];
         m.checkpoints += 1;
         m.last_checkpoint_ms = Some(now.0);
@@ -1103,6 +1125,9 @@ pub struct Work {
     pub launch: Vec<Launch>,
     /// Allocations it runs that no longer run here (cancelled, preempted, requeued): stop them.
     pub kill: Vec<String>,
+    /// Allocations it runs whose checkpoint was requested: SIGUSR1 to their process group.
+    #[serde(default)]
+    pub checkpoint: Vec<String>,
 }
 
 /// How a process ended on one node.
