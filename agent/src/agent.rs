@@ -25,6 +25,10 @@ pub struct AgentConfig {
     pub slurm_env: bool,
     /// Where the running processes are recorded, so a restarted agent takes them over.
     pub state_file: Option<PathBuf>,
+    /// Per-allocation telemetry: the aggregation mode, and where to push it (Pushgateway-compatible
+    /// URL; `None` samples nothing).
+    pub telemetry: crate::telemetry::Mode,
+    pub metrics_push: Option<String>,
 }
 
 /// The processes recorded by a previous agent (none when the file is absent; an unreadable one is
@@ -107,6 +111,10 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
         }
     }
     let mut recorded: Vec<String> = Vec::new();
+    if cfg.metrics_push.is_some() {
+        eprintln!("lattice-agent {}: {}", cfg.node, crate::telemetry::ebpf_status());
+    }
+    let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         if !registered {
             match client.register(&cfg.node, &caps, &fp) {
@@ -194,6 +202,23 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
             }
             Err(e) if e.needs_register() => registered = false,
             Err(e) => eprintln!("lattice-agent {}: work: {e}", cfg.node),
+        }
+        if let Some(url) = &cfg.metrics_push
+            && last_push.elapsed() >= cfg.telemetry.period()
+        {
+            last_push = Instant::now();
+            let samples: BTreeMap<String, crate::telemetry::Counters> = procs
+                .iter()
+                .map(|(id, r)| {
+                    (
+                        id.clone(),
+                        crate::telemetry::sample_group(std::path::Path::new("/proc"), r.pid),
+                    )
+                })
+                .collect();
+            if let Err(e) = client.push_metrics(url, &crate::telemetry::render(&cfg.node, &samples)) {
+                eprintln!("lattice-agent {}: metrics push: {e}", cfg.node);
+            }
         }
         if let Some(path) = &cfg.state_file {
             let now: Vec<String> = procs.keys().cloned().collect();

@@ -125,6 +125,29 @@ impl Client {
         })
     }
 
+    /// PUTs Prometheus text to a Pushgateway-compatible `url` (replacing this node's group).
+    pub fn push_metrics(&self, url: &str, text: &str) -> Result<(), ClientError> {
+        let mut resp = self
+            .agent
+            .put(url)
+            .header("content-type", "text/plain; version=0.0.4")
+            .send(text)
+            .map_err(|e| ClientError::Transport {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let body = resp.body_mut().read_to_string().unwrap_or_default();
+            return Err(ClientError::Refused {
+                url: url.to_string(),
+                status,
+                body,
+            });
+        }
+        Ok(())
+    }
+
     /// Reports a process's end with the newest `log_tail` of its output.
     pub fn exit(&self, alloc: &str, node: &str, kind: ExitKind, code: i32, log_tail: &str) -> Result<(), ClientError> {
         self.post(

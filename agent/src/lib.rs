@@ -9,7 +9,10 @@
 //!
 //! GPUs come from [`gpu`] (NVML with the `nvidia` feature; the seed's local alert rules).
 //!
-//! Not here yet (issue 9 continues): eBPF telemetry, checkpoint hints,
+//! Per-allocation telemetry from /proc, pushed as Prometheus text ([`telemetry`]).
+//!
+//! Not here yet (issue 9 continues): eBPF telemetry (the /proc sampler is its fallback), the shmem and
+//! gRPC checkpoint hints (SIGUSR1 is delivered),
 //! heartbeat buffering during a partition.
 
 pub mod agent;
@@ -17,3 +20,4 @@ pub mod client;
 pub mod discovery;
 pub mod gpu;
 pub mod runner;
+pub mod telemetry;

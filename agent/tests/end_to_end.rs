@@ -66,9 +66,37 @@ fn two_agents_run_real_jobs() {
         assert!(t0.elapsed() < Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A Pushgateway stand-in: keeps every PUT body.
+    let pushed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let gateway = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let push_url = format!("http://{}/metrics/job/lattice-agent", gateway.local_addr().unwrap());
+    {
+        let pushed = pushed.clone();
+        std::thread::spawn(move || {
+            use std::io::{BufRead, BufReader, Read, Write};
+            for s in gateway.incoming().flatten() {
+                let mut r = BufReader::new(s);
+                let mut len = 0usize;
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    line.clear();
+                }
+                let mut body = vec![0u8; len];
+                let _ = r.read_exact(&mut body);
+                pushed.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
+                let _ = r
+                    .get_mut()
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            }
+        });
+    }
     let spawn = |n: &str| {
         Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
             .args(["--node-id", n, "--quorum-endpoint", &base, "--poll", "100ms"])
+            .args(["--telemetry-mode", "debug", "--metrics-push", &push_url])
             .args(["--heartbeat", "200ms", "--grace", "300ms", "--log-dir"])
             .arg(dir.join(format!("logs-{n}")))
             .arg("--state-file")
@@ -156,6 +184,17 @@ fn two_agents_run_real_jobs() {
         .unwrap()
         .to_string();
     assert!(text.contains("checkpoint-hint") && text.contains("finished"), "{text}");
+
+    // Telemetry: while a 2-node job runs, each agent pushes its counters every second (debug mode).
+    let t = submit("sleep 1.5", 2, "1m");
+    wait_for(&base, &t, ended, Duration::from_secs(10));
+    let bodies = pushed.lock().unwrap().clone();
+    let line = format!("lattice_alloc_processes{{alloc=\"{t}\",node=\"sim-000\"}}");
+    assert!(
+        bodies.iter().any(|b| b.contains(&line)),
+        "no sample of {t} on sim-000 among {} pushes",
+        bodies.len()
+    );
 
     // A failing command fails the allocation; one past its walltime is killed.
     let b = submit("exit 3", 1, "1m");

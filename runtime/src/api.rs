@@ -66,7 +66,16 @@ async fn authenticate(State(s): S, mut req: axum::extract::Request, next: axum::
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match s.auth.check(header) {
+    let path = req.uri().path();
+    let agent_call = (path.starts_with("/v1/nodes/")
+        && (path.ends_with("/register") || path.ends_with("/heartbeat") || path.ends_with("/work")))
+        || (path.starts_with("/v1/allocations/") && path.ends_with("/exit"));
+    let checked = if agent_call {
+        s.auth.check_agent(header)
+    } else {
+        s.auth.check(header)
+    };
+    match checked {
         Ok(p) => {
             req.extensions_mut().insert(p);
             next.run(req).await

@@ -188,6 +188,17 @@ impl Authenticator {
 
     /// Authenticates the `Authorization` header's bearer token and applies the rate limit.
     pub fn check(&self, authorization: Option<&str>) -> Result<Principal, Refusal> {
+        self.check_with(authorization, true)
+    }
+
+    /// [`Authenticator::check`] for the node-agent protocol (register, heartbeat, work, exit): the
+    /// per-user rate limit is for people and their scripts, not for the machines that run the jobs
+    /// (which share one identity in `mode: none`).
+    pub fn check_agent(&self, authorization: Option<&str>) -> Result<Principal, Refusal> {
+        self.check_with(authorization, false)
+    }
+
+    fn check_with(&self, authorization: Option<&str>, limited: bool) -> Result<Principal, Refusal> {
         let p = if self.cfg.mode == AuthMode::None {
             Principal::dev_admin()
         } else {
@@ -196,7 +207,9 @@ impl Authenticator {
                 .ok_or_else(|| Refusal::Unauthenticated("missing bearer token".into()))?;
             self.verify(token).map_err(Refusal::Unauthenticated)?
         };
-        self.rate(&p.user)?;
+        if limited {
+            self.rate(&p.user)?;
+        }
         Ok(p)
     }
 

@@ -51,8 +51,22 @@ pub struct Api {
 
 impl Api {
     fn principal<T>(&self, req: &Request<T>) -> Result<Principal, Status> {
+        self.principal_with(req, true)
+    }
+
+    /// The node-agent calls (register, heartbeat) are not subject to the per-user rate limit.
+    fn agent_principal<T>(&self, req: &Request<T>) -> Result<Principal, Status> {
+        self.principal_with(req, false)
+    }
+
+    fn principal_with<T>(&self, req: &Request<T>, limited: bool) -> Result<Principal, Status> {
         let header = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        self.shared.auth.check(header).map_err(|r| match r {
+        let checked = if limited {
+            self.shared.auth.check(header)
+        } else {
+            self.shared.auth.check_agent(header)
+        };
+        checked.map_err(|r| match r {
             Refusal::Unauthenticated(why) => Status::unauthenticated(why),
             Refusal::RateLimited(secs) => {
                 Status::resource_exhausted(format!("rate limit exceeded; retry after {secs} s"))
@@ -343,14 +357,14 @@ impl NodeService for Api {
     }
 
     async fn register(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let p = self.principal(&req)?;
+        let p = self.agent_principal(&req)?;
         let id = req.into_inner().id;
         ops::register(&self.shared, &p, &id, None, None).await?;
         Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::Node>, Status> {
-        let p = self.principal(&req)?;
+        let p = self.agent_principal(&req)?;
         let h = req.into_inner();
         // 1,000 heartbeats a second at 10,000 agents: answer with the node's state only.
         let state = ops::heartbeat(&self.shared, &p, &h.id, h.seq).await?;
@@ -365,7 +379,7 @@ impl NodeService for Api {
         &self,
         req: Request<tonic::Streaming<pb::HeartbeatRequest>>,
     ) -> Result<Response<pb::HeartbeatSummary>, Status> {
-        let p = self.principal(&req)?;
+        let p = self.agent_principal(&req)?;
         let mut stream = req.into_inner();
         let mut accepted = 0;
         while let Some(h) = stream.message().await? {

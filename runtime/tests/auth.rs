@@ -189,5 +189,41 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     let secs: u64 = retry.unwrap().parse().unwrap();
     assert!((1..=60).contains(&secs));
     assert_eq!(call(&base, Some(&dave), "GET", "/v1/nodes", None).await.0, 200);
+    // The node-agent protocol is not rate limited: an agent token past its API limit still
+    // registers, heartbeats and polls for work.
+    let agent = hs256("agent-sim-001", None, &["Operator"]);
+    for _ in 0..45 {
+        call(&base, Some(&agent), "GET", "/v1/nodes", None).await;
+    }
+    assert_eq!(call(&base, Some(&agent), "GET", "/v1/nodes", None).await.0, 429);
+    let reg = call(
+        &base,
+        Some(&agent),
+        "POST",
+        "/v1/nodes/sim-001/register",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(reg.0, 200);
+    for seq in 1..=50u64 {
+        let hb = call(
+            &base,
+            Some(&agent),
+            "POST",
+            "/v1/nodes/sim-001/heartbeat",
+            Some(json!({"seq": seq})),
+        )
+        .await;
+        assert_eq!(hb.0, 200, "heartbeat {seq}");
+    }
+    let work = call(
+        &base,
+        Some(&agent),
+        "POST",
+        "/v1/nodes/sim-001/work",
+        Some(json!({"running": []})),
+    )
+    .await;
+    assert_eq!(work.0, 200);
     rt.shutdown().await;
 }

@@ -39,6 +39,12 @@ struct Args {
     /// Also set SLURM_* compatibility variables.
     #[arg(long)]
     slurm_env: bool,
+    /// Telemetry aggregation: prod (every 30 s) or debug (every second).
+    #[arg(long, default_value = "prod")]
+    telemetry_mode: String,
+    /// Push per-allocation metrics (Prometheus text) to this Pushgateway-compatible URL.
+    #[arg(long)]
+    metrics_push: Option<String>,
     /// Running processes are recorded here; a restarted agent takes them over.
     #[arg(long, default_value = "/var/lib/lattice/agent-state.json")]
     state_file: PathBuf,
@@ -60,6 +66,9 @@ fn main() -> Result<()> {
         ring_bytes: a.ring_mib * 1024 * 1024,
         slurm_env: a.slurm_env,
         state_file: Some(a.state_file),
+        telemetry: lattice_agent::telemetry::Mode::parse(&a.telemetry_mode)
+            .ok_or_else(|| anyhow::anyhow!("--telemetry-mode {}: expected prod or debug", a.telemetry_mode))?,
+        metrics_push: a.metrics_push,
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
