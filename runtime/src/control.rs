@@ -877,14 +877,7 @@ impl Control {
         let nid = self
             .node_index(node)
             .ok_or_else(|| bad("node", format!("no node {node} in the inventory")))?;
-        let id = *self
-            .by_name
-            .get(name)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
-        let a = self
-            .engine
-            .allocation(id)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let (id, a) = self.allocation_named(name)?;
         if a.state != AllocState::Running || !a.nodes.contains(&nid) {
             // A late report of a run that already ended or moved: nothing to do.
             return Ok(false);
@@ -935,17 +928,17 @@ impl Control {
         Ok((self.node_state(id), lost))
     }
 
+    /// An allocation by its id (`a-000123`), or the "no allocation" error naming the `id` field.
+    fn allocation_named(&self, name: &str) -> Result<(AllocId, &lattice_engine::Allocation), FieldError> {
+        let id = self.id_of(name);
+        id.and_then(|i| self.engine.allocation(i).map(|a| (i, a)))
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))
+    }
+
     /// Applies a `PATCH`: walltime (through the engine, so reservations follow), tags, telemetry mode.
     /// Everything is validated before anything changes.
     pub fn update(&mut self, name: &str, req: &UpdateRequest) -> Result<(), FieldError> {
-        let id = *self
-            .by_name
-            .get(name)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
-        let a = self
-            .engine
-            .allocation(id)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let (id, a) = self.allocation_named(name)?;
         if a.state.is_terminal() {
             return Err(bad("state", format!("{name} has ended ({})", a.state.as_str())));
         }
@@ -1005,14 +998,7 @@ impl Control {
     /// `POST .../checkpoint`: a running allocation's agents are asked to checkpoint (simulated agents
     /// take it at once). Returns the number of checkpoints taken so far.
     pub fn checkpoint(&mut self, name: &str) -> Result<u32, FieldError> {
-        let id = *self
-            .by_name
-            .get(name)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
-        let a = self
-            .engine
-            .allocation(id)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let (id, a) = self.allocation_named(name)?;
         if a.state != AllocState::Running {
             return Err(bad(
                 "state",

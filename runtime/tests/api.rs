@@ -4,6 +4,7 @@
 //! `rm-replay`'s reader; PATCH (walltime extension), checkpoint, node disable/enable, the sensitive
 //! audit log query and usage.
 
+mod common;
 use lattice_runtime::{RuntimeConfig, start};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -210,29 +211,7 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
 async fn three_member_quorum_schedules_on_the_leader() {
     let dir = std::env::temp_dir().join(format!("lattice-runtime-3-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let grpc: Vec<u16> = (0..3).map(|_| port()).collect();
-    let members: String = grpc
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("  {}: 127.0.0.1:{p}\n", i + 1))
-        .collect();
-    let mut rts = Vec::new();
-    for (i, p) in grpc.iter().enumerate() {
-        let text = format!(
-            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: 4\ncycle: 100ms\nmembers:\n{members}",
-            id = i + 1,
-            d = dir.display()
-        );
-        let cfg = RuntimeConfig::parse("m.yaml", &text).unwrap();
-        rts.push(start(cfg, i == 0).await.unwrap());
-    }
+    let rts = common::start_quorum(&dir, 3, 4, "").await;
     let t0 = Instant::now();
     let leader = loop {
         if let Some(i) = rts.iter().position(|r| r.shared.member.is_leader()) {

@@ -3,7 +3,7 @@
 //! acknowledged submission is lost (the queue is mirrored to a majority before the acknowledgement),
 //! and every acknowledged allocation eventually completes under the new leader, with its id.
 
-use lattice_runtime::{RuntimeConfig, start};
+mod common;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,32 +40,11 @@ fn leader_of(rest: &[String]) -> Option<String> {
 async fn killing_the_leader_while_submitting_loses_no_acknowledged_allocation() {
     let dir = std::env::temp_dir().join(format!("lattice-runtime-failover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let grpc: Vec<u16> = (0..3).map(|_| port()).collect();
-    let members: String = grpc
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("  {}: 127.0.0.1:{p}\n", i + 1))
+    let mut rts: Vec<Option<lattice_runtime::Running>> = common::start_quorum(&dir, 3, 8, "")
+        .await
+        .into_iter()
+        .map(Some)
         .collect();
-    let mut rts = Vec::new();
-    for (i, p) in grpc.iter().enumerate() {
-        let text = format!(
-            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: 8\ncycle: 100ms\nmembers:\n{members}",
-            id = i + 1,
-            d = dir.display()
-        );
-        rts.push(Some(
-            start(RuntimeConfig::parse("m.yaml", &text).unwrap(), i == 0)
-                .await
-                .unwrap(),
-        ));
-    }
     let rest: Vec<String> = rts.iter().map(|r| r.as_ref().unwrap().rest_addr.to_string()).collect();
     let t0 = Instant::now();
     let first = loop {

@@ -3,6 +3,7 @@
 //! with a client certificate; no certificate, an untrusted one, or plaintext is refused on both ports;
 //! and TLS without client certificates serves any client that trusts the site CA.
 
+mod common;
 use lattice_runtime::grpc::pb;
 use lattice_runtime::{RuntimeConfig, start};
 use serde_json::{Value, json};
@@ -71,14 +72,6 @@ fn tls_block(mtls: bool) -> String {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn grpc_channel(addr: std::net::SocketAddr, identity: Option<&str>) -> Result<tonic::transport::Channel, String> {
     let mut tls = tonic::transport::ClientTlsConfig::new()
         .ca_certificate(tonic::transport::Certificate::from_pem(pem("ca.pem")))
@@ -102,26 +95,7 @@ async fn grpc_channel(addr: std::net::SocketAddr, identity: Option<&str>) -> Res
 async fn a_three_member_quorum_over_mtls_schedules_and_refuses_clients_without_certificates() {
     let dir = std::env::temp_dir().join(format!("lattice-runtime-mtls-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let grpc: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let members: String = grpc
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("  {}: 127.0.0.1:{p}\n", i + 1))
-        .collect();
-    let mut rts = Vec::new();
-    for (i, p) in grpc.iter().enumerate() {
-        let text = format!(
-            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: 4\ncycle: 100ms\nmembers:\n{members}{tls}",
-            id = i + 1,
-            d = dir.display(),
-            tls = tls_block(true),
-        );
-        rts.push(
-            start(RuntimeConfig::parse("m.yaml", &text).unwrap(), i == 0)
-                .await
-                .unwrap(),
-        );
-    }
+    let rts = common::start_quorum(&dir, 3, 4, &tls_block(true)).await;
     // Raft runs over mTLS: an election and replication need the members' certificates.
     let t0 = Instant::now();
     let leader = loop {
