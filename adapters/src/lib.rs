@@ -4,8 +4,10 @@
 //! ownership with hard-quota validation at apply time, and the hash-chained sensitive audit log).
 //! [`Member`] starts one quorum member. The external services' REST clients: VAST storage
 //! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
-//! retries with backoff and typed errors ([`http`]). (GPU discovery lives in `lattice-agent`.)
+//! retries with backoff and typed errors ([`http`]). The client of the applications' gRPC checkpoint
+//! callback the node agent calls ([`checkpoint`]). (GPU discovery lives in `lattice-agent`.)
 
+pub mod checkpoint;
 pub mod fabric;
 pub mod http;
 pub mod quorum_state;

@@ -2,8 +2,12 @@
 //! `heartbeat` interval with a strictly increasing sequence, poll for work every `poll` interval,
 //! start what it is given with the seed's environment, stop what it is told to, and report every exit
 //! — retried until the control plane takes it, so a report is never lost to a transient failure.
+//! During a partition the agent runs its allocations autonomously and buffers the heartbeats it could
+//! not deliver (at most [`MAX_BUFFERED`], oldest dropped and counted); when the control plane is back
+//! they are replayed in order with the next heartbeat (book: "Network Partition: Node ↔ Quorum").
 
-use crate::client::{Client, ExitKind, Launch};
+use crate::checkpoint::{Channel, GrpcResult, Mechanism};
+use crate::client::{Buffered, Client, ExitKind, Launch};
 use crate::discovery::{Capabilities, Sources, fingerprint};
 use crate::runner::{self, Ending, RunSpec};
 use std::collections::BTreeMap;
@@ -29,7 +33,13 @@ pub struct AgentConfig {
     /// URL; `None` samples nothing).
     pub telemetry: crate::telemetry::Mode,
     pub metrics_push: Option<String>,
+    /// Where shmem checkpoint flags and gRPC endpoint files live (`/dev/shm`).
+    pub shm_dir: PathBuf,
+    pub callback: crate::checkpoint::CallbackTimeouts,
 }
+
+/// Heartbeats kept during a partition (a day at the default 10 s interval).
+pub const MAX_BUFFERED: usize = 8640;
 
 /// The processes recorded by a previous agent (none when the file is absent; an unreadable one is
 /// an error naming it — taking over nothing would orphan live jobs silently).
@@ -86,8 +96,24 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
     let fp = fingerprint(&components);
     let mut registered = false;
     let mut seq = 0u64;
+    let mut buffered: std::collections::VecDeque<Buffered> = std::collections::VecDeque::new();
+    let mut dropped_beats = 0u64;
     let mut last_beat = Instant::now() - cfg.heartbeat;
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
+    // Per running allocation: its checkpoint channel, and whether a shmem hint awaits "done".
+    let mut channels: BTreeMap<String, (Channel, bool)> = BTreeMap::new();
+    let open_channel = |id: &str, mechanism: &str| match Channel::create(&cfg.shm_dir, id, Mechanism::parse(mechanism))
+    {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!(
+                "lattice-agent {}: checkpoint channel of {id} in {}: {e}; hints will be signals",
+                cfg.node,
+                cfg.shm_dir.display()
+            );
+            None
+        }
+    };
     // Exits not yet taken by the control plane: (alloc, kind, code, output tail).
     let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
@@ -97,6 +123,9 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
             match runner::attach(rec.clone()) {
                 Some(r) => {
                     eprintln!("lattice-agent {}: took over {id} (pid {})", cfg.node, rec.pid);
+                    if let Some(c) = Channel::reopen(&cfg.shm_dir, &id, Mechanism::parse(&rec.checkpoint)) {
+                        channels.insert(id.clone(), (c, false));
+                    }
                     procs.insert(id, r);
                 }
                 None => {
@@ -131,10 +160,47 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
         }
         if last_beat.elapsed() >= cfg.heartbeat {
             seq += 1;
-            match client.heartbeat(&cfg.node, seq) {
-                Ok(_) => last_beat = Instant::now(),
-                Err(e) if e.needs_register() => registered = false,
-                Err(e) => eprintln!("lattice-agent {}: heartbeat: {e}", cfg.node),
+            last_beat = Instant::now();
+            let replay: Vec<Buffered> = buffered.iter().copied().collect();
+            match client.heartbeat(&cfg.node, seq, &replay) {
+                Ok(_) => {
+                    if !replay.is_empty() {
+                        eprintln!(
+                            "lattice-agent {}: control plane back; replayed {} buffered heartbeats ({} dropped)",
+                            cfg.node,
+                            replay.len(),
+                            dropped_beats
+                        );
+                    }
+                    buffered.clear();
+                    dropped_beats = 0;
+                }
+                Err(e) if e.needs_register() => {
+                    // A new registration restarts the sequence: what was buffered belongs to the old one.
+                    registered = false;
+                    buffered.clear();
+                }
+                Err(e) if e.unreachable() => {
+                    if buffered.is_empty() {
+                        eprintln!(
+                            "lattice-agent {}: control plane unreachable, buffering heartbeats: {e}",
+                            cfg.node
+                        );
+                    }
+                    if buffered.len() == MAX_BUFFERED {
+                        buffered.pop_front();
+                        dropped_beats += 1;
+                    }
+                    buffered.push_back(Buffered {
+                        seq,
+                        at_ms: crate::runner::wall_ms(),
+                    });
+                }
+                Err(e) => {
+                    // Refused (e.g. as a replay): the batch will not be taken; start afresh.
+                    eprintln!("lattice-agent {}: heartbeat: {e}", cfg.node);
+                    buffered.clear();
+                }
             }
         }
         // Collect ended processes.
@@ -145,6 +211,9 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
             .collect();
         for id in ended {
             let out = procs.remove(&id).expect("listed").wait();
+            if let Some((c, _)) = channels.remove(&id) {
+                c.remove();
+            }
             let tail = tail_of(&out.output);
             match out.ending {
                 Ending::Exited(code) => unreported.push((id, ExitKind::Exited, code, tail)),
@@ -157,7 +226,10 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
             |(id, kind, code, tail)| match client.exit(id, &cfg.node, *kind, *code, tail) {
                 Ok(()) => false,
                 Err(e) => {
-                    eprintln!("lattice-agent {}: report {id}: {e}", cfg.node);
+                    // During a partition (already said once) the retries are quiet.
+                    if !e.unreachable() || buffered.is_empty() {
+                        eprintln!("lattice-agent {}: report {id}: {e}", cfg.node);
+                    }
                     true
                 }
             },
@@ -171,18 +243,44 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                     }
                 }
                 for id in w.checkpoint {
-                    if let Some(p) = procs.get(&id) {
-                        p.signal(libc::SIGUSR1);
+                    let Some(p) = procs.get(&id) else { continue };
+                    match channels.get_mut(&id) {
+                        Some((c, pending)) if c.mechanism == Mechanism::Shmem => match c.request() {
+                            Ok(()) => *pending = true,
+                            Err(e) => {
+                                eprintln!("lattice-agent {}: shmem hint to {id}: {e}; signalling", cfg.node);
+                                p.signal(libc::SIGUSR1);
+                            }
+                        },
+                        Some((c, _)) if c.mechanism == Mechanism::Grpc => {
+                            let (c, pgid, t, node) = (c.clone(), p.pid, cfg.callback, cfg.node.clone());
+                            std::thread::spawn(move || match crate::checkpoint::deliver_grpc(&c, pgid, t) {
+                                GrpcResult::Completed { deferred_s, updates } => eprintln!(
+                                    "lattice-agent {node}: {} checkpointed over its callback (deferred {deferred_s} s, {updates} updates)",
+                                    c.alloc
+                                ),
+                                GrpcResult::FellBack(why) => {
+                                    eprintln!("lattice-agent {node}: {}: {why}; sent SIGUSR1 instead", c.alloc)
+                                }
+                            });
+                        }
+                        _ => p.signal(libc::SIGUSR1),
                     }
                 }
                 for l in w.launch {
                     if procs.contains_key(&l.id) || unreported.iter().any(|(id, ..)| *id == l.id) {
                         continue;
                     }
+                    let channel = open_channel(&l.id, &l.checkpoint);
+                    let mut env = environment(&l, cfg.slurm_env);
+                    if let Some(c) = &channel {
+                        env.extend(c.env());
+                    }
                     let spec = RunSpec {
                         id: l.id.clone(),
                         entrypoint: l.entrypoint.clone(),
-                        env: environment(&l, cfg.slurm_env),
+                        env,
+                        checkpoint: l.checkpoint.clone(),
                         walltime: l.walltime_s.map(Duration::from_secs_f64),
                         grace: cfg.grace,
                         log_dir: cfg.log_dir.clone(),
@@ -191,6 +289,9 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                     match runner::start(spec) {
                         Ok(r) => {
                             procs.insert(l.id.clone(), r);
+                            if let Some(c) = channel {
+                                channels.insert(l.id.clone(), (c, false));
+                            }
                         }
                         // Could not even start: a failure, reported like any other.
                         Err(e) => {
@@ -201,7 +302,15 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                 }
             }
             Err(e) if e.needs_register() => registered = false,
+            Err(e) if e.unreachable() && !buffered.is_empty() => {}
             Err(e) => eprintln!("lattice-agent {}: work: {e}", cfg.node),
+        }
+        // Shmem hints the application has answered.
+        for (id, (c, pending)) in channels.iter_mut() {
+            if *pending && c.take_done() {
+                *pending = false;
+                eprintln!("lattice-agent {}: {id} checkpointed (shmem flag done)", cfg.node);
+            }
         }
         if let Some(url) = &cfg.metrics_push
             && last_push.elapsed() >= cfg.telemetry.period()
@@ -266,6 +375,7 @@ mod tests {
             walltime_s: Some(60.0),
             tenant: "physics".into(),
             user: None,
+            checkpoint: "signal".into(),
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");

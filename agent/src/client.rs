@@ -1,6 +1,9 @@
 //! The agent's REST client of the control plane (ureq, rustls): register, heartbeat, poll for work,
-//! report exits. The bearer token (`LATTICE_AGENT_TOKEN`, an Operator-role agent token) is sent when
-//! set; `https://` endpoints are verified against the system roots or `--ca`.
+//! report exits. Identity (book: "Agent Authentication"): with a bootstrap certificate and key the
+//! agent authenticates by mTLS — the certificate's CN is its node id, and no token is sent (mTLS
+//! takes priority); otherwise the bearer token `LATTICE_AGENT_TOKEN` (an Operator-role agent token,
+//! for development) is sent when set. `https://` endpoints are verified against the bootstrap CA or
+//! the system roots.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -18,6 +21,13 @@ impl ClientError {
     /// The runtime no longer knows this agent (restarted, or a new leader): register again.
     pub fn needs_register(&self) -> bool {
         matches!(self, ClientError::Refused { body, .. } if body.contains("has not registered"))
+    }
+
+    /// Whether the control plane could not be reached at all (a partition, or it is down), as opposed
+    /// to an answer refusing the request.
+    pub fn unreachable(&self) -> bool {
+        matches!(self, ClientError::Transport { .. })
+            || matches!(self, ClientError::Refused { status, .. } if *status == 502 || *status == 503 || *status == 504)
     }
 }
 
@@ -40,6 +50,13 @@ pub struct Launch {
     pub walltime_s: Option<f64>,
     pub tenant: String,
     pub user: Option<String>,
+    /// How the application takes checkpoint hints: signal (default), shmem, grpc, dmtcp.
+    #[serde(default = "signal")]
+    pub checkpoint: String,
+}
+
+fn signal() -> String {
+    "signal".into()
 }
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -55,18 +72,59 @@ pub struct Client {
     agent: ureq::Agent,
 }
 
+/// The agent's TLS material (PEM paths): the CA that signed the control plane's certificate, and the
+/// bootstrap certificate and key that identify this node.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    pub ca: Option<std::path::PathBuf>,
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+}
+
+/// A heartbeat that could not be delivered when it was due (during a partition), kept to be
+/// replayed: its sequence number and when it was due (ms since the epoch).
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct Buffered {
+    pub seq: u64,
+    pub at_ms: u64,
+}
+
+fn read_pem(path: &std::path::Path, flag: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+}
+
 impl Client {
-    pub fn new(endpoint: &str, token: Option<String>, ca: Option<&std::path::Path>) -> anyhow::Result<Client> {
-        use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+    pub fn new(endpoint: &str, token: Option<String>, id: &Identity) -> anyhow::Result<Client> {
+        use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
         let mut tls = TlsConfig::builder().provider(TlsProvider::Rustls);
-        if let Some(ca) = ca {
-            let pem = std::fs::read(ca).map_err(|e| anyhow::anyhow!("--ca {}: {e}", ca.display()))?;
-            let cert = Certificate::from_pem(&pem).map_err(|e| anyhow::anyhow!("--ca {}: {e}", ca.display()))?;
+        if let Some(ca) = &id.ca {
+            let cert = Certificate::from_pem(&read_pem(ca, "--bootstrap-ca")?)
+                .map_err(|e| anyhow::anyhow!("--bootstrap-ca {}: {e}", ca.display()))?;
             tls = tls.root_certs(RootCerts::new_with_certs(&[cert]));
         }
+        let mtls = match (&id.cert, &id.key) {
+            (Some(c), Some(k)) => {
+                let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(&read_pem(c, "--bootstrap-cert")?)
+                    .filter_map(|i| match i {
+                        Ok(PemItem::Certificate(c)) => Some(c),
+                        _ => None,
+                    })
+                    .collect();
+                if chain.is_empty() {
+                    anyhow::bail!("--bootstrap-cert {}: no certificate in the file", c.display());
+                }
+                let key = PrivateKey::from_pem(&read_pem(k, "--bootstrap-key")?)
+                    .map_err(|e| anyhow::anyhow!("--bootstrap-key {}: {e}", k.display()))?;
+                tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+                true
+            }
+            (None, None) => false,
+            _ => anyhow::bail!("--bootstrap-cert and --bootstrap-key go together"),
+        };
         Ok(Client {
             base: endpoint.trim_end_matches('/').to_string(),
-            token,
+            // mTLS takes priority: the certificate is the identity, the token the fallback.
+            token: if mtls { None } else { token },
             agent: ureq::Agent::config_builder()
                 .tls_config(tls.build())
                 .http_status_as_error(false)
@@ -112,8 +170,14 @@ impl Client {
         Ok(v["state"].as_str().unwrap_or_default().to_string())
     }
 
-    pub fn heartbeat(&self, node: &str, seq: u64) -> Result<String, ClientError> {
-        let v = self.post(&format!("/v1/nodes/{node}/heartbeat"), json!({"seq": seq}))?;
+    /// A heartbeat, with those buffered during a partition replayed before it (in order).
+    pub fn heartbeat(&self, node: &str, seq: u64, buffered: &[Buffered]) -> Result<String, ClientError> {
+        let body = if buffered.is_empty() {
+            json!({"seq": seq})
+        } else {
+            json!({"seq": seq, "buffered": buffered})
+        };
+        let v = self.post(&format!("/v1/nodes/{node}/heartbeat"), body)?;
         Ok(v["state"].as_str().unwrap_or_default().to_string())
     }
 

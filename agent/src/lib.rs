@@ -11,11 +11,16 @@
 //!
 //! Per-allocation telemetry from /proc, pushed as Prometheus text ([`telemetry`]).
 //!
-//! Not here yet (issue 9 continues): eBPF telemetry (the /proc sampler is its fallback), the shmem and
-//! gRPC checkpoint hints (SIGUSR1 is delivered),
-//! heartbeat buffering during a partition.
+//! Identity: a bootstrap certificate over mTLS (its CN is the node id), or `LATTICE_AGENT_TOKEN` in
+//! development. During a partition the agent runs on and buffers heartbeats and exit reports, replayed
+//! when the control plane is back.
+//!
+//! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]).
+//!
+//! Not here yet (issue 9 continues): eBPF telemetry (the /proc sampler is its fallback).
 
 pub mod agent;
+pub mod checkpoint;
 pub mod client;
 pub mod discovery;
 pub mod gpu;

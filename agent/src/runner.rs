@@ -27,6 +27,8 @@ pub struct RunSpec {
     pub log_dir: PathBuf,
     /// How much of the newest output an outcome carries in memory (the seed's ring: 64 MiB).
     pub ring_bytes: usize,
+    /// Its checkpoint mechanism's name (kept in the state file for a restarted agent).
+    pub checkpoint: String,
 }
 
 /// How it ended.
@@ -104,9 +106,12 @@ pub struct Record {
     pub log: PathBuf,
     pub status: PathBuf,
     pub ring_bytes: usize,
+    #[serde(default)]
+    pub checkpoint: String,
 }
 
-fn wall_ms() -> u64 {
+/// Wall-clock ms since the epoch.
+pub fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -167,6 +172,7 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         log,
         status,
         ring_bytes: spec.ring_bytes,
+        checkpoint: spec.checkpoint.clone(),
     };
     Ok(watch(record, Some(child)))
 }
@@ -263,6 +269,7 @@ mod tests {
             grace: Duration::from_millis(300),
             log_dir: std::env::temp_dir().join(format!("lattice-agent-run-{}", std::process::id())),
             ring_bytes: 64,
+            checkpoint: "signal".into(),
         }
     }
 

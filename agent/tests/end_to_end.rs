@@ -97,7 +97,17 @@ fn two_agents_run_real_jobs() {
         Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
             .args(["--node-id", n, "--quorum-endpoint", &base, "--poll", "100ms"])
             .args(["--telemetry-mode", "debug", "--metrics-push", &push_url])
-            .args(["--heartbeat", "200ms", "--grace", "300ms", "--log-dir"])
+            .args([
+                "--heartbeat",
+                "200ms",
+                "--grace",
+                "300ms",
+                "--checkpoint-answer-timeout",
+                "1s",
+            ])
+            .arg("--shm-dir")
+            .arg(dir.join("shm"))
+            .arg("--log-dir")
             .arg(dir.join(format!("logs-{n}")))
             .arg("--state-file")
             .arg(dir.join(format!("state-{n}.json")))
@@ -185,6 +195,78 @@ fn two_agents_run_real_jobs() {
         .to_string();
     assert!(text.contains("checkpoint-hint") && text.contains("finished"), "{text}");
 
+    // The other two mechanisms the application may declare. Shmem: the agent sets byte 0 of the flag
+    // file; the task sees it, "checkpoints", clears it and sets done (byte 1).
+    let with_mechanism = |entrypoint: &str, mechanism: &str| {
+        let (status, v) = call(
+            "POST",
+            &format!("{base}/v1/allocations"),
+            Some(
+                json!({"tenant": "physics", "entrypoint": entrypoint, "resources": {"nodes": 1},
+                        "lifecycle": {"walltime": "1m"},
+                        "checkpoint": {"strategy": "manual", "mechanism": mechanism}}),
+            ),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let hint_and_log = |id: &str| {
+        wait_for(&base, id, |v| v["state"] == "running", Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, v) = call("POST", &format!("{base}/v1/allocations/{id}/checkpoint"), None);
+        assert_eq!(status, 202, "{v}");
+        let v = wait_for(&base, id, ended, Duration::from_secs(10));
+        assert_eq!(v["end_reason"], "success", "{v}");
+        let (_, l) = call("GET", &format!("{base}/v1/allocations/{id}/logs"), None);
+        l["nodes"][v["nodes"][0].as_str().unwrap()]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let s = with_mechanism(
+        r#"trap 'echo got-signal' USR1; f=$LATTICE_CHECKPOINT_FLAG; i=0
+           while [ $i -lt 60 ]; do
+             if [ "$(od -An -tu1 -N1 "$f" | tr -d ' ')" = 1 ]; then echo shmem-hint; printf '\000\001' > "$f"; break; fi
+             sleep 0.05; i=$((i+1))
+           done; echo finished"#,
+        "shmem",
+    );
+    let text = hint_and_log(&s);
+    assert!(text.contains("shmem-hint") && !text.contains("got-signal"), "{text}");
+    // gRPC callback: the application registers its endpoint (here the test plays the application's
+    // server); the agent calls it instead of signalling.
+    let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let c2 = calls.clone();
+    let app = lattice_adapters::checkpoint::spawn_app_endpoint(
+        std::sync::Arc::new(move |r: &lattice_adapters::checkpoint::pb::CheckpointRequest| {
+            c2.lock().unwrap().push(r.allocation_id.clone());
+            vec![lattice_adapters::checkpoint::pb::CheckpointProgress {
+                estimated_s: 1,
+                percent: 100,
+                defer_s: 0,
+                done: true,
+            }]
+        }),
+        Duration::from_millis(10),
+    )
+    .unwrap();
+    let g = with_mechanism(
+        &format!(
+            "trap 'echo got-signal' USR1; echo {app} > $LATTICE_CHECKPOINT_ENDPOINT_FILE; for i in 1 2 3 4 5 6 7 8; do sleep 0.2; done"
+        ),
+        "grpc",
+    );
+    let text = hint_and_log(&g);
+    assert!(!text.contains("got-signal"), "{text}");
+    assert_eq!(*calls.lock().unwrap(), vec![g.clone()]);
+    // No endpoint registered: the hint falls back to SIGUSR1 rather than being lost.
+    let n = with_mechanism(
+        "trap 'echo got-signal' USR1; for i in 1 2 3 4 5 6 7 8; do sleep 0.2; done",
+        "grpc",
+    );
+    let text = hint_and_log(&n);
+    assert!(text.contains("got-signal"), "{text}");
+
     // Telemetry: while a 2-node job runs, each agent pushes its counters every second (debug mode).
     let t = submit("sleep 1.5", 2, "1m");
     wait_for(&base, &t, ended, Duration::from_secs(10));
@@ -271,6 +353,258 @@ fn two_agents_run_real_jobs() {
     );
     let (_, n) = call("GET", &format!("{base}/v1/nodes/{first}"), None);
     assert_eq!(n["state"], "down", "{n}");
+    drop(agents);
+    rt.block_on(running.shutdown());
+}
+
+/// Starts a single-member control plane with `nodes` nodes run by real agents, `extra` YAML appended;
+/// waits until it leads.
+fn control_plane(
+    dir: &std::path::Path,
+    nodes: u32,
+    extra: &str,
+) -> (tokio::runtime::Runtime, lattice_runtime::Running) {
+    let _ = std::fs::remove_dir_all(dir);
+    let cfg = lattice_runtime::RuntimeConfig::parse(
+        "t.yaml",
+        &format!(
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: {nodes}\nsimulate_agents: false\ncycle: 100ms\n{extra}",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let t0 = Instant::now();
+    while !running.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (rt, running)
+}
+
+/// A TCP relay to `backend` that can be cut (every connection dropped, new ones refused) and healed:
+/// a network partition between an agent and its control plane.
+struct Relay {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    fn start(backend: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c = cut.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped: connection reset
+                }
+                let Ok(server) = std::net::TcpStream::connect(backend) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let c = c.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        from.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            if c.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { addr, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_partitioned_agent_keeps_running_buffers_heartbeats_and_replays_them() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-partition-{}", std::process::id()));
+    // The partition (2 s) is shorter than the heartbeat timeout: the node must stay Ready.
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let relay = Relay::start(running.rest_addr);
+    let agent = Agents(vec![
+        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
+            .args(["--node-id", "sim-000", "--poll", "100ms", "--heartbeat", "200ms"])
+            .arg("--quorum-endpoint")
+            .arg(format!("http://{}", relay.addr))
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .arg("--state-file")
+            .arg(dir.join("state.json"))
+            .spawn()
+            .unwrap(),
+    ]);
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "entrypoint": "sleep 1; echo through-the-partition",
+                    "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(10));
+    // Cut: the job ends during the partition; the agent keeps its exit and its heartbeats.
+    relay.set_cut(true);
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, v) = call("GET", &format!("{base}/v1/allocations/{id}"), None);
+    assert_eq!(v["state"], "running", "the control plane has not heard yet: {v}");
+    relay.set_cut(false);
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    assert_eq!(v["end_reason"], "success", "the buffered exit was delivered: {v}");
+    let t0 = Instant::now();
+    let n = loop {
+        let (_, n) = call("GET", &format!("{base}/v1/nodes/sim-000"), None);
+        if n["last_partition"].is_object() {
+            break n;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "no replay recorded: {n}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let p = &n["last_partition"];
+    let beats = p["heartbeats"].as_u64().unwrap();
+    // 2 s at 200 ms: about 10 heartbeats buffered (timeouts of the cut connections stretch a few).
+    assert!((4..=11).contains(&beats), "{n}");
+    let span = p["to_ms"].as_u64().unwrap() - p["from_ms"].as_u64().unwrap();
+    assert!((600..=2400).contains(&span), "{n}");
+    assert_eq!(n["state"], "ready", "{n}");
+    drop(agent);
+    rt.block_on(running.shutdown());
+}
+
+#[test]
+fn an_agent_with_a_bootstrap_certificate_runs_jobs_over_mtls() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-mtls-{}", std::process::id()));
+    let tls = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/fixtures/tls");
+    let f = |n: &str| tls.join(n).display().to_string();
+    let (rt, running) = control_plane(
+        &dir,
+        2,
+        &format!(
+            "tls:\n  cert: {}\n  key: {}\n  ca: {}\n  mtls: true\n",
+            f("member.pem"),
+            f("member.key"),
+            f("ca.pem")
+        ),
+    );
+    let base = format!("https://{}", running.rest_addr);
+    let spawn = |node: &str, cert: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
+            .args(["--node-id", node, "--poll", "100ms", "--heartbeat", "200ms"])
+            .args(["--quorum-endpoint", &base])
+            .args(["--bootstrap-ca", &f("ca.pem")])
+            .args(["--bootstrap-cert", &f(&format!("{cert}.pem"))])
+            .args(["--bootstrap-key", &f(&format!("{cert}.key"))])
+            .arg("--log-dir")
+            .arg(dir.join(format!("logs-{node}")))
+            .arg("--state-file")
+            .arg(dir.join(format!("state-{node}.json")))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // sim-000 with its own certificate; "sim-001" with sim-000's certificate is an impostor.
+    let mut agents = Agents(vec![
+        spawn("sim-000", "agent-sim-000"),
+        spawn("sim-001", "agent-sim-000"),
+    ]);
+    let client = {
+        use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+        let pem = |n: &str| std::fs::read(tls.join(n)).unwrap();
+        let tls = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .root_certs(RootCerts::new_with_certs(&[
+                Certificate::from_pem(&pem("ca.pem")).unwrap()
+            ]))
+            .client_cert(Some(ClientCert::new_with_certs(
+                &[Certificate::from_pem(&pem("client.pem")).unwrap()],
+                PrivateKey::from_pem(&pem("client.key")).unwrap(),
+            )))
+            .build();
+        ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .build()
+            .new_agent()
+    };
+    let get = |path: &str| -> Value {
+        let mut r = client.get(&format!("{base}{path}")).call().unwrap();
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+    };
+    let mut r = client
+        .post(&format!("{base}/v1/allocations"))
+        .send_json(
+            json!({"tenant": "physics", "entrypoint": "echo over-mtls on $LATTICE_NODELIST",
+                          "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}}),
+        )
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let v = loop {
+        let v = get(&format!("/v1/allocations/{id}"));
+        if v["ended_ms"].is_u64() {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (v["end_reason"].as_str(), v["nodes"][0].as_str()),
+        (Some("success"), Some("sim-000")),
+        "{v}"
+    );
+    let l = get(&format!("/v1/allocations/{id}/logs"));
+    assert!(
+        l["nodes"]["sim-000"].as_str().unwrap().contains("over-mtls on sim-000"),
+        "{l}"
+    );
+    // The impostor never registered: the control plane refused it (403) on every attempt.
+    let n = get("/v1/nodes/sim-001");
+    assert!(n["fingerprint"].is_null(), "{n}");
+    let mut impostor = agents.0.remove(1);
+    let _ = impostor.kill();
+    let mut err = String::new();
+    std::io::Read::read_to_string(impostor.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let _ = impostor.wait();
+    assert!(
+        err.contains("403") && err.contains("names sim-000, not node sim-001"),
+        "{err}"
+    );
     drop(agents);
     rt.block_on(running.shutdown());
 }

@@ -71,7 +71,8 @@ async fn authenticate(State(s): S, mut req: axum::extract::Request, next: axum::
         && (path.ends_with("/register") || path.ends_with("/heartbeat") || path.ends_with("/work")))
         || (path.starts_with("/v1/allocations/") && path.ends_with("/exit"));
     let checked = if agent_call {
-        s.auth.check_agent(header)
+        let cn = req.extensions().get::<crate::tls::PeerCn>().map(|c| c.0.as_str());
+        s.auth.check_agent(header, cn)
     } else {
         s.auth.check(header)
     };
@@ -266,13 +267,23 @@ async fn register(State(s): S, Extension(p): P, Path(id): Path<String>, body: ax
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct HeartbeatIn {
     seq: u64,
+    /// Heartbeats buffered during a partition, replayed in order (book: "Network Partition").
+    #[serde(default)]
+    buffered: Vec<crate::control::BufferedBeat>,
 }
 
-async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, Json(h): Json<HeartbeatIn>) -> Response {
-    match ops::heartbeat(&s, &p, &id, h.seq).await {
-        Ok(state) => Json(json!({"node": id, "state": state, "seq": h.seq})).into_response(),
+async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let h: HeartbeatIn = match serde_json::from_slice(&body) {
+        Ok(h) => h,
+        Err(e) => return body_error(e),
+    };
+    match ops::heartbeat(&s, &p, &id, &h.buffered, h.seq).await {
+        Ok(state) => {
+            Json(json!({"node": id, "state": state, "seq": h.seq, "replayed": h.buffered.len()})).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }

@@ -71,6 +71,9 @@ pub struct Principal {
     pub user: String,
     pub tenant: Option<String>,
     pub roles: Vec<Role>,
+    /// A node agent authenticated by its mTLS certificate: the node its CN names (it may act for
+    /// that node only, and nothing else).
+    pub node: Option<String>,
 }
 
 impl Principal {
@@ -79,6 +82,7 @@ impl Principal {
             user: "dev".into(),
             tenant: None,
             roles: vec![Role::SystemAdmin],
+            node: None,
         }
     }
 
@@ -194,8 +198,19 @@ impl Authenticator {
     /// [`Authenticator::check`] for the node-agent protocol (register, heartbeat, work, exit): the
     /// per-user rate limit is for people and their scripts, not for the machines that run the jobs
     /// (which share one identity in `mode: none`).
-    pub fn check_agent(&self, authorization: Option<&str>) -> Result<Principal, Refusal> {
-        self.check_with(authorization, false)
+    ///
+    /// mTLS takes priority (book: "Agent Authentication"): a client certificate's CN is the agent's
+    /// identity, bound to that node; the bearer token (`LATTICE_AGENT_TOKEN`) is the fallback.
+    pub fn check_agent(&self, authorization: Option<&str>, cert_cn: Option<&str>) -> Result<Principal, Refusal> {
+        match cert_cn {
+            Some(cn) => Ok(Principal {
+                user: format!("node-agent:{cn}"),
+                tenant: None,
+                roles: Vec::new(),
+                node: Some(cn.to_string()),
+            }),
+            None => self.check_with(authorization, false),
+        }
     }
 
     fn check_with(&self, authorization: Option<&str>, limited: bool) -> Result<Principal, Refusal> {
@@ -238,6 +253,7 @@ impl Authenticator {
                         user: c.sub,
                         tenant: c.tenant,
                         roles: c.roles,
+                        node: None,
                     });
                 }
                 Err(e) => last = format!("invalid token: {e}"),
@@ -333,6 +349,7 @@ mod tests {
             user: "u".into(),
             tenant: Some("physics".into()),
             roles,
+            node: None,
         };
         let ta = p(vec![Role::TenantAdmin]);
         assert!(ta.can_see("physics", Some("someone")) && !ta.can_see("bio", None));

@@ -327,6 +327,7 @@ pub async fn heartbeat_agents(target: &str, agents: usize, seconds: u64) -> anyh
             .send(pb::HeartbeatRequest {
                 id: names[i].clone(),
                 seq: seq[i],
+                buffered: Vec::new(),
             })
             .await;
     }

@@ -50,6 +50,20 @@ pub struct SubmitRequest {
     /// release recorded in the quorum's hash-chained audit log.
     #[serde(default)]
     pub sensitive: bool,
+    /// `{"strategy": "auto|manual|none", "estimated_minutes": M, "mechanism": "signal|shmem|grpc|dmtcp"}`:
+    /// how the application checkpoints and takes hints.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointIn>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointIn {
+    pub strategy: String,
+    #[serde(default)]
+    pub estimated_minutes: Option<f64>,
+    #[serde(default)]
+    pub mechanism: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -156,6 +170,25 @@ pub struct NodeView {
     /// What its agent reported at registration: the conformance fingerprint and capabilities.
     pub fingerprint: Option<String>,
     pub agent_capabilities: Option<serde_json::Value>,
+    /// The last time its agent lost the control plane and replayed the heartbeats it buffered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_partition: Option<Partition>,
+}
+
+/// A partition an agent lived through: from its first buffered heartbeat to its last (agent clock,
+/// ms since the epoch), and how many it replayed.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct Partition {
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub heartbeats: u64,
+}
+
+/// A heartbeat the agent could not deliver at the time (`seq`, agent clock `at_ms`), replayed later.
+#[derive(Clone, Copy, Debug, serde::Deserialize, PartialEq, Eq)]
+pub struct BufferedBeat {
+    pub seq: u64,
+    pub at_ms: u64,
 }
 
 /// Per-allocation details the engine does not keep.
@@ -255,6 +288,8 @@ pub struct Control {
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
     agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
+    /// Per node: the last partition its agent replayed heartbeats for.
+    partitions: BTreeMap<u32, Partition>,
     node_by_name: BTreeMap<String, u32>,
 }
 
@@ -308,6 +343,7 @@ impl Control {
             agents: Vec::new(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
+            partitions: BTreeMap::new(),
             checkpoint_hints: BTreeMap::new(),
             logs: BTreeMap::new(),
             node_by_name: BTreeMap::new(),
@@ -457,6 +493,10 @@ impl Control {
         spec.lifecycle = lifecycle;
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
+        if let Some(c) = &req.checkpoint {
+            spec.checkpoint = lattice_traces::checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
+                .map_err(|(field, message)| bad(field, message))?;
+        }
         if let Some(c) = &req.constraints_opt() {
             spec.constraints = Constraints {
                 gpu_type: c.gpu_type.clone(),
@@ -636,17 +676,44 @@ impl Control {
     /// A heartbeat with the agent's monotonic sequence number: a replayed or reordered one (not above
     /// the last) is refused; a heartbeat of a Degraded node brings it back (HeartbeatResume).
     pub fn heartbeat(&mut self, node: &str, seq: u64) -> Result<String, FieldError> {
+        self.heartbeat_with(node, &[], seq)
+    }
+
+    /// [`Control::heartbeat`] after a partition: the agent replays the heartbeats it buffered (in
+    /// order, each above the last accepted and below `seq` — a batch that is not is refused whole,
+    /// as a replay). The node's `last_partition` records them.
+    pub fn heartbeat_with(&mut self, node: &str, buffered: &[BufferedBeat], seq: u64) -> Result<String, FieldError> {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
         let Some((last, _)) = self.agents[id.index()] else {
             return Err(bad("id", format!("node {node}: the agent has not registered")));
         };
-        if seq <= last {
+        let mut prev = last;
+        for (i, b) in buffered.iter().enumerate() {
+            if b.seq <= prev {
+                return Err(bad(
+                    &format!("buffered[{i}].seq"),
+                    format!("replayed or out-of-order heartbeat: seq {}, previous {prev}", b.seq),
+                ));
+            }
+            prev = b.seq;
+        }
+        if seq <= prev {
             return Err(bad(
                 "seq",
-                format!("replayed or out-of-order heartbeat: seq {seq}, last accepted {last}"),
+                format!("replayed or out-of-order heartbeat: seq {seq}, last accepted {prev}"),
             ));
+        }
+        if let (Some(first), Some(lastb)) = (buffered.first(), buffered.last()) {
+            self.partitions.insert(
+                id.0,
+                Partition {
+                    from_ms: first.at_ms,
+                    to_ms: lastb.at_ms,
+                    heartbeats: buffered.len() as u64,
+                },
+            );
         }
         let now = self.now();
         self.agents[id.index()] = Some((seq, now.0));
@@ -766,6 +833,7 @@ impl Control {
             group: n.spec.group.0,
             fingerprint: self.agent_info.get(&id.0).and_then(|a| a.0.clone()),
             agent_capabilities: self.agent_info.get(&id.0).and_then(|a| a.1.clone()),
+            last_partition: self.partitions.get(&id.0).copied(),
         })
     }
 
@@ -821,6 +889,7 @@ impl Control {
                     walltime_s: a.spec.lifecycle.walltime().map(|d| d.as_secs_f64()),
                     tenant: self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
                     user: m.user.clone(),
+                    checkpoint: a.spec.checkpoint.mechanism,
                 });
             }
         }
@@ -1103,6 +1172,9 @@ pub struct Launch {
     pub walltime_s: Option<f64>,
     pub tenant: String,
     pub user: Option<String>,
+    /// How the application takes checkpoint hints (signal, shmem, grpc, dmtcp).
+    #[serde(default)]
+    pub checkpoint: lattice_engine::CheckpointMechanism,
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.

@@ -64,7 +64,10 @@ impl Api {
         let checked = if limited {
             self.shared.auth.check(header)
         } else {
-            self.shared.auth.check_agent(header)
+            let cn = req
+                .peer_certs()
+                .and_then(|c| c.first().and_then(|c| crate::tls::common_name(c)));
+            self.shared.auth.check_agent(header, cn.as_deref())
         };
         checked.map_err(|r| match r {
             Refusal::Unauthenticated(why) => Status::unauthenticated(why),
@@ -73,6 +76,16 @@ impl Api {
             }
         })
     }
+}
+
+fn buffered(h: &pb::HeartbeatRequest) -> Vec<crate::control::BufferedBeat> {
+    h.buffered
+        .iter()
+        .map(|b| crate::control::BufferedBeat {
+            seq: b.seq,
+            at_ms: b.at_ms,
+        })
+        .collect()
 }
 
 fn to_pb(a: AllocationView) -> pb::Allocation {
@@ -180,6 +193,11 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             })
             .collect(),
         sensitive: r.sensitive,
+        checkpoint: r.checkpoint.map(|c| crate::control::CheckpointIn {
+            strategy: c.strategy,
+            estimated_minutes: c.estimated_minutes,
+            mechanism: none_if_empty(c.mechanism),
+        }),
     })
 }
 
@@ -367,7 +385,7 @@ impl NodeService for Api {
         let p = self.agent_principal(&req)?;
         let h = req.into_inner();
         // 1,000 heartbeats a second at 10,000 agents: answer with the node's state only.
-        let state = ops::heartbeat(&self.shared, &p, &h.id, h.seq).await?;
+        let state = ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), h.seq).await?;
         Ok(Response::new(pb::Node {
             name: h.id,
             state,
@@ -383,7 +401,7 @@ impl NodeService for Api {
         let mut stream = req.into_inner();
         let mut accepted = 0;
         while let Some(h) = stream.message().await? {
-            ops::heartbeat(&self.shared, &p, &h.id, h.seq).await?;
+            ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), h.seq).await?;
             accepted += 1;
         }
         Ok(Response::new(pb::HeartbeatSummary { accepted }))

@@ -682,16 +682,21 @@ pub async fn cancel_dag(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<usiz
     Ok(n)
 }
 
-/// Agents register and heartbeat for their own node; node-agent tokens carry the Operator role (or the
-/// runtime runs without auth in development).
-fn agent_allowed(p: &Principal) -> Result<(), ApiError> {
-    if p.can_operate() {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden {
+/// Agents act for their own node: an agent authenticated by its certificate only for the node its CN
+/// names (`sim-000`, or a name under it such as `sim-000.site.lattice.internal`); a node-agent token
+/// carries the Operator role (or the runtime runs without auth in development).
+fn agent_allowed(p: &Principal, node: &str) -> Result<(), ApiError> {
+    match &p.node {
+        Some(cn) if cn == node || cn.strip_prefix(node).is_some_and(|r| r.starts_with('.')) => Ok(()),
+        Some(cn) => Err(ApiError::Forbidden {
+            field: Some("node".into()),
+            message: format!("forbidden: the client certificate names {cn}, not node {node}"),
+        }),
+        None if p.can_operate() => Ok(()),
+        None => Err(ApiError::Forbidden {
             field: None,
-            message: "forbidden: agents authenticate with an Operator (agent) token".into(),
-        })
+            message: "forbidden: agents authenticate with a node certificate or an Operator (agent) token".into(),
+        }),
     }
 }
 
@@ -713,7 +718,7 @@ pub async fn register(
     fingerprint: Option<String>,
     capabilities: Option<serde_json::Value>,
 ) -> Result<String, ApiError> {
-    agent_allowed(p)?;
+    agent_allowed(p, node)?;
     // A leadership change resets the control plane: let it happen before, not after, this lands.
     crate::server::sync_leadership(s).await;
     let r = s
@@ -724,16 +729,22 @@ pub async fn register(
     r.map_err(|e| field_error(node, e))
 }
 
-pub async fn heartbeat(s: &Shared, p: &Principal, node: &str, seq: u64) -> Result<String, ApiError> {
-    agent_allowed(p)?;
+pub async fn heartbeat(
+    s: &Shared,
+    p: &Principal,
+    node: &str,
+    buffered: &[crate::control::BufferedBeat],
+    seq: u64,
+) -> Result<String, ApiError> {
+    agent_allowed(p, node)?;
     crate::server::sync_leadership(s).await;
-    let r = s.control.lock().await.heartbeat(node, seq);
+    let r = s.control.lock().await.heartbeat_with(node, buffered, seq);
     r.map_err(|e| field_error(node, e))
 }
 
 /// `POST /v1/nodes/{id}/work {"running": [...]}`: an agent's poll (leader only).
 pub async fn work(s: &Shared, p: &Principal, node: &str, running: &[String]) -> Result<crate::control::Work, ApiError> {
-    agent_allowed(p)?;
+    agent_allowed(p, node)?;
     writable(s).await?;
     let r = s.control.lock().await.work(node, running);
     r.map_err(|e| field_error(node, e))
@@ -749,7 +760,7 @@ pub async fn agent_exit(
     code: i32,
     log_tail: Option<&str>,
 ) -> Result<bool, ApiError> {
-    agent_allowed(p)?;
+    agent_allowed(p, node)?;
     writable(s).await?;
     let mut c = s.control.lock().await;
     if let Some(t) = log_tail {

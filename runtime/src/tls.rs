@@ -113,6 +113,17 @@ impl Tls {
     }
 }
 
+/// The subject CN of the certificate a client presented over mTLS (a request extension on REST).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCn(pub String);
+
+/// The subject common name of a DER certificate (`None` if it has none or does not parse).
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_string)
+}
+
 /// Serves `app` over TLS on `listener` until `stop` changes. A failed handshake (no or untrusted
 /// client certificate under mTLS, plaintext) closes that connection only.
 pub async fn serve_rest(
@@ -146,7 +157,17 @@ pub async fn serve_rest(
                     return;
                 }
             };
-            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            // The client certificate's CN (mTLS): a node agent's identity.
+            let cn = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| common_name(c));
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                if let Some(cn) = &cn {
+                    req.extensions_mut().insert(PeerCn(cn.clone()));
+                }
                 tower::ServiceExt::oneshot(app.clone(), req)
             });
             let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());

@@ -216,6 +216,30 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
         .await;
         assert_eq!(hb.0, 200, "heartbeat {seq}");
     }
+    // After a partition the agent replays what it buffered, in order; the node records the partition.
+    // A batch with a sequence at or below the last accepted one is refused whole (replay detection).
+    let beat = |body: Value| call(&base, Some(&agent), "POST", "/v1/nodes/sim-001/heartbeat", Some(body));
+    let replay = json!({"seq": 53, "buffered": [{"seq": 50, "at_ms": 1000}, {"seq": 52, "at_ms": 3000}]});
+    let r = beat(replay).await;
+    assert_eq!((r.0, r.1["field"].as_str()), (400, Some("buffered[0].seq")), "{}", r.1);
+    let unordered = json!({"seq": 56, "buffered": [{"seq": 52, "at_ms": 1000}, {"seq": 51, "at_ms": 2000}]});
+    assert_eq!(beat(unordered).await.1["field"], "buffered[1].seq");
+    let r = beat(json!({"seq": 54, "buffered": [{"seq": 51, "at_ms": 1000}, {"seq": 54, "at_ms": 2000}]})).await;
+    assert_eq!((r.0, r.1["field"].as_str()), (400, Some("seq")), "{}", r.1);
+    let r = beat(json!({"seq": 54, "buffered": [{"seq": 51, "at_ms": 1000}, {"seq": 52, "at_ms": 2000}, {"seq": 53, "at_ms": 3000}]})).await;
+    assert_eq!((r.0, r.1["replayed"].as_u64()), (200, Some(3)), "{}", r.1);
+    let n = call(&base, Some(&admin), "GET", "/v1/nodes/sim-001", None).await;
+    assert_eq!(
+        n.1["last_partition"],
+        json!({"from_ms": 1000, "to_ms": 3000, "heartbeats": 3}),
+        "{}",
+        n.1
+    );
+    assert_eq!(
+        beat(json!({"seq": 53})).await.0,
+        400,
+        "54 was accepted: 53 is a replay now"
+    );
     let work = call(
         &base,
         Some(&agent),

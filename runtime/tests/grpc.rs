@@ -181,6 +181,7 @@ async fn allocations_nodes_and_admin_over_grpc() {
     let hb = |seq: u64| pb::HeartbeatRequest {
         id: "sim-001".into(),
         seq,
+        buffered: Vec::new(),
     };
     let e = nodes.heartbeat(authed(hb(1), &root)).await.unwrap_err();
     assert!(e.message().contains("has not registered"), "{}", e.message());

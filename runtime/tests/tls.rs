@@ -224,3 +224,80 @@ async fn tls_without_client_certificates_serves_clients_that_trust_the_ca() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_agents_are_identified_by_their_certificate_cn() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-agent-cn-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // JWT auth on, yet an agent needs no token: its bootstrap certificate is its identity (mTLS first).
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\nsimulate_agents: false\ncycle: 100ms\nauth:\n  mode: jwt\n  hs256_secret: not-used-by-agents\n{}",
+        dir.display(),
+        tls_block(true)
+    );
+    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let base = format!("https://{}", rt.rest_addr);
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let post = |who: &'static str, path: &str, body: Value| {
+        call(agent(Some(who)), "POST", format!("{base}{path}"), Some(body))
+    };
+    let (s, v) = post("agent-sim-000", "/v1/nodes/sim-000/register", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = post("agent-sim-000", "/v1/nodes/sim-000/heartbeat", json!({"seq": 1}))
+        .await
+        .unwrap();
+    assert_eq!((s, v["state"].as_str()), (200, Some("ready")), "{v}");
+    let (s, _) = post("agent-sim-000", "/v1/nodes/sim-000/work", json!({"running": []}))
+        .await
+        .unwrap();
+    assert_eq!(s, 200);
+    // sim-000's certificate cannot speak for sim-001, nor a user's certificate for any node.
+    let (s, v) = post("agent-sim-000", "/v1/nodes/sim-001/register", json!({}))
+        .await
+        .unwrap();
+    assert_eq!((s, v["field"].as_str()), (403, Some("node")), "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("names sim-000, not node sim-001"),
+        "{v}"
+    );
+    let (s, _) = post(
+        "agent-sim-000",
+        "/v1/allocations/a-000001/exit",
+        json!({"node": "sim-001", "kind": "exited"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 403);
+    let (s, _) = post("client", "/v1/nodes/sim-001/heartbeat", json!({"seq": 1}))
+        .await
+        .unwrap();
+    assert_eq!(s, 403);
+    // The certificate is not a token for the rest of the API.
+    let (s, _) = call(
+        agent(Some("agent-sim-000")),
+        "GET",
+        format!("{base}/v1/allocations"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 401);
+    // gRPC: the same identity and the same check.
+    let ch = grpc_channel(rt.grpc_addr, Some("agent-sim-001")).await.unwrap();
+    let mut nodes = pb::node_service_client::NodeServiceClient::new(ch);
+    nodes.register(pb::NodeRequest { id: "sim-001".into() }).await.unwrap();
+    let e = nodes
+        .register(pb::NodeRequest { id: "sim-000".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{}", e.message());
+    rt.shutdown().await;
+}

@@ -107,6 +107,37 @@ struct ScalePolicyIn {
     cooldown: Option<DurationValue>,
 }
 
+/// A submission's `checkpoint` block: `strategy` auto | manual | none, `mechanism` signal (default) |
+/// shmem | grpc | dmtcp. The error names the field (`checkpoint.strategy`, `checkpoint.mechanism`).
+/// Shared with the runtime's submission API.
+pub fn checkpoint_spec(
+    strategy: &str,
+    estimated_minutes: Option<f64>,
+    mechanism: Option<&str>,
+) -> Result<CheckpointSpec, (&'static str, String)> {
+    Ok(CheckpointSpec {
+        kind: match strategy {
+            "auto" => CheckpointKind::Auto,
+            "manual" => CheckpointKind::Manual,
+            "none" => CheckpointKind::None,
+            o => return Err(("checkpoint.strategy", format!("`{o}` is not one of auto, manual, none"))),
+        },
+        estimated_minutes,
+        mechanism: match mechanism {
+            None | Some("signal") => CheckpointMechanism::Signal,
+            Some("shmem") => CheckpointMechanism::Shmem,
+            Some("grpc") => CheckpointMechanism::Grpc,
+            Some("dmtcp") => CheckpointMechanism::Dmtcp,
+            Some(o) => {
+                return Err((
+                    "checkpoint.mechanism",
+                    format!("`{o}` is not one of signal, shmem, grpc, dmtcp"),
+                ));
+            }
+        },
+    })
+}
+
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct CheckpointIn {
@@ -974,32 +1005,8 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
     };
     let checkpoint = match a.checkpoint {
         None => CheckpointSpec::default(),
-        Some(c) => CheckpointSpec {
-            kind: match c.strategy.as_str() {
-                "auto" => CheckpointKind::Auto,
-                "manual" => CheckpointKind::Manual,
-                "none" => CheckpointKind::None,
-                o => {
-                    return Err(f(
-                        "checkpoint.strategy",
-                        format!("`{o}` is not one of auto, manual, none"),
-                    ));
-                }
-            },
-            estimated_minutes: c.estimated_minutes,
-            mechanism: match c.mechanism.as_deref() {
-                None | Some("signal") => CheckpointMechanism::Signal,
-                Some("shmem") => CheckpointMechanism::Shmem,
-                Some("grpc") => CheckpointMechanism::Grpc,
-                Some("dmtcp") => CheckpointMechanism::Dmtcp,
-                Some(o) => {
-                    return Err(f(
-                        "checkpoint.mechanism",
-                        format!("`{o}` is not one of signal, shmem, grpc, dmtcp"),
-                    ));
-                }
-            },
-        },
+        Some(c) => checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
+            .map_err(|(field, message)| f(field, message))?,
     };
     let mut deps = Vec::new();
     let mut mutex = a.mutex.clone();

@@ -28,7 +28,7 @@ pub mod workload;
 pub use duration::parse_duration;
 pub use error::{Problem, TraceError};
 pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory};
-pub use jsonl::{parse_jsonl, read_jsonl};
+pub use jsonl::{checkpoint_spec, parse_jsonl, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{parse_tenants, read_tenants};

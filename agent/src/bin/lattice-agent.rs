@@ -18,9 +18,16 @@ struct Args {
     /// The control plane's REST endpoint (the leader's; e.g. https://lattice-01:8080).
     #[arg(long)]
     quorum_endpoint: String,
-    /// PEM CA for an https endpoint (default: the system roots).
-    #[arg(long)]
-    ca: Option<PathBuf>,
+    /// PEM CA that signed the control plane's certificate (default: the system roots).
+    #[arg(long, alias = "ca", env = "LATTICE_BOOTSTRAP_CA")]
+    bootstrap_ca: Option<PathBuf>,
+    /// This node's bootstrap certificate (PEM; its CN is the node id): mTLS identity, preferred over
+    /// LATTICE_AGENT_TOKEN.
+    #[arg(long, env = "LATTICE_BOOTSTRAP_CERT", requires = "bootstrap_key")]
+    bootstrap_cert: Option<PathBuf>,
+    /// The bootstrap certificate's private key (PEM).
+    #[arg(long, env = "LATTICE_BOOTSTRAP_KEY", requires = "bootstrap_cert")]
+    bootstrap_key: Option<PathBuf>,
     /// Where allocations' output is written (one `ID.log` each).
     #[arg(long, default_value = "/var/lib/lattice/logs")]
     log_dir: PathBuf,
@@ -45,6 +52,18 @@ struct Args {
     /// Push per-allocation metrics (Prometheus text) to this Pushgateway-compatible URL.
     #[arg(long)]
     metrics_push: Option<String>,
+    /// Where checkpoint hints' shared-memory flags and callback endpoint files live.
+    #[arg(long, default_value = "/dev/shm")]
+    shm_dir: PathBuf,
+    /// gRPC checkpoint callback: wait this long for the application's first answer …
+    #[arg(long, default_value = "5s")]
+    checkpoint_answer_timeout: humantime::Duration,
+    /// … and this long for the checkpoint to complete …
+    #[arg(long, default_value = "10m")]
+    checkpoint_deadline: humantime::Duration,
+    /// … and grant deferrals up to this much in all, then force.
+    #[arg(long, default_value = "5m")]
+    max_deferral: humantime::Duration,
     /// Running processes are recorded here; a restarted agent takes them over.
     #[arg(long, default_value = "/var/lib/lattice/agent-state.json")]
     state_file: PathBuf,
@@ -55,7 +74,11 @@ fn main() -> Result<()> {
     let client = lattice_agent::client::Client::new(
         &a.quorum_endpoint,
         std::env::var("LATTICE_AGENT_TOKEN").ok(),
-        a.ca.as_deref(),
+        &lattice_agent::client::Identity {
+            ca: a.bootstrap_ca,
+            cert: a.bootstrap_cert,
+            key: a.bootstrap_key,
+        },
     )?;
     let cfg = lattice_agent::agent::AgentConfig {
         node: a.node_id,
@@ -69,6 +92,12 @@ fn main() -> Result<()> {
         telemetry: lattice_agent::telemetry::Mode::parse(&a.telemetry_mode)
             .ok_or_else(|| anyhow::anyhow!("--telemetry-mode {}: expected prod or debug", a.telemetry_mode))?,
         metrics_push: a.metrics_push,
+        shm_dir: a.shm_dir,
+        callback: lattice_agent::checkpoint::CallbackTimeouts {
+            answer: a.checkpoint_answer_timeout.into(),
+            deadline: a.checkpoint_deadline.into(),
+            max_deferral: a.max_deferral.into(),
+        },
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
