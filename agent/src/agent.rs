@@ -29,9 +29,11 @@ pub struct AgentConfig {
     pub slurm_env: bool,
     /// Where the running processes are recorded, so a restarted agent takes them over.
     pub state_file: Option<PathBuf>,
-    /// Per-allocation telemetry: the aggregation mode, and where to push it (Pushgateway-compatible
-    /// URL; `None` samples nothing).
+    /// Telemetry: the aggregation mode (how often allocations and GPUs are sampled and the GPU alert
+    /// rules evaluated), and where samples go — a Prometheus remote-write endpoint and/or a
+    /// Pushgateway-compatible URL (Prometheus text).
     pub telemetry: crate::telemetry::Mode,
+    pub remote_write: Option<String>,
     pub metrics_push: Option<String>,
     /// Where shmem checkpoint flags and gRPC endpoint files live (`/dev/shm`).
     pub shm_dir: PathBuf,
@@ -84,10 +86,20 @@ pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
 
 /// Runs until `stop` is set; then stops its processes (and reports them) before returning.
 pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    run_with(client, cfg, stop, crate::gpu::default_provider())
+}
+
+/// [`run`] with a given GPU provider (tests use a fake one).
+pub fn run_with(
+    client: &Client,
+    cfg: &AgentConfig,
+    stop: Arc<AtomicBool>,
+    gpu: Box<dyn crate::gpu::GpuProvider>,
+) -> anyhow::Result<()> {
     let sources = Sources::default();
     let mut caps: Capabilities = sources.capabilities();
     let mut components = sources.components();
-    let (gpus, model, driver) = crate::gpu::summary(&*crate::gpu::default_provider());
+    let (gpus, model, driver) = crate::gpu::summary(&*gpu);
     caps.gpu_count = gpus;
     caps.gpu_model = model;
     if let Some(d) = driver {
@@ -140,9 +152,8 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
         }
     }
     let mut recorded: Vec<String> = Vec::new();
-    if cfg.metrics_push.is_some() {
-        eprintln!("lattice-agent {}: {}", cfg.node, crate::telemetry::ebpf_status());
-    }
+    eprintln!("lattice-agent {}: {}", cfg.node, crate::telemetry::ebpf_status());
+    let mut telemetry = crate::telemetry::Telemetry::new(gpu, cfg.telemetry);
     let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         if !registered {
@@ -312,20 +323,22 @@ pub fn run(client: &Client, cfg: &AgentConfig, stop: Arc<AtomicBool>) -> anyhow:
                 eprintln!("lattice-agent {}: {id} checkpointed (shmem flag done)", cfg.node);
             }
         }
-        if let Some(url) = &cfg.metrics_push
-            && last_push.elapsed() >= cfg.telemetry.period()
-        {
+        if last_push.elapsed() >= cfg.telemetry.period() {
             last_push = Instant::now();
-            let samples: BTreeMap<String, crate::telemetry::Counters> = procs
-                .iter()
-                .map(|(id, r)| {
-                    (
-                        id.clone(),
-                        crate::telemetry::sample_group(std::path::Path::new("/proc"), r.pid),
-                    )
-                })
-                .collect();
-            if let Err(e) = client.push_metrics(url, &crate::telemetry::render(&cfg.node, &samples)) {
+            let groups: BTreeMap<String, u32> = procs.iter().map(|(id, r)| (id.clone(), r.pid)).collect();
+            let tick = telemetry.tick(&cfg.node, std::path::Path::new("/proc"), &groups);
+            for a in &tick.new_alerts {
+                eprintln!("lattice-agent {}: alert: {a}", cfg.node);
+            }
+            if let Some(url) = &cfg.remote_write {
+                let req = crate::remote_write::request(&tick.series, crate::runner::wall_ms() as i64);
+                if let Err(e) = client.remote_write(url, crate::remote_write::encode(&req)) {
+                    eprintln!("lattice-agent {}: remote write: {e}", cfg.node);
+                }
+            }
+            if let Some(url) = &cfg.metrics_push
+                && let Err(e) = client.push_metrics(url, &crate::telemetry::render(&tick.series))
+            {
                 eprintln!("lattice-agent {}: metrics push: {e}", cfg.node);
             }
         }

@@ -212,6 +212,28 @@ impl Client {
         Ok(())
     }
 
+    /// POSTs a Prometheus remote-write body ([`crate::remote_write::encode`]) to `url`.
+    pub fn remote_write(&self, url: &str, body: Vec<u8>) -> Result<(), ClientError> {
+        let mut req = self.agent.post(url);
+        for (k, v) in crate::remote_write::HEADERS {
+            req = req.header(k, v);
+        }
+        let mut resp = req.send(&body[..]).map_err(|e| ClientError::Transport {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let body = resp.body_mut().read_to_string().unwrap_or_default();
+            return Err(ClientError::Refused {
+                url: url.to_string(),
+                status,
+                body,
+            });
+        }
+        Ok(())
+    }
+
     /// Reports a process's end with the newest `log_tail` of its output.
     pub fn exit(&self, alloc: &str, node: &str, kind: ExitKind, code: i32, log_tail: &str) -> Result<(), ClientError> {
         self.post(

@@ -83,9 +83,26 @@ pub fn summary(p: &dyn GpuProvider) -> (u32, Option<String>, Option<String>) {
     }
 }
 
+/// A local alert rule firing for one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Alert {
+    pub gpu: u32,
+    /// `gpu_idle` (utilization below 10 % for 60 s) or `gpu_memory_high` (memory above 95 %).
+    pub rule: &'static str,
+}
+
+impl std::fmt::Display for Alert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.rule {
+            "gpu_idle" => write!(f, "gpu{}: utilization below 10% for 60 s", self.gpu),
+            _ => write!(f, "gpu{}: memory above 95%", self.gpu),
+        }
+    }
+}
+
 /// The seed's local alert rules over consecutive samples (one per `period_s`): GPU utilization below
 /// 10 % for 60 s, GPU memory above 95 %.
-pub fn alerts(samples: &[GpuReport], period_s: f64) -> Vec<String> {
+pub fn firing(samples: &[GpuReport], period_s: f64) -> Vec<Alert> {
     let mut out = Vec::new();
     let Some(last) = samples.last() else { return out };
     let need = (60.0 / period_s).ceil().max(1.0) as usize;
@@ -96,13 +113,24 @@ pub fn alerts(samples: &[GpuReport], period_s: f64) -> Vec<String> {
             .take_while(|s| s.gpus.iter().any(|x| x.index == g.index && x.utilization_pct < 10))
             .count();
         if low >= need {
-            out.push(format!("gpu{}: utilization below 10% for 60 s", g.index));
+            out.push(Alert {
+                gpu: g.index,
+                rule: "gpu_idle",
+            });
         }
         if g.memory_total_mib > 0 && g.memory_used_mib * 100 > g.memory_total_mib * 95 {
-            out.push(format!("gpu{}: memory above 95%", g.index));
+            out.push(Alert {
+                gpu: g.index,
+                rule: "gpu_memory_high",
+            });
         }
     }
     out
+}
+
+/// [`firing`] as messages.
+pub fn alerts(samples: &[GpuReport], period_s: f64) -> Vec<String> {
+    firing(samples, period_s).iter().map(ToString::to_string).collect()
 }
 
 #[cfg(feature = "nvidia")]

@@ -9,7 +9,9 @@
 //!
 //! GPUs come from [`gpu`] (NVML with the `nvidia` feature; the seed's local alert rules).
 //!
-//! Per-allocation telemetry from /proc, pushed as Prometheus text ([`telemetry`]).
+//! Telemetry ([`telemetry`]): per-allocation counters from /proc and GPU samples at the aggregation
+//! mode's period, the local GPU alert rules, pushed by Prometheus remote-write ([`remote_write`]) or as
+//! Prometheus text to a Pushgateway.
 //!
 //! Identity: a bootstrap certificate over mTLS (its CN is the node id), or `LATTICE_AGENT_TOKEN` in
 //! development. During a partition the agent runs on and buffers heartbeats and exit reports, replayed
@@ -24,5 +26,6 @@ pub mod checkpoint;
 pub mod client;
 pub mod discovery;
 pub mod gpu;
+pub mod remote_write;
 pub mod runner;
 pub mod telemetry;

@@ -1,9 +1,11 @@
 //! Per-allocation telemetry from /proc — the fallback the book's eBPF layer degrades to (this build
 //! has no `ebpf` feature: [`ebpf_status`] says so once at start). For each allocation's process group
 //! the sampler sums CPU time and I/O counters over its processes (`/proc/PID/stat` utime+stime,
-//! `/proc/PID/io`), at the aggregation mode's period (prod 30 s, debug 1 s), and renders them in the
-//! Prometheus text format the agent pushes to a Pushgateway-compatible endpoint.
+//! `/proc/PID/io`), at the aggregation mode's period (prod 30 s, debug 1 s). [`Telemetry::tick`] also
+//! samples the GPUs and evaluates the seed's local alert rules over the last minute of samples. The
+//! series go out as Prometheus remote-write ([`crate::remote_write`]) or Prometheus text ([`render`]).
 
+use crate::gpu::{Alert, GpuProvider, GpuReport, firing};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -99,50 +101,180 @@ pub fn sample_group(proc_root: &Path, pgid: u32) -> Counters {
     c
 }
 
-/// A metric's name, help text and value.
-type Metric = (&'static str, &'static str, fn(&Counters) -> f64);
+/// One sample of one series: the metric's name, its labels (in output order) and the value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub name: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+    pub value: f64,
+}
 
-/// The Prometheus text exposition of one sample (`alloc` → counters) for `node`.
-pub fn render(node: &str, samples: &BTreeMap<String, Counters>) -> String {
-    let mut out = String::new();
-    let metrics: [Metric; 6] = [
-        (
-            "lattice_alloc_cpu_seconds_total",
-            "CPU time of the allocation's processes on this node",
-            |c| c.cpu_seconds,
-        ),
-        (
-            "lattice_alloc_processes",
-            "Live processes of the allocation on this node",
-            |c| c.processes as f64,
-        ),
-        ("lattice_alloc_read_bytes_total", "Bytes read from block devices", |c| {
-            c.read_bytes as f64
-        }),
-        (
-            "lattice_alloc_write_bytes_total",
-            "Bytes written to block devices",
-            |c| c.write_bytes as f64,
-        ),
-        (
-            "lattice_alloc_rchar_bytes_total",
-            "Bytes read through system calls",
-            |c| c.rchar as f64,
-        ),
-        (
-            "lattice_alloc_wchar_bytes_total",
-            "Bytes written through system calls",
-            |c| c.wchar as f64,
-        ),
+/// Every metric the agent exports, with its help text (`_total` names are counters, the rest gauges).
+const HELP: [(&str, &str); 12] = [
+    (
+        "lattice_alloc_cpu_seconds_total",
+        "CPU time of the allocation's processes on this node",
+    ),
+    (
+        "lattice_alloc_processes",
+        "Live processes of the allocation on this node",
+    ),
+    ("lattice_alloc_read_bytes_total", "Bytes read from block devices"),
+    ("lattice_alloc_write_bytes_total", "Bytes written to block devices"),
+    ("lattice_alloc_rchar_bytes_total", "Bytes read through system calls"),
+    ("lattice_alloc_wchar_bytes_total", "Bytes written through system calls"),
+    (
+        "lattice_gpu_utilization_percent",
+        "GPU busy percent over the driver's last sample period",
+    ),
+    ("lattice_gpu_memory_used_bytes", "GPU memory in use"),
+    ("lattice_gpu_memory_total_bytes", "GPU memory"),
+    ("lattice_gpu_power_watts", "GPU power draw"),
+    (
+        "lattice_gpu_ecc_uncorrected_total",
+        "Uncorrected ECC errors since the driver loaded",
+    ),
+    ("lattice_gpu_alert", "A local alert rule firing (1) for a GPU"),
+];
+
+/// How a per-allocation metric reads its value.
+type Get = fn(&Counters) -> f64;
+
+/// Per-allocation series (`alloc`, `node` labels).
+pub fn alloc_series(node: &str, samples: &BTreeMap<String, Counters>) -> Vec<Series> {
+    let metrics: [(&'static str, Get); 6] = [
+        ("lattice_alloc_cpu_seconds_total", |c| c.cpu_seconds),
+        ("lattice_alloc_processes", |c| c.processes as f64),
+        ("lattice_alloc_read_bytes_total", |c| c.read_bytes as f64),
+        ("lattice_alloc_write_bytes_total", |c| c.write_bytes as f64),
+        ("lattice_alloc_rchar_bytes_total", |c| c.rchar as f64),
+        ("lattice_alloc_wchar_bytes_total", |c| c.wchar as f64),
     ];
-    for (name, help, get) in metrics {
-        let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    let mut out = Vec::new();
+    for (name, get) in metrics {
         for (alloc, c) in samples {
-            out.push_str(&format!("{name}{{alloc=\"{alloc}\",node=\"{node}\"}} {}\n", get(c)));
+            out.push(Series {
+                name,
+                labels: vec![("alloc", alloc.clone()), ("node", node.to_string())],
+                value: get(c),
+            });
         }
     }
     out
+}
+
+/// Per-GPU series (`gpu`, `node`) and one `lattice_gpu_alert{gpu,node,rule}` per firing rule.
+pub fn gpu_series(node: &str, report: &GpuReport, firing: &[Alert]) -> Vec<Series> {
+    let mut out = Vec::new();
+    let labels = |g: u32| vec![("gpu", g.to_string()), ("node", node.to_string())];
+    for g in &report.gpus {
+        let mib = 1024.0 * 1024.0;
+        out.push(Series {
+            name: "lattice_gpu_utilization_percent",
+            labels: labels(g.index),
+            value: f64::from(g.utilization_pct),
+        });
+        out.push(Series {
+            name: "lattice_gpu_memory_used_bytes",
+            labels: labels(g.index),
+            value: g.memory_used_mib as f64 * mib,
+        });
+        out.push(Series {
+            name: "lattice_gpu_memory_total_bytes",
+            labels: labels(g.index),
+            value: g.memory_total_mib as f64 * mib,
+        });
+        out.push(Series {
+            name: "lattice_gpu_power_watts",
+            labels: labels(g.index),
+            value: g.power_w,
+        });
+        if let Some(e) = g.ecc_uncorrected {
+            out.push(Series {
+                name: "lattice_gpu_ecc_uncorrected_total",
+                labels: labels(g.index),
+                value: e as f64,
+            });
+        }
+    }
+    for a in firing {
+        let mut l = labels(a.gpu);
+        l.push(("rule", a.rule.to_string()));
+        out.push(Series {
+            name: "lattice_gpu_alert",
+            labels: l,
+            value: 1.0,
+        });
+    }
+    out
+}
+
+/// The Prometheus text exposition of `series` (grouped by metric, with HELP and TYPE).
+pub fn render(series: &[Series]) -> String {
+    let mut out = String::new();
+    for (name, help) in HELP {
+        let mut first = true;
+        for s in series.iter().filter(|s| s.name == name) {
+            if first {
+                let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+                first = false;
+            }
+            let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            out.push_str(&format!("{name}{{{}}} {}\n", labels.join(","), s.value));
+        }
+    }
+    out
+}
+
+/// The agent's telemetry state: the GPU provider and the recent GPU samples the alert rules look at
+/// (the last 60 s and one more), and which alerts are firing.
+pub struct Telemetry {
+    gpu: Box<dyn GpuProvider>,
+    window: std::collections::VecDeque<GpuReport>,
+    firing: Vec<Alert>,
+    period: Duration,
+}
+
+/// What one telemetry tick produced.
+pub struct Tick {
+    pub series: Vec<Series>,
+    /// Alerts that started firing at this tick (to log once).
+    pub new_alerts: Vec<Alert>,
+}
+
+impl Telemetry {
+    pub fn new(gpu: Box<dyn GpuProvider>, mode: Mode) -> Telemetry {
+        Telemetry {
+            gpu,
+            window: Default::default(),
+            firing: Vec::new(),
+            period: mode.period(),
+        }
+    }
+
+    /// Samples every allocation's process group (`alloc` → pgid) under `proc_root` and the GPUs, and
+    /// evaluates the local alert rules.
+    pub fn tick(&mut self, node: &str, proc_root: &Path, groups: &BTreeMap<String, u32>) -> Tick {
+        let samples: BTreeMap<String, Counters> = groups
+            .iter()
+            .map(|(id, pgid)| (id.clone(), sample_group(proc_root, *pgid)))
+            .collect();
+        let mut series = alloc_series(node, &samples);
+        let mut new_alerts = Vec::new();
+        if let Ok(report) = self.gpu.report() {
+            let keep = (60.0 / self.period.as_secs_f64()).ceil() as usize + 1;
+            self.window.push_back(report.clone());
+            while self.window.len() > keep {
+                self.window.pop_front();
+            }
+            let now = firing(self.window.make_contiguous(), self.period.as_secs_f64());
+            new_alerts = now.iter().filter(|a| !self.firing.contains(a)).cloned().collect();
+            self.firing = now;
+            series.extend(gpu_series(node, &report, &self.firing));
+        }
+        Tick { series, new_alerts }
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +311,10 @@ mod tests {
         assert!(c.cpu_seconds >= 0.05, "{c:?}");
         assert!(c.wchar >= 2_000_000, "the 2 MB written through write(2): {c:?}");
         assert_eq!(sample_group(Path::new("/proc"), pgid).processes, 0, "gone");
-        let text = render("n1", &[("a-000001".to_string(), c)].into_iter().collect());
+        let text = render(&alloc_series(
+            "n1",
+            &[("a-000001".to_string(), c)].into_iter().collect(),
+        ));
         assert!(
             text.contains("# TYPE lattice_alloc_cpu_seconds_total counter"),
             "{text}"
@@ -192,5 +327,51 @@ mod tests {
         assert_eq!(Mode::Prod.period(), Duration::from_secs(30));
         assert!(Mode::parse("loud").is_none());
         assert!(ebpf_status().starts_with("eBPF unavailable: "));
+    }
+
+    #[test]
+    fn the_loop_samples_gpus_and_fires_each_alert_once() {
+        use crate::gpu::{FakeGpus, GpuInfo};
+        let idle_and_full = GpuReport {
+            driver_version: Some("550.54".into()),
+            gpus: vec![GpuInfo {
+                index: 0,
+                model: "NVIDIA GH200".into(),
+                memory_total_mib: 1000,
+                memory_used_mib: 990,
+                utilization_pct: 3,
+                power_w: 90.0,
+                ecc_uncorrected: Some(2),
+            }],
+        };
+        // prod: a sample every 30 s, so "below 10 % for 60 s" needs two in a row.
+        let mut t = Telemetry::new(Box::new(FakeGpus(Ok(idle_and_full))), Mode::Prod);
+        let none = BTreeMap::new();
+        let rules = |tick: &Tick| -> Vec<&'static str> { tick.new_alerts.iter().map(|a| a.rule).collect() };
+        let first = t.tick("n1", Path::new("/proc"), &none);
+        assert_eq!(rules(&first), ["gpu_memory_high"]);
+        let second = t.tick("n1", Path::new("/proc"), &none);
+        assert_eq!(rules(&second), ["gpu_idle"], "60 s idle now; memory already firing");
+        let third = t.tick("n1", Path::new("/proc"), &none);
+        assert!(third.new_alerts.is_empty(), "still firing, not new");
+        let text = render(&third.series);
+        assert!(
+            text.contains("lattice_gpu_alert{gpu=\"0\",node=\"n1\",rule=\"gpu_idle\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lattice_gpu_utilization_percent{gpu=\"0\",node=\"n1\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE lattice_gpu_ecc_uncorrected_total counter"),
+            "{text}"
+        );
+        // Without GPUs the loop still samples allocations, and no GPU series appear.
+        let mut none_gpu = Telemetry::new(Box::new(crate::gpu::NoGpus), Mode::Debug);
+        let own: BTreeMap<String, u32> = [("a-1".to_string(), std::process::id())].into_iter().collect();
+        let tick = none_gpu.tick("n1", Path::new("/proc"), &own);
+        assert!(tick.series.iter().all(|s| s.name.starts_with("lattice_alloc_")));
+        assert_eq!(tick.series.len(), 6);
     }
 }

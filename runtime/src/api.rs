@@ -282,7 +282,7 @@ async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, body: a
     };
     match ops::heartbeat(&s, &p, &id, &h.buffered, h.seq).await {
         Ok(state) => {
-            Json(json!({"node": id, "state": state, "seq": h.seq, "replayed": h.buffered.len()})).into_response()
+            Json(json!({"node": id, "state": state, "seq": h.seq, "buffered": h.buffered.len()})).into_response()
         }
         Err(e) => e.into_response(),
     }

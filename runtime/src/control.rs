@@ -679,9 +679,11 @@ impl Control {
         self.heartbeat_with(node, &[], seq)
     }
 
-    /// [`Control::heartbeat`] after a partition: the agent replays the heartbeats it buffered (in
-    /// order, each above the last accepted and below `seq` — a batch that is not is refused whole,
-    /// as a replay). The node's `last_partition` records them.
+    /// [`Control::heartbeat`] after a partition: the agent replays the heartbeats it buffered, in
+    /// strictly increasing order and below `seq` (else the batch is refused whole). Buffered ones at or
+    /// below the last accepted sequence were delivered already (their answer was lost with the link)
+    /// and are skipped; `seq` itself must be new, so a replayed request is still refused. The node's
+    /// `last_partition` records the ones replayed.
     pub fn heartbeat_with(&mut self, node: &str, buffered: &[BufferedBeat], seq: u64) -> Result<String, FieldError> {
         let id = self
             .node_index(node)
@@ -689,29 +691,29 @@ impl Control {
         let Some((last, _)) = self.agents[id.index()] else {
             return Err(bad("id", format!("node {node}: the agent has not registered")));
         };
-        let mut prev = last;
-        for (i, b) in buffered.iter().enumerate() {
-            if b.seq <= prev {
+        for (i, w) in buffered.windows(2).enumerate() {
+            if w[1].seq <= w[0].seq {
                 return Err(bad(
-                    &format!("buffered[{i}].seq"),
-                    format!("replayed or out-of-order heartbeat: seq {}, previous {prev}", b.seq),
+                    &format!("buffered[{}].seq", i + 1),
+                    format!("out-of-order buffered heartbeat: seq {} after {}", w[1].seq, w[0].seq),
                 ));
             }
-            prev = b.seq;
         }
-        if seq <= prev {
+        let top = buffered.last().map_or(last, |b| b.seq.max(last));
+        if seq <= top {
             return Err(bad(
                 "seq",
-                format!("replayed or out-of-order heartbeat: seq {seq}, last accepted {prev}"),
+                format!("replayed or out-of-order heartbeat: seq {seq}, last accepted {top}"),
             ));
         }
-        if let (Some(first), Some(lastb)) = (buffered.first(), buffered.last()) {
+        let fresh: Vec<&BufferedBeat> = buffered.iter().filter(|b| b.seq > last).collect();
+        if let (Some(first), Some(lastb)) = (fresh.first(), fresh.last()) {
             self.partitions.insert(
                 id.0,
                 Partition {
                     from_ms: first.at_ms,
                     to_ms: lastb.at_ms,
-                    heartbeats: buffered.len() as u64,
+                    heartbeats: fresh.len() as u64,
                 },
             );
         }

@@ -49,7 +49,11 @@ struct Args {
     /// Telemetry aggregation: prod (every 30 s) or debug (every second).
     #[arg(long, default_value = "prod")]
     telemetry_mode: String,
-    /// Push per-allocation metrics (Prometheus text) to this Pushgateway-compatible URL.
+    /// Push per-allocation and GPU metrics with Prometheus remote-write (protobuf + snappy) to this URL
+    /// (e.g. VictoriaMetrics' /api/v1/write).
+    #[arg(long)]
+    remote_write: Option<String>,
+    /// Push per-allocation and GPU metrics (Prometheus text) to this Pushgateway-compatible URL.
     #[arg(long)]
     metrics_push: Option<String>,
     /// Where checkpoint hints' shared-memory flags and callback endpoint files live.
@@ -91,6 +95,7 @@ fn main() -> Result<()> {
         state_file: Some(a.state_file),
         telemetry: lattice_agent::telemetry::Mode::parse(&a.telemetry_mode)
             .ok_or_else(|| anyhow::anyhow!("--telemetry-mode {}: expected prod or debug", a.telemetry_mode))?,
+        remote_write: a.remote_write,
         metrics_push: a.metrics_push,
         shm_dir: a.shm_dir,
         callback: lattice_agent::checkpoint::CallbackTimeouts {
