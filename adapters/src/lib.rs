@@ -5,11 +5,13 @@
 //! [`Member`] starts one quorum member. The external services' REST clients: VAST storage
 //! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
 //! retries with backoff and typed errors ([`http`]). The client of the applications' gRPC checkpoint
-//! callback the node agent calls ([`checkpoint`]). (GPU discovery lives in `lattice-agent`.)
+//! callback the node agent calls ([`checkpoint`]). The durable log store of zstd chunks agents write and the
+//! runtime reads ([`logstore`]). (GPU discovery lives in `lattice-agent`.)
 
 pub mod checkpoint;
 pub mod fabric;
 pub mod http;
+pub mod logstore;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;

@@ -5,6 +5,9 @@
 //! During a partition the agent runs its allocations autonomously and buffers the heartbeats it could
 //! not deliver (at most [`MAX_BUFFERED`], oldest dropped and counted); when the control plane is back
 //! they are replayed in order with the next heartbeat (book: "Network Partition: Node ↔ Quorum").
+//! Output goes to the log store in zstd chunks every `log_flush` and when a process ends; while
+//! someone follows an allocation (the control plane lists it in `tail`), its new output rides along
+//! with each poll (at most [`TAIL_BYTES_PER_POLL`]; the first poll replays the newest [`TAIL_REPLAY`]).
 
 use crate::checkpoint::{Channel, GrpcResult, Mechanism};
 use crate::client::{Buffered, Client, ExitKind, Launch};
@@ -35,10 +38,18 @@ pub struct AgentConfig {
     pub telemetry: crate::telemetry::Mode,
     pub remote_write: Option<String>,
     pub metrics_push: Option<String>,
+    /// The log store output is flushed to as zstd chunks every `log_flush` (and when a process ends).
+    pub log_store: Option<lattice_adapters::logstore::LogStore>,
+    pub log_flush: Duration,
     /// Where shmem checkpoint flags and gRPC endpoint files live (`/dev/shm`).
     pub shm_dir: PathBuf,
     pub callback: crate::checkpoint::CallbackTimeouts,
 }
+
+/// Live tail: the most output sent with one poll, per allocation.
+pub const TAIL_BYTES_PER_POLL: u64 = 256 * 1024;
+/// Live tail: how much of the past a new follower gets first.
+pub const TAIL_REPLAY: u64 = 64 * 1024;
 
 /// Heartbeats kept during a partition (a day at the default 10 s interval).
 pub const MAX_BUFFERED: usize = 8640;
@@ -141,6 +152,7 @@ pub fn run_with(
                     procs.insert(id, r);
                 }
                 None => {
+                    flush_log(cfg, &rec);
                     let out = runner::ended_unwatched(&rec);
                     let code = match out.ending {
                         Ending::Exited(c) => c,
@@ -152,6 +164,9 @@ pub fn run_with(
         }
     }
     let mut recorded: Vec<String> = Vec::new();
+    // Followed allocations: the output offset sent so far (None: not yet).
+    let mut tailing: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    let mut last_flush = Instant::now();
     eprintln!("lattice-agent {}: {}", cfg.node, crate::telemetry::ebpf_status());
     let mut telemetry = crate::telemetry::Telemetry::new(gpu, cfg.telemetry);
     let mut last_push = Instant::now();
@@ -221,7 +236,11 @@ pub fn run_with(
             .map(|(k, _)| k.clone())
             .collect();
         for id in ended {
-            let out = procs.remove(&id).expect("listed").wait();
+            let r = procs.remove(&id).expect("listed");
+            let rec = r.record.clone();
+            let out = r.wait();
+            flush_log(cfg, &rec);
+            tailing.remove(&id);
             if let Some((c, _)) = channels.remove(&id) {
                 c.remove();
             }
@@ -246,8 +265,21 @@ pub fn run_with(
             },
         );
         let running: Vec<String> = procs.keys().cloned().collect();
-        match client.work(&cfg.node, &running) {
+        // New output of the allocations someone follows.
+        let output: Vec<crate::client::Output> = tailing
+            .iter()
+            .filter_map(|(id, from)| new_output(id, &procs.get(id)?.record.log, *from))
+            .filter(|o| o.next > o.offset)
+            .collect();
+        match client.work(&cfg.node, &running, &output) {
             Ok(w) => {
+                for o in &output {
+                    tailing.insert(o.id.clone(), Some(o.next));
+                }
+                tailing.retain(|id, _| w.tail.contains(id));
+                for id in &w.tail {
+                    tailing.entry(id.clone()).or_insert(None);
+                }
                 for id in w.kill {
                     if let Some(p) = procs.get(&id) {
                         p.stop();
@@ -292,6 +324,8 @@ pub fn run_with(
                         entrypoint: l.entrypoint.clone(),
                         env,
                         checkpoint: l.checkpoint.clone(),
+                        tenant: l.tenant.clone(),
+                        project: l.project.clone(),
                         walltime: l.walltime_s.map(Duration::from_secs_f64),
                         grace: cfg.grace,
                         log_dir: cfg.log_dir.clone(),
@@ -315,6 +349,12 @@ pub fn run_with(
             Err(e) if e.needs_register() => registered = false,
             Err(e) if e.unreachable() && !buffered.is_empty() => {}
             Err(e) => eprintln!("lattice-agent {}: work: {e}", cfg.node),
+        }
+        if cfg.log_store.is_some() && last_flush.elapsed() >= cfg.log_flush {
+            last_flush = Instant::now();
+            for r in procs.values() {
+                flush_log(cfg, &r.record);
+            }
         }
         // Shmem hints the application has answered.
         for (id, (c, pending)) in channels.iter_mut() {
@@ -368,6 +408,41 @@ pub fn run_with(
     Ok(())
 }
 
+/// Flushes a process's output to the log store (errors are reported, never fatal: the log file stays).
+fn flush_log(cfg: &AgentConfig, rec: &runner::Record) {
+    if let Some(store) = &cfg.log_store
+        && let Err(e) = store.flush(
+            &rec.tenant,
+            rec.project.as_deref(),
+            &rec.id,
+            &cfg.node,
+            &rec.log,
+            runner::wall_ms(),
+        )
+    {
+        eprintln!("lattice-agent {}: log store: {e}", cfg.node);
+    }
+}
+
+/// The output of `log` after `from` (a new follower: the newest [`TAIL_REPLAY`] bytes), at most
+/// [`TAIL_BYTES_PER_POLL`].
+fn new_output(id: &str, log: &std::path::Path, from: Option<u64>) -> Option<crate::client::Output> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(log).ok()?;
+    let len = f.metadata().ok()?.len();
+    let offset = from.unwrap_or(len.saturating_sub(TAIL_REPLAY)).min(len);
+    let n = (len - offset).min(TAIL_BYTES_PER_POLL);
+    let mut buf = vec![0u8; n as usize];
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    f.read_exact(&mut buf).ok()?;
+    Some(crate::client::Output {
+        id: id.to_string(),
+        offset,
+        next: offset + n,
+        data: String::from_utf8_lossy(&buf).into_owned(),
+    })
+}
+
 /// The newest 64 KiB of an output, as text (invalid UTF-8 replaced).
 fn tail_of(out: &[u8]) -> String {
     let from = out.len().saturating_sub(64 * 1024);
@@ -388,6 +463,7 @@ mod tests {
             walltime_s: Some(60.0),
             tenant: "physics".into(),
             user: None,
+            project: None,
             checkpoint: "signal".into(),
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();

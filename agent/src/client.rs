@@ -36,9 +36,21 @@ impl ClientError {
 pub struct Work {
     pub launch: Vec<Launch>,
     pub kill: Vec<String>,
-    /// Checkpoint hints: signal these allocations' process groups (SIGUSR1).
+    /// Checkpoint hints for these allocations (by their declared mechanism).
     #[serde(default)]
     pub checkpoint: Vec<String>,
+    /// Someone follows these allocations' output: send what is new with the next polls.
+    #[serde(default)]
+    pub tail: Vec<String>,
+}
+
+/// New output of a followed allocation: bytes `offset..next` of its log, as text.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Output {
+    pub id: String,
+    pub offset: u64,
+    pub next: u64,
+    pub data: String,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -50,6 +62,8 @@ pub struct Launch {
     pub walltime_s: Option<f64>,
     pub tenant: String,
     pub user: Option<String>,
+    #[serde(default)]
+    pub project: Option<String>,
     /// How the application takes checkpoint hints: signal (default), shmem, grpc, dmtcp.
     #[serde(default = "signal")]
     pub checkpoint: String,
@@ -181,8 +195,13 @@ impl Client {
         Ok(v["state"].as_str().unwrap_or_default().to_string())
     }
 
-    pub fn work(&self, node: &str, running: &[String]) -> Result<Work, ClientError> {
-        let v = self.post(&format!("/v1/nodes/{node}/work"), json!({"running": running}))?;
+    pub fn work(&self, node: &str, running: &[String], output: &[Output]) -> Result<Work, ClientError> {
+        let body = if output.is_empty() {
+            json!({"running": running})
+        } else {
+            json!({"running": running, "output": output})
+        };
+        let v = self.post(&format!("/v1/nodes/{node}/work"), body)?;
         serde_json::from_value(v).map_err(|e| ClientError::Transport {
             url: format!("{}/v1/nodes/{node}/work", self.base),
             message: format!("unexpected answer: {e}"),

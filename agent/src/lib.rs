@@ -17,6 +17,9 @@
 //! development. During a partition the agent runs on and buffers heartbeats and exit reports, replayed
 //! when the control plane is back.
 //!
+//! Output is flushed to the log store (zstd chunks, `lattice_adapters::logstore`) and streamed live to
+//! the control plane while someone follows it.
+//!
 //! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]).
 //!
 //! Not here yet (issue 9 continues): eBPF telemetry (the /proc sampler is its fallback).

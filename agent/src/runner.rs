@@ -29,6 +29,9 @@ pub struct RunSpec {
     pub ring_bytes: usize,
     /// Its checkpoint mechanism's name (kept in the state file for a restarted agent).
     pub checkpoint: String,
+    /// Whose it is: where its logs go in the log store.
+    pub tenant: String,
+    pub project: Option<String>,
 }
 
 /// How it ended.
@@ -108,6 +111,10 @@ pub struct Record {
     pub ring_bytes: usize,
     #[serde(default)]
     pub checkpoint: String,
+    #[serde(default)]
+    pub tenant: String,
+    #[serde(default)]
+    pub project: Option<String>,
 }
 
 /// Wall-clock ms since the epoch.
@@ -173,6 +180,8 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         status,
         ring_bytes: spec.ring_bytes,
         checkpoint: spec.checkpoint.clone(),
+        tenant: spec.tenant.clone(),
+        project: spec.project.clone(),
     };
     Ok(watch(record, Some(child)))
 }
@@ -270,6 +279,8 @@ mod tests {
             log_dir: std::env::temp_dir().join(format!("lattice-agent-run-{}", std::process::id())),
             ring_bytes: 64,
             checkpoint: "signal".into(),
+            tenant: "physics".into(),
+            project: None,
         }
     }
 

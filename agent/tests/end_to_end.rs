@@ -608,3 +608,95 @@ fn an_agent_with_a_bootstrap_certificate_runs_jobs_over_mtls() {
     drop(agents);
     rt.block_on(running.shutdown());
 }
+
+#[test]
+fn output_is_stored_in_zstd_chunks_and_followed_live() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-logs-{}", std::process::id()));
+    let bucket = dir.join("bucket");
+    let (rt, running) = control_plane(&dir, 1, &format!("log_store: {}\n", bucket.display()));
+    let base = format!("http://{}", running.rest_addr);
+    let agent = Agents(vec![
+        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
+            .args(["--node-id", "sim-000", "--poll", "100ms", "--heartbeat", "200ms"])
+            .args(["--quorum-endpoint", &base, "--log-flush", "300ms"])
+            .arg("--log-store")
+            .arg(&bucket)
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .arg("--state-file")
+            .arg(dir.join("state.json"))
+            .spawn()
+            .unwrap(),
+    ]);
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "project": "climate", "resources": {"nodes": 1},
+                    "entrypoint": "i=1; while [ $i -le 30 ]; do echo line $i; i=$((i+1)); sleep 0.1; done",
+                    "lifecycle": {"walltime": "1m"}}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(10));
+    // Follow: the agent streams new output with its polls while someone asks.
+    let mut text = String::new();
+    let mut next = 0u64;
+    let mut live_before_end = false;
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = call(
+            "GET",
+            &format!("{base}/v1/allocations/{id}/logs/live?after=sim-000:{next}"),
+            None,
+        );
+        assert_eq!(status, 200, "{v}");
+        if let Some(o) = v["nodes"]["sim-000"].as_object() {
+            assert_eq!(o["offset"].as_u64(), Some(next), "contiguous: {v}");
+            text.push_str(o["data"].as_str().unwrap());
+            next = o["next"].as_u64().unwrap();
+        }
+        let (_, a) = call("GET", &format!("{base}/v1/allocations/{id}"), None);
+        if !a["ended_ms"].is_u64() && text.contains("line 3\n") {
+            live_before_end = true;
+        }
+        if text.contains("line 30\n") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "followed so far: {text}");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    assert!(live_before_end, "output arrived while the job ran");
+    let expected: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(text, expected, "every line once, in order");
+    let bad = call(
+        "GET",
+        &format!("{base}/v1/allocations/{id}/logs/live?after=sim-000"),
+        None,
+    );
+    assert_eq!((bad.0, bad.1["field"].as_str()), (400, Some("after")), "{}", bad.1);
+
+    // History: from the store's zstd chunks, by byte range too.
+    wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{id}/logs"), None);
+    assert_eq!(l["source"], "store", "{l}");
+    assert_eq!(l["nodes"]["sim-000"].as_str(), Some(expected.as_str()));
+    let (_, l) = call(
+        "GET",
+        &format!("{base}/v1/allocations/{id}/logs?offset=7&limit=7"),
+        None,
+    );
+    assert_eq!(l["nodes"]["sim-000"].as_str(), Some("line 2\n"), "{l}");
+    let node_dir = bucket.join(format!("physics/climate/{id}/logs/output/sim-000"));
+    let chunks = std::fs::read_dir(&node_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log.zst"))
+        .count();
+    assert!(chunks >= 2, "flushed periodically while it ran: {chunks} chunk(s)");
+    let meta: Value = serde_json::from_slice(&std::fs::read(node_dir.join("metadata.json")).unwrap()).unwrap();
+    assert_eq!(meta["chunks"].as_array().unwrap().len(), chunks, "{meta}");
+    drop(agent);
+    rt.block_on(running.shutdown());
+}

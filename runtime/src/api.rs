@@ -39,6 +39,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/nodes/{id}/work", axum::routing::post(work))
         .route("/v1/allocations/{id}/exit", axum::routing::post(agent_exit))
         .route("/v1/allocations/{id}/logs", get(logs))
+        .route("/v1/allocations/{id}/logs/live", get(live_logs))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
         .route("/v1/audit/logs", get(audit_logs))
@@ -546,6 +547,9 @@ async fn raft_status(State(s): S) -> Json<Value> {
 struct WorkIn {
     #[serde(default)]
     running: Vec<String>,
+    /// New output of followed allocations.
+    #[serde(default)]
+    output: Vec<crate::control::OutputIn>,
 }
 
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -553,7 +557,7 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         Ok(w) => w,
         Err(e) => return body_error(e),
     };
-    match ops::work(&s, &p, &id, &w.running).await {
+    match ops::work(&s, &p, &id, &w.running, w.output).await {
         Ok(w) => Json(w).into_response(),
         Err(e) => e.into_response(),
     }
@@ -582,8 +586,79 @@ async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: 
     }
 }
 
-async fn logs(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    match ops::logs(&s, &p, &id).await {
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LogsIn {
+    node: Option<String>,
+    offset: Option<u64>,
+    limit: Option<u64>,
+    since: Option<String>,
+    until: Option<String>,
+}
+
+async fn logs(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    q: Result<Query<LogsIn>, QueryRejection>,
+) -> Response {
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
+    };
+    let instant = |f: &str, v: &Option<String>| v.as_deref().map(|v| ops::parse_instant(f, v)).transpose();
+    let (since_ms, until_ms) = match (instant("since", &q.since), instant("until", &q.until)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return e.into_response(),
+    };
+    let range = lattice_adapters::logstore::Range {
+        offset: q.offset.unwrap_or(0),
+        limit: q.limit.unwrap_or(u64::MAX),
+        since_ms,
+        until_ms,
+    };
+    match ops::logs(&s, &p, &id, q.node.as_deref(), &range).await {
+        Ok((source, l)) => Json(json!({"id": id, "source": source, "nodes": l})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LiveIn {
+    /// `NODE:OFFSET,...`: what the follower already has.
+    after: Option<String>,
+}
+
+async fn live_logs(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    q: Result<Query<LiveIn>, QueryRejection>,
+) -> Response {
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
+    };
+    let mut after = BTreeMap::new();
+    for part in q.after.as_deref().unwrap_or("").split(',').filter(|p| !p.is_empty()) {
+        match part
+            .rsplit_once(':')
+            .and_then(|(n, o)| Some((n, o.parse::<u64>().ok()?)))
+        {
+            Some((n, o)) => {
+                after.insert(n.to_string(), o);
+            }
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    Some("after"),
+                    format!("`{part}`: expected NODE:OFFSET"),
+                );
+            }
+        }
+    }
+    match ops::live_logs(&s, &p, &id, &after).await {
         Ok(l) => Json(json!({"id": id, "nodes": l})).into_response(),
         Err(e) => e.into_response(),
     }

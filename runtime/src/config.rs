@@ -45,6 +45,9 @@ pub struct RuntimeConfig {
     pub tls: Option<crate::tls::TlsConfig>,
     #[serde(default)]
     pub agents: AgentsConfig,
+    /// The log store the agents flush output chunks to (`--log-store` on the agents; a directory, or
+    /// an S3 bucket mounted on agents and members): `GET /v1/allocations/{id}/logs` reads it.
+    pub log_store: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -136,6 +139,7 @@ impl RuntimeConfig {
             &mut c.tenants,
             &mut c.scheduler.trace_capture,
             &mut c.auth.jwks_file,
+            &mut c.log_store,
         ]
         .into_iter()
         .flatten()

@@ -196,6 +196,7 @@ pub struct BufferedBeat {
 struct Meta {
     name: String,
     user: Option<String>,
+    project: Option<String>,
     entrypoint: Option<String>,
     tags: BTreeMap<String, String>,
     run: std::time::Duration,
@@ -210,6 +211,7 @@ impl Meta {
         Meta {
             name,
             user: None,
+            project: None,
             entrypoint: None,
             tags: BTreeMap::new(),
             run,
@@ -288,6 +290,9 @@ pub struct Control {
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
     agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
+    /// Allocations someone follows (until when, ms) and the live output their agents sent.
+    followed: BTreeMap<AllocId, u64>,
+    live: BTreeMap<AllocId, BTreeMap<String, std::collections::VecDeque<OutputIn>>>,
     /// Per node: the last partition its agent replayed heartbeats for.
     partitions: BTreeMap<u32, Partition>,
     node_by_name: BTreeMap<String, u32>,
@@ -344,6 +349,8 @@ impl Control {
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
             partitions: BTreeMap::new(),
+            followed: BTreeMap::new(),
+            live: BTreeMap::new(),
             checkpoint_hints: BTreeMap::new(),
             logs: BTreeMap::new(),
             node_by_name: BTreeMap::new(),
@@ -525,6 +532,7 @@ impl Control {
         }
         self.meta[id.index()] = Meta {
             user: req.user.clone(),
+            project: req.project.clone(),
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
             ..Meta::new(name.clone(), run)
@@ -891,8 +899,14 @@ impl Control {
                     walltime_s: a.spec.lifecycle.walltime().map(|d| d.as_secs_f64()),
                     tenant: self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
                     user: m.user.clone(),
+                    project: m.project.clone(),
                     checkpoint: a.spec.checkpoint.mechanism,
                 });
+            }
+            // Someone follows its output: the agent sends what is new with its next polls.
+            let name = self.name_of(id);
+            if running.contains(&name) && self.followed.get(&id).is_some_and(|until| *until > self.now().0) {
+                w.tail.push(name);
             }
         }
         let mine_name = mine.map(|m| self.name_of(m));
@@ -936,6 +950,64 @@ impl Control {
         while self.logs.len() > LOGS_KEPT {
             self.logs.pop_first();
         }
+    }
+
+    /// Someone follows `name`'s output: for the next [`FOLLOW_MS`] its agents stream it. Returns the
+    /// live output after `after` (node → offset; from the oldest kept when a node is absent).
+    pub fn follow(&mut self, name: &str, after: &BTreeMap<String, u64>) -> Option<BTreeMap<String, LiveOutput>> {
+        let id = *self.by_name.get(name)?;
+        let until = self.now().0 + FOLLOW_MS;
+        self.followed.insert(id, until);
+        let mut out = BTreeMap::new();
+        for (node, segs) in self.live.get(&id).into_iter().flatten() {
+            let from = after.get(node).copied().unwrap_or(0);
+            let mut o = LiveOutput {
+                offset: u64::MAX,
+                data: String::new(),
+                next: from,
+            };
+            for s in segs.iter().filter(|s| s.next > from) {
+                o.offset = o.offset.min(s.offset.max(from));
+                // A segment that straddles `from` contributes its part after it (offsets are bytes).
+                let skip = from.saturating_sub(s.offset) as usize;
+                let start = (skip.min(s.data.len())..=s.data.len())
+                    .find(|i| s.data.is_char_boundary(*i))
+                    .unwrap_or(s.data.len());
+                o.data.push_str(&s.data[start..]);
+                o.next = s.next;
+            }
+            if o.offset == u64::MAX {
+                o.offset = from;
+            }
+            out.insert(node.clone(), o);
+        }
+        Some(out)
+    }
+
+    /// New output from `node`'s agent (kept while followed, the newest [`LIVE_BYTES`] per node).
+    pub fn add_output(&mut self, node: &str, output: Vec<OutputIn>) {
+        for o in output {
+            let Some(&id) = self.by_name.get(&o.id) else { continue };
+            let segs = self.live.entry(id).or_default().entry(node.to_string()).or_default();
+            if segs.back().is_some_and(|last| o.offset < last.next) {
+                continue; // already have it (a resend)
+            }
+            segs.push_back(o);
+            let mut kept: usize = segs.iter().map(|s| s.data.len()).sum();
+            while kept > LIVE_BYTES && segs.len() > 1 {
+                kept -= segs.pop_front().map_or(0, |s| s.data.len());
+            }
+        }
+        while self.live.len() > LOGS_KEPT {
+            self.live.pop_first();
+        }
+    }
+
+    /// Where the allocation's stored logs are: (tenant, project).
+    pub fn log_owner(&self, name: &str) -> Option<(String, Option<String>)> {
+        let (id, a) = self.allocation_named(name).ok()?;
+        let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+        Some((tenant, self.meta[id.index()].project.clone()))
     }
 
     /// The output tails reported for `name`, by node.
@@ -1174,6 +1246,8 @@ pub struct Launch {
     pub walltime_s: Option<f64>,
     pub tenant: String,
     pub user: Option<String>,
+    #[serde(default)]
+    pub project: Option<String>,
     /// How the application takes checkpoint hints (signal, shmem, grpc, dmtcp).
     #[serde(default)]
     pub checkpoint: lattice_engine::CheckpointMechanism,
@@ -1188,7 +1262,37 @@ pub struct Work {
     /// Allocations it runs whose checkpoint was requested: SIGUSR1 to their process group.
     #[serde(default)]
     pub checkpoint: Vec<String>,
+    /// Allocations whose output someone follows: send what is new with the next polls.
+    #[serde(default)]
+    pub tail: Vec<String>,
 }
+
+/// New output an agent sends for a followed allocation: bytes `offset..next` of its output on that
+/// node (as text, invalid UTF-8 replaced).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputIn {
+    pub id: String,
+    pub offset: u64,
+    pub next: u64,
+    pub data: String,
+}
+
+/// Live output of one allocation on one node (the newest [`LIVE_BYTES`] at most).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LiveOutput {
+    /// Output offset of `data`'s first byte.
+    pub offset: u64,
+    pub data: String,
+    /// Offset after `data`: pass it back as `after` for what follows.
+    pub next: u64,
+}
+
+/// Live output kept per allocation and node.
+pub const LIVE_BYTES: usize = 1 << 20;
+
+/// How long a follow request keeps an allocation's output streaming from its agents (ms).
+pub const FOLLOW_MS: u64 = 10_000;
 
 /// How a process ended on one node.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -742,11 +742,20 @@ pub async fn heartbeat(
     r.map_err(|e| field_error(node, e))
 }
 
-/// `POST /v1/nodes/{id}/work {"running": [...]}`: an agent's poll (leader only).
-pub async fn work(s: &Shared, p: &Principal, node: &str, running: &[String]) -> Result<crate::control::Work, ApiError> {
+/// `POST /v1/nodes/{id}/work {"running": [...], "output": [...]}`: an agent's poll (leader only), with
+/// the new output of the allocations someone follows.
+pub async fn work(
+    s: &Shared,
+    p: &Principal,
+    node: &str,
+    running: &[String],
+    output: Vec<crate::control::OutputIn>,
+) -> Result<crate::control::Work, ApiError> {
     agent_allowed(p, node)?;
     writable(s).await?;
-    let r = s.control.lock().await.work(node, running);
+    let mut c = s.control.lock().await;
+    c.add_output(node, output);
+    let r = c.work(node, running);
     r.map_err(|e| field_error(node, e))
 }
 
@@ -782,10 +791,51 @@ pub async fn agent_exit(
     Ok(ended)
 }
 
-/// `GET /v1/allocations/{id}/logs`: the output tails its agents reported, by node (same visibility
-/// as the allocation itself).
-pub async fn logs(s: &Shared, p: &Principal, id: &str) -> Result<BTreeMap<String, String>, ApiError> {
+/// `GET /v1/allocations/{id}/logs`: historical output by node (same visibility as the allocation
+/// itself) — from the log store when configured and the agents flushed there (`node`, `offset`,
+/// `limit`, `since`, `until` apply), else the tails the agents reported with each exit. Returns the
+/// source (`store` or `exit_tails`) too.
+pub async fn logs(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    node: Option<&str>,
+    range: &lattice_adapters::logstore::Range,
+) -> Result<(&'static str, BTreeMap<String, String>), ApiError> {
     get(s, p, id).await?;
     let c = s.control.lock().await;
-    c.logs(id).ok_or_else(|| not_found("allocation", id))
+    let tails = c.logs(id).ok_or_else(|| not_found("allocation", id))?;
+    let owner = c.log_owner(id);
+    drop(c);
+    if let (Some(store), Some((tenant, project))) = (&s.log_store, owner) {
+        let nodes = store.nodes(&tenant, project.as_deref(), id);
+        if !nodes.is_empty() {
+            let mut out = BTreeMap::new();
+            for n in nodes.iter().filter(|n| node.is_none_or(|x| x == n.as_str())) {
+                let bytes = store
+                    .read(&tenant, project.as_deref(), id, n, range)
+                    .map_err(|e| ApiError::Unavailable { message: e.to_string() })?;
+                out.insert(n.clone(), String::from_utf8_lossy(&bytes).into_owned());
+            }
+            return Ok(("store", out));
+        }
+    }
+    let tails = tails
+        .into_iter()
+        .filter(|(n, _)| node.is_none_or(|x| x == n.as_str()))
+        .collect();
+    Ok(("exit_tails", tails))
+}
+
+/// `GET /v1/allocations/{id}/logs/live?after=NODE:OFFSET,...`: follows the output (live tail): the
+/// agents stream it while someone follows, this answers what arrived after the given offsets.
+pub async fn live_logs(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    after: &BTreeMap<String, u64>,
+) -> Result<BTreeMap<String, crate::control::LiveOutput>, ApiError> {
+    get(s, p, id).await?;
+    let mut c = s.control.lock().await;
+    c.follow(id, after).ok_or_else(|| not_found("allocation", id))
 }

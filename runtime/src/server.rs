@@ -26,6 +26,8 @@ pub struct Shared {
     pub simulate_agents: bool,
     /// The quorum's data folder (backups go to `backups/`, a staged restore to `restore-pending.json`).
     pub data_dir: std::path::PathBuf,
+    /// The agents' log store, when configured (historical logs).
+    pub log_store: Option<lattice_adapters::logstore::LogStore>,
     /// Becomes `true` when the runtime stops (tasks end; nothing keeps the store open).
     pub stopped: tokio::sync::watch::Receiver<bool>,
     pub auth: crate::auth::Authenticator,
@@ -148,6 +150,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         wake: Notify::new(),
         simulate_agents: cfg.simulate_agents.unwrap_or(cfg.inventory.is_none()),
         data_dir: cfg.data_dir.clone(),
+        log_store: cfg.log_store.clone().map(lattice_adapters::logstore::LogStore::new),
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
         mirror: Default::default(),

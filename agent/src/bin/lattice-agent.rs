@@ -56,6 +56,13 @@ struct Args {
     /// Push per-allocation and GPU metrics (Prometheus text) to this Pushgateway-compatible URL.
     #[arg(long)]
     metrics_push: Option<String>,
+    /// Flush allocations' output as zstd chunks to this log store (a directory laid out like the
+    /// seed's bucket: TENANT/PROJECT/ALLOC/logs/output/NODE/chunk_N.log.zst; local or a mounted bucket).
+    #[arg(long)]
+    log_store: Option<PathBuf>,
+    /// How often output is flushed to the log store (and always when a process ends).
+    #[arg(long, default_value = "10s")]
+    log_flush: humantime::Duration,
     /// Where checkpoint hints' shared-memory flags and callback endpoint files live.
     #[arg(long, default_value = "/dev/shm")]
     shm_dir: PathBuf,
@@ -97,6 +104,8 @@ fn main() -> Result<()> {
             .ok_or_else(|| anyhow::anyhow!("--telemetry-mode {}: expected prod or debug", a.telemetry_mode))?,
         remote_write: a.remote_write,
         metrics_push: a.metrics_push,
+        log_store: a.log_store.map(lattice_adapters::logstore::LogStore::new),
+        log_flush: a.log_flush.into(),
         shm_dir: a.shm_dir,
         callback: lattice_agent::checkpoint::CallbackTimeouts {
             answer: a.checkpoint_answer_timeout.into(),

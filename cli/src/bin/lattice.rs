@@ -76,8 +76,17 @@ enum Cmd {
     },
     /// Cancel allocations.
     Cancel { ids: Vec<String> },
-    /// The output of an allocation's processes (the tail each node's agent reported when it ended).
-    Logs { id: String },
+    /// The output of an allocation's processes: from the log store (or the tail each node's agent
+    /// reported when it ended); `--follow` streams it live while it runs.
+    Logs {
+        id: String,
+        /// Live tail: print new output as the agents send it, until the allocation ends.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only this node's output.
+        #[arg(long)]
+        node: Option<String>,
+    },
     /// Nodes and their state.
     Nodes {
         #[arg(short, long, value_enum, default_value = "table")]
@@ -375,8 +384,48 @@ fn main() -> Result<()> {
             std::thread::sleep(std::time::Duration::from_secs(2));
             println!();
         },
-        Cmd::Logs { id } => {
-            let v = client.call("GET", &format!("/v1/allocations/{id}/logs"), None)?;
+        Cmd::Logs { id, follow: true, node } => {
+            let mut after: std::collections::BTreeMap<String, u64> = Default::default();
+            let mut quiet = 0;
+            loop {
+                let q: Vec<String> = after.iter().map(|(n, o)| format!("{n}:{o}")).collect();
+                let v = client.call(
+                    "GET",
+                    &format!("/v1/allocations/{id}/logs/live?after={}", q.join(",")),
+                    None,
+                )?;
+                let mut printed = false;
+                for (n, o) in v["nodes"].as_object().cloned().unwrap_or_default() {
+                    if node.as_ref().is_some_and(|x| *x != n) {
+                        continue;
+                    }
+                    let data = o["data"].as_str().unwrap_or_default();
+                    if !data.is_empty() {
+                        print!("{data}");
+                        printed = true;
+                    }
+                    after.insert(n, o["next"].as_u64().unwrap_or(0));
+                }
+                std::io::Write::flush(&mut std::io::stdout())?;
+                let state = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
+                quiet = if printed { 0 } else { quiet + 1 };
+                // Ended, and nothing more came for a few polls: what its agents had has arrived.
+                if state["ended_ms"].is_u64() && quiet >= 3 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+        }
+        Cmd::Logs {
+            id,
+            follow: false,
+            node,
+        } => {
+            let path = match &node {
+                Some(n) => format!("/v1/allocations/{id}/logs?node={n}"),
+                None => format!("/v1/allocations/{id}/logs"),
+            };
+            let v = client.call("GET", &path, None)?;
             let nodes = v["nodes"].as_object().cloned().unwrap_or_default();
             if nodes.is_empty() {
                 eprintln!("{id}: no output reported yet (agents report it when the processes end)");
