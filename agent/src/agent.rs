@@ -83,6 +83,14 @@ pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
         ("LATTICE_TASK_INDEX".to_string(), l.task_index.to_string()),
         ("LATTICE_TENANT".to_string(), l.tenant.clone()),
     ];
+    // The network domain (book: "Network Domains"): libfabric's CXI provider reads these.
+    if let Some(vni) = l.vni {
+        env.push(("LATTICE_VNI".to_string(), vni.to_string()));
+        env.push(("SLINGSHOT_VNIS".to_string(), vni.to_string()));
+    }
+    if let Some(k) = &l.cxi_auth_key {
+        env.push(("FI_CXI_AUTH_KEY".to_string(), k.clone()));
+    }
     if slurm {
         env.extend([
             ("SLURM_JOB_ID".to_string(), l.id.clone()),
@@ -465,6 +473,8 @@ mod tests {
             user: None,
             project: None,
             checkpoint: "signal".into(),
+            vni: Some(1042),
+            cxi_auth_key: Some("k-1".into()),
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");
@@ -472,6 +482,11 @@ mod tests {
         assert_eq!(env["LATTICE_NNODES"], "2");
         assert_eq!(env["LATTICE_TASK_INDEX"], "1");
         assert_eq!(env["SLURM_JOB_NUM_NODES"], "2");
+        assert_eq!(
+            (env["LATTICE_VNI"].as_str(), env["SLINGSHOT_VNIS"].as_str()),
+            ("1042", "1042")
+        );
+        assert_eq!(env["FI_CXI_AUTH_KEY"], "k-1");
         assert!(!environment(&l, false).iter().any(|(k, _)| k.starts_with("SLURM_")));
     }
 }

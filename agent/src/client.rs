@@ -67,6 +67,11 @@ pub struct Launch {
     /// How the application takes checkpoint hints: signal (default), shmem, grpc, dmtcp.
     #[serde(default = "signal")]
     pub checkpoint: String,
+    /// Its network domain's Slingshot VNI and CXI auth key, when it has one.
+    #[serde(default)]
+    pub vni: Option<u32>,
+    #[serde(default)]
+    pub cxi_auth_key: Option<String>,
 }
 
 fn signal() -> String {

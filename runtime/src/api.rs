@@ -40,6 +40,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/exit", axum::routing::post(agent_exit))
         .route("/v1/allocations/{id}/logs", get(logs))
         .route("/v1/allocations/{id}/logs/live", get(live_logs))
+        .route("/v1/network/domains", get(network_domains))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
         .route("/v1/audit/logs", get(audit_logs))
@@ -138,7 +139,7 @@ async fn healthz(State(s): S) -> Json<Value> {
 }
 
 async fn metrics(State(s): S) -> Response {
-    let (allocs, nodes) = {
+    let (allocs, nodes, (vni_total, vni_used)) = {
         let c = s.control.lock().await;
         let mut allocs: BTreeMap<String, f64> = BTreeMap::new();
         for a in c.list() {
@@ -148,7 +149,7 @@ async fn metrics(State(s): S) -> Response {
         for n in c.nodes() {
             *nodes.entry(n.state).or_default() += 1.0;
         }
-        (allocs, nodes)
+        (allocs, nodes, c.network.pool())
     };
     let labelled = |m: BTreeMap<String, f64>| -> Vec<(String, f64)> {
         m.into_iter().map(|(k, v)| (format!("{{state=\"{k}\"}}"), v)).collect()
@@ -157,6 +158,16 @@ async fn metrics(State(s): S) -> Response {
     let text = s.metrics.render(&[
         ("lattice_allocations", "Allocations by state.", labelled(allocs)),
         ("lattice_nodes", "Nodes by state.", labelled(nodes)),
+        (
+            "lattice_network_vni_pool_total",
+            "VNIs in the pool.",
+            vec![(String::new(), vni_total as f64)],
+        ),
+        (
+            "lattice_network_vni_pool_available",
+            "VNIs not held by a network domain.",
+            vec![(String::new(), (vni_total - vni_used) as f64)],
+        ),
         (
             "lattice_raft_term",
             "Current Raft term.",
@@ -621,6 +632,20 @@ async fn logs(
         Ok((source, l)) => Json(json!({"id": id, "source": source, "nodes": l})).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `GET /v1/network/domains`: the network domains (operators and admins see every tenant's, others
+/// their tenant's) and the VNI pool.
+async fn network_domains(State(s): S, Extension(p): P) -> Response {
+    let c = s.control.lock().await;
+    let (total, used) = c.network.pool();
+    let domains: Vec<_> = c
+        .network
+        .views()
+        .into_iter()
+        .filter(|d| p.can_operate() || p.tenant.as_deref() == Some(d.tenant.as_str()))
+        .collect();
+    Json(json!({"domains": domains, "vni_pool": {"total": total, "in_use": used}})).into_response()
 }
 
 #[derive(Deserialize, Default)]

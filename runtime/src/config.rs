@@ -48,6 +48,52 @@ pub struct RuntimeConfig {
     /// The log store the agents flush output chunks to (`--log-store` on the agents; a directory, or
     /// an S3 bucket mounted on agents and members): `GET /v1/allocations/{id}/logs` reads it.
     pub log_store: Option<PathBuf>,
+    /// `network:` — the Slingshot VNI pool and the network domains' grace period.
+    #[serde(default)]
+    pub network: crate::network::NetworkConfig,
+    /// `services:` — external services the control plane calls.
+    #[serde(default)]
+    pub services: ServicesConfig,
+}
+
+/// `services:` in the config.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicesConfig {
+    /// The Slingshot fabric manager: a CXI service per allocation on a VNI (created before its tasks
+    /// start, revoked when it ends).
+    pub fabric: Option<ServiceConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub url: String,
+    /// Bearer token; read from this environment variable (never written in the file).
+    pub token_env: Option<String>,
+    #[serde(default = "service_timeout_default")]
+    pub timeout: String,
+    #[serde(default = "service_retries_default")]
+    pub retries: u32,
+}
+
+fn service_timeout_default() -> String {
+    "10s".into()
+}
+fn service_retries_default() -> u32 {
+    3
+}
+
+impl ServiceConfig {
+    /// The HTTP client settings (timeouts, retries with backoff) for `lattice_adapters::http`.
+    pub fn http(&self) -> Result<lattice_adapters::http::HttpConfig, String> {
+        let mut h = lattice_adapters::http::HttpConfig::new(&self.url);
+        let t = lattice_traces::parse_duration(&self.timeout).map_err(|m| format!("timeout: {m}"))?;
+        h.timeout = std::time::Duration::from_millis(t.0);
+        h.retries = self.retries;
+        h.token = self.token_env.as_ref().and_then(|v| std::env::var(v).ok());
+        Ok(h)
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -164,6 +210,12 @@ impl RuntimeConfig {
         lattice_traces::parse_duration(&c.agents.heartbeat_timeout)
             .map_err(|m| err(format!("agents.heartbeat_timeout: {m}")))?;
         lattice_traces::parse_duration(&c.agents.grace).map_err(|m| err(format!("agents.grace: {m}")))?;
+        lattice_traces::parse_duration(&c.network.grace).map_err(|m| err(format!("network.grace: {m}")))?;
+        lattice_adapters::fabric::VniPool::new(c.network.vni_pool_start, c.network.vni_pool_end)
+            .map_err(|e| err(format!("network: {e}")))?;
+        if let Some(f) = &c.services.fabric {
+            f.http().map_err(|m| err(format!("services.fabric.{m}")))?;
+        }
         if c.inventory.is_none() && c.simulated_nodes == 0 {
             return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));
         }

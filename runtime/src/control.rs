@@ -54,6 +54,16 @@ pub struct SubmitRequest {
     /// how the application checkpoints and takes hints.
     #[serde(default)]
     pub checkpoint: Option<CheckpointIn>,
+    /// `{"network_domain": NAME}`: allocations of a tenant naming the same domain share a Slingshot VNI.
+    #[serde(default)]
+    pub connectivity: Option<ConnectivityIn>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectivityIn {
+    #[serde(default)]
+    pub network_domain: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -152,6 +162,9 @@ pub struct AllocationView {
     pub tags: BTreeMap<String, String>,
     /// Why it is still pending, when the quorum rejected its last proposal.
     pub last_rejection: Option<String>,
+    /// Its network domain's VNI while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vni: Option<u32>,
     /// Telemetry mode: prod | debug | audit.
     pub telemetry: String,
     /// Checkpoints requested through the API and taken by its agents.
@@ -197,6 +210,7 @@ struct Meta {
     name: String,
     user: Option<String>,
     project: Option<String>,
+    network_domain: Option<String>,
     entrypoint: Option<String>,
     tags: BTreeMap<String, String>,
     run: std::time::Duration,
@@ -212,6 +226,7 @@ impl Meta {
             name,
             user: None,
             project: None,
+            network_domain: None,
             entrypoint: None,
             tags: BTreeMap::new(),
             run,
@@ -269,6 +284,12 @@ pub struct Usage {
 
 pub struct Control {
     pub engine: Engine,
+    /// Network domains and the VNI pool (book: "Network Domains").
+    pub network: crate::network::NetworkDomains,
+    /// The fabric manager is in use: a launch waits for its CXI service.
+    pub fabric: bool,
+    /// CXI services created for running allocations: name → (service id, auth key).
+    cxi: BTreeMap<String, (String, String)>,
     tenants: BTreeMap<String, TenantId>,
     vclusters: BTreeMap<String, VClusterId>,
     default_vcluster: String,
@@ -336,6 +357,9 @@ impl Control {
         }
         let mut c = Control {
             engine,
+            network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
+            fabric: false,
+            cxi: BTreeMap::new(),
             tenants: BTreeMap::new(),
             vclusters: vcs,
             default_vcluster,
@@ -533,6 +557,7 @@ impl Control {
         self.meta[id.index()] = Meta {
             user: req.user.clone(),
             project: req.project.clone(),
+            network_domain: req.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
             ..Meta::new(name.clone(), run)
@@ -570,11 +595,30 @@ impl Control {
         let now = self.now();
         self.engine.schedule(now);
         let mut out = Vec::new();
+        // New network domains this pass would create (each needs a VNI of its own).
+        let mut new_domains: std::collections::BTreeSet<(String, String)> = Default::default();
+        let mut no_vni = Vec::new();
         while let Some(p) = self.engine.poll_proposal() {
             let Some(a) = self.engine.allocation(p.alloc) else {
                 continue;
             };
             let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+            if let Some(d) = self.domain_of(p.alloc, p.nodes.len() as u32) {
+                let key = (tenant.clone(), d.clone());
+                let (total, used) = self.network.pool();
+                let exists = self.network.exists(&tenant, &d);
+                if !exists && !new_domains.contains(&key) && used + new_domains.len() >= total {
+                    // Stays Pending (retried next cycle, when a domain may have been released).
+                    no_vni.push((
+                        p.alloc,
+                        format!("vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"),
+                    ));
+                    continue;
+                }
+                if !exists {
+                    new_domains.insert(key);
+                }
+            }
             out.push(PendingProposal {
                 alloc: p.alloc,
                 name: self
@@ -592,13 +636,69 @@ impl Control {
                 sensitive: a.spec.sensitive_claim,
             });
         }
+        for (id, why) in no_vni {
+            self.rejected(id, why);
+        }
         out
+    }
+
+    /// The network domain an allocation placed on `nodes` nodes belongs to, if any.
+    fn domain_of(&self, id: AllocId, nodes: u32) -> Option<String> {
+        let a = self.engine.allocation(id)?;
+        let m = self.meta.get(id.index())?;
+        crate::network::domain_of(&m.name, m.network_domain.as_deref(), nodes, a.spec.sensitive_claim)
+    }
+
+    /// Joins the started allocation's network domain (if it has one): its VNI.
+    fn join_network(&mut self, id: AllocId) -> Option<u32> {
+        let a = self.engine.allocation(id)?;
+        let d = self.domain_of(id, a.nodes.len() as u32)?;
+        let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+        let name = self.name_of(id);
+        match self.network.join(&tenant, &d, &name) {
+            Ok((vni, _)) => Some(vni),
+            Err(e) => {
+                tracing::warn!("{name}: network domain {d}: {e}");
+                None
+            }
+        }
+    }
+
+    /// The allocation no longer runs: it leaves its network domain (which drains when empty); the
+    /// CXI service to revoke, if one was created.
+    pub fn left_network(&mut self, name: &str) -> Option<String> {
+        let now = self.now().0;
+        self.network.leave(name, now);
+        self.cxi.remove(name).map(|(service, _)| service)
+    }
+
+    /// Releases the domains whose grace period ran out: (tenant, domain, VNI).
+    pub fn expire_network(&mut self) -> Vec<(String, String, u32)> {
+        let now = self.now().0;
+        self.network.expire(now)
+    }
+
+    /// The fabric manager created `name`'s CXI service (its launch may go out now).
+    pub fn cxi_ready(&mut self, name: &str, service: String, auth_key: String) {
+        self.cxi.insert(name.to_string(), (service, auth_key));
+    }
+
+    /// The fabric manager could not set `name` up: a prologue failure (retried on other nodes first,
+    /// up to the engine's limit). Returns whether it must be released at the quorum.
+    pub fn cxi_failed(&mut self, name: &str) -> bool {
+        let Ok((id, a)) = self.allocation_named(name) else {
+            return false;
+        };
+        let Some(&node) = a.nodes.first() else { return false };
+        let now = self.now();
+        self.engine.handle_prologue_failure(now, id, node).is_ok()
     }
 
     /// The quorum committed the proposal: the allocation runs; returns how long its run takes.
     pub fn committed(&mut self, id: AllocId) -> Option<std::time::Duration> {
         let now = self.now();
         self.engine.handle_commit(now, id).ok()?;
+        self.join_network(id);
         // A new run: earlier exit reports (of a requeued run) do not count.
         self.exits.remove(&id);
         if let Some(m) = self.meta.get_mut(id.index()) {
@@ -812,6 +912,7 @@ impl Control {
             entrypoint: m.entrypoint.clone(),
             tags: m.tags.clone(),
             last_rejection: m.last_rejection.clone(),
+            vni: self.network.vni_of(&m.name),
             telemetry: m.telemetry.clone(),
             checkpoints: m.checkpoints,
             last_checkpoint_ms: m.last_checkpoint_ms,
@@ -889,7 +990,11 @@ impl Control {
         {
             let name = self.name_of(id);
             let reported = self.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0));
-            if !reported && !running.contains(&name) {
+            let vni = self.network.vni_of(&name);
+            // With a fabric manager, a job on a VNI starts once its CXI service exists.
+            let fabric_ready = !self.fabric || vni.is_none() || self.cxi.contains_key(&name);
+            let cxi_auth_key = self.cxi.get(&name).map(|c| c.1.clone());
+            if !reported && !running.contains(&name) && fabric_ready {
                 let m = &self.meta[id.index()];
                 w.launch.push(Launch {
                     id: name,
@@ -901,6 +1006,8 @@ impl Control {
                     user: m.user.clone(),
                     project: m.project.clone(),
                     checkpoint: a.spec.checkpoint.mechanism,
+                    vni,
+                    cxi_auth_key,
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -1251,6 +1358,11 @@ pub struct Launch {
     /// How the application takes checkpoint hints (signal, shmem, grpc, dmtcp).
     #[serde(default)]
     pub checkpoint: lattice_engine::CheckpointMechanism,
+    /// Its network domain's Slingshot VNI, and the CXI service's auth key (`FI_CXI_AUTH_KEY`).
+    #[serde(default)]
+    pub vni: Option<u32>,
+    #[serde(default)]
+    pub cxi_auth_key: Option<String>,
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.

@@ -198,6 +198,9 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             estimated_minutes: c.estimated_minutes,
             mechanism: none_if_empty(c.mechanism),
         }),
+        connectivity: none_if_empty(r.network_domain).map(|d| crate::control::ConnectivityIn {
+            network_domain: Some(d),
+        }),
     })
 }
 

@@ -19,6 +19,7 @@ pub mod control;
 pub mod grpc;
 pub mod metrics;
 pub mod mirror;
+pub mod network;
 pub mod ops;
 pub mod server;
 pub mod tls;

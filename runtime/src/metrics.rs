@@ -47,6 +47,7 @@ pub struct Metrics {
     pub started: AtomicU64,
     pub rejected: AtomicU64,
     pub submitted: AtomicU64,
+    pub fabric_errors: AtomicU64,
 }
 
 impl Metrics {
@@ -93,6 +94,11 @@ impl Metrics {
                 "lattice_quorum_rejections_total",
                 "Proposals the quorum rejected.",
                 &self.rejected,
+            ),
+            (
+                "lattice_fabric_errors_total",
+                "Fabric manager calls that failed after their retries (the allocation was retried).",
+                &self.fabric_errors,
             ),
         ] {
             let _ = writeln!(

@@ -26,6 +26,8 @@ pub struct Shared {
     pub simulate_agents: bool,
     /// The quorum's data folder (backups go to `backups/`, a staged restore to `restore-pending.json`).
     pub data_dir: std::path::PathBuf,
+    /// The Slingshot fabric manager, when configured.
+    pub fabric: Option<lattice_adapters::fabric::FabricClient>,
     /// The agents' log store, when configured (historical logs).
     pub log_store: Option<lattice_adapters::logstore::LogStore>,
     /// Becomes `true` when the runtime stops (tasks end; nothing keeps the store open).
@@ -111,10 +113,27 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     };
     let vcs = vcluster_configs(&cfg)?;
     let capture = cfg.scheduler.trace_capture.clone();
-    let control = Control::new(nodes.clone(), vcs.clone(), &tenants, capture.as_deref())?;
+    let network = cfg.network.clone();
+    let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
+    let fabric_on = cfg.services.fabric.is_some();
+    let make =
+        move |nodes: Vec<lattice_engine::NodeSpec>, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
+            let mut c = Control::new(nodes, vcs, quotas, capture)?;
+            c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
+            c.fabric = fabric_on;
+            Ok::<_, anyhow::Error>(c)
+        };
+    let control = make(nodes.clone(), vcs.clone(), &tenants, capture.as_deref())?;
     let quotas = tenants.clone();
     let fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync> =
-        Box::new(move || Control::new(nodes.clone(), vcs.clone(), &quotas, capture.as_deref()));
+        Box::new(move || make(nodes.clone(), vcs.clone(), &quotas, capture.as_deref()));
+    let fabric = match &cfg.services.fabric {
+        Some(f) => Some(
+            lattice_adapters::fabric::FabricClient::new(f.http().map_err(anyhow::Error::msg)?)
+                .context("services.fabric")?,
+        ),
+        None => None,
+    };
     // The quorum member and its gRPC service.
     let grpc = tokio::net::TcpListener::bind(&cfg.grpc_listen)
         .await
@@ -151,6 +170,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         simulate_agents: cfg.simulate_agents.unwrap_or(cfg.inventory.is_none()),
         data_dir: cfg.data_dir.clone(),
         log_store: cfg.log_store.clone().map(lattice_adapters::logstore::LogStore::new),
+        fabric,
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
         mirror: Default::default(),
@@ -284,6 +304,9 @@ async fn scheduling_loop(
             tracing::warn!("{alloc} lost its node (agent heartbeats stopped)");
             release(&shared, alloc).await;
         }
+        for (tenant, domain, vni) in shared.control.lock().await.expire_network() {
+            tracing::info!("network domain {tenant}/{domain} released (VNI {vni})");
+        }
         let t0 = std::time::Instant::now();
         let proposals = shared.control.lock().await.schedule();
         shared.metrics.cycle(t0.elapsed());
@@ -391,7 +414,11 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
                 .started
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let run = c.committed(p.alloc);
+            let vni = c.network.vni_of(&p.name);
             drop(c);
+            if let (Some(vni), Some(_)) = (vni, &shared.fabric) {
+                tokio::spawn(setup_fabric(shared.clone(), p.name.clone(), vni, p.nodes.clone()));
+            }
             if p.sensitive {
                 audit(shared, &p.user, &p.name, "claim", p.nodes.join(",")).await;
             }
@@ -410,6 +437,34 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
             c.rejected(p.alloc, message);
         }
         Err(e) => c.rejected(p.alloc, e.to_string()),
+    }
+}
+
+/// Creates the allocation's CXI service on its VNI and fetches its auth key; its tasks start once
+/// both are there. A failure (after the client's retries) is a prologue failure: the allocation is
+/// retried on other nodes.
+async fn setup_fabric(shared: Arc<Shared>, name: String, vni: u32, nodes: Vec<String>) {
+    let Some(fabric) = &shared.fabric else { return };
+    let r = async {
+        let s = fabric.create_service(&name, vni, &nodes).await?;
+        let key = fabric.auth_key(&s.id).await?;
+        Ok::<_, lattice_adapters::http::HttpError>((s.id, key))
+    }
+    .await;
+    match r {
+        Ok((service, key)) => shared.control.lock().await.cxi_ready(&name, service, key),
+        Err(e) => {
+            tracing::warn!("{name}: fabric manager: {e}; retrying the allocation elsewhere");
+            shared
+                .metrics
+                .fabric_errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let must_release = shared.control.lock().await.cxi_failed(&name);
+            if must_release {
+                release(&shared, name).await;
+                shared.wake.notify_one();
+            }
+        }
     }
 }
 
@@ -465,6 +520,13 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
 /// Frees an allocation's nodes at the quorum (retried until a leader takes it); a sensitive
 /// allocation's release is appended to the audit log.
 pub async fn release(shared: &Arc<Shared>, name: String) {
+    // Out of its network domain; its CXI service revoked.
+    let service = shared.control.lock().await.left_network(&name);
+    if let (Some(service), Some(fabric)) = (service, &shared.fabric)
+        && let Err(e) = fabric.revoke(&service).await
+    {
+        tracing::warn!("{name}: revoking CXI service {service}: {e}");
+    }
     let held = shared.member.read(|q| q.assignments.get(&name).cloned()).await;
     if propose_retried(shared, QuorumCommand::Release { alloc: name.clone() }).await {
         if let Some(a) = held.filter(|a| a.sensitive) {
