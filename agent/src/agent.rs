@@ -175,8 +175,8 @@ pub fn run_with(
     // Followed allocations: the output offset sent so far (None: not yet).
     let mut tailing: BTreeMap<String, Option<u64>> = BTreeMap::new();
     let mut last_flush = Instant::now();
-    eprintln!("lattice-agent {}: {}", cfg.node, crate::telemetry::ebpf_status());
     let mut telemetry = crate::telemetry::Telemetry::new(gpu, cfg.telemetry);
+    eprintln!("lattice-agent {}: {}", cfg.node, telemetry.ebpf_status());
     let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         if !registered {

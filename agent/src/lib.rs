@@ -21,13 +21,15 @@
 //! the control plane while someone follows it.
 //!
 //! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]).
-//!
-//! Not here yet (issue 9 continues): eBPF telemetry (the /proc sampler is its fallback).
+//! With the `ebpf` feature, CPU time and block I/O per allocation come from tracepoint programs
+//! ([`ebpf`]); the /proc sampler is the fallback.
 
 pub mod agent;
 pub mod checkpoint;
 pub mod client;
 pub mod discovery;
+#[cfg(feature = "ebpf")]
+pub mod ebpf;
 pub mod gpu;
 pub mod remote_write;
 pub mod runner;

@@ -1,0 +1,141 @@
+# Lattice's eBPF telemetry programs (book: "Telemetry Architecture", layer 1), in BPF assembly for
+# llvm-mc (`llvm-mc -triple=bpfel -filetype=obj`; agent/build.rs does it with the `ebpf` feature).
+#
+# tracepoint/sched/sched_switch: CPU time per process. Per CPU, `last_switch` holds the time of the
+#   previous switch; the time since then is charged to the task switching out (the current task), by
+#   tgid, in `cpu_ns` (HASH u32 -> u64 nanoseconds).
+# tracepoint/block/block_bio_queue: block I/O per process, in the submitter's context: nr_sector * 512
+#   bytes (format offset 24) added to `io_bytes[tgid]` (HASH u32 -> {read u64, write u64}) by the first
+#   character of rwbs (offset 28): 'R' read, 'W' write; others (flush, discard) are not counted.
+# Maps use the legacy `maps` section (struct bpf_map_def: type, key_size, value_size, max_entries,
+#   flags), which aya loads without BTF. Helpers: 1 map_lookup_elem, 2 map_update_elem,
+#   5 ktime_get_ns, 14 get_current_pid_tgid. Map types: 1 HASH, 6 PERCPU_ARRAY.
+
+	.text
+	.section	"tracepoint/sched/sched_switch","ax",@progbits
+	.globl	sched_switch
+	.p2align	3
+	.type	sched_switch,@function
+sched_switch:
+	call 5
+	r6 = r0
+	r1 = 0
+	*(u32 *)(r10 - 4) = r1
+	r2 = r10
+	r2 += -4
+	r1 = last_switch ll
+	call 1
+	if r0 == 0 goto LBB0_out
+	r8 = *(u64 *)(r0 + 0)
+	*(u64 *)(r0 + 0) = r6
+	if r8 == 0 goto LBB0_out
+	r6 -= r8
+	call 14
+	r0 >>= 32
+	*(u32 *)(r10 - 8) = r0
+	r2 = r10
+	r2 += -8
+	r1 = cpu_ns ll
+	call 1
+	if r0 == 0 goto LBB0_insert
+	lock *(u64 *)(r0 + 0) += r6
+	goto LBB0_out
+LBB0_insert:
+	*(u64 *)(r10 - 16) = r6
+	r2 = r10
+	r2 += -8
+	r3 = r10
+	r3 += -16
+	r1 = cpu_ns ll
+	r4 = 1
+	call 2
+LBB0_out:
+	r0 = 0
+	exit
+.Lfunc_end0:
+	.size	sched_switch, .Lfunc_end0-sched_switch
+
+	.section	"tracepoint/block/block_bio_queue","ax",@progbits
+	.globl	block_bio_queue
+	.p2align	3
+	.type	block_bio_queue,@function
+block_bio_queue:
+	r7 = *(u32 *)(r1 + 24)
+	r7 <<= 9
+	r8 = *(u8 *)(r1 + 28)
+	call 14
+	r0 >>= 32
+	*(u32 *)(r10 - 4) = r0
+	r2 = r10
+	r2 += -4
+	r1 = io_bytes ll
+	call 1
+	if r0 != 0 goto LBB1_add
+	r1 = 0
+	*(u64 *)(r10 - 24) = r1
+	*(u64 *)(r10 - 16) = r1
+	r2 = r10
+	r2 += -4
+	r3 = r10
+	r3 += -24
+	r1 = io_bytes ll
+	r4 = 1
+	call 2
+	r2 = r10
+	r2 += -4
+	r1 = io_bytes ll
+	call 1
+	if r0 == 0 goto LBB1_out
+LBB1_add:
+	if r8 == 87 goto LBB1_write
+	if r8 != 82 goto LBB1_out
+	lock *(u64 *)(r0 + 0) += r7
+	goto LBB1_out
+LBB1_write:
+	lock *(u64 *)(r0 + 8) += r7
+LBB1_out:
+	r0 = 0
+	exit
+.Lfunc_end1:
+	.size	block_bio_queue, .Lfunc_end1-block_bio_queue
+
+	.type	last_switch,@object
+	.section	maps,"aw",@progbits
+	.globl	last_switch
+	.p2align	2
+last_switch:
+	.long	6
+	.long	4
+	.long	8
+	.long	1
+	.long	0
+	.size	last_switch, 20
+
+	.type	cpu_ns,@object
+	.globl	cpu_ns
+	.p2align	2
+cpu_ns:
+	.long	1
+	.long	4
+	.long	8
+	.long	65536
+	.long	0
+	.size	cpu_ns, 20
+
+	.type	io_bytes,@object
+	.globl	io_bytes
+	.p2align	2
+io_bytes:
+	.long	1
+	.long	4
+	.long	16
+	.long	65536
+	.long	0
+	.size	io_bytes, 20
+
+	.type	_license,@object
+	.section	license,"aw",@progbits
+	.globl	_license
+_license:
+	.asciz	"GPL"
+	.size	_license, 4

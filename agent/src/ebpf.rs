@@ -1,0 +1,175 @@
+//! eBPF telemetry (the `ebpf` feature; book: "Telemetry Architecture", layer 1). Two tracepoint
+//! programs (`ebpf/lattice.s`, BPF assembly assembled with `llvm-mc` at build time, or the committed
+//! `ebpf/lattice.bpf.o` where LLVM is not installed — no
+//! nightly toolchain or bpf-linker needed) count per process (tgid):
+//! - `sched/sched_switch`: the CPU time since the previous switch on that CPU is charged to the task
+//!   switching out (`cpu_ns`, nanoseconds);
+//! - `block/block_bio_queue` (runs in the submitter's context): bytes queued to block devices, read or
+//!   written (`io_bytes`).
+//!
+//! aya loads them when the kernel allows (root or CAP_BPF + CAP_PERFMON, tracefs mounted — the agent
+//! mounts it when it runs as root); otherwise [`load`] says "eBPF unavailable: <reason>" and the agent
+//! keeps its /proc sampler. The agent sums the counters over the processes of each allocation's
+//! process group it has seen ([`Counters::sum`]), so processes that exited between samples still
+//! count, and drops map entries of processes that are gone and belong to no allocation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The assembled object, 8-byte aligned (ELF64 parsing needs it).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lattice.bpf.o"));
+
+/// The loaded programs and their maps.
+pub struct Probes {
+    bpf: aya::Ebpf,
+}
+
+/// One process's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcCounters {
+    pub cpu_ns: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+fn ensure_tracefs() -> Result<(), String> {
+    if TRACEFS.iter().any(|p| std::path::Path::new(p).join("events").is_dir()) {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("tracefs is not mounted at /sys/kernel/tracing and the agent is not root".into());
+    }
+    let target = std::ffi::CString::new(TRACEFS[0]).expect("no NUL");
+    let fstype = std::ffi::CString::new("tracefs").expect("no NUL");
+    // SAFETY: valid C strings; a failed mount returns -1 and sets errno.
+    let r = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        return Err(format!(
+            "mounting tracefs at {}: {}",
+            TRACEFS[0],
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Loads and attaches the programs: `Err` is the reason eBPF is unavailable here.
+pub fn load() -> Result<Probes, String> {
+    ensure_tracefs()?;
+    let mut bpf = aya::Ebpf::load(OBJECT).map_err(|e| format!("loading the programs: {e}"))?;
+    for (prog, category, name) in [
+        ("sched_switch", "sched", "sched_switch"),
+        ("block_bio_queue", "block", "block_bio_queue"),
+    ] {
+        let p: &mut aya::programs::TracePoint = bpf
+            .program_mut(prog)
+            .ok_or_else(|| format!("program {prog} missing from the object"))?
+            .try_into()
+            .map_err(|e| format!("{prog}: {e}"))?;
+        p.load().map_err(|e| format!("{prog}: load: {e}"))?;
+        p.attach(category, name)
+            .map_err(|e| format!("{prog}: attach to {category}/{name}: {e}"))?;
+    }
+    Ok(Probes { bpf })
+}
+
+impl Probes {
+    /// Every process's counters now.
+    pub fn read(&self) -> BTreeMap<u32, ProcCounters> {
+        let mut out: BTreeMap<u32, ProcCounters> = BTreeMap::new();
+        if let Some(m) = self.bpf.map("cpu_ns")
+            && let Ok(cpu) = aya::maps::HashMap::<_, u32, u64>::try_from(m)
+        {
+            for (tgid, ns) in cpu.iter().flatten() {
+                out.entry(tgid).or_default().cpu_ns = ns;
+            }
+        }
+        if let Some(m) = self.bpf.map("io_bytes")
+            && let Ok(io) = aya::maps::HashMap::<_, u32, [u64; 2]>::try_from(m)
+        {
+            for (tgid, [r, w]) in io.iter().flatten() {
+                let c = out.entry(tgid).or_default();
+                c.read_bytes = r;
+                c.write_bytes = w;
+            }
+        }
+        out
+    }
+
+    /// Removes the entries of `tgids` (processes gone that no allocation needs).
+    pub fn forget(&mut self, tgids: &BTreeSet<u32>) {
+        for name in ["cpu_ns", "io_bytes"] {
+            if let Some(m) = self.bpf.map_mut(name) {
+                if name == "cpu_ns" {
+                    if let Ok(mut h) = aya::maps::HashMap::<_, u32, u64>::try_from(m) {
+                        for t in tgids {
+                            let _ = h.remove(t);
+                        }
+                    }
+                } else if let Ok(mut h) = aya::maps::HashMap::<_, u32, [u64; 2]>::try_from(m) {
+                    for t in tgids {
+                        let _ = h.remove(t);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// Whether a load failure is the environment's (no privileges, no tracefs) rather than ours (a
+    /// program the verifier refuses, a broken object) — only the former may pass.
+    fn environmental(why: &str) -> bool {
+        [
+            "Operation not permitted",
+            "Permission denied",
+            "not root",
+            "not mounted",
+            "EPERM",
+            "EACCES",
+        ]
+        .iter()
+        .any(|s| why.contains(s))
+    }
+
+    #[test]
+    fn the_programs_load_where_the_kernel_allows_and_count_cpu_and_block_io() {
+        let mut probes = match load() {
+            Ok(p) => p,
+            Err(why) => {
+                assert!(environmental(&why), "eBPF failed for a reason of ours: {why}");
+                eprintln!("eBPF unavailable here: {why}");
+                return;
+            }
+        };
+        // A process that burns CPU, then writes 4 MiB with O_DIRECT (straight to the block layer).
+        let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let file = dir.join(format!("lattice-ebpf-{}.bin", std::process::id()));
+        let mut child = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!(
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec dd if=/dev/zero of={} bs=1M count=4 oflag=direct status=none",
+                file.display()
+            ))
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let status = child.wait().unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert!(status.success());
+        let c = probes.read().get(&pid).copied().unwrap_or_default();
+        assert!(c.cpu_ns > 20_000_000, "the shell loop's CPU time: {c:?}");
+        assert!(c.write_bytes >= 4 << 20, "dd's 4 MiB of direct writes: {c:?}");
+        probes.forget(&[pid].into_iter().collect());
+        assert!(!probes.read().contains_key(&pid), "forgotten");
+    }
+}
