@@ -60,7 +60,7 @@ pub use policy::{Depth, Policy, VClusterConfig};
 pub use preempt::{Command, PreemptReason, PreemptionConfig};
 pub use profile::{Picks, Profile};
 pub use quota::{HardQuota, QuotaViolation, TenantQuota};
-pub use staging::{DataMount, Tier};
+pub use staging::{DataMount, STAGING_RETRIES, Tier};
 pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};
 pub use weights::CostWeights;

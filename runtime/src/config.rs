@@ -63,6 +63,9 @@ pub struct ServicesConfig {
     /// The Slingshot fabric manager: a CXI service per allocation on a VNI (created before its tasks
     /// start, revoked when it ends).
     pub fabric: Option<ServiceConfig>,
+    /// VAST: each data mount's tier and size are looked up at submission (catalog/locality), and a
+    /// staging allocation's mounts are prefetched to the hot tier (failures retried up to 3 times).
+    pub vast: Option<ServiceConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -75,6 +78,8 @@ pub struct ServiceConfig {
     pub timeout: String,
     #[serde(default = "service_retries_default")]
     pub retries: u32,
+    /// VAST only: its write bandwidth in GB/s (staging may use 30 % of it; the engine's default 100).
+    pub write_gbps: Option<f64>,
 }
 
 fn service_timeout_default() -> String {
@@ -215,6 +220,12 @@ impl RuntimeConfig {
             .map_err(|e| err(format!("network: {e}")))?;
         if let Some(f) = &c.services.fabric {
             f.http().map_err(|m| err(format!("services.fabric.{m}")))?;
+        }
+        if let Some(v) = &c.services.vast {
+            v.http().map_err(|m| err(format!("services.vast.{m}")))?;
+            if v.write_gbps.is_some_and(|g| !(g.is_finite() && g > 0.0)) {
+                return Err(err("services.vast.write_gbps: a bandwidth in GB/s above 0".into()));
+            }
         }
         if c.inventory.is_none() && c.simulated_nodes == 0 {
             return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));

@@ -57,6 +57,42 @@ pub struct SubmitRequest {
     /// `{"network_domain": NAME}`: allocations of a tenant naming the same domain share a Slingshot VNI.
     #[serde(default)]
     pub connectivity: Option<ConnectivityIn>,
+    /// `{"mounts": [{"source", "size_gb", "tier", "tier_hint"}]}`: input data. A mount hinted `hot`
+    /// that is not there yet is pre-staged while the allocation waits (f5, data readiness). With a VAST
+    /// service the control plane looks up each mount's tier and size (`tier`/`size_gb` may be left
+    /// out); without one, data is taken to be where it is wanted.
+    #[serde(default)]
+    pub data: Option<DataIn>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataIn {
+    #[serde(default)]
+    pub mounts: Vec<MountIn>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountIn {
+    pub source: String,
+    #[serde(default)]
+    pub size_gb: Option<f64>,
+    /// Where the data is now: hot | warm | cold.
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// Where the job wants it (default hot).
+    #[serde(default)]
+    pub tier_hint: Option<String>,
+}
+
+fn tier(field: &str, s: &str) -> Result<lattice_engine::Tier, FieldError> {
+    match s {
+        "hot" => Ok(lattice_engine::Tier::Hot),
+        "warm" => Ok(lattice_engine::Tier::Warm),
+        "cold" => Ok(lattice_engine::Tier::Cold),
+        o => Err(bad(field, format!("`{o}`: hot, warm or cold"))),
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -162,6 +198,9 @@ pub struct AllocationView {
     pub tags: BTreeMap<String, String>,
     /// Why it is still pending, when the quorum rejected its last proposal.
     pub last_rejection: Option<String>,
+    /// f5: the fraction of its input data on the hot tier (absent when it declares no data).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_readiness: Option<f64>,
     /// Its network domain's VNI while it runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vni: Option<u32>,
@@ -288,6 +327,8 @@ pub struct Control {
     pub network: crate::network::NetworkDomains,
     /// The fabric manager is in use: a launch waits for its CXI service.
     pub fabric: bool,
+    /// Staging allocations: whether their VAST prefetch is issued, and how many times it failed.
+    prefetched: BTreeMap<AllocId, (bool, u32)>,
     /// CXI services created for running allocations: name → (service id, auth key).
     cxi: BTreeMap<String, (String, String)>,
     tenants: BTreeMap<String, TenantId>,
@@ -359,6 +400,7 @@ impl Control {
             engine,
             network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
             fabric: false,
+            prefetched: BTreeMap::new(),
             cxi: BTreeMap::new(),
             tenants: BTreeMap::new(),
             vclusters: vcs,
@@ -524,6 +566,24 @@ impl Control {
         spec.lifecycle = lifecycle;
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
+        for (i, m) in req.data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
+            let f = |x: &str| format!("data.mounts[{i}].{x}");
+            let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
+            let now_tier = match m.tier.as_deref() {
+                Some(t) => tier(&f("tier"), t)?,
+                None => hint,
+            };
+            let size_gb = m.size_gb.unwrap_or(0.0);
+            if !(size_gb.is_finite() && size_gb >= 0.0) {
+                return Err(bad(&f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
+            }
+            spec.data.push(lattice_engine::DataMount {
+                source: m.source.clone(),
+                size_gb,
+                tier: now_tier,
+                tier_hint: hint,
+            });
+        }
         if let Some(c) = &req.checkpoint {
             spec.checkpoint = lattice_traces::checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
                 .map_err(|(field, message)| bad(field, message))?;
@@ -676,6 +736,52 @@ impl Control {
     pub fn expire_network(&mut self) -> Vec<(String, String, u32)> {
         let now = self.now().0;
         self.network.expire(now)
+    }
+
+    /// Staging allocations whose prefetch is still to be asked of VAST: (name, sources to bring to the
+    /// hot tier). Each is returned once (again after [`Control::prefetch_failed`]).
+    pub fn to_prefetch(&mut self) -> Vec<(String, Vec<String>)> {
+        let mut out = Vec::new();
+        let staging: Vec<AllocId> = self
+            .engine
+            .allocations()
+            .iter()
+            .filter(|a| a.state == AllocState::Staging)
+            .map(|a| a.id)
+            .collect();
+        self.prefetched.retain(|id, _| staging.contains(id));
+        for id in staging {
+            let entry = self.prefetched.entry(id).or_insert((false, 0));
+            if entry.0 {
+                continue;
+            }
+            entry.0 = true;
+            let Some(a) = self.engine.allocation(id) else { continue };
+            let sources: Vec<String> = a
+                .spec
+                .data
+                .iter()
+                .filter(|m| m.tier_hint == lattice_engine::Tier::Hot && m.tier != lattice_engine::Tier::Hot)
+                .map(|m| m.source.clone())
+                .collect();
+            if !sources.is_empty() {
+                out.push((self.name_of(id), sources));
+            }
+        }
+        out
+    }
+
+    /// VAST refused or failed `name`'s prefetch: a staging failure (its progress restarts). It is
+    /// asked again up to the engine's retry limit; returns whether it will be.
+    pub fn prefetch_failed(&mut self, name: &str) -> bool {
+        let Some(id) = self.id_of(name) else { return false };
+        let now = self.now();
+        let _ = self.engine.handle_staging_failure(now, id);
+        let e = self.prefetched.entry(id).or_insert((true, 0));
+        e.1 += 1;
+        // Asked again next cycle, unless the retries are spent (the engine raised its alert).
+        e.0 = e.1 > lattice_engine::STAGING_RETRIES;
+        !e.0
     }
 
     /// The fabric manager created `name`'s CXI service (its launch may go out now).
@@ -913,6 +1019,7 @@ impl Control {
             tags: m.tags.clone(),
             last_rejection: m.last_rejection.clone(),
             vni: self.network.vni_of(&m.name),
+            data_readiness: self.engine.data_readiness(id),
             telemetry: m.telemetry.clone(),
             checkpoints: m.checkpoints,
             last_checkpoint_ms: m.last_checkpoint_ms,

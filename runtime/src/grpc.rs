@@ -201,6 +201,18 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
         connectivity: none_if_empty(r.network_domain).map(|d| crate::control::ConnectivityIn {
             network_domain: Some(d),
         }),
+        data: (!r.data.is_empty()).then(|| crate::control::DataIn {
+            mounts: r
+                .data
+                .into_iter()
+                .map(|m| crate::control::MountIn {
+                    source: m.source,
+                    size_gb: m.size_gb,
+                    tier: none_if_empty(m.tier),
+                    tier_hint: none_if_empty(m.tier_hint),
+                })
+                .collect(),
+        }),
     })
 }
 

@@ -48,6 +48,7 @@ pub struct Metrics {
     pub rejected: AtomicU64,
     pub submitted: AtomicU64,
     pub fabric_errors: AtomicU64,
+    pub staging_failures: AtomicU64,
 }
 
 impl Metrics {
@@ -99,6 +100,11 @@ impl Metrics {
                 "lattice_fabric_errors_total",
                 "Fabric manager calls that failed after their retries (the allocation was retried).",
                 &self.fabric_errors,
+            ),
+            (
+                "lattice_staging_failures_total",
+                "VAST prefetches that failed (the staging restarts, up to 3 retries).",
+                &self.staging_failures,
             ),
         ] {
             let _ = writeln!(

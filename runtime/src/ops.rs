@@ -123,6 +123,18 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
         // The submitter is the token's subject.
         req.user = Some(p.user.clone());
     }
+    // Where the input data is and how big (VAST catalog/locality), unless the request says.
+    if let (Some(vast), Some(d)) = (&s.vast, req.data.as_mut()) {
+        for (i, m) in d.mounts.iter_mut().enumerate() {
+            if m.tier.is_none() || m.size_gb.is_none() {
+                let l = vast.locality(&m.source).await.map_err(|e| ApiError::Unavailable {
+                    message: format!("data.mounts[{i}]: VAST locality of {}: {e}", m.source),
+                })?;
+                m.tier.get_or_insert(l.tier);
+                m.size_gb.get_or_insert(l.bytes as f64 / 1e9);
+            }
+        }
+    }
     let id = {
         // Queued and mirrored locally under one lock (a leadership change adopts one or the other).
         let mut c = s.control.lock().await;

@@ -26,6 +26,8 @@ pub struct Shared {
     pub simulate_agents: bool,
     /// The quorum's data folder (backups go to `backups/`, a staged restore to `restore-pending.json`).
     pub data_dir: std::path::PathBuf,
+    /// VAST, when configured (data locality at submission, prefetch while staging).
+    pub vast: Option<lattice_adapters::vast::VastClient>,
     /// The Slingshot fabric manager, when configured.
     pub fabric: Option<lattice_adapters::fabric::FabricClient>,
     /// The agents' log store, when configured (historical logs).
@@ -116,11 +118,15 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     let network = cfg.network.clone();
     let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
     let fabric_on = cfg.services.fabric.is_some();
+    let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
     let make =
         move |nodes: Vec<lattice_engine::NodeSpec>, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
             let mut c = Control::new(nodes, vcs, quotas, capture)?;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
+            if let Some(g) = vast_gbps {
+                c.engine.set_vast_bandwidth(g);
+            }
             Ok::<_, anyhow::Error>(c)
         };
     let control = make(nodes.clone(), vcs.clone(), &tenants, capture.as_deref())?;
@@ -131,6 +137,12 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         Some(f) => Some(
             lattice_adapters::fabric::FabricClient::new(f.http().map_err(anyhow::Error::msg)?)
                 .context("services.fabric")?,
+        ),
+        None => None,
+    };
+    let vast = match &cfg.services.vast {
+        Some(v) => Some(
+            lattice_adapters::vast::VastClient::new(v.http().map_err(anyhow::Error::msg)?).context("services.vast")?,
         ),
         None => None,
     };
@@ -171,6 +183,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         data_dir: cfg.data_dir.clone(),
         log_store: cfg.log_store.clone().map(lattice_adapters::logstore::LogStore::new),
         fabric,
+        vast,
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
         mirror: Default::default(),
@@ -310,6 +323,11 @@ async fn scheduling_loop(
         let t0 = std::time::Instant::now();
         let proposals = shared.control.lock().await.schedule();
         shared.metrics.cycle(t0.elapsed());
+        if shared.vast.is_some() {
+            for (name, sources) in shared.control.lock().await.to_prefetch() {
+                tokio::spawn(prefetch(shared.clone(), name, sources));
+            }
+        }
         for p in proposals {
             propose_start(&shared, p).await;
         }
@@ -437,6 +455,24 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
             c.rejected(p.alloc, message);
         }
         Err(e) => c.rejected(p.alloc, e.to_string()),
+    }
+}
+
+/// Asks VAST to bring a staging allocation's data to the hot tier; a failure is a staging failure
+/// (asked again next cycle, up to the retry limit).
+async fn prefetch(shared: Arc<Shared>, name: String, sources: Vec<String>) {
+    let Some(vast) = &shared.vast else { return };
+    for src in sources {
+        if let Err(e) = vast.prefetch(&src).await {
+            let again = shared.control.lock().await.prefetch_failed(&name);
+            let next = if again { "retrying" } else { "giving up (alert)" };
+            tracing::warn!("{name}: VAST prefetch of {src}: {e}; {next}");
+            shared
+                .metrics
+                .staging_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return;
+        }
     }
 }
 
