@@ -41,6 +41,8 @@ pub struct AgentConfig {
     /// The log store output is flushed to as zstd chunks every `log_flush` (and when a process ends).
     pub log_store: Option<lattice_adapters::logstore::LogStore>,
     pub log_flush: Duration,
+    /// How often the conformance fingerprint is recomputed (the book: every 6 h).
+    pub fingerprint_every: Duration,
     /// Where shmem checkpoint flags and gRPC endpoint files live (`/dev/shm`).
     pub shm_dir: PathBuf,
     pub callback: crate::checkpoint::CallbackTimeouts,
@@ -116,15 +118,8 @@ pub fn run_with(
     gpu: Box<dyn crate::gpu::GpuProvider>,
 ) -> anyhow::Result<()> {
     let sources = Sources::default();
-    let mut caps: Capabilities = sources.capabilities();
-    let mut components = sources.components();
-    let (gpus, model, driver) = crate::gpu::summary(&*gpu);
-    caps.gpu_count = gpus;
-    caps.gpu_model = model;
-    if let Some(d) = driver {
-        components.insert("gpu_driver".into(), d);
-    }
-    let fp = fingerprint(&components);
+    let (mut caps, mut fp) = discover(&sources, &*gpu);
+    let mut last_fingerprint = Instant::now();
     let mut registered = false;
     let mut seq = 0u64;
     let mut buffered: std::collections::VecDeque<Buffered> = std::collections::VecDeque::new();
@@ -281,6 +276,22 @@ pub fn run_with(
             .collect();
         match client.work(&cfg.node, &running, &output) {
             Ok(w) => {
+                // The conformance fingerprint is recomputed every `fingerprint_every` and when the
+                // control plane asks; a new value (or a request) is reported by registering again.
+                if w.refresh_fingerprint || last_fingerprint.elapsed() >= cfg.fingerprint_every {
+                    last_fingerprint = Instant::now();
+                    let (c, f) = discover(&sources, telemetry.gpu());
+                    if f != fp {
+                        eprintln!(
+                            "lattice-agent {}: conformance fingerprint changed: {fp} -> {f}",
+                            cfg.node
+                        );
+                    }
+                    if f != fp || w.refresh_fingerprint {
+                        registered = false;
+                    }
+                    (caps, fp) = (c, f);
+                }
                 for o in &output {
                     tailing.insert(o.id.clone(), Some(o.next));
                 }
@@ -449,6 +460,19 @@ fn new_output(id: &str, log: &std::path::Path, from: Option<u64>) -> Option<crat
         next: offset + n,
         data: String::from_utf8_lossy(&buf).into_owned(),
     })
+}
+
+/// The node's capabilities and conformance fingerprint (the GPU driver from the GPU provider).
+pub fn discover(sources: &Sources, gpu: &dyn crate::gpu::GpuProvider) -> (Capabilities, String) {
+    let mut caps: Capabilities = sources.capabilities();
+    let mut components = sources.components();
+    let (gpus, model, driver) = crate::gpu::summary(gpu);
+    caps.gpu_count = gpus;
+    caps.gpu_model = model;
+    if let Some(d) = driver {
+        components.insert("gpu_driver".into(), d);
+    }
+    (caps, fingerprint(&components))
 }
 
 /// The newest 64 KiB of an output, as text (invalid UTF-8 replaced).

@@ -42,6 +42,9 @@ pub struct Work {
     /// Someone follows these allocations' output: send what is new with the next polls.
     #[serde(default)]
     pub tail: Vec<String>,
+    /// Recompute the conformance fingerprint now and report it.
+    #[serde(default)]
+    pub refresh_fingerprint: bool,
 }
 
 /// New output of a followed allocation: bytes `offset..next` of its log, as text.
@@ -215,25 +218,8 @@ impl Client {
 
     /// PUTs Prometheus text to a Pushgateway-compatible `url` (replacing this node's group).
     pub fn push_metrics(&self, url: &str, text: &str) -> Result<(), ClientError> {
-        let mut resp = self
-            .agent
-            .put(url)
-            .header("content-type", "text/plain; version=0.0.4")
-            .send(text)
-            .map_err(|e| ClientError::Transport {
-                url: url.to_string(),
-                message: e.to_string(),
-            })?;
-        let status = resp.status().as_u16();
-        if !(200..300).contains(&status) {
-            let body = resp.body_mut().read_to_string().unwrap_or_default();
-            return Err(ClientError::Refused {
-                url: url.to_string(),
-                status,
-                body,
-            });
-        }
-        Ok(())
+        let req = self.agent.put(url).header("content-type", "text/plain; version=0.0.4");
+        accepted(url, req.send(text))
     }
 
     /// POSTs a Prometheus remote-write body ([`crate::remote_write::encode`]) to `url`.
@@ -242,20 +228,7 @@ impl Client {
         for (k, v) in crate::remote_write::HEADERS {
             req = req.header(k, v);
         }
-        let mut resp = req.send(&body[..]).map_err(|e| ClientError::Transport {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
-        let status = resp.status().as_u16();
-        if !(200..300).contains(&status) {
-            let body = resp.body_mut().read_to_string().unwrap_or_default();
-            return Err(ClientError::Refused {
-                url: url.to_string(),
-                status,
-                body,
-            });
-        }
-        Ok(())
+        accepted(url, req.send(&body[..]))
     }
 
     /// Reports a process's end with the newest `log_tail` of its output.
@@ -266,4 +239,22 @@ impl Client {
         )
         .map(|_| ())
     }
+}
+
+/// A push's answer: any 2xx is taken, anything else is refused with its body.
+fn accepted(url: &str, sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<(), ClientError> {
+    let mut resp = sent.map_err(|e| ClientError::Transport {
+        url: url.to_string(),
+        message: e.to_string(),
+    })?;
+    let status = resp.status().as_u16();
+    if !(200..300).contains(&status) {
+        let body = resp.body_mut().read_to_string().unwrap_or_default();
+        return Err(ClientError::Refused {
+            url: url.to_string(),
+            status,
+            body,
+        });
+    }
+    Ok(())
 }

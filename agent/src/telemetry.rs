@@ -339,6 +339,11 @@ impl Telemetry {
         }
     }
 
+    /// The GPU provider (discovery uses it too).
+    pub fn gpu(&self) -> &dyn GpuProvider {
+        &*self.gpu
+    }
+
     /// Whether eBPF is loaded, or why not (said once at start).
     pub fn ebpf_status(&self) -> &str {
         &self.status

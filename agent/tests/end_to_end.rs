@@ -133,6 +133,22 @@ fn two_agents_run_real_jobs() {
         assert!(t0.elapsed() < Duration::from_secs(10), "agents did not register: {v}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // On request the agent recomputes its fingerprint and reports it again (registering anew).
+    let (_, n) = call("GET", &format!("{base}/v1/nodes/sim-001"), None);
+    let before = n["fingerprint_ms"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let (status, v) = call("POST", &format!("{base}/v1/nodes/sim-001/fingerprint"), None);
+    assert_eq!(status, 202, "{v}");
+    let t0 = Instant::now();
+    loop {
+        let (_, n) = call("GET", &format!("{base}/v1/nodes/sim-001"), None);
+        if n["fingerprint_ms"].as_u64().unwrap() > before {
+            assert_eq!(n["fingerprint"].as_str().unwrap().len(), 64);
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "not reported again: {n}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let submit = |entrypoint: &str, nodes: u32, walltime: &str| {
         let (status, v) = call(
             "POST",

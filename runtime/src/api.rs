@@ -41,6 +41,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/logs", get(logs))
         .route("/v1/allocations/{id}/logs/live", get(live_logs))
         .route("/v1/network/domains", get(network_domains))
+        .route("/v1/nodes/{id}/fingerprint", axum::routing::post(ask_fingerprint))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
         .route("/v1/audit/logs", get(audit_logs))
@@ -630,6 +631,17 @@ async fn logs(
     };
     match ops::logs(&s, &p, &id, q.node.as_deref(), &range).await {
         Ok((source, l)) => Json(json!({"id": id, "source": source, "nodes": l})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn ask_fingerprint(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::ask_fingerprint(&s, &p, &id).await {
+        Ok(()) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"node": id, "fingerprint": "requested"})),
+        )
+            .into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -222,6 +222,8 @@ pub struct NodeView {
     /// What its agent reported at registration: the conformance fingerprint and capabilities.
     pub fingerprint: Option<String>,
     pub agent_capabilities: Option<serde_json::Value>,
+    /// When the fingerprint was last reported (ms since the epoch).
+    pub fingerprint_ms: Option<u64>,
     /// The last time its agent lost the control plane and replayed the heartbeats it buffered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_partition: Option<Partition>,
@@ -352,6 +354,9 @@ pub struct Control {
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
     agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
+    /// Per node: when its agent last reported the fingerprint (ms), and whether a fresh one is asked.
+    fingerprint_ms: BTreeMap<u32, u64>,
+    fingerprint_asked: std::collections::BTreeSet<u32>,
     /// Allocations someone follows (until when, ms) and the live output their agents sent.
     followed: BTreeMap<AllocId, u64>,
     live: BTreeMap<AllocId, BTreeMap<String, std::collections::VecDeque<OutputIn>>>,
@@ -414,6 +419,8 @@ impl Control {
             agents: Vec::new(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
+            fingerprint_ms: BTreeMap::new(),
+            fingerprint_asked: Default::default(),
             partitions: BTreeMap::new(),
             followed: BTreeMap::new(),
             live: BTreeMap::new(),
@@ -883,8 +890,20 @@ impl Control {
         }
         let now = self.now();
         self.agents[id.index()] = Some((0, now.0));
+        if fingerprint.is_some() {
+            self.fingerprint_ms.insert(id.0, now.0);
+        }
         self.agent_info.insert(id.0, (fingerprint, capabilities));
         Ok(self.node_state(id))
+    }
+
+    /// Asks `node`'s agent to recompute and report its conformance fingerprint (at its next poll).
+    pub fn ask_fingerprint(&mut self, node: &str) -> Result<(), FieldError> {
+        let id = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        self.fingerprint_asked.insert(id.0);
+        Ok(())
     }
 
     /// A heartbeat with the agent's monotonic sequence number: a replayed or reordered one (not above
@@ -1051,6 +1070,7 @@ impl Control {
             group: n.spec.group.0,
             fingerprint: self.agent_info.get(&id.0).and_then(|a| a.0.clone()),
             agent_capabilities: self.agent_info.get(&id.0).and_then(|a| a.1.clone()),
+            fingerprint_ms: self.fingerprint_ms.get(&id.0).copied(),
             last_partition: self.partitions.get(&id.0).copied(),
         })
     }
@@ -1089,7 +1109,10 @@ impl Control {
         let nid = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
-        let mut w = Work::default();
+        let mut w = Work {
+            refresh_fingerprint: self.fingerprint_asked.remove(&nid.0),
+            ..Work::default()
+        };
         let mine = self.engine.node(nid).and_then(|n| n.owner).map(|o| o.alloc);
         if let Some(id) = mine
             && let Some(a) = self.engine.allocation(id)
@@ -1484,6 +1507,9 @@ pub struct Work {
     /// Allocations whose output someone follows: send what is new with the next polls.
     #[serde(default)]
     pub tail: Vec<String>,
+    /// An operator asked for a fresh conformance fingerprint (the agent registers again with it).
+    #[serde(default)]
+    pub refresh_fingerprint: bool,
 }
 
 /// New output an agent sends for a followed allocation: bytes `offset..next` of its output on that

@@ -754,6 +754,20 @@ pub async fn heartbeat(
     r.map_err(|e| field_error(node, e))
 }
 
+/// `POST /v1/nodes/{id}/fingerprint`: the node's agent recomputes its conformance fingerprint and
+/// reports it (Operator or SystemAdmin).
+pub async fn ask_fingerprint(s: &Shared, p: &Principal, node: &str) -> Result<(), ApiError> {
+    if !p.can_operate() || p.node.is_some() {
+        return Err(ApiError::Forbidden {
+            field: None,
+            message: "forbidden: asking for a fingerprint needs the Operator role".into(),
+        });
+    }
+    writable(s).await?;
+    let r = s.control.lock().await.ask_fingerprint(node);
+    r.map_err(|e| field_error(node, e))
+}
+
 /// `POST /v1/nodes/{id}/work {"running": [...], "output": [...]}`: an agent's poll (leader only), with
 /// the new output of the allocations someone follows.
 pub async fn work(

@@ -4,10 +4,12 @@
 //! frees a VNI; each allocation on a VNI gets a CXI service from the fabric manager (a local stand-in
 //! here), revoked when it ends.
 
+mod common;
+
 use axum::extract::{Path, State};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use lattice_runtime::{RuntimeConfig, start};
+use common::http;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,22 +36,6 @@ async fn revoke(State(f): State<Arc<Fabric>>, Path(id): Path<String>) -> Json<Va
     Json(json!({}))
 }
 
-async fn http(method: &'static str, url: String, body: Option<Value>) -> (u16, Value) {
-    tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let mut r = match body {
-            Some(b) => agent.post(&url).send_json(b),
-            None if method == "GET" => agent.get(&url).call(),
-            None => agent.delete(&url).call(),
-        }
-        .unwrap();
-        let text = r.body_mut().read_to_string().unwrap_or_default();
-        (r.status().as_u16(), serde_json::from_str(&text).unwrap_or(Value::Null))
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations() {
     let fabric = Arc::new(Fabric::default());
@@ -68,15 +54,8 @@ async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations
         "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 6\ncycle: 100ms\nnetwork:\n  vni_pool_start: 1000\n  vni_pool_end: 1001\n  grace: 1s\nservices:\n  fabric:\n    url: {fabric_url}\n    timeout: 2s\n",
         dir.display()
     );
-    let rt = start(RuntimeConfig::parse("n.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
+    let rt = common::start_leader(&text).await;
     let base = format!("http://{}", rt.rest_addr);
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let submit = |nodes: u32, domain: Option<&str>, secs: &str| {
         let mut b = json!({"tenant": "physics", "resources": {"nodes": nodes}, "duration": secs,
                            "lifecycle": {"walltime": "1m"}});

@@ -4,10 +4,12 @@
 //! starts once staged; a prefetch VAST refuses is a staging failure, asked again up to 3 times. A
 //! local stand-in plays VAST.
 
+mod common;
+
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lattice_runtime::{RuntimeConfig, start};
+use common::http;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -36,24 +38,6 @@ async fn prefetch(
     Ok(Json(json!({"id": "pf-1", "path": path, "state": "running"})))
 }
 
-async fn http(url: String, body: Option<Value>) -> (u16, Value) {
-    tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-        let mut r = match body {
-            Some(b) => agent.post(&url).send_json(b),
-            None => agent.get(&url).call(),
-        }
-        .unwrap();
-        let text = r.body_mut().read_to_string().unwrap_or_default();
-        (
-            r.status().as_u16(),
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_is_looked_up_prefetched_and_staged_before_the_job_starts() {
     let vast = Arc::new(Vast::default());
@@ -71,28 +55,21 @@ async fn data_is_looked_up_prefetched_and_staged_before_the_job_starts() {
         "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nservices:\n  vast:\n    url: {url}\n    timeout: 2s\n    retries: 0\n    write_gbps: 100\n",
         dir.display()
     );
-    let rt = start(RuntimeConfig::parse("s.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
+    let rt = common::start_leader(&text).await;
     let base = format!("http://{}", rt.rest_addr);
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let submit = |source: &str| {
         let b = json!({"tenant": "physics", "resources": {"nodes": 1}, "duration": "1s",
                        "lifecycle": {"walltime": "1m"}, "data": {"mounts": [{"source": source, "tier_hint": "hot"}]}});
         let url = format!("{base}/v1/allocations");
         async move {
-            let (s, v) = http(url, Some(b)).await;
+            let (s, v) = http("POST", url, Some(b)).await;
             assert_eq!(s, 201, "{v}");
             v["id"].as_str().unwrap().to_string()
         }
     };
     let get = |id: String| {
         let url = format!("{base}/v1/allocations/{id}");
-        async move { http(url, None).await.1 }
+        async move { http("GET", url, None).await.1 }
     };
     let t_submit = Instant::now();
     let a = submit("/datasets/imagenet").await;
@@ -147,6 +124,7 @@ async fn data_is_looked_up_prefetched_and_staged_before_the_job_starts() {
     assert_eq!(n, 4, "no more retries after the limit");
     // Submissions without VAST data need nothing of it; bad tiers are refused naming the field.
     let (s, v) = http(
+        "POST",
         format!("{base}/v1/allocations"),
         Some(
             json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},

@@ -235,15 +235,8 @@ async fn node_agents_are_identified_by_their_certificate_cn() {
         dir.display(),
         tls_block(true)
     );
-    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
+    let rt = common::start_leader(&text).await;
     let base = format!("https://{}", rt.rest_addr);
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let post = |who: &'static str, path: &str, body: Value| {
         call(agent(Some(who)), "POST", format!("{base}{path}"), Some(body))
     };

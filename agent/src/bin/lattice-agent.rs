@@ -63,6 +63,9 @@ struct Args {
     /// How often output is flushed to the log store (and always when a process ends).
     #[arg(long, default_value = "10s")]
     log_flush: humantime::Duration,
+    /// How often the conformance fingerprint is recomputed (also at start and when asked).
+    #[arg(long, default_value = "6h")]
+    fingerprint_every: humantime::Duration,
     /// Where checkpoint hints' shared-memory flags and callback endpoint files live.
     #[arg(long, default_value = "/dev/shm")]
     shm_dir: PathBuf,
@@ -106,6 +109,7 @@ fn main() -> Result<()> {
         metrics_push: a.metrics_push,
         log_store: a.log_store.map(lattice_adapters::logstore::LogStore::new),
         log_flush: a.log_flush.into(),
+        fingerprint_every: a.fingerprint_every.into(),
         shm_dir: a.shm_dir,
         callback: lattice_agent::checkpoint::CallbackTimeouts {
             answer: a.checkpoint_answer_timeout.into(),

@@ -1,9 +1,10 @@
-//! Helpers the runtime's integration tests share.
+//! Helpers the runtime's integration tests share (each test file uses some of them).
 
 use lattice_runtime::{Running, RuntimeConfig, start};
 
 /// Starts `n` members on loopback (member 1 bootstraps), each with `nodes` simulated nodes, a 100 ms
 /// cycle, its store under `dir/m{id}`, and `extra` YAML appended to its config.
+#[allow(dead_code)]
 pub async fn start_quorum(dir: &std::path::Path, n: usize, nodes: u32, extra: &str) -> Vec<Running> {
     let grpc: Vec<u16> = (0..n)
         .map(|_| {
@@ -33,4 +34,40 @@ pub async fn start_quorum(dir: &std::path::Path, n: usize, nodes: u32, extra: &s
         );
     }
     rts
+}
+
+/// Starts one member from `yaml` (it bootstraps) and waits until it leads.
+#[allow(dead_code)]
+pub async fn start_leader(yaml: &str) -> Running {
+    let rt = start(RuntimeConfig::parse("t.yaml", yaml).unwrap(), true)
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "no leader");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    rt
+}
+
+/// A blocking REST call off the async runtime: POST with a body, else GET (or DELETE when
+/// `method` says so); (status, JSON body or the text as a string).
+#[allow(dead_code)]
+pub async fn http(method: &'static str, url: String, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut r = match (method, body) {
+            (_, Some(b)) => agent.post(&url).send_json(b),
+            ("DELETE", None) => agent.delete(&url).call(),
+            _ => agent.get(&url).call(),
+        }
+        .unwrap();
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (
+            r.status().as_u16(),
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    })
+    .await
+    .unwrap()
 }
