@@ -486,13 +486,18 @@ mod tests {
         // The group's leader sleeps; a child burns CPU for a while, then exits.
         let mut child = std::process::Command::new("/bin/sh")
             .arg("-c")
-            .arg("(i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done); exec sleep 30")
+            .arg("(i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done); exec sleep 30")
             .process_group(0)
             .spawn()
             .unwrap();
         let pgid = child.id();
         let groups: BTreeMap<String, u32> = [("a-1".to_string(), pgid)].into_iter().collect();
-        std::thread::sleep(Duration::from_millis(200));
+        // Sample while the child runs (it burns well over a second even on a fast machine).
+        let t0 = std::time::Instant::now();
+        while group_members(Path::new("/proc"), pgid).len() < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the child never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let during = t.tick("n1", Path::new("/proc"), &groups);
         let procs = |tick: &Tick| {
             tick.series
