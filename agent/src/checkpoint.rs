@@ -67,10 +67,13 @@ pub struct Channel {
 }
 
 impl Channel {
-    /// Creates the channel's files under `shm_dir` (shmem: the 2-byte flag, zeroed).
+    /// Creates the channel's files under `shm_dir` (shmem: the 2-byte flag, zeroed; grpc: the folder
+    /// the endpoint file goes in; signals need none).
     pub fn create(shm_dir: &Path, alloc: &str, mechanism: Mechanism) -> std::io::Result<Channel> {
         let dir = shm_dir.join(format!("lattice-checkpoint-{alloc}"));
-        std::fs::create_dir_all(&dir)?;
+        if matches!(mechanism, Mechanism::Shmem | Mechanism::Grpc) {
+            std::fs::create_dir_all(&dir)?;
+        }
         let c = Channel {
             alloc: alloc.to_string(),
             mechanism,

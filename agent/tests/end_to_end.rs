@@ -94,23 +94,10 @@ fn two_agents_run_real_jobs() {
         });
     }
     let spawn = |n: &str| {
-        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
-            .args(["--node-id", n, "--quorum-endpoint", &base, "--poll", "100ms"])
+        agent_command(n, &base, &dir)
             .args(["--telemetry-mode", "debug", "--metrics-push", &push_url])
-            .args([
-                "--heartbeat",
-                "200ms",
-                "--grace",
-                "300ms",
-                "--checkpoint-answer-timeout",
-                "1s",
-            ])
-            .arg("--shm-dir")
+            .args(["--grace", "300ms", "--checkpoint-answer-timeout", "1s", "--shm-dir"])
             .arg(dir.join("shm"))
-            .arg("--log-dir")
-            .arg(dir.join(format!("logs-{n}")))
-            .arg("--state-file")
-            .arg(dir.join(format!("state-{n}.json")))
             .spawn()
             .expect("lattice-agent starts")
     };
@@ -373,6 +360,19 @@ fn two_agents_run_real_jobs() {
     rt.block_on(running.shutdown());
 }
 
+/// `lattice-agent` for `node` against `endpoint`: fast polls (100 ms) and heartbeats (200 ms), its
+/// logs in `dir/logs-NODE`, its state in `dir/state-NODE.json`; callers add their own flags.
+fn agent_command(node: &str, endpoint: &str, dir: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lattice-agent"));
+    c.args(["--node-id", node, "--quorum-endpoint", endpoint])
+        .args(["--poll", "100ms", "--heartbeat", "200ms"])
+        .arg("--log-dir")
+        .arg(dir.join(format!("logs-{node}")))
+        .arg("--state-file")
+        .arg(dir.join(format!("state-{node}.json")));
+    c
+}
+
 /// Starts a single-member control plane with `nodes` nodes run by real agents, `extra` YAML appended;
 /// waits until it leads.
 fn control_plane(
@@ -471,14 +471,7 @@ fn a_partitioned_agent_keeps_running_buffers_heartbeats_and_replays_them() {
     let base = format!("http://{}", running.rest_addr);
     let relay = Relay::start(running.rest_addr);
     let agent = Agents(vec![
-        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
-            .args(["--node-id", "sim-000", "--poll", "100ms", "--heartbeat", "200ms"])
-            .arg("--quorum-endpoint")
-            .arg(format!("http://{}", relay.addr))
-            .arg("--log-dir")
-            .arg(dir.join("logs"))
-            .arg("--state-file")
-            .arg(dir.join("state.json"))
+        agent_command("sim-000", &format!("http://{}", relay.addr), &dir)
             .spawn()
             .unwrap(),
     ]);
@@ -538,16 +531,10 @@ fn an_agent_with_a_bootstrap_certificate_runs_jobs_over_mtls() {
     );
     let base = format!("https://{}", running.rest_addr);
     let spawn = |node: &str, cert: &str| {
-        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
-            .args(["--node-id", node, "--poll", "100ms", "--heartbeat", "200ms"])
-            .args(["--quorum-endpoint", &base])
+        agent_command(node, &base, &dir)
             .args(["--bootstrap-ca", &f("ca.pem")])
             .args(["--bootstrap-cert", &f(&format!("{cert}.pem"))])
             .args(["--bootstrap-key", &f(&format!("{cert}.key"))])
-            .arg("--log-dir")
-            .arg(dir.join(format!("logs-{node}")))
-            .arg("--state-file")
-            .arg(dir.join(format!("state-{node}.json")))
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap()
@@ -632,15 +619,9 @@ fn output_is_stored_in_zstd_chunks_and_followed_live() {
     let (rt, running) = control_plane(&dir, 1, &format!("log_store: {}\n", bucket.display()));
     let base = format!("http://{}", running.rest_addr);
     let agent = Agents(vec![
-        Command::new(env!("CARGO_BIN_EXE_lattice-agent"))
-            .args(["--node-id", "sim-000", "--poll", "100ms", "--heartbeat", "200ms"])
-            .args(["--quorum-endpoint", &base, "--log-flush", "300ms"])
-            .arg("--log-store")
+        agent_command("sim-000", &base, &dir)
+            .args(["--log-flush", "300ms", "--log-store"])
             .arg(&bucket)
-            .arg("--log-dir")
-            .arg(dir.join("logs"))
-            .arg("--state-file")
-            .arg(dir.join("state.json"))
             .spawn()
             .unwrap(),
     ]);

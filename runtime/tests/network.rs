@@ -44,9 +44,7 @@ async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations
         .route("/fabric/cxi/services/{id}", delete(revoke))
         .route("/fabric/cxi/services/{id}/auth", get(auth))
         .with_state(fabric.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let fabric_url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
+    let fabric_url = common::serve_stand_in(app).await;
 
     let dir = std::env::temp_dir().join(format!("lattice-runtime-network-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -45,9 +45,7 @@ async fn data_is_looked_up_prefetched_and_staged_before_the_job_starts() {
         .route("/catalog", get(catalog))
         .route("/dataspace/prefetch", post(prefetch))
         .with_state(vast.clone());
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
+    let url = common::serve_stand_in(app).await;
     let dir = std::env::temp_dir().join(format!("lattice-runtime-staging-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // 100 GB/s of VAST write bandwidth, 30 % of it for staging: 45 GB take 1.5 s.

@@ -71,3 +71,12 @@ pub async fn http(method: &'static str, url: String, body: Option<serde_json::Va
     .await
     .unwrap()
 }
+
+/// Serves `app` (a stand-in for an external service) on a free loopback port: its base URL.
+#[allow(dead_code)]
+pub async fn serve_stand_in(app: axum::Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
