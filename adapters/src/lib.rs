@@ -6,8 +6,10 @@
 //! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
 //! retries with backoff and typed errors ([`http`]). The client of the applications' gRPC checkpoint
 //! callback the node agent calls ([`checkpoint`]). The durable log store of zstd chunks agents write and the
-//! runtime reads ([`logstore`]). (GPU discovery lives in `lattice-agent`.)
+//! runtime reads ([`logstore`]). The control plane's durable record of acknowledged allocations, with
+//! group commit ([`alloc_store`]). (GPU discovery lives in `lattice-agent`.)
 
+pub mod alloc_store;
 pub mod checkpoint;
 pub mod fabric;
 pub mod http;

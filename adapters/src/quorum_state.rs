@@ -32,6 +32,10 @@ pub enum QuorumCommand {
         tenant: String,
         nodes: Vec<String>,
         sensitive: bool,
+        /// When it starts (ms since the epoch, the leader's clock): a control plane that restarts
+        /// re-attaches a running allocation with its original start.
+        #[serde(default)]
+        at_ms: u64,
     },
     /// The allocation ended, was cancelled or preempted: its nodes are free again.
     Release { alloc: String },
@@ -89,6 +93,9 @@ pub struct Assignment {
     pub tenant: String,
     pub nodes: Vec<String>,
     pub sensitive: bool,
+    /// When it started (ms since the epoch; 0 when not recorded).
+    #[serde(default)]
+    pub since_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -126,7 +133,8 @@ impl QuorumState {
                 tenant,
                 nodes,
                 sensitive,
-            } => self.assign(alloc, tenant, nodes, *sensitive),
+                at_ms,
+            } => self.assign(alloc, tenant, nodes, *sensitive, *at_ms),
             QuorumCommand::Release { alloc } => {
                 if let Some(a) = self.assignments.remove(alloc) {
                     for n in &a.nodes {
@@ -170,7 +178,14 @@ impl QuorumState {
         }
     }
 
-    fn assign(&mut self, alloc: &str, tenant: &str, nodes: &[String], sensitive: bool) -> QuorumResponse {
+    fn assign(
+        &mut self,
+        alloc: &str,
+        tenant: &str,
+        nodes: &[String],
+        sensitive: bool,
+        since_ms: u64,
+    ) -> QuorumResponse {
         if self.assignments.contains_key(alloc) {
             return self.reject("duplicate", format!("allocation rejected: {alloc} already holds nodes"));
         }
@@ -222,6 +237,7 @@ impl QuorumState {
                 tenant: tenant.to_string(),
                 nodes: nodes.to_vec(),
                 sensitive,
+                since_ms,
             },
         );
         self.commits += 1;
@@ -252,6 +268,7 @@ mod tests {
             tenant: tenant.into(),
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             sensitive: false,
+            at_ms: 7,
         }
     }
 
@@ -267,6 +284,10 @@ mod tests {
         s.apply(&QuorumCommand::Release { alloc: "a".into() });
         assert_eq!(s.apply(&assign("b", "t", &["n2", "n3"])), QuorumResponse::Applied);
         assert_eq!(s.owners.get("n2").map(String::as_str), Some("b"));
+        assert_eq!(
+            s.assignments["b"].since_ms, 7,
+            "the start time is replicated with the nodes"
+        );
         assert_eq!((s.commits, s.rejections), (2, 1));
     }
 
@@ -311,6 +332,7 @@ mod tests {
             tenant: "hospital".into(),
             nodes: vec![n.into()],
             sensitive: true,
+            at_ms: 0,
         };
         assert_eq!(s.apply(&claim("c1", "n1")), QuorumResponse::Applied);
         assert_eq!(s.apply(&claim("c2", "n2")), QuorumResponse::Applied);

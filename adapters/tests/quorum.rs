@@ -53,6 +53,7 @@ fn assign(alloc: &str, tenant: &str, nodes: &[&str]) -> QuorumCommand {
         tenant: tenant.into(),
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
         sensitive: false,
+        at_ms: 0,
     }
 }
 

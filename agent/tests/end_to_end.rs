@@ -475,6 +475,20 @@ fn a_partitioned_agent_keeps_running_buffers_heartbeats_and_replays_them() {
             .spawn()
             .unwrap(),
     ]);
+    // The agent has registered (a job shows `running` from the quorum's commit, which may come
+    // before the agent's first call: a cut then would be a registration retried, not a partition).
+    let t0 = Instant::now();
+    loop {
+        let (_, n) = call("GET", &format!("{base}/v1/nodes/sim-000"), None);
+        if n["fingerprint"].is_string() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the agent did not register: {n}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (status, v) = call(
         "POST",
         &format!("{base}/v1/allocations"),

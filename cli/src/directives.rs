@@ -196,9 +196,75 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
     (slurm.overlay(&lattice), warnings)
 }
 
+/// Joins a command's arguments into one `/bin/sh -c` string that runs exactly them (POSIX shell
+/// quoting): an argument made only of characters the shell leaves alone stays as it is, any other is
+/// single-quoted (a `'` inside becomes `'\''`). `["echo", "a  b"]` → `echo 'a  b'`.
+pub fn shell_join<S: AsRef<str>>(args: &[S]) -> String {
+    let mut out = String::new();
+    for (i, a) in args.iter().enumerate() {
+        let a = a.as_ref();
+        if i > 0 {
+            out.push(' ');
+        }
+        let plain = !a.is_empty()
+            && a.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(&b));
+        if plain {
+            out.push_str(a);
+        } else {
+            out.push('\'');
+            out.push_str(&a.replace('\'', "'\\''"));
+            out.push('\'');
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// What `/bin/sh -c CMD` passes to a program as its arguments.
+    fn argv_seen_by_sh(cmd: &str) -> Vec<String> {
+        let o = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("printf '%s\\0' {cmd}"))
+            .output()
+            .unwrap();
+        let out = String::from_utf8(o.stdout).unwrap();
+        out.split_terminator('\0').map(String::from).collect()
+    }
+
+    #[test]
+    fn shell_join_runs_the_command_exactly_as_typed() {
+        assert_eq!(shell_join(&["sleep", "20"]), "sleep 20");
+        assert_eq!(shell_join(&["echo", "a  b"]), "echo 'a  b'");
+        assert_eq!(shell_join(&["sh", "-c", "echo a b"]), "sh -c 'echo a b'");
+        assert_eq!(shell_join(&["it's"]), "'it'\\''s'");
+        assert_eq!(shell_join(&[""]), "''");
+        let o = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(shell_join(&["sh", "-c", "echo a b"]))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "a b\n");
+        let o = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(shell_join(&["echo", "a  b"]))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "a  b\n");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any arguments (no NUL: argv cannot hold one) reach the program unchanged.
+        #[test]
+        fn shell_join_round_trips_through_sh(args in proptest::collection::vec("[^\\x00]{0,12}", 1..5)) {
+            prop_assert_eq!(argv_seen_by_sh(&shell_join(&args)), args);
+        }
+    }
 
     #[test]
     fn sbatch_directives_map_per_the_migration_table() {

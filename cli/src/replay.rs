@@ -83,7 +83,18 @@ fn vcluster_configs(
         return Ok(out);
     };
     let prof = read_profile(path)?;
-    let names: Vec<String> = workload.vclusters.names().to_vec();
+    // Only the vClusters the trace's jobs actually use need an entry (an SWF read with
+    // `--vcluster-by-queue` also registers `default`, which no job may be in).
+    let used: std::collections::BTreeSet<u32> = workload.jobs.iter().map(|j| j.spec.vcluster.0).collect();
+    let all = workload.vclusters.names();
+    let names: Vec<String> = if workload.jobs.is_empty() {
+        all.to_vec()
+    } else {
+        (0..all.len())
+            .filter(|i| used.contains(&(*i as u32)))
+            .map(|i| all[i].clone())
+            .collect()
+    };
     let only_default = names.len() == 1 && names[0] == "default" && !prof.vclusters.contains_key("default");
     if only_default {
         let (name, entry) = match &o.vcluster {
@@ -211,7 +222,7 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
     std::fs::write(dir.join("summary.json"), json)
         .with_context(|| format!("writing {}/summary.json", dir.display()))?;
     let mut csv = String::with_capacity(r.jobs.len() * 64);
-    csv.push_str(lattice_sim::JobRecord::CSV_HEADER);
+    csv.push_str(&lattice_sim::JobRecord::csv_header());
     csv.push('\n');
     for j in &r.jobs {
         j.csv_row(&mut csv);
@@ -230,7 +241,7 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
         out.push('\n');
         let r6 = |x: f64| (x * 1e6).round() / 1e6;
         for (id, b) in &r.scores {
-            let _ = write!(out, "{id},{}", r6(b.total));
+            let _ = write!(out, "{},{}", lattice_sim::metrics::csv_field(id), r6(b.total));
             for v in b.components.iter().chain(b.weighted.iter()) {
                 let _ = write!(out, ",{}", r6(*v));
             }

@@ -429,7 +429,7 @@ pub fn table(runs: &[Run], objective: &Objective) -> String {
             ",{},{},{}",
             objective.feasible(&r.summary),
             on_front,
-            r.profile.display()
+            lattice_sim::metrics::csv_field(&r.profile.display().to_string())
         );
     }
     o

@@ -150,6 +150,24 @@ fn lattice_cli_drives_the_runtime() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // Arguments after `--` are quoted for the agent's `/bin/sh -c`: the job runs them as typed.
+    for (args, entry, printed) in [
+        (&["echo", "a  b"][..], "echo 'a  b'", "a  b\n"),
+        (&["sh", "-c", "echo a b"][..], "sh -c 'echo a b'", "a b\n"),
+    ] {
+        let mut cmd = vec!["submit", "--nodes=1", "--walltime=10m", "--"];
+        cmd.extend_from_slice(args);
+        let o = run(&cmd);
+        assert!(o.status.success(), "{}", err(&o));
+        let quoted = out(&o).trim().to_string();
+        let o = run(&["status", &quoted, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+        let entrypoint = v["entrypoint"].as_str().unwrap().to_string();
+        assert_eq!(entrypoint, entry);
+        let ran = Command::new("/bin/sh").arg("-c").arg(&entrypoint).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&ran.stdout), printed);
+    }
+
     // Errors name the field and exit non-zero.
     let o = run(&["submit", "--nodes=1", "--walltime=soon", "--", "x"]);
     assert!(!o.status.success());
@@ -158,6 +176,23 @@ fn lattice_cli_drives_the_runtime() {
     assert!(!o.status.success() && err(&o).contains("no allocation"), "{}", err(&o));
     let o = lattice("http://127.0.0.1:1", &dir, &["status"]);
     assert!(err(&o).contains("cannot reach the Lattice API"), "{}", err(&o));
+    // A refused request is a user error: `error: <message>`, exit 1, no Rust backtrace even with
+    // RUST_BACKTRACE=1 (common on developer machines).
+    let o = Command::new(env!("CARGO_BIN_EXE_lattice"))
+        .args(["submit", "--nodes=5", "--walltime=10m", "--", "true"])
+        .env("LATTICE_ENDPOINT", &ep)
+        .env("LATTICE_TENANT", "physics")
+        .env("HOME", &dir)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", err(&o));
+    assert!(err(&o).starts_with("error: "), "{}", err(&o));
+    assert!(err(&o).contains("resources.nodes"), "{}", err(&o));
+    assert!(!err(&o).to_lowercase().contains("backtrace"), "{}", err(&o));
+    assert!(err(&o).lines().count() <= 3, "{}", err(&o));
+    // A usage error is clap's: exit 2.
+    assert_eq!(run(&["submit", "--nodes=many"]).status.code(), Some(2));
 
     rt.block_on(running.shutdown());
 }

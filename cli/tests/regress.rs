@@ -193,7 +193,7 @@ fn manifest_errors_name_the_trace() {
     assert!(text(&o).contains("colour"), "{}", text(&o));
 }
 
-/// A Slurm site goes from its sacct dump to a report in two commands (the README's).
+/// A Slurm site goes from its sacct dump to a report in two commands (docs/traces.md's).
 #[test]
 fn sacct_dump_to_report_in_two_commands() {
     let dir = tmp("sacct");

@@ -121,6 +121,20 @@ fn bad_options_and_files_fail_with_clear_messages() {
     let o = rm_replay(&["--trace", "/nonexistent/trace.swf"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("/nonexistent/trace.swf"), "{}", text(&o));
+    // User errors: `error: <message>` and one line per cause, exit 1, no backtrace even with
+    // RUST_BACKTRACE=1; usage errors exit 2.
+    let o = Command::new(env!("CARGO_BIN_EXE_rm-replay"))
+        .args(["--trace", "/nonexistent/trace.swf"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.starts_with("error: reading trace /nonexistent/trace.swf"), "{e}");
+    assert!(e.lines().skip(1).all(|l| l.starts_with("  caused by: ")), "{e}");
+    assert!(e.lines().count() >= 2, "the cause is shown: {e}");
+    assert!(!e.to_lowercase().contains("backtrace"), "{e}");
+    assert_eq!(rm_replay(&["--no-such-flag"]).status.code(), Some(2));
 }
 
 #[test]
@@ -235,6 +249,66 @@ fn profiles_must_cover_the_trace_vclusters_and_scores_are_written() {
         "{scores}"
     );
     assert_eq!(scores.lines().count(), 2001);
+}
+
+#[test]
+fn vcluster_by_queue_needs_only_the_vclusters_jobs_use() {
+    // An SWF whose queue field is 1..5 and a profile defining q1..q5 (and no `default`): the
+    // importer also registers `default`, which no job is in; that must not be required.
+    let dir = tmp("by-queue");
+    let mut swf = String::from("; MaxNodes: 8\n; MaxProcs: 8\n");
+    for i in 0..10u32 {
+        let q = i % 5 + 1;
+        swf.push_str(&format!(
+            "{} {} -1 60 2 -1 -1 2 120 -1 1 {} 1 -1 {q} -1 -1 -1\n",
+            i + 1,
+            i * 10,
+            i % 3 + 1
+        ));
+    }
+    let trace = dir.join("queues.swf");
+    std::fs::write(&trace, swf).unwrap();
+    let mut prof = String::new();
+    for q in 1..=5 {
+        prof.push_str(&format!(
+            "q{q}:\n  priority: 0.2\n  wait_time: 0.4\n  fair_share: 0.4\n  topology: 0\n  data_readiness: 0\n  backlog: 0\n  energy: 0\n  checkpoint: 0\n  conformance: 0\n  policy: easy\n"
+        ));
+    }
+    let profile = dir.join("queues.yaml");
+    std::fs::write(&profile, prof).unwrap();
+    let out = dir.join("out");
+    let o = rm_replay(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--vcluster-by-queue",
+        "--weights",
+        profile.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(v["jobs"], 10);
+    let per_vc = v["per_vcluster"].as_object().unwrap();
+    for q in 1..=5 {
+        assert_eq!(per_vc[&format!("q{q}")]["jobs"], 2, "{per_vc:?}");
+    }
+    // A queue the profile lacks is still refused, naming it.
+    std::fs::write(
+        &trace,
+        "; MaxNodes: 8\n1 0 -1 60 2 -1 -1 2 120 -1 1 1 1 -1 6 -1 -1 -1\n",
+    )
+    .unwrap();
+    let o = rm_replay(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--vcluster-by-queue",
+        "--weights",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("the trace uses vCluster `q6`"), "{}", text(&o));
 }
 
 #[test]

@@ -756,6 +756,76 @@ impl Engine {
         Ok(())
     }
 
+    /// Recovery after a driver restart: `id` (submitted again, still queued) already runs on `nodes`
+    /// since `started` — the quorum still records them as its and its node agents never stopped it.
+    /// It takes those nodes and runs from `started` (its estimated end is `started` + walltime), as if
+    /// the quorum had just committed it; nothing is proposed. `submitted` restores its original
+    /// submission time. Refused (nothing changes) when it is not a queued allocation without a
+    /// proposal, or a node is unknown or not free.
+    pub fn handle_adopt(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        nodes: &[NodeId],
+        submitted: Time,
+        started: Time,
+    ) -> Result<(), EngineError> {
+        self.clock.advance(now);
+        let a = self.allocs.get(id.index()).ok_or(EngineError::UnknownAlloc(id))?;
+        if a.state != AllocState::Pending || self.meta[id.index()].proposed_at.is_some() || nodes.is_empty() {
+            return Err(EngineError::InvalidTransition {
+                id,
+                from: a.state,
+                to: AllocState::Running,
+            });
+        }
+        for &n in nodes {
+            if n.index() >= self.nodes.len() {
+                return Err(EngineError::UnknownNode(n));
+            }
+            if !self.free.contains(n) {
+                return Err(EngineError::NodeNotFree(n));
+            }
+        }
+        let key = self.pool_key_of(id);
+        if let Some(p) = self.pools.get_mut(&key) {
+            p.queue.retain(|&q| q != id);
+        }
+        let mut nodes = nodes.to_vec();
+        nodes.sort_unstable();
+        self.propose(now, id, nodes, false);
+        // The quorum already holds them: no proposal goes out.
+        self.proposals.retain(|p| p.alloc != id);
+        self.handle_commit(now, id)?;
+        let started = started.min(now);
+        let a = &mut self.allocs[id.index()];
+        a.submitted = submitted.min(started);
+        a.started = Some(started);
+        a.first_started = Some(started);
+        if let Some(w) = a.spec.lifecycle.walltime() {
+            self.running.remove(&(now + w, id));
+            self.running.insert((started + w, id));
+        }
+        self.mark_due(key, now);
+        Ok(())
+    }
+
+    /// Recovery after a driver restart: the queued allocation `id` was first submitted at
+    /// `submitted` (before the restart); its wait counts from then.
+    pub fn handle_resubmitted(&mut self, now: Time, id: AllocId, submitted: Time) -> Result<(), EngineError> {
+        self.clock.advance(now);
+        let a = self.allocs.get_mut(id.index()).ok_or(EngineError::UnknownAlloc(id))?;
+        if a.state.is_terminal() {
+            return Err(EngineError::InvalidTransition {
+                id,
+                from: a.state,
+                to: AllocState::Pending,
+            });
+        }
+        a.submitted = a.submitted.min(submitted);
+        Ok(())
+    }
+
     /// `PATCH /v1/allocations/{id}` with a new walltime (e.g. an extension): a bounded allocation that
     /// has not ended gets `walltime`; a holder's estimated end moves with it, and its pool re-plans its
     /// reservations at the next pass (an extension may push a promised start later; that is the

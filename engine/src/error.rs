@@ -31,6 +31,8 @@ pub enum EngineError {
     UnknownAlloc(AllocId),
     #[error("unknown node {0}")]
     UnknownNode(NodeId),
+    #[error("node {0} is not free")]
+    NodeNotFree(NodeId),
     #[error("unknown vcluster id {0}")]
     UnknownVCluster(VClusterId),
     #[error("allocation {id}: {from} -> {to} is not a valid transition")]
@@ -49,4 +51,29 @@ pub enum EngineError {
     Node(#[from] crate::node::InvalidNodeTransition),
     #[error("the pyss-compatible policy needs a single homogeneous node pool; the inventory has {0} node classes")]
     PyssHeterogeneous(usize),
+}
+
+/// How the binaries print an error a user caused (`error: <message>`, then each cause on a line of
+/// its own), never a stack backtrace: backtraces are for panics only.
+pub fn user_error_report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = format!("error: {e}\n");
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(&format!("  caused by: {c}\n"));
+        cause = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod report_tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn user_errors_print_the_cause_chain_one_line_each() {
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(super::user_error_report(&e), "error: outer\n  caused by: inner\n");
+    }
 }

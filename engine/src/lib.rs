@@ -51,7 +51,7 @@ pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
 pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};
-pub use error::{EngineError, SubmitError};
+pub use error::{EngineError, SubmitError, user_error_report};
 pub use fairshare::{FairShareConfig, UsageLedger};
 pub use ids::{AllocId, GroupId, NodeId, ProjectId, TenantId, VClusterId};
 pub use node::{ConformanceFingerprint, Node, NodeCapabilities, NodeEvent, NodeSpec, NodeState, Owner};

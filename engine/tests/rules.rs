@@ -468,3 +468,48 @@ fn a_walltime_extension_moves_the_estimated_end_and_the_reservation() {
         Err(EngineError::WalltimeFixed(a))
     );
 }
+
+#[test]
+fn an_adopted_allocation_runs_on_its_nodes_from_its_original_start() {
+    // After a control-plane restart: A (2 of 4 nodes, 100 s) started at 10 s before the restart; the
+    // driver submits it again at 50 s and adopts it on the nodes the quorum records for it.
+    let (mut e, t, v) = engine(Policy::EASY, 4);
+    let now = Time::from_secs(50);
+    let a = e.handle_submit(now, spec(t, v, 2, 100)).unwrap();
+    let b = e.handle_submit(now, spec(t, v, 3, 10)).unwrap();
+    // Not free / unknown nodes are refused and change nothing.
+    assert_eq!(
+        e.handle_adopt(now, a, &[NodeId(1), NodeId(9)], Time(0), Time::from_secs(10)),
+        Err(EngineError::UnknownNode(NodeId(9)))
+    );
+    assert_eq!(e.allocation(a).unwrap().state, AllocState::Pending);
+    e.handle_adopt(now, a, &[NodeId(3), NodeId(1)], Time(5_000), Time::from_secs(10))
+        .unwrap();
+    let x = e.allocation(a).unwrap();
+    assert_eq!(x.state, AllocState::Running);
+    assert_eq!(x.nodes, vec![NodeId(1), NodeId(3)]);
+    assert_eq!((x.submitted, x.started), (Time(5_000), Some(Time::from_secs(10))));
+    assert_eq!(e.node(NodeId(1)).unwrap().owner.map(|o| o.alloc), Some(a));
+    assert!(
+        e.poll_proposal().is_none(),
+        "the quorum already holds its nodes: nothing to propose"
+    );
+    // Its estimated end is the original start + walltime: B (3 nodes) is reserved for 110 s.
+    assert_eq!(
+        e.running_estimates().collect::<Vec<_>>(),
+        vec![(Time::from_secs(110), a)]
+    );
+    assert!(pass(&mut e, now).is_empty());
+    let r: Vec<Time> = e.reservations().filter(|r| r.alloc == b).map(|r| r.start).collect();
+    assert_eq!(r, vec![Time::from_secs(110)]);
+    // A node it holds cannot be adopted twice; a running allocation cannot be adopted again.
+    let c = e.handle_submit(now, spec(t, v, 1, 10)).unwrap();
+    assert_eq!(
+        e.handle_adopt(now, c, &[NodeId(1)], now, now),
+        Err(EngineError::NodeNotFree(NodeId(1)))
+    );
+    assert!(e.handle_adopt(now, a, &[NodeId(0)], now, now).is_err());
+    // It completes like any run.
+    e.handle_completion(Time::from_secs(60), a, EndReason::Success).unwrap();
+    assert_eq!(pass(&mut e, Time::from_secs(60)), vec![b, c]);
+}

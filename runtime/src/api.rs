@@ -194,8 +194,11 @@ async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Respon
     }
 }
 
-async fn list(State(s): S, Extension(p): P, Query(q): Query<ops::ListFilter>) -> Json<Value> {
-    Json(json!({ "allocations": ops::list(&s, &p, &q).await }))
+async fn list(State(s): S, Extension(p): P, Query(q): Query<ops::ListFilter>) -> Response {
+    match ops::list(&s, &p, &q).await {
+        Ok(all) => Json(json!({ "allocations": all })).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn get_one(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
@@ -346,13 +349,15 @@ async fn checkpoint(State(s): S, Extension(p): P, Path(id): Path<String>) -> Res
     }
 }
 
-async fn list_dags(State(s): S, Extension(p): P) -> Json<Value> {
-    let dags: Vec<Value> = ops::dags(&s, &p)
-        .await
-        .into_iter()
-        .map(|(id, state, m)| json!({"id": id, "state": state, "allocations": m.len()}))
-        .collect();
-    Json(json!({ "dags": dags }))
+async fn list_dags(State(s): S, Extension(p): P) -> Response {
+    let dags: Vec<Value> = match ops::dags(&s, &p).await {
+        Ok(d) => d
+            .into_iter()
+            .map(|(id, state, m)| json!({"id": id, "state": state, "allocations": m.len()}))
+            .collect(),
+        Err(e) => return e.into_response(),
+    };
+    Json(json!({ "dags": dags })).into_response()
 }
 
 async fn audit_logs(State(s): S, Extension(p): P, q: Result<Query<ops::AuditQuery>, QueryRejection>) -> Response {

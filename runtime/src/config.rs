@@ -264,6 +264,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.members.len(), p.simulate_agents), (3, Some(false)));
+        // One member with real agents on node-001..node-004.
+        let d = RuntimeConfig::read(&dir.join("dev-agents.yaml")).unwrap();
+        assert_eq!((d.quorum_members().len(), d.simulate_agents), (1, Some(false)));
+        let inv = lattice_traces::read_inventory(d.inventory.as_ref().unwrap()).unwrap();
+        let names: Vec<&str> = inv.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["node-001", "node-002", "node-003", "node-004"]);
         for i in 1..=3 {
             let c = RuntimeConfig::read(&dir.join(format!("local-3/member-{i}.yaml"))).unwrap();
             assert_eq!(c.quorum_members().len(), 3);

@@ -163,6 +163,15 @@ fn bounded() -> String {
     "bounded".into()
 }
 
+impl Default for LifecycleIn {
+    fn default() -> Self {
+        LifecycleIn {
+            kind: bounded(),
+            walltime: None,
+        }
+    }
+}
+
 /// A request the API refuses: the field and why (HTTP 400).
 #[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -178,8 +187,8 @@ fn bad(field: &str, message: impl Into<String>) -> FieldError {
     }
 }
 
-/// What the API shows of an allocation.
-#[derive(Clone, Debug, Serialize)]
+/// What the API shows of an allocation (also the durable record of an ended one).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AllocationView {
     pub id: String,
     pub tenant: String,
@@ -350,6 +359,11 @@ pub struct Control {
     /// The output tails agents reported with exits: allocation → node → text (the newest
     /// [`LOGS_KEPT`] allocations).
     logs: BTreeMap<AllocId, BTreeMap<String, String>>,
+    /// Allocations that ended before this control plane took over: their final records (from the
+    /// durable copy), by id.
+    history: BTreeMap<String, AllocationView>,
+    /// Re-attached allocations whose simulated agents must resume (drained by the loop).
+    resumed: Vec<AllocId>,
     /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
@@ -426,6 +440,8 @@ impl Control {
             live: BTreeMap::new(),
             checkpoint_hints: BTreeMap::new(),
             logs: BTreeMap::new(),
+            history: BTreeMap::new(),
+            resumed: Vec::new(),
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -514,11 +530,7 @@ impl Control {
                     .walltime
                     .as_deref()
                     .ok_or_else(|| bad("lifecycle.walltime", "a bounded allocation needs a walltime"))?;
-                let walltime =
-                    lattice_traces::parse_duration(w).map_err(|m| bad("lifecycle.walltime", format!("`{w}`: {m}")))?;
-                if walltime == Duration::ZERO {
-                    return Err(bad("lifecycle.walltime", "must be positive"));
-                }
+                let walltime = lattice_traces::parse_walltime(w).map_err(|m| bad("lifecycle.walltime", m))?;
                 Lifecycle::Bounded { walltime }
             }
             "unbounded" => Lifecycle::Unbounded,
@@ -541,7 +553,7 @@ impl Control {
         };
         let run = match req.duration.as_deref() {
             Some(d) => {
-                let d = lattice_traces::parse_duration(d).map_err(|m| bad("duration", format!("`{d}`: {m}")))?;
+                let d = lattice_traces::parse_duration(d).map_err(|m| bad("duration", m))?;
                 std::time::Duration::from_millis(d.0)
             }
             None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
@@ -549,6 +561,27 @@ impl Control {
         let mut deps = Vec::new();
         for (i, d) in req.depends_on.iter().enumerate() {
             let field = format!("depends_on[{i}]");
+            if !self.by_name.contains_key(&d.reference)
+                && let Some(v) = self.history.get(&d.reference)
+            {
+                // It ended before this control plane took over: decided by its outcome now.
+                let ok = v.end_reason.as_deref() == Some("success");
+                let met = match d.condition.as_str() {
+                    "success" | "afterok" => ok,
+                    "failure" | "afternotok" => !ok,
+                    _ => true,
+                };
+                if met {
+                    continue;
+                }
+                return Err(bad(
+                    &field,
+                    format!(
+                        "ref `{}` already ended ({}): condition `{}` can never be met",
+                        d.reference, v.state, d.condition
+                    ),
+                ));
+            }
             let on = *self
                 .by_name
                 .get(&d.reference)
@@ -1013,6 +1046,96 @@ impl Control {
         self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default()
     }
 
+    /// What the API shows of `name`: a live allocation, or the final record of one that ended
+    /// before this control plane took over.
+    pub fn view_named(&self, name: &str) -> Option<AllocationView> {
+        match self.by_name.get(name) {
+            Some(&id) => self.view(id),
+            None => self.history.get(name).cloned(),
+        }
+    }
+
+    /// When `name` was submitted (ms since the epoch).
+    pub fn submitted_ms(&self, name: &str) -> u64 {
+        self.by_name
+            .get(name)
+            .and_then(|&id| self.engine.allocation(id))
+            .map_or(0, |a| a.submitted.0)
+    }
+
+    /// Recovery: `view` ended before this control plane took over (served as is; its id is taken).
+    pub fn add_ended(&mut self, view: AllocationView) {
+        self.next = self.next.max(id_number(&view.id).map_or(0, |k| k + 1));
+        self.history.insert(view.id.clone(), view);
+    }
+
+    /// Recovery: the queued `name` was first submitted at `submitted_ms`.
+    pub fn resubmitted(&mut self, name: &str, submitted_ms: u64) {
+        if let Some(&id) = self.by_name.get(name) {
+            let now = self.now();
+            let _ = self.engine.handle_resubmitted(now, id, Time(submitted_ms));
+        }
+    }
+
+    /// Recovery: the queued `name` still holds `nodes` at the quorum since `since_ms` — its agents
+    /// kept running it. It runs there again from that start (with the exits its agents already
+    /// reported), its agents are expected to report in (else its nodes time out as usual), and a
+    /// simulated agent resumes it.
+    pub fn reattach(
+        &mut self,
+        name: &str,
+        nodes: &[String],
+        since_ms: u64,
+        submitted_ms: u64,
+        exits: &BTreeMap<String, i32>,
+    ) -> Result<(), String> {
+        let id = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| format!("{name}: not queued here"))?;
+        let ids: Vec<lattice_engine::NodeId> = nodes
+            .iter()
+            .map(|n| {
+                self.node_index(n)
+                    .ok_or_else(|| format!("{name}: node {n} is not in the inventory"))
+            })
+            .collect::<Result<_, _>>()?;
+        let now = self.now();
+        let started = if since_ms == 0 { now } else { Time(since_ms) };
+        self.engine
+            .handle_adopt(now, id, &ids, Time(submitted_ms.min(started.0)), started)
+            .map_err(|e| format!("{name}: {e}"))?;
+        self.join_network(id);
+        let reported: BTreeMap<u32, i32> = exits
+            .iter()
+            .filter_map(|(n, c)| self.node_index(n).map(|i| (i.0, *c)))
+            .collect();
+        if !reported.is_empty() {
+            self.exits.insert(id, reported);
+        }
+        for n in &ids {
+            let slot = &mut self.agents[n.index()];
+            if slot.is_none() {
+                *slot = Some((0, now.0));
+            }
+        }
+        self.resumed.push(id);
+        Ok(())
+    }
+
+    /// Re-attached allocations whose simulated agents should resume them (once).
+    pub fn take_resumed(&mut self) -> Vec<(AllocId, std::time::Duration)> {
+        std::mem::take(&mut self.resumed)
+            .into_iter()
+            .filter_map(|id| self.meta.get(id.index()).map(|m| (id, m.run)))
+            .collect()
+    }
+
+    /// The final records of allocations that ended before this control plane took over.
+    pub fn history(&self) -> impl Iterator<Item = &AllocationView> + '_ {
+        self.history.values()
+    }
+
     pub fn view(&self, id: AllocId) -> Option<AllocationView> {
         let a = self.engine.allocation(id)?;
         let m = self.meta.get(id.index())?;
@@ -1045,12 +1168,13 @@ impl Control {
         })
     }
 
+    /// Every allocation: those that ended before this control plane took over first, then the live
+    /// ones in submission order.
     pub fn list(&self) -> Vec<AllocationView> {
-        self.engine
-            .allocations()
-            .iter()
-            .filter_map(|a| self.view(a.id))
-            .collect()
+        let mut out: Vec<AllocationView> = self.history.values().cloned().collect();
+        out.sort_by_key(|v| id_number(&v.id));
+        out.extend(self.engine.allocations().iter().filter_map(|a| self.view(a.id)));
+        out
     }
 
     pub fn nodes(&self) -> Vec<NodeView> {
@@ -1326,10 +1450,7 @@ impl Control {
         let walltime = match &req.walltime {
             None => None,
             Some(w) => {
-                let d = lattice_traces::parse_duration(w).map_err(|m| bad("walltime", format!("`{w}`: {m}")))?;
-                if d == Duration::ZERO {
-                    return Err(bad("walltime", "must be positive"));
-                }
+                let d = lattice_traces::parse_walltime(w).map_err(|m| bad("walltime", m))?;
                 if a.spec.lifecycle.walltime().is_none() {
                     return Err(bad("walltime", "only a bounded allocation has a walltime"));
                 }

@@ -243,7 +243,7 @@ impl AllocationService for Api {
             state: none_if_empty(q.state),
             vcluster: none_if_empty(q.vcluster),
         };
-        let all = ops::list(&self.shared, &p, &f).await;
+        let all = ops::list(&self.shared, &p, &f).await?;
         Ok(Response::new(pb::ListAllocationsResponse {
             allocations: all.into_iter().map(to_pb).collect(),
         }))
@@ -349,7 +349,7 @@ impl AllocationService for Api {
 
     async fn list_dags(&self, req: Request<pb::ListDagsRequest>) -> Result<Response<pb::ListDagsResponse>, Status> {
         let p = self.principal(&req)?;
-        let dags = ops::dags(&self.shared, &p).await;
+        let dags = ops::dags(&self.shared, &p).await?;
         Ok(Response::new(pb::ListDagsResponse {
             dags: dags.into_iter().map(|(id, st, m)| dag_pb(id, st, m)).collect(),
         }))

@@ -1,53 +1,275 @@
-//! Queue mirroring: the seed keeps queues out of Raft (eventually consistent), yet an acknowledged
-//! submission must survive the leader's death. The leader therefore mirrors every submission to the
-//! other members over the gRPC port (`QueueMirror.Apply`) and acknowledges it only once a majority of
-//! the members (itself included) holds it; ended allocations are pruned from the mirrors each cycle.
-//! A member that becomes leader starts from a fresh engine and adopts its mirror: every allocation not
-//! yet ended is queued again under the id its submitter was given (one that held nodes under the old
-//! leader has them released first — its simulated agent died with that leader — and runs again).
-//! Ids are never reused: the mirror carries the highest id handed out.
+//! Queue mirroring and the durable record of acknowledged allocations. The seed keeps queues out of
+//! Raft (eventually consistent), yet an acknowledged submission must survive the leader's death and
+//! any restart. Every member keeps a copy of the leader's queue — each allocation's request, its
+//! submission time, its DAG, the exits its agents reported and, once it ended, its final record —
+//! in memory and on disk (`DATA_DIR/allocations.redb`, [`lattice_adapters::alloc_store`]). The leader
+//! writes each submission to its own disk and mirrors it to the other members over the gRPC port
+//! (`QueueMirror.Apply`; each writes it to disk before answering), and acknowledges it only once a
+//! majority of the members (itself included) holds it durably.
+//!
+//! A member that becomes leader — after a fail-over, or when a restarted quorum elects it — first
+//! merges the other members' copies into its own (`QueueMirror.Fetch`), then adopts the result on a
+//! fresh engine: ended allocations stay visible as their final records; every other one is queued
+//! again under the id its submitter was given, with its original submission time; one the quorum
+//! still records as holding nodes is re-attached to them with its original start (its agents kept
+//! running it), not run again. Ids are never reused: the copy carries the highest id handed out.
 
-use crate::control::{SubmitRequest, id_number};
+use crate::control::{AllocationView, SubmitRequest, id_number};
 use crate::grpc::pb;
+use lattice_adapters::alloc_store::{AllocStore, Change, Pending, Writer};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// Ended allocations whose final record is kept (the newest); older ones are forgotten.
+pub const ENDED_KEPT: usize = 10_000;
+
+/// One allocation in a member's copy.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Entry {
+    pub id: String,
+    pub req: SubmitRequest,
+    /// When it was first submitted (ms since the epoch).
+    #[serde(default)]
+    pub submitted_ms: u64,
+    /// Exit codes its agents reported by node, while it runs on several nodes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exits: BTreeMap<String, i32>,
+    /// Its final record, once it ended (completed, failed, cancelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<AllocationView>,
+}
+
 /// One mirrored change.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MirrorOp {
-    /// Queued under these ids (one submission, or a DAG's members in dependency order).
-    Submit { items: Vec<(String, SubmitRequest)> },
-    /// These ended (completed, failed, cancelled): nothing to adopt.
-    Ended { ids: Vec<String> },
+    /// Queued under these ids (one submission, or a DAG's members in dependency order), with the
+    /// DAG's grouping when it is one.
+    Submit {
+        items: Vec<(String, SubmitRequest)>,
+        #[serde(default)]
+        submitted_ms: u64,
+        #[serde(default)]
+        dag: Option<(String, Vec<(String, String)>)>,
+    },
+    /// These ended: their final records. `forget` ended unknown to the leader (nothing to show).
+    Ended {
+        views: Vec<AllocationView>,
+        #[serde(default)]
+        forget: Vec<String>,
+    },
+    /// `PATCH`: a new walltime and/or tags (an empty value removes the tag).
+    Update {
+        id: String,
+        walltime: Option<String>,
+        tags: BTreeMap<String, String>,
+    },
+    /// An agent reported a process's exit on one node of a running allocation.
+    Exit { id: String, node: String, code: i32 },
 }
 
-/// A member's copy of the leader's queue: allocation number → (id, request).
-#[derive(Debug, Default)]
+/// A member's whole copy, as `QueueMirror.Fetch` sends it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub entries: BTreeMap<u64, Entry>,
+    pub max_id: u64,
+    pub dags: BTreeMap<String, Vec<(String, String)>>,
+}
+
+/// A member's copy of the leader's queue, with its durable store.
+#[derive(Default)]
 pub struct Mirror {
-    pub entries: BTreeMap<u64, (String, SubmitRequest)>,
+    pub entries: BTreeMap<u64, Entry>,
     /// The highest allocation number ever mirrored here (ids continue above it).
     pub max_id: u64,
+    /// DAG id → (member name, allocation id).
+    pub dags: BTreeMap<String, Vec<(String, String)>>,
+    writer: Option<Writer>,
+}
+
+const MAX_ID: &str = "max_id";
+const DAG_PREFIX: &str = "dag/";
+
+fn json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("mirror records serialize")
 }
 
 impl Mirror {
-    pub fn apply(&mut self, op: MirrorOp) {
+    /// Opens the copy kept in `dir` (created empty the first time); what it holds is loaded.
+    pub fn open(dir: &std::path::Path) -> anyhow::Result<Mirror> {
+        let store = AllocStore::open(dir)?;
+        let c = store.load()?;
+        let mut m = Mirror::default();
+        for (n, bytes) in c.records {
+            let e: Entry = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("{}/allocations.redb: record {n}: {e}", dir.display()))?;
+            m.entries.insert(n, e);
+        }
+        for (k, v) in c.named {
+            if k == MAX_ID {
+                m.max_id = serde_json::from_slice(&v)
+                    .map_err(|e| anyhow::anyhow!("{}/allocations.redb: {MAX_ID}: {e}", dir.display()))?;
+            } else if let Some(dag) = k.strip_prefix(DAG_PREFIX) {
+                let members = serde_json::from_slice(&v)
+                    .map_err(|e| anyhow::anyhow!("{}/allocations.redb: {k}: {e}", dir.display()))?;
+                m.dags.insert(dag.to_string(), members);
+            }
+        }
+        m.max_id = m.max_id.max(m.entries.keys().next_back().copied().unwrap_or(0));
+        m.writer = Some(Writer::start(store));
+        Ok(m)
+    }
+
+    /// Applies `op` to this copy; the answer resolves once it is on disk (at once without a store).
+    pub fn apply(&mut self, op: MirrorOp) -> Durable {
+        let changes = self.changes(op);
+        Durable(match (&self.writer, changes.is_empty()) {
+            (Some(w), false) => Some(w.queue(changes)),
+            _ => None,
+        })
+    }
+
+    fn changes(&mut self, op: MirrorOp) -> Vec<Change> {
+        let mut out = Vec::new();
         match op {
-            MirrorOp::Submit { items } => {
+            MirrorOp::Submit {
+                items,
+                submitted_ms,
+                dag,
+            } => {
                 for (id, req) in items {
                     if let Some(n) = id_number(&id) {
                         self.max_id = self.max_id.max(n);
-                        self.entries.insert(n, (id, req));
+                        let e = Entry {
+                            id,
+                            req,
+                            submitted_ms,
+                            exits: BTreeMap::new(),
+                            ended: None,
+                        };
+                        out.push(Change::Put(n, json(&e)));
+                        self.entries.insert(n, e);
                     }
                 }
-            }
-            MirrorOp::Ended { ids } => {
-                for id in ids {
-                    if let Some(n) = id_number(&id) {
-                        self.entries.remove(&n);
-                    }
+                out.push(Change::Named(MAX_ID.into(), json(&self.max_id)));
+                if let Some((id, members)) = dag {
+                    out.push(Change::Named(format!("{DAG_PREFIX}{id}"), json(&members)));
+                    self.dags.insert(id, members);
                 }
             }
+            MirrorOp::Ended { views, forget } => {
+                for v in views {
+                    if let Some(n) = id_number(&v.id)
+                        && let Some(e) = self.entries.get_mut(&n)
+                    {
+                        e.exits.clear();
+                        e.ended = Some(v);
+                        out.push(Change::Put(n, json(e)));
+                    }
+                }
+                for id in forget {
+                    if let Some(n) = id_number(&id)
+                        && self.entries.remove(&n).is_some()
+                    {
+                        out.push(Change::Delete(n));
+                    }
+                }
+                // Keep the newest ENDED_KEPT final records.
+                let ended: Vec<u64> = self
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| e.ended.is_some())
+                    .map(|(n, _)| *n)
+                    .collect();
+                for n in ended.iter().take(ended.len().saturating_sub(ENDED_KEPT)) {
+                    self.entries.remove(n);
+                    out.push(Change::Delete(*n));
+                }
+            }
+            MirrorOp::Update { id, walltime, tags } => {
+                if let Some(n) = id_number(&id)
+                    && let Some(e) = self.entries.get_mut(&n)
+                {
+                    if let Some(w) = walltime {
+                        let lc = e.req.lifecycle.get_or_insert_with(Default::default);
+                        lc.walltime = Some(w);
+                    }
+                    for (k, v) in tags {
+                        if v.is_empty() {
+                            e.req.tags.remove(&k);
+                        } else {
+                            e.req.tags.insert(k, v);
+                        }
+                    }
+                    out.push(Change::Put(n, json(e)));
+                }
+            }
+            MirrorOp::Exit { id, node, code } => {
+                if let Some(n) = id_number(&id)
+                    && let Some(e) = self.entries.get_mut(&n)
+                    && e.ended.is_none()
+                {
+                    e.exits.insert(node, code);
+                    out.push(Change::Put(n, json(e)));
+                }
+            }
+        }
+        out
+    }
+
+    /// The ids of allocations not yet ended here.
+    pub fn active(&self) -> impl Iterator<Item = &String> + '_ {
+        self.entries.values().filter(|e| e.ended.is_none()).map(|e| &e.id)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            entries: self.entries.clone(),
+            max_id: self.max_id,
+            dags: self.dags.clone(),
+        }
+    }
+
+    /// Merges another member's copy into this one: entries this copy lacks, and final records of
+    /// allocations this copy still thinks active; the highest id; DAG groupings. Persisted like any op.
+    pub fn merge(&mut self, other: Snapshot) -> Durable {
+        let mut out = Vec::new();
+        for (n, e) in other.entries {
+            let take = match self.entries.get(&n) {
+                None => true,
+                Some(mine) => mine.ended.is_none() && (e.ended.is_some() || e.exits.len() > mine.exits.len()),
+            };
+            if take {
+                out.push(Change::Put(n, json(&e)));
+                self.entries.insert(n, e);
+            }
+        }
+        if other.max_id > self.max_id {
+            self.max_id = other.max_id;
+            out.push(Change::Named(MAX_ID.into(), json(&self.max_id)));
+        }
+        for (id, members) in other.dags {
+            if let std::collections::btree_map::Entry::Vacant(v) = self.dags.entry(id) {
+                out.push(Change::Named(format!("{DAG_PREFIX}{}", v.key()), json(&members)));
+                v.insert(members);
+            }
+        }
+        Durable(match (&self.writer, out.is_empty()) {
+            (Some(w), false) => Some(w.queue(out)),
+            _ => None,
+        })
+    }
+}
+
+/// A change applied to a member's copy; [`Durable::wait`] resolves once it is on disk.
+#[must_use = "a mirrored change is acknowledged only once it is durable"]
+pub struct Durable(Option<Pending>);
+
+impl Durable {
+    pub async fn wait(self) -> Result<(), String> {
+        match self.0 {
+            Some(p) => p.durable().await,
+            None => Ok(()),
         }
     }
 }
@@ -156,7 +378,54 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
                 "from: a member does not mirror to itself",
             ));
         }
-        self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op);
+        // Answered only once it is on this member's disk.
+        let durable = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op);
+        durable.wait().await.map_err(tonic::Status::unavailable)?;
         Ok(tonic::Response::new(pb::MirrorReply {}))
     }
+
+    async fn fetch(
+        &self,
+        req: tonic::Request<pb::MirrorRequest>,
+    ) -> Result<tonic::Response<pb::MirrorSnapshot>, tonic::Status> {
+        let _ = req;
+        let snap = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
+        let bytes = serde_json::to_vec(&snap).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        Ok(tonic::Response::new(pb::MirrorSnapshot { snapshot: bytes }))
+    }
+}
+
+/// Every other member's copy (those that answer within `within`).
+pub async fn fetch_all(shared: &crate::server::Shared, within: Duration) -> Vec<Snapshot> {
+    let st = shared.member.status();
+    let me = shared.member.id;
+    let mut set = tokio::task::JoinSet::new();
+    {
+        let mut p = shared.peers.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, addr) in st.members.iter().filter(|(id, _)| **id != me) {
+            let Some(ch) = p.channel(*id, addr, shared.peer_tls.as_ref()) else {
+                continue;
+            };
+            set.spawn(async move {
+                let mut c = pb::queue_mirror_client::QueueMirrorClient::new(ch);
+                let r = tokio::time::timeout(
+                    within,
+                    c.fetch(pb::MirrorRequest {
+                        from: me,
+                        op: Vec::new(),
+                    }),
+                )
+                .await;
+                let bytes = r.ok()?.ok()?.into_inner().snapshot;
+                serde_json::from_slice::<Snapshot>(&bytes).ok()
+            });
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(Some(s)) = r {
+            out.push(s);
+        }
+    }
+    out
 }

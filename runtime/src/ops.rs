@@ -74,12 +74,19 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
     })
 }
 
-/// Acknowledges `items` (already queued here and in this member's mirror) only once a majority of the
-/// members holds them, so they survive the leader's death; otherwise cancels them and refuses (503).
-async fn mirrored(s: &Arc<Shared>, items: Vec<(String, SubmitRequest)>) -> Result<(), ApiError> {
-    let ids: Vec<String> = items.iter().map(|(id, _)| id.clone()).collect();
-    let op = MirrorOp::Submit { items };
-    if crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2)).await {
+/// Acknowledges the submission `op` (already queued here and applied to this member's copy, which
+/// `local` makes durable) only once it is on this member's disk and a majority of the members holds
+/// it, so it survives any restart and the leader's death; otherwise cancels it and refuses (503).
+async fn mirrored(s: &Arc<Shared>, op: MirrorOp, local: crate::mirror::Durable) -> Result<(), ApiError> {
+    let ids: Vec<String> = match &op {
+        MirrorOp::Submit { items, .. } => items.iter().map(|(id, _)| id.clone()).collect(),
+        _ => Vec::new(),
+    };
+    let (disk, peers) = tokio::join!(
+        local.wait(),
+        crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
+    );
+    if disk.is_ok() && peers {
         return Ok(());
     }
     for id in &ids {
@@ -88,12 +95,31 @@ async fn mirrored(s: &Arc<Shared>, items: Vec<(String, SubmitRequest)>) -> Resul
             release(s, id.clone()).await;
         }
     }
+    let why = match disk {
+        Err(e) => format!("could not be written to disk ({e})"),
+        Ok(()) => "could not be mirrored to a majority of the quorum".into(),
+    };
     Err(ApiError::Unavailable {
-        message: format!(
-            "{} could not be mirrored to a majority of the quorum; not accepted, retry",
-            ids.join(", ")
-        ),
+        message: format!("{} {why}; not accepted, retry", ids.join(", ")),
     })
+}
+
+/// Queues `items` (one submission or a DAG's members) in this member's copy of the queue; the op to
+/// mirror and the handle of its local write.
+fn record_submit(
+    s: &Shared,
+    c: &crate::control::Control,
+    items: Vec<(String, SubmitRequest)>,
+    dag: Option<(String, Vec<(String, String)>)>,
+) -> (MirrorOp, crate::mirror::Durable) {
+    let submitted_ms = items.first().map_or(0, |(id, _)| c.submitted_ms(id));
+    let op = MirrorOp::Submit {
+        items,
+        submitted_ms,
+        dag,
+    };
+    let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
+    (op, durable)
 }
 
 /// Writes that touch the queue or the engine: served by the leader once it has taken over the queue
@@ -102,6 +128,13 @@ pub async fn writable(s: &Shared) -> Result<(), ApiError> {
     leader_only(s)?;
     crate::server::sync_leadership(s).await;
     leader_only(s)
+}
+
+/// Reads of the queue and allocations: served by the leader once it has taken over the queue (a
+/// member that has just started or just won an election adopts the durable queue first), so a read
+/// never shows an empty queue that is really only not loaded yet. Others answer 421 naming the leader.
+pub async fn readable(s: &Shared) -> Result<(), ApiError> {
+    writable(s).await
 }
 
 /// Queues an allocation for the caller; its id.
@@ -135,28 +168,23 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             }
         }
     }
-    let id = {
+    let (id, op, durable) = {
         // Queued and mirrored locally under one lock (a leadership change adopts one or the other).
         let mut c = s.control.lock().await;
         let id = c.submit(req.clone()).map_err(bad_request)?;
-        s.mirror
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .apply(MirrorOp::Submit {
-                items: vec![(id.clone(), req.clone())],
-            });
-        id
+        let (op, durable) = record_submit(s, &c, vec![(id.clone(), req)], None);
+        (id, op, durable)
     };
-    mirrored(s, vec![(id.clone(), req)]).await?;
+    mirrored(s, op, durable).await?;
     s.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     s.wake.notify_one();
     Ok(id)
 }
 
 pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
+    readable(s).await?;
     let c = s.control.lock().await;
-    c.id_of(id)
-        .and_then(|i| c.view(i))
+    c.view_named(id)
         .filter(|v| p.can_see(&v.tenant, v.user.as_deref()))
         .ok_or_else(|| not_found("allocation", id))
 }
@@ -170,9 +198,10 @@ pub struct ListFilter {
     pub vcluster: Option<String>,
 }
 
-pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Vec<AllocationView> {
+pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Result<Vec<AllocationView>, ApiError> {
+    readable(s).await?;
     let keep = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w.is_empty() || w == have);
-    s.control
+    Ok(s.control
         .lock()
         .await
         .list()
@@ -182,7 +211,7 @@ pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Vec<AllocationVi
         .filter(|a| keep(&q.user, a.user.as_deref().unwrap_or_default()))
         .filter(|a| keep(&q.state, &a.state))
         .filter(|a| keep(&q.vcluster, &a.vcluster))
-        .collect()
+        .collect())
 }
 
 /// The caller may change allocation `id` (owner, tenant admin or system admin): 403 if they only see
@@ -190,7 +219,7 @@ pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Vec<AllocationVi
 async fn may_change(s: &Shared, p: &Principal, id: &str, what: &str) -> Result<(), ApiError> {
     let owner = {
         let c = s.control.lock().await;
-        c.id_of(id).and_then(|i| c.view(i)).map(|v| (v.tenant, v.user))
+        c.view_named(id).map(|v| (v.tenant, v.user))
     };
     match owner {
         Some((t, u)) if p.can_cancel(&t, u.as_deref()) => Ok(()),
@@ -213,12 +242,29 @@ fn bad_request(e: crate::control::FieldError) -> ApiError {
 pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) -> Result<AllocationView, ApiError> {
     writable(s).await?;
     may_change(s, p, id, "updating").await?;
-    let mut c = s.control.lock().await;
-    c.update(id, req).map_err(bad_request)?;
+    let (view, durable) = {
+        let mut c = s.control.lock().await;
+        c.update(id, req).map_err(bad_request)?;
+        let view = c.view_named(id).ok_or_else(|| not_found("allocation", id))?;
+        // The new walltime and tags are part of its durable record.
+        let op = MirrorOp::Update {
+            id: id.to_string(),
+            walltime: req.walltime.clone(),
+            tags: req.tags.clone(),
+        };
+        let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
+        (view, (op, durable))
+    };
     s.wake.notify_one();
-    c.id_of(id)
-        .and_then(|i| c.view(i))
-        .ok_or_else(|| not_found("allocation", id))
+    let (op, durable) = durable;
+    let (disk, _) = tokio::join!(
+        durable.wait(),
+        crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
+    );
+    disk.map_err(|e| ApiError::Unavailable {
+        message: format!("{id}: the update could not be written to disk ({e})"),
+    })?;
+    Ok(view)
 }
 
 /// `POST /v1/allocations/{id}/checkpoint`: checkpoints taken so far.
@@ -288,19 +334,21 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
 }
 
 /// One DAG's summary: id, overall state, members.
-pub async fn dags(s: &Shared, p: &Principal) -> Vec<(String, String, Vec<(String, AllocationView)>)> {
+pub async fn dags(s: &Shared, p: &Principal) -> Result<Vec<(String, String, Vec<(String, AllocationView)>)>, ApiError> {
+    readable(s).await?;
     let ids: Vec<String> = s.control.lock().await.dag_ids();
     let mut out = Vec::new();
     for id in ids {
-        if let Ok((state, members)) = dag(s, p, &id).await {
+        if let Ok((state, members)) = dag_view(s, p, &id).await {
             out.push((id, state, members));
         }
     }
-    out
+    Ok(out)
 }
 
 /// A vCluster's pending allocations the caller may see, in queue order.
 pub async fn queue(s: &Shared, p: &Principal, vcluster: &str) -> Result<Vec<AllocationView>, ApiError> {
+    readable(s).await?;
     let c = s.control.lock().await;
     if !c.vcluster_names().iter().any(|v| v == vcluster) {
         return Err(ApiError::NotFound {
@@ -639,12 +687,9 @@ pub async fn submit_dag(
         items.push((id, r));
     }
     c.add_dag(&dag_id, members.clone());
-    s.mirror
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .apply(MirrorOp::Submit { items: items.clone() });
+    let (op, durable) = record_submit(s, &c, items, Some((dag_id.clone(), members.clone())));
     drop(c);
-    mirrored(s, items).await?;
+    mirrored(s, op, durable).await?;
     s.metrics
         .submitted
         .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -655,11 +700,16 @@ pub async fn submit_dag(
 /// A DAG's members and its overall state: `failed` if any failed, else `cancelled` if any was,
 /// `completed` when all completed, `running` when any runs, else `pending`.
 pub async fn dag(s: &Shared, p: &Principal, id: &str) -> Result<(String, Vec<(String, AllocationView)>), ApiError> {
+    readable(s).await?;
+    dag_view(s, p, id).await
+}
+
+async fn dag_view(s: &Shared, p: &Principal, id: &str) -> Result<(String, Vec<(String, AllocationView)>), ApiError> {
     let c = s.control.lock().await;
     let members = c.dag(id).ok_or_else(|| not_found("DAG", id))?.clone();
     let mut out = Vec::new();
     for (name, alloc) in members {
-        if let Some(v) = c.id_of(&alloc).and_then(|i| c.view(i)) {
+        if let Some(v) = c.view_named(&alloc) {
             out.push((name, v));
         }
     }
@@ -802,7 +852,6 @@ pub async fn agent_exit(
         c.add_log(id, node, t);
     }
     let r = c.agent_exit(id, node, kind, code);
-    drop(c);
     let ended = r.map_err(|e| {
         if e.field == "id" {
             not_found("allocation", id)
@@ -810,6 +859,25 @@ pub async fn agent_exit(
             bad_request(e)
         }
     })?;
+    if !ended {
+        // One node of several is done: recorded, so a restart does not start it there again.
+        let op = MirrorOp::Exit {
+            id: id.to_string(),
+            node: node.to_string(),
+            code,
+        };
+        let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
+        drop(c);
+        let (disk, _) = tokio::join!(
+            durable.wait(),
+            crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
+        );
+        disk.map_err(|e| ApiError::Unavailable {
+            message: format!("{id}: the exit could not be written to disk ({e}); report it again"),
+        })?;
+    } else {
+        drop(c);
+    }
     if ended {
         release(s, id.to_string()).await;
         s.wake.notify_one();

@@ -186,7 +186,9 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         vast,
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
-        mirror: Default::default(),
+        mirror: std::sync::Mutex::new(
+            crate::mirror::Mirror::open(&cfg.data_dir).context("opening the durable allocation records")?,
+        ),
         peers: Default::default(),
         peer_tls: tls.as_ref().map(|t| t.peer()),
         fresh_control,
@@ -312,6 +314,12 @@ async fn scheduling_loop(
             continue;
         }
         prune_mirror(&shared).await;
+        if shared.simulate_agents {
+            // Re-attached runs: their simulated agents carry on.
+            for (alloc, run) in shared.control.lock().await.take_resumed() {
+                tokio::spawn(simulated_run(shared.clone(), alloc, run));
+            }
+        }
         let lost = shared.control.lock().await.check_agents(agent_timeout, agent_grace);
         for alloc in lost {
             tracing::warn!("{alloc} lost its node (agent heartbeats stopped)");
@@ -348,9 +356,12 @@ pub async fn sync_leadership(shared: &Shared) -> bool {
     leader
 }
 
-/// A member that gains leadership starts from a fresh engine and adopts its mirror of the queue (a
-/// mirrored allocation that held nodes under the old leader has them released and runs again); one
-/// that loses it drops its engine state (the new leader owns the queue now).
+/// A member that gains leadership merges the other members' copies of the queue into its own, then
+/// starts from a fresh engine and adopts the result ([`crate::mirror`]): ended allocations as their
+/// final records, the others queued again under their ids — re-attached to the nodes the quorum still
+/// gives them (their agents kept running them), or run again when that fails. Nodes the quorum gives
+/// to allocations nobody runs any more are freed. One that loses leadership drops its engine state
+/// (the new leader owns the queue now).
 async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     let mut control = (shared.fresh_control)()?;
     if !leader {
@@ -358,56 +369,95 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         tracing::info!("no longer the leader: the queue is the new leader's");
         return Ok(());
     }
+    // What the others hold that this member missed (e.g. while it was down).
+    for snap in crate::mirror::fetch_all(shared, std::time::Duration::from_secs(1)).await {
+        let durable = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).merge(snap);
+        durable.wait().await.map_err(anyhow::Error::msg)?;
+    }
     // Hold the control lock while adopting: a submission either lands before (and is in the mirror)
     // or after (in the new engine).
     let mut current = shared.control.lock().await;
-    let (entries, max_id): (Vec<(String, crate::control::SubmitRequest)>, u64) = {
-        let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
-        (m.entries.values().cloned().collect(), m.max_id)
-    };
-    control.ids_above(max_id);
-    let held = shared
-        .member
-        .read(|q| q.assignments.keys().cloned().collect::<std::collections::BTreeSet<_>>())
-        .await;
-    let (mut adopted, mut rerun) = (0, 0);
-    for (id, mut req) in entries {
-        if held.contains(&id) {
-            // Its run (a simulated agent of the old leader) is gone: free the nodes, run it again.
-            // (Not `release`: that may read the control plane, whose lock is held here.)
-            propose_retried(shared, QuorumCommand::Release { alloc: id.clone() }).await;
-            rerun += 1;
+    let snap = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
+    control.ids_above(snap.max_id);
+    let held = shared.member.read(|q| q.assignments.clone()).await;
+    let mut attached = std::collections::BTreeSet::new();
+    let (mut adopted, mut ended, mut rerun) = (0, 0, 0);
+    for e in snap.entries.into_values() {
+        if let Some(v) = e.ended {
+            control.add_ended(v);
+            ended += 1;
+            continue;
         }
-        // Dependencies that ended before the fail-over are no longer known here: satisfied.
-        req.depends_on.retain(|d| control.id_of(&d.reference).is_some());
-        match control.submit_named(req, Some(&id)) {
+        let mut req = e.req;
+        // Dependencies that ended before are judged by their final records (at submission);
+        // unknown ones (forgotten) count as satisfied.
+        req.depends_on
+            .retain(|d| control.id_of(&d.reference).is_some() || control.view_named(&d.reference).is_some());
+        match control.submit_named(req, Some(&e.id)) {
             Ok(_) => adopted += 1,
-            Err(e) => tracing::warn!("could not adopt {id}: {e}"),
+            Err(err) => {
+                tracing::warn!("could not adopt {}: {err}", e.id);
+                continue;
+            }
         }
+        control.resubmitted(&e.id, e.submitted_ms);
+        if let Some(a) = held.get(&e.id) {
+            match control.reattach(&e.id, &a.nodes, a.since_ms, e.submitted_ms, &e.exits) {
+                Ok(()) => {
+                    attached.insert(e.id.clone());
+                }
+                Err(err) => {
+                    tracing::warn!("{err}; it runs again");
+                    rerun += 1;
+                }
+            }
+        }
+    }
+    for (id, members) in snap.dags {
+        control.add_dag(&id, members);
+    }
+    // Nodes held for allocations that are not running here any more are freed (not `release`: that
+    // reads the control plane, whose lock is held here).
+    for alloc in held.keys().filter(|a| !attached.contains(*a)) {
+        propose_retried(shared, QuorumCommand::Release { alloc: alloc.clone() }).await;
     }
     *current = control;
     drop(current);
     shared.wake.notify_one();
-    tracing::info!("leader: adopted {adopted} queued allocation(s) from the mirror ({rerun} run again)");
+    tracing::info!(
+        "leader: adopted {adopted} allocation(s) from the durable queue ({} re-attached to their nodes, {rerun} run again) and {ended} ended record(s)",
+        attached.len()
+    );
     Ok(())
 }
 
-/// Drops ended allocations from the mirrors (this member's at once, the others' in the background).
+/// Records allocations that ended in the mirrors, with their final state (this member's durably,
+/// before it returns; the others' in the background).
 async fn prune_mirror(shared: &Arc<Shared>) {
-    let ended = {
+    let op = {
         let c = shared.control.lock().await;
         let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
-        c.ended_among(m.entries.values().map(|(id, _)| id))
+        let ended = c.ended_among(m.active());
+        if ended.is_empty() {
+            return;
+        }
+        let (mut views, mut forget) = (Vec::new(), Vec::new());
+        for id in ended {
+            match c.view_named(&id) {
+                Some(v) => views.push(v),
+                None => forget.push(id),
+            }
+        }
+        crate::mirror::MirrorOp::Ended { views, forget }
     };
-    if ended.is_empty() {
-        return;
-    }
-    let op = crate::mirror::MirrorOp::Ended { ids: ended };
-    shared
+    let durable = shared
         .mirror
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .apply(op.clone());
+    if let Err(e) = durable.wait().await {
+        tracing::error!("recording ended allocations: {e}");
+    }
     let s = shared.clone();
     tokio::spawn(async move {
         crate::mirror::replicate(&s, &op, std::time::Duration::from_secs(1)).await;
@@ -420,6 +470,7 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
         tenant: p.tenant.clone(),
         nodes: p.nodes.clone(),
         sensitive: p.sensitive,
+        at_ms: shared.control.lock().await.now().0,
     };
     let t0 = std::time::Instant::now();
     let r = shared.member.propose(cmd).await;
@@ -556,6 +607,8 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
 /// Frees an allocation's nodes at the quorum (retried until a leader takes it); a sensitive
 /// allocation's release is appended to the audit log.
 pub async fn release(shared: &Arc<Shared>, name: String) {
+    // Its end is on disk first: a restart between the two never runs it again.
+    prune_mirror(shared).await;
     // Out of its network domain; its CXI service revoked.
     let service = shared.control.lock().await.left_network(&name);
     if let (Some(service), Some(fabric)) = (service, &shared.fabric)

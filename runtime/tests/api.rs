@@ -115,6 +115,19 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
             json!({"tenant": "bio", "resources": {"nodes": 0}, "lifecycle": {"walltime": "1m"}}),
             "resources.nodes",
         ),
+        // Durations whose milliseconds overflow, and walltimes past the 366-day bound.
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "99999999999999d"}}),
+            "lifecycle.walltime",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "367d"}}),
+            "lifecycle.walltime",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1h"}, "duration": "1e300"}),
+            "duration",
+        ),
         (
             json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}, "colour": "red"}),
             "colour",
@@ -127,6 +140,9 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
         let (status, v) = api.call("POST", "/v1/allocations", Some(body)).await;
         assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");
     }
+    // A refused request queued nothing.
+    let list = api.get("/v1/allocations?tenant=bio").await;
+    assert_eq!(list["allocations"].as_array().unwrap().len(), 1);
     assert_eq!(api.call("GET", "/v1/allocations/a-999999", None).await.0, 404);
 
     // Hard quota (physics max_nodes 2, enforced by the engine and validated by the quorum): two
@@ -438,6 +454,8 @@ async fn update_checkpoint_disable_audit_and_usage() {
     for (body, field) in [
         (json!({"walltime": "0"}), "walltime"),
         (json!({"walltime": "later"}), "walltime"),
+        (json!({"walltime": "99999999999999d"}), "walltime"),
+        (json!({"walltime": "400d"}), "walltime"),
         (json!({"telemetry": {"mode": "loud"}}), "telemetry.mode"),
         (json!({"priority": 3}), "priority"),
     ] {

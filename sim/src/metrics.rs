@@ -49,8 +49,31 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
-    pub const CSV_HEADER: &'static str =
-        "id,submit_s,start_s,end_s,nodes,wait_s,bsld,backfilled,tenant,vcluster,state,reason";
+    /// The columns of `jobs.csv`, in the order [`JobRecord::csv_row`] writes them.
+    pub const CSV_COLUMNS: [&'static str; 17] = [
+        "id",
+        "submit_s",
+        "start_s",
+        "end_s",
+        "nodes",
+        "wait_s",
+        "bsld",
+        "backfilled",
+        "tenant",
+        "vcluster",
+        "state",
+        "reason",
+        "groups",
+        "conformance",
+        "class",
+        "score",
+        "preempted",
+    ];
+
+    /// The header line of `jobs.csv` (every column a row carries, no newline).
+    pub fn csv_header() -> String {
+        Self::CSV_COLUMNS.join(",")
+    }
 
     pub fn csv_row(&self, out: &mut String) {
         use std::fmt::Write;
@@ -79,8 +102,9 @@ impl JobRecord {
     }
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
+/// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
@@ -437,6 +461,47 @@ mod tests {
         // Targets 75/25: perfect.
         let t: BTreeMap<String, f64> = [("a".to_string(), 0.75)].into();
         assert_eq!(fairness(&usage, &t), (1.0, 0.0));
+    }
+
+    #[test]
+    fn jobs_csv_rows_carry_exactly_the_header_columns() {
+        let r = JobRecord {
+            id: "a,1".into(),
+            submit_s: 1.0,
+            start_s: Some(2.0),
+            end_s: Some(3.0),
+            nodes: 4,
+            wait_s: Some(1.0),
+            bsld: Some(1.0),
+            backfilled: false,
+            tenant: "t\"x".into(),
+            vcluster: "v".into(),
+            state: "completed",
+            reason: "success",
+            gpus: 0,
+            groups: Some(1),
+            conformance: Some(1.0),
+            class: 4,
+            score: Some(0.5),
+            preempted: 2,
+            borrowed: 0,
+            run_s: Some(1.0),
+        };
+        let mut row = String::new();
+        r.csv_row(&mut row);
+        // Split on commas outside quotes.
+        let (mut fields, mut quoted) = (1, false);
+        for c in row.trim_end().chars() {
+            match c {
+                '"' => quoted = !quoted,
+                ',' if !quoted => fields += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(fields, JobRecord::CSV_COLUMNS.len(), "{row}");
+        assert_eq!(JobRecord::csv_header().split(',').count(), fields);
+        assert!(row.starts_with("\"a,1\",1,2,3,4,"), "{row}");
+        assert!(row.trim_end().ends_with(",1,1,4,0.5,2"), "{row}");
     }
 
     #[test]

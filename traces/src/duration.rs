@@ -3,7 +3,38 @@
 
 use lattice_engine::Duration;
 
-/// Parses a duration; the error says what was expected.
+/// The longest duration any input may give: 100 years. Every time the engine computes (a submission
+/// plus a walltime, a reservation) then stays far inside `u64` milliseconds, so no arithmetic on
+/// input saturates or wraps; anything longer is refused naming the field.
+pub const MAX_DURATION: Duration = Duration(100 * 366 * 86_400_000);
+
+/// The longest walltime a request may ask for: 366 days. A scheduler has to plan reservations
+/// around every running walltime; a year is already far past any site's limit.
+pub const MAX_WALLTIME: Duration = Duration(366 * 86_400_000);
+
+/// The latest timestamp a trace may carry: 9999-12-31T23:59:59Z, in seconds since the epoch.
+pub const MAX_TIMESTAMP_S: f64 = 253_402_300_799.0;
+
+/// Parses a requested walltime (the API): a duration, positive and at most [`MAX_WALLTIME`].
+pub fn parse_walltime(s: &str) -> Result<Duration, String> {
+    let d = check_walltime(parse_duration(s)?, s)?;
+    if d == Duration::ZERO {
+        return Err(format!("`{s}`: a walltime must be positive"));
+    }
+    Ok(d)
+}
+
+/// A walltime already parsed (e.g. a trace's number of seconds): at most [`MAX_WALLTIME`]. Traces may
+/// carry a zero walltime (an SWF job that ran 0 s with no requested time; DESIGN.md holds its nodes
+/// for 1 ms), so zero is not refused here.
+pub fn check_walltime(d: Duration, shown: &str) -> Result<Duration, String> {
+    if d > MAX_WALLTIME {
+        return Err(format!("`{shown}`: a walltime is at most 366 days"));
+    }
+    Ok(d)
+}
+
+/// Parses a duration; the error says what was expected. At most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.is_empty() {
@@ -39,14 +70,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             u => return Err(format!("`{s}`: unknown unit `{u}` (use d, h, m, s or ms)")),
         };
         total_ms += n * unit_ms;
+        if total_ms.is_nan() || total_ms > MAX_DURATION.0 as f64 {
+            return Err(too_long(s));
+        }
         rest = &rest[unit_len..];
     }
     Ok(Duration(total_ms.round() as u64))
 }
 
-fn secs_to_duration(secs: f64, s: &str) -> Result<Duration, String> {
+fn too_long(s: &str) -> String {
+    format!("`{s}`: longer than 100 years")
+}
+
+/// A number of seconds as a duration: finite, non-negative and at most [`MAX_DURATION`] (the error
+/// shows `s`).
+pub fn secs_to_duration(secs: f64, s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("`{s}`: duration must be a non-negative number of seconds"));
+    }
+    if secs * 1000.0 > MAX_DURATION.0 as f64 {
+        return Err(too_long(s));
     }
     Ok(Duration((secs * 1000.0).round() as u64))
 }
@@ -56,6 +99,7 @@ fn parse_clock(t: &str) -> Result<Duration, String> {
         Some((d, c)) => (d.parse::<u64>().map_err(|_| format!("`{t}`: bad day count"))?, c),
         None => (0, t),
     };
+    let too_long = || too_long(t);
     let parts: Vec<&str> = clock.split(':').collect();
     if parts.len() != 3 {
         return Err(format!("`{t}`: expected HH:MM:SS"));
@@ -67,7 +111,15 @@ fn parse_clock(t: &str) -> Result<Duration, String> {
     if v[1] >= 60 || v[2] >= 60 {
         return Err(format!("`{t}`: minutes and seconds must be below 60"));
     }
-    Ok(Duration::from_secs(days * 86_400 + v[0] * 3600 + v[1] * 60 + v[2]))
+    let secs = days
+        .checked_mul(86_400)
+        .and_then(|d| v[0].checked_mul(3600).and_then(|h| d.checked_add(h)))
+        .and_then(|x| x.checked_add(v[1] * 60 + v[2]))
+        .ok_or_else(too_long)?;
+    if secs > MAX_DURATION.0 / 1000 {
+        return Err(too_long());
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 #[cfg(test)]
@@ -95,5 +147,32 @@ mod tests {
         assert!(parse_duration("1:2").unwrap_err().contains("HH:MM:SS"));
         assert!(parse_duration("00:61:00").is_err());
         assert!(parse_duration("-5").is_err());
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_not_wrapped() {
+        for s in [
+            "99999999999999d",
+            "1e300",
+            "36601d",
+            "99999999999999999999:00:00",
+            "999999999999999-00:00:00",
+            "18446744073709551615ms",
+            "5000000000000000000",
+        ] {
+            let e = parse_duration(s).unwrap_err();
+            assert!(
+                e.contains("100 years") || e.contains("bad day count") || e.contains("HH:MM:SS"),
+                "{s}: {e}"
+            );
+        }
+        assert_eq!(parse_duration("36600d"), Ok(Duration::from_hours(36600 * 24)));
+        // Walltimes: positive, at most 366 days.
+        assert_eq!(parse_walltime("366d"), Ok(Duration::from_hours(366 * 24)));
+        assert!(parse_walltime("367d").unwrap_err().contains("at most 366 days"));
+        assert!(parse_walltime("99999999999999d").unwrap_err().contains("100 years"));
+        assert!(parse_walltime("0").unwrap_err().contains("positive"));
+        // A trace's zero walltime stays (an SWF job that ran 0 s).
+        assert_eq!(check_walltime(Duration::ZERO, "0"), Ok(Duration::ZERO));
     }
 }

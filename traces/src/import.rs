@@ -120,7 +120,11 @@ pub fn parse_slurm_time(s: &str) -> Option<i64> {
     let (&[y, m, day], &[hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
         return None;
     };
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
+    // Years outside 1..=9999 are not dates (and would overflow the day arithmetic below).
+    if !(1..=9999).contains(&y) || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+        return None;
+    }
+    if !(0..=23).contains(&hh) || !(0..=59).contains(&mm) || !(0..=60).contains(&ss) {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm).
@@ -205,7 +209,7 @@ pub fn sacct(file: &str, text: &str, map: &CompatMapping) -> Imported {
             field: None,
             reason: "bad_header".into(),
             message: format!(
-                "the header lacks {} (needs JobID, Submit, Start, End, State and NNodes or AllocTRES; see the README's sacct command)",
+                "the header lacks {} (needs JobID, Submit, Start, End, State and NNodes or AllocTRES; see the sacct command in docs/traces.md)",
                 if missing.is_empty() { "NNodes/AllocTRES".to_string() } else { missing.join(", ") }
             ),
         });
@@ -811,6 +815,10 @@ mod tests {
         assert_eq!(parse_slurm_duration("03:04"), Some(184.0));
         assert_eq!(parse_slurm_duration("30"), Some(1800.0));
         assert_eq!(parse_slurm_duration("2-00"), Some(2.0 * 86400.0));
+        // Dates whose day arithmetic would overflow are not dates.
+        assert_eq!(parse_slurm_time("9223372036854775807-01-01T00:00:00"), None);
+        assert_eq!(parse_slurm_time("10000-01-01T00:00:00"), None);
+        assert_eq!(parse_slurm_time("1970-01-02T00:00:00"), Some(86_400));
         assert_eq!(parse_slurm_duration("UNLIMITED"), None);
         assert_eq!(parse_slurm_duration("Partition_Limit"), None);
     }

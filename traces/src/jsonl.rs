@@ -914,7 +914,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
     let walltime = a
         .walltime
         .as_ref()
-        .map(duration_value)
+        .map(walltime_value)
         .transpose()
         .map_err(|m| f("walltime", m))?;
     let lifecycle = match a.lifecycle {
@@ -928,7 +928,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
             let lw = l
                 .walltime
                 .as_ref()
-                .map(duration_value)
+                .map(walltime_value)
                 .transpose()
                 .map_err(|m| f("lifecycle.walltime", m))?;
             match l.kind.as_str() {
@@ -1091,14 +1091,19 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
 
 fn ts_millis(ts: &Ts) -> Result<i64, String> {
     match ts {
-        Ts::Secs(s) if s.is_finite() && *s >= 0.0 => Ok((s * 1000.0).round() as i64),
+        Ts::Secs(s) if s.is_finite() && *s >= 0.0 && *s <= crate::duration::MAX_TIMESTAMP_S => {
+            Ok((s * 1000.0).round() as i64)
+        }
+        Ts::Secs(s) if s.is_finite() && *s > crate::duration::MAX_TIMESTAMP_S => {
+            Err(format!("timestamp {s} is after the year 9999"))
+        }
         Ts::Secs(s) => Err(format!("timestamp {s} must be a non-negative number of seconds")),
         Ts::Text(t) => {
             let st = humantime::parse_rfc3339_weak(t).map_err(|e| format!("`{t}` is not an RFC 3339 time: {e}"))?;
             let d = st
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_err(|_| format!("`{t}` is before 1970"))?;
-            Ok(d.as_millis() as i64)
+            i64::try_from(d.as_millis()).map_err(|_| format!("`{t}` is out of range"))
         }
     }
 }
@@ -1146,10 +1151,18 @@ fn load_curve(e: LoadCurveEventIn) -> Result<TraceEventKind, (String, String)> {
 
 fn duration_value(d: &DurationValue) -> Result<Duration, String> {
     match d {
-        DurationValue::Secs(s) if s.is_finite() && *s >= 0.0 => Ok(Duration((s * 1000.0).round() as u64)),
-        DurationValue::Secs(s) => Err(format!("duration {s} must be a non-negative number of seconds")),
+        DurationValue::Secs(s) => crate::duration::secs_to_duration(*s, &s.to_string()),
         DurationValue::Text(t) => parse_duration(t),
     }
+}
+
+/// A walltime: a duration, positive and at most 366 days.
+fn walltime_value(d: &DurationValue) -> Result<Duration, String> {
+    let shown = match d {
+        DurationValue::Secs(s) => s.to_string(),
+        DurationValue::Text(t) => t.clone(),
+    };
+    crate::duration::check_walltime(duration_value(d)?, &shown)
 }
 
 /// The field serde complained about, when its message names one.
@@ -1212,6 +1225,44 @@ not json
         );
         assert_eq!(p(4).field.as_deref(), Some("alloc.walltime"));
         assert_eq!(p(5).field.as_deref(), Some("alloc.preemption_class"));
+    }
+
+    #[test]
+    fn absurd_times_and_durations_are_refused_naming_the_field() {
+        let text = r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "nodes": 1, "walltime": "99999999999999d"}}
+{"ts": 1, "type": "submit", "alloc": {"id": "b", "nodes": 1, "walltime": 1e300}}
+{"ts": 2, "type": "submit", "alloc": {"id": "c", "nodes": 1, "walltime": "400d"}}
+{"ts": 1e300, "type": "submit", "alloc": {"id": "d", "nodes": 1, "walltime": "1h"}}
+{"ts": 3, "type": "submit", "alloc": {"id": "e", "nodes": 1, "lifecycle": {"type": "bounded", "walltime": "99999999999999d"}}}
+{"ts": 4, "type": "submit", "alloc": {"id": "ok", "nodes": 1, "walltime": "366d"}}
+{"ts": 5, "type": "complete", "alloc_id": "ok", "duration": 1e300}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert_eq!(w.jobs.len(), 1, "{:?}", w.problems);
+        assert_eq!(w.jobs[0].id, "ok");
+        let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap().to_string();
+        assert!(
+            p(1).contains("alloc.walltime") && p(1).contains("100 years"),
+            "{}",
+            p(1)
+        );
+        assert!(
+            p(2).contains("alloc.walltime") && p(2).contains("100 years"),
+            "{}",
+            p(2)
+        );
+        assert!(
+            p(3).contains("alloc.walltime") && p(3).contains("at most 366 days"),
+            "{}",
+            p(3)
+        );
+        assert!(p(4).contains("ts") && p(4).contains("year 9999"), "{}", p(4));
+        assert!(
+            p(5).contains("lifecycle.walltime") && p(5).contains("100 years"),
+            "{}",
+            p(5)
+        );
+        assert!(p(7).contains("duration") && p(7).contains("100 years"), "{}", p(7));
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub mod synth;
 pub mod tenants;
 pub mod workload;
 
-pub use duration::parse_duration;
+pub use duration::{
+    MAX_DURATION, MAX_TIMESTAMP_S, MAX_WALLTIME, check_walltime, parse_duration, parse_walltime, secs_to_duration,
+};
 pub use error::{Problem, TraceError};
 pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory};
 pub use jsonl::{checkpoint_spec, parse_jsonl, read_jsonl};

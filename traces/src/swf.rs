@@ -207,6 +207,19 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
             ));
             continue;
         }
+        // Times beyond 100 years cannot be a job's: refused rather than saturated in the arithmetic.
+        let max_s = (crate::duration::MAX_DURATION.0 / 1000) as i64;
+        if let Some((f, v)) = [(1, submit), (3, run), (8, req_time)]
+            .into_iter()
+            .find(|(_, v)| *v > max_s)
+        {
+            w.skip(problem(
+                Some(f),
+                "time_out_of_range",
+                format!("{v} s is longer than 100 years"),
+            ));
+            continue;
+        }
         let procs = if req_procs > 0 { req_procs } else { alloc_procs };
         if procs <= 0 {
             w.skip(problem(
@@ -344,6 +357,22 @@ mod tests {
         let p = &w.problems[3];
         assert_eq!((p.line, p.field.as_deref()), (6, Some("wait_time")));
         assert!(p.to_string().starts_with("t.swf:6: field `wait_time`"), "{p}");
+    }
+
+    #[test]
+    fn times_beyond_a_century_are_skipped_naming_the_field() {
+        let text = format!(
+            "{HEADER}{}{}{}{}",
+            "1 99999999999999 -1 10 2 -1 -1 2 20 -1 1 3 7 -1 2 -1 -1 -1\n",
+            "2 0 -1 9223372036854775807 2 -1 -1 2 20 -1 1 3 7 -1 2 -1 -1 -1\n",
+            "3 0 -1 10 2 -1 -1 2 99999999999999 -1 1 3 7 -1 2 -1 -1 -1\n",
+            line(4, 0, 10, 2, 20),
+        );
+        let w = parse_swf("t.swf", &text, &SwfOptions::default());
+        assert_eq!(w.jobs.len(), 1);
+        assert_eq!(w.skipped.get("time_out_of_range"), Some(&3));
+        let fields: Vec<_> = w.problems.iter().map(|p| p.field.clone().unwrap_or_default()).collect();
+        assert_eq!(fields, ["submit_time", "run_time", "requested_time"]);
     }
 
     #[test]

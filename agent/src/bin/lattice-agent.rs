@@ -83,7 +83,19 @@ struct Args {
     state_file: PathBuf,
 }
 
-fn main() -> Result<()> {
+/// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
+/// panics. Usage errors are clap's (exit 2).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", lattice_engine::user_error_report(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let a = Args::parse();
     let client = lattice_agent::client::Client::new(
         &a.quorum_endpoint,

@@ -260,7 +260,19 @@ fn http_agent(fc: &FileConfig) -> Result<ureq::Agent> {
         .into())
 }
 
-fn main() -> Result<()> {
+/// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
+/// panics. Usage errors are clap's (exit 2).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", lattice_engine::user_error_report(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let fc = file_config()?;
     let agent = http_agent(&fc)?;
@@ -295,7 +307,8 @@ fn main() -> Result<()> {
         } => {
             // A script file: its directives, then the flags on top.
             let mut fields = SubmitFields::default();
-            let mut entrypoint = command.join(" ");
+            // Quoted for `/bin/sh -c`: the job runs exactly the arguments typed after `--`.
+            let mut entrypoint = lattice_cli::directives::shell_join(&command);
             if let [script] = command.as_slice()
                 && std::path::Path::new(script).is_file()
             {
@@ -305,7 +318,7 @@ fn main() -> Result<()> {
                     eprintln!("{w}");
                 }
                 fields = f;
-                entrypoint = format!("bash {script}");
+                entrypoint = format!("bash {}", lattice_cli::directives::shell_join(&[script]));
             }
             let flags = SubmitFields {
                 nodes,

@@ -302,13 +302,33 @@ struct ReplayArgs {
     walltime_grace: Option<String>,
 }
 
-fn main() -> Result<()> {
+/// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
+/// panics. Usage errors are clap's (exit 2).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", lattice_engine::user_error_report(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes an output file, creating its folder first (`--out out/x.swf` on a fresh checkout).
+fn write_file(path: &std::path::Path, bytes: impl AsRef<[u8]>) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Cmd::Bench(b)) => run_bench(b),
         Some(Cmd::GenerateDemo { out }) => {
             let text = lattice_traces::synth::generate_swf(&lattice_traces::synth::SwfGenParams::demo());
-            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            write_file(&out, text)?;
             println!("wrote {}", out.display());
             Ok(())
         }
@@ -354,7 +374,7 @@ fn main() -> Result<()> {
                 lattice_traces::import::anonymise_swf(&name, &text, &key)
             }
             .map_err(|p| anyhow::anyhow!("{p}"))?;
-            std::fs::write(&output, anon).with_context(|| format!("writing {}", output.display()))?;
+            write_file(&output, anon)?;
             let counts: Vec<String> = replaced.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("wrote {} (replaced: {})", output.display(), counts.join(", "));
             Ok(())
@@ -382,7 +402,7 @@ fn main() -> Result<()> {
                 None => lattice_traces::synth::alps_like_inventory(&Default::default()),
                 Some(csv) => lattice_cli::report::inventory_yaml(&lattice_traces::read_inventory(&csv)?),
             };
-            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            write_file(&out, text)?;
             println!("wrote {}", out.display());
             Ok(())
         }
@@ -588,7 +608,7 @@ fn inventory_path(output: &std::path::Path) -> PathBuf {
 
 fn run_import(kind: ImportKind) -> Result<()> {
     let write = |output: &PathBuf, imp: &lattice_traces::import::Imported| -> Result<()> {
-        std::fs::write(output, &imp.jsonl).with_context(|| format!("writing {}", output.display()))?;
+        write_file(output, &imp.jsonl)?;
         for p in &imp.problems {
             eprintln!("{p}");
         }
@@ -660,7 +680,7 @@ fn run_import(kind: ImportKind) -> Result<()> {
                 eprintln!("{p}");
             }
             let jsonl = lattice_traces::import::workload_to_jsonl(&w);
-            std::fs::write(&output, jsonl).with_context(|| format!("writing {}", output.display()))?;
+            write_file(&output, jsonl)?;
             println!(
                 "{}: {} jobs written, {} lines skipped",
                 output.display(),

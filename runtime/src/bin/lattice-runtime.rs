@@ -36,8 +36,20 @@ enum Cmd {
     },
 }
 
+/// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
+/// panics. Usage errors are clap's (exit 2).
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprint!("{}", lattice_engine::user_error_report(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn".into()),
@@ -76,7 +88,12 @@ async fn main() -> Result<()> {
         "lattice-runtime: REST on http://{}, quorum gRPC on {}",
         running.rest_addr, running.grpc_addr
     );
-    tokio::signal::ctrl_c().await?;
+    // SIGINT (Ctrl-C) or SIGTERM (systemd, kill): stop serving and close the stores cleanly.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
     running.shutdown().await;
     Ok(())
 }

@@ -1,0 +1,358 @@
+//! A restart of `lattice-runtime` — the binary, killed with SIGKILL or stopped with SIGTERM — loses no
+//! acknowledged allocation and reuses no id: queued ones are queued again with their submission time,
+//! running ones are re-attached to their nodes with their original start (not run again), ended ones
+//! stay visible. Once with simulated agents (the `minimal.yaml` setup) and once with two real
+//! `lattice-agent` processes (the `dev-agents.yaml` setup), whose job must run exactly once.
+//! User errors of the binary print `error: …` and no backtrace.
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let r = match (method, body) {
+        ("POST", Some(b)) => agent.post(url).send_json(b),
+        _ => agent.get(url).call(),
+    };
+    match r {
+        Ok(mut resp) => {
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        }
+        Err(e) => (0, Value::String(e.to_string())),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Processes killed (SIGKILL) when the test ends, however it ends.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `lattice-runtime` process on `config`; its output goes to `log`.
+fn runtime(config: &Path, log: &Path) -> Child {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
+        .arg("--config")
+        .arg(config)
+        .arg("--bootstrap")
+        .env("RUST_LOG", "info,openraft=warn")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("lattice-runtime starts")
+}
+
+fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < within, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn healthy(base: &str) -> bool {
+    call("GET", &format!("{base}/v1/allocations"), None).0 == 200
+}
+
+fn list(base: &str) -> Vec<Value> {
+    let (status, v) = call("GET", &format!("{base}/v1/allocations"), None);
+    assert_eq!(status, 200, "{v}");
+    v["allocations"].as_array().unwrap().clone()
+}
+
+fn get(base: &str, id: &str) -> Value {
+    let (status, v) = call("GET", &format!("{base}/v1/allocations/{id}"), None);
+    assert_eq!(status, 200, "{id}: {v}");
+    v
+}
+
+fn submit(base: &str, body: Value) -> String {
+    let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+    assert_eq!(status, 201, "{v}");
+    v["id"].as_str().unwrap().to_string()
+}
+
+fn signal(child: &Child, sig: i32) {
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lattice-restart-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// What must not change for an allocation across a restart: tenant, submission time, nodes, and the
+/// start — as the quorum recorded it with the nodes, which is the leader's proposal time, so within
+/// the commit latency of the start shown before.
+fn strip(v: &Value) -> (Value, Value, Value, Value) {
+    (
+        v["id"].clone(),
+        v["tenant"].clone(),
+        v["submitted_ms"].clone(),
+        v["nodes"].clone(),
+    )
+}
+
+fn same_start(a: &Value, b: &Value) {
+    let (x, y) = (a["started_ms"].as_u64(), b["started_ms"].as_u64());
+    match (x, y) {
+        (Some(x), Some(y)) => assert!(x.abs_diff(y) < 500, "{} started at {x}, then {y}", a["id"]),
+        _ => assert_eq!(x, y, "{}", a["id"]),
+    }
+}
+
+#[test]
+fn a_killed_runtime_keeps_every_acknowledged_allocation_and_never_reuses_ids() {
+    let dir = fresh_dir("sim");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    // The minimal setup: one member, 8 simulated nodes.
+    let minimal = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/minimal.yaml")).unwrap();
+    let config = dir.join("minimal.yaml");
+    std::fs::write(
+        &config,
+        minimal
+            .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
+            .replace("127.0.0.1:50051", &format!("127.0.0.1:{}", free_port()))
+            .replace("../../lattice-data/node-1", &dir.join("data").display().to_string())
+            .replace("cycle: 1s", "cycle: 100ms"),
+    )
+    .unwrap();
+    let log = dir.join("runtime.log");
+    let mut procs = Procs(vec![runtime(&config, &log)]);
+    wait_until("the runtime to serve", Duration::from_secs(20), || healthy(&base));
+
+    let job = |secs: u64| {
+        json!({"tenant": "physics", "entrypoint": format!("sleep {secs}"), "resources": {"nodes": 1},
+               "lifecycle": {"type": "bounded", "walltime": "10m"}})
+    };
+    // One that ends before the restart, then 8 running (one per node) and 4 pending behind them.
+    let done = submit(&base, job(0));
+    wait_until("the first to end", Duration::from_secs(10), || {
+        get(&base, &done)["state"] == "completed"
+    });
+    let running: Vec<String> = (0..8).map(|_| submit(&base, job(6))).collect();
+    let pending: Vec<String> = (0..4).map(|_| submit(&base, job(1))).collect();
+    assert_eq!(pending.last().unwrap(), "a-000013");
+    wait_until("8 running", Duration::from_secs(10), || {
+        running.iter().all(|id| get(&base, id)["state"] == "running")
+    });
+    let before: Vec<Value> = list(&base);
+    assert_eq!(before.len(), 13);
+
+    // kill -9 and start again.
+    signal(&procs.0[0], libc::SIGKILL);
+    procs.0[0].wait().unwrap();
+    let restarted = Instant::now();
+    procs.0[0] = runtime(&config, &log);
+    wait_until("the restarted runtime to serve", Duration::from_secs(20), || {
+        healthy(&base)
+    });
+    let after = list(&base);
+    let ids = |l: &[Value]| {
+        l.iter()
+            .map(|v| v["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(&after),
+        ids(&before),
+        "every acknowledged allocation is back, under its id"
+    );
+    assert_eq!(get(&base, &done)["state"], "completed", "an ended one stays visible");
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(strip(a), strip(b), "{} changed across the restart", b["id"]);
+        same_start(a, b);
+    }
+    for id in &running {
+        // Re-attached to its nodes with its original start: running, not queued again.
+        assert_eq!(get(&base, id)["state"], "running", "{id}");
+    }
+    for id in &pending {
+        assert_eq!(get(&base, id)["state"], "pending", "{id}");
+    }
+    // The next id continues; a-000001 is never handed out again.
+    let next = submit(&base, job(1));
+    assert_eq!(next, "a-000014");
+    // The re-attached runs end 6 s after their original start, not 6 s after the restart.
+    wait_until("everything to end", Duration::from_secs(30), || {
+        list(&base).iter().all(|v| v["state"] == "completed")
+    });
+    for id in &running {
+        let v = get(&base, id);
+        let (s, e) = (v["started_ms"].as_u64().unwrap(), v["ended_ms"].as_u64().unwrap());
+        assert!((5_900..9_000).contains(&(e - s)), "{id} ran {} ms", e - s);
+    }
+    let _ = restarted;
+
+    // A graceful stop (SIGTERM) keeps everything too, ended ones included.
+    signal(&procs.0[0], libc::SIGTERM);
+    procs.0[0].wait().unwrap();
+    procs.0[0] = runtime(&config, &log);
+    wait_until("the runtime to serve again", Duration::from_secs(20), || healthy(&base));
+    let again = list(&base);
+    assert_eq!(again.len(), 14);
+    assert!(again.iter().all(|v| v["state"] == "completed"), "{again:?}");
+    assert_eq!(submit(&base, job(0)), "a-000015");
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `lattice-agent` binary: built beside `lattice-runtime` by `cargo test --workspace`.
+fn agent_binary() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_lattice-runtime")).with_file_name("lattice-agent");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build --bin lattice-agent` (cargo test --workspace does)",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn a_killed_runtime_reattaches_real_agents_jobs_without_running_them_again() {
+    let dir = fresh_dir("agents");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    // The shipped one-machine setup with real agents.
+    let cfg_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let text = std::fs::read_to_string(format!("{cfg_dir}/dev-agents.yaml")).unwrap();
+    let config = dir.join("dev-agents.yaml");
+    std::fs::write(
+        &config,
+        text.replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
+            .replace("127.0.0.1:50051", &format!("127.0.0.1:{}", free_port()))
+            .replace("../../lattice-data/dev-agents", &dir.join("data").display().to_string())
+            .replace("dev-nodes.yaml", &format!("{cfg_dir}/dev-nodes.yaml"))
+            .replace("cycle: 1s", "cycle: 100ms"),
+    )
+    .unwrap();
+    let log = dir.join("runtime.log");
+    let mut procs = Procs(vec![runtime(&config, &log)]);
+    wait_until("the runtime to serve", Duration::from_secs(20), || healthy(&base));
+    let agent = agent_binary();
+    for node in ["node-001", "node-002"] {
+        procs.0.push(
+            Command::new(&agent)
+                .args(["--node-id", node, "--quorum-endpoint", &base])
+                .args(["--poll", "100ms", "--heartbeat", "200ms"])
+                .arg("--log-dir")
+                .arg(dir.join(format!("logs-{node}")))
+                .arg("--state-file")
+                .arg(dir.join(format!("state-{node}.json")))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("lattice-agent starts"),
+        );
+    }
+    wait_until("both agents to register", Duration::from_secs(20), || {
+        let (_, v) = call("GET", &format!("{base}/v1/nodes"), None);
+        v["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().filter(|n| n["fingerprint"].is_string()).count() == 2)
+    });
+    // A 2-node job that notes each start in a file, then runs 4 s.
+    let starts = dir.join("starts");
+    let id = submit(
+        &base,
+        json!({"tenant": "physics", "resources": {"nodes": 2}, "lifecycle": {"walltime": "10m"},
+               "entrypoint": format!("echo \"$LATTICE_TASK_INDEX\" >> {}; sleep 4", starts.display())}),
+    );
+    wait_until("both tasks to start", Duration::from_secs(20), || {
+        std::fs::read_to_string(&starts).is_ok_and(|s| s.lines().count() == 2)
+    });
+    let before = get(&base, &id);
+    assert_eq!(before["state"], "running");
+
+    signal(&procs.0[0], libc::SIGKILL);
+    procs.0[0].wait().unwrap();
+    procs.0[0] = runtime(&config, &log);
+    wait_until("the restarted runtime to serve", Duration::from_secs(20), || {
+        healthy(&base)
+    });
+    let after = get(&base, &id);
+    assert_eq!(strip(&after), strip(&before), "re-attached to its nodes");
+    same_start(&after, &before);
+    let end = wait_for_end(&base, &id);
+    assert_eq!(
+        (end["state"].as_str(), end["end_reason"].as_str()),
+        (Some("completed"), Some("success"))
+    );
+    // Each node ran it exactly once: the agents kept their processes and were not told to start
+    // them again.
+    let lines = std::fs::read_to_string(&starts).unwrap();
+    let mut tasks: Vec<&str> = lines.lines().collect();
+    tasks.sort_unstable();
+    assert_eq!(tasks, ["0", "1"], "each task started once");
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn wait_for_end(base: &str, id: &str) -> Value {
+    let mut last = Value::Null;
+    wait_until("the job to end", Duration::from_secs(30), || {
+        last = get(base, id);
+        last["ended_ms"].is_u64()
+    });
+    last
+}
+
+#[test]
+fn user_errors_print_the_message_not_a_backtrace() {
+    let o = Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
+        .args(["--config", "/nonexistent/lattice.yaml"])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.starts_with("error: "), "{e}");
+    assert!(e.contains("/nonexistent/lattice.yaml"), "{e}");
+    assert!(!e.to_lowercase().contains("backtrace"), "{e}");
+    let o = Command::new(agent_binary())
+        .args(["--node-id", "n1", "--quorum-endpoint", "http://127.0.0.1:1"])
+        .args([
+            "--bootstrap-cert",
+            "/nonexistent/cert.pem",
+            "--bootstrap-key",
+            "/nonexistent/key.pem",
+        ])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.starts_with("error: "), "{e}");
+    assert!(!e.to_lowercase().contains("backtrace"), "{e}");
+    // Usage errors are clap's: exit 2.
+    let o = Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
+        .arg("--no-such-flag")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
