@@ -14,7 +14,6 @@ mkdir -p "$work/home"
 export CARGO_HOME="$work/home" CARGO_TARGET_DIR="$work/target"
 unset RUSTC_WRAPPER
 cd "$work"
-ln -s "$(cd "$OLDPWD/.." && pwd)/shared" ../shared 2>/dev/null || true
 start=$(date +%s.%N)
 cargo build --release --locked --bin rm-replay
 built=$(date +%s.%N)

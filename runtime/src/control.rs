@@ -364,6 +364,8 @@ pub struct Control {
     history: BTreeMap<String, AllocationView>,
     /// Re-attached allocations whose simulated agents must resume (drained by the loop).
     resumed: Vec<AllocId>,
+    /// Real agents run the work: a node is Booting (not schedulable) until its agent registers.
+    pub real_agents: bool,
     /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
@@ -442,6 +444,7 @@ impl Control {
             logs: BTreeMap::new(),
             history: BTreeMap::new(),
             resumed: Vec::new(),
+            real_agents: false,
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -927,7 +930,39 @@ impl Control {
             self.fingerprint_ms.insert(id.0, now.0);
         }
         self.agent_info.insert(id.0, (fingerprint, capabilities));
+        if self
+            .engine
+            .node(id)
+            .is_some_and(|n| n.state == lattice_engine::NodeState::Booting)
+        {
+            let _ = self
+                .engine
+                .handle_node_event(now, id, lattice_engine::NodeEvent::HealthOk);
+        }
         Ok(self.node_state(id))
+    }
+
+    /// With real agents: idle nodes whose agent has not registered are Booting — nothing is placed on
+    /// a node nobody would run it on; its agent's registration makes it Ready (the seed's node
+    /// lifecycle: Booting → HealthOk → Ready). Nodes that hold a (re-attached) allocation keep it and
+    /// time out as usual if their agent does not come back.
+    pub fn await_agents(&mut self) {
+        use lattice_engine::{NodeEvent, NodeState};
+        if !self.real_agents {
+            return;
+        }
+        let now = self.now();
+        for i in 0..self.node_names.len() {
+            let id = lattice_engine::NodeId(i as u32);
+            let idle_ready = self
+                .engine
+                .node(id)
+                .is_some_and(|n| n.owner.is_none() && n.state == NodeState::Ready);
+            if self.agents[i].is_none() && idle_ready {
+                let _ = self.engine.handle_node_event(now, id, NodeEvent::HardwareFailure);
+                let _ = self.engine.handle_node_event(now, id, NodeEvent::Boot);
+            }
+        }
     }
 
     /// Asks `node`'s agent to recompute and report its conformance fingerprint (at its next poll).

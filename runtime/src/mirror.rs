@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Ended allocations whose final record is kept (the newest); older ones are forgotten.
+/// Ended allocations whose final record is kept (at least the newest this many; older ones are
+/// forgotten).
 pub const ENDED_KEPT: usize = 10_000;
 
 /// One allocation in a member's copy.
@@ -84,8 +85,13 @@ pub struct Mirror {
     pub max_id: u64,
     /// DAG id → (member name, allocation id).
     pub dags: BTreeMap<String, Vec<(String, String)>>,
+    /// How many entries hold a final record (kept counted: trimming scans only past the slack).
+    ended: usize,
     writer: Option<Writer>,
 }
+
+/// Final records beyond [`ENDED_KEPT`] are trimmed in batches of this many (one scan per batch).
+const ENDED_SLACK: usize = 1_000;
 
 const MAX_ID: &str = "max_id";
 const DAG_PREFIX: &str = "dag/";
@@ -116,6 +122,7 @@ impl Mirror {
             }
         }
         m.max_id = m.max_id.max(m.entries.keys().next_back().copied().unwrap_or(0));
+        m.ended = m.entries.values().filter(|e| e.ended.is_some()).count();
         m.writer = Some(Writer::start(store));
         Ok(m)
     }
@@ -162,6 +169,7 @@ impl Mirror {
                     if let Some(n) = id_number(&v.id)
                         && let Some(e) = self.entries.get_mut(&n)
                     {
+                        self.ended += usize::from(e.ended.is_none());
                         e.exits.clear();
                         e.ended = Some(v);
                         out.push(Change::Put(n, json(e)));
@@ -169,21 +177,26 @@ impl Mirror {
                 }
                 for id in forget {
                     if let Some(n) = id_number(&id)
-                        && self.entries.remove(&n).is_some()
+                        && let Some(e) = self.entries.remove(&n)
                     {
+                        self.ended -= usize::from(e.ended.is_some());
                         out.push(Change::Delete(n));
                     }
                 }
-                // Keep the newest ENDED_KEPT final records.
-                let ended: Vec<u64> = self
-                    .entries
-                    .iter()
-                    .filter(|(_, e)| e.ended.is_some())
-                    .map(|(n, _)| *n)
-                    .collect();
-                for n in ended.iter().take(ended.len().saturating_sub(ENDED_KEPT)) {
-                    self.entries.remove(n);
-                    out.push(Change::Delete(*n));
+                // Keep the newest ENDED_KEPT final records (trimmed once the slack is used up).
+                if self.ended > ENDED_KEPT + ENDED_SLACK {
+                    let oldest: Vec<u64> = self
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.ended.is_some())
+                        .map(|(n, _)| *n)
+                        .take(self.ended - ENDED_KEPT)
+                        .collect();
+                    for n in oldest {
+                        self.entries.remove(&n);
+                        self.ended -= 1;
+                        out.push(Change::Delete(n));
+                    }
                 }
             }
             MirrorOp::Update { id, walltime, tags } => {
@@ -241,6 +254,8 @@ impl Mirror {
             };
             if take {
                 out.push(Change::Put(n, json(&e)));
+                let was_ended = self.entries.get(&n).is_some_and(|m| m.ended.is_some());
+                self.ended = self.ended + usize::from(e.ended.is_some()) - usize::from(was_ended);
                 self.entries.insert(n, e);
             }
         }

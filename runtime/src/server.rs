@@ -119,11 +119,13 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
     let fabric_on = cfg.services.fabric.is_some();
     let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
+    let simulate_agents = cfg.simulate_agents.unwrap_or(cfg.inventory.is_none());
     let make =
         move |nodes: Vec<lattice_engine::NodeSpec>, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
             let mut c = Control::new(nodes, vcs, quotas, capture)?;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
+            c.real_agents = !simulate_agents;
             if let Some(g) = vast_gbps {
                 c.engine.set_vast_bandwidth(g);
             }
@@ -179,7 +181,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         member,
         metrics: Metrics::default(),
         wake: Notify::new(),
-        simulate_agents: cfg.simulate_agents.unwrap_or(cfg.inventory.is_none()),
+        simulate_agents,
         data_dir: cfg.data_dir.clone(),
         log_store: cfg.log_store.clone().map(lattice_adapters::logstore::LogStore::new),
         fabric,
@@ -416,6 +418,7 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     for (id, members) in snap.dags {
         control.add_dag(&id, members);
     }
+    control.await_agents();
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
     // reads the control plane, whose lock is held here).
     for alloc in held.keys().filter(|a| !attached.contains(*a)) {
@@ -434,13 +437,22 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
 /// Records allocations that ended in the mirrors, with their final state (this member's durably,
 /// before it returns; the others' in the background).
 async fn prune_mirror(shared: &Arc<Shared>) {
-    let op = {
+    let ended = {
         let c = shared.control.lock().await;
         let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
-        let ended = c.ended_among(m.active());
-        if ended.is_empty() {
-            return;
-        }
+        c.ended_among(m.active())
+    };
+    record_ended(shared, ended).await;
+}
+
+/// Records `ended` (allocations that ended, or that this control plane does not know) in the mirrors
+/// with their final state: this member's durably before it returns, the others' in the background.
+async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
+    if ended.is_empty() {
+        return;
+    }
+    let op = {
+        let c = shared.control.lock().await;
         let (mut views, mut forget) = (Vec::new(), Vec::new());
         for id in ended {
             match c.view_named(&id) {
@@ -607,8 +619,10 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
 /// Frees an allocation's nodes at the quorum (retried until a leader takes it); a sensitive
 /// allocation's release is appended to the audit log.
 pub async fn release(shared: &Arc<Shared>, name: String) {
-    // Its end is on disk first: a restart between the two never runs it again.
-    prune_mirror(shared).await;
+    // Its end is on disk first: a restart between the two never runs it again (a requeued one is
+    // not ended: it stays queued in the record).
+    let ended = shared.control.lock().await.ended_among(std::iter::once(&name));
+    record_ended(shared, ended).await;
     // Out of its network domain; its CXI service revoked.
     let service = shared.control.lock().await.left_network(&name);
     if let (Some(service), Some(fabric)) = (service, &shared.fabric)

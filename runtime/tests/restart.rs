@@ -356,3 +356,45 @@ fn user_errors_print_the_message_not_a_backtrace() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn with_real_agents_nothing_is_placed_on_a_node_whose_agent_never_registered() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = fresh_dir("booting");
+    let running = rt.block_on(async {
+        let yaml = format!(
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 3\nsimulate_agents: false\ncycle: 100ms\n",
+            dir.display()
+        );
+        lattice_runtime::start(lattice_runtime::RuntimeConfig::parse("t.yaml", &yaml).unwrap(), true)
+            .await
+            .unwrap()
+    });
+    let base = format!("http://{}", running.rest_addr);
+    wait_until("the member to serve", Duration::from_secs(20), || healthy(&base));
+    let state = |n: &str| call("GET", &format!("{base}/v1/nodes/{n}"), None).1["state"].clone();
+    // Only sim-002's agent registers: sim-000 and sim-001 stay Booting, the job goes to sim-002.
+    for n in ["sim-000", "sim-001", "sim-002"] {
+        assert_eq!(state(n), "booting", "{n}");
+    }
+    let (s, v) = call("POST", &format!("{base}/v1/nodes/sim-002/register"), Some(json!({})));
+    assert_eq!((s, v["state"].as_str()), (200, Some("ready")), "{v}");
+    let id = submit(
+        &base,
+        json!({"tenant": "physics", "entrypoint": "true", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}}),
+    );
+    wait_until("the job to be placed", Duration::from_secs(10), || {
+        get(&base, &id)["state"] == "running"
+    });
+    assert_eq!(get(&base, &id)["nodes"], json!(["sim-002"]));
+    assert_eq!(state("sim-000"), "booting");
+    // A 2-node job waits: only one node has an agent.
+    let two = submit(
+        &base,
+        json!({"tenant": "physics", "entrypoint": "true", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1m"}}),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(get(&base, &two)["state"], "pending");
+    rt.block_on(running.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
