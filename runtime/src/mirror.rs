@@ -444,3 +444,114 @@ pub async fn fetch_all(shared: &crate::server::Shared, within: Duration) -> Vec<
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(walltime: &str) -> SubmitRequest {
+        serde_json::from_value(serde_json::json!({
+            "tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": walltime}
+        }))
+        .unwrap()
+    }
+
+    fn submit(ids: &[&str]) -> MirrorOp {
+        MirrorOp::Submit {
+            items: ids.iter().map(|i| (i.to_string(), req("1h"))).collect(),
+            submitted_ms: 7,
+            dag: None,
+        }
+    }
+
+    fn ended(id: &str) -> AllocationView {
+        AllocationView {
+            id: id.into(),
+            tenant: "physics".into(),
+            vcluster: "default".into(),
+            user: None,
+            state: "completed".into(),
+            nodes: vec![],
+            requested_nodes: 1,
+            walltime_s: Some(3600.0),
+            preemption_class: 0,
+            submitted_ms: 7,
+            started_ms: Some(8),
+            ended_ms: Some(9),
+            end_reason: Some("success".into()),
+            entrypoint: None,
+            tags: BTreeMap::new(),
+            last_rejection: None,
+            data_readiness: None,
+            vni: None,
+            telemetry: "prod".into(),
+            checkpoints: 0,
+            last_checkpoint_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_copy_that_missed_changes_catches_up_by_merging() {
+        // The leader's copy saw everything; a member that was down saw only the first submission.
+        let mut leader = Mirror::default();
+        let _ = leader.apply(submit(&["a-000001", "a-000002"]));
+        let _ = leader.apply(MirrorOp::Update {
+            id: "a-000002".into(),
+            walltime: Some("2h".into()),
+            tags: [("name".to_string(), "x".to_string())].into(),
+        });
+        let _ = leader.apply(MirrorOp::Exit {
+            id: "a-000002".into(),
+            node: "n1".into(),
+            code: 0,
+        });
+        let _ = leader.apply(MirrorOp::Ended {
+            views: vec![ended("a-000001")],
+            forget: vec![],
+        });
+        let _ = leader.apply(MirrorOp::Submit {
+            items: vec![("a-000003".into(), req("1h"))],
+            submitted_ms: 9,
+            dag: Some(("dag-0001".into(), vec![("prep".into(), "a-000003".into())])),
+        });
+        let mut late = Mirror::default();
+        let _ = late.apply(submit(&["a-000001"]));
+        let _ = late.merge(leader.snapshot());
+        assert_eq!(late.max_id, 3);
+        assert_eq!(late.active().cloned().collect::<Vec<_>>(), ["a-000002", "a-000003"]);
+        assert_eq!(
+            late.entries[&1].ended.as_ref().map(|v| v.state.as_str()),
+            Some("completed")
+        );
+        let two = &late.entries[&2];
+        assert_eq!(two.req.lifecycle.as_ref().unwrap().walltime.as_deref(), Some("2h"));
+        assert_eq!(two.req.tags["name"], "x");
+        assert_eq!(two.exits["n1"], 0);
+        assert_eq!(late.dags["dag-0001"], [("prep".to_string(), "a-000003".to_string())]);
+        // A final record is never overwritten by an older, active copy.
+        let mut stale = Mirror::default();
+        let _ = stale.apply(submit(&["a-000001"]));
+        let _ = late.merge(stale.snapshot());
+        assert!(late.entries[&1].ended.is_some());
+    }
+
+    #[test]
+    fn the_newest_final_records_are_kept() {
+        let mut m = Mirror::default();
+        let n = ENDED_KEPT + ENDED_SLACK + 1;
+        let ids: Vec<String> = (1..=n as u64).map(|i| format!("a-{i:06}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let _ = m.apply(submit(&refs));
+        let _ = m.apply(submit(&["a-999999"]));
+        let _ = m.apply(MirrorOp::Ended {
+            views: ids.iter().map(|i| ended(i)).collect(),
+            forget: vec![],
+        });
+        let kept: Vec<u64> = m.entries.keys().copied().collect();
+        assert_eq!(kept.len(), ENDED_KEPT + 1, "the newest ended ones and the active one");
+        assert_eq!(kept[0], (n - ENDED_KEPT + 1) as u64);
+        assert!(m.entries.contains_key(&999_999));
+        // Ids still continue above the highest ever handed out.
+        assert_eq!(m.max_id, 999_999);
+    }
+}
