@@ -257,14 +257,20 @@ pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) ->
     };
     s.wake.notify_one();
     let (op, durable) = durable;
-    let (disk, _) = tokio::join!(
-        durable.wait(),
-        crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
-    );
-    disk.map_err(|e| ApiError::Unavailable {
+    on_disk(s, op, durable).await.map_err(|e| ApiError::Unavailable {
         message: format!("{id}: the update could not be written to disk ({e})"),
     })?;
     Ok(view)
+}
+
+/// Waits until `op` (applied to this member's copy, `local` its write) is on this member's disk, while
+/// the other members are sent it too (best effort: the next leader merges what it missed).
+async fn on_disk(s: &Shared, op: MirrorOp, local: crate::mirror::Durable) -> Result<(), String> {
+    let (disk, _) = tokio::join!(
+        local.wait(),
+        crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
+    );
+    disk
 }
 
 /// `POST /v1/allocations/{id}/checkpoint`: checkpoints taken so far.
@@ -868,11 +874,7 @@ pub async fn agent_exit(
         };
         let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
         drop(c);
-        let (disk, _) = tokio::join!(
-            durable.wait(),
-            crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
-        );
-        disk.map_err(|e| ApiError::Unavailable {
+        on_disk(s, op, durable).await.map_err(|e| ApiError::Unavailable {
             message: format!("{id}: the exit could not be written to disk ({e}); report it again"),
         })?;
     } else {
