@@ -178,6 +178,11 @@ impl Engine {
     pub(crate) fn start_staging(&mut self, now: Time, id: AllocId) {
         let needed = Self::staging_needed(&self.allocs[id.index()].spec.data);
         if needed > 0.0 {
+            if self.staging.values().all(|s| s.done_gb >= s.needed_gb) {
+                // Nothing was staging: no bandwidth accrued before now (a fresh engine's last
+                // accrual is time 0, which would otherwise stage everything at once).
+                self.staging_last = now;
+            }
             self.staging.insert(
                 id,
                 StagingState {

@@ -513,3 +513,23 @@ fn an_adopted_allocation_runs_on_its_nodes_from_its_original_start() {
     e.handle_completion(Time::from_secs(60), a, EndReason::Success).unwrap();
     assert_eq!(pass(&mut e, Time::from_secs(60)), vec![b, c]);
 }
+
+#[test]
+fn staging_on_a_fresh_engine_accrues_from_the_submission_not_from_time_zero() {
+    // A control plane that (re)started a moment ago: its engine's first input is a staging
+    // submission at wall-clock time. Bandwidth accrues from then, not from the epoch.
+    let (mut e, t, v) = engine(Policy::EASY, 1);
+    e.set_vast_bandwidth(10.0);
+    let mut s = spec(t, v, 1, 10);
+    s.data = vec![DataMount {
+        source: "d".into(),
+        size_gb: 30.0,
+        tier: Tier::Warm,
+        tier_hint: Tier::Hot,
+    }];
+    let at = Time::from_secs(1_800_000_000);
+    let a = e.handle_submit(at, s).unwrap();
+    e.schedule(at + Duration::from_secs(5)); // 3 GB/s × 5 s = 15 GB
+    assert_eq!(e.data_readiness(a), Some(0.5));
+    assert_eq!(e.allocation(a).unwrap().state, AllocState::Staging);
+}
