@@ -17,6 +17,18 @@ fn spec(t: TenantId, v: VClusterId, k: u32, wall_s: u64) -> AllocSpec {
     AllocSpec::simple(t, v, k, Duration::from_secs(wall_s))
 }
 
+/// One node for 10 s with 30 GB of data on `tier`, wanted hot.
+fn staging_spec(t: TenantId, v: VClusterId, tier: Tier) -> AllocSpec {
+    let mut s = spec(t, v, 1, 10);
+    s.data = vec![DataMount {
+        source: "d".into(),
+        size_gb: 30.0,
+        tier,
+        tier_hint: Tier::Hot,
+    }];
+    s
+}
+
 /// Runs a pass and commits every proposal at `now`; returns the started ids.
 fn pass(e: &mut Engine, now: Time) -> Vec<AllocId> {
     e.schedule(now);
@@ -415,14 +427,7 @@ fn requeue_policies() {
 fn staging_failures_retry_then_alert_and_f5_tracks_progress() {
     let (mut e, t, v) = engine(Policy::EASY, 1);
     e.set_vast_bandwidth(10.0);
-    let mut s = spec(t, v, 1, 10);
-    s.data = vec![DataMount {
-        source: "d".into(),
-        size_gb: 30.0,
-        tier: Tier::Cold,
-        tier_hint: Tier::Hot,
-    }];
-    let a = e.handle_submit(Time(0), s).unwrap();
+    let a = e.handle_submit(Time(0), staging_spec(t, v, Tier::Cold)).unwrap();
     assert_eq!(e.allocation(a).unwrap().state, AllocState::Staging);
     assert_eq!(e.data_readiness(a), Some(0.0));
     e.schedule(Time::from_secs(5)); // 3 GB/s × 5 s = 15 GB
@@ -520,15 +525,8 @@ fn staging_on_a_fresh_engine_accrues_from_the_submission_not_from_time_zero() {
     // submission at wall-clock time. Bandwidth accrues from then, not from the epoch.
     let (mut e, t, v) = engine(Policy::EASY, 1);
     e.set_vast_bandwidth(10.0);
-    let mut s = spec(t, v, 1, 10);
-    s.data = vec![DataMount {
-        source: "d".into(),
-        size_gb: 30.0,
-        tier: Tier::Warm,
-        tier_hint: Tier::Hot,
-    }];
     let at = Time::from_secs(1_800_000_000);
-    let a = e.handle_submit(at, s).unwrap();
+    let a = e.handle_submit(at, staging_spec(t, v, Tier::Warm)).unwrap();
     e.schedule(at + Duration::from_secs(5)); // 3 GB/s × 5 s = 15 GB
     assert_eq!(e.data_readiness(a), Some(0.5));
     assert_eq!(e.allocation(a).unwrap().state, AllocState::Staging);

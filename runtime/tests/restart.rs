@@ -5,6 +5,8 @@
 //! `lattice-agent` processes (the `dev-agents.yaml` setup), whose job must run exactly once.
 //! User errors of the binary print `error: …` and no backtrace.
 
+mod common;
+use common::free_port;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,14 +30,6 @@ fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
         }
         Err(e) => (0, Value::String(e.to_string())),
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Processes killed (SIGKILL) when the test ends, however it ends.
@@ -322,33 +316,32 @@ fn wait_for_end(base: &str, id: &str) -> Value {
     last
 }
 
+/// Runs `cmd` with RUST_BACKTRACE=1 and checks it fails as a user error: exit 1, `error: …`, no
+/// backtrace; its stderr.
+fn user_error(cmd: &mut Command) -> String {
+    let o = cmd.env("RUST_BACKTRACE", "1").output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.starts_with("error: "), "{e}");
+    assert!(!e.to_lowercase().contains("backtrace"), "{e}");
+    e
+}
+
 #[test]
 fn user_errors_print_the_message_not_a_backtrace() {
-    let o = Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
-        .args(["--config", "/nonexistent/lattice.yaml"])
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{e}");
-    assert!(e.starts_with("error: "), "{e}");
+    let e =
+        user_error(Command::new(env!("CARGO_BIN_EXE_lattice-runtime")).args(["--config", "/nonexistent/lattice.yaml"]));
     assert!(e.contains("/nonexistent/lattice.yaml"), "{e}");
-    assert!(!e.to_lowercase().contains("backtrace"), "{e}");
-    let o = Command::new(agent_binary())
-        .args(["--node-id", "n1", "--quorum-endpoint", "http://127.0.0.1:1"])
-        .args([
-            "--bootstrap-cert",
-            "/nonexistent/cert.pem",
-            "--bootstrap-key",
-            "/nonexistent/key.pem",
-        ])
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{e}");
-    assert!(e.starts_with("error: "), "{e}");
-    assert!(!e.to_lowercase().contains("backtrace"), "{e}");
+    user_error(
+        Command::new(agent_binary())
+            .args(["--node-id", "n1", "--quorum-endpoint", "http://127.0.0.1:1"])
+            .args([
+                "--bootstrap-cert",
+                "/nonexistent/cert.pem",
+                "--bootstrap-key",
+                "/nonexistent/key.pem",
+            ]),
+    );
     // Usage errors are clap's: exit 2.
     let o = Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
         .arg("--no-such-flag")

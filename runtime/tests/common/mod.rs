@@ -6,15 +6,7 @@ use lattice_runtime::{Running, RuntimeConfig, start};
 /// cycle, its store under `dir/m{id}`, and `extra` YAML appended to its config.
 #[allow(dead_code)]
 pub async fn start_quorum(dir: &std::path::Path, n: usize, nodes: u32, extra: &str) -> Vec<Running> {
-    let grpc: Vec<u16> = (0..n)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
+    let grpc: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let members: String = grpc
         .iter()
         .enumerate()
@@ -34,6 +26,16 @@ pub async fn start_quorum(dir: &std::path::Path, n: usize, nodes: u32, extra: &s
         );
     }
     rts
+}
+
+/// A loopback port free at the time of asking.
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Starts one member from `yaml` (it bootstraps) and waits until it leads.
