@@ -195,6 +195,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             repair: o.repair.unwrap_or(lattice_engine::Duration::from_hours(4)),
         }),
         walltime_grace: o.walltime_grace.unwrap_or(lattice_engine::Duration::ZERO),
+        decision_log: false,
     };
     Ok(Prepared {
         workload,

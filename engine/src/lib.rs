@@ -24,6 +24,7 @@ pub mod alloc;
 pub mod autoscale;
 pub mod broker;
 pub mod classes;
+pub mod controller;
 pub mod cost;
 pub mod engine;
 pub mod error;
@@ -41,6 +42,7 @@ pub mod staging;
 pub mod tenant;
 pub mod time;
 pub mod weights;
+pub mod world;
 
 pub use alloc::{
     AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, Dependency,
@@ -49,6 +51,7 @@ pub use alloc::{
 pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
+pub use controller::{ControlError, ControlStats, Controller, HeartbeatGrace, Input};
 pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};
 pub use error::{EngineError, SubmitError, user_error_report};
@@ -64,3 +67,4 @@ pub use staging::{DataMount, STAGING_RETRIES, Tier};
 pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};
 pub use weights::CostWeights;
+pub use world::{AuditEvent, Decision, Fleet, PreemptHow, PreemptOrder, Quorum, StopReason, Timer, World};

@@ -20,6 +20,7 @@ pub mod invariants;
 pub mod metrics;
 pub mod quorum;
 pub mod timeline;
+mod world;
 
 pub use invariants::InvariantChecker;
 pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};
@@ -27,8 +28,8 @@ pub use timeline::{RunSpan, Timeline, TimelineEvent, TimelineKind};
 
 use events::{EventKind, EventQueue};
 use lattice_engine::{
-    AllocId, AllocState, Dependency, Duration, EndReason, Engine, EngineConfig, NodeEvent, NodeId, NodeState, Policy,
-    TenantId, Time, VClusterConfig, VClusterId,
+    AllocId, AllocState, ControlError, Controller, Dependency, Duration, EndReason, Engine, EngineConfig, Input,
+    NodeEvent, NodeId, NodeState, Policy, TenantId, Time, VClusterConfig, VClusterId,
 };
 use lattice_traces::{Inventory, Workload};
 use quorum::FakeQuorum;
@@ -70,6 +71,9 @@ pub struct SimConfig {
     /// Grace between the walltime SIGTERM and the SIGKILL: an allocation running past its walltime ends
     /// `walltime + grace` after its start (or at its natural end, if sooner). Zero = killed at walltime.
     pub walltime_grace: Duration,
+    /// Keep the controller's decision log (every start, release, preemption, checkpoint, scale, wipe,
+    /// with its time) in the result.
+    pub decision_log: bool,
 }
 
 impl Default for SimConfig {
@@ -90,6 +94,7 @@ impl Default for SimConfig {
             failures: None,
             horizon: None,
             walltime_grace: Duration::ZERO,
+            decision_log: false,
         }
     }
 }
@@ -153,16 +158,18 @@ pub struct SimResult {
     /// Each tenant's target share of node-hours, as the fairness metrics use it: configured targets,
     /// the other tenants with usage splitting the rest equally.
     pub tenant_targets: BTreeMap<String, f64>,
+    /// The controller's decisions (`"<ms> <decision>"`), when [`SimConfig::decision_log`] is on.
+    pub decisions: Vec<String>,
 }
 
 // Event ranks at equal times.
-const RANK_END: u8 = 0;
+pub(crate) const RANK_END: u8 = 0;
 const RANK_ARRIVAL: u8 = 2;
 const PYSS_RANK_ARRIVAL: u8 = 0;
 const PYSS_RANK_END: u8 = 1;
-const RANK_WAKEUP: u8 = 3;
+pub(crate) const RANK_WAKEUP: u8 = 3;
 /// Node changes come after completions and before arrivals (DESIGN.md §3 "Event order").
-const RANK_NODE: u8 = 1;
+pub(crate) const RANK_NODE: u8 = 1;
 
 fn engine_vclusters(e: &Engine) -> usize {
     (0..).take_while(|&i| e.vcluster(VClusterId(i)).is_some()).count()
@@ -237,7 +244,6 @@ pub fn simulate(
             .ok_or_else(|| SimError::UnusedVCluster(name.clone()))?;
         engine.configure_vcluster(id, vc.clone())?;
     }
-    let mut quorum = FakeQuorum::new(total_nodes as usize, cfg.sensitive_pool_size);
     let has_deps = workload.jobs.iter().any(|j| !j.deps.is_empty());
     let mut checker = cfg.check_invariants.then(|| {
         // Promises only stay monotone under arrival order with one reservation (EASY-style).
@@ -269,28 +275,44 @@ pub fn simulate(
                 || (arrival_easy && cfg.commit_latency == Duration::ZERO && !has_deps && !per_cycle_limits),
         )
     });
-    let mut wakeups: BTreeSet<Time> = BTreeSet::new();
+    let mut ctl = Controller::new(engine);
+    ctl.check_preemptions = checker.is_some();
+    if cfg.decision_log {
+        ctl.enable_log();
+    }
     let mut headroom: Vec<f64> = Vec::new();
     let mut deferred = 0u64;
-    let mut fake = FakeNodes::default();
-    let (mut wipes, mut quarantined) = (0u64, 0u64);
-    let mut wipe_rng = {
-        use rand_chacha::rand_core::SeedableRng;
-        rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED_5E45_u64)
-    };
-    let mut preemptions: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut checkpoint_attempts, mut checkpoint_ok, mut preemption_kills) = (0u64, 0u64, 0u64);
-    let mut broker_hints = 0u64;
+    let mut preemption_kills = 0u64;
     let mut deferred_topology = 0u64;
+    let (mut node_failures, mut injected) = (0u64, 0u64);
 
     let (rank_arrival, rank_end) = if pyss {
         (PYSS_RANK_ARRIVAL, PYSS_RANK_END)
     } else {
         (RANK_ARRIVAL, RANK_END)
     };
-    let mut q = EventQueue::default();
+    let mut world = world::FakeWorld {
+        q: EventQueue::default(),
+        rank_end,
+        quorum: FakeQuorum::new(total_nodes as usize, cfg.sensitive_pool_size),
+        commit_latency: cfg.commit_latency,
+        fake: world::FakeNodes::default(),
+        workload,
+        trace_of: Vec::with_capacity(workload.jobs.len()),
+        walltime_grace: cfg.walltime_grace,
+        wipe: cfg.wipe,
+        wipe_rng: {
+            use rand_chacha::rand_core::SeedableRng;
+            rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED_5E45_u64)
+        },
+        wakeups: BTreeSet::new(),
+        pyss,
+        pyss_ends: BTreeSet::new(),
+        checkpoint_attempts: 0,
+        checkpoint_ok: 0,
+    };
     for (i, e) in workload.events.iter().enumerate() {
-        q.push(e.time, RANK_NODE, EventKind::Trace(i));
+        world.q.push(e.time, RANK_NODE, EventKind::Trace(i));
     }
     // The failure injector: exponential times between failures per node, up to the end of the workload.
     let failure_horizon = cfg.horizon.unwrap_or_else(|| {
@@ -309,11 +331,10 @@ pub fn simulate(
         for n in 0..inventory.nodes.len() as u32 {
             let t = Time::ZERO + draw_exp(&mut fail_rng, fm.mtbf);
             if t <= failure_horizon {
-                q.push(t, RANK_NODE, EventKind::Inject(n, true));
+                world.q.push(t, RANK_NODE, EventKind::Inject(n, true));
             }
         }
     }
-    let mut dyn_stats = DynStats::default();
     let job_index: BTreeMap<&str, usize> = workload
         .jobs
         .iter()
@@ -332,68 +353,68 @@ pub fn simulate(
         }))
         .max()
         .unwrap_or(Time::ZERO);
-    engine.set_autoscale_until(Some(cfg.horizon.unwrap_or(trace_end)));
+    ctl.engine.set_autoscale_until(Some(cfg.horizon.unwrap_or(trace_end)));
     let mut scaling = lattice_engine::ScaleStats::default();
     for &(down, up) in &cfg.storage_outages {
-        q.push(down, RANK_END, EventKind::Storage(false));
-        q.push(up, RANK_END, EventKind::Storage(true));
+        world.q.push(down, RANK_END, EventKind::Storage(false));
+        world.q.push(up, RANK_END, EventKind::Storage(true));
     }
     for (i, j) in workload.jobs.iter().enumerate() {
-        q.push(j.submit, rank_arrival, EventKind::Arrival(i));
+        world.q.push(j.submit, rank_arrival, EventKind::Arrival(i));
     }
-    // Trace index of each engine allocation, and engine id of each trace job.
-    let mut trace_of: Vec<usize> = Vec::with_capacity(workload.jobs.len());
+    // Engine id of each trace job.
     let mut alloc_of: Vec<Option<AllocId>> = vec![None; workload.jobs.len()];
     let mut rejected: BTreeMap<String, u64> = BTreeMap::new();
     let mut pass_ns: Vec<u64> = Vec::new();
-    // pyss: allocations by estimated end, to release their nodes in the quorum at that time.
-    let mut pyss_ends: BTreeSet<(Time, AllocId)> = BTreeSet::new();
     let total = workload.jobs.len() as u64;
     let mut arrived = 0u64;
     let mut notes = workload.notes.clone();
 
     let fail = |time: Time, message: String| SimError::Invariant { time, message };
+    let refused = |time: Time, input: Input, e: ControlError| SimError::Invariant {
+        time,
+        message: format!("{input:?} refused by the controller: {e}"),
+    };
 
-    while let Some(now) = q.peek_time() {
+    while let Some(now) = world.q.peek_time() {
         if cfg.horizon.is_some_and(|h| now > h) {
             notes.push(format!("replay stopped at the horizon ({now} is past it)"));
             break;
         }
         // pyss handles one event per step; otherwise all events of the timestamp form one step.
-        while let Some(ev) = q.pop() {
+        while let Some(ev) = world.q.pop() {
             if pyss {
-                while let Some(&(t, id)) = pyss_ends.first() {
+                while let Some(&(t, id)) = world.pyss_ends.first() {
                     if t > now {
                         break;
                     }
-                    pyss_ends.pop_first();
-                    quorum.release(&engine, id);
+                    world.pyss_ends.pop_first();
+                    world.quorum.release(&ctl.engine, id);
                 }
             }
-            'event: {
-                match ev.kind {
-                    EventKind::Arrival(i) => {
-                        arrived += 1;
-                        if arrived.is_multiple_of(4096) {
-                            progress(arrived, total);
-                        }
-                        let job = &workload.jobs[i];
-                        let mut spec = job.spec.clone();
-                        spec.tenant = tenant_map[spec.tenant.index()];
-                        spec.vcluster = vc_map[spec.vcluster.index()];
-                        spec.depends_on = job
-                            .deps
-                            .iter()
-                            .filter_map(|&(d, condition)| alloc_of[d].map(|on| Dependency { on, condition }))
-                            .collect();
-                        if spec.depends_on.len() != job.deps.len() {
-                            *rejected.entry("dependency_rejected".into()).or_default() += 1;
-                            break 'event;
-                        }
-                        match engine.handle_submit(now, spec) {
+            // The world's report, for the controller (stale reports of ended runs are dropped).
+            let input: Option<Input> = match ev.kind {
+                EventKind::Arrival(i) => {
+                    arrived += 1;
+                    if arrived.is_multiple_of(4096) {
+                        progress(arrived, total);
+                    }
+                    let job = &workload.jobs[i];
+                    let mut spec = job.spec.clone();
+                    spec.tenant = tenant_map[spec.tenant.index()];
+                    spec.vcluster = vc_map[spec.vcluster.index()];
+                    spec.depends_on = job
+                        .deps
+                        .iter()
+                        .filter_map(|&(d, condition)| alloc_of[d].map(|on| Dependency { on, condition }))
+                        .collect();
+                    if spec.depends_on.len() != job.deps.len() {
+                        *rejected.entry("dependency_rejected".into()).or_default() += 1;
+                    } else {
+                        match ctl.submit(now, spec) {
                             Ok(id) => {
-                                debug_assert_eq!(id.index(), trace_of.len());
-                                trace_of.push(i);
+                                debug_assert_eq!(id.index(), world.trace_of.len());
+                                world.trace_of.push(i);
                                 alloc_of[i] = Some(id);
                             }
                             Err(e) => {
@@ -406,434 +427,248 @@ pub fn simulate(
                             }
                         }
                     }
-                    EventKind::Commit(id) => {
-                        commit(
-                            &mut engine,
-                            &mut quorum,
-                            &mut q,
-                            workload,
-                            &trace_of,
-                            id,
-                            now,
-                            rank_end,
-                            &mut fake,
-                            cfg.walltime_grace,
-                        )
-                        .map_err(|m| fail(now, m))?;
+                    None
+                }
+                EventKind::Commit(id) => Some(if world.quorum.decide(&ctl.engine, id) {
+                    Input::Committed(id)
+                } else {
+                    Input::Rejected(id)
+                }),
+                EventKind::Wakeup => {
+                    world.wakeups.remove(&now);
+                    None
+                }
+                EventKind::Completion(id, reason, epoch) => (epoch == world.fake.epoch(id)).then(|| {
+                    world.fake.bump(id, now);
+                    if reason == EndReason::PreemptionKilled {
+                        preemption_kills += 1;
                     }
-                    EventKind::Wakeup => {
-                        wakeups.remove(&now);
-                    }
-                    EventKind::Completion(id, reason, epoch) => {
-                        if epoch != fake.epoch(id) {
-                            break 'event; // a run that was preempted
-                        }
-                        quorum.release(&engine, id);
-                        if let Err(e) = engine.handle_completion(now, id, reason) {
-                            return Err(fail(now, format!("completion rejected by the engine: {e}")));
-                        }
-                        fake.bump(id, now);
-                        if reason == EndReason::PreemptionKilled {
-                            preemption_kills += 1;
-                        }
-                        if engine.allocation(id).is_some_and(|a| a.spec.sensitive_claim) {
-                            // Release: the nodes leave the pool for a secure wipe.
-                            let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
-                            audit_claim(&mut quorum.audit, &engine, workload, &trace_of, id, now, "release");
-                            for n in &nodes {
-                                let _ = engine.handle_node_event(now, *n, lattice_engine::NodeEvent::Drain);
-                            }
-                            let (took, ok) = draw_wipe(&mut wipe_rng, &cfg.wipe);
-                            q.push(now + took, rank_end, EventKind::WipeDone(id, ok));
-                        }
-                    }
-                    EventKind::PrologueFail(id, node, epoch) => {
-                        if epoch != fake.epoch(id)
-                            || engine.allocation(id).is_none_or(|a| a.state != AllocState::Running)
-                        {
-                            break 'event;
-                        }
-                        fake.prologue_failures += 1;
-                        quorum.release(&engine, id);
-                        engine
-                            .handle_prologue_failure(now, id, NodeId(node))
-                            .map_err(|e| fail(now, format!("prologue failure rejected by the engine: {e}")))?;
-                        fake.bump(id, now);
-                        fake.restart(id);
-                    }
-                    EventKind::CheckpointDone(id, epoch) => {
-                        if epoch == fake.epoch(id)
-                            && engine.allocation(id).is_some_and(|a| a.state == AllocState::Running)
-                        {
-                            engine
-                                .handle_checkpointed(now, id, true)
-                                .map_err(|e| fail(now, format!("checkpoint rejected by the engine: {e}")))?;
-                            checkpoint_ok += 1;
-                            fake.event(now, TimelineKind::CheckpointDone);
-                        }
-                    }
-                    EventKind::Storage(up) => engine.handle_storage(now, up),
-                    EventKind::LoadSample(i, k) => {
-                        let ev = &workload.events[i];
-                        let lattice_traces::TraceEventKind::LoadCurve {
-                            alloc,
-                            base,
-                            amplitude,
-                            period,
-                            interval,
-                            duration,
-                            noise,
-                        } = &ev.kind
-                        else {
-                            break 'event;
-                        };
-                        let Some(&j) = job_index.get(alloc.as_str()) else {
-                            *rejected.entry("unknown_metric_alloc".into()).or_default() += 1;
-                            break 'event;
-                        };
-                        let since = now.since(ev.time);
-                        // Before the service arrives (or while it waits) there is no metric: no sample.
-                        let id = alloc_of[j];
-                        if let Some(a) = id.and_then(|id| engine.allocation(id))
-                            && a.state == AllocState::Running
-                            && let Some(policy) = a.spec.scale
-                            && !a.nodes.is_empty()
-                        {
-                            let demand = load_demand(cfg.seed, i, k, since, *base, *amplitude, *period, *noise);
-                            let value = policy.target * demand / a.nodes.len() as f64;
-                            let _ = engine.handle_metric(now, a.id, value);
-                        }
-                        // The curve stops at its duration or when the allocation has ended.
-                        let ended = id
-                            .and_then(|id| engine.allocation(id))
-                            .is_some_and(|a| a.state.is_terminal());
-                        if !ended && since + *interval <= *duration {
-                            q.push(now + *interval, RANK_NODE, EventKind::LoadSample(i, k + 1));
-                        }
-                    }
-                    EventKind::Trace(i) => {
-                        use lattice_traces::TraceEventKind as K;
-                        let ev = &workload.events[i];
-                        let node_of = |name: &str| node_ids.get(name).copied();
-                        let (node, event) = match &ev.kind {
-                            K::NodeFail { node, heartbeat } => (
-                                node,
-                                if *heartbeat {
-                                    NodeEvent::HeartbeatMiss
-                                } else {
-                                    NodeEvent::HardwareFailure
-                                },
-                            ),
-                            K::NodeRecover { node } => (node, NodeEvent::Enable),
-                            K::Drain { node } => (node, NodeEvent::Drain),
-                            K::Undrain { node } => (node, NodeEvent::Undrain),
-                            K::EnergyPrice { .. } => break 'event, // merged into the price series up front
-                            K::Metric { alloc, value } => {
-                                match job_index.get(alloc.as_str()).and_then(|&i| alloc_of[i]) {
-                                    Some(id) => {
-                                        let _ = engine.handle_metric(now, id, *value);
-                                    }
-                                    None => *rejected.entry("unknown_metric_alloc".into()).or_default() += 1,
+                    Input::Exited(id, reason)
+                }),
+                EventKind::PrologueFail(id, node, epoch) => (epoch == world.fake.epoch(id)
+                    && ctl
+                        .engine
+                        .allocation(id)
+                        .is_some_and(|a| a.state == AllocState::Running))
+                .then(|| {
+                    world.fake.prologue_failures += 1;
+                    world.fake.bump(id, now);
+                    Input::PrologueFailed(id, NodeId(node))
+                }),
+                EventKind::CheckpointDone(id, epoch) => (epoch == world.fake.epoch(id)
+                    && ctl
+                        .engine
+                        .allocation(id)
+                        .is_some_and(|a| a.state == AllocState::Running))
+                .then(|| {
+                    world.checkpoint_ok += 1;
+                    world.fake.event(now, TimelineKind::CheckpointDone);
+                    Input::Checkpointed(id, true)
+                }),
+                EventKind::Storage(up) => Some(Input::Storage(up)),
+                EventKind::LoadSample(i, k) => {
+                    let ev = &workload.events[i];
+                    let mut input = None;
+                    if let lattice_traces::TraceEventKind::LoadCurve {
+                        alloc,
+                        base,
+                        amplitude,
+                        period,
+                        interval,
+                        duration,
+                        noise,
+                    } = &ev.kind
+                    {
+                        match job_index.get(alloc.as_str()) {
+                            None => *rejected.entry("unknown_metric_alloc".into()).or_default() += 1,
+                            Some(&j) => {
+                                let since = now.since(ev.time);
+                                // Before the service arrives (or while it waits) there is no metric.
+                                let id = alloc_of[j];
+                                if let Some(a) = id.and_then(|id| ctl.engine.allocation(id))
+                                    && a.state == AllocState::Running
+                                    && let Some(policy) = a.spec.scale
+                                    && !a.nodes.is_empty()
+                                {
+                                    let demand = load_demand(cfg.seed, i, k, since, *base, *amplitude, *period, *noise);
+                                    input = Some(Input::Metric(a.id, policy.target * demand / a.nodes.len() as f64));
                                 }
-                                break 'event;
-                            }
-                            K::PrologueFail { node } => {
-                                match node_of(node) {
-                                    Some(n) => {
-                                        fake.bad_image.insert(n);
-                                    }
-                                    None => *rejected.entry("unknown_node".into()).or_default() += 1,
-                                }
-                                break 'event;
-                            }
-                            K::LoadCurve { .. } => {
-                                q.push(now, RANK_NODE, EventKind::LoadSample(i, 0));
-                                break 'event;
-                            }
-                            K::StorageOutage => {
-                                engine.handle_storage(now, false);
-                                break 'event;
-                            }
-                            K::StorageRecover => {
-                                engine.handle_storage(now, true);
-                                break 'event;
-                            }
-                        };
-                        let Some(n) = node_of(node) else {
-                            *rejected.entry("unknown_node".into()).or_default() += 1;
-                            break 'event;
-                        };
-                        if event == NodeEvent::Enable {
-                            // Recovery also repairs a broken image cache; a node that only had that is done.
-                            let had_image = fake.bad_image.remove(&n);
-                            if had_image && engine.node(n).is_some_and(|x| x.state == NodeState::Ready) {
-                                break 'event;
-                            }
-                        }
-                        // A recovery undoes whatever state the failure left.
-                        let event = match (event, engine.node(n).map(|x| x.state)) {
-                            (NodeEvent::Enable, Some(NodeState::Degraded)) => NodeEvent::HeartbeatResume,
-                            (e, _) => e,
-                        };
-                        node_event(
-                            &mut engine,
-                            &mut quorum,
-                            &mut fake,
-                            &mut q,
-                            &mut dyn_stats,
-                            now,
-                            n,
-                            event,
-                        )
-                        .map_err(|m| fail(now, m))?;
-                    }
-                    EventKind::Grace(n) => {
-                        if engine.node(NodeId(n)).is_some_and(|x| x.state == NodeState::Degraded) {
-                            node_event(
-                                &mut engine,
-                                &mut quorum,
-                                &mut fake,
-                                &mut q,
-                                &mut dyn_stats,
-                                now,
-                                NodeId(n),
-                                NodeEvent::GraceTimeout,
-                            )
-                            .map_err(|m| fail(now, m))?;
-                        }
-                    }
-                    EventKind::Inject(n, failing) => {
-                        let state = engine.node(NodeId(n)).map(|x| x.state);
-                        if failing {
-                            if state != Some(NodeState::Down) {
-                                dyn_stats.injected += 1;
-                                node_event(
-                                    &mut engine,
-                                    &mut quorum,
-                                    &mut fake,
-                                    &mut q,
-                                    &mut dyn_stats,
-                                    now,
-                                    NodeId(n),
-                                    NodeEvent::HardwareFailure,
-                                )
-                                .map_err(|m| fail(now, m))?;
-                            }
-                            if let Some(fm) = cfg.failures {
-                                q.push(now + fm.repair, RANK_NODE, EventKind::Inject(n, false));
-                            }
-                        } else {
-                            if state == Some(NodeState::Down) {
-                                let _ = engine.handle_node_event(now, NodeId(n), NodeEvent::Enable);
-                            }
-                            if let Some(fm) = cfg.failures {
-                                let next = now + draw_exp(&mut fail_rng, fm.mtbf);
-                                if next <= failure_horizon {
-                                    q.push(next, RANK_NODE, EventKind::Inject(n, true));
+                                // The curve stops at its duration or when the allocation has ended.
+                                let ended = id
+                                    .and_then(|id| ctl.engine.allocation(id))
+                                    .is_some_and(|a| a.state.is_terminal());
+                                if !ended && since + *interval <= *duration {
+                                    world
+                                        .q
+                                        .push(now + *interval, RANK_NODE, EventKind::LoadSample(i, k + 1));
                                 }
                             }
                         }
                     }
-                    EventKind::WipeDone(id, ok) => {
-                        let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
-                        for n in &nodes {
-                            let ev = if ok {
-                                lattice_engine::NodeEvent::Undrain
+                    input
+                }
+                EventKind::Trace(i) => {
+                    use lattice_traces::TraceEventKind as K;
+                    let ev = &workload.events[i];
+                    let node_of = |name: &str| node_ids.get(name).copied();
+                    let node_change = |node: &String, event: NodeEvent| Some((node.clone(), event));
+                    let change = match &ev.kind {
+                        K::NodeFail { node, heartbeat } => node_change(
+                            node,
+                            if *heartbeat {
+                                NodeEvent::HeartbeatMiss
                             } else {
-                                lattice_engine::NodeEvent::HardwareFailure
-                            };
-                            let _ = engine.handle_node_event(now, *n, ev);
+                                NodeEvent::HardwareFailure
+                            },
+                        ),
+                        K::NodeRecover { node } => node_change(node, NodeEvent::Enable),
+                        K::Drain { node } => node_change(node, NodeEvent::Drain),
+                        K::Undrain { node } => node_change(node, NodeEvent::Undrain),
+                        K::EnergyPrice { .. } => None, // merged into the price series up front
+                        K::Metric { alloc, value } => {
+                            match job_index.get(alloc.as_str()).and_then(|&i| alloc_of[i]) {
+                                Some(id) => {
+                                    let _ = ctl.apply(now, Input::Metric(id, *value), &mut world);
+                                }
+                                None => *rejected.entry("unknown_metric_alloc".into()).or_default() += 1,
+                            }
+                            None
                         }
-                        if ok {
-                            wipes += 1;
-                        } else {
-                            quarantined += nodes.len() as u64;
+                        K::PrologueFail { node } => {
+                            match node_of(node) {
+                                Some(n) => {
+                                    world.fake.bad_image.insert(n);
+                                }
+                                None => *rejected.entry("unknown_node".into()).or_default() += 1,
+                            }
+                            None
                         }
-                        audit_claim(
-                            &mut quorum.audit,
-                            &engine,
-                            workload,
-                            &trace_of,
-                            id,
-                            now,
-                            if ok { "wipe" } else { "quarantine" },
-                        );
+                        K::LoadCurve { .. } => {
+                            world.q.push(now, RANK_NODE, EventKind::LoadSample(i, 0));
+                            None
+                        }
+                        K::StorageOutage => {
+                            ctl.apply(now, Input::Storage(false), &mut world)
+                                .map_err(|e| refused(now, Input::Storage(false), e))?;
+                            None
+                        }
+                        K::StorageRecover => {
+                            ctl.apply(now, Input::Storage(true), &mut world)
+                                .map_err(|e| refused(now, Input::Storage(true), e))?;
+                            None
+                        }
+                    };
+                    match change {
+                        None => None,
+                        Some((name, event)) => match node_of(&name) {
+                            None => {
+                                *rejected.entry("unknown_node".into()).or_default() += 1;
+                                None
+                            }
+                            Some(n) => {
+                                let mut event = Some(event);
+                                if event == Some(NodeEvent::Enable) {
+                                    // Recovery also repairs a broken image cache; a node that only had
+                                    // that is done.
+                                    let had_image = world.fake.bad_image.remove(&n);
+                                    if had_image && ctl.engine.node(n).is_some_and(|x| x.state == NodeState::Ready) {
+                                        event = None;
+                                    }
+                                }
+                                // A recovery undoes whatever state the failure left.
+                                event.map(|e| match (e, ctl.engine.node(n).map(|x| x.state)) {
+                                    (NodeEvent::Enable, Some(NodeState::Degraded)) => {
+                                        Input::Node(n, NodeEvent::HeartbeatResume)
+                                    }
+                                    (e, _) => Input::Node(n, e),
+                                })
+                            }
+                        },
                     }
-                    EventKind::Suspend(id, epoch, checkpointed) => {
-                        // The allocation may have ended first (walltime beats checkpoint).
-                        if epoch != fake.epoch(id) {
-                            break 'event;
+                }
+                EventKind::Grace(n) => ctl
+                    .engine
+                    .node(NodeId(n))
+                    .is_some_and(|x| x.state == NodeState::Degraded)
+                    .then_some(Input::Node(NodeId(n), NodeEvent::GraceTimeout)),
+                EventKind::Inject(n, failing) => {
+                    let state = ctl.engine.node(NodeId(n)).map(|x| x.state);
+                    let mut input = None;
+                    if failing {
+                        if state != Some(NodeState::Down) {
+                            injected += 1;
+                            input = Some(Input::Node(NodeId(n), NodeEvent::HardwareFailure));
                         }
-                        quorum.release(&engine, id);
-                        engine
-                            .handle_suspended(now, id, checkpointed)
-                            .map_err(|e| fail(now, format!("suspend rejected by the engine: {e}")))?;
-                        fake.suspended(id, checkpointed, now);
+                        if let Some(fm) = cfg.failures {
+                            world.q.push(now + fm.repair, RANK_NODE, EventKind::Inject(n, false));
+                        }
+                    } else {
+                        if state == Some(NodeState::Down) {
+                            let _ = ctl.apply(now, Input::Node(NodeId(n), NodeEvent::Enable), &mut world);
+                        }
+                        if let Some(fm) = cfg.failures {
+                            let next = now + draw_exp(&mut fail_rng, fm.mtbf);
+                            if next <= failure_horizon {
+                                world.q.push(next, RANK_NODE, EventKind::Inject(n, true));
+                            }
+                        }
                     }
+                    input
+                }
+                EventKind::WipeDone(id, ok) => Some(Input::WipeDone(id, ok)),
+                // The allocation may have ended first (walltime beats checkpoint).
+                EventKind::Suspend(id, epoch, checkpointed) => (epoch == world.fake.epoch(id)).then(|| {
+                    world.fake.bump(id, now);
+                    Input::Suspended(id, checkpointed)
+                }),
+            };
+            if let Some(input) = input {
+                ctl.apply(now, input, &mut world).map_err(|e| refused(now, input, e))?;
+                if let Input::Node(_, NodeEvent::HardwareFailure | NodeEvent::GraceTimeout) = input {
+                    node_failures += 1;
+                    world.fake.event(now, TimelineKind::NodeDown);
                 }
             }
             if let Some(c) = checker.as_mut() {
-                c.on_event(&engine, now).map_err(|m| fail(now, m))?;
+                c.on_event(&ctl.engine, now).map_err(|m| fail(now, m))?;
             }
-            if pyss || q.peek_time() != Some(now) {
+            if pyss || world.q.peek_time() != Some(now) {
                 break;
             }
         }
         let t0 = std::time::Instant::now();
-        let stats = engine.schedule(now);
-        let sc = engine.scale_stats();
+        let stats = ctl.schedule(now);
+        let elapsed = t0.elapsed();
+        let sc = ctl.engine.scale_stats();
         scaling.ups += sc.ups;
         scaling.downs += sc.downs;
         scaling.oscillation_alerts += sc.oscillation_alerts;
         scaling.blocked += sc.blocked;
-        for (alloc, node, added) in engine.drain_scale_log() {
-            quorum.scale(alloc, node, added);
-        }
         if stats.ran {
-            pass_ns.push(t0.elapsed().as_nanos() as u64);
+            pass_ns.push(elapsed.as_nanos() as u64);
             deferred += stats.deferred as u64;
             deferred_topology += stats.deferred_topology as u64;
             if let Some(b) = inventory.power_budget_w {
-                headroom.push(b.saturating_sub(engine.power_used_w()) as f64 / 1000.0);
+                headroom.push(b.saturating_sub(ctl.engine.power_used_w()) as f64 / 1000.0);
             }
         }
-        while let Some(p) = engine.poll_proposal() {
-            let id = p.alloc;
-            quorum.propose(p);
-            if cfg.commit_latency == Duration::ZERO {
-                commit(
-                    &mut engine,
-                    &mut quorum,
-                    &mut q,
-                    workload,
-                    &trace_of,
-                    id,
-                    now,
-                    rank_end,
-                    &mut fake,
-                    cfg.walltime_grace,
-                )
-                .map_err(|m| fail(now, m))?;
-                if pyss && let Some(e) = engine.allocation(id).and_then(|a| a.estimated_end()) {
-                    pyss_ends.insert((e, id));
-                }
-            } else {
-                q.push(now + cfg.commit_latency, RANK_END, EventKind::Commit(id));
-            }
-        }
-        while let Some(cmd) = engine.poll_command() {
-            match cmd {
-                lattice_engine::Command::Checkpoint { alloc } => {
-                    broker_hints += 1;
-                    let t = engine.checkpoint_write_time_s(alloc);
-                    let epoch = fake.epoch(alloc);
-                    checkpoint_attempts += 1;
-                    if t.is_finite() {
-                        q.push(
-                            now + Duration((t * 1000.0).round() as u64),
-                            rank_end,
-                            EventKind::CheckpointDone(alloc, epoch),
-                        );
-                    } else {
-                        let _ = engine.handle_checkpointed(now, alloc, false);
-                        fake.event(now, TimelineKind::CheckpointFailed);
-                    }
-                }
-                lattice_engine::Command::Preempt {
-                    alloc,
-                    reason,
-                    for_alloc,
-                } => {
-                    *preemptions.entry(reason.as_str().to_string()).or_default() += 1;
-                    fake.event(now, TimelineKind::Preemption(reason.as_str()));
-                    if checker.is_some() {
-                        let (v, p) = (engine.allocation(alloc), engine.allocation(for_alloc));
-                        let (vc, pc) = (
-                            v.map_or(10, |a| a.spec.preemption_class.get()),
-                            p.map_or(0, |a| a.spec.preemption_class.get()),
-                        );
-                        let moves_up = reason == lattice_engine::PreemptReason::Priority && vc >= pc;
-                        if moves_up || engine.is_sensitive(alloc) {
-                            return Err(fail(
-                                now,
-                                format!(
-                                    "preemption of {alloc} (class {vc}) for {for_alloc} (class {pc}) moves up or hits a sensitive allocation"
-                                ),
-                            ));
-                        }
-                    }
-                    let a = engine.allocation(alloc).expect("victim exists");
-                    let pc = engine.preemption_config();
-                    // Slow but responding applications get the timeout extended by 50 %, once.
-                    let deadline = Duration(pc.checkpoint_timeout.0 + pc.checkpoint_timeout.0 / 2);
-                    // A reclaim leaves the borrower its return grace period before the hint.
-                    let now = if reason == lattice_engine::PreemptReason::Reclaim {
-                        now + pc.reclaim_grace
-                    } else {
-                        now
-                    };
-                    fake.hint(alloc, now);
-                    let epoch = fake.epoch(alloc);
-                    let storage_down = !engine.storage_available();
-                    match a.spec.checkpoint.kind {
-                        _ if storage_down && a.spec.checkpoint.kind != lattice_engine::CheckpointKind::None => {
-                            // Storage outage: no checkpoint can be written; a forced preemption kills.
-                            checkpoint_attempts += 1;
-                            fake.event(now, TimelineKind::CheckpointFailed);
-                            q.push(
-                                now + Duration::from_secs(30),
-                                rank_end,
-                                EventKind::Completion(alloc, EndReason::PreemptionKilled, epoch),
-                            );
-                        }
-                        lattice_engine::CheckpointKind::None => {
-                            // SIGTERM, 30 s grace, then it stops without a checkpoint (restarts later).
-                            q.push(
-                                now + Duration::from_secs(30),
-                                rank_end,
-                                EventKind::Suspend(alloc, epoch, false),
-                            );
-                        }
-                        _ => {
-                            checkpoint_attempts += 1;
-                            let minutes = a
-                                .spec
-                                .checkpoint
-                                .estimated_minutes
-                                .unwrap_or(lattice_engine::preempt::DEFAULT_CHECKPOINT_MINUTES);
-                            let factor = a.spec.checkpoint.mechanism.duration_factor();
-                            let took = Duration((minutes * factor * 60_000.0).round() as u64);
-                            if took <= deadline {
-                                checkpoint_ok += 1;
-                                fake.event(now + took, TimelineKind::CheckpointDone);
-                                q.push(now + took, rank_end, EventKind::Suspend(alloc, epoch, true));
-                            } else {
-                                fake.event(now + deadline, TimelineKind::CheckpointFailed);
-                                q.push(
-                                    now + deadline,
-                                    rank_end,
-                                    EventKind::Completion(alloc, EndReason::PreemptionKilled, epoch),
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        ctl.dispatch(now, &mut world).map_err(|e| fail(now, e.to_string()))?;
         if stats.ran
             && let Some(c) = checker.as_mut()
         {
-            c.after_pass(&engine, now).map_err(|m| fail(now, m))?;
-        }
-        // Cycle ticks and energy windows: the engine asks to be woken.
-        if let Some(t) = engine.next_wakeup()
-            && t > now
-            && wakeups.insert(t)
-        {
-            q.push(t, RANK_WAKEUP, EventKind::Wakeup);
+            c.after_pass(&ctl.engine, now).map_err(|m| fail(now, m))?;
         }
     }
     progress(total, total);
+    let engine = &ctl.engine;
+    let world::FakeWorld {
+        mut quorum,
+        mut fake,
+        trace_of,
+        checkpoint_attempts,
+        checkpoint_ok,
+        ..
+    } = world;
     if fake.defaulted_runtime > 0 {
         notes.push(format!(
             "{} allocations had no run time in the trace (no `complete` event): they ran to their walltime",
@@ -841,7 +676,7 @@ pub fn simulate(
         ));
     }
 
-    let mut jobs = records(&engine, workload, &trace_of, &node_facts);
+    let mut jobs = records(engine, workload, &trace_of, &node_facts);
     // Node-time held: the sum of each ended allocation's runs.
     let mut held = vec![0.0f64; jobs.len()];
     for r in &fake.timeline.runs {
@@ -858,7 +693,7 @@ pub fn simulate(
     }
     let cost = EngineCost::from_nanos(pass_ns);
     let (dags, groups) = workflow_metrics(workload, &trace_of, &jobs);
-    let mut summary = summarize(workload, &engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
+    let mut summary = summarize(workload, engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
     summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
     summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
     summary.deferred_for_energy = deferred;
@@ -867,7 +702,7 @@ pub fn simulate(
             .filter_map(|j| Some(j.borrowed as f64 * j.run_s? / 3600.0))
             .sum::<f64>(),
     );
-    summary.checkpoint_hints = broker_hints;
+    summary.checkpoint_hints = ctl.stats.broker_hints;
     let staged: Vec<(Time, Option<Time>, Option<Time>)> = engine
         .allocations()
         .iter()
@@ -921,16 +756,16 @@ pub fn simulate(
     };
     summary.dags = dags;
     summary.task_groups = groups;
-    summary.node_failures = dyn_stats.node_failures;
-    summary.injected_failures = dyn_stats.injected;
-    summary.lost_node_hours = metrics::round6(dyn_stats.lost_node_s / 3600.0);
+    summary.node_failures = node_failures;
+    summary.injected_failures = injected;
+    summary.lost_node_hours = metrics::round6(ctl.stats.lost_node_s / 3600.0);
     summary.requeues = engine.allocations().iter().map(|a| a.requeues as u64).sum();
     summary.prologue_failures = fake.prologue_failures;
-    let (kwh, energy_cost) = energy_use(&summary_jobs_energy(&engine, &node_power), &energy_prices);
+    let (kwh, energy_cost) = energy_use(&summary_jobs_energy(engine, &node_power), &energy_prices);
     summary.energy_kwh = kwh;
     summary.energy_cost = energy_cost;
-    summary.preemptions = preemptions.values().sum();
-    summary.preemptions_by_reason = preemptions;
+    summary.preemptions = ctl.stats.preemptions.values().sum();
+    summary.preemptions_by_reason = world::by_reason(&ctl.stats.preemptions);
     summary.preemption_kills = preemption_kills;
     summary.checkpoint_success_rate = if checkpoint_attempts > 0 {
         metrics::round6(checkpoint_ok as f64 / checkpoint_attempts as f64)
@@ -948,8 +783,8 @@ pub fn simulate(
     }
     summary.audit_entries = quorum.audit.entries().len() as u64;
     summary.audit_chain_valid = audit::AuditLog::verify(quorum.audit.entries()).is_ok();
-    summary.wipes = wipes;
-    summary.quarantined_nodes = quarantined;
+    summary.wipes = ctl.stats.wipes;
+    summary.quarantined_nodes = ctl.stats.quarantined_nodes;
     let claim_waits: Vec<f64> = engine
         .allocations()
         .iter()
@@ -988,86 +823,8 @@ pub fn simulate(
             t
         },
         tenant_targets,
+        decisions: ctl.take_log(),
     })
-}
-
-/// How long after its start a failing prologue is reported.
-const PROLOGUE_TIME: Duration = Duration(5_000);
-
-/// The quorum decides a proposal; on commit the fake nodes start the allocation.
-#[allow(clippy::too_many_arguments)]
-fn commit(
-    engine: &mut Engine,
-    quorum: &mut FakeQuorum,
-    q: &mut EventQueue,
-    workload: &Workload,
-    trace_of: &[usize],
-    id: AllocId,
-    now: Time,
-    rank_end: u8,
-    fake: &mut FakeNodes,
-    grace: Duration,
-) -> Result<(), String> {
-    if !quorum.decide(engine, id) {
-        return engine.handle_reject(now, id).map_err(|e| e.to_string());
-    }
-    // Started before its data was fully staged (the >80 % rule): an I/O stall at start.
-    let stall = Duration((engine.staging_remaining_s(id) * 1000.0).round() as u64);
-    fake.stall_ms += stall.0;
-    engine.handle_commit(now, id).map_err(|e| e.to_string())?;
-    if engine.allocation(id).is_some_and(|a| a.spec.sensitive_claim) {
-        audit_claim(&mut quorum.audit, engine, workload, trace_of, id, now, "claim");
-    }
-    let job = &workload.jobs[trace_of[id.index()]];
-    let walltime = job.spec.lifecycle.walltime();
-    let run = match (job.runtime, walltime) {
-        (Some(r), _) => Some(r),
-        (None, Some(w)) => {
-            if fake.epoch(id) == 0 {
-                fake.defaulted_runtime += 1;
-            }
-            Some(w)
-        }
-        (None, None) => None,
-    };
-    // A resumed allocation only has the rest of its work left; a stall adds to it.
-    let run = run.map(|r| Duration(r.0.saturating_sub(fake.done(id).0) + stall.0));
-    let nodes = engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
-    fake.started(id, now, &nodes);
-    let borrowed = engine.borrowed_nodes(id);
-    if borrowed > 0 {
-        fake.event(now, TimelineKind::Borrow(borrowed));
-    }
-    let epoch = fake.epoch(id);
-    // The prologue (uenv pull/mount) fails on a node with a broken image cache: the agent reports it
-    // a few seconds after the start, and the allocation never runs its entrypoint.
-    if let Some(bad) = engine
-        .allocation(id)
-        .and_then(|a| a.nodes.iter().find(|n| fake.bad_image.contains(n)).copied())
-    {
-        q.push(now + PROLOGUE_TIME, rank_end, EventKind::PrologueFail(id, bad.0, epoch));
-        return Ok(());
-    }
-    // The fake node: ends at start + run, or kills at start + walltime.
-    match (run, walltime) {
-        // Past its walltime: SIGTERM at the walltime, SIGKILL after the grace period (the job ends at
-        // the earlier of its own end and the kill).
-        (Some(r), Some(w)) if r > w => q.push(
-            now + Duration((w.0 + grace.0).min(r.0)),
-            rank_end,
-            EventKind::Completion(id, EndReason::WalltimeExceeded, epoch),
-        ),
-        (Some(r), _) => {
-            let reason = if job.exit_ok {
-                EndReason::Success
-            } else {
-                EndReason::ExitFailure
-            };
-            q.push(now + r, rank_end, EventKind::Completion(id, reason, epoch));
-        }
-        (None, _) => {} // unbounded, never ends in this trace
-    }
-    Ok(())
 }
 
 /// DAG makespan and critical-path stretch, and task-group throughput, from the trace's structure and
@@ -1193,64 +950,6 @@ fn energy_use(runs: &[(Time, Time, f64)], prices: &[(Time, f64)]) -> (f64, f64) 
     (metrics::round6(kwh), metrics::round6(cost))
 }
 
-/// Failures and their cost, for the summary.
-#[derive(Debug, Default)]
-struct DynStats {
-    node_failures: u64,
-    injected: u64,
-    lost_node_s: f64,
-}
-
-/// Applies a node event and settles the allocations that lost their node: their runs end (stale events
-/// are ignored), the quorum releases them, lost work is counted, and heartbeat misses get their grace.
-#[allow(clippy::too_many_arguments)]
-fn node_event(
-    engine: &mut Engine,
-    quorum: &mut FakeQuorum,
-    fake: &mut FakeNodes,
-    q: &mut EventQueue,
-    stats: &mut DynStats,
-    now: Time,
-    node: NodeId,
-    event: NodeEvent,
-) -> Result<(), String> {
-    // Grace before Down: 5 min for sensitive nodes, 30 s for borrowed ones, 60 s otherwise.
-    let owner = engine.node(node).and_then(|n| n.owner).map(|o| o.alloc);
-    let starts: Vec<(AllocId, Time, usize)> = owner
-        .and_then(|a| {
-            engine
-                .allocation(a)
-                .map(|x| (a, x.started.unwrap_or(now), x.nodes.len()))
-        })
-        .into_iter()
-        .collect();
-    let affected = match engine.handle_node_event(now, node, event) {
-        Ok(a) => a,
-        Err(e) => return Err(format!("node event rejected: {e}")),
-    };
-    if event == NodeEvent::HeartbeatMiss {
-        let grace = match owner {
-            Some(a) if engine.is_sensitive(a) => Duration::from_mins(5),
-            Some(a) if engine.borrowed_nodes(a) > 0 => Duration::from_secs(30),
-            _ => Duration::from_secs(60),
-        };
-        q.push(now + grace, RANK_NODE, EventKind::Grace(node.0));
-    }
-    if matches!(event, NodeEvent::HardwareFailure | NodeEvent::GraceTimeout) {
-        stats.node_failures += 1;
-        fake.event(now, TimelineKind::NodeDown);
-    }
-    for id in affected {
-        fake.bump(id, now);
-        fake.restart(id);
-        quorum.release(engine, id);
-        if let Some(&(_, start, k)) = starts.iter().find(|s| s.0 == id) {
-            stats.lost_node_s += k as f64 * now.since(start).as_secs_f64();
-        }
-    }
-    Ok(())
-}
-
 /// Demand (nodes) of a synthetic load curve at `since` after its start: a sine around `base` plus
 /// uniform noise in ±`noise`, drawn from a generator seeded by (run seed, curve, sample) so every sample
 /// is reproducible on its own.
@@ -1277,131 +976,6 @@ fn draw_exp(rng: &mut rand_chacha::ChaCha8Rng, mean: Duration) -> Duration {
     use rand_chacha::rand_core::Rng;
     let u = ((rng.next_u64() >> 11) as f64 + 1.0) / ((1u64 << 53) as f64 + 1.0);
     Duration((-(u.ln()) * mean.as_millis() as f64).round().max(1.0) as u64)
-}
-
-/// Appends a sensitive audit entry for claim `id`.
-fn audit_claim(
-    log: &mut audit::AuditLog,
-    engine: &Engine,
-    workload: &Workload,
-    trace_of: &[usize],
-    id: AllocId,
-    now: Time,
-    event: &str,
-) {
-    let Some(a) = engine.allocation(id) else { return };
-    let job = &workload.jobs[trace_of[id.index()]];
-    let user = job
-        .user
-        .clone()
-        .or_else(|| engine.tenant(a.spec.tenant).map(|t| t.name))
-        .unwrap_or_default();
-    log.append(
-        now.as_millis(),
-        event,
-        &job.id,
-        &user,
-        a.nodes.iter().map(|n| n.0).collect(),
-    );
-}
-
-/// Draws a wipe: its duration, uniform in the model's range, and whether it succeeds.
-fn draw_wipe(rng: &mut rand_chacha::ChaCha8Rng, m: &WipeModel) -> (Duration, bool) {
-    use rand_chacha::rand_core::Rng;
-    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    let span = m.max.as_millis().saturating_sub(m.min.as_millis()) as f64;
-    let took = Duration(m.min.as_millis() + (unit() * span) as u64);
-    (took, unit() >= m.failure_probability)
-}
-
-/// The fake nodes' view of each allocation: which run is current (stale events are ignored), work done
-/// before a checkpointed preemption, and when the last checkpoint hint came.
-#[derive(Debug, Default)]
-struct FakeNodes {
-    epoch: Vec<u32>,
-    done: Vec<Duration>,
-    start: Vec<Time>,
-    hint: Vec<Option<Time>>,
-    defaulted_runtime: u64,
-    /// I/O stalls of allocations started before their staging finished.
-    stall_ms: u64,
-    /// Nodes whose local image cache is broken: every prologue there fails (until `node_recover`).
-    bad_image: std::collections::BTreeSet<NodeId>,
-    prologue_failures: u64,
-    /// The timeline: runs (the open run of each allocation is `open[id]`) and point events.
-    timeline: Timeline,
-    open: Vec<Option<u32>>,
-}
-
-impl FakeNodes {
-    fn grow(&mut self, id: AllocId) {
-        while self.epoch.len() <= id.index() {
-            self.epoch.push(0);
-            self.done.push(Duration::ZERO);
-            self.start.push(Time::ZERO);
-            self.hint.push(None);
-            self.open.push(None);
-        }
-    }
-    fn event(&mut self, now: Time, kind: TimelineKind) {
-        self.timeline.events.push(TimelineEvent {
-            time_s: now.as_secs_f64(),
-            kind,
-        });
-    }
-    /// Ends the allocation's open run (if any) at `now`.
-    fn close(&mut self, id: AllocId, now: Time) {
-        self.grow(id);
-        if let Some(r) = self.open[id.index()].take() {
-            self.timeline.runs[r as usize].end_s = Some(now.as_secs_f64());
-        }
-    }
-    fn epoch(&mut self, id: AllocId) -> u32 {
-        self.grow(id);
-        self.epoch[id.index()]
-    }
-    fn done(&mut self, id: AllocId) -> Duration {
-        self.grow(id);
-        self.done[id.index()]
-    }
-    fn started(&mut self, id: AllocId, now: Time, nodes: &[NodeId]) {
-        self.close(id, now);
-        self.start[id.index()] = now;
-        self.open[id.index()] = Some(self.timeline.runs.len() as u32);
-        self.timeline.runs.push(RunSpan {
-            job: id.index() as u32,
-            start_s: now.as_secs_f64(),
-            end_s: None,
-            nodes: timeline::node_ranges(nodes),
-        });
-    }
-    fn hint(&mut self, id: AllocId, now: Time) {
-        self.grow(id);
-        self.hint[id.index()] = Some(now);
-    }
-    /// The current run ended at `now` (completion, kill, prologue failure, lost node): events still
-    /// queued for it are stale.
-    fn bump(&mut self, id: AllocId, now: Time) {
-        self.close(id, now);
-        self.epoch[id.index()] += 1;
-    }
-    /// A node failure: the run is lost, the next one restarts from zero.
-    fn restart(&mut self, id: AllocId) {
-        self.grow(id);
-        self.done[id.index()] = Duration::ZERO;
-    }
-    /// A checkpoint keeps the work done up to the hint; without one the job restarts from zero.
-    fn suspended(&mut self, id: AllocId, checkpointed: bool, now: Time) {
-        self.close(id, now);
-        let i = id.index();
-        self.done[i] = if checkpointed {
-            let upto = self.hint[i].unwrap_or(self.start[i]);
-            self.done[i] + upto.since(self.start[i])
-        } else {
-            Duration::ZERO
-        };
-        self.epoch[i] += 1;
-    }
 }
 
 /// `(gpus, group, conformance fingerprint)` per node.

@@ -1,0 +1,498 @@
+//! The one controller both worlds run: it owns the [`Engine`], applies what happens in the world
+//! ([`Input`]) at one `now`, runs passes, and carries out *every* engine output through the ports of
+//! [`crate::world`] — proposals, scale changes, preemptions, checkpoint hints, releases, audit entries,
+//! launches with their resume point, wipes, heartbeat watches and wake-ups.
+//!
+//! `lattice-sim` drives it on a virtual clock with a fake world; `lattice-runtime` on the wall clock
+//! with openraft and node agents. Pure like the engine: no I/O, no clock, no randomness.
+//!
+//! Checkpoints are tracked here, so both worlds resume from them the same way: each run has a start
+//! and the work it resumed from; a checkpoint (a broker hint or a preemption's) that completes keeps the
+//! work done up to its hint; a run that is lost (node failure, prologue failure, a stop without
+//! checkpoint) resumes from the last kept checkpoint, and only the work since it counts as lost.
+
+use crate::AllocSpec;
+use crate::alloc::{AllocState, CheckpointKind, EndReason};
+use crate::engine::{Engine, PassStats};
+use crate::error::{EngineError, SubmitError};
+use crate::ids::{AllocId, NodeId};
+use crate::node::NodeEvent;
+use crate::preempt::{Command, PreemptReason};
+use crate::time::{Duration, Time};
+use crate::world::{AuditEvent, Decision, PreemptHow, PreemptOrder, StopReason, World};
+use std::collections::BTreeMap;
+
+/// What happens in the world, applied at a `now`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Input {
+    /// The quorum committed a proposal.
+    Committed(AllocId),
+    /// The quorum rejected a proposal.
+    Rejected(AllocId),
+    /// The allocation's run ended (by itself, a walltime kill, or a preemption kill).
+    Exited(AllocId, EndReason),
+    /// Its prologue (image pull, mount) failed on a node.
+    PrologueFailed(AllocId, NodeId),
+    /// A preempted allocation stopped; `true` when its checkpoint was written.
+    Suspended(AllocId, bool),
+    /// A broker checkpoint finished (`true`) or failed.
+    Checkpointed(AllocId, bool),
+    /// The secure wipe of a released claim's nodes ended (`true`: they return to the pool).
+    WipeDone(AllocId, bool),
+    /// A node changed (agent registration, heartbeat, operator, hardware).
+    Node(NodeId, NodeEvent),
+    /// A watched node's heartbeat grace ran out.
+    GraceExpired(NodeId),
+    /// Checkpoint storage went down (`false`) or came back.
+    Storage(bool),
+    /// A reactive allocation's scaling metric.
+    Metric(AllocId, f64),
+    Cancel(AllocId),
+    /// A new walltime.
+    Walltime(AllocId, Duration),
+    /// The data prefetch of a staging allocation failed.
+    StagingFailed(AllocId),
+}
+
+/// Why an input or output was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A decision broke one of the scheduler's rules (checked when
+    /// [`Controller::check_preemptions`] is on).
+    #[error("{0}")]
+    Invariant(String),
+}
+
+/// Heartbeat grace before a silent node goes Down, by what it runs (book: 5 min for sensitive
+/// nodes, shorter for borrowed ones).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HeartbeatGrace {
+    pub sensitive: Duration,
+    pub borrowed: Duration,
+    pub default: Duration,
+}
+
+impl Default for HeartbeatGrace {
+    fn default() -> Self {
+        HeartbeatGrace {
+            sensitive: Duration::from_mins(5),
+            borrowed: Duration::from_secs(30),
+            default: Duration::from_secs(60),
+        }
+    }
+}
+
+/// SIGTERM → SIGKILL grace of a preempted allocation that does not checkpoint.
+pub const PREEMPT_GRACE: Duration = Duration(30_000);
+
+/// Counters of what the controller did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ControlStats {
+    /// Preemption decisions by reason.
+    pub preemptions: BTreeMap<&'static str, u64>,
+    pub broker_hints: u64,
+    /// Broker checkpoints that completed.
+    pub broker_checkpoints: u64,
+    /// Preemptions whose victim stopped with a written checkpoint.
+    pub preemption_checkpoints: u64,
+    /// Node-seconds of work lost with lost runs (since each run's last kept checkpoint).
+    pub lost_node_s: f64,
+    pub wipes: u64,
+    pub quarantined_nodes: u64,
+}
+
+/// The checkpoint bookkeeping of one allocation.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    /// When the current run started.
+    start: Time,
+    /// Work the current run resumed from.
+    base: Duration,
+    /// Work kept by the last completed checkpoint (what the next run resumes from).
+    saved: Duration,
+    /// The work a checkpoint in flight will keep (progress at its hint).
+    pending: Option<Duration>,
+}
+
+impl Run {
+    fn progress(&self, now: Time) -> Duration {
+        Duration(self.base.0 + now.since(self.start).0)
+    }
+}
+
+pub struct Controller {
+    pub engine: Engine,
+    pub grace: HeartbeatGrace,
+    /// Check every preemption decision against the rules (only down, never a sensitive victim).
+    pub check_preemptions: bool,
+    pub stats: ControlStats,
+    runs: Vec<Run>,
+    log: Option<Vec<String>>,
+}
+
+impl Controller {
+    pub fn new(engine: Engine) -> Controller {
+        Controller {
+            engine,
+            grace: HeartbeatGrace::default(),
+            check_preemptions: false,
+            stats: ControlStats::default(),
+            runs: Vec::new(),
+            log: None,
+        }
+    }
+
+    /// Keeps a log of every decision from now on (`"<ms> <decision>"` lines).
+    pub fn enable_log(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    pub fn take_log(&mut self) -> Vec<String> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn run(&mut self, id: AllocId) -> &mut Run {
+        if self.runs.len() <= id.index() {
+            self.runs.resize(id.index() + 1, Run::default());
+        }
+        &mut self.runs[id.index()]
+    }
+
+    /// Work the allocation's next run resumes from (kept by its last completed checkpoint).
+    pub fn resume_point(&self, id: AllocId) -> Duration {
+        self.runs.get(id.index()).map_or(Duration::ZERO, |r| r.saved)
+    }
+
+    fn emit(&mut self, world: &mut dyn World, now: Time, d: Decision) -> Option<bool> {
+        if let Some(log) = self.log.as_mut() {
+            log.push(format!("{} {d}", now.0));
+        }
+        d.dispatch(world, &self.engine, now)
+    }
+
+    /// A new allocation.
+    pub fn submit(&mut self, now: Time, spec: AllocSpec) -> Result<AllocId, SubmitError> {
+        let id = self.engine.handle_submit(now, spec)?;
+        self.run(id);
+        Ok(id)
+    }
+
+    /// Applies one input at `now` (inputs of one timestamp in DESIGN.md's order, then
+    /// [`Controller::schedule`] and [`Controller::dispatch`]).
+    pub fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
+        match input {
+            Input::Committed(id) => self.commit(now, id, world)?,
+            Input::Rejected(id) => self.engine.handle_reject(now, id)?,
+            Input::Exited(id, reason) => {
+                let Some(a) = self.engine.allocation(id) else {
+                    return Err(EngineError::UnknownAlloc(id).into());
+                };
+                if a.state != AllocState::Running {
+                    return Ok(()); // a late report of a run that already ended
+                }
+                let nodes = a.nodes.clone();
+                self.emit(world, now, Decision::Release { alloc: id, nodes });
+                self.engine.handle_completion(now, id, reason)?;
+                self.after_end(now, id, world);
+            }
+            Input::PrologueFailed(id, node) => {
+                let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                self.emit(world, now, Decision::Release { alloc: id, nodes });
+                self.engine.handle_prologue_failure(now, id, node)?;
+                self.lost_run(id);
+            }
+            Input::Suspended(id, checkpointed) => {
+                let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                self.emit(world, now, Decision::Release { alloc: id, nodes });
+                self.engine.handle_suspended(now, id, checkpointed)?;
+                let r = self.run(id);
+                let kept = r.pending.take();
+                if checkpointed {
+                    r.saved = kept.unwrap_or(r.base);
+                    self.stats.preemption_checkpoints += 1;
+                } else {
+                    r.saved = Duration::ZERO;
+                }
+            }
+            Input::Checkpointed(id, ok) => {
+                self.engine.handle_checkpointed(now, id, ok)?;
+            }
+            Input::WipeDone(id, ok) => {
+                let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                let ev = if ok {
+                    NodeEvent::Undrain
+                } else {
+                    NodeEvent::HardwareFailure
+                };
+                for n in &nodes {
+                    let _ = self.engine.handle_node_event(now, *n, ev);
+                }
+                if ok {
+                    self.stats.wipes += 1;
+                } else {
+                    self.stats.quarantined_nodes += nodes.len() as u64;
+                }
+                let event = if ok { AuditEvent::Wipe } else { AuditEvent::Quarantine };
+                self.emit(
+                    world,
+                    now,
+                    Decision::Audit {
+                        alloc: id,
+                        event,
+                        nodes,
+                    },
+                );
+            }
+            Input::Node(node, event) => self.node_event(now, node, event, world)?,
+            Input::GraceExpired(node) => {
+                if self
+                    .engine
+                    .node(node)
+                    .is_some_and(|n| n.state == crate::node::NodeState::Degraded)
+                {
+                    self.node_event(now, node, NodeEvent::GraceTimeout, world)?;
+                }
+            }
+            Input::Storage(up) => self.engine.handle_storage(now, up),
+            Input::Metric(id, value) => self.engine.handle_metric(now, id, value)?,
+            Input::Cancel(id) => {
+                let (state, nodes) = match self.engine.allocation(id) {
+                    Some(a) => (a.state, a.nodes.clone()),
+                    None => return Err(EngineError::UnknownAlloc(id).into()),
+                };
+                self.engine.handle_cancel(now, id)?;
+                if state == AllocState::Running {
+                    self.emit(
+                        world,
+                        now,
+                        Decision::Stop {
+                            alloc: id,
+                            why: StopReason::Cancelled,
+                        },
+                    );
+                }
+                if matches!(state, AllocState::Running | AllocState::Staging) {
+                    self.emit(world, now, Decision::Release { alloc: id, nodes });
+                }
+                if state == AllocState::Running {
+                    self.after_end(now, id, world);
+                }
+            }
+            Input::Walltime(id, walltime) => self.engine.handle_walltime_update(now, id, walltime)?,
+            Input::StagingFailed(id) => self.engine.handle_staging_failure(now, id)?,
+        }
+        Ok(())
+    }
+
+    /// A sensitive claim's end: the release is audited and its nodes leave the pool for a wipe.
+    fn after_end(&mut self, now: Time, id: AllocId, world: &mut dyn World) {
+        let Some(a) = self.engine.allocation(id) else { return };
+        if !a.spec.sensitive_claim {
+            return;
+        }
+        let nodes = a.nodes.clone();
+        self.emit(
+            world,
+            now,
+            Decision::Audit {
+                alloc: id,
+                event: AuditEvent::Release,
+                nodes: nodes.clone(),
+            },
+        );
+        for n in &nodes {
+            let _ = self.engine.handle_node_event(now, *n, NodeEvent::Drain);
+        }
+        self.emit(world, now, Decision::Wipe { alloc: id, nodes });
+    }
+
+    /// The run was lost: the next one resumes from the last kept checkpoint.
+    fn lost_run(&mut self, id: AllocId) {
+        let r = self.run(id);
+        r.pending = None;
+        r.saved = Duration::ZERO;
+    }
+
+    fn commit(&mut self, now: Time, id: AllocId, world: &mut dyn World) -> Result<(), ControlError> {
+        // Started before its data was fully staged (the >80 % rule): the world sees the stall.
+        let staging_remaining_s = self.engine.staging_remaining_s(id);
+        self.engine.handle_commit(now, id)?;
+        let Some(a) = self.engine.allocation(id) else {
+            return Ok(());
+        };
+        let nodes = a.nodes.clone();
+        if a.spec.sensitive_claim {
+            self.emit(
+                world,
+                now,
+                Decision::Audit {
+                    alloc: id,
+                    event: AuditEvent::Claim,
+                    nodes: nodes.clone(),
+                },
+            );
+        }
+        let r = self.run(id);
+        r.start = now;
+        r.base = r.saved;
+        r.pending = None;
+        let resume_from = r.base;
+        self.emit(
+            world,
+            now,
+            Decision::Launch {
+                alloc: id,
+                nodes,
+                resume_from,
+                staging_remaining_s,
+            },
+        );
+        Ok(())
+    }
+
+    fn node_event(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        event: NodeEvent,
+        world: &mut dyn World,
+    ) -> Result<(), ControlError> {
+        let owner = self.engine.node(node).and_then(|n| n.owner).map(|o| o.alloc);
+        let before = owner.and_then(|a| {
+            self.engine
+                .allocation(a)
+                .map(|x| (a, x.started.unwrap_or(now), x.nodes.clone()))
+        });
+        let affected = self.engine.handle_node_event(now, node, event)?;
+        if event == NodeEvent::HeartbeatMiss {
+            let grace = match owner {
+                Some(a) if self.engine.is_sensitive(a) => self.grace.sensitive,
+                Some(a) if self.engine.borrowed_nodes(a) > 0 => self.grace.borrowed,
+                _ => self.grace.default,
+            };
+            self.emit(world, now, Decision::Watch { node, grace });
+        }
+        for id in affected {
+            self.emit(
+                world,
+                now,
+                Decision::Stop {
+                    alloc: id,
+                    why: StopReason::NodeLost(node),
+                },
+            );
+            let (nodes, lost) = match &before {
+                Some((a, start, nodes)) if *a == id => {
+                    (nodes.clone(), nodes.len() as f64 * now.since(*start).as_secs_f64())
+                }
+                _ => (Vec::new(), 0.0),
+            };
+            self.emit(world, now, Decision::Release { alloc: id, nodes });
+            self.stats.lost_node_s += lost;
+            self.lost_run(id);
+        }
+        Ok(())
+    }
+
+    /// One scheduling pass at `now` (the caller may time it); then [`Controller::dispatch`].
+    pub fn schedule(&mut self, now: Time) -> PassStats {
+        self.engine.schedule(now)
+    }
+
+    /// Carries out everything the pass decided: scale changes, proposals (and the commits a world
+    /// decides at once), preemptions and checkpoint hints, and the next wake-up.
+    pub fn dispatch(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError> {
+        for (alloc, node, added) in self.engine.drain_scale_log() {
+            self.emit(world, now, Decision::Scale { alloc, node, added });
+        }
+        while let Some(p) = self.engine.poll_proposal() {
+            let id = p.alloc;
+            match self.emit(world, now, Decision::Propose(p)) {
+                Some(true) => self.commit(now, id, world)?,
+                Some(false) => self.engine.handle_reject(now, id)?,
+                None => {}
+            }
+        }
+        while let Some(cmd) = self.engine.poll_command() {
+            match cmd {
+                Command::Checkpoint { alloc } => {
+                    self.stats.broker_hints += 1;
+                    let progress = self.run(alloc).progress(now);
+                    self.run(alloc).pending = Some(progress);
+                    if self.emit(world, now, Decision::Checkpoint { alloc }) == Some(false) {
+                        self.run(alloc).pending = None;
+                        let _ = self.engine.handle_checkpointed(now, alloc, false);
+                    }
+                }
+                Command::Preempt {
+                    alloc,
+                    for_alloc,
+                    reason,
+                } => {
+                    let order = self.preempt_order(now, alloc, for_alloc, reason)?;
+                    *self.stats.preemptions.entry(reason.as_str()).or_default() += 1;
+                    self.emit(world, now, Decision::Preempt(order));
+                }
+            }
+        }
+        // Cycle ticks, energy windows, staging ends: the engine asks to be woken.
+        if let Some(t) = self.engine.next_wakeup()
+            && t > now
+        {
+            self.emit(world, now, Decision::WakeAt(t));
+        }
+        Ok(())
+    }
+
+    /// How a victim leaves its nodes (book: "Preemption Sequence").
+    fn preempt_order(
+        &mut self,
+        now: Time,
+        alloc: AllocId,
+        for_alloc: AllocId,
+        reason: PreemptReason,
+    ) -> Result<PreemptOrder, ControlError> {
+        let (victim, preemptor) = (self.engine.allocation(alloc), self.engine.allocation(for_alloc));
+        let Some(v) = victim else {
+            return Err(EngineError::UnknownAlloc(alloc).into());
+        };
+        if self.check_preemptions {
+            let vc = v.spec.preemption_class.get();
+            let pc = preemptor.map_or(0, |a| a.spec.preemption_class.get());
+            let moves_up = reason == PreemptReason::Priority && vc >= pc;
+            if moves_up || self.engine.is_sensitive(alloc) {
+                return Err(ControlError::Invariant(format!(
+                    "preemption of {alloc} (class {vc}) for {for_alloc} (class {pc}) moves up or hits a sensitive allocation"
+                )));
+            }
+        }
+        let kind = v.spec.checkpoint.kind;
+        let pc = self.engine.preemption_config();
+        // Slow but responding applications get the timeout extended by 50 %, once.
+        let deadline = Duration(pc.checkpoint_timeout.0 + pc.checkpoint_timeout.0 / 2);
+        // A reclaim leaves the borrower its return grace period before the hint.
+        let at = if reason == PreemptReason::Reclaim {
+            now + pc.reclaim_grace
+        } else {
+            now
+        };
+        let how = if kind == CheckpointKind::None {
+            PreemptHow::Stop { grace: PREEMPT_GRACE }
+        } else if !self.engine.storage_available() {
+            PreemptHow::Kill { grace: PREEMPT_GRACE }
+        } else {
+            PreemptHow::CheckpointThenStop { deadline }
+        };
+        let r = self.run(alloc);
+        r.pending = Some(r.progress(at));
+        Ok(PreemptOrder {
+            alloc,
+            for_alloc,
+            reason,
+            at,
+            how,
+        })
+    }
+}

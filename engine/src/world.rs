@@ -1,0 +1,262 @@
+//! The abstract cluster: the ports through which the [`Controller`](crate::controller::Controller)
+//! carries out the engine's decisions, and the decisions themselves.
+//!
+//! Two worlds implement the ports: `lattice-sim`'s fake world (an event queue for a clock, a fake
+//! quorum with latency, fake nodes that run, checkpoint, suspend and wipe) and `lattice-runtime`'s real
+//! one (openraft, node agents, VAST, the fabric manager). Every port method is required — there are no
+//! default bodies — and [`Decision::dispatch`] is the one exhaustive `match` from a decision to its
+//! port: a new kind of decision does not compile until it has a port method, and a new port method does
+//! not compile until both worlds implement it.
+//!
+//! Ports see the engine read-only (`view`): a world may look up what it needs (an allocation's spec,
+//! its nodes) but changes nothing; what happens in the world comes back to the controller as an
+//! [`Input`](crate::controller::Input).
+
+use crate::engine::{Engine, Proposal};
+use crate::ids::{AllocId, NodeId};
+use crate::preempt::PreemptReason;
+use crate::time::{Duration, Time};
+
+/// An entry of the quorum's hash-chained audit log for a sensitive claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AuditEvent {
+    /// The claim's nodes were committed to it.
+    Claim,
+    /// The claim ended; its nodes go to the secure wipe.
+    Release,
+    /// The wipe succeeded: the nodes are back in the pool.
+    Wipe,
+    /// The wipe failed: the nodes are quarantined (Down).
+    Quarantine,
+}
+
+impl AuditEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditEvent::Claim => "claim",
+            AuditEvent::Release => "release",
+            AuditEvent::Wipe => "wipe",
+            AuditEvent::Quarantine => "quarantine",
+        }
+    }
+}
+
+/// How a preempted allocation leaves its nodes (book: "Preemption Sequence").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PreemptHow {
+    /// Checkpoint hint through its declared mechanism; once the checkpoint is written the process stops
+    /// and the world reports `Suspended(checkpointed = true)`. Not written by `deadline` (the
+    /// checkpoint timeout extended by 50 % once): SIGTERM, then SIGKILL, reported as an exit with
+    /// `EndReason::PreemptionKilled`.
+    CheckpointThenStop { deadline: Duration },
+    /// It does not checkpoint: SIGTERM, `grace`, SIGKILL; reported as `Suspended(checkpointed =
+    /// false)` (it restarts from its last checkpoint, if any, when it runs again).
+    Stop { grace: Duration },
+    /// It would checkpoint but checkpoint storage is down: no checkpoint can be written; SIGTERM,
+    /// `grace`, SIGKILL, reported as an exit with `EndReason::PreemptionKilled`.
+    Kill { grace: Duration },
+}
+
+/// One victim of a preemption decision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PreemptOrder {
+    pub alloc: AllocId,
+    /// The allocation its nodes go to.
+    pub for_alloc: AllocId,
+    pub reason: PreemptReason,
+    /// When the sequence starts: now, or after the borrower's return grace period for a reclaim.
+    pub at: Time,
+    pub how: PreemptHow,
+}
+
+/// Why a run stops without having ended by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// One of its nodes was lost (hardware failure, heartbeat grace expired, disabled).
+    NodeLost(NodeId),
+    /// It was cancelled.
+    Cancelled,
+}
+
+/// One decision the controller carries out through a port.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Quorum: give `nodes` to the allocation.
+    Propose(Proposal),
+    /// Quorum: the allocation no longer holds its nodes.
+    Release { alloc: AllocId, nodes: Vec<NodeId> },
+    /// Quorum: a reactive allocation grew (`added`) or shrank by one node.
+    Scale { alloc: AllocId, node: NodeId, added: bool },
+    /// Quorum: append to the sensitive audit log.
+    Audit {
+        alloc: AllocId,
+        event: AuditEvent,
+        nodes: Vec<NodeId>,
+    },
+    /// Fleet: start the committed allocation on its nodes, resuming from `resume_from` of work a
+    /// checkpoint kept (zero: from the start). `staging_remaining_s`: seconds of data staging still
+    /// outstanding (it started before its data was fully staged: an I/O stall).
+    Launch {
+        alloc: AllocId,
+        nodes: Vec<NodeId>,
+        resume_from: Duration,
+        staging_remaining_s: f64,
+    },
+    /// Fleet: stop the allocation's processes (its run is over; later reports of it are stale).
+    Stop { alloc: AllocId, why: StopReason },
+    /// Fleet: preempt a victim.
+    Preempt(PreemptOrder),
+    /// Fleet: the checkpoint broker's hint (the allocation keeps running).
+    Checkpoint { alloc: AllocId },
+    /// Fleet: securely wipe the nodes a sensitive claim released.
+    Wipe { alloc: AllocId, nodes: Vec<NodeId> },
+    /// Fleet: the node missed a heartbeat; report [`Input::GraceExpired`](crate::controller::Input)
+    /// if it is still silent after `grace`.
+    Watch { node: NodeId, grace: Duration },
+    /// Clock: run a pass at `at` (a cycle tick, an energy window, a staging end).
+    WakeAt(Time),
+}
+
+/// The quorum port: ownership changes and the audit log.
+pub trait Quorum {
+    /// Proposes a start. `Some(committed)` when the world decides at once (a zero-latency fake
+    /// quorum, or a refusal before it reaches the quorum); `None` when the answer comes later as
+    /// an input.
+    fn propose(&mut self, view: &Engine, now: Time, p: &Proposal) -> Option<bool>;
+    fn release(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
+    fn scale(&mut self, view: &Engine, now: Time, alloc: AllocId, node: NodeId, added: bool);
+    fn audit(&mut self, view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, nodes: &[NodeId]);
+}
+
+/// The fleet port: node agents and what runs on the nodes.
+pub trait Fleet {
+    fn launch(
+        &mut self,
+        view: &Engine,
+        now: Time,
+        alloc: AllocId,
+        nodes: &[NodeId],
+        resume_from: Duration,
+        staging_remaining_s: f64,
+    );
+    fn stop(&mut self, view: &Engine, now: Time, alloc: AllocId, why: StopReason);
+    fn preempt(&mut self, view: &Engine, now: Time, order: &PreemptOrder);
+    /// A broker hint. `Some(false)` when it fails at once (nowhere to write it); `None` when the
+    /// outcome comes later as an input.
+    fn checkpoint(&mut self, view: &Engine, now: Time, alloc: AllocId) -> Option<bool>;
+    fn wipe(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
+    fn watch(&mut self, view: &Engine, now: Time, node: NodeId, grace: Duration);
+}
+
+/// The clock port.
+pub trait Timer {
+    fn wake_at(&mut self, at: Time);
+}
+
+/// A whole world: the ports the controller needs.
+pub trait World: Quorum + Fleet + Timer {}
+impl<T: Quorum + Fleet + Timer> World for T {}
+
+impl Decision {
+    /// Carries the decision out through its port (the one exhaustive match); what the port decided
+    /// at once, if anything.
+    pub fn dispatch(&self, world: &mut dyn World, view: &Engine, now: Time) -> Option<bool> {
+        match self {
+            Decision::Propose(p) => world.propose(view, now, p),
+            Decision::Release { alloc, nodes } => {
+                world.release(view, now, *alloc, nodes);
+                None
+            }
+            Decision::Scale { alloc, node, added } => {
+                world.scale(view, now, *alloc, *node, *added);
+                None
+            }
+            Decision::Audit { alloc, event, nodes } => {
+                world.audit(view, now, *alloc, *event, nodes);
+                None
+            }
+            Decision::Launch {
+                alloc,
+                nodes,
+                resume_from,
+                staging_remaining_s,
+            } => {
+                world.launch(view, now, *alloc, nodes, *resume_from, *staging_remaining_s);
+                None
+            }
+            Decision::Stop { alloc, why } => {
+                world.stop(view, now, *alloc, *why);
+                None
+            }
+            Decision::Preempt(order) => {
+                world.preempt(view, now, order);
+                None
+            }
+            Decision::Checkpoint { alloc } => world.checkpoint(view, now, *alloc),
+            Decision::Wipe { alloc, nodes } => {
+                world.wipe(view, now, *alloc, nodes);
+                None
+            }
+            Decision::Watch { node, grace } => {
+                world.watch(view, now, *node, *grace);
+                None
+            }
+            Decision::WakeAt(at) => {
+                world.wake_at(*at);
+                None
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Decision {
+    /// One line of the decision log (allocation and node indices; the same in every world).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |n: &[NodeId]| n.iter().map(|x| x.0.to_string()).collect::<Vec<_>>().join(",");
+        match self {
+            Decision::Propose(p) => write!(
+                f,
+                "propose {} on [{}]{}",
+                p.alloc,
+                list(&p.nodes),
+                if p.backfilled { " backfilled" } else { "" }
+            ),
+            Decision::Release { alloc, nodes } => write!(f, "release {alloc} [{}]", list(nodes)),
+            Decision::Scale { alloc, node, added } => {
+                write!(f, "scale {alloc} {} {}", if *added { "+" } else { "-" }, node.0)
+            }
+            Decision::Audit { alloc, event, nodes } => {
+                write!(f, "audit {} {alloc} [{}]", event.as_str(), list(nodes))
+            }
+            Decision::Launch {
+                alloc,
+                nodes,
+                resume_from,
+                ..
+            } => write!(f, "launch {alloc} on [{}] from {}ms", list(nodes), resume_from.0),
+            Decision::Stop { alloc, why } => match why {
+                StopReason::NodeLost(n) => write!(f, "stop {alloc} node {} lost", n.0),
+                StopReason::Cancelled => write!(f, "stop {alloc} cancelled"),
+            },
+            Decision::Preempt(o) => {
+                let how = match o.how {
+                    PreemptHow::CheckpointThenStop { deadline } => format!("checkpoint-then-stop {}ms", deadline.0),
+                    PreemptHow::Stop { grace } => format!("stop {}ms", grace.0),
+                    PreemptHow::Kill { grace } => format!("kill {}ms", grace.0),
+                };
+                write!(
+                    f,
+                    "preempt {} for {} ({}) at {} {how}",
+                    o.alloc,
+                    o.for_alloc,
+                    o.reason.as_str(),
+                    o.at.0
+                )
+            }
+            Decision::Checkpoint { alloc } => write!(f, "checkpoint {alloc}"),
+            Decision::Wipe { alloc, nodes } => write!(f, "wipe {alloc} [{}]", list(nodes)),
+            Decision::Watch { node, grace } => write!(f, "watch node {} {}ms", node.0, grace.0),
+            Decision::WakeAt(t) => write!(f, "wake at {}", t.0),
+        }
+    }
+}

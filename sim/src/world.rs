@@ -1,0 +1,349 @@
+//! The fake world: the simulator's implementation of the controller's ports. The event queue is the
+//! clock; a fake quorum commits proposals after a latency (validating ownership and quotas); fake nodes
+//! run each allocation for its trace run time (minus the work it resumes from), kill it at its walltime
+//! (after the SIGTERM grace), fail prologues on nodes with a broken image cache, write checkpoints in
+//! the time the broker's model gives, stop preempted victims, and wipe released sensitive nodes.
+
+use crate::events::{EventKind, EventQueue};
+use crate::quorum::FakeQuorum;
+use crate::timeline::{self, RunSpan, Timeline, TimelineEvent, TimelineKind};
+use crate::{RANK_END, RANK_NODE, RANK_WAKEUP, WipeModel, audit};
+use lattice_engine::{
+    AllocId, AuditEvent, Duration, EndReason, Engine, Fleet, NodeId, PreemptHow, PreemptOrder, Proposal, Quorum,
+    StopReason, Time, Timer,
+};
+use lattice_traces::Workload;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How long after its start a failing prologue is reported.
+const PROLOGUE_TIME: Duration = Duration(5_000);
+
+/// The simulator's world.
+pub(crate) struct FakeWorld<'a> {
+    pub q: EventQueue,
+    /// Rank of the world's reports at equal times (pyss orders them after arrivals).
+    pub rank_end: u8,
+    pub quorum: FakeQuorum,
+    pub commit_latency: Duration,
+    pub fake: FakeNodes,
+    pub workload: &'a Workload,
+    /// Trace index of each engine allocation.
+    pub trace_of: Vec<usize>,
+    /// SIGTERM → SIGKILL grace at the walltime.
+    pub walltime_grace: Duration,
+    pub wipe: WipeModel,
+    pub wipe_rng: rand_chacha::ChaCha8Rng,
+    pub wakeups: BTreeSet<Time>,
+    /// pyss: allocations by estimated end, to release their nodes in the quorum at that time.
+    pub pyss: bool,
+    pub pyss_ends: BTreeSet<(Time, AllocId)>,
+    pub checkpoint_attempts: u64,
+    pub checkpoint_ok: u64,
+}
+
+impl Quorum for FakeWorld<'_> {
+    fn propose(&mut self, view: &Engine, now: Time, p: &Proposal) -> Option<bool> {
+        let id = p.alloc;
+        self.quorum.propose(p.clone());
+        if self.commit_latency == Duration::ZERO {
+            Some(self.quorum.decide(view, id))
+        } else {
+            self.q.push(now + self.commit_latency, RANK_END, EventKind::Commit(id));
+            None
+        }
+    }
+
+    fn release(&mut self, view: &Engine, _now: Time, alloc: AllocId, _nodes: &[NodeId]) {
+        self.quorum.release(view, alloc);
+    }
+
+    fn scale(&mut self, _view: &Engine, _now: Time, alloc: AllocId, node: NodeId, added: bool) {
+        self.quorum.scale(alloc, node, added);
+    }
+
+    fn audit(&mut self, view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, _nodes: &[NodeId]) {
+        audit_claim(
+            &mut self.quorum.audit,
+            view,
+            self.workload,
+            &self.trace_of,
+            alloc,
+            now,
+            event.as_str(),
+        );
+    }
+}
+
+impl Fleet for FakeWorld<'_> {
+    fn launch(
+        &mut self,
+        view: &Engine,
+        now: Time,
+        id: AllocId,
+        nodes: &[NodeId],
+        resume_from: Duration,
+        staging_remaining_s: f64,
+    ) {
+        self.start_run(view, now, id, nodes, resume_from, staging_remaining_s);
+        if self.pyss
+            && let Some(e) = view.allocation(id).and_then(|a| a.estimated_end())
+        {
+            self.pyss_ends.insert((e, id));
+        }
+    }
+
+    fn stop(&mut self, _view: &Engine, now: Time, alloc: AllocId, _why: StopReason) {
+        self.fake.bump(alloc, now);
+    }
+
+    fn preempt(&mut self, view: &Engine, now: Time, o: &PreemptOrder) {
+        self.fake.event(now, TimelineKind::Preemption(o.reason.as_str()));
+        let epoch = self.fake.epoch(o.alloc);
+        let at = o.at;
+        match o.how {
+            PreemptHow::Kill { grace } => {
+                // Storage outage: no checkpoint can be written; the victim is killed.
+                self.checkpoint_attempts += 1;
+                self.fake.event(at, TimelineKind::CheckpointFailed);
+                self.q.push(
+                    at + grace,
+                    self.rank_end,
+                    EventKind::Completion(o.alloc, EndReason::PreemptionKilled, epoch),
+                );
+            }
+            PreemptHow::Stop { grace } => {
+                // SIGTERM, grace, then it stops without a checkpoint.
+                self.q
+                    .push(at + grace, self.rank_end, EventKind::Suspend(o.alloc, epoch, false));
+            }
+            PreemptHow::CheckpointThenStop { deadline } => {
+                self.checkpoint_attempts += 1;
+                let Some(a) = view.allocation(o.alloc) else { return };
+                let minutes = a
+                    .spec
+                    .checkpoint
+                    .estimated_minutes
+                    .unwrap_or(lattice_engine::preempt::DEFAULT_CHECKPOINT_MINUTES);
+                let factor = a.spec.checkpoint.mechanism.duration_factor();
+                let took = Duration((minutes * factor * 60_000.0).round() as u64);
+                if took <= deadline {
+                    self.checkpoint_ok += 1;
+                    self.fake.event(at + took, TimelineKind::CheckpointDone);
+                    self.q
+                        .push(at + took, self.rank_end, EventKind::Suspend(o.alloc, epoch, true));
+                } else {
+                    self.fake.event(at + deadline, TimelineKind::CheckpointFailed);
+                    self.q.push(
+                        at + deadline,
+                        self.rank_end,
+                        EventKind::Completion(o.alloc, EndReason::PreemptionKilled, epoch),
+                    );
+                }
+            }
+        }
+    }
+
+    fn checkpoint(&mut self, view: &Engine, now: Time, alloc: AllocId) -> Option<bool> {
+        let t = view.checkpoint_write_time_s(alloc);
+        let epoch = self.fake.epoch(alloc);
+        self.checkpoint_attempts += 1;
+        if t.is_finite() {
+            self.q.push(
+                now + Duration((t * 1000.0).round() as u64),
+                self.rank_end,
+                EventKind::CheckpointDone(alloc, epoch),
+            );
+            None
+        } else {
+            self.fake.event(now, TimelineKind::CheckpointFailed);
+            Some(false)
+        }
+    }
+
+    fn wipe(&mut self, _view: &Engine, now: Time, alloc: AllocId, _nodes: &[NodeId]) {
+        let (took, ok) = draw_wipe(&mut self.wipe_rng, &self.wipe);
+        self.q.push(now + took, self.rank_end, EventKind::WipeDone(alloc, ok));
+    }
+
+    fn watch(&mut self, _view: &Engine, now: Time, node: NodeId, grace: Duration) {
+        self.q.push(now + grace, RANK_NODE, EventKind::Grace(node.0));
+    }
+}
+
+impl Timer for FakeWorld<'_> {
+    fn wake_at(&mut self, at: Time) {
+        if self.wakeups.insert(at) {
+            self.q.push(at, RANK_WAKEUP, EventKind::Wakeup);
+        }
+    }
+}
+
+impl FakeWorld<'_> {
+    /// The fake node starts a committed allocation: it ends at start + the rest of its run, or is
+    /// killed at its walltime.
+    fn start_run(
+        &mut self,
+        view: &Engine,
+        now: Time,
+        id: AllocId,
+        nodes: &[NodeId],
+        resume_from: Duration,
+        staging_remaining_s: f64,
+    ) {
+        // Started before its data was fully staged: an I/O stall at start.
+        let stall = Duration((staging_remaining_s * 1000.0).round() as u64);
+        self.fake.stall_ms += stall.0;
+        let job = &self.workload.jobs[self.trace_of[id.index()]];
+        let walltime = job.spec.lifecycle.walltime();
+        let run = match (job.runtime, walltime) {
+            (Some(r), _) => Some(r),
+            (None, Some(w)) => {
+                if self.fake.epoch(id) == 0 {
+                    self.fake.defaulted_runtime += 1;
+                }
+                Some(w)
+            }
+            (None, None) => None,
+        };
+        // A resumed allocation only has the rest of its work left; a stall adds to it.
+        let run = run.map(|r| Duration(r.0.saturating_sub(resume_from.0) + stall.0));
+        self.fake.started(id, now, nodes);
+        let borrowed = view.borrowed_nodes(id);
+        if borrowed > 0 {
+            self.fake.event(now, TimelineKind::Borrow(borrowed));
+        }
+        let epoch = self.fake.epoch(id);
+        // The prologue (uenv pull/mount) fails on a node with a broken image cache: the agent reports it
+        // a few seconds after the start, and the allocation never runs its entrypoint.
+        if let Some(bad) = nodes.iter().find(|n| self.fake.bad_image.contains(n)).copied() {
+            self.q.push(
+                now + PROLOGUE_TIME,
+                self.rank_end,
+                EventKind::PrologueFail(id, bad.0, epoch),
+            );
+            return;
+        }
+        match (run, walltime) {
+            // Past its walltime: SIGTERM at the walltime, SIGKILL after the grace period (the job ends at
+            // the earlier of its own end and the kill).
+            (Some(r), Some(w)) if r > w => self.q.push(
+                now + Duration((w.0 + self.walltime_grace.0).min(r.0)),
+                self.rank_end,
+                EventKind::Completion(id, EndReason::WalltimeExceeded, epoch),
+            ),
+            (Some(r), _) => {
+                let reason = if job.exit_ok {
+                    EndReason::Success
+                } else {
+                    EndReason::ExitFailure
+                };
+                self.q
+                    .push(now + r, self.rank_end, EventKind::Completion(id, reason, epoch));
+            }
+            (None, _) => {} // unbounded, never ends in this trace
+        }
+    }
+}
+
+/// Appends a sensitive audit entry for claim `id`.
+fn audit_claim(
+    log: &mut audit::AuditLog,
+    engine: &Engine,
+    workload: &Workload,
+    trace_of: &[usize],
+    id: AllocId,
+    now: Time,
+    event: &str,
+) {
+    let Some(a) = engine.allocation(id) else { return };
+    let job = &workload.jobs[trace_of[id.index()]];
+    let user = job
+        .user
+        .clone()
+        .or_else(|| engine.tenant(a.spec.tenant).map(|t| t.name))
+        .unwrap_or_default();
+    log.append(
+        now.as_millis(),
+        event,
+        &job.id,
+        &user,
+        a.nodes.iter().map(|n| n.0).collect(),
+    );
+}
+
+/// Draws a wipe: its duration, uniform in the model's range, and whether it succeeds.
+fn draw_wipe(rng: &mut rand_chacha::ChaCha8Rng, m: &WipeModel) -> (Duration, bool) {
+    use rand_chacha::rand_core::Rng;
+    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let span = m.max.as_millis().saturating_sub(m.min.as_millis()) as f64;
+    let took = Duration(m.min.as_millis() + (unit() * span) as u64);
+    (took, unit() >= m.failure_probability)
+}
+
+/// The fake nodes' view of each allocation: which run is current (stale events are ignored), and the
+/// timeline of runs and point events.
+#[derive(Debug, Default)]
+pub(crate) struct FakeNodes {
+    epoch: Vec<u32>,
+    pub defaulted_runtime: u64,
+    /// I/O stalls of allocations started before their staging finished.
+    pub stall_ms: u64,
+    /// Nodes whose local image cache is broken: every prologue there fails (until `node_recover`).
+    pub bad_image: BTreeSet<NodeId>,
+    pub prologue_failures: u64,
+    /// The timeline: runs (the open run of each allocation is `open[id]`) and point events.
+    pub timeline: Timeline,
+    open: Vec<Option<u32>>,
+}
+
+impl FakeNodes {
+    fn grow(&mut self, id: AllocId) {
+        if self.epoch.len() <= id.index() {
+            self.epoch.resize(id.index() + 1, 0);
+            self.open.resize(id.index() + 1, None);
+        }
+    }
+
+    pub fn event(&mut self, now: Time, kind: TimelineKind) {
+        self.timeline.events.push(TimelineEvent {
+            time_s: now.as_secs_f64(),
+            kind,
+        });
+    }
+
+    /// Ends the allocation's open run (if any) at `now`.
+    fn close(&mut self, id: AllocId, now: Time) {
+        self.grow(id);
+        if let Some(r) = self.open[id.index()].take() {
+            self.timeline.runs[r as usize].end_s = Some(now.as_secs_f64());
+        }
+    }
+
+    pub fn epoch(&mut self, id: AllocId) -> u32 {
+        self.grow(id);
+        self.epoch[id.index()]
+    }
+
+    fn started(&mut self, id: AllocId, now: Time, nodes: &[NodeId]) {
+        self.close(id, now);
+        self.open[id.index()] = Some(self.timeline.runs.len() as u32);
+        self.timeline.runs.push(RunSpan {
+            job: id.index() as u32,
+            start_s: now.as_secs_f64(),
+            end_s: None,
+            nodes: timeline::node_ranges(nodes),
+        });
+    }
+
+    /// The current run ended at `now` (completion, kill, suspension, prologue failure, lost node):
+    /// events still queued for it are stale.
+    pub fn bump(&mut self, id: AllocId, now: Time) {
+        self.close(id, now);
+        self.epoch[id.index()] += 1;
+    }
+}
+
+/// Preemption counts by reason, as the summary keys them.
+pub(crate) fn by_reason(m: &BTreeMap<&'static str, u64>) -> BTreeMap<String, u64> {
+    m.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
