@@ -39,6 +39,9 @@ pub enum QuorumCommand {
     },
     /// The allocation ended, was cancelled or preempted: its nodes are free again.
     Release { alloc: String },
+    /// A reactive allocation grew by `node` (`added`) or gave it back. Growing onto a node someone
+    /// owns, or beyond the tenant's `max_nodes`, is rejected.
+    Scale { alloc: String, node: String, added: bool },
     /// An event of a sensitive allocation (claim, release, wipe, attach, ...).
     Audit {
         at_ms: u64,
@@ -145,6 +148,7 @@ impl QuorumState {
                 }
                 QuorumResponse::Applied
             }
+            QuorumCommand::Scale { alloc, node, added } => self.scale(alloc, node, *added),
             QuorumCommand::Audit {
                 at_ms,
                 user,
@@ -168,6 +172,52 @@ impl QuorumState {
                 QuorumResponse::Applied
             }
         }
+    }
+
+    fn scale(&mut self, alloc: &str, node: &str, added: bool) -> QuorumResponse {
+        let Some(a) = self.assignments.get(alloc) else {
+            return self.reject("unknown", format!("scale rejected: {alloc} holds no nodes"));
+        };
+        if !added {
+            if let Some(a) = self.assignments.get_mut(alloc) {
+                a.nodes.retain(|n| n != node);
+            }
+            if self.owners.get(node).map(String::as_str) == Some(alloc) {
+                self.owners.remove(node);
+            }
+            return QuorumResponse::Applied;
+        }
+        if self.owners.contains_key(node) {
+            return self.reject(
+                "node_conflict",
+                format!("scale rejected: node {node} is already owned or not available"),
+            );
+        }
+        let tenant = a.tenant.clone();
+        let held: u64 = self
+            .assignments
+            .values()
+            .filter(|x| x.tenant == tenant)
+            .map(|x| x.nodes.len() as u64)
+            .sum();
+        let (max_nodes, _) = self.quotas.get(&tenant).copied().unwrap_or_default();
+        if let Some(m) = max_nodes
+            && held + 1 > m as u64
+        {
+            let v = QuotaViolation {
+                quota: HardQuota::MaxNodes,
+                tenant,
+                current: held,
+                requested: 1,
+                limit: m as u64,
+            };
+            return self.reject(v.quota.as_str(), v.to_string());
+        }
+        self.owners.insert(node.to_string(), alloc.to_string());
+        if let Some(a) = self.assignments.get_mut(alloc) {
+            a.nodes.push(node.to_string());
+        }
+        QuorumResponse::Applied
     }
 
     fn reject(&mut self, reason: &str, message: String) -> QuorumResponse {
@@ -361,5 +411,39 @@ mod tests {
         let mut t = s.clone();
         t.audit.remove(1);
         assert!(t.verify_audit().is_err());
+    }
+
+    #[test]
+    fn scaling_keeps_one_owner_per_node_and_the_tenant_quota() {
+        let mut s = QuorumState::default();
+        s.apply(&QuorumCommand::SetQuota {
+            tenant: "t".into(),
+            max_nodes: Some(3),
+            max_concurrent_allocations: None,
+        });
+        s.apply(&assign("a", "t", &["n1", "n2"]));
+        s.apply(&assign("b", "u", &["n4"]));
+        let scale = |node: &str, added: bool| QuorumCommand::Scale {
+            alloc: "a".into(),
+            node: node.into(),
+            added,
+        };
+        let r = s.apply(&scale("n4", true));
+        assert!(
+            matches!(r, QuorumResponse::Rejected { ref reason, .. } if reason == "node_conflict"),
+            "{r:?}"
+        );
+        assert_eq!(s.apply(&scale("n3", true)), QuorumResponse::Applied);
+        assert_eq!(s.owners.get("n3").map(String::as_str), Some("a"));
+        let r = s.apply(&scale("n5", true));
+        assert!(
+            matches!(r, QuorumResponse::Rejected { ref reason, .. } if reason == "max_nodes"),
+            "{r:?}"
+        );
+        assert_eq!(s.apply(&scale("n1", false)), QuorumResponse::Applied);
+        assert!(!s.owners.contains_key("n1"));
+        assert_eq!(s.assignments["a"].nodes, vec!["n2".to_string(), "n3".to_string()]);
+        s.apply(&QuorumCommand::Release { alloc: "a".into() });
+        assert!(!s.owners.contains_key("n3"), "a release frees the nodes it grew onto");
     }
 }

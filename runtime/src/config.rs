@@ -120,6 +120,13 @@ pub struct AgentsConfig {
     /// requeue policy. Default 60 s (the seed's grace period).
     #[serde(default = "hb_grace")]
     pub grace: String,
+    /// Nodes that ran sensitive allocations; the seed's default is 5 minutes.
+    #[serde(default = "hb_sensitive_grace")]
+    pub sensitive_grace: String,
+    /// Simulated agents only: how long the secure wipe of a released sensitive claim's nodes takes
+    /// (default 10 s; a real wipe takes the seed's 10-30 minutes).
+    #[serde(default = "simulated_wipe")]
+    pub simulated_wipe: String,
 }
 
 impl Default for AgentsConfig {
@@ -127,8 +134,17 @@ impl Default for AgentsConfig {
         AgentsConfig {
             heartbeat_timeout: hb_timeout(),
             grace: hb_grace(),
+            sensitive_grace: hb_sensitive_grace(),
+            simulated_wipe: simulated_wipe(),
         }
     }
+}
+
+fn hb_sensitive_grace() -> String {
+    "5m".into()
+}
+fn simulated_wipe() -> String {
+    "10s".into()
 }
 
 fn hb_timeout() -> String {
@@ -139,6 +155,23 @@ fn hb_grace() -> String {
 }
 
 impl AgentsConfig {
+    /// The controller's heartbeat grace per node kind (borrowed nodes: 30 s, or less when the grace
+    /// is shorter).
+    pub fn grace(&self) -> lattice_engine::HeartbeatGrace {
+        let ms = |s: &str, d: u64| lattice_traces::parse_duration(s).map_or(d, |x| x.0);
+        let default = lattice_engine::Duration(ms(&self.grace, 60_000));
+        lattice_engine::HeartbeatGrace {
+            sensitive: lattice_engine::Duration(ms(&self.sensitive_grace, 300_000)),
+            borrowed: lattice_engine::Duration(default.0.min(30_000)),
+            default,
+        }
+    }
+
+    /// The simulated wipe's duration.
+    pub fn wipe_time(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(lattice_traces::parse_duration(&self.simulated_wipe).map_or(10_000, |x| x.0))
+    }
+
     /// (timeout, grace) in ms.
     pub fn durations(&self) -> (u64, u64) {
         let ms = |s: &str, d: u64| lattice_traces::parse_duration(s).map_or(d, |x| x.0);
@@ -215,6 +248,10 @@ impl RuntimeConfig {
         lattice_traces::parse_duration(&c.agents.heartbeat_timeout)
             .map_err(|m| err(format!("agents.heartbeat_timeout: {m}")))?;
         lattice_traces::parse_duration(&c.agents.grace).map_err(|m| err(format!("agents.grace: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.sensitive_grace)
+            .map_err(|m| err(format!("agents.sensitive_grace: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.simulated_wipe)
+            .map_err(|m| err(format!("agents.simulated_wipe: {m}")))?;
         lattice_traces::parse_duration(&c.network.grace).map_err(|m| err(format!("network.grace: {m}")))?;
         lattice_adapters::fabric::VniPool::new(c.network.vni_pool_start, c.network.vni_pool_end)
             .map_err(|e| err(format!("network: {e}")))?;

@@ -2,9 +2,10 @@
 //! simulator drives, fed from the API and the wall clock, plus the names and request details the API
 //! shows. Node ownership itself is decided by the quorum; this side only proposes.
 
+use crate::world::{Action, Outbox};
 use lattice_engine::{
-    AllocId, AllocSpec, AllocState, Constraints, Duration, EndReason, Engine, EngineConfig, Lifecycle, NodeRange,
-    NodeSpec, Policy, PreemptionClass, TenantId, Time, VClusterConfig, VClusterId,
+    AllocId, AllocSpec, AllocState, Constraints, Controller, Decision, Duration, EndReason, Input, Lifecycle,
+    NodeRange, Policy, PreemptionClass, TenantId, Time, VClusterConfig, VClusterId,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -218,6 +219,11 @@ pub struct AllocationView {
     /// Checkpoints requested through the API and taken by its agents.
     pub checkpoints: u32,
     pub last_checkpoint_ms: Option<u64>,
+    /// How many times it was preempted, and why the last time ("priority for a-000009").
+    #[serde(default)]
+    pub preempted: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -268,6 +274,8 @@ struct Meta {
     telemetry: String,
     checkpoints: u32,
     last_checkpoint_ms: Option<u64>,
+    /// Why it was last preempted ("priority for a-000009").
+    preempted_for: Option<String>,
 }
 
 impl Meta {
@@ -284,6 +292,7 @@ impl Meta {
             telemetry: "prod".into(),
             checkpoints: 0,
             last_checkpoint_ms: None,
+            preempted_for: None,
         }
     }
 }
@@ -333,7 +342,16 @@ pub struct Usage {
 }
 
 pub struct Control {
-    pub engine: Engine,
+    /// The controller `rm-replay` runs, with the engine it owns.
+    pub ctl: Controller,
+    /// The controller's decisions not yet turned into [`Action`]s.
+    outbox: Outbox,
+    /// Victims being preempted (until their agents report them stopped): how, and from when.
+    preempting: BTreeMap<AllocId, (lattice_engine::PreemptHow, Time)>,
+    /// Per node: when its heartbeat grace runs out (ms), once it missed one.
+    grace_until: BTreeMap<u32, u64>,
+    /// When the engine asked to be woken next.
+    next_wake: Option<Time>,
     /// Network domains and the VNI pool (book: "Network Domains").
     pub network: crate::network::NetworkDomains,
     /// The fabric manager is in use: a launch waits for its CXI service.
@@ -394,31 +412,55 @@ pub struct PendingProposal {
 }
 
 impl Control {
-    /// An engine over `nodes` with the profile's vClusters (or one EASY vCluster `default`).
+    /// The site's engine (the same builder `rm-replay` uses: [`lattice_traces::site_engine`]) with the
+    /// inventory's vClusters, then the profile's (or one EASY vCluster `default` when there are none).
     pub fn new(
-        nodes: Vec<NodeSpec>,
+        inventory: &lattice_traces::Inventory,
         vclusters: BTreeMap<String, VClusterConfig>,
         tenants: &BTreeMap<String, lattice_engine::TenantQuota>,
         capture: Option<&std::path::Path>,
     ) -> anyhow::Result<Control> {
-        let node_names = nodes.iter().map(|n| n.name.clone()).collect();
-        let mut engine = Engine::new(EngineConfig::new(Policy::EASY), nodes)?;
-        let mut vcs = BTreeMap::new();
-        let mut default_vcluster = "default".to_string();
-        if vclusters.is_empty() {
-            vcs.insert("default".to_string(), engine.add_vcluster("default"));
-        } else {
-            for (i, (name, cfg)) in vclusters.into_iter().enumerate() {
-                let id = engine.add_vcluster(&name);
-                engine.configure_vcluster(id, cfg)?;
-                if i == 0 {
-                    default_vcluster = name.clone();
-                }
-                vcs.insert(name, id);
+        let node_names = inventory.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut engine = lattice_traces::site_engine(
+            inventory,
+            Policy::EASY,
+            lattice_engine::FairShareConfig::default(),
+            inventory.sensitive_pool_size,
+            &[],
+        )?;
+        let mut vcs: BTreeMap<String, VClusterId> = inventory
+            .vclusters
+            .names()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), VClusterId(i as u32)))
+            .collect();
+        let mut default_vcluster = inventory
+            .vclusters
+            .names()
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "default".to_string());
+        for (i, (name, cfg)) in vclusters.into_iter().enumerate() {
+            let id = match vcs.get(&name) {
+                Some(&id) => id,
+                None => engine.add_vcluster(&name),
+            };
+            engine.configure_vcluster(id, cfg)?;
+            if i == 0 {
+                default_vcluster = name.clone();
             }
+            vcs.insert(name, id);
+        }
+        if vcs.is_empty() {
+            vcs.insert("default".to_string(), engine.add_vcluster("default"));
         }
         let mut c = Control {
-            engine,
+            ctl: Controller::new(engine),
+            outbox: Outbox::default(),
+            grace_until: BTreeMap::new(),
+            next_wake: None,
+            preempting: BTreeMap::new(),
             network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
             fabric: false,
             prefetched: BTreeMap::new(),
@@ -456,7 +498,7 @@ impl Control {
         c.agents = vec![None; c.node_names.len()];
         for (t, q) in tenants {
             let id = c.tenant_id(t);
-            c.engine.set_tenant_quota(id, *q);
+            c.ctl.engine.set_tenant_quota(id, *q);
         }
         if let Some(path) = capture {
             if let Some(dir) = path.parent() {
@@ -471,14 +513,14 @@ impl Control {
         if let Some(id) = self.tenants.get(name) {
             return *id;
         }
-        let id = self.engine.add_tenant(name);
+        let id = self.ctl.engine.add_tenant(name);
         self.tenants.insert(name.to_string(), id);
         id
     }
 
     /// The engine's clock never goes back, even if the wall clock does.
     pub fn now(&self) -> Time {
-        wall_now().max(self.engine.now())
+        wall_now().max(self.ctl.engine.now())
     }
 
     /// Validates a request and queues it; returns the new allocation's id.
@@ -641,6 +683,7 @@ impl Control {
         }
         let now = self.now();
         let id = self
+            .ctl
             .engine
             .handle_submit(now, spec)
             .map_err(|e| bad("resources", e.to_string()))?;
@@ -693,70 +736,180 @@ impl Control {
         }
     }
 
-    /// Runs a scheduling pass at `now` and returns its proposals for the quorum.
-    pub fn schedule(&mut self) -> Vec<PendingProposal> {
+    /// Runs a scheduling pass at `now`; what it decided is in [`Control::take_actions`]. How long the
+    /// pass took (the engine's CPU time, for `/metrics`).
+    pub fn schedule(&mut self) -> std::time::Duration {
         let now = self.now();
-        self.engine.schedule(now);
+        let t0 = std::time::Instant::now();
+        self.ctl.schedule(now);
+        let took = t0.elapsed();
+        if let Err(e) = self.ctl.dispatch(now, &mut self.outbox) {
+            tracing::error!("carrying out the pass's decisions: {e}");
+        }
+        took
+    }
+
+    /// Applies what happened in the world (an agent's report, a quorum answer, a node change) at
+    /// the current time; what it caused is in [`Control::take_actions`].
+    pub fn input(&mut self, input: Input) -> Result<(), lattice_engine::ControlError> {
+        let now = self.now();
+        self.ctl.apply(now, input, &mut self.outbox)
+    }
+
+    /// When the engine wants its next pass (a cycle tick, an energy window, a staging end).
+    pub fn next_wakeup(&self) -> Option<Time> {
+        self.next_wake
+    }
+
+    /// The controller's decisions since the last call, as actions for the server (in order). Watches
+    /// and wake-ups are kept here; a start that would need a VNI the pool cannot give stays pending.
+    pub fn take_actions(&mut self) -> Vec<Action> {
         let mut out = Vec::new();
-        // New network domains this pass would create (each needs a VNI of its own).
+        // New network domains these proposals would create (each needs a VNI of its own).
         let mut new_domains: std::collections::BTreeSet<(String, String)> = Default::default();
-        let mut no_vni = Vec::new();
-        while let Some(p) = self.engine.poll_proposal() {
-            let Some(a) = self.engine.allocation(p.alloc) else {
-                continue;
-            };
-            let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
-            if let Some(d) = self.domain_of(p.alloc, p.nodes.len() as u32) {
-                let key = (tenant.clone(), d.clone());
-                let (total, used) = self.network.pool();
-                let exists = self.network.exists(&tenant, &d);
-                if !exists && !new_domains.contains(&key) && used + new_domains.len() >= total {
-                    // Stays Pending (retried next cycle, when a domain may have been released).
-                    no_vni.push((
-                        p.alloc,
-                        format!("vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"),
-                    ));
-                    continue;
-                }
-                if !exists {
-                    new_domains.insert(key);
+        while !self.outbox.0.is_empty() {
+            let decisions = std::mem::take(&mut self.outbox.0);
+            for (t, d) in decisions {
+                match d {
+                    Decision::Propose(p) => {
+                        let Some(a) = self.ctl.engine.allocation(p.alloc) else {
+                            continue;
+                        };
+                        let tenant = self
+                            .ctl
+                            .engine
+                            .tenant(a.spec.tenant)
+                            .map(|t| t.name)
+                            .unwrap_or_default();
+                        let sensitive = a.spec.sensitive_claim;
+                        if let Some(d) = self.domain_of(p.alloc, p.nodes.len() as u32) {
+                            let key = (tenant.clone(), d.clone());
+                            let (total, used) = self.network.pool();
+                            let exists = self.network.exists(&tenant, &d);
+                            if !exists && !new_domains.contains(&key) && used + new_domains.len() >= total {
+                                // Stays Pending (retried next cycle, when a domain may have been released).
+                                self.rejected(
+                                    p.alloc,
+                                    format!("vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"),
+                                );
+                                continue;
+                            }
+                            if !exists {
+                                new_domains.insert(key);
+                            }
+                        }
+                        let m = self.meta.get(p.alloc.index());
+                        out.push(Action::Propose(PendingProposal {
+                            alloc: p.alloc,
+                            name: m.map(|m| m.name.clone()).unwrap_or_default(),
+                            tenant,
+                            user: m.and_then(|m| m.user.clone()).unwrap_or_default(),
+                            nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            sensitive,
+                        }));
+                    }
+                    Decision::Release { alloc, .. } => {
+                        self.checkpoint_hints.remove(&alloc);
+                        out.push(Action::Release {
+                            name: self.name_of(alloc),
+                        })
+                    }
+                    Decision::Scale { alloc, node, added } => out.push(Action::Scale {
+                        name: self.name_of(alloc),
+                        node: self.node_names[node.index()].clone(),
+                        added,
+                    }),
+                    Decision::Audit { alloc, event, nodes } => out.push(Action::Audit {
+                        user: self
+                            .meta
+                            .get(alloc.index())
+                            .and_then(|m| m.user.clone())
+                            .unwrap_or_default(),
+                        name: self.name_of(alloc),
+                        action: event.as_str(),
+                        nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                    }),
+                    Decision::Launch {
+                        alloc,
+                        nodes,
+                        resume_from,
+                        ..
+                    } => {
+                        let name = self.name_of(alloc);
+                        out.push(Action::Launch {
+                            alloc,
+                            vni: self.network.vni_of(&name),
+                            name,
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            resume_from,
+                        });
+                    }
+                    // Real agents learn it at their next poll (a run that is not theirs any more is
+                    // killed); a simulated run sees it is over.
+                    Decision::Stop { alloc, why } => tracing::info!("{} stops: {why:?}", self.name_of(alloc)),
+                    Decision::Preempt(o) => {
+                        tracing::info!(
+                            "{} preempted for {} ({}): {:?}",
+                            self.name_of(o.alloc),
+                            self.name_of(o.for_alloc),
+                            o.reason.as_str(),
+                            o.how
+                        );
+                        let why = format!("{} for {}", o.reason.as_str(), self.name_of(o.for_alloc));
+                        if let Some(m) = self.meta.get_mut(o.alloc.index()) {
+                            m.preempted_for = Some(why);
+                        }
+                        self.preempting.insert(o.alloc, (o.how, o.at));
+                        out.push(Action::Preempt {
+                            alloc: o.alloc,
+                            name: self.name_of(o.alloc),
+                            how: o.how,
+                            at: o.at,
+                        });
+                    }
+                    Decision::Checkpoint { alloc } => {
+                        // Real agents deliver it at their next poll, by the allocation's mechanism.
+                        if let Some(a) = self.ctl.engine.allocation(alloc) {
+                            let nodes = a.nodes.iter().map(|n| n.0).collect();
+                            self.checkpoint_hints.insert(alloc, nodes);
+                        }
+                        out.push(Action::Checkpoint {
+                            alloc,
+                            name: self.name_of(alloc),
+                        });
+                    }
+                    Decision::Wipe { alloc, nodes } => out.push(Action::Wipe {
+                        alloc,
+                        name: self.name_of(alloc),
+                        nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                    }),
+                    Decision::Watch { node, grace } => {
+                        self.grace_until.insert(node.0, t.0 + grace.0);
+                    }
+                    Decision::WakeAt(at) => self.next_wake = Some(at),
                 }
             }
-            out.push(PendingProposal {
-                alloc: p.alloc,
-                name: self
-                    .meta
-                    .get(p.alloc.index())
-                    .map(|m| m.name.clone())
-                    .unwrap_or_default(),
-                tenant,
-                user: self
-                    .meta
-                    .get(p.alloc.index())
-                    .and_then(|m| m.user.clone())
-                    .unwrap_or_default(),
-                nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
-                sensitive: a.spec.sensitive_claim,
-            });
-        }
-        for (id, why) in no_vni {
-            self.rejected(id, why);
         }
         out
     }
 
     /// The network domain an allocation placed on `nodes` nodes belongs to, if any.
     fn domain_of(&self, id: AllocId, nodes: u32) -> Option<String> {
-        let a = self.engine.allocation(id)?;
+        let a = self.ctl.engine.allocation(id)?;
         let m = self.meta.get(id.index())?;
         crate::network::domain_of(&m.name, m.network_domain.as_deref(), nodes, a.spec.sensitive_claim)
     }
 
     /// Joins the started allocation's network domain (if it has one): its VNI.
     fn join_network(&mut self, id: AllocId) -> Option<u32> {
-        let a = self.engine.allocation(id)?;
+        let a = self.ctl.engine.allocation(id)?;
         let d = self.domain_of(id, a.nodes.len() as u32)?;
-        let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+        let tenant = self
+            .ctl
+            .engine
+            .tenant(a.spec.tenant)
+            .map(|t| t.name)
+            .unwrap_or_default();
         let name = self.name_of(id);
         match self.network.join(&tenant, &d, &name) {
             Ok((vni, _)) => Some(vni),
@@ -786,6 +939,7 @@ impl Control {
     pub fn to_prefetch(&mut self) -> Vec<(String, Vec<String>)> {
         let mut out = Vec::new();
         let staging: Vec<AllocId> = self
+            .ctl
             .engine
             .allocations()
             .iter()
@@ -799,7 +953,9 @@ impl Control {
                 continue;
             }
             entry.0 = true;
-            let Some(a) = self.engine.allocation(id) else { continue };
+            let Some(a) = self.ctl.engine.allocation(id) else {
+                continue;
+            };
             let sources: Vec<String> = a
                 .spec
                 .data
@@ -818,8 +974,7 @@ impl Control {
     /// asked again up to the engine's retry limit; returns whether it will be.
     pub fn prefetch_failed(&mut self, name: &str) -> bool {
         let Some(id) = self.id_of(name) else { return false };
-        let now = self.now();
-        let _ = self.engine.handle_staging_failure(now, id);
+        let _ = self.input(Input::StagingFailed(id));
         let e = self.prefetched.entry(id).or_insert((true, 0));
         e.1 += 1;
         // Asked again next cycle, unless the retries are spent (the engine raised its alert).
@@ -833,42 +988,52 @@ impl Control {
     }
 
     /// The fabric manager could not set `name` up: a prologue failure (retried on other nodes first,
-    /// up to the engine's limit). Returns whether it must be released at the quorum.
-    pub fn cxi_failed(&mut self, name: &str) -> bool {
+    /// up to the engine's limit); its release is in the actions.
+    pub fn cxi_failed(&mut self, name: &str) {
         let Ok((id, a)) = self.allocation_named(name) else {
-            return false;
+            return;
         };
-        let Some(&node) = a.nodes.first() else { return false };
-        let now = self.now();
-        self.engine.handle_prologue_failure(now, id, node).is_ok()
+        let Some(&node) = a.nodes.first() else { return };
+        if let Err(e) = self.input(Input::PrologueFailed(id, node)) {
+            tracing::warn!("{name}: prologue failure not applied: {e}");
+        }
     }
 
-    /// The quorum committed the proposal: the allocation runs; returns how long its run takes.
-    pub fn committed(&mut self, id: AllocId) -> Option<std::time::Duration> {
-        let now = self.now();
-        self.engine.handle_commit(now, id).ok()?;
+    /// The quorum committed the proposal: the allocation runs (its launch is in the actions).
+    pub fn committed(&mut self, id: AllocId) {
+        if let Err(e) = self.input(Input::Committed(id)) {
+            tracing::warn!("{}: commit not applied: {e}", self.name_of(id));
+            return;
+        }
         self.join_network(id);
         // A new run: earlier exit reports (of a requeued run) do not count.
         self.exits.remove(&id);
+        self.preempting.remove(&id);
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = None;
         }
-        self.meta.get(id.index()).map(|m| m.run)
+    }
+
+    /// How long a simulated agent runs the allocation from `resume_from` (its duration less the work a
+    /// checkpoint kept).
+    pub fn simulated_run(&self, id: AllocId, resume_from: Duration) -> std::time::Duration {
+        let run = self.meta.get(id.index()).map_or(std::time::Duration::ZERO, |m| m.run);
+        run.saturating_sub(std::time::Duration::from_millis(resume_from.0))
     }
 
     /// The quorum rejected it: back to the queue, retried next cycle.
     pub fn rejected(&mut self, id: AllocId, why: String) {
-        let now = self.now();
-        let _ = self.engine.handle_reject(now, id);
+        let _ = self.input(Input::Rejected(id));
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = Some(why);
         }
     }
 
-    /// A run ended (success, failure or walltime): returns whether the allocation was still running
-    /// (so its nodes must be released at the quorum).
+    /// A run ended (success, failure, walltime, or killed while being preempted): returns whether the
+    /// allocation was still running (its release and what follows are in the actions).
     pub fn completed(&mut self, id: AllocId, reason: EndReason) -> bool {
         let running = self
+            .ctl
             .engine
             .allocation(id)
             .is_some_and(|a| a.state == AllocState::Running);
@@ -876,11 +1041,12 @@ impl Control {
             return false;
         }
         let now = self.now();
-        let started = self.engine.allocation(id).and_then(|a| a.started).unwrap_or(now);
-        if self.engine.handle_completion(now, id, reason).is_err() {
+        let started = self.ctl.engine.allocation(id).and_then(|a| a.started).unwrap_or(now);
+        if let Err(e) = self.input(Input::Exited(id, reason)) {
+            tracing::warn!("{}: end not applied: {e}", self.name_of(id));
             return false;
         }
-        self.checkpoint_hints.remove(&id);
+        self.preempting.remove(&id);
         let name = self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default();
         self.capture_line(serde_json::json!({
             "ts": now.0 as f64 / 1000.0,
@@ -892,15 +1058,46 @@ impl Control {
         true
     }
 
-    /// Cancels; returns whether it held nodes (to release at the quorum). `None` = no such allocation.
+    /// A preempted allocation stopped on its nodes (`checkpointed`: its checkpoint was written): it
+    /// waits again, and resumes from the checkpoint when it runs. Returns whether it was being
+    /// preempted.
+    pub fn suspended(&mut self, id: AllocId, checkpointed: bool) -> bool {
+        if self.preempting.remove(&id).is_none() {
+            return false;
+        }
+        match self.input(Input::Suspended(id, checkpointed)) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("{}: suspension not applied: {e}", self.name_of(id));
+                false
+            }
+        }
+    }
+
+    /// A broker checkpoint was written (`ok`) or failed.
+    pub fn checkpointed(&mut self, id: AllocId, ok: bool) {
+        let _ = self.input(Input::Checkpointed(id, ok));
+    }
+
+    /// The secure wipe of a released claim's nodes ended (`ok`: they return to the pool, else they
+    /// are quarantined).
+    pub fn wiped(&mut self, id: AllocId, ok: bool) {
+        if let Err(e) = self.input(Input::WipeDone(id, ok)) {
+            tracing::warn!("{}: wipe result not applied: {e}", self.name_of(id));
+        }
+    }
+
+    /// Cancels; returns whether it held nodes (their release is in the actions). `None` = no such
+    /// allocation.
     pub fn cancel(&mut self, name: &str) -> Option<bool> {
         let id = *self.by_name.get(name)?;
         let held = self
+            .ctl
             .engine
             .allocation(id)
             .is_some_and(|a| matches!(a.state, AllocState::Running | AllocState::Staging));
-        let now = self.now();
-        let _ = self.engine.handle_cancel(now, id);
+        let _ = self.input(Input::Cancel(id));
+        self.preempting.remove(&id);
         Some(held)
     }
 
@@ -931,13 +1128,12 @@ impl Control {
         }
         self.agent_info.insert(id.0, (fingerprint, capabilities));
         if self
+            .ctl
             .engine
             .node(id)
             .is_some_and(|n| n.state == lattice_engine::NodeState::Booting)
         {
-            let _ = self
-                .engine
-                .handle_node_event(now, id, lattice_engine::NodeEvent::HealthOk);
+            let _ = self.input(Input::Node(id, lattice_engine::NodeEvent::HealthOk));
         }
         Ok(self.node_state(id))
     }
@@ -951,16 +1147,16 @@ impl Control {
         if !self.real_agents {
             return;
         }
-        let now = self.now();
         for i in 0..self.node_names.len() {
             let id = lattice_engine::NodeId(i as u32);
             let idle_ready = self
+                .ctl
                 .engine
                 .node(id)
                 .is_some_and(|n| n.owner.is_none() && n.state == NodeState::Ready);
             if self.agents[i].is_none() && idle_ready {
-                let _ = self.engine.handle_node_event(now, id, NodeEvent::HardwareFailure);
-                let _ = self.engine.handle_node_event(now, id, NodeEvent::Boot);
+                let _ = self.input(Input::Node(id, NodeEvent::HardwareFailure));
+                let _ = self.input(Input::Node(id, NodeEvent::Boot));
             }
         }
     }
@@ -1021,19 +1217,20 @@ impl Control {
         let now = self.now();
         self.agents[id.index()] = Some((seq, now.0));
         if self
+            .ctl
             .engine
             .node(id)
             .is_some_and(|n| n.state == lattice_engine::NodeState::Degraded)
         {
-            let _ = self
-                .engine
-                .handle_node_event(now, id, lattice_engine::NodeEvent::HeartbeatResume);
+            let _ = self.input(Input::Node(id, lattice_engine::NodeEvent::HeartbeatResume));
+            self.grace_until.remove(&id.0);
         }
         Ok(self.node_state(id))
     }
 
     fn node_state(&self, id: lattice_engine::NodeId) -> String {
-        self.engine
+        self.ctl
+            .engine
             .node(id)
             .map(|n| format!("{:?}", n.state).to_lowercase())
             .unwrap_or_default()
@@ -1058,7 +1255,7 @@ impl Control {
             .filter(|n| {
                 self.by_name
                     .get(*n)
-                    .and_then(|i| self.engine.allocation(*i))
+                    .and_then(|i| self.ctl.engine.allocation(*i))
                     .is_none_or(|a| a.state.is_terminal())
             })
             .cloned()
@@ -1094,7 +1291,7 @@ impl Control {
     pub fn submitted_ms(&self, name: &str) -> u64 {
         self.by_name
             .get(name)
-            .and_then(|&id| self.engine.allocation(id))
+            .and_then(|&id| self.ctl.engine.allocation(id))
             .map_or(0, |a| a.submitted.0)
     }
 
@@ -1108,7 +1305,7 @@ impl Control {
     pub fn resubmitted(&mut self, name: &str, submitted_ms: u64) {
         if let Some(&id) = self.by_name.get(name) {
             let now = self.now();
-            let _ = self.engine.handle_resubmitted(now, id, Time(submitted_ms));
+            let _ = self.ctl.engine.handle_resubmitted(now, id, Time(submitted_ms));
         }
     }
 
@@ -1137,7 +1334,8 @@ impl Control {
             .collect::<Result<_, _>>()?;
         let now = self.now();
         let started = if since_ms == 0 { now } else { Time(since_ms) };
-        self.engine
+        self.ctl
+            .engine
             .handle_adopt(now, id, &ids, Time(submitted_ms.min(started.0)), started)
             .map_err(|e| format!("{name}: {e}"))?;
         self.join_network(id);
@@ -1172,18 +1370,37 @@ impl Control {
     }
 
     pub fn view(&self, id: AllocId) -> Option<AllocationView> {
-        let a = self.engine.allocation(id)?;
+        let a = self.ctl.engine.allocation(id)?;
         let m = self.meta.get(id.index())?;
         Some(AllocationView {
             id: m.name.clone(),
-            tenant: self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
+            tenant: self
+                .ctl
+                .engine
+                .tenant(a.spec.tenant)
+                .map(|t| t.name)
+                .unwrap_or_default(),
             vcluster: self
+                .ctl
                 .engine
                 .vcluster(a.spec.vcluster)
                 .map(|v| v.name)
                 .unwrap_or_default(),
             user: m.user.clone(),
-            state: a.state.as_str().to_string(),
+            // A preempted allocation waits again: `suspended` when it resumes from its checkpoint,
+            // `preempted` when it restarts; `suspending` while its agents stop it.
+            state: if self.preempting.contains_key(&id) {
+                "suspending".to_string()
+            } else if a.state == AllocState::Pending && a.preempted > 0 {
+                if a.resume_from_checkpoint {
+                    "suspended"
+                } else {
+                    "preempted"
+                }
+                .to_string()
+            } else {
+                a.state.as_str().to_string()
+            },
             nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
             requested_nodes: a.spec.nodes.min,
             walltime_s: a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),
@@ -1196,10 +1413,12 @@ impl Control {
             tags: m.tags.clone(),
             last_rejection: m.last_rejection.clone(),
             vni: self.network.vni_of(&m.name),
-            data_readiness: self.engine.data_readiness(id),
+            data_readiness: self.ctl.engine.data_readiness(id),
             telemetry: m.telemetry.clone(),
             checkpoints: m.checkpoints,
             last_checkpoint_ms: m.last_checkpoint_ms,
+            preempted: a.preempted,
+            preemption: m.preempted_for.clone(),
         })
     }
 
@@ -1208,7 +1427,7 @@ impl Control {
     pub fn list(&self) -> Vec<AllocationView> {
         let mut out: Vec<AllocationView> = self.history.values().cloned().collect();
         out.sort_by_key(|v| id_number(&v.id));
-        out.extend(self.engine.allocations().iter().filter_map(|a| self.view(a.id)));
+        out.extend(self.ctl.engine.allocations().iter().filter_map(|a| self.view(a.id)));
         out
     }
 
@@ -1219,7 +1438,7 @@ impl Control {
     }
 
     pub fn node_view(&self, id: lattice_engine::NodeId) -> Option<NodeView> {
-        let n = self.engine.node(id)?;
+        let n = self.ctl.engine.node(id)?;
         Some(NodeView {
             name: self.node_names[id.index()].clone(),
             state: format!("{:?}", n.state).to_lowercase(),
@@ -1237,29 +1456,32 @@ impl Control {
     /// Registered agents that went quiet: Ready → Degraded after `timeout_ms` without a heartbeat,
     /// Degraded → Down after `grace_ms` more (its allocation requeued or failed by the engine). Returns
     /// the allocations that lost their nodes (to release at the quorum).
-    pub fn check_agents(&mut self, timeout_ms: u64, grace_ms: u64) -> Vec<String> {
-        use lattice_engine::{NodeEvent, NodeState};
+    pub fn check_agents(&mut self, timeout_ms: u64) {
+        use lattice_engine::NodeState;
         let now = self.now();
-        let mut lost = Vec::new();
         for i in 0..self.agents.len() {
             let Some((_, last)) = self.agents[i] else { continue };
             let id = lattice_engine::NodeId(i as u32);
-            let Some(state) = self.engine.node(id).map(|n| n.state) else {
+            let Some(state) = self.ctl.engine.node(id).map(|n| n.state) else {
                 continue;
             };
             let quiet = now.0.saturating_sub(last);
-            let event = match state {
-                NodeState::Ready if quiet >= timeout_ms => Some(NodeEvent::HeartbeatMiss),
-                NodeState::Degraded if quiet >= timeout_ms + grace_ms => Some(NodeEvent::GraceTimeout),
+            let input = match state {
+                NodeState::Ready if quiet >= timeout_ms => {
+                    Some(Input::Node(id, lattice_engine::NodeEvent::HeartbeatMiss))
+                }
+                // The grace the controller gave it (by what it runs) is over.
+                NodeState::Degraded if self.grace_until.get(&id.0).is_none_or(|&t| now.0 >= t) => {
+                    Some(Input::GraceExpired(id))
+                }
                 _ => None,
             };
-            if let Some(ev) = event
-                && let Ok(l) = self.engine.handle_node_event(now, id, ev)
+            if let Some(input) = input
+                && let Err(e) = self.input(input)
             {
-                lost.extend(l.into_iter().map(|a| self.name_of(a)));
+                tracing::warn!("node {}: {e}", self.node_names[i]);
             }
         }
-        lost
     }
 
     /// An agent's poll: allocations running on `node` that its agent has neither started (`running`)
@@ -1272,9 +1494,9 @@ impl Control {
             refresh_fingerprint: self.fingerprint_asked.remove(&nid.0),
             ..Work::default()
         };
-        let mine = self.engine.node(nid).and_then(|n| n.owner).map(|o| o.alloc);
+        let mine = self.ctl.engine.node(nid).and_then(|n| n.owner).map(|o| o.alloc);
         if let Some(id) = mine
-            && let Some(a) = self.engine.allocation(id)
+            && let Some(a) = self.ctl.engine.allocation(id)
             && a.state == AllocState::Running
         {
             let name = self.name_of(id);
@@ -1291,7 +1513,12 @@ impl Control {
                     nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                     task_index: a.nodes.iter().position(|n| *n == nid).unwrap_or(0) as u32,
                     walltime_s: a.spec.lifecycle.walltime().map(|d| d.as_secs_f64()),
-                    tenant: self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
+                    tenant: self
+                        .ctl
+                        .engine
+                        .tenant(a.spec.tenant)
+                        .map(|t| t.name)
+                        .unwrap_or_default(),
                     user: m.user.clone(),
                     project: m.project.clone(),
                     checkpoint: a.spec.checkpoint.mechanism,
@@ -1402,7 +1629,12 @@ impl Control {
     /// Where the allocation's stored logs are: (tenant, project).
     pub fn log_owner(&self, name: &str) -> Option<(String, Option<String>)> {
         let (id, a) = self.allocation_named(name).ok()?;
-        let tenant = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+        let tenant = self
+            .ctl
+            .engine
+            .tenant(a.spec.tenant)
+            .map(|t| t.name)
+            .unwrap_or_default();
         Some((tenant, self.meta[id.index()].project.clone()))
     }
 
@@ -1452,25 +1684,26 @@ impl Control {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node}")))?;
-        let now = self.now();
         let ev = match op {
             NodeOp::Drain => lattice_engine::NodeEvent::Drain,
             NodeOp::Undrain => lattice_engine::NodeEvent::Undrain,
             NodeOp::Disable => lattice_engine::NodeEvent::HardwareFailure,
             NodeOp::Enable => lattice_engine::NodeEvent::Enable,
         };
-        let lost = self
-            .engine
-            .handle_node_event(now, id, ev)
-            .map_err(|e| bad("id", e.to_string()))?;
-        let lost = lost.into_iter().map(|a| self.name_of(a)).collect();
+        let owner = self.ctl.engine.node(id).and_then(|n| n.owner).map(|o| o.alloc);
+        self.input(Input::Node(id, ev)).map_err(|e| bad("id", e.to_string()))?;
+        let lost = owner
+            .filter(|a| self.ctl.engine.allocation(*a).is_none_or(|a| !a.nodes.contains(&id)))
+            .map(|a| self.name_of(a))
+            .into_iter()
+            .collect();
         Ok((self.node_state(id), lost))
     }
 
     /// An allocation by its id (`a-000123`), or the "no allocation" error naming the `id` field.
     fn allocation_named(&self, name: &str) -> Result<(AllocId, &lattice_engine::Allocation), FieldError> {
         let id = self.id_of(name);
-        id.and_then(|i| self.engine.allocation(i).map(|a| (i, a)))
+        id.and_then(|i| self.ctl.engine.allocation(i).map(|a| (i, a)))
             .ok_or_else(|| bad("id", format!("no allocation {name}")))
     }
 
@@ -1513,8 +1746,7 @@ impl Control {
             ));
         }
         if let Some(d) = walltime {
-            self.engine
-                .handle_walltime_update(now, id, d)
+            self.input(Input::Walltime(id, d))
                 .map_err(|e| bad("walltime", e.to_string()))?;
         }
         let m = &mut self.meta[id.index()];
@@ -1561,14 +1793,19 @@ impl Control {
             until_ms: until.0,
             ..Usage::default()
         };
-        for a in self.engine.allocations() {
+        for a in self.ctl.engine.allocations() {
             let Some(start) = a.started else { continue };
             let end = a.ended.unwrap_or(until).min(until);
             let start = start.max(since);
             if end <= start {
                 continue;
             }
-            let t = self.engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default();
+            let t = self
+                .ctl
+                .engine
+                .tenant(a.spec.tenant)
+                .map(|t| t.name)
+                .unwrap_or_default();
             let m = &self.meta[a.id.index()];
             if tenant.is_some_and(|w| w != t) || user.is_some_and(|w| Some(w) != m.user.as_deref()) {
                 continue;
@@ -1577,7 +1814,7 @@ impl Control {
             let gpus: u32 = a
                 .nodes
                 .iter()
-                .filter_map(|n| self.engine.node(*n))
+                .filter_map(|n| self.ctl.engine.node(*n))
                 .map(|n| n.spec.capabilities.gpu_count)
                 .sum();
             u.allocations += 1;
@@ -1594,12 +1831,14 @@ impl Control {
             .get(vcluster)
             .ok_or_else(|| bad("vcluster", format!("vCluster \"{vcluster}\" not found")))?;
         let mut cfg = self
+            .ctl
             .engine
             .vcluster_config(id)
             .cloned()
             .unwrap_or_else(|| VClusterConfig::new(Policy::EASY));
         cfg.weights = Some(weights);
-        self.engine
+        self.ctl
+            .engine
             .configure_vcluster(id, cfg)
             .map_err(|e| bad("weights", e.to_string()))
     }

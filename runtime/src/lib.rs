@@ -23,6 +23,7 @@ pub mod network;
 pub mod ops;
 pub mod server;
 pub mod tls;
+pub mod world;
 
 pub use config::RuntimeConfig;
 pub use server::{Running, start};

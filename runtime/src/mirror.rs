@@ -487,6 +487,8 @@ mod tests {
             telemetry: "prod".into(),
             checkpoints: 0,
             last_checkpoint_ms: None,
+            preempted: 0,
+            preemption: None,
         }
     }
 

@@ -4,7 +4,7 @@
 use crate::auth::Principal;
 use crate::control::{AllocationView, NodeOp, NodeView, SubmitRequest, UpdateRequest, Usage};
 use crate::mirror::MirrorOp;
-use crate::server::{Shared, release};
+use crate::server::{Shared, execute};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -90,10 +90,12 @@ async fn mirrored(s: &Arc<Shared>, op: MirrorOp, local: crate::mirror::Durable) 
         return Ok(());
     }
     for id in &ids {
-        let held = s.control.lock().await.cancel(id).unwrap_or(false);
-        if held {
-            release(s, id.clone()).await;
-        }
+        let actions = {
+            let mut c = s.control.lock().await;
+            c.cancel(id);
+            c.take_actions()
+        };
+        execute(s.clone(), actions).await;
     }
     let why = match disk {
         Err(e) => format!("could not be written to disk ({e})"),
@@ -285,15 +287,12 @@ pub async fn checkpoint(s: &Shared, p: &Principal, id: &str) -> Result<u32, ApiE
 pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiError> {
     writable(s).await?;
     may_change(s, p, id, "cancelling").await?;
-    let held = s
-        .control
-        .lock()
-        .await
-        .cancel(id)
-        .ok_or_else(|| not_found("allocation", id))?;
-    if held {
-        release(s, id.to_string()).await;
-    }
+    let actions = {
+        let mut c = s.control.lock().await;
+        c.cancel(id).ok_or_else(|| not_found("allocation", id))?;
+        c.take_actions()
+    };
+    execute(s.clone(), actions).await;
     s.wake.notify_one();
     Ok(())
 }
@@ -324,7 +323,12 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
         });
     }
     writable(s).await?;
-    let r = s.control.lock().await.node_op(id, op);
+    let (r, actions) = {
+        let mut c = s.control.lock().await;
+        let r = c.node_op(id, op);
+        (r, c.take_actions())
+    };
+    execute(s.clone(), actions).await;
     let (state, lost) = r.map_err(|e| {
         if e.message.starts_with("no node") {
             not_found("node", id)
@@ -333,7 +337,7 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
         }
     })?;
     for alloc in lost {
-        release(s, alloc).await;
+        tracing::warn!("{alloc} lost node {id} ({op:?})");
     }
     s.wake.notify_one();
     Ok(state)
@@ -362,7 +366,8 @@ pub async fn queue(s: &Shared, p: &Principal, vcluster: &str) -> Result<Vec<Allo
             message: format!("vCluster \"{vcluster}\" not found"),
         });
     }
-    Ok(c.engine
+    Ok(c.ctl
+        .engine
         .queue()
         .into_iter()
         .filter_map(|i| c.view(i))
@@ -878,10 +883,9 @@ pub async fn agent_exit(
             message: format!("{id}: the exit could not be written to disk ({e}); report it again"),
         })?;
     } else {
+        let actions = c.take_actions();
         drop(c);
-    }
-    if ended {
-        release(s, id.to_string()).await;
+        execute(s.clone(), actions).await;
         s.wake.notify_one();
     }
     Ok(ended)

@@ -5,9 +5,10 @@ use crate::api;
 use crate::config::RuntimeConfig;
 use crate::control::{Control, PendingProposal};
 use crate::metrics::Metrics;
+use crate::world::Action;
 use anyhow::{Context, Result};
 use lattice_adapters::{Member, QuorumCommand, QuorumResponse};
-use lattice_engine::{AllocState, EndReason, NodeSpec, VClusterConfig};
+use lattice_engine::{AllocId, AllocState, EndReason, NodeSpec, PreemptHow, Time, VClusterConfig};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub struct Shared {
     /// Wakes the scheduling loop early (a submission, a completion).
     pub wake: Notify,
     pub simulate_agents: bool,
+    /// Simulated agents: how long a secure wipe takes.
+    pub wipe_time: std::time::Duration,
     /// The quorum's data folder (backups go to `backups/`, a staged restore to `restore-pending.json`).
     pub data_dir: std::path::PathBuf,
     /// VAST, when configured (data locality at submission, prefetch while staging).
@@ -77,18 +80,16 @@ impl Running {
     }
 }
 
-fn nodes_of(cfg: &RuntimeConfig) -> Result<(Vec<NodeSpec>, Option<u32>)> {
+/// The site: the inventory, or `simulated_nodes` plain nodes.
+fn inventory_of(cfg: &RuntimeConfig) -> Result<lattice_traces::Inventory> {
     match &cfg.inventory {
-        Some(path) => {
-            let inv = lattice_traces::read_inventory(path)?;
-            Ok((inv.nodes, inv.sensitive_pool_size))
-        }
-        None => Ok((
-            (0..cfg.simulated_nodes)
+        Some(path) => Ok(lattice_traces::read_inventory(path)?),
+        None => Ok(lattice_traces::Inventory {
+            nodes: (0..cfg.simulated_nodes)
                 .map(|i| NodeSpec::plain(format!("sim-{i:03}")))
                 .collect(),
-            None,
-        )),
+            ..Default::default()
+        }),
     }
 }
 
@@ -108,7 +109,8 @@ fn vcluster_configs(cfg: &RuntimeConfig) -> Result<BTreeMap<String, VClusterConf
 /// Starts a runtime from `cfg`; `bootstrap` forms the quorum on first start. Binding port 0 picks a
 /// free port (tests); the bound addresses are in the result.
 pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
-    let (nodes, sensitive_pool) = nodes_of(&cfg)?;
+    let inventory = inventory_of(&cfg)?;
+    let sensitive_pool = inventory.sensitive_pool_size;
     let tenants = match &cfg.tenants {
         Some(p) => lattice_traces::read_tenants(p)?,
         None => BTreeMap::new(),
@@ -120,21 +122,23 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     let fabric_on = cfg.services.fabric.is_some();
     let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
     let simulate_agents = cfg.simulate_agents.unwrap_or(cfg.inventory.is_none());
+    let heartbeat_grace = cfg.agents.grace();
     let make =
-        move |nodes: Vec<lattice_engine::NodeSpec>, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
-            let mut c = Control::new(nodes, vcs, quotas, capture)?;
+        move |inv: &lattice_traces::Inventory, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
+            let mut c = Control::new(inv, vcs, quotas, capture)?;
+            c.ctl.grace = heartbeat_grace;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
             c.real_agents = !simulate_agents;
             if let Some(g) = vast_gbps {
-                c.engine.set_vast_bandwidth(g);
+                c.ctl.engine.set_vast_bandwidth(g);
             }
             Ok::<_, anyhow::Error>(c)
         };
-    let control = make(nodes.clone(), vcs.clone(), &tenants, capture.as_deref())?;
+    let control = make(&inventory, vcs.clone(), &tenants, capture.as_deref())?;
     let quotas = tenants.clone();
     let fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync> =
-        Box::new(move || make(nodes.clone(), vcs.clone(), &quotas, capture.as_deref()));
+        Box::new(move || make(&inventory, vcs.clone(), &quotas, capture.as_deref()));
     let fabric = match &cfg.services.fabric {
         Some(f) => Some(
             lattice_adapters::fabric::FabricClient::new(f.http().map_err(anyhow::Error::msg)?)
@@ -182,6 +186,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         metrics: Metrics::default(),
         wake: Notify::new(),
         simulate_agents,
+        wipe_time: cfg.agents.wipe_time(),
         data_dir: cfg.data_dir.clone(),
         log_store: cfg.log_store.clone().map(lattice_adapters::logstore::LogStore::new),
         fabric,
@@ -202,7 +207,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         tokio::spawn(scheduling_loop(
             shared.clone(),
             cfg.cycle(),
-            cfg.agents.durations(),
+            cfg.agents.durations().0,
             stopped.clone(),
         )),
     ];
@@ -295,17 +300,25 @@ async fn push_quotas(
     }
 }
 
-/// Every cycle (or when woken): on the leader, one pass per due vCluster; proposals go to the quorum,
-/// committed ones start (on simulated agents), rejected ones retry next cycle.
+/// The control plane's actor: woken when the engine asked (its next wake-up: a cycle tick, an
+/// energy window, a staging end), by an input (a submission, a completion), or at the latest every
+/// `cycle` to watch the agents. On the leader it runs the pass and carries out what it decided.
 async fn scheduling_loop(
     shared: Arc<Shared>,
     cycle: std::time::Duration,
-    (agent_timeout, agent_grace): (u64, u64),
+    agent_timeout: u64,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
+        let sleep = {
+            let c = shared.control.lock().await;
+            let now = c.now();
+            c.next_wakeup().map_or(cycle, |t| {
+                std::time::Duration::from_millis(t.0.saturating_sub(now.0)).min(cycle)
+            })
+        };
         tokio::select! {
-            _ = tokio::time::sleep(cycle) => {}
+            _ = tokio::time::sleep(sleep) => {}
             _ = shared.wake.notified() => {}
             _ = stopped.changed() => {}
         }
@@ -322,26 +335,157 @@ async fn scheduling_loop(
                 tokio::spawn(simulated_run(shared.clone(), alloc, run));
             }
         }
-        let lost = shared.control.lock().await.check_agents(agent_timeout, agent_grace);
-        for alloc in lost {
-            tracing::warn!("{alloc} lost its node (agent heartbeats stopped)");
-            release(&shared, alloc).await;
-        }
+        let actions = {
+            let mut c = shared.control.lock().await;
+            c.check_agents(agent_timeout);
+            c.take_actions()
+        };
+        execute(shared.clone(), actions).await;
         for (tenant, domain, vni) in shared.control.lock().await.expire_network() {
             tracing::info!("network domain {tenant}/{domain} released (VNI {vni})");
         }
-        let t0 = std::time::Instant::now();
-        let proposals = shared.control.lock().await.schedule();
-        shared.metrics.cycle(t0.elapsed());
+        let actions = {
+            let mut c = shared.control.lock().await;
+            let took = c.schedule();
+            shared.metrics.cycle(took);
+            c.take_actions()
+        };
         if shared.vast.is_some() {
             for (name, sources) in shared.control.lock().await.to_prefetch() {
                 tokio::spawn(prefetch(shared.clone(), name, sources));
             }
         }
-        for p in proposals {
-            propose_start(&shared, p).await;
-        }
+        execute(shared.clone(), actions).await;
     }
+}
+
+/// Carries out the controller's decisions in order (one exhaustive `match`): quorum proposals
+/// (whose answers go back to the controller, and what those cause is carried out next), releases,
+/// scale changes, audit entries, launches, preemptions, checkpoint hints and wipes.
+pub fn execute(
+    shared: Arc<Shared>,
+    actions: Vec<Action>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut queue: std::collections::VecDeque<Action> = actions.into();
+        while let Some(a) = queue.pop_front() {
+            match a {
+                Action::Propose(p) => queue.extend(propose_start(&shared, p).await),
+                Action::Release { name } => {
+                    release(&shared, name).await;
+                    shared.wake.notify_one();
+                }
+                Action::Scale { name, node, added } => {
+                    let cmd = QuorumCommand::Scale {
+                        alloc: name.clone(),
+                        node: node.clone(),
+                        added,
+                    };
+                    match shared.member.propose(cmd).await {
+                        Ok(QuorumResponse::Applied) => {}
+                        Ok(QuorumResponse::Rejected { message, .. }) => {
+                            tracing::warn!("{name}: scaling by {node} rejected: {message}")
+                        }
+                        Err(e) => tracing::warn!("{name}: scaling by {node}: {e}"),
+                    }
+                }
+                Action::Audit {
+                    user,
+                    name,
+                    action,
+                    nodes,
+                } => audit(&shared, &user, &name, action, nodes.join(",")).await,
+                Action::Launch {
+                    alloc,
+                    name,
+                    nodes,
+                    vni,
+                    resume_from,
+                } => {
+                    if let (Some(vni), Some(_)) = (vni, &shared.fabric) {
+                        tokio::spawn(setup_fabric(shared.clone(), name.clone(), vni, nodes));
+                    }
+                    if shared.simulate_agents {
+                        let run = shared.control.lock().await.simulated_run(alloc, resume_from);
+                        tokio::spawn(simulated_run(shared.clone(), alloc, run));
+                    }
+                    // Real agents get the launch (with its resume point) at their next poll.
+                }
+                Action::Preempt { alloc, name, how, at } => {
+                    if shared.simulate_agents {
+                        tokio::spawn(simulated_preempt(shared.clone(), alloc, how, at));
+                    } else {
+                        tracing::info!("{name}: its agents stop it ({how:?})");
+                    }
+                }
+                Action::Checkpoint { alloc, name } => {
+                    if shared.simulate_agents {
+                        // A simulated application writes its checkpoint at once.
+                        let mut c = shared.control.lock().await;
+                        c.checkpointed(alloc, true);
+                        queue.extend(c.take_actions());
+                    } else {
+                        tracing::debug!("{name}: checkpoint hint for its agents");
+                    }
+                }
+                Action::Wipe { alloc, name, nodes } => {
+                    if shared.simulate_agents {
+                        tokio::spawn(simulated_wipe(shared.clone(), alloc, shared.wipe_time));
+                    } else {
+                        tracing::info!("{name}: its agents wipe {}", nodes.join(","));
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// A simulated agent stops a preempted allocation when its sequence starts: a simulated application
+/// writes its checkpoint at once and stops; one without checkpoints honours the SIGTERM at once; one
+/// that cannot write its checkpoint (storage down) is killed.
+async fn simulated_preempt(shared: Arc<Shared>, alloc: AllocId, how: PreemptHow, at: Time) {
+    let wait = {
+        let c = shared.control.lock().await;
+        at.0.saturating_sub(c.now().0)
+    };
+    let mut stopped = shared.stopped.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}
+        _ = stopped.changed() => return,
+    }
+    let actions = {
+        let mut c = shared.control.lock().await;
+        match how {
+            PreemptHow::CheckpointThenStop { .. } => {
+                c.suspended(alloc, true);
+            }
+            PreemptHow::Stop { .. } => {
+                c.suspended(alloc, false);
+            }
+            PreemptHow::Kill { .. } => {
+                c.completed(alloc, EndReason::PreemptionKilled);
+            }
+        }
+        c.take_actions()
+    };
+    execute(shared.clone(), actions).await;
+    shared.wake.notify_one();
+}
+
+/// A simulated secure wipe: the nodes come back after `took`.
+async fn simulated_wipe(shared: Arc<Shared>, alloc: AllocId, took: std::time::Duration) {
+    let mut stopped = shared.stopped.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(took) => {}
+        _ = stopped.changed() => return,
+    }
+    let actions = {
+        let mut c = shared.control.lock().await;
+        c.wiped(alloc, true);
+        c.take_actions()
+    };
+    execute(shared.clone(), actions).await;
+    shared.wake.notify_one();
 }
 
 /// Brings this member's control plane in line with its Raft role (adopting the mirror when it has just
@@ -476,7 +620,9 @@ async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
     });
 }
 
-async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
+/// Proposes a start to the quorum and tells the controller its answer; what that causes (the launch,
+/// a claim's audit entry) is returned to be carried out next.
+async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> {
     let cmd = QuorumCommand::Assign {
         alloc: p.name.clone(),
         tenant: p.tenant.clone(),
@@ -494,20 +640,7 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
                 .metrics
                 .started
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let run = c.committed(p.alloc);
-            let vni = c.network.vni_of(&p.name);
-            drop(c);
-            if let (Some(vni), Some(_)) = (vni, &shared.fabric) {
-                tokio::spawn(setup_fabric(shared.clone(), p.name.clone(), vni, p.nodes.clone()));
-            }
-            if p.sensitive {
-                audit(shared, &p.user, &p.name, "claim", p.nodes.join(",")).await;
-            }
-            if shared.simulate_agents
-                && let Some(run) = run
-            {
-                tokio::spawn(simulated_run(shared.clone(), p.alloc, run));
-            }
+            c.committed(p.alloc);
         }
         Ok(QuorumResponse::Rejected { reason, message }) => {
             shared
@@ -519,6 +652,7 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) {
         }
         Err(e) => c.rejected(p.alloc, e.to_string()),
     }
+    c.take_actions()
 }
 
 /// Asks VAST to bring a staging allocation's data to the hot tier; a failure is a staging failure
@@ -558,11 +692,13 @@ async fn setup_fabric(shared: Arc<Shared>, name: String, vni: u32, nodes: Vec<St
                 .metrics
                 .fabric_errors
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let must_release = shared.control.lock().await.cxi_failed(&name);
-            if must_release {
-                release(&shared, name).await;
-                shared.wake.notify_one();
-            }
+            let actions = {
+                let mut c = shared.control.lock().await;
+                c.cxi_failed(&name);
+                c.take_actions()
+            };
+            execute(shared.clone(), actions).await;
+            shared.wake.notify_one();
         }
     }
 }
@@ -573,14 +709,14 @@ async fn setup_fabric(shared: Arc<Shared>, name: String, vni: u32, nodes: Vec<St
 async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run: std::time::Duration) {
     let started = {
         let c = shared.control.lock().await;
-        c.engine.allocation(alloc).and_then(|a| a.started)
+        c.ctl.engine.allocation(alloc).and_then(|a| a.started)
     };
     let Some(started) = started else { return };
     let mut stopped = shared.stopped.clone();
     let reason = loop {
         let (now, walltime, same_run) = {
             let c = shared.control.lock().await;
-            let a = c.engine.allocation(alloc);
+            let a = c.ctl.engine.allocation(alloc);
             (
                 c.now(),
                 a.and_then(|a| a.spec.lifecycle.walltime())
@@ -606,18 +742,17 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
             _ = stopped.changed() => return,
         }
     };
-    let (was_running, name) = {
+    let actions = {
         let mut c = shared.control.lock().await;
-        (c.completed(alloc, reason), c.name_of(alloc))
+        c.completed(alloc, reason);
+        c.take_actions()
     };
-    if was_running {
-        release(&shared, name).await;
-        shared.wake.notify_one();
-    }
+    execute(shared.clone(), actions).await;
+    shared.wake.notify_one();
 }
 
-/// Frees an allocation's nodes at the quorum (retried until a leader takes it); a sensitive
-/// allocation's release is appended to the audit log.
+/// Frees an allocation's nodes at the quorum (retried until a leader takes it). A sensitive claim's
+/// release is audited by the controller (with its wipe).
 pub async fn release(shared: &Arc<Shared>, name: String) {
     // Its end is on disk first: a restart between the two never runs it again (a requeued one is
     // not ended: it stays queued in the record).
@@ -630,19 +765,7 @@ pub async fn release(shared: &Arc<Shared>, name: String) {
     {
         tracing::warn!("{name}: revoking CXI service {service}: {e}");
     }
-    let held = shared.member.read(|q| q.assignments.get(&name).cloned()).await;
-    if propose_retried(shared, QuorumCommand::Release { alloc: name.clone() }).await {
-        if let Some(a) = held.filter(|a| a.sensitive) {
-            let user = {
-                let c = shared.control.lock().await;
-                c.id_of(&name)
-                    .and_then(|i| c.view(i))
-                    .and_then(|v| v.user)
-                    .unwrap_or_default()
-            };
-            audit(shared, &user, &name, "release", a.nodes.join(",")).await;
-        }
-    } else {
+    if !propose_retried(shared, QuorumCommand::Release { alloc: name.clone() }).await {
         tracing::warn!("could not release {name} at the quorum");
     }
 }

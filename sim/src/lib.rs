@@ -28,8 +28,8 @@ pub use timeline::{RunSpan, Timeline, TimelineEvent, TimelineKind};
 
 use events::{EventKind, EventQueue};
 use lattice_engine::{
-    AllocId, AllocState, ControlError, Controller, Dependency, Duration, EndReason, Engine, EngineConfig, Input,
-    NodeEvent, NodeId, NodeState, Policy, TenantId, Time, VClusterConfig, VClusterId,
+    AllocId, AllocState, ControlError, Controller, Dependency, Duration, EndReason, Engine, Input, NodeEvent, NodeId,
+    NodeState, Policy, TenantId, Time, VClusterConfig, VClusterId,
 };
 use lattice_traces::{Inventory, Workload};
 use quorum::FakeQuorum;
@@ -186,7 +186,7 @@ pub fn simulate(
     if pyss && cfg.commit_latency != Duration::ZERO {
         return Err(SimError::PyssLatency);
     }
-    let nodes = inventory.nodes.clone();
+    let nodes = &inventory.nodes;
     let node_ids: BTreeMap<&str, NodeId> = inventory
         .nodes
         .iter()
@@ -194,42 +194,35 @@ pub fn simulate(
         .map(|(i, n)| (n.name.as_str(), NodeId(i as u32)))
         .collect();
     // Price events of the trace join the site's series (prices are published ahead).
-    let mut energy_prices = inventory.energy_prices.clone();
-    for e in &workload.events {
-        if let lattice_traces::TraceEventKind::EnergyPrice { price } = e.kind {
-            energy_prices.push((e.time, price));
-        }
-    }
-    energy_prices.sort_by_key(|p| p.0);
+    let trace_prices: Vec<(Time, f64)> = workload
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            lattice_traces::TraceEventKind::EnergyPrice { price } => Some((e.time, price)),
+            _ => None,
+        })
+        .collect();
     let total_nodes = nodes.len() as u32;
     let node_power: Vec<u32> = nodes.iter().map(|n| n.capabilities.power_w).collect();
     let node_facts: Vec<(u32, u32, u64)> = nodes
         .iter()
         .map(|n| (n.capabilities.gpu_count, n.group.0, n.conformance.0))
         .collect();
-    let engine_cfg = EngineConfig {
-        policy: cfg.policy,
-        power_budget_w: inventory.power_budget_w,
-        storage_bandwidth_gbps: inventory.storage_bandwidth_gbps,
-        energy_prices: energy_prices.clone(),
-        fair_share: cfg.fair_share,
-        sensitive_pool_size: cfg.sensitive_pool_size,
-        max_prologue_retries: lattice_engine::EngineConfig::new(cfg.policy).max_prologue_retries,
-    };
-    let mut engine = Engine::new(engine_cfg, nodes)?;
-    if let Some(bw) = inventory.storage_bandwidth_gbps {
-        engine.set_vast_bandwidth(bw);
-    }
+    // The site as the runtime builds it; the inventory's vClusters come first (node homes refer to them).
+    let mut engine = lattice_traces::site_engine(
+        inventory,
+        cfg.policy,
+        cfg.fair_share,
+        cfg.sensitive_pool_size,
+        &trace_prices,
+    )?;
+    let energy_prices = engine.config().energy_prices.clone();
     let tenant_map: Vec<TenantId> = workload.tenants.names().iter().map(|n| engine.add_tenant(n)).collect();
     for (name, q) in &cfg.tenants {
         let Some(i) = workload.tenants.lookup(name) else {
             return Err(SimError::UnusedTenant(name.clone()));
         };
         engine.set_tenant_quota(tenant_map[i as usize], *q);
-    }
-    // Inventory vClusters first: node homes refer to their ids.
-    for n in inventory.vclusters.names() {
-        engine.add_vcluster(n);
     }
     let vc_map: Vec<VClusterId> = workload
         .vclusters

@@ -29,7 +29,7 @@ pub use duration::{
     MAX_DURATION, MAX_TIMESTAMP_S, MAX_WALLTIME, check_walltime, parse_duration, parse_walltime, secs_to_duration,
 };
 pub use error::{Problem, TraceError};
-pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory};
+pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory, site_engine};
 pub use jsonl::{checkpoint_spec, parse_jsonl, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};

@@ -1,0 +1,138 @@
+//! The real world's side of the controller's ports. The controller runs under the control plane's
+//! lock, so its ports here only record each decision ([`Outbox`]); [`crate::control::Control`] turns
+//! them into [`Action`]s with names the quorum and the agents know, and the server carries each out
+//! (openraft proposals, agent orders, VAST, the fabric manager) after the lock is released — one
+//! exhaustive `match` on each side, so a new kind of decision does not compile until the runtime
+//! handles it.
+
+use crate::control::PendingProposal;
+use lattice_engine::{
+    AllocId, AuditEvent, Decision, Duration, Engine, Fleet, NodeId, PreemptHow, PreemptOrder, Proposal, Quorum,
+    StopReason, Time, Timer,
+};
+
+/// The decisions of one or more controller calls, in order, with their times.
+#[derive(Debug, Default)]
+pub struct Outbox(pub Vec<(Time, Decision)>);
+
+impl Quorum for Outbox {
+    fn propose(&mut self, _view: &Engine, now: Time, p: &Proposal) -> Option<bool> {
+        self.0.push((now, Decision::Propose(p.clone())));
+        None
+    }
+    fn release(&mut self, _view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {
+        self.0.push((
+            now,
+            Decision::Release {
+                alloc,
+                nodes: nodes.to_vec(),
+            },
+        ));
+    }
+    fn scale(&mut self, _view: &Engine, now: Time, alloc: AllocId, node: NodeId, added: bool) {
+        self.0.push((now, Decision::Scale { alloc, node, added }));
+    }
+    fn audit(&mut self, _view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, nodes: &[NodeId]) {
+        self.0.push((
+            now,
+            Decision::Audit {
+                alloc,
+                event,
+                nodes: nodes.to_vec(),
+            },
+        ));
+    }
+}
+
+impl Fleet for Outbox {
+    fn launch(
+        &mut self,
+        _view: &Engine,
+        now: Time,
+        alloc: AllocId,
+        nodes: &[NodeId],
+        resume_from: Duration,
+        staging_remaining_s: f64,
+    ) {
+        self.0.push((
+            now,
+            Decision::Launch {
+                alloc,
+                nodes: nodes.to_vec(),
+                resume_from,
+                staging_remaining_s,
+            },
+        ));
+    }
+    fn stop(&mut self, _view: &Engine, now: Time, alloc: AllocId, why: StopReason) {
+        self.0.push((now, Decision::Stop { alloc, why }));
+    }
+    fn preempt(&mut self, _view: &Engine, now: Time, order: &PreemptOrder) {
+        self.0.push((now, Decision::Preempt(*order)));
+    }
+    fn checkpoint(&mut self, _view: &Engine, now: Time, alloc: AllocId) -> Option<bool> {
+        self.0.push((now, Decision::Checkpoint { alloc }));
+        None
+    }
+    fn wipe(&mut self, _view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {
+        self.0.push((
+            now,
+            Decision::Wipe {
+                alloc,
+                nodes: nodes.to_vec(),
+            },
+        ));
+    }
+    fn watch(&mut self, _view: &Engine, now: Time, node: NodeId, grace: Duration) {
+        self.0.push((now, Decision::Watch { node, grace }));
+    }
+}
+
+impl Timer for Outbox {
+    fn wake_at(&mut self, at: Time) {
+        self.0.push((at, Decision::WakeAt(at)));
+    }
+}
+
+/// What the server carries out, in order, outside the control plane's lock.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// Propose the start to the quorum; its answer goes back to the controller.
+    Propose(PendingProposal),
+    /// Free the allocation's nodes at the quorum (its end is recorded first; it leaves its network
+    /// domain).
+    Release { name: String },
+    /// A reactive allocation grows or shrinks by a node at the quorum.
+    Scale { name: String, node: String, added: bool },
+    /// Append to the quorum's audit log.
+    Audit {
+        user: String,
+        name: String,
+        action: &'static str,
+        nodes: Vec<String>,
+    },
+    /// The allocation runs on its nodes from `resume_from` (simulated agents run the rest of its
+    /// duration; real agents get it at their next poll, with `LATTICE_RESTART_FROM`).
+    Launch {
+        alloc: AllocId,
+        name: String,
+        nodes: Vec<String>,
+        vni: Option<u32>,
+        resume_from: Duration,
+    },
+    /// Preempt a victim: checkpoint-then-stop, stop, or kill, starting at `at`.
+    Preempt {
+        alloc: AllocId,
+        name: String,
+        how: PreemptHow,
+        at: Time,
+    },
+    /// The broker's checkpoint hint.
+    Checkpoint { alloc: AllocId, name: String },
+    /// Securely wipe the nodes a sensitive claim released.
+    Wipe {
+        alloc: AllocId,
+        name: String,
+        nodes: Vec<String>,
+    },
+}
