@@ -255,6 +255,39 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// The one site builder both worlds use: an engine over the inventory's nodes with the site's power
+/// budget, storage bandwidth, energy prices (plus `extra_prices`, e.g. a trace's price events) and
+/// sensitive pool, and the inventory's vClusters registered first, in inventory order (node homes
+/// refer to their ids). `rm-replay` and `lattice-runtime` then add the workload's or the profile's
+/// other vClusters, so a site schedules the same in both.
+pub fn site_engine(
+    inventory: &Inventory,
+    policy: lattice_engine::Policy,
+    fair_share: lattice_engine::FairShareConfig,
+    sensitive_pool_size: Option<u32>,
+    extra_prices: &[(Time, f64)],
+) -> Result<lattice_engine::Engine, lattice_engine::EngineError> {
+    let mut energy_prices = inventory.energy_prices.clone();
+    energy_prices.extend_from_slice(extra_prices);
+    energy_prices.sort_by_key(|p| p.0);
+    let config = lattice_engine::EngineConfig {
+        power_budget_w: inventory.power_budget_w,
+        storage_bandwidth_gbps: inventory.storage_bandwidth_gbps,
+        energy_prices,
+        fair_share,
+        sensitive_pool_size,
+        ..lattice_engine::EngineConfig::new(policy)
+    };
+    let mut engine = lattice_engine::Engine::new(config, inventory.nodes.clone())?;
+    if let Some(bw) = inventory.storage_bandwidth_gbps {
+        engine.set_vast_bandwidth(bw);
+    }
+    for n in inventory.vclusters.names() {
+        engine.add_vcluster(n);
+    }
+    Ok(engine)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,37 +335,4 @@ mod tests {
         let e = parse_inventory("inv.yaml", "nodes: []\n").unwrap_err().to_string();
         assert!(e.contains("no nodes"), "{e}");
     }
-}
-
-/// The one site builder both worlds use: an engine over the inventory's nodes with the site's power
-/// budget, storage bandwidth, energy prices (plus `extra_prices`, e.g. a trace's price events) and
-/// sensitive pool, and the inventory's vClusters registered first, in inventory order (node homes
-/// refer to their ids). `rm-replay` and `lattice-runtime` then add the workload's or the profile's
-/// other vClusters, so a site schedules the same in both.
-pub fn site_engine(
-    inventory: &Inventory,
-    policy: lattice_engine::Policy,
-    fair_share: lattice_engine::FairShareConfig,
-    sensitive_pool_size: Option<u32>,
-    extra_prices: &[(Time, f64)],
-) -> Result<lattice_engine::Engine, lattice_engine::EngineError> {
-    let mut energy_prices = inventory.energy_prices.clone();
-    energy_prices.extend_from_slice(extra_prices);
-    energy_prices.sort_by_key(|p| p.0);
-    let config = lattice_engine::EngineConfig {
-        power_budget_w: inventory.power_budget_w,
-        storage_bandwidth_gbps: inventory.storage_bandwidth_gbps,
-        energy_prices,
-        fair_share,
-        sensitive_pool_size,
-        ..lattice_engine::EngineConfig::new(policy)
-    };
-    let mut engine = lattice_engine::Engine::new(config, inventory.nodes.clone())?;
-    if let Some(bw) = inventory.storage_bandwidth_gbps {
-        engine.set_vast_bandwidth(bw);
-    }
-    for n in inventory.vclusters.names() {
-        engine.add_vcluster(n);
-    }
-    Ok(engine)
 }

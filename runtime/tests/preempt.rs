@@ -1,0 +1,120 @@
+//! Preemption in the real runtime, end to end: with `runtime/config/minimal.yaml` as shipped (only its
+//! ports and data folder moved), every node runs a class-1 allocation, a class-9 allocation arrives and
+//! runs within two scheduling passes (the profile's 15 s cycle); its victims show `preempted` (restarting) or `suspended`
+//! (resuming from their checkpoint) with the reason in the API, and run again once it has ended.
+
+mod common;
+
+use common::{free_port, http};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+async fn get(base: &str, id: &str) -> Value {
+    http("GET", format!("{base}/v1/allocations/{id}"), None).await.1
+}
+
+async fn wait_for(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond().await {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards() {
+    let dir = std::env::temp_dir().join(format!("lattice-preempt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/minimal.yaml")).unwrap();
+    let text = shipped
+        .replace("127.0.0.1:8080", "127.0.0.1:0")
+        .replace("127.0.0.1:50051", &format!("127.0.0.1:{}", free_port()))
+        .replace("../../lattice-data/node-1", &dir.join("data").display().to_string())
+        .replace("../../profiles/", concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles/"));
+    let config = dir.join("minimal.yaml");
+    std::fs::write(&config, text).unwrap();
+    let rt = lattice_runtime::start(lattice_runtime::RuntimeConfig::read(&config).unwrap(), true)
+        .await
+        .unwrap();
+    let base = format!("http://{}", rt.rest_addr);
+    wait_for("a leader", Duration::from_secs(10), async || {
+        rt.shared.member.is_leader()
+    })
+    .await;
+
+    let submit = async |body: Value| -> String {
+        let (code, v) = http("POST", format!("{base}/v1/allocations"), Some(body)).await;
+        assert_eq!(code, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    // Eight class-1 allocations fill the eight simulated nodes; half of them checkpoint.
+    let mut low = Vec::new();
+    for i in 0..8 {
+        let mut body = json!({"tenant": "physics", "entrypoint": "sleep 600", "resources": {"nodes": 1},
+                              "lifecycle": {"type": "bounded", "walltime": "1h"}, "preemption_class": 1});
+        if i % 2 == 0 {
+            body["checkpoint"] = json!({"strategy": "auto", "estimated_minutes": 1});
+        }
+        low.push(submit(body).await);
+    }
+    for id in &low {
+        wait_for("the class-1 work to run", Duration::from_secs(60), async || {
+            get(&base, id).await["state"] == "running"
+        })
+        .await;
+    }
+    let passes = rt.shared.control.lock().await.ctl.engine.passes();
+    let high = submit(
+        json!({"tenant": "climate", "entrypoint": "sleep 2", "resources": {"nodes": 2},
+                             "lifecycle": {"type": "bounded", "walltime": "30m"}, "preemption_class": 9}),
+    )
+    .await;
+    wait_for("the class-9 allocation to run", Duration::from_secs(60), async || {
+        get(&base, &high).await["started_ms"].is_number()
+    })
+    .await;
+    let took = rt.shared.control.lock().await.ctl.engine.passes() - passes;
+    assert!(took <= 2, "it started after {took} scheduling passes");
+
+    // Its victims: stopped through their (simulated) agents, waiting again with the reason.
+    let mut victims = Vec::new();
+    for id in &low {
+        let v = get(&base, id).await;
+        if v["preempted"].as_u64() == Some(1) {
+            let reason = v["preemption"].as_str().unwrap_or_default().to_string();
+            assert_eq!(reason, format!("priority for {high}"), "{v}");
+            victims.push((id.clone(), v));
+        }
+    }
+    assert_eq!(victims.len(), 2, "two nodes were needed: two victims");
+    for (id, v) in &victims {
+        let n: usize = id.trim_start_matches("a-").parse().unwrap();
+        // Even-numbered submissions (a-000001, a-000003, ...) checkpoint: they resume, the others restart.
+        let checkpoints = (n - 1).is_multiple_of(2);
+        let state = v["state"].as_str().unwrap();
+        assert!(
+            state == if checkpoints { "suspended" } else { "preempted" } || state == "running",
+            "{id}: {v}"
+        );
+    }
+    // Nothing else was touched.
+    for id in &low {
+        if victims.iter().all(|(v, _)| v != id) {
+            assert_eq!(get(&base, id).await["state"], "running", "{id} is no victim");
+        }
+    }
+    // The class-9 allocation ends (2 s); the victims run again.
+    wait_for("the class-9 allocation to end", Duration::from_secs(60), async || {
+        get(&base, &high).await["state"] == "completed"
+    })
+    .await;
+    for (id, _) in &victims {
+        wait_for("a victim to run again", Duration::from_secs(60), async || {
+            get(&base, id).await["state"] == "running"
+        })
+        .await;
+    }
+    rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
