@@ -415,7 +415,13 @@ pub fn execute(
                     if shared.simulate_agents {
                         tokio::spawn(simulated_preempt(shared.clone(), alloc, how, at));
                     } else {
-                        tracing::info!("{name}: its agents stop it ({how:?})");
+                        // Real agents: stopped like a cancelled run (its node is no longer its own, so
+                        // the agent's next poll stops it: SIGTERM, grace, SIGKILL); it restarts later.
+                        // Checkpoint-then-stop through the agents is not there yet.
+                        tracing::info!("{name}: its agents stop it ({how:?} asked; stopped without checkpoint)");
+                        let mut c = shared.control.lock().await;
+                        c.suspended(alloc, false);
+                        queue.extend(c.take_actions());
                     }
                 }
                 Action::Checkpoint { alloc, name } => {

@@ -1,0 +1,228 @@
+//! The controller carries out engine outputs through the ports: a recording world sees every decision.
+
+use lattice_engine::{
+    AllocSpec, CheckpointKind, CheckpointSpec, Controller, CostWeights, Decision, Duration, Engine, EngineConfig,
+    Input, NodeEvent, NodeId, NodeSpec, Policy, PreemptHow, PreemptionClass, Time, VClusterConfig, World,
+};
+
+/// Records decisions; the quorum commits at once.
+#[derive(Default)]
+struct Recorder(Vec<Decision>);
+
+impl lattice_engine::Quorum for Recorder {
+    fn propose(&mut self, _: &Engine, _: Time, p: &lattice_engine::Proposal) -> Option<bool> {
+        self.0.push(Decision::Propose(p.clone()));
+        Some(true)
+    }
+    fn release(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, nodes: &[NodeId]) {
+        self.0.push(Decision::Release {
+            alloc,
+            nodes: nodes.to_vec(),
+        });
+    }
+    fn scale(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, node: NodeId, added: bool) {
+        self.0.push(Decision::Scale { alloc, node, added });
+    }
+    fn audit(
+        &mut self,
+        _: &Engine,
+        _: Time,
+        alloc: lattice_engine::AllocId,
+        event: lattice_engine::AuditEvent,
+        nodes: &[NodeId],
+    ) {
+        self.0.push(Decision::Audit {
+            alloc,
+            event,
+            nodes: nodes.to_vec(),
+        });
+    }
+}
+
+impl lattice_engine::Fleet for Recorder {
+    fn launch(
+        &mut self,
+        _: &Engine,
+        _: Time,
+        alloc: lattice_engine::AllocId,
+        nodes: &[NodeId],
+        resume_from: Duration,
+        staging_remaining_s: f64,
+    ) {
+        self.0.push(Decision::Launch {
+            alloc,
+            nodes: nodes.to_vec(),
+            resume_from,
+            staging_remaining_s,
+        });
+    }
+    fn stop(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, why: lattice_engine::StopReason) {
+        self.0.push(Decision::Stop { alloc, why });
+    }
+    fn preempt(&mut self, _: &Engine, _: Time, order: &lattice_engine::PreemptOrder) {
+        self.0.push(Decision::Preempt(*order));
+    }
+    fn checkpoint(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId) -> Option<bool> {
+        self.0.push(Decision::Checkpoint { alloc });
+        None
+    }
+    fn wipe(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, nodes: &[NodeId]) {
+        self.0.push(Decision::Wipe {
+            alloc,
+            nodes: nodes.to_vec(),
+        });
+    }
+    fn watch(&mut self, _: &Engine, _: Time, node: NodeId, grace: Duration) {
+        self.0.push(Decision::Watch { node, grace });
+    }
+}
+
+impl lattice_engine::Timer for Recorder {
+    fn wake_at(&mut self, at: Time) {
+        self.0.push(Decision::WakeAt(at));
+    }
+}
+
+fn controller(nodes: u32) -> (Controller, lattice_engine::TenantId, lattice_engine::VClusterId) {
+    let mut e = Engine::new(
+        EngineConfig::new(Policy::EASY),
+        (0..nodes).map(|i| NodeSpec::plain(format!("n{i}"))).collect(),
+    )
+    .unwrap();
+    let t = e.add_tenant("t");
+    let v = e.add_vcluster("v");
+    let mut c = VClusterConfig::new(Policy::EASY);
+    c.weights = Some(CostWeights::default());
+    e.configure_vcluster(v, c).unwrap();
+    (Controller::new(e), t, v)
+}
+
+fn pass(c: &mut Controller, now: Time, w: &mut dyn World) {
+    c.schedule(now);
+    c.dispatch(now, w).unwrap();
+}
+
+#[test]
+fn a_preempted_victim_resumes_from_its_checkpoint_and_a_lost_run_restarts() {
+    let (mut c, t, v) = controller(2);
+    let mut w = Recorder::default();
+    let mut low = AllocSpec::simple(t, v, 2, Duration::from_hours(4));
+    low.preemption_class = PreemptionClass::new(1).unwrap();
+    low.checkpoint = CheckpointSpec {
+        kind: CheckpointKind::Auto,
+        estimated_minutes: Some(1.0),
+        ..Default::default()
+    };
+    let low = c.submit(Time(0), low).unwrap();
+    pass(&mut c, Time(0), &mut w);
+    assert!(
+        w.0.iter()
+            .any(|d| matches!(d, Decision::Launch { alloc, resume_from, .. }
+        if *alloc == low && *resume_from == Duration::ZERO))
+    );
+    // Ten minutes in, a class-9 allocation needs the nodes.
+    let mut high = AllocSpec::simple(t, v, 2, Duration::from_hours(1));
+    high.preemption_class = PreemptionClass::new(9).unwrap();
+    let t1 = Time::from_secs(600);
+    let high = c.submit(t1, high).unwrap();
+    w.0.clear();
+    pass(&mut c, t1, &mut w);
+    let order =
+        w.0.iter()
+            .find_map(|d| match d {
+                Decision::Preempt(o) => Some(*o),
+                _ => None,
+            })
+            .expect("a preemption order");
+    assert_eq!((order.alloc, order.for_alloc, order.at), (low, high, t1));
+    assert!(matches!(order.how, PreemptHow::CheckpointThenStop { .. }), "{order:?}");
+    // The checkpoint is written a minute later: the victim stops, its nodes go to the preemptor.
+    let t2 = Time::from_secs(660);
+    w.0.clear();
+    c.apply(t2, Input::Suspended(low, true), &mut w).unwrap();
+    assert!(matches!(&w.0[0], Decision::Release { alloc, .. } if *alloc == low));
+    pass(&mut c, t2, &mut w);
+    assert!(
+        w.0.iter()
+            .any(|d| matches!(d, Decision::Launch { alloc, .. } if *alloc == high))
+    );
+    // The preemptor ends; the victim runs again from the work its checkpoint kept (10 min).
+    let t3 = Time::from_secs(3600);
+    w.0.clear();
+    c.apply(t3, Input::Exited(high, lattice_engine::EndReason::Success), &mut w)
+        .unwrap();
+    pass(&mut c, t3, &mut w);
+    assert!(
+        w.0.iter()
+            .any(|d| matches!(d, Decision::Launch { alloc, resume_from, .. }
+            if *alloc == low && *resume_from == Duration::from_mins(10))),
+        "{:?}",
+        w.0
+    );
+    assert_eq!(c.stats.preemptions.get("priority"), Some(&1));
+    // A node failure loses the run: it is stopped and released, and its next run starts over.
+    let t4 = Time::from_secs(4000);
+    w.0.clear();
+    c.apply(t4, Input::Node(NodeId(0), NodeEvent::HardwareFailure), &mut w)
+        .unwrap();
+    assert!(
+        matches!(&w.0[0], Decision::Stop { alloc, .. } if *alloc == low),
+        "{:?}",
+        w.0
+    );
+    assert!(
+        matches!(&w.0[1], Decision::Release { alloc, .. } if *alloc == low),
+        "{:?}",
+        w.0
+    );
+    assert_eq!(c.resume_point(low), Duration::ZERO);
+    assert!(
+        (c.stats.lost_node_s - 2.0 * 400.0).abs() < 1e-9,
+        "{}",
+        c.stats.lost_node_s
+    );
+}
+
+#[test]
+fn heartbeat_grace_depends_on_what_the_node_runs() {
+    let (mut c, t, v) = controller(2);
+    let mut w = Recorder::default();
+    let mut claim = AllocSpec::simple(t, v, 1, Duration::from_hours(1));
+    claim.sensitive_claim = true;
+    c.submit(Time(0), claim).unwrap();
+    pass(&mut c, Time(0), &mut w);
+    assert!(
+        w.0.iter().any(|d| matches!(
+            d,
+            Decision::Audit {
+                event: lattice_engine::AuditEvent::Claim,
+                ..
+            }
+        )),
+        "a claim is audited when its nodes are committed"
+    );
+    let busy = c.engine.allocations()[0].nodes[0];
+    let idle = NodeId(1 - busy.0);
+    w.0.clear();
+    c.apply(Time(10), Input::Node(busy, NodeEvent::HeartbeatMiss), &mut w)
+        .unwrap();
+    c.apply(Time(10), Input::Node(idle, NodeEvent::HeartbeatMiss), &mut w)
+        .unwrap();
+    assert_eq!(
+        w.0,
+        vec![
+            Decision::Watch {
+                node: busy,
+                grace: Duration::from_mins(5)
+            },
+            Decision::Watch {
+                node: idle,
+                grace: Duration::from_secs(60)
+            },
+        ]
+    );
+    // The grace runs out for the sensitive node: Down, its claim stopped and released.
+    w.0.clear();
+    c.apply(Time(310_010), Input::GraceExpired(busy), &mut w).unwrap();
+    assert!(matches!(w.0.first(), Some(Decision::Stop { .. })), "{:?}", w.0);
+}
