@@ -112,8 +112,10 @@ struct Run {
     base: Duration,
     /// Work kept by the last completed checkpoint (what the next run resumes from).
     saved: Duration,
-    /// The work a checkpoint in flight will keep (progress at its hint).
+    /// The work a preemption checkpoint in flight will keep (progress when the victim is signalled).
     pending: Option<Duration>,
+    /// The work a broker checkpoint in flight will keep (progress at its hint).
+    hinted: Option<Duration>,
 }
 
 impl Run {
@@ -209,15 +211,22 @@ impl Controller {
                 self.engine.handle_suspended(now, id, checkpointed)?;
                 let r = self.run(id);
                 let kept = r.pending.take();
+                r.hinted = None;
                 if checkpointed {
-                    r.saved = kept.unwrap_or(r.base);
+                    // The victim wrote its state when signalled: the next run resumes there.
+                    r.saved = r.saved.max(kept.unwrap_or(r.base));
                     self.stats.preemption_checkpoints += 1;
-                } else {
-                    r.saved = Duration::ZERO;
                 }
+                // Stopped without one: the last completed checkpoint (if any) is still the resume point.
             }
             Input::Checkpointed(id, ok) => {
                 self.engine.handle_checkpointed(now, id, ok)?;
+                let r = self.run(id);
+                let kept = r.hinted.take();
+                if ok && let Some(k) = kept {
+                    r.saved = r.saved.max(k);
+                    self.stats.broker_checkpoints += 1;
+                }
             }
             Input::WipeDone(id, ok) => {
                 let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
@@ -308,11 +317,12 @@ impl Controller {
         self.emit(world, now, Decision::Wipe { alloc: id, nodes });
     }
 
-    /// The run was lost: the next one resumes from the last kept checkpoint.
+    /// The run was lost: checkpoints in flight are lost with it; the next run resumes from the last
+    /// completed one.
     fn lost_run(&mut self, id: AllocId) {
         let r = self.run(id);
         r.pending = None;
-        r.saved = Duration::ZERO;
+        r.hinted = None;
     }
 
     fn commit(&mut self, now: Time, id: AllocId, world: &mut dyn World) -> Result<(), ControlError> {
@@ -361,9 +371,11 @@ impl Controller {
     ) -> Result<(), ControlError> {
         let owner = self.engine.node(node).and_then(|n| n.owner).map(|o| o.alloc);
         let before = owner.and_then(|a| {
-            self.engine
-                .allocation(a)
-                .map(|x| (a, x.started.unwrap_or(now), x.nodes.clone()))
+            let running = self.engine.allocation(a).filter(|x| x.state == AllocState::Running)?;
+            let r = self.runs.get(a.index()).copied().unwrap_or_default();
+            // Work done since the last completed checkpoint is what a lost run loses.
+            let unsaved = r.progress(now).0.saturating_sub(r.saved.0);
+            Some((a, Duration(unsaved), running.nodes.clone()))
         });
         let affected = self.engine.handle_node_event(now, node, event)?;
         if event == NodeEvent::HeartbeatMiss {
@@ -384,9 +396,7 @@ impl Controller {
                 },
             );
             let (nodes, lost) = match &before {
-                Some((a, start, nodes)) if *a == id => {
-                    (nodes.clone(), nodes.len() as f64 * now.since(*start).as_secs_f64())
-                }
+                Some((a, unsaved, nodes)) if *a == id => (nodes.clone(), nodes.len() as f64 * unsaved.as_secs_f64()),
                 _ => (Vec::new(), 0.0),
             };
             self.emit(world, now, Decision::Release { alloc: id, nodes });
@@ -420,9 +430,9 @@ impl Controller {
                 Command::Checkpoint { alloc } => {
                     self.stats.broker_hints += 1;
                     let progress = self.run(alloc).progress(now);
-                    self.run(alloc).pending = Some(progress);
+                    self.run(alloc).hinted = Some(progress);
                     if self.emit(world, now, Decision::Checkpoint { alloc }) == Some(false) {
-                        self.run(alloc).pending = None;
+                        self.run(alloc).hinted = None;
                         let _ = self.engine.handle_checkpointed(now, alloc, false);
                     }
                 }

@@ -103,7 +103,7 @@ fn pass(c: &mut Controller, now: Time, w: &mut dyn World) {
 }
 
 #[test]
-fn a_preempted_victim_resumes_from_its_checkpoint_and_a_lost_run_restarts() {
+fn a_preempted_victim_resumes_from_its_checkpoint_even_after_a_lost_run() {
     let (mut c, t, v) = controller(2);
     let mut w = Recorder::default();
     let mut low = AllocSpec::simple(t, v, 2, Duration::from_hours(4));
@@ -160,7 +160,8 @@ fn a_preempted_victim_resumes_from_its_checkpoint_and_a_lost_run_restarts() {
         w.0
     );
     assert_eq!(c.stats.preemptions.get("priority"), Some(&1));
-    // A node failure loses the run: it is stopped and released, and its next run starts over.
+    // A node failure loses the run: it is stopped and released; only the work since the checkpoint
+    // (400 s on 2 nodes) is lost, and the next run resumes from the checkpoint again.
     let t4 = Time::from_secs(4000);
     w.0.clear();
     c.apply(t4, Input::Node(NodeId(0), NodeEvent::HardwareFailure), &mut w)
@@ -175,7 +176,8 @@ fn a_preempted_victim_resumes_from_its_checkpoint_and_a_lost_run_restarts() {
         "{:?}",
         w.0
     );
-    assert_eq!(c.resume_point(low), Duration::ZERO);
+    assert_eq!(c.resume_point(low), Duration::from_mins(10));
+    assert_eq!(c.stats.preemption_checkpoints, 1);
     assert!(
         (c.stats.lost_node_s - 2.0 * 400.0).abs() < 1e-9,
         "{}",

@@ -233,12 +233,16 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         .map(|r| {
             let s = &r.result.summary;
             format!(
-                "{}: {} preemptions, checkpoint success {:.0}%, {:.1} borrowed node-hours, {} node failures",
+                "{}: {} preemptions, checkpoint success {:.0}% ({} broker and {} preemption checkpoints kept), \
+                 {:.1} borrowed node-hours, {} node failures ({:.1} node-hours of work lost since the last checkpoint)",
                 esc(r.name),
                 s.preemptions,
                 s.checkpoint_success_rate * 100.0,
+                s.broker_checkpoints,
+                s.preemption_checkpoints,
                 s.borrowed_node_hours,
-                s.node_failures
+                s.node_failures,
+                s.lost_node_hours
             )
         })
         .collect();

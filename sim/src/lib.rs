@@ -696,6 +696,8 @@ pub fn simulate(
             .sum::<f64>(),
     );
     summary.checkpoint_hints = ctl.stats.broker_hints;
+    summary.broker_checkpoints = ctl.stats.broker_checkpoints;
+    summary.preemption_checkpoints = ctl.stats.preemption_checkpoints;
     let staged: Vec<(Time, Option<Time>, Option<Time>)> = engine
         .allocations()
         .iter()
@@ -1182,6 +1184,8 @@ fn summarize(
         preemption_kills: 0,
         checkpoint_success_rate: 1.0,
         checkpoint_hints: 0,
+        broker_checkpoints: 0,
+        preemption_checkpoints: 0,
         dags: BTreeMap::new(),
         mean_dag_stretch: 0.0,
         staged_allocations: 0,

@@ -241,6 +241,10 @@ pub struct Summary {
     pub checkpoint_success_rate: f64,
     /// Checkpoint hints the broker issued (Value > Cost).
     pub checkpoint_hints: u64,
+    /// Broker checkpoints that completed, and preemptions whose victim stopped with a checkpoint: a run
+    /// that is lost or requeued later resumes from the last of these.
+    pub broker_checkpoints: u64,
+    pub preemption_checkpoints: u64,
     /// Data staging: allocations pre-staged, queue time staging used (wait saved), I/O stalls of starts
     /// above 80 % staged, stagings that exhausted their retries.
     pub staged_allocations: u64,

@@ -91,3 +91,86 @@ fn walltime_wins_the_race_with_a_checkpoint() {
     assert_eq!((l.state, l.reason, l.preempted), ("failed", "walltime_exceeded", 0));
     assert_eq!(start_of(&r, "H"), 4000.0);
 }
+
+/// Checkpoints matter: a worked example of the broker's value. A 24-hour job on 4 of 5 nodes loses
+/// node n00000 (hardware) at 10 h = 36,000 s and is requeued onto the 4 healthy nodes at the next cycle
+/// (36,000.001 s).
+///
+/// - Without checkpoints the whole run is lost: 4 × 10 h = 40 node-hours, and the job runs its full
+///   24 h again: it ends at 36,000.001 + 86,400 = 122,400.001 s.
+/// - With the broker (no estimate: write time 4 × 96 GB / 100 GB/s = 3.84 s; cost = 3.84 + 4 × 3.84 +
+///   384 GB × 0.1 = 57.6; value = e × 4 GPUs × (1 − exp(−1e-4 × 4 nodes × e / 3600)) for e seconds
+///   since the last checkpoint), value passes cost at e* ≈ 11,387.8 s. The broker looks every 60 s, so
+///   the first hint is at 11,400 s; it completes 3.84 s later, so the next is due after
+///   11,403.84 + 11,387.8 = 22,791.6 → 22,800 s, then 22,803.84 + 11,387.8 = 34,191.6 → 34,200 s.
+///   Only the work since 34,200 s is lost: 4 × 1,800 s = 2 node-hours; the restarted run resumes from
+///   34,200 s of work and ends at 36,000.001 + 86,400 − 34,200 = 88,200.001 s — 34,200 s earlier.
+#[test]
+fn checkpoints_bound_the_work_a_failure_loses() {
+    // e* from the cost model, by bisection (value is increasing in e).
+    let value = |e: f64| e * 4.0 * (1.0 - (-1e-4 * 4.0 * e / 3600.0).exp());
+    let cost = 3.84 + 4.0 * 3.84 + 384.0 * 0.1;
+    let (mut lo, mut hi) = (0.0f64, 1e6f64);
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if value(mid) > cost { hi = mid } else { lo = mid }
+    }
+    assert!((hi - 11_387.8).abs() < 0.1, "{hi}");
+    let tick = |t: f64| (t / 60.0).ceil() * 60.0;
+    let h1 = tick(hi);
+    let h2 = tick(h1 + 3.84 + hi);
+    let h3 = tick(h2 + 3.84 + hi);
+    assert_eq!((h1, h2, h3), (11_400.0, 22_800.0, 34_200.0));
+
+    let fail = |w: &mut lattice_traces::Workload| {
+        w.events = vec![lattice_traces::TraceEvent {
+            time: Time::from_secs(10 * H),
+            kind: lattice_traces::TraceEventKind::NodeFail {
+                node: "n00000".into(),
+                heartbeat: false,
+            },
+            line: 0,
+        }];
+    };
+    let sim = |w: &lattice_traces::Workload| {
+        let mut cfg = weighted(Policy::EASY, CostWeights::default());
+        cfg.decision_log = true;
+        simulate(w, &nodes(5), &cfg, &mut |_, _| {}).unwrap()
+    };
+    let mut with = workload(vec![checkpointable("J", 0, 4, 40 * H, 24 * H, 1, None)]);
+    fail(&mut with);
+    let mut without = workload(vec![job("J", 0, 4, 40 * H, 24 * H)]);
+    fail(&mut without);
+    let (a, b) = (sim(&with), sim(&without));
+
+    // Without: everything lost, a full rerun.
+    assert_eq!(b.summary.lost_node_hours, 40.0);
+    assert_eq!(b.jobs[0].end_s, Some(122_400.001));
+    assert_eq!((b.summary.checkpoint_hints, b.summary.broker_checkpoints), (0, 0));
+
+    // With: the three hints before the failure are where the cost model puts them, the restart
+    // resumes from the third, and only the 1,800 s since it are lost.
+    let hints: Vec<&String> = a.decisions.iter().filter(|d| d.ends_with("checkpoint 0")).collect();
+    assert_eq!(
+        &hints[..3],
+        [
+            "11400000 checkpoint 0",
+            "22800000 checkpoint 0",
+            "34200000 checkpoint 0"
+        ]
+    );
+    assert!(
+        a.decisions
+            .iter()
+            .any(|d| d == "36000001 launch 0 on [1,2,3,4] from 34200000ms"),
+        "{:?}",
+        a.decisions
+    );
+    assert_eq!(a.summary.lost_node_hours, 2.0);
+    assert_eq!(a.jobs[0].end_s, Some(88_200.001));
+    assert_eq!(b.summary.lost_node_hours - a.summary.lost_node_hours, 4.0 * h3 / 3600.0);
+    assert_eq!(b.jobs[0].end_s.unwrap() - a.jobs[0].end_s.unwrap(), h3);
+    // Every hint completed (storage up); no preemption checkpoints.
+    assert_eq!(a.summary.broker_checkpoints, a.summary.checkpoint_hints);
+    assert_eq!(a.summary.preemption_checkpoints, 0);
+}
