@@ -10,7 +10,7 @@
 //! with each poll (at most [`TAIL_BYTES_PER_POLL`]; the first poll replays the newest [`TAIL_REPLAY`]).
 
 use crate::checkpoint::{Channel, GrpcResult, Mechanism};
-use crate::client::{Buffered, Client, ExitKind, Launch};
+use crate::client::{Buffered, Client, ExitKind, Launch, Outcome, Reports};
 use crate::discovery::{Capabilities, Sources, fingerprint};
 use crate::runner::{self, Ending, RunSpec};
 use std::collections::BTreeMap;
@@ -46,6 +46,17 @@ pub struct AgentConfig {
     /// Where shmem checkpoint flags and gRPC endpoint files live (`/dev/shm`).
     pub shm_dir: PathBuf,
     pub callback: crate::checkpoint::CallbackTimeouts,
+    /// The site's secure-wipe command for a released sensitive claim's node (`sh -c`, with
+    /// `LATTICE_ALLOC_ID` and `LATTICE_NODE`); exit 0 = wiped. Without one a wipe fails (the node is
+    /// quarantined): a sensitive node is never returned unwiped.
+    pub wipe_command: Option<String>,
+}
+
+/// A checkpoint in flight on this node: until when to wait, and whether a preemption waits for it
+/// (then the task is stopped when it completes or times out).
+struct InFlight {
+    until: Instant,
+    preempt: bool,
 }
 
 /// Live tail: the most output sent with one poll, per allocation.
@@ -92,6 +103,10 @@ pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
     }
     if let Some(k) = &l.cxi_auth_key {
         env.push(("FI_CXI_AUTH_KEY".to_string(), k.clone()));
+    }
+    // Requeued after a checkpoint: the task restores its latest checkpoint (the work it kept, s).
+    if let Some(s) = l.restart_from_s.filter(|s| *s > 0.0) {
+        env.push(("LATTICE_RESTART_FROM".to_string(), format!("{s:.3}")));
     }
     if slurm {
         env.extend([
@@ -140,6 +155,13 @@ pub fn run_with(
             None
         }
     };
+    // Checkpoints in flight (hints and preemptions), tasks being stopped for a preemption (whether
+    // their checkpoint completed), gRPC hints answered, and outcomes for the next poll.
+    let mut in_flight: BTreeMap<String, InFlight> = BTreeMap::new();
+    let mut stopping: BTreeMap<String, bool> = BTreeMap::new();
+    let (grpc_done_tx, grpc_done) = std::sync::mpsc::channel::<String>();
+    let (wiped_tx, wiped_rx) = std::sync::mpsc::channel::<Outcome>();
+    let mut reports = Reports::default();
     // Exits not yet taken by the control plane: (alloc, kind, code, output tail).
     let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
@@ -248,6 +270,26 @@ pub fn run_with(
                 c.remove();
             }
             let tail = tail_of(&out.output);
+            let code = match out.ending {
+                Ending::Exited(code) => code,
+                _ => 143,
+            };
+            // A preempted task: reported as stopped with or without its checkpoint (also when it
+            // exited by itself once its checkpoint was written, as signal handlers often do).
+            let preempted = match (stopping.remove(&id), in_flight.remove(&id)) {
+                (Some(done), _) => Some(done),
+                (None, Some(f)) if f.preempt => Some(false),
+                _ => None,
+            };
+            if let Some(done) = preempted {
+                let kind = if done {
+                    ExitKind::Checkpointed
+                } else {
+                    ExitKind::Preempted
+                };
+                unreported.push((id, kind, code, tail));
+                continue;
+            }
             match out.ending {
                 Ending::Exited(code) => unreported.push((id, ExitKind::Exited, code, tail)),
                 Ending::Walltime => unreported.push((id, ExitKind::Walltime, 137, tail)),
@@ -274,8 +316,12 @@ pub fn run_with(
             .filter_map(|(id, from)| new_output(id, &procs.get(id)?.record.log, *from))
             .filter(|o| o.next > o.offset)
             .collect();
-        match client.work(&cfg.node, &running, &output) {
+        while let Ok(o) = wiped_rx.try_recv() {
+            reports.wiped.push(o);
+        }
+        match client.work(&cfg.node, &running, &output, &reports) {
             Ok(w) => {
+                reports = Reports::default();
                 // The conformance fingerprint is recomputed every `fingerprint_every` and when the
                 // control plane asks; a new value (or a request) is reported by registering again.
                 if w.refresh_fingerprint || last_fingerprint.elapsed() >= cfg.fingerprint_every {
@@ -306,28 +352,41 @@ pub fn run_with(
                 }
                 for id in w.checkpoint {
                     let Some(p) = procs.get(&id) else { continue };
-                    match channels.get_mut(&id) {
-                        Some((c, pending)) if c.mechanism == Mechanism::Shmem => match c.request() {
-                            Ok(()) => *pending = true,
-                            Err(e) => {
-                                eprintln!("lattice-agent {}: shmem hint to {id}: {e}; signalling", cfg.node);
-                                p.signal(libc::SIGUSR1);
-                            }
-                        },
-                        Some((c, _)) if c.mechanism == Mechanism::Grpc => {
-                            let (c, pgid, t, node) = (c.clone(), p.pid, cfg.callback, cfg.node.clone());
-                            std::thread::spawn(move || match crate::checkpoint::deliver_grpc(&c, pgid, t) {
-                                GrpcResult::Completed { deferred_s, updates } => eprintln!(
-                                    "lattice-agent {node}: {} checkpointed over its callback (deferred {deferred_s} s, {updates} updates)",
-                                    c.alloc
-                                ),
-                                GrpcResult::FellBack(why) => {
-                                    eprintln!("lattice-agent {node}: {}: {why}; sent SIGUSR1 instead", c.alloc)
-                                }
-                            });
-                        }
-                        _ => p.signal(libc::SIGUSR1),
+                    request_checkpoint(&cfg.node, &id, p, &mut channels, cfg.callback, &grpc_done_tx);
+                    in_flight.entry(id).or_insert(InFlight {
+                        until: Instant::now() + cfg.callback.deadline,
+                        preempt: false,
+                    });
+                }
+                for pw in w.preempt {
+                    let Some(p) = procs.get(&pw.id) else { continue };
+                    if stopping.contains_key(&pw.id) || in_flight.get(&pw.id).is_some_and(|f| f.preempt) {
+                        continue;
                     }
+                    eprintln!("lattice-agent {}: {} preempted ({})", cfg.node, pw.id, pw.how);
+                    if pw.how == "checkpoint" {
+                        // Checkpoint first (a hint already in flight counts), then stop.
+                        if !in_flight.contains_key(&pw.id) {
+                            request_checkpoint(&cfg.node, &pw.id, p, &mut channels, cfg.callback, &grpc_done_tx);
+                        }
+                        in_flight.insert(
+                            pw.id,
+                            InFlight {
+                                until: Instant::now() + Duration::from_secs_f64(pw.deadline_s.max(0.0)),
+                                preempt: true,
+                            },
+                        );
+                    } else {
+                        p.stop();
+                        stopping.insert(pw.id, false);
+                    }
+                }
+                for id in w.wipe {
+                    let (tx, node, command) = (wiped_tx.clone(), cfg.node.clone(), cfg.wipe_command.clone());
+                    std::thread::spawn(move || {
+                        let ok = wipe(&node, &id, command.as_deref());
+                        let _ = tx.send(Outcome { id, ok });
+                    });
                 }
                 for l in w.launch {
                     if procs.contains_key(&l.id) || unreported.iter().any(|(id, ..)| *id == l.id) {
@@ -375,11 +434,34 @@ pub fn run_with(
                 flush_log(cfg, &r.record);
             }
         }
-        // Shmem hints the application has answered.
-        for (id, (c, pending)) in channels.iter_mut() {
-            if *pending && c.take_done() {
-                *pending = false;
-                eprintln!("lattice-agent {}: {id} checkpointed (shmem flag done)", cfg.node);
+        // Checkpoints in flight: completed (shmem "done", the gRPC answer, or the sentinel file), or
+        // past their deadline. A hint's outcome goes to the control plane; a preempted task is
+        // stopped now, and reported with whether its checkpoint completed once it has ended.
+        let answered: Vec<String> = grpc_done.try_iter().collect();
+        let settled: Vec<(String, bool)> = in_flight
+            .iter()
+            .filter_map(|(id, f)| {
+                let done = answered.contains(id)
+                    || channels
+                        .get(id)
+                        .is_some_and(|(c, _)| (c.mechanism == Mechanism::Shmem && c.take_done()) || c.take_sentinel());
+                (done || Instant::now() >= f.until).then(|| (id.clone(), done))
+            })
+            .collect();
+        for (id, done) in settled {
+            let f = in_flight.remove(&id).expect("listed");
+            eprintln!(
+                "lattice-agent {}: {id} checkpoint {}",
+                cfg.node,
+                if done { "written" } else { "not written in time" }
+            );
+            if f.preempt {
+                if let Some(p) = procs.get(&id) {
+                    p.stop();
+                    stopping.insert(id, done);
+                }
+            } else {
+                reports.checkpointed.push(Outcome { id, ok: done });
             }
         }
         if last_push.elapsed() >= cfg.telemetry.period() {
@@ -425,6 +507,74 @@ pub fn run_with(
         let _ = p.wait();
     }
     Ok(())
+}
+
+/// Asks `id`'s task to checkpoint by its mechanism (its completion is watched by the caller): a shmem
+/// flag, the gRPC callback (on its own thread; `answered` gets the id when the application completed),
+/// or SIGUSR1 — the fallback of the others.
+fn request_checkpoint(
+    node: &str,
+    id: &str,
+    p: &runner::Running,
+    channels: &mut BTreeMap<String, (Channel, bool)>,
+    t: crate::checkpoint::CallbackTimeouts,
+    answered: &std::sync::mpsc::Sender<String>,
+) {
+    if let Some((c, _)) = channels.get(id) {
+        c.clear_sentinel();
+    }
+    match channels.get_mut(id) {
+        Some((c, pending)) if c.mechanism == Mechanism::Shmem => match c.request() {
+            Ok(()) => *pending = true,
+            Err(e) => {
+                eprintln!("lattice-agent {node}: shmem hint to {id}: {e}; signalling");
+                p.signal(libc::SIGUSR1);
+            }
+        },
+        Some((c, _)) if c.mechanism == Mechanism::Grpc => {
+            let (c, pgid, node, tx) = (c.clone(), p.pid, node.to_string(), answered.clone());
+            std::thread::spawn(move || match crate::checkpoint::deliver_grpc(&c, pgid, t) {
+                GrpcResult::Completed { deferred_s, updates } => {
+                    eprintln!(
+                        "lattice-agent {node}: {} checkpointed over its callback (deferred {deferred_s} s, {updates} updates)",
+                        c.alloc
+                    );
+                    let _ = tx.send(c.alloc.clone());
+                }
+                GrpcResult::FellBack(why) => {
+                    eprintln!("lattice-agent {node}: {}: {why}; sent SIGUSR1 instead", c.alloc)
+                }
+            });
+        }
+        _ => p.signal(libc::SIGUSR1),
+    }
+}
+
+/// Runs the site's wipe command for a released claim's node; whether it succeeded.
+fn wipe(node: &str, alloc: &str, command: Option<&str>) -> bool {
+    let Some(command) = command else {
+        eprintln!("lattice-agent {node}: wipe after {alloc}: no --wipe-command configured; the node is quarantined");
+        return false;
+    };
+    match std::process::Command::new("sh")
+        .args(["-c", command])
+        .env("LATTICE_ALLOC_ID", alloc)
+        .env("LATTICE_NODE", node)
+        .status()
+    {
+        Ok(st) if st.success() => {
+            eprintln!("lattice-agent {node}: wiped after {alloc}");
+            true
+        }
+        Ok(st) => {
+            eprintln!("lattice-agent {node}: wipe after {alloc} failed ({st})");
+            false
+        }
+        Err(e) => {
+            eprintln!("lattice-agent {node}: wipe after {alloc}: {e}");
+            false
+        }
+    }
 }
 
 /// Flushes a process's output to the log store (errors are reported, never fatal: the log file stays).
@@ -499,6 +649,7 @@ mod tests {
             checkpoint: "signal".into(),
             vni: Some(1042),
             cxi_auth_key: Some("k-1".into()),
+            restart_from_s: None,
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");
@@ -512,5 +663,13 @@ mod tests {
         );
         assert_eq!(env["FI_CXI_AUTH_KEY"], "k-1");
         assert!(!environment(&l, false).iter().any(|(k, _)| k.starts_with("SLURM_")));
+        // A first run has no restart point; a requeued one resumes from its checkpoint's work.
+        assert!(!env.contains_key("LATTICE_RESTART_FROM"));
+        let again = Launch {
+            restart_from_s: Some(600.0),
+            ..l
+        };
+        let env: BTreeMap<String, String> = environment(&again, false).into_iter().collect();
+        assert_eq!(env["LATTICE_RESTART_FROM"], "600.000");
     }
 }

@@ -10,6 +10,11 @@
 //!   it with timeouts (first answer, then completion). A deferral request is granted up to the maximum
 //!   deferral (default 5 minutes), then the call is repeated as forced. No endpoint, no answer or an
 //!   error falls back to SIGUSR1 — a hint is never silently lost.
+//!
+//! Completion (book: "signals completion via … a sentinel file"): an application that took a hint by
+//! signal (or any mechanism) creates the file `LATTICE_CHECKPOINT_DONE` once its checkpoint is
+//! written; shmem applications set the "done" byte, gRPC ones answer the call. The agent reports the
+//! outcome (or a timeout) to the control plane, and during a preemption stops the task only then.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -71,9 +76,7 @@ impl Channel {
     /// the endpoint file goes in; signals need none).
     pub fn create(shm_dir: &Path, alloc: &str, mechanism: Mechanism) -> std::io::Result<Channel> {
         let dir = shm_dir.join(format!("lattice-checkpoint-{alloc}"));
-        if matches!(mechanism, Mechanism::Shmem | Mechanism::Grpc) {
-            std::fs::create_dir_all(&dir)?;
-        }
+        std::fs::create_dir_all(&dir)?;
         let c = Channel {
             alloc: alloc.to_string(),
             mechanism,
@@ -103,6 +106,21 @@ impl Channel {
         self.dir.join("endpoint")
     }
 
+    fn sentinel(&self) -> PathBuf {
+        self.dir.join("done")
+    }
+
+    /// Whether the application created the completion file since the request (it is removed, ready
+    /// for the next one).
+    pub fn take_sentinel(&self) -> bool {
+        std::fs::remove_file(self.sentinel()).is_ok()
+    }
+
+    /// Forgets an earlier completion before a new request.
+    pub fn clear_sentinel(&self) {
+        let _ = std::fs::remove_file(self.sentinel());
+    }
+
     /// The variables that tell the task how hints reach it.
     pub fn env(&self) -> Vec<(String, String)> {
         let name = match self.mechanism {
@@ -111,7 +129,13 @@ impl Channel {
             Mechanism::Grpc => "grpc",
             Mechanism::Dmtcp => "dmtcp",
         };
-        let mut env = vec![("LATTICE_CHECKPOINT_MECHANISM".to_string(), name.to_string())];
+        let mut env = vec![
+            ("LATTICE_CHECKPOINT_MECHANISM".to_string(), name.to_string()),
+            (
+                "LATTICE_CHECKPOINT_DONE".to_string(),
+                self.sentinel().display().to_string(),
+            ),
+        ];
         match self.mechanism {
             Mechanism::Shmem => env.push(("LATTICE_CHECKPOINT_FLAG".into(), self.flag().display().to_string())),
             Mechanism::Grpc => env.push((
@@ -211,7 +235,7 @@ mod tests {
     fn the_shmem_flag_protocol() {
         let dir = std::env::temp_dir().join(format!("lattice-ckpt-{}", std::process::id()));
         let c = Channel::create(&dir, "a-1", Mechanism::Shmem).unwrap();
-        let flag = PathBuf::from(&c.env()[1].1);
+        let flag = PathBuf::from(&c.env()[2].1);
         assert_eq!(std::fs::read(&flag).unwrap(), [0, 0]);
         assert!(!c.take_done());
         c.request().unwrap();
@@ -238,7 +262,13 @@ mod tests {
         std::fs::write(&env["LATTICE_CHECKPOINT_ENDPOINT_FILE"], "127.0.0.1:9999\n").unwrap();
         assert_eq!(g.endpoint().as_deref(), Some("127.0.0.1:9999"));
         let s = Channel::create(&dir, "a-3", Mechanism::Signal).unwrap();
-        assert_eq!(s.env().len(), 1);
+        let env: std::collections::BTreeMap<_, _> = s.env().into_iter().collect();
+        assert_eq!(env.len(), 2);
+        // The application signals completion with the sentinel file; it is taken once.
+        assert!(!s.take_sentinel());
+        std::fs::write(&env["LATTICE_CHECKPOINT_DONE"], "").unwrap();
+        assert!(s.take_sentinel());
+        assert!(!s.take_sentinel());
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -39,12 +39,44 @@ pub struct Work {
     /// Checkpoint hints for these allocations (by their declared mechanism).
     #[serde(default)]
     pub checkpoint: Vec<String>,
+    /// Preempted allocations: how to stop them.
+    #[serde(default)]
+    pub preempt: Vec<PreemptWork>,
+    /// Released sensitive claims: wipe this node (the site's wipe command).
+    #[serde(default)]
+    pub wipe: Vec<String>,
     /// Someone follows these allocations' output: send what is new with the next polls.
     #[serde(default)]
     pub tail: Vec<String>,
     /// Recompute the conformance fingerprint now and report it.
     #[serde(default)]
     pub refresh_fingerprint: bool,
+}
+
+/// Outcomes an agent reports with its next poll.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reports {
+    pub checkpointed: Vec<Outcome>,
+    pub wiped: Vec<Outcome>,
+}
+
+/// A preemption of an allocation this node runs (see the runtime's `PreemptWork`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct PreemptWork {
+    pub id: String,
+    /// `checkpoint` (hint, wait up to `deadline_s`, stop), `stop` or `kill` (stop without one).
+    pub how: String,
+    #[serde(default)]
+    pub deadline_s: f64,
+    #[serde(default)]
+    pub grace_s: f64,
+}
+
+/// The outcome of a checkpoint hint or a wipe on this node, reported with a poll.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Outcome {
+    pub id: String,
+    pub ok: bool,
 }
 
 /// New output of a followed allocation: bytes `offset..next` of its log, as text.
@@ -75,6 +107,9 @@ pub struct Launch {
     pub vni: Option<u32>,
     #[serde(default)]
     pub cxi_auth_key: Option<String>,
+    /// Seconds of work its last completed checkpoint kept: it restarts from that checkpoint.
+    #[serde(default)]
+    pub restart_from_s: Option<f64>,
 }
 
 fn signal() -> String {
@@ -86,6 +121,10 @@ fn signal() -> String {
 pub enum ExitKind {
     Exited,
     Walltime,
+    /// Preempted: stopped after its checkpoint was written.
+    Checkpointed,
+    /// Preempted: stopped without a (complete) checkpoint.
+    Preempted,
 }
 
 pub struct Client {
@@ -203,12 +242,25 @@ impl Client {
         Ok(v["state"].as_str().unwrap_or_default().to_string())
     }
 
-    pub fn work(&self, node: &str, running: &[String], output: &[Output]) -> Result<Work, ClientError> {
-        let body = if output.is_empty() {
-            json!({"running": running})
-        } else {
-            json!({"running": running, "output": output})
-        };
+    /// Polls for work, with the new output of followed allocations and the outcomes of checkpoint
+    /// hints and wipes since the last poll.
+    pub fn work(
+        &self,
+        node: &str,
+        running: &[String],
+        output: &[Output],
+        reports: &Reports,
+    ) -> Result<Work, ClientError> {
+        let mut body = json!({"running": running});
+        if !output.is_empty() {
+            body["output"] = json!(output);
+        }
+        if !reports.checkpointed.is_empty() {
+            body["checkpointed"] = json!(reports.checkpointed);
+        }
+        if !reports.wiped.is_empty() {
+            body["wiped"] = json!(reports.wiped);
+        }
         let v = self.post(&format!("/v1/nodes/{node}/work"), body)?;
         serde_json::from_value(v).map_err(|e| ClientError::Transport {
             url: format!("{}/v1/nodes/{node}/work", self.base),

@@ -711,3 +711,184 @@ fn output_is_stored_in_zstd_chunks_and_followed_live() {
     drop(agent);
     rt.block_on(running.shutdown());
 }
+
+/// Preemption and wipes through two real agents on loopback, with a preempting vCluster (a short
+/// cycle). Two class-1 allocations fill both nodes: `ckpt` takes hints by signal and writes its
+/// "checkpoint" (the completion file) when told; `plain` has no checkpoint. A class-9 allocation
+/// needing both nodes preempts them: `ckpt`'s agent hints, waits for the checkpoint, then stops the
+/// process (really gone: its pid no longer exists); `plain` is stopped at once. The victims show
+/// `suspended` / `preempted` with the reason; after the class-9 run they run again — `ckpt` with
+/// `LATTICE_RESTART_FROM` (the work its checkpoint kept), `plain` from the start. Then a sensitive
+/// claim ends with each agent running the site's wipe command: the node is wiped, audited and back
+/// in service; an agent without a wipe command fails the wipe and the node is quarantined.
+#[test]
+fn preemption_and_wipes_through_real_agents() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-preempt-{}", std::process::id()));
+    let profile = std::env::temp_dir().join(format!("lattice-agent-preempt-{}.yaml", std::process::id()));
+    std::fs::write(
+        &profile,
+        "batch:\n  priority: 0.5\n  wait_time: 0.5\n  fair_share: 0\n  topology: 0\n  data_readiness: 0\n  backlog: 0\n  \
+         energy: 0\n  checkpoint: 0\n  conformance: 0\n  policy: backfill\n  cycle_interval: 200ms\n",
+    )
+    .unwrap();
+    let (rt, running) = control_plane(&dir, 2, &format!("profile: {}\n", profile.display()));
+    let base = format!("http://{}", running.rest_addr);
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let spawn = |n: &str, wipe: Option<&str>| {
+        let mut c = agent_command(n, &base, &dir);
+        c.args(["--grace", "300ms", "--shm-dir"]).arg(dir.join("shm"));
+        if let Some(w) = wipe {
+            c.args(["--wipe-command", w]);
+        }
+        c.spawn().expect("lattice-agent starts")
+    };
+    let wipe_cmd = format!("echo $LATTICE_ALLOC_ID >> {}/wiped-$LATTICE_NODE", work.display());
+    let mut agents = Agents(vec![
+        spawn("sim-000", Some(&wipe_cmd)),
+        spawn("sim-001", Some(&wipe_cmd)),
+    ]);
+    let t0 = Instant::now();
+    loop {
+        let (_, v) = call("GET", &format!("{base}/v1/nodes"), None);
+        let n = v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["fingerprint"].is_string())
+            .count();
+        if n == 2 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "agents did not register: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let submit = |body: Value| {
+        let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let w = work.display();
+    // The checkpointing task: records its pid and runs; on SIGUSR1 "writes its checkpoint" and says
+    // so with the completion file; a restarted run reports where it resumes from and finishes.
+    let ckpt = submit(json!({
+        "tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1h"}, "preemption_class": 1,
+        "checkpoint": {"strategy": "auto", "mechanism": "signal", "estimated_minutes": 1},
+        "entrypoint": format!(
+            "if [ -n \"$LATTICE_RESTART_FROM\" ]; then echo resumed $LATTICE_RESTART_FROM >> {w}/ckpt; exit 0; fi
+             echo $$ > {w}/ckpt.pid; echo fresh >> {w}/ckpt
+             trap 'echo checkpoint >> {w}/ckpt; touch \"$LATTICE_CHECKPOINT_DONE\"' USR1
+             i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"),
+    }));
+    let plain = submit(json!({
+        "tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1h"}, "preemption_class": 1,
+        "entrypoint": format!(
+            "echo run >> {w}/plain; if [ -f {w}/plain.once ]; then exit 0; fi; touch {w}/plain.once; echo $$ > {w}/plain.pid; sleep 60"),
+    }));
+    for id in [&ckpt, &plain] {
+        wait_for(&base, id, |v| v["state"] == "running", Duration::from_secs(10));
+    }
+    let pid_of = |f: &str| {
+        let t0 = Instant::now();
+        loop {
+            if let Some(p) = std::fs::read_to_string(work.join(f))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+            {
+                return p;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{f} was not written");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (ckpt_pid, plain_pid) = (pid_of("ckpt.pid"), pid_of("plain.pid"));
+    let high = submit(
+        json!({"tenant": "climate", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1m"},
+                             "preemption_class": 9, "entrypoint": "sleep 1"}),
+    );
+    // The victims wait again, with the reason: `ckpt` resumes from its checkpoint, `plain` restarts.
+    let v = wait_for(&base, &ckpt, |v| v["state"] == "suspended", Duration::from_secs(15));
+    assert!(v["preemption"].as_str().is_some_and(|r| r.contains(&high)), "{v}");
+    let v = wait_for(
+        &base,
+        &plain,
+        |v| v["state"] == "preempted" || v["started_ms"].is_u64() && v["preempted"].as_u64() == Some(1),
+        Duration::from_secs(15),
+    );
+    assert!(v["preemption"].as_str().is_some_and(|r| r.contains("priority")), "{v}");
+    // Their processes are really gone (the checkpointing one only after its checkpoint).
+    let alive = |pid: i32| unsafe { libc::kill(pid, 0) } == 0;
+    let t0 = Instant::now();
+    while alive(ckpt_pid) || alive(plain_pid) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "a victim's process still runs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = wait_for(&base, &high, |v| v["ended_ms"].is_u64(), Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    for id in [&ckpt, &plain] {
+        let v = wait_for(&base, id, |v| v["ended_ms"].is_u64(), Duration::from_secs(15));
+        assert_eq!(v["end_reason"], "success", "{v}");
+    }
+    let trace = std::fs::read_to_string(work.join("ckpt")).unwrap();
+    let lines: Vec<&str> = trace.lines().collect();
+    assert_eq!(lines[..2], ["fresh", "checkpoint"], "{trace}");
+    let resumed: f64 = lines[2]
+        .strip_prefix("resumed ")
+        .expect("a resumed run")
+        .parse()
+        .unwrap();
+    assert!(resumed > 0.0, "{trace}");
+    assert_eq!(std::fs::read_to_string(work.join("plain")).unwrap(), "run\nrun\n");
+
+    // A sensitive claim: released, each node wiped by the site's command, audited, back in service.
+    let claim = submit(
+        json!({"tenant": "bio", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1m"},
+                              "sensitive": true, "entrypoint": "true"}),
+    );
+    wait_for(&base, &claim, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    let audit = |id: &str, n: usize| {
+        let t0 = Instant::now();
+        loop {
+            let (_, v) = call("GET", &format!("{base}/v1/audit/logs?allocation={id}"), None);
+            let actions: Vec<String> = v["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["action"].as_str().unwrap().to_string())
+                .collect();
+            if actions.len() >= n {
+                return actions;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(audit(&claim, 3), ["claim", "release", "wipe"]);
+    for n in ["sim-000", "sim-001"] {
+        assert_eq!(
+            std::fs::read_to_string(work.join(format!("wiped-{n}"))).unwrap(),
+            format!("{claim}\n")
+        );
+        let (_, v) = call("GET", &format!("{base}/v1/nodes/{n}"), None);
+        assert_eq!(v["state"], "ready", "{v}");
+    }
+    // Without a wipe command the wipe fails: the claim's node is quarantined, never reused unwiped.
+    agents.0[1].kill().unwrap();
+    agents.0[1].wait().unwrap();
+    agents.0[1] = spawn("sim-001", None);
+    agents.0[0].kill().unwrap();
+    agents.0[0].wait().unwrap();
+    agents.0[0] = spawn("sim-000", None);
+    let claim = submit(
+        json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+                              "sensitive": true, "entrypoint": "true"}),
+    );
+    let v = wait_for(&base, &claim, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    let node = v["nodes"][0].as_str().unwrap().to_string();
+    assert_eq!(audit(&claim, 3), ["claim", "release", "quarantine"]);
+    let (_, v) = call("GET", &format!("{base}/v1/nodes/{node}"), None);
+    assert_eq!(v["state"], "down", "{v}");
+    drop(agents);
+    rt.block_on(running.shutdown());
+    let _ = std::fs::remove_file(profile);
+}

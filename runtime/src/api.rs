@@ -567,6 +567,12 @@ struct WorkIn {
     /// New output of followed allocations.
     #[serde(default)]
     output: Vec<crate::control::OutputIn>,
+    /// Outcomes of checkpoint hints on this node.
+    #[serde(default)]
+    checkpointed: Vec<crate::control::Outcome>,
+    /// Outcomes of wipes this node ran.
+    #[serde(default)]
+    wiped: Vec<crate::control::Outcome>,
 }
 
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -574,7 +580,7 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         Ok(w) => w,
         Err(e) => return body_error(e),
     };
-    match ops::work(&s, &p, &id, &w.running, w.output).await {
+    match ops::work(&s, &p, &id, &w.running, w.output, &w.checkpointed, &w.wiped).await {
         Ok(w) => Json(w).into_response(),
         Err(e) => e.into_response(),
     }

@@ -3,6 +3,7 @@
 //! shows. Node ownership itself is decided by the quorum; this side only proposes.
 
 use crate::world::{Action, Outbox};
+use lattice_engine::PreemptHow;
 use lattice_engine::{
     AllocId, AllocSpec, AllocState, Constraints, Controller, Decision, Duration, EndReason, Input, Lifecycle,
     NodeRange, Policy, PreemptionClass, TenantId, Time, VClusterConfig, VClusterId,
@@ -346,8 +347,14 @@ pub struct Control {
     pub ctl: Controller,
     /// The controller's decisions not yet turned into [`Action`]s.
     outbox: Outbox,
-    /// Victims being preempted (until their agents report them stopped): how, and from when.
-    preempting: BTreeMap<AllocId, (lattice_engine::PreemptHow, Time)>,
+    /// Victims being preempted (until their agents report them stopped): how, from when, and the
+    /// nodes whose (real) agent has not been told yet.
+    preempting: BTreeMap<AllocId, Preempting>,
+    /// Real agents: per allocation with a checkpoint hint out, what each node's agent reported.
+    hint_reports: BTreeMap<AllocId, BTreeMap<u32, bool>>,
+    /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
+    /// each node's outcome.
+    wiping: BTreeMap<AllocId, Wiping>,
     /// Per node: when its heartbeat grace runs out (ms), once it missed one.
     grace_until: BTreeMap<u32, u64>,
     /// When the engine asked to be woken next.
@@ -461,6 +468,8 @@ impl Control {
             grace_until: BTreeMap::new(),
             next_wake: None,
             preempting: BTreeMap::new(),
+            hint_reports: BTreeMap::new(),
+            wiping: BTreeMap::new(),
             network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
             fabric: false,
             prefetched: BTreeMap::new(),
@@ -859,7 +868,20 @@ impl Control {
                         if let Some(m) = self.meta.get_mut(o.alloc.index()) {
                             m.preempted_for = Some(why);
                         }
-                        self.preempting.insert(o.alloc, (o.how, o.at));
+                        let to_tell = self
+                            .ctl
+                            .engine
+                            .allocation(o.alloc)
+                            .map(|a| a.nodes.iter().map(|n| n.0).collect())
+                            .unwrap_or_default();
+                        self.preempting.insert(
+                            o.alloc,
+                            Preempting {
+                                how: o.how,
+                                at: o.at,
+                                to_tell,
+                            },
+                        );
                         out.push(Action::Preempt {
                             alloc: o.alloc,
                             name: self.name_of(o.alloc),
@@ -872,17 +894,29 @@ impl Control {
                         if let Some(a) = self.ctl.engine.allocation(alloc) {
                             let nodes = a.nodes.iter().map(|n| n.0).collect();
                             self.checkpoint_hints.insert(alloc, nodes);
+                            self.hint_reports.remove(&alloc);
                         }
                         out.push(Action::Checkpoint {
                             alloc,
                             name: self.name_of(alloc),
                         });
                     }
-                    Decision::Wipe { alloc, nodes } => out.push(Action::Wipe {
-                        alloc,
-                        name: self.name_of(alloc),
-                        nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
-                    }),
+                    Decision::Wipe { alloc, nodes } => {
+                        // Real agents run the site's wipe command at their next poll.
+                        self.wiping.insert(
+                            alloc,
+                            Wiping {
+                                to_tell: nodes.iter().map(|n| n.0).collect(),
+                                outcomes: BTreeMap::new(),
+                                nodes: nodes.len(),
+                            },
+                        );
+                        out.push(Action::Wipe {
+                            alloc,
+                            name: self.name_of(alloc),
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                        })
+                    }
                     Decision::Watch { node, grace } => {
                         self.grace_until.insert(node.0, t.0 + grace.0);
                     }
@@ -1505,7 +1539,9 @@ impl Control {
             // With a fabric manager, a job on a VNI starts once its CXI service exists.
             let fabric_ready = !self.fabric || vni.is_none() || self.cxi.contains_key(&name);
             let cxi_auth_key = self.cxi.get(&name).map(|c| c.1.clone());
-            if !reported && !running.contains(&name) && fabric_ready {
+            // A victim being preempted is not started where it does not run yet.
+            let stopping = self.preempting.contains_key(&id);
+            if !reported && !running.contains(&name) && fabric_ready && !stopping {
                 let m = &self.meta[id.index()];
                 w.launch.push(Launch {
                     id: name,
@@ -1524,6 +1560,7 @@ impl Control {
                     checkpoint: a.spec.checkpoint.mechanism,
                     vni,
                     cxi_auth_key,
+                    restart_from_s: Some(self.ctl.resume_point(id).as_secs_f64()).filter(|s| *s > 0.0),
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -1548,12 +1585,90 @@ impl Control {
                 w.checkpoint.push(n.clone());
             }
         }
+        // A preemption is handed out once per node, from its start (a reclaim leaves the borrower its
+        // grace period first).
+        let now = self.now();
+        if let Some(id) = mine
+            && let Some(name) = mine_name.clone()
+            && let Some(how) = self
+                .preempting
+                .get(&id)
+                .filter(|p| p.at <= now && p.to_tell.contains(&nid.0))
+                .map(|p| p.how)
+        {
+            if let Some(p) = self.preempting.get_mut(&id) {
+                p.to_tell.remove(&nid.0);
+            }
+            let wants_checkpoint = matches!(how, PreemptHow::CheckpointThenStop { .. });
+            if running.contains(&name) {
+                let (how, deadline_s, grace_s) = match how {
+                    PreemptHow::CheckpointThenStop { deadline } => ("checkpoint", deadline.as_secs_f64(), 0.0),
+                    PreemptHow::Stop { grace } => ("stop", 0.0, grace.as_secs_f64()),
+                    PreemptHow::Kill { grace } => ("kill", 0.0, grace.as_secs_f64()),
+                };
+                w.preempt.push(PreemptWork {
+                    id: name,
+                    how: how.to_string(),
+                    deadline_s,
+                    grace_s,
+                });
+            } else if !self.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0)) {
+                // It does not run here (never started): nothing to stop on this node.
+                let n = self.ctl.engine.allocation(id).map_or(0, |a| a.nodes.len());
+                self.preempted_on(id, nid.0, n, wants_checkpoint);
+            }
+        }
+        // A released claim's node: the agent wipes it with the site's command.
+        for (id, wipe) in self.wiping.iter_mut() {
+            if wipe.to_tell.remove(&nid.0) {
+                w.wipe
+                    .push(self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default());
+            }
+        }
         w.kill = running
             .iter()
             .filter(|r| Some(*r) != mine_name.as_ref())
             .cloned()
             .collect();
         Ok(w)
+    }
+
+    /// What an agent reports with its poll: the outcome of checkpoint hints (broker or operator) on
+    /// its node, and of wipes it ran. A hint's outcome reaches the controller once every node of the
+    /// allocation reported (or one failed); a wipe's once every wiped node did (any failure
+    /// quarantines the claim's nodes).
+    pub fn agent_reports(&mut self, node: &str, checkpointed: &[Outcome], wiped: &[Outcome]) -> Result<(), FieldError> {
+        let nid = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        for o in checkpointed {
+            let Some(id) = self.id_of(&o.id) else { continue };
+            let Some(a) = self.ctl.engine.allocation(id) else {
+                continue;
+            };
+            if a.state != AllocState::Running || !a.nodes.contains(&nid) {
+                continue; // a late report of a run that ended
+            }
+            let n = a.nodes.len();
+            let r = self.hint_reports.entry(id).or_default();
+            r.insert(nid.0, o.ok);
+            if !o.ok || r.len() == n {
+                let ok = r.values().all(|v| *v);
+                self.hint_reports.remove(&id);
+                self.checkpointed(id, ok);
+            }
+        }
+        for o in wiped {
+            let Some(id) = self.id_of(&o.id) else { continue };
+            let Some(w) = self.wiping.get_mut(&id) else { continue };
+            w.outcomes.insert(nid.0, o.ok);
+            if w.outcomes.len() == w.nodes {
+                let ok = w.outcomes.values().all(|v| *v);
+                self.wiping.remove(&id);
+                self.wiped(id, ok);
+            }
+        }
+        Ok(())
     }
 
     /// An agent reports the end of an allocation's process on its node. The allocation ends when one
@@ -1654,17 +1769,43 @@ impl Control {
             return Ok(false);
         }
         let n = a.nodes.len();
+        if matches!(kind, ExitKind::Checkpointed | ExitKind::Preempted) {
+            return Ok(self.preempted_on(id, nid.0, n, kind == ExitKind::Checkpointed));
+        }
         let e = self.exits.entry(id).or_default();
         e.insert(nid.0, code);
         let reason = match kind {
             ExitKind::Walltime => Some(EndReason::WalltimeExceeded),
             ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
             ExitKind::Exited if e.len() == n => Some(EndReason::Success),
-            ExitKind::Exited => None,
+            ExitKind::Exited | ExitKind::Checkpointed | ExitKind::Preempted => None,
         };
         let Some(reason) = reason else { return Ok(false) };
         self.exits.remove(&id);
         Ok(self.completed(id, reason))
+    }
+
+    /// A victim's agent stopped it on one node of `n` (`checkpointed`: after its checkpoint was
+    /// written). A checkpoint that did not complete fails the victim at once (book: an unresponsive
+    /// application is killed and marked failed, not suspended; requeued if its policy allows), as does
+    /// a kill; otherwise it is suspended once every node stopped — resuming from the checkpoint when
+    /// every node wrote it. Returns whether the allocation ended its run now.
+    fn preempted_on(&mut self, id: AllocId, node: u32, n: usize, checkpointed: bool) -> bool {
+        let Some(p) = self.preempting.get(&id) else {
+            return false; // not being preempted: a late or stray report
+        };
+        let wants_checkpoint = matches!(p.how, PreemptHow::CheckpointThenStop { .. });
+        if matches!(p.how, PreemptHow::Kill { .. }) || (wants_checkpoint && !checkpointed) {
+            self.exits.remove(&id);
+            return self.completed(id, EndReason::PreemptionKilled);
+        }
+        let e = self.exits.entry(id).or_default();
+        e.insert(node, if checkpointed { 0 } else { 1 });
+        if e.len() < n {
+            return false;
+        }
+        self.exits.remove(&id);
+        self.suspended(id, wants_checkpoint)
     }
 
     /// A node by name (O(log n): heartbeats of thousands of agents look nodes up constantly).
@@ -1888,6 +2029,10 @@ pub struct Launch {
     pub vni: Option<u32>,
     #[serde(default)]
     pub cxi_auth_key: Option<String>,
+    /// Seconds of work its last completed checkpoint kept (`LATTICE_RESTART_FROM`): it resumes
+    /// from that checkpoint. Absent on a first run or a restart from zero.
+    #[serde(default)]
+    pub restart_from_s: Option<f64>,
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.
@@ -1899,6 +2044,13 @@ pub struct Work {
     /// Allocations it runs whose checkpoint was requested: SIGUSR1 to their process group.
     #[serde(default)]
     pub checkpoint: Vec<String>,
+    /// Allocations it runs that are preempted: how to stop them.
+    #[serde(default)]
+    pub preempt: Vec<PreemptWork>,
+    /// Released sensitive claims whose node it must wipe (the site's wipe command), reporting the
+    /// outcome with a later poll.
+    #[serde(default)]
+    pub wipe: Vec<String>,
     /// Allocations whose output someone follows: send what is new with the next polls.
     #[serde(default)]
     pub tail: Vec<String>,
@@ -1942,6 +2094,51 @@ pub enum ExitKind {
     Exited,
     /// The agent killed it at its walltime.
     Walltime,
+    /// Preempted: the agent stopped it after its checkpoint was written.
+    Checkpointed,
+    /// Preempted: the agent stopped it without a (complete) checkpoint.
+    Preempted,
+}
+
+/// A victim's preemption in progress.
+#[derive(Clone, Debug)]
+struct Preempting {
+    how: PreemptHow,
+    /// When the sequence starts (a reclaim's grace period later).
+    at: Time,
+    /// Nodes whose agent has not been told yet.
+    to_tell: std::collections::BTreeSet<u32>,
+}
+
+/// A released claim's wipe on real agents.
+#[derive(Clone, Debug)]
+struct Wiping {
+    to_tell: std::collections::BTreeSet<u32>,
+    outcomes: BTreeMap<u32, bool>,
+    nodes: usize,
+}
+
+/// A preemption for one node's agent.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PreemptWork {
+    pub id: String,
+    /// `checkpoint`: hint by the allocation's mechanism, wait up to `deadline_s` for the checkpoint,
+    /// then stop it (SIGTERM, grace, SIGKILL) and report `checkpointed` — or `preempted` when the
+    /// checkpoint did not complete in time; `stop`: stop it (after `grace_s`) and report `preempted`;
+    /// `kill`: the same when no checkpoint can be written (storage down).
+    pub how: String,
+    #[serde(default)]
+    pub deadline_s: f64,
+    #[serde(default)]
+    pub grace_s: f64,
+}
+
+/// An agent's report of a checkpoint hint's or a wipe's outcome on its node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Outcome {
+    pub id: String,
+    pub ok: bool,
 }
 
 /// How many allocations' output tails the control plane keeps (the full logs stay on the nodes).

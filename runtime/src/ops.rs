@@ -829,21 +829,33 @@ pub async fn ask_fingerprint(s: &Shared, p: &Principal, node: &str) -> Result<()
     r.map_err(|e| field_error(node, e))
 }
 
-/// `POST /v1/nodes/{id}/work {"running": [...], "output": [...]}`: an agent's poll (leader only), with
-/// the new output of the allocations someone follows.
+/// `POST /v1/nodes/{id}/work {"running": [...], "output": [...], "checkpointed": [...], "wiped": [...]}`:
+/// an agent's poll (leader only), with the new output of the allocations someone follows and the
+/// outcomes of checkpoint hints and wipes on its node.
 pub async fn work(
-    s: &Shared,
+    s: &Arc<Shared>,
     p: &Principal,
     node: &str,
     running: &[String],
     output: Vec<crate::control::OutputIn>,
+    checkpointed: &[crate::control::Outcome],
+    wiped: &[crate::control::Outcome],
 ) -> Result<crate::control::Work, ApiError> {
     agent_allowed(p, node)?;
     writable(s).await?;
     let mut c = s.control.lock().await;
     c.add_output(node, output);
-    let r = c.work(node, running);
-    r.map_err(|e| field_error(node, e))
+    c.agent_reports(node, checkpointed, wiped)
+        .map_err(|e| field_error(node, e))?;
+    let w = c.work(node, running).map_err(|e| field_error(node, e))?;
+    // A checkpoint or wipe outcome may have changed what the engine can do.
+    let actions = c.take_actions();
+    drop(c);
+    if !actions.is_empty() {
+        execute(s.clone(), actions).await;
+        s.wake.notify_one();
+    }
+    Ok(w)
 }
 
 /// `POST /v1/allocations/{id}/exit {"node", "kind", "exit_code"}`: an agent reports a process's end.
@@ -870,7 +882,17 @@ pub async fn agent_exit(
             bad_request(e)
         }
     })?;
-    if !ended {
+    let preemption = matches!(
+        kind,
+        crate::control::ExitKind::Checkpointed | crate::control::ExitKind::Preempted
+    );
+    if !ended && preemption {
+        // One node of a victim stopped: the victim is suspended (or fails) once all did. A
+        // restart before then runs it again from its last checkpoint; nothing to record.
+        let actions = c.take_actions();
+        drop(c);
+        execute(s.clone(), actions).await;
+    } else if !ended {
         // One node of several is done: recorded, so a restart does not start it there again.
         let op = MirrorOp::Exit {
             id: id.to_string(),

@@ -415,13 +415,9 @@ pub fn execute(
                     if shared.simulate_agents {
                         tokio::spawn(simulated_preempt(shared.clone(), alloc, how, at));
                     } else {
-                        // Real agents: stopped like a cancelled run (its node is no longer its own, so
-                        // the agent's next poll stops it: SIGTERM, grace, SIGKILL); it restarts later.
-                        // Checkpoint-then-stop through the agents is not there yet.
-                        tracing::info!("{name}: its agents stop it ({how:?} asked; stopped without checkpoint)");
-                        let mut c = shared.control.lock().await;
-                        c.suspended(alloc, false);
-                        queue.extend(c.take_actions());
+                        // Real agents get it at their next poll (from `at`): they checkpoint by the
+                        // allocation's mechanism and stop it, or stop it, and report how it stopped.
+                        tracing::debug!("{name}: its agents preempt it ({how:?})");
                     }
                 }
                 Action::Checkpoint { alloc, name } => {
@@ -431,13 +427,14 @@ pub fn execute(
                         c.checkpointed(alloc, true);
                         queue.extend(c.take_actions());
                     } else {
-                        tracing::debug!("{name}: checkpoint hint for its agents");
+                        tracing::debug!("{name}: checkpoint hint for its agents (they report its outcome)");
                     }
                 }
                 Action::Wipe { alloc, name, nodes } => {
                     if shared.simulate_agents {
                         tokio::spawn(simulated_wipe(shared.clone(), alloc, shared.wipe_time));
                     } else {
+                        // Each node's agent runs the site's wipe command at its next poll and reports.
                         tracing::info!("{name}: its agents wipe {}", nodes.join(","));
                     }
                 }

@@ -1,6 +1,6 @@
 //! Preemption in the real runtime, end to end: with `runtime/config/minimal.yaml` as shipped (only its
 //! ports and data folder moved), every node runs a class-1 allocation, a class-9 allocation arrives and
-//! runs within two scheduling passes (the profile's 15 s cycle); its victims show `preempted` (restarting) or `suspended`
+//! runs within two scheduling cycles (the profile's 15 s); its victims show `preempted` (restarting) or `suspended`
 //! (resuming from their checkpoint) with the reason in the API, and run again once it has ended.
 
 mod common;
@@ -64,7 +64,6 @@ async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards(
         })
         .await;
     }
-    let passes = rt.shared.control.lock().await.ctl.engine.passes();
     let high = submit(
         json!({"tenant": "climate", "entrypoint": "sleep 2", "resources": {"nodes": 2},
                              "lifecycle": {"type": "bounded", "walltime": "30m"}, "preemption_class": 9}),
@@ -74,8 +73,11 @@ async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards(
         get(&base, &high).await["started_ms"].is_number()
     })
     .await;
-    let took = rt.shared.control.lock().await.ctl.engine.passes() - passes;
-    assert!(took <= 2, "it started after {took} scheduling passes");
+    // Within two scheduling cycles (the profile's 15 s) of its submission, by the engine's clock. (Passes
+    // are not the measure: each victim's suspension is an input that may run a pass of its own.)
+    let v = get(&base, &high).await;
+    let waited = v["started_ms"].as_u64().unwrap() - v["submitted_ms"].as_u64().unwrap();
+    assert!(waited <= 2 * 15_000, "it started {waited} ms after its submission: {v}");
 
     // Its victims: stopped through their (simulated) agents, waiting again with the reason.
     let mut victims = Vec::new();

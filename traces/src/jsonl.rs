@@ -107,6 +107,80 @@ struct ScalePolicyIn {
     cooldown: Option<DurationValue>,
 }
 
+/// A reactive lifecycle (`{"type": "reactive", "target": T, "scale_policy": {"min", "max", "target",
+/// "evaluation_interval", "scale_up_window", "scale_down_window", "cooldown",
+/// "scale_down_threshold"}}`, or `min_nodes`/`max_nodes`/`target` at the top): its node range and
+/// scaling policy. Errors name the field (`lifecycle.target`, …).
+fn reactive(
+    l: &LifecycleIn,
+    nodes: NodeRange,
+) -> Result<(Lifecycle, lattice_engine::ScalePolicy, NodeRange), (String, String)> {
+    let f = |field: &str, m: String| (field.to_string(), m);
+    let sp = l.scale_policy.clone();
+    let min_nodes = sp.as_ref().and_then(|p| p.min).or(l.min_nodes).unwrap_or(nodes.min);
+    let max_nodes = sp.as_ref().and_then(|p| p.max).or(l.max_nodes).unwrap_or(nodes.max);
+    if min_nodes == 0 || min_nodes > max_nodes {
+        return Err(f(
+            "lifecycle.min_nodes",
+            format!("need 1 <= min_nodes <= max_nodes, got {min_nodes}..{max_nodes}"),
+        ));
+    }
+    let target = sp
+        .as_ref()
+        .and_then(|p| p.target.clone())
+        .or(l.target.clone())
+        .ok_or_else(|| f("lifecycle.target", "a reactive allocation needs a metric target".into()))?;
+    let target = match target {
+        DurationValue::Secs(x) => x,
+        DurationValue::Text(t) => match t.trim().parse::<f64>() {
+            Ok(x) => x,
+            Err(_) => parse_duration(&t).map_err(|m| f("lifecycle.target", m))?.as_secs_f64(),
+        },
+    };
+    if !(target.is_finite() && target > 0.0) {
+        return Err(f("lifecycle.target", format!("{target}: a metric target above 0")));
+    }
+    let mut policy = lattice_engine::ScalePolicy::with_target(target);
+    if let Some(p) = &sp {
+        let d = |v: &Option<DurationValue>, name: &str| -> Result<Option<Duration>, (String, String)> {
+            v.as_ref()
+                .map(duration_value)
+                .transpose()
+                .map_err(|m| f(&format!("lifecycle.scale_policy.{name}"), m))
+        };
+        if let Some(x) = d(&p.evaluation_interval, "evaluation_interval")? {
+            policy.evaluation_interval = x;
+        }
+        if let Some(x) = d(&p.scale_up_window, "scale_up_window")? {
+            policy.scale_up_window = x;
+        }
+        if let Some(x) = d(&p.scale_down_window, "scale_down_window")? {
+            policy.scale_down_window = x;
+        }
+        if let Some(x) = d(&p.cooldown, "cooldown")? {
+            policy.cooldown = x;
+        }
+        if let Some(x) = p.scale_down_threshold {
+            policy.scale_down_threshold = x;
+        }
+    }
+    let range = NodeRange {
+        min: min_nodes,
+        max: max_nodes,
+    };
+    Ok((Lifecycle::Reactive { min_nodes, max_nodes }, policy, range))
+}
+
+/// A reactive lifecycle given as JSON (the runtime's submission API shares the trace format's rules):
+/// `nodes` is the requested range, used where the lifecycle names no `min`/`max`.
+pub fn reactive_lifecycle(
+    lifecycle: serde_json::Value,
+    nodes: NodeRange,
+) -> Result<(Lifecycle, lattice_engine::ScalePolicy, NodeRange), (String, String)> {
+    let l: LifecycleIn = serde_json::from_value(lifecycle).map_err(|e| ("lifecycle".to_string(), e.to_string()))?;
+    reactive(&l, nodes)
+}
+
 /// A submission's `checkpoint` block: `strategy` auto | manual | none, `mechanism` signal (default) |
 /// shmem | grpc | dmtcp. The error names the field (`checkpoint.strategy`, `checkpoint.mechanism`).
 /// Shared with the runtime's submission API.
@@ -938,57 +1012,10 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
                 },
                 "unbounded" => Lifecycle::Unbounded,
                 "reactive" => {
-                    let sp = l.scale_policy.clone();
-                    let min_nodes = sp.as_ref().and_then(|p| p.min).or(l.min_nodes).unwrap_or(nodes.min);
-                    let max_nodes = sp.as_ref().and_then(|p| p.max).or(l.max_nodes).unwrap_or(nodes.max);
-                    if min_nodes == 0 || min_nodes > max_nodes {
-                        return Err(f(
-                            "lifecycle.min_nodes",
-                            format!("need 1 <= min_nodes <= max_nodes, got {min_nodes}..{max_nodes}"),
-                        ));
-                    }
-                    let target = sp
-                        .as_ref()
-                        .and_then(|p| p.target.clone())
-                        .or(l.target.clone())
-                        .ok_or_else(|| f("lifecycle.target", "a reactive allocation needs a metric target".into()))?;
-                    let target = match target {
-                        DurationValue::Secs(x) => x,
-                        DurationValue::Text(t) => match t.trim().parse::<f64>() {
-                            Ok(x) => x,
-                            Err(_) => parse_duration(&t).map_err(|m| f("lifecycle.target", m))?.as_secs_f64(),
-                        },
-                    };
-                    let mut policy = lattice_engine::ScalePolicy::with_target(target);
-                    if let Some(p) = &sp {
-                        let d = |v: &Option<DurationValue>, name: &str| -> Result<Option<Duration>, (String, String)> {
-                            v.as_ref()
-                                .map(duration_value)
-                                .transpose()
-                                .map_err(|m| f(&format!("lifecycle.scale_policy.{name}"), m))
-                        };
-                        if let Some(x) = d(&p.evaluation_interval, "evaluation_interval")? {
-                            policy.evaluation_interval = x;
-                        }
-                        if let Some(x) = d(&p.scale_up_window, "scale_up_window")? {
-                            policy.scale_up_window = x;
-                        }
-                        if let Some(x) = d(&p.scale_down_window, "scale_down_window")? {
-                            policy.scale_down_window = x;
-                        }
-                        if let Some(x) = d(&p.cooldown, "cooldown")? {
-                            policy.cooldown = x;
-                        }
-                        if let Some(x) = p.scale_down_threshold {
-                            policy.scale_down_threshold = x;
-                        }
-                    }
+                    let (lc, policy, range) = reactive(&l, nodes).map_err(|(field, m)| f(&field, m))?;
                     scale = Some(policy);
-                    nodes = NodeRange {
-                        min: min_nodes,
-                        max: max_nodes,
-                    };
-                    Lifecycle::Reactive { min_nodes, max_nodes }
+                    nodes = range;
+                    lc
                 }
                 other => {
                     return Err(f(

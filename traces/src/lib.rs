@@ -30,7 +30,7 @@ pub use duration::{
 };
 pub use error::{Problem, TraceError};
 pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory, site_engine};
-pub use jsonl::{checkpoint_spec, parse_jsonl, read_jsonl};
+pub use jsonl::{checkpoint_spec, parse_jsonl, reactive_lifecycle, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{parse_tenants, read_tenants};

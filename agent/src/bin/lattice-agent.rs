@@ -78,6 +78,11 @@ struct Args {
     /// … and grant deferrals up to this much in all, then force.
     #[arg(long, default_value = "5m")]
     max_deferral: humantime::Duration,
+    /// The site's secure wipe of a node after a sensitive claim (`sh -c`, with `LATTICE_ALLOC_ID` and
+    /// `LATTICE_NODE` set; exit 0 = wiped). Without one a claim's nodes are quarantined, never
+    /// returned unwiped.
+    #[arg(long)]
+    wipe_command: Option<String>,
     /// Running processes are recorded here; a restarted agent takes them over.
     #[arg(long, default_value = "/var/lib/lattice/agent-state.json")]
     state_file: PathBuf,
@@ -128,6 +133,7 @@ fn run() -> Result<()> {
             deadline: a.checkpoint_deadline.into(),
             max_deferral: a.max_deferral.into(),
         },
+        wipe_command: a.wipe_command,
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
