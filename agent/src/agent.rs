@@ -162,6 +162,8 @@ pub fn run_with(
     let (grpc_done_tx, grpc_done) = std::sync::mpsc::channel::<String>();
     let (wiped_tx, wiped_rx) = std::sync::mpsc::channel::<Outcome>();
     let mut reports = Reports::default();
+    // Per allocation: its CPU seconds at the last telemetry tick (for cpu_utilization).
+    let mut cpu_seen: BTreeMap<String, (Instant, f64)> = BTreeMap::new();
     // Exits not yet taken by the control plane: (alloc, kind, code, output tail).
     let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
@@ -468,6 +470,29 @@ pub fn run_with(
             last_push = Instant::now();
             let groups: BTreeMap<String, u32> = procs.iter().map(|(id, r)| (id.clone(), r.pid)).collect();
             let tick = telemetry.tick(&cfg.node, std::path::Path::new("/proc"), &groups);
+            // Scaling metrics for reactive allocations: built-in ones and those the tasks report.
+            let at = Instant::now();
+            let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+            let mut metrics: Vec<crate::client::Metric> =
+                crate::telemetry::scaling_metrics(&tick, at, cores, &mut cpu_seen)
+                    .into_iter()
+                    .map(|(id, name, value)| crate::client::Metric {
+                        id,
+                        name: name.to_string(),
+                        value,
+                    })
+                    .collect();
+            for (id, (c, _)) in &channels {
+                for (name, value) in c.app_metrics() {
+                    metrics.push(crate::client::Metric {
+                        id: id.clone(),
+                        name,
+                        value,
+                    });
+                }
+            }
+            // Only the newest samples matter: an unreachable control plane does not pile them up.
+            reports.metrics = metrics;
             for a in &tick.new_alerts {
                 eprintln!("lattice-agent {}: alert: {a}", cfg.node);
             }

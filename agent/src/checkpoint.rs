@@ -110,6 +110,25 @@ impl Channel {
         self.dir.join("done")
     }
 
+    fn metrics_file(&self) -> PathBuf {
+        self.dir.join("metrics")
+    }
+
+    /// Metrics the application reports for autoscaling (`LATTICE_METRICS_FILE`: lines `name value`,
+    /// e.g. `queue_depth 12`; the file is rewritten by the application, the latest values count).
+    pub fn app_metrics(&self) -> Vec<(String, f64)> {
+        let Ok(text) = std::fs::read_to_string(self.metrics_file()) else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let (name, value) = (it.next()?, it.next()?.parse::<f64>().ok()?);
+                value.is_finite().then(|| (name.to_string(), value))
+            })
+            .collect()
+    }
+
     /// Whether the application created the completion file since the request (it is removed, ready
     /// for the next one).
     pub fn take_sentinel(&self) -> bool {
@@ -134,6 +153,10 @@ impl Channel {
             (
                 "LATTICE_CHECKPOINT_DONE".to_string(),
                 self.sentinel().display().to_string(),
+            ),
+            (
+                "LATTICE_METRICS_FILE".to_string(),
+                self.metrics_file().display().to_string(),
             ),
         ];
         match self.mechanism {
@@ -235,7 +258,7 @@ mod tests {
     fn the_shmem_flag_protocol() {
         let dir = std::env::temp_dir().join(format!("lattice-ckpt-{}", std::process::id()));
         let c = Channel::create(&dir, "a-1", Mechanism::Shmem).unwrap();
-        let flag = PathBuf::from(&c.env()[2].1);
+        let flag = PathBuf::from(&c.env()[3].1);
         assert_eq!(std::fs::read(&flag).unwrap(), [0, 0]);
         assert!(!c.take_done());
         c.request().unwrap();
@@ -263,7 +286,18 @@ mod tests {
         assert_eq!(g.endpoint().as_deref(), Some("127.0.0.1:9999"));
         let s = Channel::create(&dir, "a-3", Mechanism::Signal).unwrap();
         let env: std::collections::BTreeMap<_, _> = s.env().into_iter().collect();
-        assert_eq!(env.len(), 2);
+        assert_eq!(env.len(), 3);
+        // Application-reported scaling metrics: `name value` lines; malformed ones are skipped.
+        assert!(s.app_metrics().is_empty());
+        std::fs::write(
+            &env["LATTICE_METRICS_FILE"],
+            "queue_depth 12\nbad line\nrequest_rate 3.5\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.app_metrics(),
+            [("queue_depth".to_string(), 12.0), ("request_rate".to_string(), 3.5)]
+        );
         // The application signals completion with the sentinel file; it is taken once.
         assert!(!s.take_sentinel());
         std::fs::write(&env["LATTICE_CHECKPOINT_DONE"], "").unwrap();

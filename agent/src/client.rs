@@ -54,10 +54,20 @@ pub struct Work {
 }
 
 /// Outcomes an agent reports with its next poll.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reports {
     pub checkpointed: Vec<Outcome>,
     pub wiped: Vec<Outcome>,
+    /// Scaling metrics of allocations on this node (built-in and application-reported).
+    pub metrics: Vec<Metric>,
+}
+
+/// One scaling-metric sample of an allocation on this node.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Metric {
+    pub id: String,
+    pub name: String,
+    pub value: f64,
 }
 
 /// A preemption of an allocation this node runs (see the runtime's `PreemptWork`).
@@ -260,6 +270,9 @@ impl Client {
         }
         if !reports.wiped.is_empty() {
             body["wiped"] = json!(reports.wiped);
+        }
+        if !reports.metrics.is_empty() {
+            body["metrics"] = json!(reports.metrics);
         }
         let v = self.post(&format!("/v1/nodes/{node}/work"), body)?;
         serde_json::from_value(v).map_err(|e| ClientError::Transport {

@@ -184,6 +184,52 @@ pub fn alloc_series(node: &str, samples: &BTreeMap<String, Counters>) -> Vec<Ser
     out
 }
 
+/// The built-in scaling metrics of each allocation on this node (book: "Autoscaling"), from one tick:
+/// `cpu_utilization` — CPU time per wall second since the previous tick over the node's cores (0-1;
+/// from the second tick on) — and `gpu_utilization` — the node's mean GPU utilization (0-1; a node
+/// runs one allocation). `last` keeps each allocation's CPU seconds and when they were read.
+pub fn scaling_metrics(
+    tick: &Tick,
+    now: std::time::Instant,
+    cores: f64,
+    last: &mut BTreeMap<String, (std::time::Instant, f64)>,
+) -> Vec<(String, &'static str, f64)> {
+    let mut out = Vec::new();
+    let gpus: Vec<f64> = tick
+        .series
+        .iter()
+        .filter(|s| s.name == "lattice_gpu_utilization_percent")
+        .map(|s| s.value)
+        .collect();
+    let mut seen = Vec::new();
+    for s in tick
+        .series
+        .iter()
+        .filter(|s| s.name == "lattice_alloc_cpu_seconds_total")
+    {
+        let Some((_, alloc)) = s.labels.iter().find(|(k, _)| *k == "alloc") else {
+            continue;
+        };
+        seen.push(alloc.clone());
+        if let Some((t, cpu)) = last.insert(alloc.clone(), (now, s.value)) {
+            let wall = now.duration_since(t).as_secs_f64();
+            if wall > 0.0 {
+                let u = ((s.value - cpu).max(0.0) / wall / cores.max(1.0)).min(1.0);
+                out.push((alloc.clone(), "cpu_utilization", u));
+            }
+        }
+        if !gpus.is_empty() {
+            out.push((
+                alloc.clone(),
+                "gpu_utilization",
+                gpus.iter().sum::<f64>() / gpus.len() as f64 / 100.0,
+            ));
+        }
+    }
+    last.retain(|a, _| seen.contains(a));
+    out
+}
+
 /// Per-GPU series (`gpu`, `node`) and one `lattice_gpu_alert{gpu,node,rule}` per firing rule.
 pub fn gpu_series(node: &str, report: &GpuReport, firing: &[Alert]) -> Vec<Series> {
     let mut out = Vec::new();

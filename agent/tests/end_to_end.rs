@@ -892,3 +892,92 @@ fn preemption_and_wipes_through_real_agents() {
     rt.block_on(running.shutdown());
     let _ = std::fs::remove_file(profile);
 }
+
+/// A reactive allocation scales on what its tasks report: it starts on one node; its task writes
+/// `queue_depth 50` (target 10) to `LATTICE_METRICS_FILE`, the agents send it with their polls, and
+/// after the scale-up window the allocation holds both nodes — its task runs on the second one too.
+/// When the queue drains (`queue_depth 0`), it shrinks back to one node and the task on the node it
+/// gave back is stopped.
+#[test]
+fn a_reactive_allocation_scales_on_the_metric_its_tasks_report() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-reactive-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 2, "");
+    let base = format!("http://{}", running.rest_addr);
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let _agents = Agents(
+        ["sim-000", "sim-001"]
+            .iter()
+            .map(|n| {
+                agent_command(n, &base, &dir)
+                    .args(["--telemetry-mode", "debug", "--grace", "300ms", "--shm-dir"])
+                    .arg(dir.join("shm"))
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let w = work.display();
+    std::fs::write(work.join("load"), "queue_depth 50\n").unwrap();
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(json!({
+            "tenant": "physics", "resources": {"nodes": 1},
+            "lifecycle": {"type": "reactive", "metric": "queue_depth", "target": 10,
+                          "scale_policy": {"min": 1, "max": 2, "evaluation_interval": "200ms",
+                                           "scale_up_window": "1s", "scale_down_window": "1s", "cooldown": "1s"}},
+            "entrypoint": format!(
+                "touch {w}/on-$LATTICE_TASK_INDEX-$(hostname)-$$; while true; do cp {w}/load \"$LATTICE_METRICS_FILE\"; sleep 0.1; done"),
+        })),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let v = wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(10));
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 1, "starts at its minimum: {v}");
+    let v = wait_for(
+        &base,
+        &id,
+        |v| v["nodes"].as_array().is_some_and(|n| n.len() == 2),
+        Duration::from_secs(20),
+    );
+    // The task runs on both nodes (each agent started it: two marker files, task indexes 0 and 1).
+    let markers = || -> Vec<String> {
+        let mut m: Vec<String> = std::fs::read_dir(&work)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("on-"))
+            .collect();
+        m.sort();
+        m
+    };
+    let t0 = Instant::now();
+    while markers().len() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?} {v}", markers());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        markers()[0].starts_with("on-0-") && markers()[1].starts_with("on-1-"),
+        "{:?}",
+        markers()
+    );
+    // The queue drains: back to one node; the task on the node given back is stopped.
+    std::fs::write(work.join("load"), "queue_depth 0\n").unwrap();
+    let v = wait_for(
+        &base,
+        &id,
+        |v| v["nodes"].as_array().is_some_and(|n| n.len() == 1),
+        Duration::from_secs(20),
+    );
+    let kept = v["nodes"][0].as_str().unwrap().to_string();
+    let gone = if kept == "sim-000" { "sim-001" } else { "sim-000" };
+    let t0 = Instant::now();
+    while !dir.join(format!("logs-{gone}/{id}.log")).exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the task on {gone} still runs");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(v["state"], "running", "{v}");
+    let (status, _) = call("DELETE", &format!("{base}/v1/allocations/{id}"), None);
+    assert_eq!(status, 200);
+    rt.block_on(running.shutdown());
+}

@@ -573,6 +573,9 @@ struct WorkIn {
     /// Outcomes of wipes this node ran.
     #[serde(default)]
     wiped: Vec<crate::control::Outcome>,
+    /// Scaling-metric samples of allocations on this node.
+    #[serde(default)]
+    metrics: Vec<crate::control::MetricIn>,
 }
 
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -580,7 +583,12 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         Ok(w) => w,
         Err(e) => return body_error(e),
     };
-    match ops::work(&s, &p, &id, &w.running, w.output, &w.checkpointed, &w.wiped).await {
+    let reports = crate::control::AgentReports {
+        checkpointed: w.checkpointed,
+        wiped: w.wiped,
+        metrics: w.metrics,
+    };
+    match ops::work(&s, &p, &id, &w.running, w.output, &reports).await {
         Ok(w) => Json(w).into_response(),
         Err(e) => e.into_response(),
     }

@@ -192,6 +192,7 @@ pub async fn submit(requests: usize, members: usize) -> anyhow::Result<String> {
         lifecycle: Some(crate::grpc::pb::Lifecycle {
             r#type: "bounded".into(),
             walltime: "2h".into(),
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -159,6 +159,20 @@ pub struct LifecycleIn {
     #[serde(rename = "type", default = "bounded")]
     pub kind: String,
     pub walltime: Option<String>,
+    /// Reactive: the node range (or `scale_policy.min`/`max`; default the requested nodes), the
+    /// metric it scales on (`gpu_utilization`, `cpu_utilization`, or one its tasks report, e.g.
+    /// `queue_depth`) and its target, and the policy's windows (`scale_policy: {evaluation_interval,
+    /// scale_up_window, scale_down_window, cooldown, scale_down_threshold}`) — the trace format's rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_policy: Option<serde_json::Value>,
 }
 
 fn bounded() -> String {
@@ -170,6 +184,11 @@ impl Default for LifecycleIn {
         LifecycleIn {
             kind: bounded(),
             walltime: None,
+            min_nodes: None,
+            max_nodes: None,
+            metric: None,
+            target: None,
+            scale_policy: None,
         }
     }
 }
@@ -277,6 +296,8 @@ struct Meta {
     last_checkpoint_ms: Option<u64>,
     /// Why it was last preempted ("priority for a-000009").
     preempted_for: Option<String>,
+    /// Reactive: the metric it scales on.
+    metric: Option<String>,
 }
 
 impl Meta {
@@ -294,6 +315,7 @@ impl Meta {
             checkpoints: 0,
             last_checkpoint_ms: None,
             preempted_for: None,
+            metric: None,
         }
     }
 }
@@ -352,6 +374,8 @@ pub struct Control {
     preempting: BTreeMap<AllocId, Preempting>,
     /// Real agents: per allocation with a checkpoint hint out, what each node's agent reported.
     hint_reports: BTreeMap<AllocId, BTreeMap<u32, bool>>,
+    /// Reactive allocations: each node's latest sample of the metric they scale on.
+    metric_samples: BTreeMap<AllocId, BTreeMap<u32, f64>>,
     /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
     /// each node's outcome.
     wiping: BTreeMap<AllocId, Wiping>,
@@ -469,6 +493,7 @@ impl Control {
             next_wake: None,
             preempting: BTreeMap::new(),
             hint_reports: BTreeMap::new(),
+            metric_samples: BTreeMap::new(),
             wiping: BTreeMap::new(),
             network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
             fabric: false,
@@ -574,10 +599,9 @@ impl Control {
                 .and_then(PreemptionClass::new)
                 .ok_or_else(|| bad("preemption_class", format!("{c}: must be 0-10")))?,
         };
-        let lc = req.lifecycle.clone().unwrap_or(LifecycleIn {
-            kind: "bounded".into(),
-            walltime: None,
-        });
+        let lc = req.lifecycle.clone().unwrap_or_default();
+        let mut nodes = nodes;
+        let mut scale = None;
         let lifecycle = match lc.kind.as_str() {
             "bounded" => {
                 let w = lc
@@ -588,10 +612,30 @@ impl Control {
                 Lifecycle::Bounded { walltime }
             }
             "unbounded" => Lifecycle::Unbounded,
+            "reactive" => {
+                if lc.metric.as_deref().is_none_or(|m| m.trim().is_empty()) {
+                    return Err(bad(
+                        "lifecycle.metric",
+                        "a reactive allocation scales on a metric: gpu_utilization, cpu_utilization, or one its tasks report (e.g. queue_depth)",
+                    ));
+                }
+                let v = serde_json::to_value(&lc).map_err(|e| bad("lifecycle", e.to_string()))?;
+                let (l, policy, range) =
+                    lattice_traces::reactive_lifecycle(v, nodes).map_err(|(field, m)| bad(&field, m))?;
+                if range.max as usize > self.node_names.len() {
+                    return Err(bad(
+                        "lifecycle.max_nodes",
+                        format!("{}: the cluster has {} nodes", range.max, self.node_names.len()),
+                    ));
+                }
+                nodes = range;
+                scale = Some(policy);
+                l
+            }
             other => {
                 return Err(bad(
                     "lifecycle.type",
-                    format!("`{other}`: bounded or unbounded (reactive needs the autoscaler's metrics)"),
+                    format!("`{other}`: bounded, unbounded or reactive"),
                 ));
             }
         };
@@ -658,6 +702,7 @@ impl Control {
         spec.depends_on = deps;
         spec.nodes = nodes;
         spec.lifecycle = lifecycle;
+        spec.scale = scale;
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
         for (i, m) in req.data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
@@ -715,6 +760,9 @@ impl Control {
             network_domain: req.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
+            metric: (lifecycle.walltime().is_none() && scale.is_some())
+                .then(|| lc.metric.clone())
+                .flatten(),
             ..Meta::new(name.clone(), run)
         };
         self.by_name.insert(name.clone(), id);
@@ -1637,10 +1685,39 @@ impl Control {
     /// its node, and of wipes it ran. A hint's outcome reaches the controller once every node of the
     /// allocation reported (or one failed); a wipe's once every wiped node did (any failure
     /// quarantines the claim's nodes).
-    pub fn agent_reports(&mut self, node: &str, checkpointed: &[Outcome], wiped: &[Outcome]) -> Result<(), FieldError> {
+    pub fn agent_reports(&mut self, node: &str, reports: &AgentReports) -> Result<(), FieldError> {
+        let AgentReports {
+            checkpointed,
+            wiped,
+            metrics,
+        } = reports;
         let nid = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        // A reactive allocation's metric: the mean of its nodes' latest samples goes to the
+        // autoscaler (which keeps the evaluation windows).
+        for m in metrics {
+            let Some(id) = self.id_of(&m.id) else { continue };
+            if !m.value.is_finite()
+                || self.meta.get(id.index()).and_then(|x| x.metric.as_deref()) != Some(m.name.as_str())
+            {
+                continue;
+            }
+            let Some(a) = self.ctl.engine.allocation(id) else {
+                continue;
+            };
+            if a.state != AllocState::Running || !a.nodes.contains(&nid) {
+                continue;
+            }
+            let held: Vec<u32> = a.nodes.iter().map(|n| n.0).collect();
+            let samples = self.metric_samples.entry(id).or_default();
+            samples.insert(nid.0, m.value);
+            samples.retain(|n, _| held.contains(n));
+            let mean = samples.values().sum::<f64>() / samples.len() as f64;
+            if let Err(e) = self.input(Input::Metric(id, mean)) {
+                tracing::warn!("{}: metric not applied: {e}", m.id);
+            }
+        }
         for o in checkpointed {
             let Some(id) = self.id_of(&o.id) else { continue };
             let Some(a) = self.ctl.engine.allocation(id) else {
@@ -2131,6 +2208,26 @@ pub struct PreemptWork {
     pub deadline_s: f64,
     #[serde(default)]
     pub grace_s: f64,
+}
+
+/// What an agent reports with a poll besides what it runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentReports {
+    /// Outcomes of checkpoint hints on its node.
+    pub checkpointed: Vec<Outcome>,
+    /// Outcomes of wipes it ran.
+    pub wiped: Vec<Outcome>,
+    /// Scaling-metric samples of allocations on its node.
+    pub metrics: Vec<MetricIn>,
+}
+
+/// A scaling-metric sample an agent reports for an allocation on its node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricIn {
+    pub id: String,
+    pub name: String,
+    pub value: f64,
 }
 
 /// An agent's report of a checkpoint hint's or a wipe's outcome on its node.

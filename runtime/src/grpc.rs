@@ -176,6 +176,27 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
                 l.r#type
             },
             walltime: none_if_empty(l.walltime),
+            min_nodes: (l.min_nodes > 0).then_some(l.min_nodes),
+            max_nodes: (l.max_nodes > 0).then_some(l.max_nodes),
+            metric: none_if_empty(l.metric),
+            target: none_if_empty(l.target).map(serde_json::Value::String),
+            scale_policy: {
+                let mut p = serde_json::Map::new();
+                for (k, v) in [
+                    ("evaluation_interval", l.evaluation_interval),
+                    ("scale_up_window", l.scale_up_window),
+                    ("scale_down_window", l.scale_down_window),
+                    ("cooldown", l.cooldown),
+                ] {
+                    if !v.is_empty() {
+                        p.insert(k.to_string(), serde_json::Value::String(v));
+                    }
+                }
+                if l.scale_down_threshold > 0.0 {
+                    p.insert("scale_down_threshold".into(), serde_json::json!(l.scale_down_threshold));
+                }
+                (!p.is_empty()).then_some(serde_json::Value::Object(p))
+            },
         }),
         preemption_class: r.preemption_class.map(i64::from),
         tags: r.tags.into_iter().collect(),

@@ -838,15 +838,13 @@ pub async fn work(
     node: &str,
     running: &[String],
     output: Vec<crate::control::OutputIn>,
-    checkpointed: &[crate::control::Outcome],
-    wiped: &[crate::control::Outcome],
+    reports: &crate::control::AgentReports,
 ) -> Result<crate::control::Work, ApiError> {
     agent_allowed(p, node)?;
     writable(s).await?;
     let mut c = s.control.lock().await;
     c.add_output(node, output);
-    c.agent_reports(node, checkpointed, wiped)
-        .map_err(|e| field_error(node, e))?;
+    c.agent_reports(node, reports).map_err(|e| field_error(node, e))?;
     let w = c.work(node, running).map_err(|e| field_error(node, e))?;
     // A checkpoint or wipe outcome may have changed what the engine can do.
     let actions = c.take_actions();

@@ -136,6 +136,25 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
             json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}, "vcluster": "gpu"}),
             "vcluster",
         ),
+        // Reactive: a metric and a positive target are required, the range must fit the cluster.
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"type": "reactive", "target": 10}}),
+            "lifecycle.metric",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"type": "reactive", "metric": "queue_depth"}}),
+            "lifecycle.target",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1},
+                   "lifecycle": {"type": "reactive", "metric": "queue_depth", "target": 10, "scale_policy": {"min": 1, "max": 999}}}),
+            "lifecycle.max_nodes",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1},
+                   "lifecycle": {"type": "reactive", "metric": "queue_depth", "target": 10, "scale_policy": {"cooldown": "soon"}}}),
+            "lifecycle.scale_policy.cooldown",
+        ),
     ] {
         let (status, v) = api.call("POST", "/v1/allocations", Some(body)).await;
         assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");

@@ -38,6 +38,7 @@ fn request(tenant: &str, nodes: u32, walltime: &str, class: Option<i32>) -> pb::
         lifecycle: Some(pb::Lifecycle {
             r#type: "bounded".into(),
             walltime: walltime.into(),
+            ..Default::default()
         }),
         preemption_class: class,
         ..Default::default()
