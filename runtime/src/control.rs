@@ -738,8 +738,7 @@ impl Control {
         let now = self.now();
         let id = self
             .ctl
-            .engine
-            .handle_submit(now, spec)
+            .submit(now, spec)
             .map_err(|e| bad("resources", e.to_string()))?;
         let name = match name {
             Some(n) => {
