@@ -552,6 +552,11 @@ impl Control {
         id
     }
 
+    /// A tenant's name (empty for an unknown id).
+    fn tenant_name(&self, t: TenantId) -> String {
+        self.ctl.engine.tenant(t).map(|t| t.name).unwrap_or_default()
+    }
+
     /// The engine's clock never goes back, even if the wall clock does.
     pub fn now(&self) -> Time {
         wall_now().max(self.ctl.engine.now())
@@ -831,12 +836,7 @@ impl Control {
                         let Some(a) = self.ctl.engine.allocation(p.alloc) else {
                             continue;
                         };
-                        let tenant = self
-                            .ctl
-                            .engine
-                            .tenant(a.spec.tenant)
-                            .map(|t| t.name)
-                            .unwrap_or_default();
+                        let tenant = self.tenant_name(a.spec.tenant);
                         let sensitive = a.spec.sensitive_claim;
                         if let Some(d) = self.domain_of(p.alloc, p.nodes.len() as u32) {
                             let key = (tenant.clone(), d.clone());
@@ -985,12 +985,7 @@ impl Control {
     fn join_network(&mut self, id: AllocId) -> Option<u32> {
         let a = self.ctl.engine.allocation(id)?;
         let d = self.domain_of(id, a.nodes.len() as u32)?;
-        let tenant = self
-            .ctl
-            .engine
-            .tenant(a.spec.tenant)
-            .map(|t| t.name)
-            .unwrap_or_default();
+        let tenant = self.tenant_name(a.spec.tenant);
         let name = self.name_of(id);
         match self.network.join(&tenant, &d, &name) {
             Ok((vni, _)) => Some(vni),
@@ -1455,12 +1450,7 @@ impl Control {
         let m = self.meta.get(id.index())?;
         Some(AllocationView {
             id: m.name.clone(),
-            tenant: self
-                .ctl
-                .engine
-                .tenant(a.spec.tenant)
-                .map(|t| t.name)
-                .unwrap_or_default(),
+            tenant: self.tenant_name(a.spec.tenant),
             vcluster: self
                 .ctl
                 .engine
@@ -1596,12 +1586,7 @@ impl Control {
                     nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                     task_index: a.nodes.iter().position(|n| *n == nid).unwrap_or(0) as u32,
                     walltime_s: a.spec.lifecycle.walltime().map(|d| d.as_secs_f64()),
-                    tenant: self
-                        .ctl
-                        .engine
-                        .tenant(a.spec.tenant)
-                        .map(|t| t.name)
-                        .unwrap_or_default(),
+                    tenant: self.tenant_name(a.spec.tenant),
                     user: m.user.clone(),
                     project: m.project.clone(),
                     checkpoint: a.spec.checkpoint.mechanism,
@@ -1820,12 +1805,7 @@ impl Control {
     /// Where the allocation's stored logs are: (tenant, project).
     pub fn log_owner(&self, name: &str) -> Option<(String, Option<String>)> {
         let (id, a) = self.allocation_named(name).ok()?;
-        let tenant = self
-            .ctl
-            .engine
-            .tenant(a.spec.tenant)
-            .map(|t| t.name)
-            .unwrap_or_default();
+        let tenant = self.tenant_name(a.spec.tenant);
         Some((tenant, self.meta[id.index()].project.clone()))
     }
 
@@ -2017,12 +1997,7 @@ impl Control {
             if end <= start {
                 continue;
             }
-            let t = self
-                .ctl
-                .engine
-                .tenant(a.spec.tenant)
-                .map(|t| t.name)
-                .unwrap_or_default();
+            let t = self.tenant_name(a.spec.tenant);
             let m = &self.meta[a.id.index()];
             if tenant.is_some_and(|w| w != t) || user.is_some_and(|w| Some(w) != m.user.as_deref()) {
                 continue;
