@@ -87,15 +87,22 @@ pub fn write_state(path: &std::path::Path, records: &[runner::Record]) -> std::i
     std::fs::rename(tmp, path)
 }
 
-/// The seed's environment for one task of an allocation.
+/// The seed's environment for one task of an allocation. `LATTICE_NODEID` is this node's place in
+/// the allocation; `LATTICE_TASK_INDEX` is a task group element's index (the seed's
+/// `SLURM_ARRAY_TASK_ID`), and the node's place for an allocation outside a task group.
 pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
+    let task_index = l.task_group.as_ref().map_or(l.task_index, |g| g.index);
     let mut env = vec![
         ("LATTICE_ALLOC_ID".to_string(), l.id.clone()),
         ("LATTICE_NODELIST".to_string(), l.nodes.join(",")),
         ("LATTICE_NNODES".to_string(), l.nodes.len().to_string()),
-        ("LATTICE_TASK_INDEX".to_string(), l.task_index.to_string()),
+        ("LATTICE_NODEID".to_string(), l.task_index.to_string()),
+        ("LATTICE_TASK_INDEX".to_string(), task_index.to_string()),
         ("LATTICE_TENANT".to_string(), l.tenant.clone()),
     ];
+    if let Some(g) = &l.task_group {
+        env.push(("LATTICE_TASK_GROUP_ID".to_string(), g.group.clone()));
+    }
     // The network domain (book: "Network Domains"): libfabric's CXI provider reads these.
     if let Some(vni) = l.vni {
         env.push(("LATTICE_VNI".to_string(), vni.to_string()));
@@ -116,6 +123,10 @@ pub fn environment(l: &Launch, slurm: bool) -> Vec<(String, String)> {
             ("SLURM_NODEID".to_string(), l.task_index.to_string()),
             ("SLURM_PROCID".to_string(), l.task_index.to_string()),
         ]);
+        if let Some(g) = &l.task_group {
+            env.push(("SLURM_ARRAY_TASK_ID".to_string(), g.index.to_string()));
+            env.push(("SLURM_ARRAY_JOB_ID".to_string(), g.group.clone()));
+        }
     }
     env
 }
@@ -675,6 +686,7 @@ mod tests {
             vni: Some(1042),
             cxi_auth_key: Some("k-1".into()),
             restart_from_s: None,
+            task_group: None,
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");
@@ -696,5 +708,23 @@ mod tests {
         };
         let env: BTreeMap<String, String> = environment(&again, false).into_iter().collect();
         assert_eq!(env["LATTICE_RESTART_FROM"], "600.000");
+        assert!(!env.contains_key("LATTICE_TASK_GROUP_ID"));
+        // A task group element: its index, not the node's place, is the task index.
+        let element = Launch {
+            id: "a-000009[3]".into(),
+            task_group: Some(crate::client::TaskGroup {
+                group: "a-000009".into(),
+                index: 3,
+            }),
+            ..again
+        };
+        let env: BTreeMap<String, String> = environment(&element, true).into_iter().collect();
+        assert_eq!(env["LATTICE_TASK_INDEX"], "3");
+        assert_eq!(env["LATTICE_NODEID"], "1");
+        assert_eq!(env["LATTICE_TASK_GROUP_ID"], "a-000009");
+        assert_eq!(
+            (env["SLURM_ARRAY_TASK_ID"].as_str(), env["SLURM_ARRAY_JOB_ID"].as_str()),
+            ("3", "a-000009")
+        );
     }
 }

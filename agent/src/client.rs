@@ -120,6 +120,15 @@ pub struct Launch {
     /// Seconds of work its last completed checkpoint kept: it restarts from that checkpoint.
     #[serde(default)]
     pub restart_from_s: Option<f64>,
+    /// A task group element: its group's id and its index.
+    #[serde(default)]
+    pub task_group: Option<TaskGroup>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct TaskGroup {
+    pub group: String,
+    pub index: u32,
 }
 
 fn signal() -> String {

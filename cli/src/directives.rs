@@ -19,6 +19,60 @@ pub struct SubmitFields {
     pub tags: BTreeMap<String, String>,
     pub ntasks: Option<u32>,
     pub ntasks_per_node: Option<u32>,
+    /// A task group (job array): `--task-group=0-99%20` / `--array=0-99%20`.
+    pub task_group: Option<TaskGroupSpec>,
+}
+
+/// A task group's indices `start..=end` and concurrency limit (`%N`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskGroupSpec {
+    pub start: u32,
+    pub end: u32,
+    pub concurrency: Option<u32>,
+}
+
+impl TaskGroupSpec {
+    /// `0-99%20`, `0-99`, `7` (one element): Slurm's `--array` syntax without step or lists.
+    pub fn parse(s: &str) -> Result<TaskGroupSpec, String> {
+        let (range, conc) = match s.split_once('%') {
+            Some((r, c)) => (
+                r,
+                Some(
+                    c.parse::<u32>()
+                        .ok()
+                        .filter(|c| *c >= 1)
+                        .ok_or_else(|| format!("`{s}`: the concurrency after % is a number, at least 1"))?,
+                ),
+            ),
+            None => (s, None),
+        };
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("`{s}`: expected START-END[%CONCURRENCY], e.g. 0-99%20"))
+        };
+        let (start, end) = match range.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(range)?, num(range)?),
+        };
+        if end < start {
+            return Err(format!("`{s}`: end {end} < start {start}"));
+        }
+        Ok(TaskGroupSpec {
+            start,
+            end,
+            concurrency: conc,
+        })
+    }
+
+    /// The request's `task_group` block.
+    pub fn to_json(self) -> serde_json::Value {
+        let mut v = serde_json::json!({"range": {"start": self.start, "end": self.end}});
+        if let Some(c) = self.concurrency {
+            v["concurrency"] = c.into();
+        }
+        v
+    }
 }
 
 impl SubmitFields {
@@ -36,7 +90,8 @@ impl SubmitFields {
             gpu_type,
             gpu_count,
             ntasks,
-            ntasks_per_node
+            ntasks_per_node,
+            task_group
         );
         if !other.features.is_empty() {
             self.features = other.features.clone();
@@ -186,8 +241,12 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                 "output" | "error" => warnings.push(format!(
                     "--{k}={val}: logs always go to S3; the path is only a download hint"
                 )),
-                "dependency" | "array" => warnings.push(format!(
-                    "--{k}={val}: DAGs and task groups are not accepted by this server version yet; ignored"
+                "array" | "task-group" => match TaskGroupSpec::parse(&val) {
+                    Ok(t) => f.task_group = Some(t),
+                    Err(e) => warnings.push(format!("--{k}: {e}; ignored")),
+                },
+                "dependency" => warnings.push(format!(
+                    "--{k}={val}: use `lattice submit --depends-on` or a DAG; ignored"
                 )),
                 other => warnings.push(format!("--{other}{} ignored (not supported)", v.map(|v| format!("={v}")).unwrap_or_default())),
             }
@@ -264,6 +323,39 @@ mod tests {
         fn shell_join_round_trips_through_sh(args in proptest::collection::vec("[^\\x00]{0,12}", 1..5)) {
             prop_assert_eq!(argv_seen_by_sh(&shell_join(&args)), args);
         }
+    }
+
+    #[test]
+    fn arrays_become_task_groups() {
+        let (f, warnings) = parse_script("#!/bin/bash\n#SBATCH --array=0-99%20\n#SBATCH -N 1\n./sweep\n");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            f.task_group,
+            Some(TaskGroupSpec {
+                start: 0,
+                end: 99,
+                concurrency: Some(20)
+            })
+        );
+        assert_eq!(
+            f.task_group.unwrap().to_json(),
+            serde_json::json!({"range": {"start": 0, "end": 99}, "concurrency": 20})
+        );
+        assert_eq!(
+            TaskGroupSpec::parse("7").unwrap(),
+            TaskGroupSpec {
+                start: 7,
+                end: 7,
+                concurrency: None
+            }
+        );
+        for bad in ["9-3", "0-9%0", "a-b", "0-9%x", ""] {
+            assert!(TaskGroupSpec::parse(bad).is_err(), "{bad}");
+        }
+        // A bad one is a warning, and the script is still submitted without it.
+        let (f, warnings) = parse_script("#SBATCH --array=5-1\n");
+        assert_eq!(f.task_group, None);
+        assert!(warnings[0].contains("end 1 < start 5"), "{warnings:?}");
     }
 
     #[test]

@@ -189,7 +189,7 @@ async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Respon
         Err(e) => return body_error(e),
     };
     match ops::submit(&s, &p, req).await {
-        Ok(id) => (StatusCode::CREATED, Json(json!({"id": id}))).into_response(),
+        Ok(answer) => (StatusCode::CREATED, Json(answer)).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -6,7 +6,7 @@ use crate::world::{Action, Outbox};
 use lattice_engine::PreemptHow;
 use lattice_engine::{
     AllocId, AllocSpec, AllocState, Constraints, Controller, Decision, Duration, EndReason, Input, Lifecycle,
-    NodeRange, Policy, PreemptionClass, TenantId, Time, VClusterConfig, VClusterId,
+    NodeRange, Policy, PreemptionClass, TaskGroupRef, TenantId, Time, VClusterConfig, VClusterId,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -65,6 +65,39 @@ pub struct SubmitRequest {
     /// out); without one, data is taken to be where it is wanted.
     #[serde(default)]
     pub data: Option<DataIn>,
+    /// `{"range": {"start": 0, "end": 99}, "concurrency": 20}`: a task group (job array) — one
+    /// allocation per index, `ID[i]`, at most `concurrency` of them running at once; `${INDEX}` in
+    /// the entrypoint becomes the element's index.
+    #[serde(default)]
+    pub task_group: Option<TaskGroupIn>,
+}
+
+/// A task group's indices and concurrency limit.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskGroupIn {
+    pub range: IndexRange,
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IndexRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+/// The most elements one task group may have.
+pub const MAX_TASK_GROUP: u32 = 10_000;
+
+/// What a task group element's view and launch carry: its group's id and its index.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskGroupView {
+    pub group: String,
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -244,6 +277,9 @@ pub struct AllocationView {
     pub preempted: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<String>,
+    /// A task group element: its group's id and its index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_group: Option<TaskGroupView>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -430,6 +466,14 @@ pub struct Control {
     node_by_name: BTreeMap<String, u32>,
 }
 
+/// What a submission queued: its id (a task group's own id) and each allocation with the request
+/// that recreates it.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub id: String,
+    pub elements: Vec<(String, SubmitRequest)>,
+}
+
 /// An ownership change for the quorum.
 #[derive(Clone, Debug)]
 pub struct PendingProposal {
@@ -570,6 +614,96 @@ impl Control {
     /// [`Control::submit`] under a given id (a mirrored submission adopted after a fail-over keeps
     /// the id its submitter was given); later ids continue above it.
     pub fn submit_named(&mut self, req: SubmitRequest, name: Option<&str>) -> Result<String, FieldError> {
+        self.submit_all(req, name).map(|s| s.id)
+    }
+
+    /// Validates a request and queues it — a task group as one allocation per index, `ID[i]`, all
+    /// or none. Returns the id and what was queued under which id (what the mirror keeps: one
+    /// element's request names only its own index, so an adopted element is that element again).
+    pub fn submit_all(&mut self, req: SubmitRequest, name: Option<&str>) -> Result<Submitted, FieldError> {
+        let Some(tg) = req.task_group.clone() else {
+            let id = self.submit_one(req.clone(), name, None)?;
+            return Ok(Submitted {
+                id: id.clone(),
+                elements: vec![(id, req)],
+            });
+        };
+        let IndexRange { start, end } = tg.range;
+        if end < start {
+            return Err(bad("task_group.range", format!("end {end} < start {start}")));
+        }
+        if end - start >= MAX_TASK_GROUP {
+            return Err(bad(
+                "task_group.range",
+                format!(
+                    "{} elements; a task group has at most {MAX_TASK_GROUP}",
+                    end - start + 1
+                ),
+            ));
+        }
+        if tg.concurrency == Some(0) {
+            return Err(bad("task_group.concurrency", "must be at least 1"));
+        }
+        let base = match name {
+            Some(n) => group_element(n).map_or(n, |(b, _)| b).to_string(),
+            None => format!("a-{:06}", self.next),
+        };
+        let group = id_number(&base).ok_or_else(|| bad("id", format!("`{base}` is not an allocation id")))?;
+        self.next = self.next.max(group + 1);
+        let mut elements = Vec::new();
+        for index in start..=end {
+            let mut r = req.clone();
+            r.task_group = Some(TaskGroupIn {
+                range: IndexRange {
+                    start: index,
+                    end: index,
+                },
+                concurrency: tg.concurrency,
+            });
+            r.entrypoint = r.entrypoint.map(|e| e.replace("${INDEX}", &index.to_string()));
+            let tref = TaskGroupRef {
+                group,
+                index,
+                concurrency: tg.concurrency,
+            };
+            let id = self.submit_one(r.clone(), Some(&format!("{base}[{index}]")), Some(tref))?;
+            elements.push((id, r));
+        }
+        if let Some((first, _)) = elements.first()
+            && let Some(&id) = self.by_name.get(first)
+        {
+            self.capture_submit(id, &base, &req, Some(&tg));
+        }
+        Ok(Submitted { id: base, elements })
+    }
+
+    /// The elements of task group `base` still known here, in index order.
+    pub fn group_members(&self, base: &str) -> Vec<String> {
+        let prefix = format!("{base}[");
+        let mut out: Vec<(u32, String)> = self
+            .by_name
+            .range(prefix.clone()..)
+            .take_while(|(n, _)| n.starts_with(&prefix))
+            .filter_map(|(n, _)| Some((group_element(n)?.1, n.clone())))
+            .collect();
+        out.sort();
+        out.into_iter().map(|(_, n)| n).collect()
+    }
+
+    fn group_view(&self, a: &lattice_engine::Allocation) -> Option<TaskGroupView> {
+        a.spec.task_group.map(|g| TaskGroupView {
+            group: format!("a-{:06}", g.group),
+            index: g.index,
+            concurrency: g.concurrency,
+        })
+    }
+
+    fn submit_one(
+        &mut self,
+        req: SubmitRequest,
+        name: Option<&str>,
+        group: Option<TaskGroupRef>,
+    ) -> Result<String, FieldError> {
         if req.tenant.trim().is_empty() {
             return Err(bad("tenant", "must not be empty"));
         }
@@ -710,6 +844,7 @@ impl Control {
         spec.scale = scale;
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
+        spec.task_group = group;
         for (i, m) in req.data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
             let f = |x: &str| format!("data.mounts[{i}].{x}");
             let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
@@ -770,20 +905,41 @@ impl Control {
             ..Meta::new(name.clone(), run)
         };
         self.by_name.insert(name.clone(), id);
-        self.capture_line(serde_json::json!({
-            "ts": now.0 as f64 / 1000.0,
+        if group.is_none() {
+            self.capture_submit(id, &name, &req, None);
+        }
+        Ok(name)
+    }
+
+    /// The capture's submit line (a task group once, under its id, with its range).
+    fn capture_submit(&mut self, id: AllocId, name: &str, req: &SubmitRequest, tg: Option<&TaskGroupIn>) {
+        if self.capture.is_none() {
+            return;
+        }
+        let Some(a) = self.ctl.engine.allocation(id) else {
+            return;
+        };
+        let vc_name = self
+            .ctl
+            .engine
+            .vcluster(a.spec.vcluster)
+            .map(|v| v.name)
+            .unwrap_or_default();
+        let line = serde_json::json!({
+            "ts": a.submitted.0 as f64 / 1000.0,
             "type": "submit",
             "alloc": {
                 "id": name,
                 "tenant": req.tenant,
                 "vcluster": vc_name,
-                "nodes": nodes.min,
-                "walltime": lifecycle.walltime().map(|w| w.as_secs_f64()),
-                "priority": class.get(),
+                "nodes": a.spec.nodes.min,
+                "walltime": a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),
+                "priority": a.spec.preemption_class.get(),
                 "user": req.user,
+                "task_group": tg,
             }
-        }));
-        Ok(name)
+        });
+        self.capture_line(line);
     }
 
     fn capture_line(&mut self, mut v: serde_json::Value) {
@@ -1490,6 +1646,7 @@ impl Control {
             last_checkpoint_ms: m.last_checkpoint_ms,
             preempted: a.preempted,
             preemption: m.preempted_for.clone(),
+            task_group: self.group_view(a),
         })
     }
 
@@ -1593,6 +1750,7 @@ impl Control {
                     vni,
                     cxi_auth_key,
                     restart_from_s: Some(self.ctl.resume_point(id).as_secs_f64()).filter(|s| *s > 0.0),
+                    task_group: self.group_view(a),
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -2084,6 +2242,9 @@ pub struct Launch {
     /// from that checkpoint. Absent on a first run or a restart from zero.
     #[serde(default)]
     pub restart_from_s: Option<f64>,
+    /// A task group element: `LATTICE_TASK_GROUP_ID` and `LATTICE_TASK_INDEX`.
+    #[serde(default)]
+    pub task_group: Option<TaskGroupView>,
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.
@@ -2217,7 +2378,14 @@ pub const LOGS_KEPT: usize = 1000;
 /// The most of one node's output an exit report carries.
 pub const LOG_TAIL_BYTES: usize = 64 * 1024;
 
-/// `a-000123` → 123.
+/// `a-000123` → 123; a task group element `a-000123[4]` → 123 (its group's number).
 pub fn id_number(name: &str) -> Option<u64> {
-    name.strip_prefix("a-")?.parse().ok()
+    let base = name.split_once('[').map_or(name, |(b, _)| b);
+    base.strip_prefix("a-")?.parse().ok()
+}
+
+/// `a-000123[4]` → (`a-000123`, 4); `None` for an allocation outside a task group.
+pub fn group_element(name: &str) -> Option<(&str, u32)> {
+    let (base, rest) = name.split_once('[')?;
+    Some((base, rest.strip_suffix(']')?.parse().ok()?))
 }

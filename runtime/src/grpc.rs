@@ -109,6 +109,10 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
         telemetry: a.telemetry,
         checkpoints: a.checkpoints,
         last_checkpoint_ms: a.last_checkpoint_ms,
+        preempted: a.preempted,
+        preemption: a.preemption.unwrap_or_default(),
+        task_index: a.task_group.as_ref().map(|g| g.index),
+        task_group: a.task_group.map(|g| g.group).unwrap_or_default(),
     }
 }
 
@@ -234,6 +238,13 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
                 })
                 .collect(),
         }),
+        task_group: r.task_group.map(|t| crate::control::TaskGroupIn {
+            range: crate::control::IndexRange {
+                start: t.start,
+                end: t.end,
+            },
+            concurrency: (t.concurrency > 0).then_some(t.concurrency),
+        }),
     })
 }
 
@@ -242,8 +253,11 @@ impl AllocationService for Api {
     async fn submit(&self, req: Request<pb::AllocationRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
         let p = self.principal(&req)?;
         let r = from_pb(req.into_inner())?;
-        let id = ops::submit(&self.shared, &p, r).await?;
-        Ok(Response::new(pb::SubmitResponse { id }))
+        let s = ops::submit(&self.shared, &p, r).await?;
+        Ok(Response::new(pb::SubmitResponse {
+            id: s.id,
+            elements: s.elements,
+        }))
     }
 
     async fn get(&self, req: Request<pb::GetAllocationRequest>) -> Result<Response<pb::Allocation>, Status> {

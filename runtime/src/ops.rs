@@ -139,8 +139,16 @@ pub async fn readable(s: &Shared) -> Result<(), ApiError> {
     writable(s).await
 }
 
-/// Queues an allocation for the caller; its id.
-pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> Result<String, ApiError> {
+/// What a submission answers: its id, and a task group's elements.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SubmitAnswer {
+    pub id: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub elements: Vec<String>,
+}
+
+/// Queues an allocation (or a task group's elements, all or none) for the caller; its id.
+pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> Result<SubmitAnswer, ApiError> {
     writable(s).await?;
     if !p.can_submit_for(&req.tenant) {
         return Err(ApiError::Forbidden {
@@ -170,17 +178,27 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             }
         }
     }
-    let (id, op, durable) = {
+    let (answer, op, durable) = {
         // Queued and mirrored locally under one lock (a leadership change adopts one or the other).
         let mut c = s.control.lock().await;
-        let id = c.submit(req.clone()).map_err(bad_request)?;
-        let (op, durable) = record_submit(s, &c, vec![(id.clone(), req)], None);
-        (id, op, durable)
+        let queued = c.submit_all(req, None).map_err(bad_request)?;
+        let group = queued.elements.len() > 1 || queued.elements.first().is_some_and(|(e, _)| *e != queued.id);
+        let answer = SubmitAnswer {
+            id: queued.id,
+            elements: if group {
+                queued.elements.iter().map(|(e, _)| e.clone()).collect()
+            } else {
+                Vec::new()
+            },
+        };
+        let (op, durable) = record_submit(s, &c, queued.elements, None);
+        (answer, op, durable)
     };
     mirrored(s, op, durable).await?;
-    s.metrics.submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let n = answer.elements.len().max(1) as u64;
+    s.metrics.submitted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     s.wake.notify_one();
-    Ok(id)
+    Ok(answer)
 }
 
 pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
@@ -286,6 +304,23 @@ pub async fn checkpoint(s: &Shared, p: &Principal, id: &str) -> Result<u32, ApiE
 /// Cancels; a running allocation's nodes are released at the quorum.
 pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiError> {
     writable(s).await?;
+    // A task group's id cancels every element still queued or running.
+    let members = s.control.lock().await.group_members(id);
+    if !members.is_empty() {
+        for m in &members {
+            may_change(s, p, m, "cancelling").await?;
+        }
+        let actions = {
+            let mut c = s.control.lock().await;
+            for m in &members {
+                c.cancel(m);
+            }
+            c.take_actions()
+        };
+        execute(s.clone(), actions).await;
+        s.wake.notify_one();
+        return Ok(());
+    }
     may_change(s, p, id, "cancelling").await?;
     let actions = {
         let mut c = s.control.lock().await;
@@ -681,6 +716,12 @@ pub async fn submit_dag(
     for i in order {
         let m = &req.allocations[i];
         let mut r = m.request.clone();
+        if r.task_group.is_some() {
+            return Err(ApiError::BadRequest {
+                field: format!("allocations[{i}].task_group"),
+                message: "a DAG member is one allocation; submit the task group on its own".into(),
+            });
+        }
         for d in &mut r.depends_on {
             if let Some(id) = ids.get(&d.reference) {
                 d.reference = id.clone();

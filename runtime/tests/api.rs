@@ -579,3 +579,109 @@ async fn update_checkpoint_disable_audit_and_usage() {
     assert_eq!((status, v["field"].as_str()), (400, Some("days")), "{v}");
     rt.shutdown().await;
 }
+
+/// Task groups over REST: `ID[i]` per index, at most `concurrency` running at once (measured from
+/// the elements' own start and end times), `${INDEX}` in the entrypoint, a bad range refused with
+/// nothing queued, the group's id cancelling what is left, and the capture holding the group once
+/// so `rm-replay` reads it back as the same elements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn task_groups_run_at_most_their_concurrency_at_once() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-tg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\nscheduler:\n  trace_capture: {d}/capture.jsonl\n",
+        d = dir.display()
+    );
+    let rt = start(RuntimeConfig::parse("tg.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Refused as a whole: nothing queued.
+    let mut bad = job("bio", 1, 0.2);
+    bad["task_group"] = json!({"range": {"start": 5, "end": 2}});
+    let (status, v) = api.call("POST", "/v1/allocations", Some(bad)).await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("task_group.range")), "{v}");
+    let mut bad = job("bio", 1, 0.2);
+    bad["task_group"] = json!({"range": {"start": 0, "end": 3}, "concurrency": 0});
+    let (status, v) = api.call("POST", "/v1/allocations", Some(bad)).await;
+    assert_eq!(
+        (status, v["field"].as_str()),
+        (400, Some("task_group.concurrency")),
+        "{v}"
+    );
+    assert_eq!(api.get("/v1/allocations").await["allocations"], json!([]));
+
+    // Six elements of 0.4 s on four free nodes, two at a time.
+    let mut group = job("bio", 1, 0.4);
+    group["entrypoint"] = json!("./sweep --config=${INDEX}");
+    group["duration"] = json!("0.4s");
+    group["task_group"] = json!({"range": {"start": 10, "end": 15}, "concurrency": 2});
+    let (status, v) = api.call("POST", "/v1/allocations", Some(group)).await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let elements: Vec<String> = v["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(elements, (10..=15).map(|i| format!("{id}[{i}]")).collect::<Vec<_>>());
+    let mut spans = Vec::new();
+    for (i, e) in elements.iter().enumerate() {
+        let path = format!("/v1/allocations/{}", e.replace('[', "%5B").replace(']', "%5D"));
+        let t0 = Instant::now();
+        let v = loop {
+            let v = api.get(&path).await;
+            if v["state"] == "completed" {
+                break v;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{e} did not complete: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(v["entrypoint"], format!("./sweep --config={}", 10 + i));
+        assert_eq!(v["task_group"], json!({"group": id, "index": 10 + i, "concurrency": 2}));
+        spans.push((v["started_ms"].as_u64().unwrap(), v["ended_ms"].as_u64().unwrap()));
+    }
+    // The most elements running at one instant (ends before starts at equal times).
+    let mut edges: Vec<(u64, i32)> = spans.iter().flat_map(|&(s, e)| [(s, 1), (e, -1)]).collect();
+    edges.sort_by_key(|&(t, d)| (t, d));
+    let (mut now, mut most) = (0, 0);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    assert_eq!(most, 2, "two at a time on four free nodes: {spans:?}");
+
+    // The group's id cancels every element still queued.
+    let mut long = job("bio", 1, 60.0);
+    long["task_group"] = json!({"range": {"start": 0, "end": 4}, "concurrency": 1});
+    let (_, v) = api.call("POST", "/v1/allocations", Some(long)).await;
+    let g2 = v["id"].as_str().unwrap().to_string();
+    api.wait_state(&format!("{g2}%5B0%5D"), "running", Duration::from_secs(5))
+        .await;
+    let (status, _) = api.call("DELETE", &format!("/v1/allocations/{g2}"), None).await;
+    assert_eq!(status, 200);
+    for i in 0..=4 {
+        let v = api.get(&format!("/v1/allocations/{g2}%5B{i}%5D")).await;
+        assert_eq!(v["state"], "cancelled", "{v}");
+    }
+
+    // The capture holds each group once, with its range: rm-replay reads the same elements.
+    let capture = std::fs::read_to_string(dir.join("capture.jsonl")).unwrap();
+    let w = lattice_traces::parse_jsonl("capture.jsonl", &capture);
+    assert_eq!(w.skipped_total(), 0, "{:?}", w.problems);
+    let ids: Vec<&str> = w.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids.len(), 11, "{ids:?}");
+    assert!(ids.contains(&format!("{id}[15]").as_str()), "{ids:?}");
+    let tg = w.jobs[0].spec.task_group.unwrap();
+    assert_eq!((tg.index, tg.concurrency), (10, Some(2)));
+    rt.shutdown().await;
+}

@@ -154,6 +154,59 @@ async fn allocations_nodes_and_admin_over_grpc() {
         .into_inner();
     assert_eq!(c.state, "cancelled");
 
+    // A task group: one allocation per index, one at a time; each knows its group and index.
+    let group = allocs
+        .submit(authed(
+            pb::AllocationRequest {
+                entrypoint: "sleep 0.1".into(),
+                task_group: Some(pb::TaskGroup {
+                    start: 0,
+                    end: 2,
+                    concurrency: 1,
+                }),
+                ..request("physics", 1, "10m", None)
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let want: Vec<String> = (0..3).map(|i| format!("{}[{i}]", group.id)).collect();
+    assert_eq!(group.elements, want);
+    let mut stream = allocs
+        .watch(authed(pb::WatchRequest { id: want[2].clone() }, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(a) = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the stream advances")
+        .unwrap()
+    {
+        last = Some(a);
+    }
+    let last = last.unwrap();
+    assert_eq!(
+        (last.state.as_str(), last.task_group.as_str(), last.task_index),
+        ("completed", group.id.as_str(), Some(2))
+    );
+    let e = allocs
+        .submit(authed(
+            pb::AllocationRequest {
+                task_group: Some(pb::TaskGroup {
+                    start: 3,
+                    end: 1,
+                    concurrency: 0,
+                }),
+                ..request("physics", 1, "10m", None)
+            },
+            &alice,
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.message().starts_with("task_group.range"), "{}", e.message());
+
     // Nodes: anyone reads, only operators/admins drain.
     let all = nodes
         .list(authed(pb::ListNodesRequest {}, &alice))

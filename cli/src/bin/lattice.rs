@@ -57,6 +57,10 @@ enum Cmd {
         /// Simulated agents only: how long the run takes.
         #[arg(long)]
         duration: Option<String>,
+        /// A task group (job array): `0-99%20` = indices 0..99, at most 20 running at once
+        /// (`$LATTICE_TASK_INDEX` in each; `${INDEX}` in the command is replaced by it).
+        #[arg(long, value_parser = lattice_cli::directives::TaskGroupSpec::parse)]
+        task_group: Option<lattice_cli::directives::TaskGroupSpec>,
         /// A batch script (its directives are read), or the command after `--`.
         #[arg(trailing_var_arg = true)]
         command: Vec<String>,
@@ -303,6 +307,7 @@ fn run() -> Result<()> {
             constraint,
             name,
             duration,
+            task_group,
             command,
         } => {
             // A script file: its directives, then the flags on top.
@@ -334,6 +339,7 @@ fn run() -> Result<()> {
                     .unwrap_or_default(),
                 ntasks: None,
                 ntasks_per_node: None,
+                task_group,
             };
             let f = fields.overlay(&flags);
             let Some(tenant) = f.tenant.clone() else {
@@ -362,6 +368,9 @@ fn run() -> Result<()> {
             }
             if let Some(d) = duration {
                 body["duration"] = json!(d);
+            }
+            if let Some(t) = f.task_group {
+                body["task_group"] = t.to_json();
             }
             let v = client.call("POST", "/v1/allocations", Some(&body))?;
             println!("{}", v["id"].as_str().unwrap_or_default());
