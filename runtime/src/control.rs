@@ -418,7 +418,6 @@ pub struct Control {
     /// Per node: when its heartbeat grace runs out (ms), once it missed one.
     grace_until: BTreeMap<u32, u64>,
     /// When the engine asked to be woken next.
-    next_wake: Option<Time>,
     /// Network domains and the VNI pool (book: "Network Domains").
     pub network: crate::network::NetworkDomains,
     /// The fabric manager is in use: a launch waits for its CXI service.
@@ -430,6 +429,8 @@ pub struct Control {
     tenants: BTreeMap<String, TenantId>,
     vclusters: BTreeMap<String, VClusterId>,
     default_vcluster: String,
+    /// A replay's virtual clock (`None`: the wall clock).
+    clock: Option<Time>,
     meta: Vec<Meta>,
     by_name: BTreeMap<String, AllocId>,
     node_names: Vec<String>,
@@ -484,6 +485,8 @@ pub struct PendingProposal {
     pub user: String,
     pub nodes: Vec<String>,
     pub sensitive: bool,
+    /// Started ahead of an earlier-queued allocation that still waits.
+    pub backfilled: bool,
 }
 
 impl Control {
@@ -530,11 +533,34 @@ impl Control {
         if vcs.is_empty() {
             vcs.insert("default".to_string(), engine.add_vcluster("default"));
         }
+        let mut c = Control::with_controller(Controller::new(engine), node_names, vcs, default_vcluster)?;
+        for (t, q) in tenants {
+            let id = c.tenant_id(t);
+            c.ctl.engine.set_tenant_quota(id, *q);
+        }
+        if let Some(path) = capture {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            c.capture = Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?);
+        }
+        Ok(c)
+    }
+
+    /// A control plane around a controller already set up (a replay's, for the parity test): node
+    /// `i` is `node_names[i]`; vClusters by name.
+    pub fn with_controller(
+        ctl: Controller,
+        node_names: Vec<String>,
+        vclusters: BTreeMap<String, VClusterId>,
+        default_vcluster: String,
+    ) -> anyhow::Result<Control> {
+        let vcs = vclusters;
         let mut c = Control {
-            ctl: Controller::new(engine),
+            clock: None,
+            ctl,
             outbox: Outbox::default(),
             grace_until: BTreeMap::new(),
-            next_wake: None,
             preempting: BTreeMap::new(),
             hint_reports: BTreeMap::new(),
             metric_samples: BTreeMap::new(),
@@ -574,17 +600,12 @@ impl Control {
             .map(|(i, n)| (n.clone(), i as u32))
             .collect();
         c.agents = vec![None; c.node_names.len()];
-        for (t, q) in tenants {
-            let id = c.tenant_id(t);
-            c.ctl.engine.set_tenant_quota(id, *q);
-        }
-        if let Some(path) = capture {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            c.capture = Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?);
-        }
         Ok(c)
+    }
+
+    /// Tenants the engine already has (a replay registers the trace's up front).
+    pub fn known_tenants(&mut self, tenants: &[(String, TenantId)]) {
+        self.tenants.extend(tenants.iter().cloned());
     }
 
     fn tenant_id(&mut self, name: &str) -> TenantId {
@@ -601,9 +622,18 @@ impl Control {
         self.ctl.engine.tenant(t).map(|t| t.name).unwrap_or_default()
     }
 
-    /// The engine's clock never goes back, even if the wall clock does.
+    /// The engine's clock never goes back, even if the wall clock does. A replay sets a virtual
+    /// clock instead ([`Control::set_clock`]).
     pub fn now(&self) -> Time {
-        wall_now().max(self.ctl.engine.now())
+        match self.clock {
+            Some(t) => t,
+            None => wall_now().max(self.ctl.engine.now()),
+        }
+    }
+
+    /// Runs on a virtual clock from now on: every input and pass happens at `t` until the next call.
+    pub fn set_clock(&mut self, t: Time) {
+        self.clock = Some(t);
     }
 
     /// Validates a request and queues it; returns the new allocation's id.
@@ -890,10 +920,7 @@ impl Control {
                 format!("a-{:06}", self.next - 1)
             }
         };
-        while self.meta.len() <= id.index() {
-            self.meta.push(Meta::new(String::new(), run));
-        }
-        self.meta[id.index()] = Meta {
+        let meta = Meta {
             user: req.user.clone(),
             project: req.project.clone(),
             network_domain: req.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
@@ -904,11 +931,41 @@ impl Control {
                 .flatten(),
             ..Meta::new(name.clone(), run)
         };
-        self.by_name.insert(name.clone(), id);
+        self.enqueued(id, meta);
         if group.is_none() {
             self.capture_submit(id, &name, &req, None);
         }
         Ok(name)
+    }
+
+    /// Queues an allocation whose spec is already built — a replayed trace job, on the replay's
+    /// clock — under `name`, through the same bookkeeping as a request.
+    pub fn submit_spec(
+        &mut self,
+        spec: AllocSpec,
+        name: &str,
+        user: Option<String>,
+        run: std::time::Duration,
+    ) -> Result<AllocId, lattice_engine::SubmitError> {
+        let now = self.now();
+        let id = self.ctl.submit(now, spec)?;
+        self.next = self.next.max(id_number(name).map_or(0, |k| k + 1));
+        self.enqueued(
+            id,
+            Meta {
+                user,
+                ..Meta::new(name.to_string(), run)
+            },
+        );
+        Ok(id)
+    }
+
+    fn enqueued(&mut self, id: AllocId, meta: Meta) {
+        while self.meta.len() <= id.index() {
+            self.meta.push(Meta::new(String::new(), meta.run));
+        }
+        self.by_name.insert(meta.name.clone(), id);
+        self.meta[id.index()] = meta;
     }
 
     /// The capture's submit line (a task group once, under its id, with its range).
@@ -925,7 +982,8 @@ impl Control {
             .vcluster(a.spec.vcluster)
             .map(|v| v.name)
             .unwrap_or_default();
-        let line = serde_json::json!({
+        let claim = a.spec.sensitive_claim;
+        let mut line = serde_json::json!({
             "ts": a.submitted.0 as f64 / 1000.0,
             "type": "submit",
             "alloc": {
@@ -939,13 +997,23 @@ impl Control {
                 "task_group": tg,
             }
         });
+        if claim {
+            // A sensitive claim: the trace format's `claim` event (class 10, the user's identity).
+            let mut body = line["alloc"].take();
+            if let Some(o) = body.as_object_mut() {
+                o.remove("priority");
+            }
+            line = serde_json::json!({"ts": line["ts"], "type": "claim", "claim": body});
+        }
         self.capture_line(line);
     }
 
     fn capture_line(&mut self, mut v: serde_json::Value) {
         // Drop null fields: the JSONL reader takes absent, not null, optional fields.
-        if let Some(a) = v.get_mut("alloc").and_then(|a| a.as_object_mut()) {
-            a.retain(|_, x| !x.is_null());
+        for key in ["alloc", "claim"] {
+            if let Some(a) = v.get_mut(key).and_then(|a| a.as_object_mut()) {
+                a.retain(|_, x| !x.is_null());
+            }
         }
         if let Some(f) = self.capture.as_mut() {
             let _ = writeln!(f, "{v}");
@@ -955,27 +1023,81 @@ impl Control {
 
     /// Runs a scheduling pass at `now`; what it decided is in [`Control::take_actions`]. How long the
     /// pass took (the engine's CPU time, for `/metrics`).
-    pub fn schedule(&mut self) -> std::time::Duration {
+    pub fn schedule(&mut self) -> (lattice_engine::PassStats, std::time::Duration) {
         let now = self.now();
         let t0 = std::time::Instant::now();
-        self.ctl.schedule(now);
+        let stats = self.ctl.schedule(now);
         let took = t0.elapsed();
         if let Err(e) = self.ctl.dispatch(now, &mut self.outbox) {
             tracing::error!("carrying out the pass's decisions: {e}");
         }
-        took
+        (stats, took)
     }
 
     /// Applies what happened in the world (an agent's report, a quorum answer, a node change) at
     /// the current time; what it caused is in [`Control::take_actions`].
     pub fn input(&mut self, input: Input) -> Result<(), lattice_engine::ControlError> {
         let now = self.now();
-        self.ctl.apply(now, input, &mut self.outbox)
+        self.ctl.apply(now, input, &mut self.outbox)?;
+        self.capture_input(now, input);
+        Ok(())
+    }
+
+    /// The capture's line for an input that came from outside the world `rm-replay` models: an
+    /// owner's cancel or walltime change, a node's failure, recovery, drain or undrain, a metric
+    /// sample, checkpoint storage going down or up. (Commits, exits, checkpoints and wipes are the
+    /// world's answers: a replay's fake world gives them again.)
+    fn capture_input(&mut self, now: Time, input: Input) {
+        use lattice_engine::NodeEvent as E;
+        if self.capture.is_none() {
+            return;
+        }
+        let ts = now.0 as f64 / 1000.0;
+        let node = |n: lattice_engine::NodeId| self.node_names.get(n.index()).cloned().unwrap_or_default();
+        let line = match input {
+            Input::Cancel(id) => serde_json::json!({"ts": ts, "type": "cancel", "alloc_id": self.name_of(id)}),
+            Input::Walltime(id, w) => serde_json::json!({
+                "ts": ts, "type": "walltime", "alloc_id": self.name_of(id), "walltime": w.as_secs_f64()
+            }),
+            Input::Metric(id, value) => {
+                let mut v =
+                    serde_json::json!({"ts": ts, "type": "metric", "alloc_id": self.name_of(id), "value": value});
+                if let Some(m) = self.meta.get(id.index()).and_then(|m| m.metric.clone()) {
+                    v["metric"] = m.into();
+                }
+                v
+            }
+            Input::Storage(up) => serde_json::json!({
+                "ts": ts, "type": if up { "storage_recover" } else { "storage_outage" }
+            }),
+            Input::Node(n, ev) => {
+                let (kind, mode) = match ev {
+                    E::Drain => ("drain", None),
+                    E::Undrain => ("undrain", None),
+                    E::HardwareFailure => ("node_fail", Some("hardware")),
+                    E::HeartbeatMiss => ("node_fail", Some("heartbeat")),
+                    E::Enable | E::HeartbeatResume => ("node_recover", None),
+                    // Registration, boot and health checks: a replay's nodes start ready; a grace
+                    // that runs out follows from the heartbeat failure.
+                    _ => return,
+                };
+                let mut v = serde_json::json!({"ts": ts, "type": kind, "node": node(n)});
+                if let Some(m) = mode {
+                    v["mode"] = m.into();
+                }
+                v
+            }
+            _ => return,
+        };
+        self.capture_line(line);
     }
 
     /// When the engine wants its next pass (a cycle tick, an energy window, a staging end).
+    /// Asked of the engine as it is now, not as the pass left it: proposals the quorum committed
+    /// since (their runs, their ends) move it.
     pub fn next_wakeup(&self) -> Option<Time> {
-        self.next_wake
+        let now = self.now();
+        self.ctl.engine.next_wakeup().filter(|t| *t > now)
     }
 
     /// The controller's decisions since the last call, as actions for the server (in order). Watches
@@ -1018,34 +1140,39 @@ impl Control {
                             user: m.and_then(|m| m.user.clone()).unwrap_or_default(),
                             nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                             sensitive,
+                            backfilled: p.backfilled,
                         }));
                     }
-                    Decision::Release { alloc, .. } => {
+                    Decision::Release { alloc, nodes } => {
                         self.checkpoint_hints.remove(&alloc);
                         out.push(Action::Release {
+                            alloc,
                             name: self.name_of(alloc),
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                         })
                     }
                     Decision::Scale { alloc, node, added } => out.push(Action::Scale {
+                        alloc,
                         name: self.name_of(alloc),
                         node: self.node_names[node.index()].clone(),
                         added,
                     }),
                     Decision::Audit { alloc, event, nodes } => out.push(Action::Audit {
+                        alloc,
                         user: self
                             .meta
                             .get(alloc.index())
                             .and_then(|m| m.user.clone())
                             .unwrap_or_default(),
                         name: self.name_of(alloc),
-                        action: event.as_str(),
+                        event,
                         nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                     }),
                     Decision::Launch {
                         alloc,
                         nodes,
                         resume_from,
-                        ..
+                        staging_remaining_s,
                     } => {
                         let name = self.name_of(alloc);
                         out.push(Action::Launch {
@@ -1054,11 +1181,17 @@ impl Control {
                             name,
                             nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                             resume_from,
+                            staging_remaining_s,
                         });
                     }
-                    // Real agents learn it at their next poll (a run that is not theirs any more is
-                    // killed); a simulated run sees it is over.
-                    Decision::Stop { alloc, why } => tracing::info!("{} stops: {why:?}", self.name_of(alloc)),
+                    Decision::Stop { alloc, why } => {
+                        tracing::info!("{} stops: {why:?}", self.name_of(alloc));
+                        out.push(Action::Stop {
+                            alloc,
+                            name: self.name_of(alloc),
+                            why,
+                        });
+                    }
                     Decision::Preempt(o) => {
                         tracing::info!(
                             "{} preempted for {} ({}): {:?}",
@@ -1086,10 +1219,8 @@ impl Control {
                             },
                         );
                         out.push(Action::Preempt {
-                            alloc: o.alloc,
                             name: self.name_of(o.alloc),
-                            how: o.how,
-                            at: o.at,
+                            order: o,
                         });
                     }
                     Decision::Checkpoint { alloc } => {
@@ -1122,8 +1253,11 @@ impl Control {
                     }
                     Decision::Watch { node, grace } => {
                         self.grace_until.insert(node.0, t.0 + grace.0);
+                        out.push(Action::Watch { node, grace });
                     }
-                    Decision::WakeAt(at) => self.next_wake = Some(at),
+                    // Asked again after every input ([`Control::next_wakeup`]): the quorum commits
+                    // after the pass decided, and what it commits moves the engine's next wake-up.
+                    Decision::WakeAt(_) => {}
                 }
             }
         }

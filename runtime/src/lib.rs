@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod network;
 pub mod ops;
+pub mod replay;
 pub mod server;
 pub mod tls;
 pub mod world;

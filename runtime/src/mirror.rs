@@ -489,6 +489,7 @@ mod tests {
             last_checkpoint_ms: None,
             preempted: 0,
             preemption: None,
+            task_group: None,
         }
     }
 

@@ -346,7 +346,7 @@ async fn scheduling_loop(
         }
         let actions = {
             let mut c = shared.control.lock().await;
-            let took = c.schedule();
+            let (_, took) = c.schedule();
             shared.metrics.cycle(took);
             c.take_actions()
         };
@@ -371,11 +371,11 @@ pub fn execute(
         while let Some(a) = queue.pop_front() {
             match a {
                 Action::Propose(p) => queue.extend(propose_start(&shared, p).await),
-                Action::Release { name } => {
+                Action::Release { name, .. } => {
                     release(&shared, name).await;
                     shared.wake.notify_one();
                 }
-                Action::Scale { name, node, added } => {
+                Action::Scale { name, node, added, .. } => {
                     let cmd = QuorumCommand::Scale {
                         alloc: name.clone(),
                         node: node.clone(),
@@ -392,15 +392,17 @@ pub fn execute(
                 Action::Audit {
                     user,
                     name,
-                    action,
+                    event,
                     nodes,
-                } => audit(&shared, &user, &name, action, nodes.join(",")).await,
+                    ..
+                } => audit(&shared, &user, &name, event.as_str(), nodes.join(",")).await,
                 Action::Launch {
                     alloc,
                     name,
                     nodes,
                     vni,
                     resume_from,
+                    staging_remaining_s: _,
                 } => {
                     if let (Some(vni), Some(_)) = (vni, &shared.fabric) {
                         tokio::spawn(setup_fabric(shared.clone(), name.clone(), vni, nodes));
@@ -411,7 +413,13 @@ pub fn execute(
                     }
                     // Real agents get the launch (with its resume point) at their next poll.
                 }
-                Action::Preempt { alloc, name, how, at } => {
+                // Real agents see at their next poll that the run is no longer theirs; a simulated
+                // run sees it is over.
+                Action::Stop { name, why, .. } => tracing::debug!("{name}: its agents stop it ({why:?})"),
+                // The deadline is kept by the control plane (`check_agents` applies it).
+                Action::Watch { .. } => {}
+                Action::Preempt { name, order } => {
+                    let (alloc, how, at) = (order.alloc, order.how, order.at);
                     if shared.simulate_agents {
                         tokio::spawn(simulated_preempt(shared.clone(), alloc, how, at));
                     } else {

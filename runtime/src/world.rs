@@ -7,8 +7,8 @@
 
 use crate::control::PendingProposal;
 use lattice_engine::{
-    AllocId, AuditEvent, Decision, Duration, Engine, Fleet, NodeId, PreemptHow, PreemptOrder, Proposal, Quorum,
-    StopReason, Time, Timer,
+    AllocId, AuditEvent, Decision, Duration, Engine, Fleet, NodeId, PreemptOrder, Proposal, Quorum, StopReason, Time,
+    Timer,
 };
 
 /// The decisions of one or more controller calls, in order, with their times.
@@ -101,14 +101,24 @@ pub enum Action {
     Propose(PendingProposal),
     /// Free the allocation's nodes at the quorum (its end is recorded first; it leaves its network
     /// domain).
-    Release { name: String },
+    Release {
+        alloc: AllocId,
+        name: String,
+        nodes: Vec<String>,
+    },
     /// A reactive allocation grows or shrinks by a node at the quorum.
-    Scale { name: String, node: String, added: bool },
+    Scale {
+        alloc: AllocId,
+        name: String,
+        node: String,
+        added: bool,
+    },
     /// Append to the quorum's audit log.
     Audit {
+        alloc: AllocId,
         user: String,
         name: String,
-        action: &'static str,
+        event: AuditEvent,
         nodes: Vec<String>,
     },
     /// The allocation runs on its nodes from `resume_from` (simulated agents run the rest of its
@@ -119,14 +129,18 @@ pub enum Action {
         nodes: Vec<String>,
         vni: Option<u32>,
         resume_from: Duration,
+        /// Seconds of its input still being staged when it started (an I/O stall at start).
+        staging_remaining_s: f64,
     },
-    /// Preempt a victim: checkpoint-then-stop, stop, or kill, starting at `at`.
-    Preempt {
+    /// Its run is over (cancelled, or lost with a node): real agents learn it at their next poll
+    /// (and kill what still runs); a simulated run sees it is over.
+    Stop {
         alloc: AllocId,
         name: String,
-        how: PreemptHow,
-        at: Time,
+        why: StopReason,
     },
+    /// Preempt a victim: checkpoint-then-stop, stop, or kill, starting at `order.at`.
+    Preempt { name: String, order: PreemptOrder },
     /// The broker's checkpoint hint.
     Checkpoint { alloc: AllocId, name: String },
     /// Securely wipe the nodes a sensitive claim released.
@@ -135,4 +149,7 @@ pub enum Action {
         name: String,
         nodes: Vec<String>,
     },
+    /// A node's heartbeats stopped: it goes Down if none arrives within `grace` (the control plane
+    /// keeps the deadline; its agent watch applies it).
+    Watch { node: NodeId, grace: Duration },
 }

@@ -238,6 +238,28 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
     assert_eq!(w.jobs.len(), 5);
     let completed = w.jobs.iter().filter(|j| j.runtime.is_some()).count();
     assert_eq!(completed, 4, "the cancelled one has no completion");
+    // The inputs from outside the replay's world are there too, at their times: the cancel, the
+    // drain and the undrain (in that order).
+    use lattice_traces::TraceEventKind as K;
+    let changes: Vec<String> = w
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            K::Cancel { alloc } => Some(format!("cancel {alloc}")),
+            K::Drain { node } => Some(format!("drain {node}")),
+            K::Undrain { node } => Some(format!("undrain {node}")),
+            _ => None,
+        })
+        .collect();
+    let cancelled = w.jobs.iter().find(|j| j.runtime.is_none()).unwrap().id.clone();
+    assert_eq!(
+        changes,
+        [
+            format!("cancel {cancelled}"),
+            "drain sim-001".into(),
+            "undrain sim-001".into()
+        ]
+    );
 }
 
 /// Three members on loopback: one leads and schedules; a follower answers writes with 421 naming

@@ -16,12 +16,14 @@
 
 pub mod audit;
 pub mod events;
+mod host;
 pub mod invariants;
 pub mod metrics;
 pub mod quorum;
 pub mod timeline;
 mod world;
 
+pub use host::{Host, SiteNames};
 pub use invariants::InvariantChecker;
 pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};
 pub use timeline::{RunSpan, Timeline, TimelineEvent, TimelineKind};
@@ -182,6 +184,18 @@ pub fn simulate(
     cfg: &SimConfig,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SimResult, SimError> {
+    simulate_with(workload, inventory, cfg, progress, |ctl, _| ctl).map(|(r, _)| r)
+}
+
+/// [`simulate`] with the controller inside a host `make` builds around it (given the site's names):
+/// the runtime's control plane runs the same replay this way, for the parity test.
+pub fn simulate_with<H: Host>(
+    workload: &Workload,
+    inventory: &Inventory,
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(u64, u64),
+    make: impl FnOnce(Controller, &SiteNames) -> H,
+) -> Result<(SimResult, H), SimError> {
     let pyss = cfg.policy == Policy::PyssEasy || cfg.vclusters.values().any(|v| v.policy == Policy::PyssEasy);
     if pyss && cfg.commit_latency != Duration::ZERO {
         return Err(SimError::PyssLatency);
@@ -273,6 +287,21 @@ pub fn simulate(
     if cfg.decision_log {
         ctl.enable_log();
     }
+    let names = SiteNames {
+        nodes: inventory.nodes.iter().map(|n| n.name.clone()).collect(),
+        tenants: workload
+            .tenants
+            .names()
+            .iter()
+            .cloned()
+            .zip(tenant_map.iter().copied())
+            .collect(),
+        vclusters: (0..engine_vclusters(&ctl.controller().engine))
+            .map(|i| VClusterId(i as u32))
+            .filter_map(|v| Some((ctl.controller().engine.vcluster(v)?.name, v)))
+            .collect(),
+    };
+    let mut ctl = make(ctl, &names);
     let mut headroom: Vec<f64> = Vec::new();
     let mut deferred = 0u64;
     let mut preemption_kills = 0u64;
@@ -346,7 +375,9 @@ pub fn simulate(
         }))
         .max()
         .unwrap_or(Time::ZERO);
-    ctl.engine.set_autoscale_until(Some(cfg.horizon.unwrap_or(trace_end)));
+    ctl.controller_mut()
+        .engine
+        .set_autoscale_until(Some(cfg.horizon.unwrap_or(trace_end)));
     let mut scaling = lattice_engine::ScaleStats::default();
     for &(down, up) in &cfg.storage_outages {
         world.q.push(down, RANK_END, EventKind::Storage(false));
@@ -382,7 +413,7 @@ pub fn simulate(
                         break;
                     }
                     world.pyss_ends.pop_first();
-                    world.quorum.release(&ctl.engine, id);
+                    world.quorum.release(&ctl.controller().engine, id);
                 }
             }
             // The world's report, for the controller (stale reports of ended runs are dropped).
@@ -404,7 +435,7 @@ pub fn simulate(
                     if spec.depends_on.len() != job.deps.len() {
                         *rejected.entry("dependency_rejected".into()).or_default() += 1;
                     } else {
-                        match ctl.submit(now, spec) {
+                        match ctl.submit(now, job, spec) {
                             Ok(id) => {
                                 debug_assert_eq!(id.index(), world.trace_of.len());
                                 world.trace_of.push(i);
@@ -422,7 +453,7 @@ pub fn simulate(
                     }
                     None
                 }
-                EventKind::Commit(id) => Some(if world.quorum.decide(&ctl.engine, id) {
+                EventKind::Commit(id) => Some(if world.quorum.decide(&ctl.controller().engine, id) {
                     Input::Committed(id)
                 } else {
                     Input::Rejected(id)
@@ -440,6 +471,7 @@ pub fn simulate(
                 }),
                 EventKind::PrologueFail(id, node, epoch) => (epoch == world.fake.epoch(id)
                     && ctl
+                        .controller()
                         .engine
                         .allocation(id)
                         .is_some_and(|a| a.state == AllocState::Running))
@@ -450,6 +482,7 @@ pub fn simulate(
                 }),
                 EventKind::CheckpointDone(id, epoch) => (epoch == world.fake.epoch(id)
                     && ctl
+                        .controller()
                         .engine
                         .allocation(id)
                         .is_some_and(|a| a.state == AllocState::Running))
@@ -478,7 +511,7 @@ pub fn simulate(
                                 let since = now.since(ev.time);
                                 // Before the service arrives (or while it waits) there is no metric.
                                 let id = alloc_of[j];
-                                if let Some(a) = id.and_then(|id| ctl.engine.allocation(id))
+                                if let Some(a) = id.and_then(|id| ctl.controller().engine.allocation(id))
                                     && a.state == AllocState::Running
                                     && let Some(policy) = a.spec.scale
                                     && !a.nodes.is_empty()
@@ -488,7 +521,7 @@ pub fn simulate(
                                 }
                                 // The curve stops at its duration or when the allocation has ended.
                                 let ended = id
-                                    .and_then(|id| ctl.engine.allocation(id))
+                                    .and_then(|id| ctl.controller().engine.allocation(id))
                                     .is_some_and(|a| a.state.is_terminal());
                                 if !ended && since + *interval <= *duration {
                                     world
@@ -545,6 +578,32 @@ pub fn simulate(
                                 .map_err(|e| refused(now, Input::Storage(false), e))?;
                             None
                         }
+                        K::Cancel { alloc } | K::Walltime { alloc, .. } => {
+                            // A change by its owner: refused (and counted) when it cannot apply, e.g.
+                            // the allocation already ended.
+                            let input =
+                                job_index
+                                    .get(alloc.as_str())
+                                    .and_then(|&i| alloc_of[i])
+                                    .map(|id| match &ev.kind {
+                                        K::Walltime { walltime, .. } => Input::Walltime(id, *walltime),
+                                        _ => Input::Cancel(id),
+                                    });
+                            let live = input.is_some_and(|i| match i {
+                                Input::Cancel(id) | Input::Walltime(id, _) => ctl
+                                    .controller()
+                                    .engine
+                                    .allocation(id)
+                                    .is_some_and(|a| !a.state.is_terminal()),
+                                _ => false,
+                            });
+                            match input {
+                                Some(i) if live && ctl.apply(now, i, &mut world).is_ok() => {}
+                                Some(_) => *rejected.entry("change_refused".into()).or_default() += 1,
+                                None => *rejected.entry("unknown_alloc".into()).or_default() += 1,
+                            }
+                            None
+                        }
                         K::StorageRecover => {
                             ctl.apply(now, Input::Storage(true), &mut world)
                                 .map_err(|e| refused(now, Input::Storage(true), e))?;
@@ -564,12 +623,18 @@ pub fn simulate(
                                     // Recovery also repairs a broken image cache; a node that only had
                                     // that is done.
                                     let had_image = world.fake.bad_image.remove(&n);
-                                    if had_image && ctl.engine.node(n).is_some_and(|x| x.state == NodeState::Ready) {
+                                    if had_image
+                                        && ctl
+                                            .controller()
+                                            .engine
+                                            .node(n)
+                                            .is_some_and(|x| x.state == NodeState::Ready)
+                                    {
                                         event = None;
                                     }
                                 }
                                 // A recovery undoes whatever state the failure left.
-                                event.map(|e| match (e, ctl.engine.node(n).map(|x| x.state)) {
+                                event.map(|e| match (e, ctl.controller().engine.node(n).map(|x| x.state)) {
                                     (NodeEvent::Enable, Some(NodeState::Degraded)) => {
                                         Input::Node(n, NodeEvent::HeartbeatResume)
                                     }
@@ -580,12 +645,13 @@ pub fn simulate(
                     }
                 }
                 EventKind::Grace(n) => ctl
+                    .controller()
                     .engine
                     .node(NodeId(n))
                     .is_some_and(|x| x.state == NodeState::Degraded)
                     .then_some(Input::Node(NodeId(n), NodeEvent::GraceTimeout)),
                 EventKind::Inject(n, failing) => {
-                    let state = ctl.engine.node(NodeId(n)).map(|x| x.state);
+                    let state = ctl.controller().engine.node(NodeId(n)).map(|x| x.state);
                     let mut input = None;
                     if failing {
                         if state != Some(NodeState::Down) {
@@ -623,7 +689,7 @@ pub fn simulate(
                 }
             }
             if let Some(c) = checker.as_mut() {
-                c.on_event(&ctl.engine, now).map_err(|m| fail(now, m))?;
+                c.on_event(&ctl.controller().engine, now).map_err(|m| fail(now, m))?;
             }
             if pyss || world.q.peek_time() != Some(now) {
                 break;
@@ -632,7 +698,7 @@ pub fn simulate(
         let t0 = std::time::Instant::now();
         let stats = ctl.schedule(now);
         let elapsed = t0.elapsed();
-        let sc = ctl.engine.scale_stats();
+        let sc = ctl.controller().engine.scale_stats();
         scaling.ups += sc.ups;
         scaling.downs += sc.downs;
         scaling.oscillation_alerts += sc.oscillation_alerts;
@@ -642,18 +708,19 @@ pub fn simulate(
             deferred += stats.deferred as u64;
             deferred_topology += stats.deferred_topology as u64;
             if let Some(b) = inventory.power_budget_w {
-                headroom.push(b.saturating_sub(ctl.engine.power_used_w()) as f64 / 1000.0);
+                headroom.push(b.saturating_sub(ctl.controller().engine.power_used_w()) as f64 / 1000.0);
             }
         }
         ctl.dispatch(now, &mut world).map_err(|e| fail(now, e.to_string()))?;
         if stats.ran
             && let Some(c) = checker.as_mut()
         {
-            c.after_pass(&ctl.engine, now).map_err(|m| fail(now, m))?;
+            c.after_pass(&ctl.controller().engine, now).map_err(|m| fail(now, m))?;
         }
     }
     progress(total, total);
-    let engine = &ctl.engine;
+    let decisions = ctl.controller_mut().take_log();
+    let engine = &ctl.controller().engine;
     let world::FakeWorld {
         mut quorum,
         mut fake,
@@ -695,9 +762,9 @@ pub fn simulate(
             .filter_map(|j| Some(j.borrowed as f64 * j.run_s? / 3600.0))
             .sum::<f64>(),
     );
-    summary.checkpoint_hints = ctl.stats.broker_hints;
-    summary.broker_checkpoints = ctl.stats.broker_checkpoints;
-    summary.preemption_checkpoints = ctl.stats.preemption_checkpoints;
+    summary.checkpoint_hints = ctl.controller().stats.broker_hints;
+    summary.broker_checkpoints = ctl.controller().stats.broker_checkpoints;
+    summary.preemption_checkpoints = ctl.controller().stats.preemption_checkpoints;
     let staged: Vec<(Time, Option<Time>, Option<Time>)> = engine
         .allocations()
         .iter()
@@ -753,14 +820,14 @@ pub fn simulate(
     summary.task_groups = groups;
     summary.node_failures = node_failures;
     summary.injected_failures = injected;
-    summary.lost_node_hours = metrics::round6(ctl.stats.lost_node_s / 3600.0);
+    summary.lost_node_hours = metrics::round6(ctl.controller().stats.lost_node_s / 3600.0);
     summary.requeues = engine.allocations().iter().map(|a| a.requeues as u64).sum();
     summary.prologue_failures = fake.prologue_failures;
     let (kwh, energy_cost) = energy_use(&summary_jobs_energy(engine, &node_power), &energy_prices);
     summary.energy_kwh = kwh;
     summary.energy_cost = energy_cost;
-    summary.preemptions = ctl.stats.preemptions.values().sum();
-    summary.preemptions_by_reason = world::by_reason(&ctl.stats.preemptions);
+    summary.preemptions = ctl.controller().stats.preemptions.values().sum();
+    summary.preemptions_by_reason = world::by_reason(&ctl.controller().stats.preemptions);
     summary.preemption_kills = preemption_kills;
     summary.checkpoint_success_rate = if checkpoint_attempts > 0 {
         metrics::round6(checkpoint_ok as f64 / checkpoint_attempts as f64)
@@ -778,8 +845,8 @@ pub fn simulate(
     }
     summary.audit_entries = quorum.audit.entries().len() as u64;
     summary.audit_chain_valid = audit::AuditLog::verify(quorum.audit.entries()).is_ok();
-    summary.wipes = ctl.stats.wipes;
-    summary.quarantined_nodes = ctl.stats.quarantined_nodes;
+    summary.wipes = ctl.controller().stats.wipes;
+    summary.quarantined_nodes = ctl.controller().stats.quarantined_nodes;
     let claim_waits: Vec<f64> = engine
         .allocations()
         .iter()
@@ -804,7 +871,7 @@ pub fn simulate(
             ))
         })
         .collect();
-    Ok(SimResult {
+    let result = SimResult {
         summary,
         jobs,
         scores,
@@ -818,8 +885,9 @@ pub fn simulate(
             t
         },
         tenant_targets,
-        decisions: ctl.take_log(),
-    })
+        decisions,
+    };
+    Ok((result, ctl))
 }
 
 /// DAG makespan and critical-path stretch, and task-group throughput, from the trace's structure and

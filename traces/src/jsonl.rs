@@ -37,6 +37,8 @@ pub const EVENT_TYPES: &[&str] = &[
     "metric",
     "load_curve",
     "prologue_fail",
+    "cancel",
+    "walltime",
 ];
 
 #[derive(Deserialize)]
@@ -422,6 +424,19 @@ struct ClaimEvent {
     claim: SubmitIn,
 }
 
+/// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangeEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    alloc_id: String,
+    walltime: Option<DurationValue>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReleaseEvent {
@@ -673,6 +688,24 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                         TraceEventKind::StorageRecover
                     },
                 )),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "cancel" | "walltime" => match serde_json::from_str::<ChangeEvent>(t) {
+                Ok(e) if head.kind == "cancel" => {
+                    others.push((ts_ms, line_no, TraceEventKind::Cancel { alloc: e.alloc_id }))
+                }
+                Ok(e) => match e.walltime.as_ref().map(walltime_value) {
+                    Some(Ok(walltime)) => others.push((
+                        ts_ms,
+                        line_no,
+                        TraceEventKind::Walltime {
+                            alloc: e.alloc_id,
+                            walltime,
+                        },
+                    )),
+                    Some(Err(m)) => w.skip(problem(Some("walltime"), "invalid_field", m)),
+                    None => w.skip(problem(Some("walltime"), "missing_field", "the new walltime".into())),
+                },
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
             },
             "release" => match serde_json::from_str::<ReleaseEvent>(t) {
@@ -1204,6 +1237,32 @@ fn field_of(e: &serde_json::Error) -> Option<String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn cancels_and_walltime_changes_are_events() {
+        let text = r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "nodes": 1, "walltime": "1h"}}
+{"ts": 60, "type": "walltime", "alloc_id": "a", "walltime": "2h"}
+{"ts": 90, "type": "cancel", "alloc_id": "a"}
+{"ts": 95, "type": "walltime", "alloc_id": "a", "walltime": "never"}
+{"ts": 96, "type": "walltime", "alloc_id": "a"}
+{"ts": 97, "type": "cancel", "alloc_id": "a", "why": "x"}"#;
+        let w = parse_jsonl("t.jsonl", text);
+        let kinds: Vec<(u64, TraceEventKind)> = w.events.iter().map(|e| (e.time.0, e.kind.clone())).collect();
+        assert_eq!(
+            kinds,
+            [
+                (
+                    60_000,
+                    TraceEventKind::Walltime {
+                        alloc: "a".into(),
+                        walltime: Duration::from_hours(2)
+                    }
+                ),
+                (90_000, TraceEventKind::Cancel { alloc: "a".into() }),
+            ]
+        );
+        let fields: Vec<(u64, Option<&str>)> = w.problems.iter().map(|p| (p.line, p.field.as_deref())).collect();
+        assert_eq!(fields, [(4, Some("walltime")), (5, Some("walltime")), (6, Some("why"))]);
+    }
     #[test]
     fn seed_example_parses() {
         let text = r#"{"ts": "2026-03-01T00:00:01Z", "type": "submit", "alloc": {"id": "abc-123", "nodes": 64, "gpu_type": "GH200", "walltime": "72h", "tenant": "physics", "priority": 4}}

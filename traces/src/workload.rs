@@ -58,6 +58,15 @@ pub enum TraceEventKind {
     },
     StorageOutage,
     StorageRecover,
+    /// The allocation is cancelled (waiting or running).
+    Cancel {
+        alloc: String,
+    },
+    /// The allocation's walltime changes (`PATCH`).
+    Walltime {
+        alloc: String,
+        walltime: Duration,
+    },
     /// A sample of a reactive allocation's scaling metric.
     Metric {
         alloc: String,

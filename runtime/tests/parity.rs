@@ -1,0 +1,223 @@
+//! One controller, two worlds: the same trace replayed (a) by `rm-replay`'s driver — the controller
+//! carrying its decisions straight to the fake world — and (b) by the runtime's control plane
+//! ([`ReplayHost`]: its input entry points, its translation of every decision into a named action,
+//! each action carried out through the ports) on the same virtual clock and fake world. Both must
+//! tell the world the identical decisions at identical times (every proposal with its nodes,
+//! launch with its resume point, preemption, checkpoint, scale, wipe, release, watch and wake-up)
+//! and end with the identical `jobs.csv` and summary. Library traces (including preemption-heavy and
+//! sensitive-claim, with node failures and a commit latency), and generated workloads (proptest).
+
+use lattice_engine::Duration;
+use lattice_runtime::replay::ReplayHost;
+use lattice_sim::{FailureModel, SimConfig, SimResult};
+use lattice_traces::{Inventory, SwfOptions, Workload};
+use proptest::prelude::*;
+use std::path::{Path, PathBuf};
+
+fn library(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces/library")
+        .join(file)
+}
+
+/// A library entry as `rm-replay regress` loads it: trace, inventory, tenants and weight profile.
+fn load(trace: &str, inventory: &str, weights: &Path) -> (Workload, Inventory, SimConfig) {
+    let mut w = lattice_traces::read_trace(&library(trace), &SwfOptions::default()).unwrap();
+    let inv = lattice_traces::read_inventory(&library(inventory)).unwrap();
+    let prof = lattice_traces::read_profile(weights).unwrap();
+    let mut vclusters = std::collections::BTreeMap::new();
+    let names = w.vclusters.names().to_vec();
+    if names == ["default"] && !prof.vclusters.contains_key("default") {
+        // The trace's jobs run in the profile's only vCluster.
+        let (name, p) = prof.vclusters.iter().next().unwrap();
+        w.vclusters = lattice_engine::Registry::default();
+        w.vclusters.intern(name);
+        vclusters.insert(name.clone(), p.config(None));
+    } else {
+        for n in names {
+            vclusters.insert(n.clone(), prof.vclusters[&n].config(None));
+        }
+    }
+    let cfg = SimConfig {
+        vclusters,
+        tenants: lattice_traces::read_tenants(&library("tenants.yaml")).unwrap(),
+        sensitive_pool_size: inv.sensitive_pool_size,
+        decision_log: true,
+        ..SimConfig::default()
+    };
+    (w, inv, cfg)
+}
+
+/// Replays in both worlds; asserts they agree and returns the sim's result.
+fn both_worlds(w: &Workload, inv: &Inventory, cfg: &SimConfig) -> SimResult {
+    let sim = lattice_sim::simulate(w, inv, cfg, &mut |_, _| {}).expect("rm-replay's driver");
+    let (rt, host) = lattice_sim::simulate_with(w, inv, cfg, &mut |_, _| {}, |ctl, names| {
+        ReplayHost::new(ctl, names).expect("the control plane")
+    })
+    .expect("the runtime's control plane");
+    assert!(!sim.decisions.is_empty());
+    // What the runtime told the world, action by action, is what the simulator's driver decided.
+    if let Some(i) = (0..sim.decisions.len().max(host.log.len())).find(|&i| sim.decisions.get(i) != host.log.get(i)) {
+        let around = |l: &[String]| l[i.saturating_sub(3)..(i + 3).min(l.len())].join("\n  ");
+        panic!(
+            "decision {i} differs ({} vs {} decisions)\n sim:\n  {}\n runtime:\n  {}",
+            sim.decisions.len(),
+            host.log.len(),
+            around(&sim.decisions),
+            around(&host.log)
+        );
+    }
+    // jobs.csv, row by row.
+    let csv = |r: &SimResult| {
+        let mut s = String::new();
+        for j in &r.jobs {
+            j.csv_row(&mut s);
+        }
+        s
+    };
+    let (a, b) = (csv(&sim), csv(&rt));
+    for (x, y) in a.lines().zip(b.lines()) {
+        assert_eq!(x, y, "jobs.csv differs");
+    }
+    assert_eq!(a.lines().count(), b.lines().count());
+    // The summary, but for the time the passes took.
+    let strip = |r: &SimResult| {
+        let mut v = serde_json::to_value(&r.summary).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.retain(|k, _| !k.contains("cpu") && !k.contains("wall") && !k.contains("pass_"));
+        v
+    };
+    assert_eq!(strip(&sim), strip(&rt));
+    assert_eq!(sim.audit.to_jsonl(), rt.audit.to_jsonl(), "the sensitive audit chain");
+    sim
+}
+
+fn decisions_of(r: &SimResult, kind: &str) -> usize {
+    r.decisions.iter().filter(|d| d.split(' ').nth(1) == Some(kind)).count()
+}
+
+#[test]
+fn preemption_heavy_decides_the_same_in_both_worlds() {
+    let (w, inv, mut cfg) = load(
+        "preemption-heavy.jsonl",
+        "library-128.yaml",
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/ml-training.yaml"),
+    );
+    let r = both_worlds(&w, &inv, &cfg);
+    assert!(decisions_of(&r, "preempt") >= 50, "the trace preempts");
+    assert!(decisions_of(&r, "checkpoint") > 0, "the broker hints");
+    // With node failures (requeues resume from checkpoints) and a quorum that takes 40 ms to commit.
+    cfg.failures = Some(FailureModel {
+        mtbf: Duration::from_hours(300),
+        repair: Duration::from_hours(4),
+    });
+    cfg.seed = 3;
+    cfg.commit_latency = Duration(40);
+    let r = both_worlds(&w, &inv, &cfg);
+    assert!(
+        decisions_of(&r, "stop") > 0,
+        "nodes were lost under running allocations"
+    );
+}
+
+#[test]
+fn sensitive_claims_decide_the_same_in_both_worlds() {
+    let (w, inv, cfg) = load(
+        "sensitive-claim.jsonl",
+        "library-sensitive-128.yaml",
+        &library("sensitive-claim.profile.yaml"),
+    );
+    let r = both_worlds(&w, &inv, &cfg);
+    assert!(decisions_of(&r, "wipe") >= 15, "released claims are wiped");
+    assert!(
+        decisions_of(&r, "audit") >= 45,
+        "claims, releases and wipes are audited"
+    );
+}
+
+#[test]
+fn burst_and_unfair_decide_the_same_in_both_worlds() {
+    let profiles = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/hpc-batch.yaml");
+    for trace in ["burst.jsonl", "unfair.jsonl"] {
+        let (w, inv, mut cfg) = load(trace, "library-128.yaml", &profiles);
+        cfg.horizon = Some(lattice_engine::Time::ZERO + Duration::from_hours(96));
+        both_worlds(&w, &inv, &cfg);
+    }
+}
+
+/// A generated workload on 16 nodes: sizes, run times, walltimes (some too short), classes,
+/// checkpointable or not, a few sensitive claims, cancels and walltime extensions, node failures.
+fn workload() -> impl Strategy<Value = String> {
+    let job = (
+        0u32..20_000,
+        1u32..=8,
+        60u32..20_000,
+        prop_oneof![Just(0.5), Just(1.0), Just(2.0)],
+        0u8..=9,
+        any::<bool>(),
+        0u8..20,
+    );
+    proptest::collection::vec(job, 5..40).prop_map(|jobs| {
+        let mut out = String::new();
+        for (i, (ts, nodes, run, wt, class, ckpt, special)) in jobs.into_iter().enumerate() {
+            let walltime = (run as f64 * wt).max(60.0);
+            let tenant = ["a", "b", "c"][i % 3];
+            let mut a = serde_json::json!({
+                "id": format!("j{i}"),
+                "tenant": tenant,
+                "nodes": nodes,
+                "duration": run,
+                "walltime": walltime,
+                "priority": class,
+            });
+            if ckpt {
+                a["checkpoint"] = serde_json::json!({"strategy": "auto", "estimated_minutes": 2.0});
+            }
+            let line = if special == 0 {
+                // A sensitive claim: first in line, takes its nodes at once, wiped on release.
+                a["user"] = "dr-who".into();
+                a.as_object_mut().unwrap().remove("priority");
+                serde_json::json!({"ts": ts, "type": "claim", "claim": a})
+            } else {
+                serde_json::json!({"ts": ts, "type": "submit", "alloc": a})
+            };
+            out.push_str(&line.to_string());
+            out.push('\n');
+            // Some owners cancel, some extend the walltime (while it waits or runs).
+            let later = ts + run / 2;
+            let change = match special {
+                1 => Some(serde_json::json!({"ts": later, "type": "cancel", "alloc_id": format!("j{i}")})),
+                2 => Some(serde_json::json!({"ts": later, "type": "walltime", "alloc_id": format!("j{i}"), "walltime": walltime * 2.0})),
+                _ => None,
+            };
+            if let Some(c) = change {
+                out.push_str(&c.to_string());
+                out.push('\n');
+            }
+        }
+        out
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn generated_workloads_decide_the_same_in_both_worlds(text in workload(), seed in 0u64..1000, fail in any::<bool>()) {
+        let w = lattice_traces::parse_jsonl("gen.jsonl", &text);
+        prop_assume!(w.skipped_total() == 0);
+        let inv = lattice_traces::homogeneous(16);
+        let prof = lattice_traces::parse_profile(
+            "p.yaml",
+            "default:\n  priority: 0.3\n  wait_time: 0.2\n  fair_share: 0.2\n  topology: 0.05\n  data_readiness: 0.05\n  backlog: 0.05\n  energy: 0.0\n  checkpoint: 0.1\n  conformance: 0.05\n  policy: backfill\n  backfill_depth: 10\n  cycle_interval: 30s\n",
+        )
+        .unwrap();
+        let cfg = SimConfig {
+            vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
+            decision_log: true,
+            seed,
+            failures: fail.then_some(FailureModel { mtbf: Duration::from_hours(20), repair: Duration::from_hours(1) }),
+            ..SimConfig::default()
+        };
+        both_worlds(&w, &inv, &cfg);
+    }
+}

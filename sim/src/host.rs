@@ -1,0 +1,51 @@
+//! What the replay loop drives: the [`Controller`] itself (`rm-replay`), or a control plane that
+//! holds one — the runtime's, on the replay's virtual clock, so one trace goes through both worlds'
+//! code down to the same fake world (the parity test).
+
+use lattice_engine::{
+    AllocId, AllocSpec, ControlError, Controller, Input, PassStats, SubmitError, TenantId, Time, VClusterId, World,
+};
+use lattice_traces::TraceJob;
+
+/// The site's names as the replay registered them in the engine (node i is `NodeId(i)`).
+#[derive(Clone, Debug, Default)]
+pub struct SiteNames {
+    pub nodes: Vec<String>,
+    pub tenants: Vec<(String, TenantId)>,
+    pub vclusters: Vec<(String, VClusterId)>,
+}
+
+/// A controller's host. Inputs and passes go through it; what they decide reaches `world`.
+pub trait Host {
+    fn controller(&self) -> &Controller;
+    fn controller_mut(&mut self) -> &mut Controller;
+    /// A trace job arrives (its spec with the engine's tenant, vCluster and dependency ids).
+    fn submit(&mut self, now: Time, job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError>;
+    /// Applies one input at `now`; what it caused reaches `world`.
+    fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError>;
+    /// A scheduling pass at `now` (then [`Host::dispatch`]).
+    fn schedule(&mut self, now: Time) -> PassStats;
+    /// Carries out what the pass decided.
+    fn dispatch(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError>;
+}
+
+impl Host for Controller {
+    fn controller(&self) -> &Controller {
+        self
+    }
+    fn controller_mut(&mut self) -> &mut Controller {
+        self
+    }
+    fn submit(&mut self, now: Time, _job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError> {
+        Controller::submit(self, now, spec)
+    }
+    fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
+        Controller::apply(self, now, input, world)
+    }
+    fn schedule(&mut self, now: Time) -> PassStats {
+        Controller::schedule(self, now)
+    }
+    fn dispatch(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError> {
+        Controller::dispatch(self, now, world)
+    }
+}
