@@ -132,6 +132,8 @@ pub struct Controller {
     pub stats: ControlStats,
     runs: Vec<Run>,
     log: Option<Vec<String>>,
+    /// The last wake-up asked of the world (it is not asked twice).
+    last_wake: Option<Time>,
 }
 
 impl Controller {
@@ -143,6 +145,7 @@ impl Controller {
             stats: ControlStats::default(),
             runs: Vec::new(),
             log: None,
+            last_wake: None,
         }
     }
 
@@ -160,6 +163,12 @@ impl Controller {
             self.runs.resize(id.index() + 1, Run::default());
         }
         &mut self.runs[id.index()]
+    }
+
+    /// Work the allocation has done by `now` in its current run, counting the work that run resumed
+    /// from (its whole work when the run ends by itself).
+    pub fn work_done(&self, id: AllocId, now: Time) -> Duration {
+        self.runs.get(id.index()).map_or(Duration::ZERO, |r| r.progress(now))
     }
 
     /// Work the allocation's next run resumes from (kept by its last completed checkpoint).
@@ -447,10 +456,12 @@ impl Controller {
                 }
             }
         }
-        // Cycle ticks, energy windows, staging ends: the engine asks to be woken.
+        // Cycle ticks, energy windows, staging ends: the engine asks to be woken (once per time).
         if let Some(t) = self.engine.next_wakeup()
             && t > now
+            && self.last_wake != Some(t)
         {
+            self.last_wake = Some(t);
             self.emit(world, now, Decision::WakeAt(t));
         }
         Ok(())

@@ -631,6 +631,12 @@ impl Control {
         }
     }
 
+    /// Appends the trace capture to `path` from now on (a replay's, for the round trip).
+    pub fn capture_to(&mut self, path: &std::path::Path) -> std::io::Result<()> {
+        self.capture = Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?);
+        Ok(())
+    }
+
     /// Runs on a virtual clock from now on: every input and pass happens at `t` until the next call.
     pub fn set_clock(&mut self, t: Time) {
         self.clock = Some(t);
@@ -702,7 +708,7 @@ impl Control {
         if let Some((first, _)) = elements.first()
             && let Some(&id) = self.by_name.get(first)
         {
-            self.capture_submit(id, &base, &req, Some(&tg));
+            self.capture_submit(id, &base, Some(&tg));
         }
         Ok(Submitted { id: base, elements })
     }
@@ -933,7 +939,7 @@ impl Control {
         };
         self.enqueued(id, meta);
         if group.is_none() {
-            self.capture_submit(id, &name, &req, None);
+            self.capture_submit(id, &name, None);
         }
         Ok(name)
     }
@@ -957,6 +963,7 @@ impl Control {
                 ..Meta::new(name.to_string(), run)
             },
         );
+        self.capture_submit(id, name, None);
         Ok(id)
     }
 
@@ -969,42 +976,44 @@ impl Control {
     }
 
     /// The capture's submit line (a task group once, under its id, with its range).
-    fn capture_submit(&mut self, id: AllocId, name: &str, req: &SubmitRequest, tg: Option<&TaskGroupIn>) {
+    fn capture_submit(&mut self, id: AllocId, name: &str, tg: Option<&TaskGroupIn>) {
         if self.capture.is_none() {
             return;
         }
         let Some(a) = self.ctl.engine.allocation(id) else {
             return;
         };
-        let vc_name = self
+        let vcluster = self
             .ctl
             .engine
             .vcluster(a.spec.vcluster)
             .map(|v| v.name)
             .unwrap_or_default();
-        let claim = a.spec.sensitive_claim;
-        let mut line = serde_json::json!({
-            "ts": a.submitted.0 as f64 / 1000.0,
-            "type": "submit",
-            "alloc": {
-                "id": name,
-                "tenant": req.tenant,
-                "vcluster": vc_name,
-                "nodes": a.spec.nodes.min,
-                "walltime": a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),
-                "priority": a.spec.preemption_class.get(),
-                "user": req.user,
-                "task_group": tg,
-            }
-        });
-        if claim {
-            // A sensitive claim: the trace format's `claim` event (class 10, the user's identity).
-            let mut body = line["alloc"].take();
-            if let Some(o) = body.as_object_mut() {
-                o.remove("priority");
-            }
-            line = serde_json::json!({"ts": line["ts"], "type": "claim", "claim": body});
+        let tenant = self.tenant_name(a.spec.tenant);
+        let m = self.meta.get(id.index());
+        let names = lattice_traces::SpecNames {
+            tenant: &tenant,
+            project: m.and_then(|m| m.project.as_deref()).unwrap_or("default"),
+            vcluster: &vcluster,
+            user: m.and_then(|m| m.user.as_deref()),
+            deps: a
+                .spec
+                .depends_on
+                .iter()
+                .map(|d| (self.name_of(d.on), d.condition))
+                .collect(),
+        };
+        let mut body = lattice_traces::alloc_json(name, &a.spec, &names);
+        if let Some(tg) = tg {
+            body.insert("task_group".into(), serde_json::json!(tg));
         }
+        let ts = a.submitted.0 as f64 / 1000.0;
+        // A sensitive claim is the trace format's `claim` event.
+        let line = if a.spec.sensitive_claim {
+            serde_json::json!({"ts": ts, "type": "claim", "claim": body})
+        } else {
+            serde_json::json!({"ts": ts, "type": "submit", "alloc": body})
+        };
         self.capture_line(line);
     }
 
@@ -1407,20 +1416,30 @@ impl Control {
             return false;
         }
         let now = self.now();
-        let started = self.ctl.engine.allocation(id).and_then(|a| a.started).unwrap_or(now);
+        // All the work it did, from the checkpoint its last run resumed from.
+        let work = self.ctl.work_done(id, now);
         if let Err(e) = self.input(Input::Exited(id, reason)) {
             tracing::warn!("{}: end not applied: {e}", self.name_of(id));
             return false;
         }
         self.preempting.remove(&id);
         let name = self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default();
-        self.capture_line(serde_json::json!({
-            "ts": now.0 as f64 / 1000.0,
-            "type": "complete",
-            "alloc_id": name,
-            "duration": now.since(started).as_secs_f64(),
-            "exit": if reason == EndReason::Success { 0 } else { 1 },
-        }));
+        // Killed for a preemption: the replay's world decides that again (its run's natural length is
+        // unknown). Killed at the walltime: it wanted more than it got.
+        if reason != EndReason::PreemptionKilled {
+            let extra = if reason == EndReason::WalltimeExceeded {
+                0.001
+            } else {
+                0.0
+            };
+            self.capture_line(serde_json::json!({
+                "ts": now.0 as f64 / 1000.0,
+                "type": "complete",
+                "alloc_id": name,
+                "duration": work.as_secs_f64() + extra,
+                "exit": if reason == EndReason::Success { 0 } else { 1 },
+            }));
+        }
         true
     }
 

@@ -18,6 +18,8 @@ use lattice_traces::TraceJob;
 pub struct ReplayHost {
     pub control: Control,
     pub log: Vec<String>,
+    /// The last wake-up asked of the world (it is not asked twice).
+    last_wake: Option<Time>,
 }
 
 impl ReplayHost {
@@ -30,6 +32,7 @@ impl ReplayHost {
         Ok(ReplayHost {
             control,
             log: Vec::new(),
+            last_wake: None,
         })
     }
 
@@ -172,7 +175,10 @@ impl Host for ReplayHost {
     /// the quorum's answers are in).
     fn dispatch(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError> {
         self.carry_out(now, world);
-        if let Some(t) = self.control.next_wakeup() {
+        if let Some(t) = self.control.next_wakeup()
+            && self.last_wake != Some(t)
+        {
+            self.last_wake = Some(t);
             let d = Decision::WakeAt(t);
             self.log.push(format!("{} {d}", now.0));
             d.dispatch(world, &self.control.ctl.engine, now);

@@ -92,6 +92,47 @@ fn both_worlds(w: &Workload, inv: &Inventory, cfg: &SimConfig) -> SimResult {
     sim
 }
 
+/// The capture round trip: the runtime's control plane replays the trace with its trace capture on;
+/// `rm-replay` replays the capture; both decide the same (log and `jobs.csv`).
+fn capture_round_trip(w: &Workload, inv: &Inventory, cfg: &SimConfig, tag: &str) {
+    let path = std::env::temp_dir().join(format!("lattice-parity-{}-{tag}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let (original, host) = lattice_sim::simulate_with(w, inv, cfg, &mut |_, _| {}, |ctl, names| {
+        let mut h = ReplayHost::new(ctl, names).expect("the control plane");
+        h.control.capture_to(&path).expect("the capture file");
+        h
+    })
+    .expect("the runtime's control plane");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let captured = lattice_traces::parse_jsonl("capture.jsonl", &text);
+    assert_eq!(captured.skipped_total(), 0, "{:?}", captured.problems);
+    assert_eq!(captured.jobs.len(), w.jobs.len(), "every submission is captured");
+    let replayed = lattice_sim::simulate(&captured, inv, cfg, &mut |_, _| {}).expect("rm-replay on the capture");
+    // What the runtime told its world, against what rm-replay decides from the capture.
+    let told = &host.log;
+    if let Some(i) = (0..told.len().max(replayed.decisions.len())).find(|&i| told.get(i) != replayed.decisions.get(i)) {
+        let around = |l: &[String]| l[i.saturating_sub(3)..(i + 3).min(l.len())].join("\n  ");
+        panic!(
+            "{tag}: decision {i} differs after the round trip ({} vs {} decisions)\n runtime:\n  {}\n replayed capture:\n  {}",
+            told.len(),
+            replayed.decisions.len(),
+            around(told),
+            around(&replayed.decisions)
+        );
+    }
+    let csv = |r: &SimResult| {
+        let mut s = String::new();
+        for j in &r.jobs {
+            j.csv_row(&mut s);
+        }
+        s
+    };
+    for (x, y) in csv(&original).lines().zip(csv(&replayed).lines()) {
+        assert_eq!(x, y, "{tag}: jobs.csv differs after the round trip");
+    }
+}
+
 fn decisions_of(r: &SimResult, kind: &str) -> usize {
     r.decisions.iter().filter(|d| d.split(' ').nth(1) == Some(kind)).count()
 }
@@ -118,6 +159,7 @@ fn preemption_heavy_decides_the_same_in_both_worlds() {
         decisions_of(&r, "stop") > 0,
         "nodes were lost under running allocations"
     );
+    capture_round_trip(&w, &inv, &cfg, "preemption-heavy");
 }
 
 #[test]
@@ -133,6 +175,7 @@ fn sensitive_claims_decide_the_same_in_both_worlds() {
         decisions_of(&r, "audit") >= 45,
         "claims, releases and wipes are audited"
     );
+    capture_round_trip(&w, &inv, &cfg, "sensitive-claim");
 }
 
 #[test]
@@ -219,5 +262,6 @@ proptest! {
             ..SimConfig::default()
         };
         both_worlds(&w, &inv, &cfg);
+        capture_round_trip(&w, &inv, &cfg, &format!("gen-{seed}"));
     }
 }

@@ -18,7 +18,6 @@
 
 use crate::error::{Problem, TraceError};
 use crate::workload::Workload;
-use lattice_engine::DependencyCondition;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -603,81 +602,37 @@ pub fn sacct_file(path: &Path, map: &CompatMapping) -> Result<Imported, TraceErr
     Ok(sacct(&path.display().to_string(), &text, map))
 }
 
-/// A workload (e.g. an SWF import) as JSONL: one `submit` per job with its tenant, vCluster (when not
-/// `default`), nodes, walltime, run time, class, user, constraints and dependencies; failed jobs get a
+/// A workload (e.g. an SWF import) as JSONL: one `submit` (a `claim` for a sensitive claim) per job with
+/// every field of its spec ([`crate::export::alloc_json`]), its user and run time; failed jobs get a
 /// `complete` event with a non-zero exit instead of a `duration`.
 pub fn workload_to_jsonl(w: &Workload) -> String {
     let mut lines = String::with_capacity(w.jobs.len() * 160);
     let name = |r: &lattice_engine::Registry, i: u32| r.names().get(i as usize).cloned().unwrap_or_default();
     for j in &w.jobs {
         let s = &j.spec;
-        let mut a = Map::new();
-        a.insert("id".into(), Value::from(j.id.as_str()));
-        a.insert("tenant".into(), Value::from(name(&w.tenants, s.tenant.0)));
-        let vc = name(&w.vclusters, s.vcluster.0);
-        if vc != "default" {
-            a.insert("vcluster".into(), Value::from(vc));
-        }
-        a.insert(
-            "nodes".into(),
-            if s.nodes.min == s.nodes.max {
-                Value::from(s.nodes.min)
-            } else {
-                json!({"min": s.nodes.min, "max": s.nodes.max})
-            },
+        let (tenant, project, vcluster) = (
+            name(&w.tenants, s.tenant.0),
+            name(&w.projects, s.project.0),
+            name(&w.vclusters, s.vcluster.0),
         );
-        if let Some(wt) = s.lifecycle.walltime() {
-            a.insert("walltime".into(), Value::from(wt.as_secs_f64()));
-        }
-        if s.preemption_class != lattice_engine::PreemptionClass::default() {
-            a.insert("priority".into(), Value::from(s.preemption_class.get()));
-        }
-        if let Some(u) = &j.user {
-            a.insert("user".into(), Value::from(u.as_str()));
-        }
-        let c = &s.constraints;
-        if !c.is_empty() {
-            let mut m = Map::new();
-            if let Some(t) = &c.gpu_type {
-                m.insert("gpu_type".into(), Value::from(t.as_str()));
-            }
-            for (k, v) in [
-                ("gpu_count", c.gpu_count),
-                ("cpu_cores", c.cpu_cores),
-                ("memory_gb", c.memory_gb),
-            ] {
-                if let Some(v) = v {
-                    m.insert(k.into(), Value::from(v));
-                }
-            }
-            if !c.features.is_empty() {
-                m.insert(
-                    "features".into(),
-                    Value::from(c.features.iter().cloned().collect::<Vec<_>>()),
-                );
-            }
-            a.insert("constraints".into(), Value::Object(m));
-        }
-        if !j.deps.is_empty() {
-            let deps: Vec<Value> = j
-                .deps
-                .iter()
-                .map(|(i, cond)| {
-                    let c = match cond {
-                        DependencyCondition::Success => "success",
-                        DependencyCondition::Failure => "failure",
-                        DependencyCondition::Any => "any",
-                    };
-                    json!({"ref": w.jobs[*i].id, "condition": c})
-                })
-                .collect();
-            a.insert("depends_on".into(), Value::from(deps));
-        }
+        let names = crate::export::SpecNames {
+            tenant: &tenant,
+            project: if project.is_empty() { "default" } else { &project },
+            vcluster: if vcluster.is_empty() { "default" } else { &vcluster },
+            user: j.user.as_deref(),
+            deps: j.deps.iter().map(|&(i, c)| (w.jobs[i].id.clone(), c)).collect(),
+        };
+        let mut a = crate::export::alloc_json(&j.id, s, &names);
         let ts = j.submit.as_secs_f64();
         if let (Some(r), true) = (j.runtime, j.exit_ok) {
             a.insert("duration".into(), Value::from(r.as_secs_f64()));
         }
-        lines.push_str(&json!({"ts": ts, "type": "submit", "alloc": a}).to_string());
+        let line = if s.sensitive_claim {
+            json!({"ts": ts, "type": "claim", "claim": a})
+        } else {
+            json!({"ts": ts, "type": "submit", "alloc": a})
+        };
+        lines.push_str(&line.to_string());
         lines.push('\n');
         if let (Some(r), false) = (j.runtime, j.exit_ok) {
             lines.push_str(

@@ -15,6 +15,7 @@
 
 pub mod duration;
 pub mod error;
+pub mod export;
 pub mod import;
 pub mod inventory;
 pub mod jsonl;
@@ -29,6 +30,7 @@ pub use duration::{
     MAX_DURATION, MAX_TIMESTAMP_S, MAX_WALLTIME, check_walltime, parse_duration, parse_walltime, secs_to_duration,
 };
 pub use error::{Problem, TraceError};
+pub use export::{SpecNames, alloc_json};
 pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory, site_engine};
 pub use jsonl::{checkpoint_spec, parse_jsonl, reactive_lifecycle, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
