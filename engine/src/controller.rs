@@ -15,10 +15,11 @@ use crate::AllocSpec;
 use crate::alloc::{AllocState, CheckpointKind, EndReason};
 use crate::engine::{Engine, PassStats};
 use crate::error::{EngineError, SubmitError};
-use crate::ids::{AllocId, NodeId};
+use crate::ids::{AllocId, NodeId, VClusterId};
 use crate::node::NodeEvent;
 use crate::preempt::{Command, PreemptReason};
 use crate::time::{Duration, Time};
+use crate::weights::CostWeights;
 use crate::world::{AuditEvent, Decision, PreemptHow, PreemptOrder, StopReason, World};
 use std::collections::BTreeMap;
 
@@ -52,6 +53,8 @@ pub enum Input {
     Walltime(AllocId, Duration),
     /// The data prefetch of a staging allocation failed.
     StagingFailed(AllocId),
+    /// An administrator set a vCluster's cost weights (hot reload).
+    Weights(VClusterId, CostWeights),
 }
 
 /// Why an input or output was refused.
@@ -300,6 +303,15 @@ impl Controller {
             }
             Input::Walltime(id, walltime) => self.engine.handle_walltime_update(now, id, walltime)?,
             Input::StagingFailed(id) => self.engine.handle_staging_failure(now, id)?,
+            Input::Weights(vc, weights) => {
+                let mut cfg = self
+                    .engine
+                    .vcluster_config(vc)
+                    .cloned()
+                    .ok_or(EngineError::UnknownVCluster(vc))?;
+                cfg.weights = Some(weights);
+                self.engine.configure_vcluster(vc, cfg)?;
+            }
         }
         Ok(())
     }

@@ -1079,6 +1079,12 @@ impl Control {
             Input::Storage(up) => serde_json::json!({
                 "ts": ts, "type": if up { "storage_recover" } else { "storage_outage" }
             }),
+            Input::Weights(vc, weights) => serde_json::json!({
+                "ts": ts,
+                "type": "weights",
+                "vcluster": self.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default(),
+                "weights": weights,
+            }),
             Input::Node(n, ev) => {
                 let (kind, mode) = match ev {
                     E::Drain => ("drain", None),
@@ -2333,16 +2339,7 @@ impl Control {
             .vclusters
             .get(vcluster)
             .ok_or_else(|| bad("vcluster", format!("vCluster \"{vcluster}\" not found")))?;
-        let mut cfg = self
-            .ctl
-            .engine
-            .vcluster_config(id)
-            .cloned()
-            .unwrap_or_else(|| VClusterConfig::new(Policy::EASY));
-        cfg.weights = Some(weights);
-        self.ctl
-            .engine
-            .configure_vcluster(id, cfg)
+        self.input(Input::Weights(id, weights))
             .map_err(|e| bad("weights", e.to_string()))
     }
 

@@ -160,6 +160,12 @@ impl Host for ReplayHost {
                 let name = self.control.name_of(id);
                 self.control.cancel(&name);
             }
+            Input::Weights(vc, weights) => {
+                let name = self.control.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default();
+                if let Err(e) = self.control.set_weights(&name, weights) {
+                    return Err(ControlError::Invariant(format!("{}: {}", e.field, e.message)));
+                }
+            }
             other => self.control.input(other)?,
         }
         self.carry_out(now, world);

@@ -239,7 +239,7 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
     let completed = w.jobs.iter().filter(|j| j.runtime.is_some()).count();
     assert_eq!(completed, 4, "the cancelled one has no completion");
     // The inputs from outside the replay's world are there too, at their times: the cancel, the
-    // drain and the undrain (in that order).
+    // drain, the undrain and the accepted weight change (in that order; the refused one is not).
     use lattice_traces::TraceEventKind as K;
     let changes: Vec<String> = w
         .events
@@ -248,6 +248,10 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
             K::Cancel { alloc } => Some(format!("cancel {alloc}")),
             K::Drain { node } => Some(format!("drain {node}")),
             K::Undrain { node } => Some(format!("undrain {node}")),
+            K::Weights { vcluster, weights } => Some(format!(
+                "weights {vcluster} {} {} {}",
+                weights.priority, weights.wait_time, weights.fair_share
+            )),
             _ => None,
         })
         .collect();
@@ -257,7 +261,8 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
         [
             format!("cancel {cancelled}"),
             "drain sim-001".into(),
-            "undrain sim-001".into()
+            "undrain sim-001".into(),
+            "weights default 0.5 0.5 0".into()
         ]
     );
 }

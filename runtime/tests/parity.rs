@@ -189,7 +189,8 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 }
 
 /// A generated workload on 16 nodes: sizes, run times, walltimes (some too short), classes,
-/// checkpointable or not, a few sensitive claims, cancels and walltime extensions, node failures.
+/// checkpointable or not, a few sensitive claims, cancels and walltime extensions, a reweighting,
+/// node failures.
 fn workload() -> impl Strategy<Value = String> {
     let job = (
         0u32..20_000,
@@ -235,6 +236,16 @@ fn workload() -> impl Strategy<Value = String> {
             };
             if let Some(c) = change {
                 out.push_str(&c.to_string());
+                out.push('\n');
+            }
+            // An administrator reweights the queue once, a few hours in.
+            if i == 3 {
+                let w = serde_json::json!({
+                    "priority": 0.05, "wait_time": 0.6, "fair_share": 0.05, "topology": 0.05,
+                    "data_readiness": 0.05, "backlog": 0.05, "energy": 0.0, "checkpoint": 0.1,
+                    "conformance": 0.05
+                });
+                out.push_str(&serde_json::json!({"ts": 7_200, "type": "weights", "vcluster": "default", "weights": w}).to_string());
                 out.push('\n');
             }
         }

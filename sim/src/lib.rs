@@ -578,6 +578,18 @@ pub fn simulate_with<H: Host>(
                                 .map_err(|e| refused(now, Input::Storage(false), e))?;
                             None
                         }
+                        K::Weights { vcluster, weights } => {
+                            let engine = &ctl.controller().engine;
+                            let vc = (0..engine_vclusters(engine))
+                                .map(|i| VClusterId(i as u32))
+                                .find(|&v| engine.vcluster(v).is_some_and(|x| &x.name == vcluster));
+                            match vc {
+                                Some(v) if ctl.apply(now, Input::Weights(v, *weights), &mut world).is_ok() => {}
+                                Some(_) => *rejected.entry("change_refused".into()).or_default() += 1,
+                                None => *rejected.entry("unknown_vcluster".into()).or_default() += 1,
+                            }
+                            None
+                        }
                         K::Cancel { alloc } | K::Walltime { alloc, .. } => {
                             // A change by its owner: refused (and counted) when it cannot apply, e.g.
                             // the allocation already ended.

@@ -39,6 +39,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "prologue_fail",
     "cancel",
     "walltime",
+    "weights",
 ];
 
 #[derive(Deserialize)]
@@ -424,6 +425,19 @@ struct ClaimEvent {
     claim: SubmitIn,
 }
 
+/// `weights`: a vCluster's new cost weights (all nine, each >= 0).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightsEvent {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    vcluster: String,
+    weights: lattice_engine::CostWeights,
+}
+
 /// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -688,6 +702,28 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                         TraceEventKind::StorageRecover
                     },
                 )),
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "weights" => match serde_json::from_str::<WeightsEvent>(t) {
+                Ok(e) => match lattice_engine::CostWeights::NAMES
+                    .iter()
+                    .zip(e.weights.as_array())
+                    .find(|(_, v)| !(v.is_finite() && *v >= 0.0))
+                {
+                    Some((name, v)) => w.skip(problem(
+                        Some(format!("weights.{name}").as_str()),
+                        "invalid_field",
+                        format!("{v}: weights are >= 0"),
+                    )),
+                    None => others.push((
+                        ts_ms,
+                        line_no,
+                        TraceEventKind::Weights {
+                            vcluster: e.vcluster,
+                            weights: e.weights,
+                        },
+                    )),
+                },
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
             },
             "cancel" | "walltime" => match serde_json::from_str::<ChangeEvent>(t) {
@@ -1236,6 +1272,26 @@ fn field_of(e: &serde_json::Error) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weight_changes_are_events() {
+        let text = r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "nodes": 1, "walltime": "1h"}}
+{"ts": 60, "type": "weights", "vcluster": "hpc", "weights": {"priority": 0.5, "wait_time": 0.5, "fair_share": 0, "topology": 0, "data_readiness": 0, "backlog": 0, "energy": 0, "checkpoint": 0, "conformance": 0}}
+{"ts": 61, "type": "weights", "vcluster": "hpc", "weights": {"priority": -1, "wait_time": 0.5, "fair_share": 0, "topology": 0, "data_readiness": 0, "backlog": 0, "energy": 0, "checkpoint": 0, "conformance": 0}}
+{"ts": 62, "type": "weights", "vcluster": "hpc", "weights": {"priority": 1}}"#;
+        let w = parse_jsonl("t.jsonl", text);
+        let TraceEventKind::Weights { vcluster, weights } = &w.events[0].kind else {
+            panic!("{:?}", w.events)
+        };
+        assert_eq!(
+            (vcluster.as_str(), weights.priority, weights.wait_time),
+            ("hpc", 0.5, 0.5)
+        );
+        assert_eq!(w.events.len(), 1);
+        let fields: Vec<(u64, Option<&str>)> = w.problems.iter().map(|p| (p.line, p.field.as_deref())).collect();
+        assert_eq!(fields[0], (3, Some("weights.priority")));
+        assert_eq!(fields[1].0, 4);
+    }
 
     #[test]
     fn cancels_and_walltime_changes_are_events() {

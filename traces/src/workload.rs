@@ -58,6 +58,11 @@ pub enum TraceEventKind {
     },
     StorageOutage,
     StorageRecover,
+    /// An administrator sets a vCluster's cost weights from this time on.
+    Weights {
+        vcluster: String,
+        weights: lattice_engine::CostWeights,
+    },
     /// The allocation is cancelled (waiting or running).
     Cancel {
         alloc: String,
