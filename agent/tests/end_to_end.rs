@@ -720,7 +720,7 @@ fn output_is_stored_in_zstd_chunks_and_followed_live() {
 /// `suspended` / `preempted` with the reason; after the class-9 run they run again — `ckpt` with
 /// `LATTICE_RESTART_FROM` (the work its checkpoint kept), `plain` from the start. Then a sensitive
 /// claim ends with each agent running the site's wipe command: the node is wiped, audited and back
-/// in service; an agent without a wipe command fails the wipe and the node is quarantined.
+/// in service; an agent without a wipe command fails its node's wipe and that node alone is quarantined.
 #[test]
 fn preemption_and_wipes_through_real_agents() {
     let dir = std::env::temp_dir().join(format!("lattice-agent-preempt-{}", std::process::id()));
@@ -863,7 +863,8 @@ fn preemption_and_wipes_through_real_agents() {
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    assert_eq!(audit(&claim, 3), ["claim", "release", "wipe"]);
+    // One wipe entry per node: each agent reports its own node's outcome.
+    assert_eq!(audit(&claim, 4), ["claim", "release", "wipe", "wipe"]);
     for n in ["sim-000", "sim-001"] {
         assert_eq!(
             std::fs::read_to_string(work.join(format!("wiped-{n}"))).unwrap(),
@@ -872,22 +873,38 @@ fn preemption_and_wipes_through_real_agents() {
         let (_, v) = call("GET", &format!("{base}/v1/nodes/{n}"), None);
         assert_eq!(v["state"], "ready", "{v}");
     }
-    // Without a wipe command the wipe fails: the claim's node is quarantined, never reused unwiped.
+    // Each node's own outcome: sim-001's agent has no wipe command, so its wipe fails and that node
+    // is quarantined (never reused unwiped); sim-000 is wiped and back in service.
     agents.0[1].kill().unwrap();
     agents.0[1].wait().unwrap();
     agents.0[1] = spawn("sim-001", None);
-    agents.0[0].kill().unwrap();
-    agents.0[0].wait().unwrap();
-    agents.0[0] = spawn("sim-000", None);
     let claim = submit(
-        json!({"tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+        json!({"tenant": "bio", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1m"},
                               "sensitive": true, "entrypoint": "true"}),
     );
-    let v = wait_for(&base, &claim, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
-    let node = v["nodes"][0].as_str().unwrap().to_string();
-    assert_eq!(audit(&claim, 3), ["claim", "release", "quarantine"]);
-    let (_, v) = call("GET", &format!("{base}/v1/nodes/{node}"), None);
-    assert_eq!(v["state"], "down", "{v}");
+    wait_for(&base, &claim, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    let mut actions = audit(&claim, 4);
+    actions[2..].sort();
+    assert_eq!(actions, ["claim", "release", "quarantine", "wipe"]);
+    let (_, v) = call("GET", &format!("{base}/v1/audit/logs?allocation={claim}"), None);
+    let by_action: std::collections::BTreeMap<String, String> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap().to_string(), e["detail"].to_string()))
+        .collect();
+    assert!(
+        by_action["wipe"].contains("sim-000") && !by_action["wipe"].contains("sim-001"),
+        "{v}"
+    );
+    assert!(
+        by_action["quarantine"].contains("sim-001") && !by_action["quarantine"].contains("sim-000"),
+        "{v}"
+    );
+    for (n, state) in [("sim-000", "ready"), ("sim-001", "down")] {
+        let (_, v) = call("GET", &format!("{base}/v1/nodes/{n}"), None);
+        assert_eq!(v["state"], state, "{v}");
+    }
     drop(agents);
     rt.block_on(running.shutdown());
     let _ = std::fs::remove_file(profile);

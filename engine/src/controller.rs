@@ -40,6 +40,9 @@ pub enum Input {
     Checkpointed(AllocId, bool),
     /// The secure wipe of a released claim's nodes ended (`true`: they return to the pool).
     WipeDone(AllocId, bool),
+    /// The secure wipe of one of a released claim's nodes ended (`true`: it returns to the pool,
+    /// else it is quarantined) — real agents report each node's own outcome.
+    NodeWiped(AllocId, NodeId, bool),
     /// A node changed (agent registration, heartbeat, operator, hardware).
     Node(NodeId, NodeEvent),
     /// A watched node's heartbeat grace ran out.
@@ -102,6 +105,7 @@ pub struct ControlStats {
     pub preemption_checkpoints: u64,
     /// Node-seconds of work lost with lost runs (since each run's last kept checkpoint).
     pub lost_node_s: f64,
+    /// Wipes that returned nodes to the pool (a claim's, or one node's when agents report each).
     pub wipes: u64,
     pub quarantined_nodes: u64,
 }
@@ -186,6 +190,32 @@ impl Controller {
         d.dispatch(world, &self.engine, now)
     }
 
+    /// Recovery: a queued allocation that still holds `nodes` at the quorum since `started` (its
+    /// agents kept running it) runs there again. Its run counts from `started`, from the work the
+    /// controller knows it kept (none, in a fresh controller).
+    pub fn adopt(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        nodes: &[NodeId],
+        submitted: Time,
+        started: Time,
+    ) -> Result<(), ControlError> {
+        self.engine.handle_adopt(now, id, nodes, submitted, started)?;
+        let r = self.run(id);
+        r.start = started;
+        r.base = r.saved;
+        r.pending = None;
+        r.hinted = None;
+        Ok(())
+    }
+
+    /// Recovery: a queued allocation was first submitted at `submitted` (it keeps its place).
+    pub fn resubmitted(&mut self, now: Time, id: AllocId, submitted: Time) -> Result<(), ControlError> {
+        self.engine.handle_resubmitted(now, id, submitted)?;
+        Ok(())
+    }
+
     /// A new allocation.
     pub fn submit(&mut self, now: Time, spec: AllocSpec) -> Result<AllocId, SubmitError> {
         let id = self.engine.handle_submit(now, spec)?;
@@ -242,29 +272,14 @@ impl Controller {
             }
             Input::WipeDone(id, ok) => {
                 let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
-                let ev = if ok {
-                    NodeEvent::Undrain
-                } else {
-                    NodeEvent::HardwareFailure
-                };
-                for n in &nodes {
-                    let _ = self.engine.handle_node_event(now, *n, ev);
+                self.wiped(now, id, nodes, ok, world);
+            }
+            Input::NodeWiped(id, node, ok) => {
+                let held = self.engine.allocation(id).is_some_and(|a| a.nodes.contains(&node));
+                if !held {
+                    return Err(EngineError::UnknownNode(node).into());
                 }
-                if ok {
-                    self.stats.wipes += 1;
-                } else {
-                    self.stats.quarantined_nodes += nodes.len() as u64;
-                }
-                let event = if ok { AuditEvent::Wipe } else { AuditEvent::Quarantine };
-                self.emit(
-                    world,
-                    now,
-                    Decision::Audit {
-                        alloc: id,
-                        event,
-                        nodes,
-                    },
-                );
+                self.wiped(now, id, vec![node], ok, world);
             }
             Input::Node(node, event) => self.node_event(now, node, event, world)?,
             Input::GraceExpired(node) => {
@@ -314,6 +329,34 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    /// A wipe of `nodes` of claim `id` ended: they return to the pool, or are quarantined (Down);
+    /// audited either way.
+    fn wiped(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, ok: bool, world: &mut dyn World) {
+        let ev = if ok {
+            NodeEvent::Undrain
+        } else {
+            NodeEvent::HardwareFailure
+        };
+        for n in &nodes {
+            let _ = self.engine.handle_node_event(now, *n, ev);
+        }
+        if ok {
+            self.stats.wipes += 1;
+        } else {
+            self.stats.quarantined_nodes += nodes.len() as u64;
+        }
+        let event = if ok { AuditEvent::Wipe } else { AuditEvent::Quarantine };
+        self.emit(
+            world,
+            now,
+            Decision::Audit {
+                alloc: id,
+                event,
+                nodes,
+            },
+        );
     }
 
     /// A sensitive claim's end: the release is audited and its nodes leave the pool for a wipe.
@@ -527,5 +570,36 @@ impl Controller {
             at,
             how,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineConfig, NodeSpec, Policy};
+
+    /// An adopted run counts its work from when it really started, not from the new leader's start.
+    #[test]
+    fn an_adopted_run_counts_from_its_start() {
+        let mut engine = Engine::new(
+            EngineConfig::new(Policy::EASY),
+            (0..4).map(|i| NodeSpec::plain(format!("n{i}"))).collect(),
+        )
+        .unwrap();
+        let t = engine.add_tenant("t");
+        let vc = engine.add_vcluster("v");
+        let mut c = Controller::new(engine);
+        let spec = AllocSpec::simple(t, vc, 2, Duration::from_hours(1));
+        let now = Time(100_000);
+        let id = c.submit(now, spec).unwrap();
+        c.adopt(now, id, &[NodeId(0), NodeId(1)], Time(10_000), Time(40_000))
+            .unwrap();
+        assert_eq!(c.work_done(id, Time(160_000)), Duration(120_000));
+        assert!(
+            c.adopt(now, id, &[NodeId(2)], Time(10_000), Time(40_000)).is_err(),
+            "adopted once"
+        );
+        c.resubmitted(now, id, Time(5_000)).unwrap();
+        assert_eq!(c.engine.allocation(id).unwrap().submitted, Time(5_000));
     }
 }

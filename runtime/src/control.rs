@@ -1256,8 +1256,7 @@ impl Control {
                             alloc,
                             Wiping {
                                 to_tell: nodes.iter().map(|n| n.0).collect(),
-                                outcomes: BTreeMap::new(),
-                                nodes: nodes.len(),
+                                waiting: nodes.iter().map(|n| n.0).collect(),
                             },
                         );
                         out.push(Action::Wipe {
@@ -1696,7 +1695,7 @@ impl Control {
     pub fn resubmitted(&mut self, name: &str, submitted_ms: u64) {
         if let Some(&id) = self.by_name.get(name) {
             let now = self.now();
-            let _ = self.ctl.engine.handle_resubmitted(now, id, Time(submitted_ms));
+            let _ = self.ctl.resubmitted(now, id, Time(submitted_ms));
         }
     }
 
@@ -1726,8 +1725,7 @@ impl Control {
         let now = self.now();
         let started = if since_ms == 0 { now } else { Time(since_ms) };
         self.ctl
-            .engine
-            .handle_adopt(now, id, &ids, Time(submitted_ms.min(started.0)), started)
+            .adopt(now, id, &ids, Time(submitted_ms.min(started.0)), started)
             .map_err(|e| format!("{name}: {e}"))?;
         self.join_network(id);
         let reported: BTreeMap<u32, i32> = exits
@@ -2036,14 +2034,18 @@ impl Control {
                 self.checkpointed(id, ok);
             }
         }
+        // Each node's own outcome: a wiped node returns to the pool, a failed one is quarantined.
         for o in wiped {
             let Some(id) = self.id_of(&o.id) else { continue };
             let Some(w) = self.wiping.get_mut(&id) else { continue };
-            w.outcomes.insert(nid.0, o.ok);
-            if w.outcomes.len() == w.nodes {
-                let ok = w.outcomes.values().all(|v| *v);
+            if !w.waiting.remove(&nid.0) {
+                continue; // not this node's wipe, or already reported
+            }
+            if w.waiting.is_empty() && w.to_tell.is_empty() {
                 self.wiping.remove(&id);
-                self.wiped(id, ok);
+            }
+            if let Err(e) = self.input(Input::NodeWiped(id, nid, o.ok)) {
+                tracing::warn!("{}: wipe result of {node} not applied: {e}", o.id);
             }
         }
         Ok(())
@@ -2476,8 +2478,8 @@ struct Preempting {
 #[derive(Clone, Debug)]
 struct Wiping {
     to_tell: std::collections::BTreeSet<u32>,
-    outcomes: BTreeMap<u32, bool>,
-    nodes: usize,
+    /// Nodes whose outcome has not been reported yet.
+    waiting: std::collections::BTreeSet<u32>,
 }
 
 /// A preemption for one node's agent.
