@@ -127,6 +127,11 @@ pub struct AgentsConfig {
     /// (default 10 s; a real wipe takes the seed's 10-30 minutes).
     #[serde(default = "simulated_wipe")]
     pub simulated_wipe: String,
+    /// A preemption its agents never report on: this long after the order's own limit (checkpoint
+    /// deadline and SIGTERM grace, or the stop's grace), the victim is taken as stopped without a
+    /// checkpoint and its nodes are released. Default 60 s.
+    #[serde(default = "preemption_report_grace")]
+    pub preemption_report_grace: String,
 }
 
 impl Default for AgentsConfig {
@@ -136,6 +141,7 @@ impl Default for AgentsConfig {
             grace: hb_grace(),
             sensitive_grace: hb_sensitive_grace(),
             simulated_wipe: simulated_wipe(),
+            preemption_report_grace: preemption_report_grace(),
         }
     }
 }
@@ -145,6 +151,9 @@ fn hb_sensitive_grace() -> String {
 }
 fn simulated_wipe() -> String {
     "10s".into()
+}
+fn preemption_report_grace() -> String {
+    "60s".into()
 }
 
 fn hb_timeout() -> String {
@@ -176,6 +185,11 @@ impl AgentsConfig {
     pub fn durations(&self) -> (u64, u64) {
         let ms = |s: &str, d: u64| lattice_traces::parse_duration(s).map_or(d, |x| x.0);
         (ms(&self.heartbeat_timeout, 30_000), ms(&self.grace, 60_000))
+    }
+
+    /// `preemption_report_grace` in ms.
+    pub fn preemption_slack_ms(&self) -> u64 {
+        lattice_traces::parse_duration(&self.preemption_report_grace).map_or(60_000, |x| x.0)
     }
 }
 
@@ -250,6 +264,8 @@ impl RuntimeConfig {
         lattice_traces::parse_duration(&c.agents.grace).map_err(|m| err(format!("agents.grace: {m}")))?;
         lattice_traces::parse_duration(&c.agents.sensitive_grace)
             .map_err(|m| err(format!("agents.sensitive_grace: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.preemption_report_grace)
+            .map_err(|m| err(format!("agents.preemption_report_grace: {m}")))?;
         lattice_traces::parse_duration(&c.agents.simulated_wipe)
             .map_err(|m| err(format!("agents.simulated_wipe: {m}")))?;
         lattice_traces::parse_duration(&c.network.grace).map_err(|m| err(format!("network.grace: {m}")))?;

@@ -208,6 +208,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
             shared.clone(),
             cfg.cycle(),
             cfg.agents.durations().0,
+            cfg.agents.preemption_slack_ms(),
             stopped.clone(),
         )),
     ];
@@ -307,6 +308,7 @@ async fn scheduling_loop(
     shared: Arc<Shared>,
     cycle: std::time::Duration,
     agent_timeout: u64,
+    preemption_slack: u64,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -338,6 +340,7 @@ async fn scheduling_loop(
         let actions = {
             let mut c = shared.control.lock().await;
             c.check_agents(agent_timeout);
+            c.expire_preemptions(preemption_slack);
             c.take_actions()
         };
         execute(shared.clone(), actions).await;

@@ -129,3 +129,114 @@ async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards(
     rt.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A preemption its agents never answer (the runtime's own deadline), on the control plane's
+/// virtual clock: two real-agent nodes run class-1 work that does not checkpoint, a class-9
+/// allocation arrives, one victim is ordered to stop (30 s SIGTERM grace). Nobody reports. Until
+/// the grace plus `agents.preemption_report_grace` (60 s) it is `suspending` and the preemptor
+/// waits; after it the victim is taken as stopped without a checkpoint (`preempted`, its node
+/// released) and the preemptor starts there at the next pass.
+#[test]
+fn a_preemption_no_agent_answers_ends_at_the_deadline() {
+    use lattice_runtime::control::{Control, SubmitRequest};
+    use lattice_runtime::world::Action;
+    let inv = lattice_traces::homogeneous(2);
+    let prof = lattice_traces::read_profile(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../profiles/balanced.yaml"
+    )))
+    .unwrap();
+    let vcs = prof
+        .vclusters
+        .iter()
+        .map(|(n, p)| (n.clone(), p.config(None)))
+        .collect();
+    let mut c = Control::new(&inv, vcs, &Default::default(), None).unwrap();
+    c.real_agents = true;
+    let mut t = 1_000_000u64;
+    c.set_clock(lattice_engine::Time(t));
+    for n in c.nodes().iter().map(|n| n.name.clone()).collect::<Vec<_>>() {
+        c.register_agent(&n).unwrap();
+    }
+    let req = |class: u8| -> SubmitRequest {
+        serde_json::from_value(json!({"tenant": "t", "user": "u", "entrypoint": "sleep 600",
+            "resources": {"nodes": 1}, "lifecycle": {"type": "bounded", "walltime": "1h"},
+            "preemption_class": class}))
+        .unwrap()
+    };
+    // One pass: proposals are committed at once (a quorum that agrees); what else it decided.
+    let pass = |c: &mut Control, t: u64| -> Vec<Action> {
+        c.set_clock(lattice_engine::Time(t));
+        c.schedule();
+        let mut out = Vec::new();
+        let mut queue = c.take_actions();
+        while !queue.is_empty() {
+            for a in std::mem::take(&mut queue) {
+                if let Action::Propose(p) = &a {
+                    c.committed(p.alloc);
+                }
+                out.push(a);
+            }
+            queue = c.take_actions();
+        }
+        out
+    };
+    let low = [c.submit(req(1)).unwrap(), c.submit(req(1)).unwrap()];
+    // Passes run at the vCluster's cycle ticks.
+    for _ in 0..100 {
+        pass(&mut c, t);
+        if low.iter().all(|id| c.view_named(id).unwrap().state == "running") {
+            break;
+        }
+        t += 1_000;
+    }
+    for id in &low {
+        assert_eq!(c.view_named(id).unwrap().state, "running");
+    }
+    t += 1_000;
+    c.set_clock(lattice_engine::Time(t));
+    let high = c.submit(req(9)).unwrap();
+    // Passes until the preemption order goes out (the next cycle tick).
+    let mut victim = None;
+    for _ in 0..100 {
+        t += 1_000;
+        for a in pass(&mut c, t) {
+            if let Action::Preempt { name, .. } = a {
+                victim = Some(name);
+            }
+        }
+        if victim.is_some() {
+            break;
+        }
+    }
+    let victim = victim.expect("a victim is ordered to stop");
+    let ordered = t;
+    let state = |c: &Control, id: &str| c.view_named(id).unwrap().state;
+    // Nobody reports: still stopping just before the limit, the preemptor still waiting.
+    c.set_clock(lattice_engine::Time(ordered + 30_000 + 60_000 - 1));
+    c.expire_preemptions(60_000);
+    assert_eq!(state(&c, &victim), "suspending");
+    assert_eq!(state(&c, &high), "pending");
+    // Past it: taken as stopped without a checkpoint; its node goes to the preemptor.
+    t = ordered + 30_000 + 60_000;
+    c.set_clock(lattice_engine::Time(t));
+    c.expire_preemptions(60_000);
+    let released = c.take_actions();
+    assert!(
+        released
+            .iter()
+            .any(|a| matches!(a, Action::Release { name, .. } if *name == victim)),
+        "{released:?}"
+    );
+    let v = c.view_named(&victim).unwrap();
+    assert_eq!((v.state.as_str(), v.preempted), ("preempted", 1), "{v:?}");
+    assert_eq!(v.preemption.as_deref(), Some(format!("priority for {high}").as_str()));
+    for _ in 0..100 {
+        t += 1_000;
+        pass(&mut c, t);
+        if state(&c, &high) == "running" {
+            break;
+        }
+    }
+    assert_eq!(state(&c, &high), "running");
+}
