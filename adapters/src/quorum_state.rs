@@ -12,7 +12,6 @@
 
 use lattice_engine::{HardQuota, QuotaViolation, TenantQuota, quota::check_hard};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// A command proposed to the quorum (the Raft log's application data).
@@ -63,32 +62,7 @@ pub enum QuorumResponse {
     Rejected { reason: String, message: String },
 }
 
-/// One audit log entry; `hash` = SHA-256(prev ‖ the entry's fields).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct AuditEntry {
-    pub seq: u64,
-    pub at_ms: u64,
-    pub user: String,
-    pub alloc: String,
-    pub action: String,
-    pub detail: String,
-    pub prev: String,
-    pub hash: String,
-}
-
-impl AuditEntry {
-    fn digest(prev: &str, seq: u64, at_ms: u64, user: &str, alloc: &str, action: &str, detail: &str) -> String {
-        let mut h = Sha256::new();
-        h.update(prev.as_bytes());
-        h.update(seq.to_le_bytes());
-        h.update(at_ms.to_le_bytes());
-        for part in [user, alloc, action, detail] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
+pub use lattice_engine::audit::AuditEntry;
 
 /// A committed assignment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,19 +130,7 @@ impl QuorumState {
                 action,
                 detail,
             } => {
-                let prev = self.audit.last().map(|e| e.hash.clone()).unwrap_or_default();
-                let seq = self.audit.len() as u64;
-                let hash = AuditEntry::digest(&prev, seq, *at_ms, user, alloc, action, detail);
-                self.audit.push(AuditEntry {
-                    seq,
-                    at_ms: *at_ms,
-                    user: user.clone(),
-                    alloc: alloc.clone(),
-                    action: action.clone(),
-                    detail: detail.clone(),
-                    prev,
-                    hash,
-                });
+                lattice_engine::audit::append(&mut self.audit, *at_ms, user, alloc, action, detail);
                 QuorumResponse::Applied
             }
         }
@@ -296,15 +258,7 @@ impl QuorumState {
 
     /// Re-derives every audit hash: `Err(seq)` names the first entry that does not chain.
     pub fn verify_audit(&self) -> Result<(), u64> {
-        let mut prev = String::new();
-        for e in &self.audit {
-            let want = AuditEntry::digest(&prev, e.seq, e.at_ms, &e.user, &e.alloc, &e.action, &e.detail);
-            if e.prev != prev || e.hash != want {
-                return Err(e.seq);
-            }
-            prev = e.hash.clone();
-        }
-        Ok(())
+        lattice_engine::audit::verify(&self.audit)
     }
 }
 

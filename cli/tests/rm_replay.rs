@@ -350,7 +350,7 @@ fn tenants_quotas_and_claims_end_to_end() {
     assert!(b.starts_with("b,1,3600,"), "max_nodes 4 holds b until a ends: {b}");
     let audit = std::fs::read_to_string(out.join("audit.jsonl")).unwrap();
     assert_eq!(audit.lines().count(), 3, "{audit}");
-    assert!(audit.lines().next().unwrap().contains("\"event\":\"claim\""));
+    assert!(audit.lines().next().unwrap().contains("\"action\":\"claim\""));
     let bad = dir.join("bad.yaml");
     std::fs::write(&bad, "physics:\n  max_gpus: 1\n").unwrap();
     let o = rm_replay(&["--tenants", bad.to_str().unwrap()]);

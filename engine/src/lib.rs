@@ -21,6 +21,7 @@
 //! borrowing, preemption, DAG conditions beyond success/failure/any.
 
 pub mod alloc;
+pub mod audit;
 pub mod autoscale;
 pub mod broker;
 pub mod classes;

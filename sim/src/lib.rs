@@ -320,6 +320,7 @@ pub fn simulate_with<H: Host>(
         commit_latency: cfg.commit_latency,
         fake: world::FakeNodes::default(),
         workload,
+        node_names: inventory.nodes.iter().map(|n| n.name.clone()).collect(),
         trace_of: Vec::with_capacity(workload.jobs.len()),
         walltime_grace: cfg.walltime_grace,
         wipe: cfg.wipe,

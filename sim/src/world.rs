@@ -27,6 +27,8 @@ pub(crate) struct FakeWorld<'a> {
     pub commit_latency: Duration,
     pub fake: FakeNodes,
     pub workload: &'a Workload,
+    /// Node names by index (the audit log names nodes).
+    pub node_names: Vec<String>,
     /// Trace index of each engine allocation.
     pub trace_of: Vec<usize>,
     /// SIGTERM → SIGKILL grace at the walltime.
@@ -61,15 +63,17 @@ impl Quorum for FakeWorld<'_> {
         self.quorum.scale(alloc, node, added);
     }
 
-    fn audit(&mut self, view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, _nodes: &[NodeId]) {
+    fn audit(&mut self, view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, nodes: &[NodeId]) {
         audit_claim(
             &mut self.quorum.audit,
             view,
             self.workload,
             &self.trace_of,
+            &self.node_names,
             alloc,
             now,
             event.as_str(),
+            nodes,
         );
     }
 }
@@ -245,15 +249,18 @@ impl FakeWorld<'_> {
     }
 }
 
-/// Appends a sensitive audit entry for claim `id`.
+/// Appends a sensitive audit entry for claim `id` on `nodes`.
+#[allow(clippy::too_many_arguments)]
 fn audit_claim(
     log: &mut audit::AuditLog,
     engine: &Engine,
     workload: &Workload,
     trace_of: &[usize],
+    node_names: &[String],
     id: AllocId,
     now: Time,
     event: &str,
+    nodes: &[NodeId],
 ) {
     let Some(a) = engine.allocation(id) else { return };
     let job = &workload.jobs[trace_of[id.index()]];
@@ -262,13 +269,11 @@ fn audit_claim(
         .clone()
         .or_else(|| engine.tenant(a.spec.tenant).map(|t| t.name))
         .unwrap_or_default();
-    log.append(
-        now.as_millis(),
-        event,
-        &job.id,
-        &user,
-        a.nodes.iter().map(|n| n.0).collect(),
-    );
+    let names: Vec<&str> = nodes
+        .iter()
+        .map(|n| node_names.get(n.index()).map_or("", String::as_str))
+        .collect();
+    log.append(now.as_millis(), event, &job.id, &user, &names.join(","));
 }
 
 /// Draws a wipe: its duration, uniform in the model's range, and whether it succeeds.

@@ -71,9 +71,16 @@ fn release_wipes_nodes_and_audits() {
     let r = run_with(&w, 4, fixed_wipe(20, 0.0));
     // J needs all 4 nodes: the claim's 2 come back at 300 + 1200.
     assert_eq!(start_of(&r, "J"), 1500.0);
-    let events: Vec<&str> = r.audit.entries().iter().map(|e| e.event.as_str()).collect();
+    let events: Vec<&str> = r.audit.entries().iter().map(|e| e.action.as_str()).collect();
     assert_eq!(events, ["claim", "release", "wipe"]);
-    assert!(r.audit.entries().iter().all(|e| e.user == "dr-x" && e.claim == "C"));
+    assert!(r.audit.entries().iter().all(|e| e.user == "dr-x" && e.alloc == "C"));
+    // The nodes by name, as the quorum's log names them.
+    assert_eq!(
+        r.audit.entries()[0].detail.split(',').count(),
+        2,
+        "{:?}",
+        r.audit.entries()[0]
+    );
     assert_eq!(AuditLog::verify(r.audit.entries()), Ok(()));
     assert!(r.summary.audit_chain_valid);
     assert_eq!(r.summary.wipes, 1);
@@ -91,7 +98,7 @@ fn failed_wipe_quarantines() {
     assert_eq!(r.summary.quarantined_nodes, 2);
     assert_eq!(r.jobs[1].start_s, None, "J needs the quarantined nodes");
     assert_eq!(start_of(&r, "K"), 20.0);
-    assert_eq!(r.audit.entries().last().unwrap().event, "quarantine");
+    assert_eq!(r.audit.entries().last().unwrap().action, "quarantine");
 }
 
 /// Sensitive allocations are never preempted, not even by another claim.
