@@ -11,6 +11,7 @@ pub mod directives;
 pub mod regress;
 pub mod replay;
 pub mod report;
+pub mod status;
 pub mod sweep;
 
 /// The bundled demo trace (`traces/library/demo-128n.swf`), replayed when no `--trace` is given.

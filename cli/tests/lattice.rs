@@ -97,6 +97,9 @@ fn lattice_cli_drives_the_runtime() {
         t.starts_with("ID") && t.contains("a-000001") && t.contains("completed"),
         "{t}"
     );
+    assert!(t.lines().next().unwrap().ends_with("REASON"), "{t}");
+    let done = t.lines().find(|l| l.starts_with("a-000001")).unwrap();
+    assert!(done.ends_with("success"), "how it ended: {t}");
     let o = run(&["status", "-o", "wide"]);
     assert!(out(&o).contains("VCLUSTER"), "{}", out(&o));
     let o = run(&["nodes"]);

@@ -382,7 +382,7 @@ fn run() -> Result<()> {
             user,
             all,
         } => loop {
-            let rows: Vec<Value> = match &id {
+            let mut rows: Vec<Value> = match &id {
                 Some(id) => vec![client.call("GET", &format!("/v1/allocations/{id}"), None)?],
                 None => {
                     let mut q = Vec::new();
@@ -399,6 +399,9 @@ fn run() -> Result<()> {
                         .unwrap_or_default()
                 }
             };
+            if matches!(output, Output::Table | Output::Wide) {
+                lattice_cli::status::with_reasons(&mut rows);
+            }
             print_rows(&rows, output, id.is_some(), "allocation")?;
             if !watch {
                 break;
@@ -635,9 +638,9 @@ fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Resul
                     "nodes",
                     "walltime_s",
                     "preemption_class",
-                    "end_reason",
+                    "reason",
                 ],
-                _ => &["id", "tenant", "state", "requested_nodes", "end_reason"],
+                _ => &["id", "tenant", "state", "requested_nodes", "reason"],
             };
             let cell = |v: &Value| match v {
                 Value::Null => "-".to_string(),
