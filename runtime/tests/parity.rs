@@ -104,6 +104,9 @@ fn capture_round_trip(w: &Workload, inv: &Inventory, cfg: &SimConfig, tag: &str)
     })
     .expect("the runtime's control plane");
     let text = std::fs::read_to_string(&path).unwrap();
+    if std::env::var("PARITY_DEBUG").is_ok() {
+        eprintln!("CAPTURE\n{text}\nTOLD\n{}", host.log.join("\n"));
+    }
     let _ = std::fs::remove_file(&path);
     let captured = lattice_traces::parse_jsonl("capture.jsonl", &text);
     assert_eq!(captured.skipped_total(), 0, "{:?}", captured.problems);
@@ -253,26 +256,46 @@ fn workload() -> impl Strategy<Value = String> {
     })
 }
 
+/// One generated workload on 16 nodes through both worlds and the capture round trip.
+fn generated_case(text: &str, seed: u64, fail: bool) {
+    let w = lattice_traces::parse_jsonl("gen.jsonl", text);
+    assert_eq!(w.skipped_total(), 0, "{:?}", w.problems);
+    let inv = lattice_traces::homogeneous(16);
+    let prof = lattice_traces::parse_profile(
+        "p.yaml",
+        "default:\n  priority: 0.3\n  wait_time: 0.2\n  fair_share: 0.2\n  topology: 0.05\n  data_readiness: 0.05\n  backlog: 0.05\n  energy: 0.0\n  checkpoint: 0.1\n  conformance: 0.05\n  policy: backfill\n  backfill_depth: 10\n  cycle_interval: 30s\n",
+    )
+    .unwrap();
+    let cfg = SimConfig {
+        vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
+        decision_log: true,
+        seed,
+        failures: fail.then_some(FailureModel {
+            mtbf: Duration::from_hours(20),
+            repair: Duration::from_hours(1),
+        }),
+        ..SimConfig::default()
+    };
+    both_worlds(&w, &inv, &cfg);
+    capture_round_trip(&w, &inv, &cfg, &format!("gen-{seed}"));
+}
+
+/// Cases the property test once found, kept as fixed tests.
+#[test]
+fn found_cases_decide_the_same() {
+    generated_case(include_str!("fixtures/parity-walltime-checkpoint.jsonl"), 123, true);
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    // 24 cases in CI; `PARITY_CASES=2000` for a longer search.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PARITY_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn generated_workloads_decide_the_same_in_both_worlds(text in workload(), seed in 0u64..1000, fail in any::<bool>()) {
         let w = lattice_traces::parse_jsonl("gen.jsonl", &text);
         prop_assume!(w.skipped_total() == 0);
-        let inv = lattice_traces::homogeneous(16);
-        let prof = lattice_traces::parse_profile(
-            "p.yaml",
-            "default:\n  priority: 0.3\n  wait_time: 0.2\n  fair_share: 0.2\n  topology: 0.05\n  data_readiness: 0.05\n  backlog: 0.05\n  energy: 0.0\n  checkpoint: 0.1\n  conformance: 0.05\n  policy: backfill\n  backfill_depth: 10\n  cycle_interval: 30s\n",
-        )
-        .unwrap();
-        let cfg = SimConfig {
-            vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
-            decision_log: true,
-            seed,
-            failures: fail.then_some(FailureModel { mtbf: Duration::from_hours(20), repair: Duration::from_hours(1) }),
-            ..SimConfig::default()
-        };
-        both_worlds(&w, &inv, &cfg);
-        capture_round_trip(&w, &inv, &cfg, &format!("gen-{seed}"));
+        generated_case(&text, seed, fail);
     }
 }

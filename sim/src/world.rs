@@ -199,18 +199,23 @@ impl FakeWorld<'_> {
         self.fake.stall_ms += stall.0;
         let job = &self.workload.jobs[self.trace_of[id.index()]];
         let walltime = job.spec.lifecycle.walltime();
-        let run = match (job.runtime, walltime) {
-            (Some(r), _) => Some(r),
+        let (run, known) = match (job.runtime, walltime) {
+            (Some(r), _) => (Some(r), true),
             (None, Some(w)) => {
                 if self.fake.epoch(id) == 0 {
                     self.fake.defaulted_runtime += 1;
                 }
-                Some(w)
+                (Some(w), false)
             }
-            (None, None) => None,
+            (None, None) => (None, false),
         };
-        // A resumed allocation only has the rest of its work left; a stall adds to it.
-        let run = run.map(|r| Duration(r.0.saturating_sub(resume_from.0) + stall.0));
+        // A resumed allocation only has the rest of its work left; a stall adds to it. One whose run
+        // time the trace does not give runs to its walltime, every run (its work is not known, only
+        // that it never ended by itself).
+        let run = run.map(|r| {
+            let rest = if known { r.0.saturating_sub(resume_from.0) } else { r.0 };
+            Duration(rest + stall.0)
+        });
         self.fake.started(id, now, nodes);
         let borrowed = view.borrowed_nodes(id);
         if borrowed > 0 {
