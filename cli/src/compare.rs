@@ -100,10 +100,22 @@ pub fn render(name: &str, run: &Value, baseline_name: &str, base: &Value) -> Str
             change(v, b)
         );
     }
-    let (j, bj) = (num(run, "jain_index"), num(base, "jain_index"));
-    let _ = writeln!(o, "Fairness (Jain's Index):");
+    // Demand-aware: against each tenant's target capped by its demand, in windows with contention
+    // (summaries written before these keys existed fall back to the whole-run figures, said so).
+    let demand_aware = run.get("fair_share_jain").is_some() && base.get("fair_share_jain").is_some();
+    let (jk, dk) = if demand_aware {
+        ("fair_share_jain", "fair_share_dev_max")
+    } else {
+        ("jain_index", "max_share_deviation")
+    };
+    let (j, bj) = (num(run, jk), num(base, jk));
+    let _ = writeln!(
+        o,
+        "Fairness (Jain's Index{}):",
+        if demand_aware { ", demand-aware" } else { ", whole run" }
+    );
     let _ = writeln!(o, "  {j:.2} (baseline: {bj:.2}) {}", change(j, bj));
-    let (d, bd) = (num(run, "max_share_deviation"), num(base, "max_share_deviation"));
+    let (d, bd) = (num(run, dk), num(base, dk));
     let _ = writeln!(o, "Tenant Share Deviation:");
     let _ = writeln!(
         o,
@@ -112,6 +124,28 @@ pub fn render(name: &str, run: &Value, baseline_name: &str, base: &Value) -> Str
         bd * 100.0,
         change(d, bd)
     );
+    if demand_aware {
+        let (m, bm) = (num(run, "fair_share_dev_mean"), num(base, "fair_share_dev_mean"));
+        let _ = writeln!(
+            o,
+            "  Mean deviation: {:.1}% (baseline: {:.1}%) {}",
+            m * 100.0,
+            bm * 100.0,
+            change(m, bm)
+        );
+        let (s, bs) = (num(run, "tenant_bsld_jain"), num(base, "tenant_bsld_jain"));
+        let (w, bw) = (
+            num(run, "tenant_bsld_worst_to_median"),
+            num(base, "tenant_bsld_worst_to_median"),
+        );
+        let _ = writeln!(o, "Service Fairness (tenants' mean bounded slowdown):");
+        let _ = writeln!(o, "  Jain's index: {s:.2} (baseline: {bs:.2}) {}", change(s, bs));
+        let _ = writeln!(
+            o,
+            "  Worst / median tenant: {w:.2} (baseline: {bw:.2}) {}",
+            change(w, bw)
+        );
+    }
     let (bf, bbf) = (num(run, "backfilled"), num(base, "backfilled"));
     let _ = writeln!(o, "Backfill:");
     let _ = writeln!(
@@ -206,12 +240,37 @@ mod tests {
             "p50: 12 min (baseline: 10 min) ↑ 20%",
             "p95: 2.1 hr (baseline: 2.5 hr) ↓ 16%",
             "p99: 8.3 hr (baseline: 12.1 hr) ↓ 31%",
+            "Fairness (Jain's Index, whole run):",
             "0.94 (baseline: 0.87) ↑ 8%",
             "Max deviation: 3.2% (baseline: 8.7%) ↓ 63%",
             "Backfill jobs: 342 (baseline: 367) ↓ 7%",
             "Total: 15 (baseline: 12) ↑ 25%",
             "hpc-batch: utilization 80.0% ↓ 5.0 points; wait p50 12 min ↑ 20%",
             "ml: only in the baseline",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        // Summaries with the demand-aware keys compare those, with service fairness.
+        let mut run2 = run.clone();
+        let mut base2 = base.clone();
+        for (v, j, d, m, sj, sw) in [
+            (&mut run2, 0.62, 0.374, 0.12, 0.9, 1.5),
+            (&mut base2, 0.5, 0.499, 0.2, 0.8, 2.0),
+        ] {
+            v["fair_share_jain"] = j.into();
+            v["fair_share_dev_max"] = d.into();
+            v["fair_share_dev_mean"] = m.into();
+            v["tenant_bsld_jain"] = sj.into();
+            v["tenant_bsld_worst_to_median"] = sw.into();
+        }
+        let text = render("fs", &run2, "base", &base2);
+        for want in [
+            "Fairness (Jain's Index, demand-aware):",
+            "0.62 (baseline: 0.50) ↑ 24%",
+            "Max deviation: 37.4% (baseline: 49.9%) ↓ 25%",
+            "Mean deviation: 12.0% (baseline: 20.0%) ↓ 40%",
+            "Jain's index: 0.90 (baseline: 0.80) ↑ 12%",
+            "Worst / median tenant: 1.50 (baseline: 2.00) ↓ 25%",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -93,6 +93,26 @@ pub fn render(name: &str, r: &SimResult) -> String {
         human_duration(s.makespan_s)
     );
     if s.per_tenant.len() > 1 {
+        let _ = writeln!(
+            o,
+            "Fairness (demand-aware, {} windows with contention of {}):",
+            thousands(s.fair_share_windows),
+            human_duration(s.fairness_window_s)
+        );
+        let _ = writeln!(
+            o,
+            "  Jain's index: {:.2}   max deviation: {:.1}%   mean deviation: {:.1}%",
+            s.fair_share_jain,
+            s.fair_share_dev_max * 100.0,
+            s.fair_share_dev_mean * 100.0
+        );
+        let _ = writeln!(
+            o,
+            "  Service: slowdown Jain's index {:.2}, worst/median tenant {:.2}, p95 wait spread {}",
+            s.tenant_bsld_jain,
+            s.tenant_bsld_worst_to_median,
+            human_duration(s.tenant_p95_wait_spread_s)
+        );
         let worst = s
             .per_tenant
             .iter()

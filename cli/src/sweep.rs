@@ -140,10 +140,14 @@ pub fn apply(base: &CostWeights, vary: &[Vary], values: &[f64]) -> CostWeights {
     }
 }
 
-/// A summary metric by name: the `summary.json` key, with `_s` implied for times and short aliases
-/// (`jain` = `jain_index`, `share_deviation` = `max_share_deviation`, `bsld` = `mean_bsld`).
+/// A summary metric by name: the `summary.json` key, with `_s` implied for times and short aliases:
+/// `fairness` = `fair_share_jain` and `share_dev` = `fair_share_dev_max` (demand-aware, the ones that
+/// move with the weights), `tenant_bsld_jain`, `bsld` = `mean_bsld`; the older `jain` = `jain_index`
+/// and `share_deviation` = `max_share_deviation` keep their whole-run meaning.
 pub fn metric(summary: &Value, name: &str) -> Option<f64> {
     let key = match name {
+        "fairness" => "fair_share_jain",
+        "share_dev" => "fair_share_dev_max",
         "jain" => "jain_index",
         "share_deviation" => "max_share_deviation",
         "bsld" => "mean_bsld",
@@ -263,7 +267,7 @@ pub struct Run {
 }
 
 /// The columns of `sweep.csv` after the run number and the nine weights.
-pub const METRICS: [&str; 10] = [
+pub const METRICS: [&str; 14] = [
     "utilization",
     "mean_wait_s",
     "p50_wait_s",
@@ -272,6 +276,10 @@ pub const METRICS: [&str; 10] = [
     "mean_bsld",
     "jain_index",
     "max_share_deviation",
+    "fair_share_jain",
+    "fair_share_dev_max",
+    "fair_share_dev_mean",
+    "tenant_bsld_jain",
     "backfilled",
     "preemptions",
 ];

@@ -411,7 +411,8 @@ fn baseline_comparison_and_compare_command() {
     for section in [
         "p95: ",
         "(baseline: ",
-        "Fairness (Jain's Index):",
+        "Fairness (Jain's Index, demand-aware):",
+        "Service Fairness",
         "Backfill jobs: ",
         "Preemptions:",
     ] {
@@ -576,6 +577,17 @@ fn report_is_self_contained_with_every_chart() {
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "missing section {id}");
     }
+    // The fairness table, with its definitions one click away.
+    let tenants = &html[html.find("<section id=\"tenants\">").unwrap()..];
+    assert!(
+        tenants.contains("<td>demand-aware Jain's index</td>")
+            && tenants.contains("<td>tenant slowdown Jain's index</td>")
+    );
+    assert!(tenants.contains("<details><summary>How these are defined</summary>"));
+    assert!(
+        html.contains("<td>fairness (demand-aware Jain)</td>"),
+        "in the headline metrics"
+    );
     // Nine charts; line charts carry a curve per run (the utilization chart two per run, the tenant
     // chart one per top tenant and run, the events chart one per kind and run); the Gantt has one heat
     // map per run.

@@ -101,14 +101,16 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         o.push_str("<th>change</th>");
     }
     o.push_str("</tr>");
-    let metrics: [(&str, ValueOf, bool); 9] = [
+    let metrics: [(&str, ValueOf, bool); 11] = [
         ("utilization %", |r| r.summary.utilization * 100.0, true),
         ("mean wait (h)", |r| r.summary.mean_wait_s / 3600.0, false),
         ("p50 wait (h)", |r| r.summary.p50_wait_s / 3600.0, false),
         ("p95 wait (h)", |r| r.summary.p95_wait_s / 3600.0, false),
         ("p99 wait (h)", |r| r.summary.p99_wait_s / 3600.0, false),
         ("mean bounded slowdown", |r| r.summary.mean_bsld, false),
-        ("Jain's index", |r| r.summary.jain_index, true),
+        ("fairness (demand-aware Jain)", |r| r.summary.fair_share_jain, true),
+        ("fair-share deviation (max)", |r| r.summary.fair_share_dev_max, false),
+        ("tenant slowdown Jain", |r| r.summary.tenant_bsld_jain, true),
         ("backfilled jobs", |r| r.summary.backfilled as f64, true),
         ("preemptions", |r| r.summary.preemptions as f64, false),
     ];
@@ -189,6 +191,34 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         o,
         "<section id=\"tenants\"><h2>Tenant shares: actual vs target</h2><figure>{svg}<figcaption>Share of the busy node-time of the six tenants with the most node-hours, averaged over 100 intervals (the baseline's faded); dashed: each tenant's target share (configured, or an equal split of the rest).</figcaption></figure>"
     );
+    // The fairness figures, with their definitions one click away.
+    o.push_str("<h3>Fairness</h3><table><tr><th>metric</th>");
+    for r in &runs {
+        let _ = write!(o, "<th>{}</th>", esc(r.name));
+    }
+    o.push_str("</tr>");
+    let fairness: [(&str, ValueOf); 9] = [
+        ("windows with contention", |r| r.summary.fair_share_windows as f64),
+        ("demand-aware Jain's index", |r| r.summary.fair_share_jain),
+        ("max deviation from fair share", |r| r.summary.fair_share_dev_max),
+        ("mean deviation from fair share", |r| r.summary.fair_share_dev_mean),
+        ("tenant slowdown Jain's index", |r| r.summary.tenant_bsld_jain),
+        ("worst / median tenant slowdown", |r| {
+            r.summary.tenant_bsld_worst_to_median
+        }),
+        ("p95 wait spread (h)", |r| r.summary.tenant_p95_wait_spread_s / 3600.0),
+        ("whole-run Jain's index", |r| r.summary.jain_index),
+        ("whole-run max share deviation", |r| r.summary.max_share_deviation),
+    ];
+    for (label, f) in fairness {
+        let _ = write!(o, "<tr><td>{label}</td>");
+        for r in &runs {
+            let _ = write!(o, "<td>{:.3}</td>", f(r.result));
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</table>");
+    o.push_str(FAIRNESS_DEFINITIONS);
     for (r, jobs) in runs.iter().zip(&frames) {
         let _ = write!(o, "<h3>{}: whole run</h3>", esc(r.name));
         o.push_str(&frame_html(
@@ -354,3 +384,6 @@ pub(crate) const CSS: &str = "body{font-family:sans-serif;margin:2em auto;max-wi
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}\
 td:first-child{text-align:left}.better{color:#11772d}.worse{color:#b3261e}figure{margin:0}\
 figcaption{color:#555;font-size:0.9em}section{margin-bottom:2em}";
+
+/// What the fairness figures mean (docs/rm-replay.md, "Fairness"), folded under the table.
+const FAIRNESS_DEFINITIONS: &str = "<details><summary>How these are defined</summary><p><b>Demand-aware fairness.</b> In each window (24 h) where work waited and at least two tenants wanted the machine, the node-time it delivered is divided among the tenants with demand (what they ran plus what waited) by max-min with their targets: each gets its target share but never more than its demand, and what a capped tenant leaves goes to the others by target. The <i>deviation</i> of a tenant is |delivered &minus; fair| / delivered total; <i>Jain's index</i> is over delivered / fair. Windows are averaged weighted by the node-time that waited in them. 1 and 0 are perfectly fair.</p><p><b>Service fairness.</b> Jain's index of the tenants' mean bounded slowdowns; the worst tenant's mean slowdown over the median tenant's; the worst tenant's p95 wait minus the median's.</p><p><b>Whole run.</b> Each tenant's share of all node-hours against its target: fixed by the trace when every job eventually runs, so it does not move with the weights.</p></details>";

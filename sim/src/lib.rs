@@ -1180,6 +1180,8 @@ fn summarize(
     let fairness = metrics::fairness(&usage, &targets);
     let window = cfg.fairness_window.as_secs_f64().max(1.0);
     let windowed = metrics::windowed_fairness(jobs, window, &targets);
+    let demand = metrics::demand_fairness(jobs, window, &targets);
+    let service = metrics::service_fairness(&per_tenant);
     let spans: Vec<u32> = jobs.iter().filter_map(|j| j.groups).collect();
     let conf: Vec<f64> = jobs.iter().filter_map(|j| j.conformance).collect();
     let mean = |v: &[f64]| {
@@ -1253,6 +1255,13 @@ fn summarize(
         jain_index_windowed: windowed.0,
         max_share_deviation_windowed: windowed.1,
         mean_share_deviation_windowed: windowed.2,
+        fair_share_windows: demand.windows,
+        fair_share_jain: demand.jain,
+        fair_share_dev_max: demand.max_dev,
+        fair_share_dev_mean: demand.mean_dev,
+        tenant_bsld_jain: service.0,
+        tenant_bsld_worst_to_median: service.1,
+        tenant_p95_wait_spread_s: service.2,
         cycle_cpu_ms_mean: 0.0,
         cycle_cpu_ms_p99: 0.0,
         deferred_for_energy: 0,

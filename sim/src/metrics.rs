@@ -299,6 +299,17 @@ pub struct Summary {
     pub jain_index_windowed: f64,
     pub max_share_deviation_windowed: f64,
     pub mean_share_deviation_windowed: f64,
+    /// Demand-aware fairness ([`demand_fairness`]): windows with contention, Jain's index of
+    /// delivered / fair share, largest and mean |delivered − fair| share (weighted by waiting work).
+    pub fair_share_windows: u64,
+    pub fair_share_jain: f64,
+    pub fair_share_dev_max: f64,
+    pub fair_share_dev_mean: f64,
+    /// Service fairness ([`service_fairness`]): Jain's index of per-tenant mean bounded slowdowns,
+    /// worst over median tenant mean slowdown, worst minus median tenant p95 wait (s).
+    pub tenant_bsld_jain: f64,
+    pub tenant_bsld_worst_to_median: f64,
+    pub tenant_p95_wait_spread_s: f64,
     /// Real CPU time per scheduling cycle (the only keys that differ between identical runs).
     pub cycle_cpu_ms_mean: f64,
     pub cycle_cpu_ms_p99: f64,
@@ -422,6 +433,161 @@ pub fn windowed_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<S
         round6(per.iter().map(|p| p.1).fold(0.0, f64::max)),
         round6(per.iter().map(|p| p.1).sum::<f64>() / n),
     )
+}
+
+/// Demand-aware fairness over the run (docs/rm-replay.md, "Fairness"): in each window with
+/// contention, each tenant's fair share is its target capped by its demand (max-min, the engine's KAI
+/// one-level division of what was delivered), and the delivered shares are compared with it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DemandFairness {
+    /// Windows that counted: some work waited and at least two tenants wanted the machine.
+    pub windows: u64,
+    /// Jain's index of delivered / fair over the tenants with demand, mean over those windows
+    /// weighted by their waiting node-time.
+    pub jain: f64,
+    /// The largest |delivered − fair| share of a tenant in a window, weighted mean over windows.
+    pub max_dev: f64,
+    /// The mean |delivered − fair| share over the tenants with demand, weighted mean over windows.
+    pub mean_dev: f64,
+}
+
+/// Splits `[from, to)` over windows of `window_s`, adding `rate × overlap` to each window's entry
+/// for `tenant`.
+fn spread(
+    windows: &mut BTreeMap<u64, BTreeMap<String, (f64, f64)>>,
+    window_s: f64,
+    tenant: &str,
+    from: f64,
+    to: f64,
+    rate: f64,
+    waiting: bool,
+) {
+    let mut t = from;
+    while t < to {
+        let w = (t / window_s).floor() as u64;
+        let until = ((w + 1) as f64 * window_s).min(to);
+        let e = windows.entry(w).or_default().entry(tenant.to_string()).or_default();
+        if waiting {
+            e.1 += rate * (until - t);
+        } else {
+            e.0 += rate * (until - t);
+        }
+        t = until;
+    }
+}
+
+/// [`DemandFairness`] of `jobs`. Delivered node-time is each allocation's node-seconds spread over
+/// its span (as [`windowed_fairness`]); waiting demand is its nodes from submission to first start
+/// (to the end of the run if it never started). `targets`: configured shares; tenants without one
+/// split what is left equally among those with demand in the window.
+pub fn demand_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<String, f64>) -> DemandFairness {
+    let end = jobs
+        .iter()
+        .map(|j| j.end_s.unwrap_or(j.submit_s).max(j.submit_s))
+        .fold(0.0, f64::max);
+    // window → tenant → (delivered, waiting) node-seconds.
+    let mut windows: BTreeMap<u64, BTreeMap<String, (f64, f64)>> = BTreeMap::new();
+    for j in jobs {
+        let first_start = j.start_s.unwrap_or(end);
+        spread(
+            &mut windows,
+            window_s,
+            &j.tenant,
+            j.submit_s,
+            first_start,
+            j.nodes as f64,
+            true,
+        );
+        if let (Some(s), Some(e), Some(run)) = (j.start_s, j.end_s, j.run_s) {
+            let density = if e > s { j.nodes as f64 * run / (e - s) } else { 0.0 };
+            spread(&mut windows, window_s, &j.tenant, s, e, density, false);
+        }
+    }
+    let (mut weight, mut jain, mut max_dev, mut mean_dev, mut counted) = (0.0, 0.0, 0.0, 0.0, 0u64);
+    for per in windows.values() {
+        let waiting: f64 = per.values().map(|v| v.1).sum();
+        let delivered: f64 = per.values().map(|v| v.0).sum();
+        let wanting: Vec<(&String, f64, f64)> = per
+            .iter()
+            .filter(|(_, v)| v.0 + v.1 > 0.0)
+            .map(|(t, v)| (t, v.0, v.0 + v.1))
+            .collect();
+        if waiting <= 0.0 || delivered <= 0.0 || wanting.len() < 2 {
+            continue;
+        }
+        let shares = effective_targets(wanting.iter().map(|w| w.0), targets);
+        let queues: Vec<lattice_engine::kai::QueueSpec> = wanting
+            .iter()
+            .map(|(t, _, demand)| lattice_engine::kai::QueueSpec {
+                name: t.to_string(),
+                deserved: 0.0,
+                over_quota_weight: shares.get(*t).copied().unwrap_or(0.0),
+                request: *demand,
+                children: Vec::new(),
+            })
+            .collect();
+        let fair = lattice_engine::kai::one_level(delivered, &queues);
+        let devs: Vec<f64> = wanting
+            .iter()
+            .zip(&fair)
+            .map(|((_, got, _), f)| (got - f).abs() / delivered)
+            .collect();
+        let x: Vec<f64> = wanting
+            .iter()
+            .zip(&fair)
+            .filter(|(_, f)| **f > 0.0)
+            .map(|((_, got, _), f)| got / f)
+            .collect();
+        let (sum, sq): (f64, f64) = (x.iter().sum(), x.iter().map(|v| v * v).sum());
+        let j = if sq > 0.0 {
+            sum * sum / (x.len() as f64 * sq)
+        } else {
+            1.0
+        };
+        weight += waiting;
+        jain += waiting * j;
+        max_dev += waiting * devs.iter().copied().fold(0.0, f64::max);
+        mean_dev += waiting * devs.iter().sum::<f64>() / devs.len() as f64;
+        counted += 1;
+    }
+    if counted == 0 {
+        return DemandFairness {
+            windows: 0,
+            jain: 1.0,
+            max_dev: 0.0,
+            mean_dev: 0.0,
+        };
+    }
+    DemandFairness {
+        windows: counted,
+        jain: round6(jain / weight),
+        max_dev: round6(max_dev / weight),
+        mean_dev: round6(mean_dev / weight),
+    }
+}
+
+/// Service fairness over tenants: Jain's index of the per-tenant mean bounded slowdowns, the worst
+/// tenant's mean slowdown over the median tenant's, and the worst tenant's p95 wait minus the median
+/// tenant's (s). Tenants that started nothing do not count; one tenant is perfectly fair.
+pub fn service_fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f64, f64) {
+    let served: Vec<&GroupMetrics> = per_tenant.values().filter(|m| m.started > 0).collect();
+    if served.len() < 2 {
+        return (1.0, 1.0, 0.0);
+    }
+    let mut bsld: Vec<f64> = served.iter().map(|m| m.mean_bsld).collect();
+    let (sum, sq): (f64, f64) = (bsld.iter().sum(), bsld.iter().map(|v| v * v).sum());
+    let jain = if sq > 0.0 {
+        sum * sum / (bsld.len() as f64 * sq)
+    } else {
+        1.0
+    };
+    bsld.sort_by(f64::total_cmp);
+    let median = |v: &[f64]| v[(v.len() - 1) / 2];
+    let worst_to_median = bsld[bsld.len() - 1] / median(&bsld).max(1.0);
+    let mut p95: Vec<f64> = served.iter().map(|m| m.p95_wait_s).collect();
+    p95.sort_by(f64::total_cmp);
+    let spread = p95[p95.len() - 1] - median(&p95);
+    (round6(jain), round6(worst_to_median), round6(spread))
 }
 
 /// Real CPU time spent in scheduling passes: reported apart from `summary.json`, which must stay
