@@ -146,6 +146,17 @@ pub fn render(name: &str, run: &Value, baseline_name: &str, base: &Value) -> Str
             change(w, bw)
         );
     }
+    if run.get("slo_wait_compliance").is_some() && base.get("slo_wait_compliance").is_some() {
+        let (c, bc) = (num(run, "slo_wait_compliance"), num(base, "slo_wait_compliance"));
+        let _ = writeln!(o, "SLO Compliance (wait <= class target):");
+        let _ = writeln!(
+            o,
+            "  {:.1}% met (baseline: {:.1}%) {}",
+            c * 100.0,
+            bc * 100.0,
+            points(c, bc)
+        );
+    }
     let (bf, bbf) = (num(run, "backfilled"), num(base, "backfilled"));
     let _ = writeln!(o, "Backfill:");
     let _ = writeln!(
@@ -262,6 +273,7 @@ mod tests {
             v["fair_share_dev_mean"] = m.into();
             v["tenant_bsld_jain"] = sj.into();
             v["tenant_bsld_worst_to_median"] = sw.into();
+            v["slo_wait_compliance"] = (j + 0.3).into();
         }
         let text = render("fs", &run2, "base", &base2);
         for want in [
@@ -271,6 +283,7 @@ mod tests {
             "Mean deviation: 12.0% (baseline: 20.0%) ↓ 40%",
             "Jain's index: 0.90 (baseline: 0.80) ↑ 12%",
             "Worst / median tenant: 1.50 (baseline: 2.00) ↓ 25%",
+            "92.0% met (baseline: 80.0%) ↑ 12.0 points",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -36,6 +36,8 @@ pub struct ReplayOptions {
     pub repair: Option<lattice_engine::Duration>,
     /// SIGTERM→SIGKILL grace for allocations past their walltime (default 0: killed at walltime).
     pub walltime_grace: Option<lattice_engine::Duration>,
+    /// Target waits per class range for SLO compliance (`--slo-wait 7-10=15m`).
+    pub slo_wait: Vec<(u8, u8, lattice_engine::Duration)>,
 }
 
 /// A prepared replay: the workload and nodes, before simulation.
@@ -196,6 +198,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         }),
         walltime_grace: o.walltime_grace.unwrap_or(lattice_engine::Duration::ZERO),
         decision_log: false,
+        slo_wait: o.slo_wait.clone(),
     };
     Ok(Prepared {
         workload,

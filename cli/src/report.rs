@@ -81,6 +81,18 @@ pub fn render(name: &str, r: &SimResult) -> String {
     );
     let _ = writeln!(o, "Bounded slowdown (tau = 10 s):");
     let _ = writeln!(o, "  mean: {:.2}   p95: {:.2}", s.mean_bsld, s.p95_bsld);
+    let by_class: Vec<String> = s
+        .slo_wait_compliance_by_class
+        .iter()
+        .rev()
+        .map(|(c, v)| format!("class {c} {:.1}%", v * 100.0))
+        .collect();
+    let _ = writeln!(
+        o,
+        "SLO (wait <= class target): {:.1}% met ({})",
+        s.slo_wait_compliance * 100.0,
+        by_class.join(", ")
+    );
     let _ = writeln!(o, "Backfill:");
     let _ = writeln!(o, "  Backfill jobs: {}", thousands(s.backfilled));
     let _ = writeln!(

@@ -147,6 +147,7 @@ pub fn apply(base: &CostWeights, vary: &[Vary], values: &[f64]) -> CostWeights {
 pub fn metric(summary: &Value, name: &str) -> Option<f64> {
     let key = match name {
         "fairness" => "fair_share_jain",
+        "slo" => "slo_wait_compliance",
         "share_dev" => "fair_share_dev_max",
         "jain" => "jain_index",
         "share_deviation" => "max_share_deviation",
@@ -267,7 +268,7 @@ pub struct Run {
 }
 
 /// The columns of `sweep.csv` after the run number and the nine weights.
-pub const METRICS: [&str; 14] = [
+pub const METRICS: [&str; 15] = [
     "utilization",
     "mean_wait_s",
     "p50_wait_s",
@@ -280,6 +281,7 @@ pub const METRICS: [&str; 14] = [
     "fair_share_dev_max",
     "fair_share_dev_mean",
     "tenant_bsld_jain",
+    "slo_wait_compliance",
     "backfilled",
     "preemptions",
 ];

@@ -740,3 +740,35 @@ fn tables_flag_exports_parquet_and_csv() {
     assert!(!o.status.success());
     assert!(text(&o).contains("--tables needs --output DIR"), "{}", text(&o));
 }
+
+/// `--slo-wait`: per-class target waits; a tighter target can only lower compliance; a bad value is
+/// refused naming the flag's problem.
+#[test]
+fn slo_wait_targets_set_compliance() {
+    let dir = tmp("slo");
+    let read = |out: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+    };
+    let (a, b) = (dir.join("default"), dir.join("tight"));
+    let o = rm_replay(&["--quiet", "--output", a.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = rm_replay(&["--quiet", "--slo-wait", "0-10=1s", "--output", b.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (x, y) = (read(&a), read(&b));
+    let (cx, cy) = (
+        x["slo_wait_compliance"].as_f64().unwrap(),
+        y["slo_wait_compliance"].as_f64().unwrap(),
+    );
+    assert!(cy < cx && cx <= 1.0, "1 s is tighter than 1 h: {cy} vs {cx}");
+    assert!(
+        x["slo_wait_compliance_by_class"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+    );
+    assert!(text(&rm_replay(&["--slo-wait", "0-10=1s"])).contains("SLO (wait <= class target):"));
+    for bad in ["11=1h", "5-2=1h", "3=soon", "x"] {
+        let o = rm_replay(&["--slo-wait", bad]);
+        assert!(!o.status.success(), "{bad} accepted");
+        assert!(text(&o).contains("--slo-wait"), "{bad}: {}", text(&o));
+    }
+}

@@ -197,7 +197,7 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
         let _ = write!(o, "<th>{}</th>", esc(r.name));
     }
     o.push_str("</tr>");
-    let fairness: [(&str, ValueOf); 9] = [
+    let fairness: [(&str, ValueOf); 10] = [
         ("windows with contention", |r| r.summary.fair_share_windows as f64),
         ("demand-aware Jain's index", |r| r.summary.fair_share_jain),
         ("max deviation from fair share", |r| r.summary.fair_share_dev_max),
@@ -207,6 +207,9 @@ pub fn render_html(run: &Run, baseline: Option<&Run>) -> Result<String, ReportEr
             r.summary.tenant_bsld_worst_to_median
         }),
         ("p95 wait spread (h)", |r| r.summary.tenant_p95_wait_spread_s / 3600.0),
+        ("SLO compliance (wait <= class target)", |r| {
+            r.summary.slo_wait_compliance
+        }),
         ("whole-run Jain's index", |r| r.summary.jain_index),
         ("whole-run max share deviation", |r| r.summary.max_share_deviation),
     ];
@@ -386,4 +389,4 @@ td:first-child{text-align:left}.better{color:#11772d}.worse{color:#b3261e}figure
 figcaption{color:#555;font-size:0.9em}section{margin-bottom:2em}";
 
 /// What the fairness figures mean (docs/rm-replay.md, "Fairness"), folded under the table.
-const FAIRNESS_DEFINITIONS: &str = "<details><summary>How these are defined</summary><p><b>Demand-aware fairness.</b> In each window (24 h) where work waited and at least two tenants wanted the machine, the node-time it delivered is divided among the tenants with demand (what they ran plus what waited) by max-min with their targets: each gets its target share but never more than its demand, and what a capped tenant leaves goes to the others by target. The <i>deviation</i> of a tenant is |delivered &minus; fair| / delivered total; <i>Jain's index</i> is over delivered / fair. Windows are averaged weighted by the node-time that waited in them. 1 and 0 are perfectly fair.</p><p><b>Service fairness.</b> Jain's index of the tenants' mean bounded slowdowns; the worst tenant's mean slowdown over the median tenant's; the worst tenant's p95 wait minus the median's.</p><p><b>Whole run.</b> Each tenant's share of all node-hours against its target: fixed by the trace when every job eventually runs, so it does not move with the weights.</p></details>";
+const FAIRNESS_DEFINITIONS: &str = "<details><summary>How these are defined</summary><p><b>Demand-aware fairness.</b> In each window (24 h) where work waited and at least two tenants wanted the machine, the node-time it delivered is divided among the tenants with demand (what they ran plus what waited) by max-min with their targets: each gets its target share but never more than its demand, and what a capped tenant leaves goes to the others by target. The <i>deviation</i> of a tenant is |delivered &minus; fair| / delivered total; <i>Jain's index</i> is over delivered / fair. Windows are averaged weighted by the node-time that waited in them. 1 and 0 are perfectly fair.</p><p><b>Service fairness.</b> Jain's index of the tenants' mean bounded slowdowns; the worst tenant's mean slowdown over the median tenant's; the worst tenant's p95 wait minus the median's.</p><p><b>SLO compliance.</b> The fraction of allocations whose wait was at most their class's target (`--slo-wait`, else 1 h); one that never started counts by how long it had waited at the end.</p><p><b>Whole run.</b> Each tenant's share of all node-hours against its target: fixed by the trace when every job eventually runs, so it does not move with the weights.</p></details>";

@@ -76,7 +76,14 @@ pub struct SimConfig {
     /// Keep the controller's decision log (every start, release, preemption, checkpoint, scale, wipe,
     /// with its time) in the result.
     pub decision_log: bool,
+    /// Target waits per preemption class for SLO compliance: `(lowest class, highest class, target)`,
+    /// the first matching range wins; classes no range covers get [`DEFAULT_SLO_WAIT`].
+    pub slo_wait: Vec<(u8, u8, Duration)>,
 }
+
+/// The target wait of classes no `slo_wait` range covers: the seed's `reference_wait` (1 h), the
+/// wait at which f2 counts a job as having waited "one unit".
+pub const DEFAULT_SLO_WAIT: Duration = Duration(3_600_000);
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -97,6 +104,7 @@ impl Default for SimConfig {
             horizon: None,
             walltime_grace: Duration::ZERO,
             decision_log: false,
+            slo_wait: Vec::new(),
         }
     }
 }
@@ -1182,6 +1190,13 @@ fn summarize(
     let windowed = metrics::windowed_fairness(jobs, window, &targets);
     let demand = metrics::demand_fairness(jobs, window, &targets);
     let service = metrics::service_fairness(&per_tenant);
+    let slo = metrics::slo_compliance(jobs, |class| {
+        cfg.slo_wait
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&class))
+            .map_or(DEFAULT_SLO_WAIT, |r| r.2)
+            .as_secs_f64()
+    });
     let spans: Vec<u32> = jobs.iter().filter_map(|j| j.groups).collect();
     let conf: Vec<f64> = jobs.iter().filter_map(|j| j.conformance).collect();
     let mean = |v: &[f64]| {
@@ -1262,6 +1277,8 @@ fn summarize(
         tenant_bsld_jain: service.0,
         tenant_bsld_worst_to_median: service.1,
         tenant_p95_wait_spread_s: service.2,
+        slo_wait_compliance: slo.0,
+        slo_wait_compliance_by_class: slo.1,
         cycle_cpu_ms_mean: 0.0,
         cycle_cpu_ms_p99: 0.0,
         deferred_for_energy: 0,

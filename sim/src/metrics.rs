@@ -310,6 +310,10 @@ pub struct Summary {
     pub tenant_bsld_jain: f64,
     pub tenant_bsld_worst_to_median: f64,
     pub tenant_p95_wait_spread_s: f64,
+    /// SLO compliance ([`slo_compliance`]): the fraction of allocations whose wait met their class's
+    /// target, overall and per class (`"0"`..`"10"`).
+    pub slo_wait_compliance: f64,
+    pub slo_wait_compliance_by_class: BTreeMap<String, f64>,
     /// Real CPU time per scheduling cycle (the only keys that differ between identical runs).
     pub cycle_cpu_ms_mean: f64,
     pub cycle_cpu_ms_p99: f64,
@@ -590,6 +594,34 @@ pub fn service_fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f6
     (round6(jain), round6(worst_to_median), round6(spread))
 }
 
+/// SLO compliance: the fraction of allocations whose wait was at most their class's target
+/// (`target_s(class)`), overall and per class. One that never started counts as met while it waited
+/// less than its target by the end of the replay, missed otherwise.
+pub fn slo_compliance(jobs: &[JobRecord], target_s: impl Fn(u8) -> f64) -> (f64, BTreeMap<String, f64>) {
+    let end = jobs
+        .iter()
+        .map(|j| j.end_s.unwrap_or(j.submit_s).max(j.submit_s))
+        .fold(0.0, f64::max);
+    let mut by_class: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
+    for j in jobs {
+        let wait = j.wait_s.unwrap_or(end - j.submit_s);
+        let e = by_class.entry(j.class).or_default();
+        e.1 += 1;
+        if wait <= target_s(j.class) {
+            e.0 += 1;
+        }
+    }
+    let (met, all) = by_class.values().fold((0, 0), |a, v| (a.0 + v.0, a.1 + v.1));
+    let overall = if all == 0 { 1.0 } else { round6(met as f64 / all as f64) };
+    (
+        overall,
+        by_class
+            .into_iter()
+            .map(|(c, (m, n))| (c.to_string(), round6(m as f64 / n as f64)))
+            .collect(),
+    )
+}
+
 /// Real CPU time spent in scheduling passes: reported apart from `summary.json`, which must stay
 /// byte-identical between runs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -622,6 +654,47 @@ impl EngineCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slo_compliance_per_class() {
+        let rec = |class: u8, wait: Option<f64>, submit: f64, end: Option<f64>| JobRecord {
+            id: String::new(),
+            submit_s: submit,
+            start_s: wait.map(|w| submit + w),
+            end_s: end,
+            nodes: 1,
+            wait_s: wait,
+            bsld: None,
+            backfilled: false,
+            tenant: "t".into(),
+            vcluster: "v".into(),
+            state: "completed",
+            reason: "success",
+            gpus: 0,
+            groups: None,
+            conformance: None,
+            class,
+            score: None,
+            preempted: 0,
+            borrowed: 0,
+            run_s: None,
+        };
+        // Class 9 target 15 min, the others 1 h. Class 9: 600 s met, 1,200 s missed. Class 1: 3,600 s
+        // met (at most the target), one never started after 1,000 s by the end (t = 5,000): met.
+        let jobs = [
+            rec(9, Some(600.0), 0.0, Some(1000.0)),
+            rec(9, Some(1200.0), 0.0, Some(2000.0)),
+            rec(1, Some(3600.0), 0.0, Some(5000.0)),
+            rec(1, None, 4000.0, None),
+        ];
+        let (all, by) = slo_compliance(&jobs, |c| if c >= 7 { 900.0 } else { 3600.0 });
+        assert_eq!(all, 0.75);
+        assert_eq!(by["9"], 0.5);
+        assert_eq!(by["1"], 1.0);
+        // The one that never started misses once it has waited past its target by the end.
+        let (all, _) = slo_compliance(&jobs, |_| 900.0);
+        assert_eq!(all, 0.25);
+    }
 
     #[test]
     fn fairness_against_targets() {

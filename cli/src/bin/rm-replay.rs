@@ -300,6 +300,33 @@ struct ReplayArgs {
     /// Grace between the walltime SIGTERM and the SIGKILL (e.g. `30s`; default 0 = killed at walltime).
     #[arg(long)]
     walltime_grace: Option<String>,
+    /// Target wait of a class range for SLO compliance, `CLASSES=DURATION` (`7-10=15m`, `0=1d`);
+    /// repeat for several, the first match wins; other classes: 1 h (the seed's reference wait).
+    #[arg(long, value_parser = slo_wait_flag)]
+    slo_wait: Vec<(u8, u8, lattice_engine::Duration)>,
+}
+
+/// `--slo-wait CLASSES=DURATION`: a class (0-10) or a range `LO-HI`, and its target wait.
+fn slo_wait_flag(s: &str) -> Result<(u8, u8, lattice_engine::Duration), String> {
+    let (classes, d) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected CLASSES=DURATION, e.g. 7-10=15m"))?;
+    let class = |c: &str| {
+        c.trim()
+            .parse::<u8>()
+            .ok()
+            .filter(|c| *c <= 10)
+            .ok_or_else(|| format!("`{s}`: `{c}` is not a class 0-10"))
+    };
+    let (lo, hi) = match classes.split_once('-') {
+        Some((a, b)) => (class(a)?, class(b)?),
+        None => (class(classes)?, class(classes)?),
+    };
+    if hi < lo {
+        return Err(format!("`{s}`: the range {lo}-{hi} is empty"));
+    }
+    let target = lattice_traces::parse_duration(d).map_err(|m| format!("`{s}`: {m}"))?;
+    Ok((lo, hi, target))
 }
 
 /// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
@@ -468,6 +495,7 @@ fn options(a: &ReplayArgs) -> Result<replay::ReplayOptions> {
         mtbf: duration_flag(&a.mtbf, "--mtbf")?,
         repair: duration_flag(&a.repair, "--repair")?,
         walltime_grace: duration_flag(&a.walltime_grace, "--walltime-grace")?,
+        slo_wait: a.slo_wait.clone(),
     })
 }
 
