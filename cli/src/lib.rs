@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod compare;
 pub mod directives;
+pub mod fuzz;
 pub mod regress;
 pub mod replay;
 pub mod report;

@@ -772,3 +772,19 @@ fn slo_wait_targets_set_compliance() {
         assert!(text(&o).contains("--slo-wait"), "{bad}: {}", text(&o));
     }
 }
+
+/// `rm-replay fuzz`: a budget of a target, its last line, and an unknown target refused.
+#[test]
+fn fuzz_command_runs_a_target() {
+    let o = rm_replay(&["fuzz", "--target", "tenants", "--cases", "50", "--seed", "3"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("fuzz target=tenants cases=50 refused=") && last.contains(" panics=0 findings=0 "),
+        "{last}"
+    );
+    let o = rm_replay(&["fuzz", "--target", "nope", "--cases", "1"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("unknown fuzz target `nope`"), "{}", text(&o));
+}

@@ -31,6 +31,18 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         procs_per_node: u32,
     },
+    /// Fuzz a parser of outside input (swf, jsonl, sacct, alibaba, profile, inventory, tenants,
+    /// directives, or `all`) with seeded structure-aware mutations of the bundled files; prints each
+    /// finding with its case and input, and `fuzz target=T cases=N panics=P findings=F` last; exit 1
+    /// on any finding.
+    Fuzz {
+        #[arg(long, default_value = "all")]
+        target: String,
+        #[arg(long, default_value_t = 10_000)]
+        cases: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Compare two earlier runs (`--output` folders): the results block of RUN with BASELINE's values and
     /// the change of each metric, overall and per vCluster.
     Compare { run: PathBuf, baseline: PathBuf },
@@ -467,6 +479,37 @@ fn run() -> Result<()> {
             Ok(())
         }
         Some(Cmd::Sweep(a)) => run_sweep(*a),
+        Some(Cmd::Fuzz { target, cases, seed }) => {
+            let targets: Vec<&str> = if target == "all" {
+                lattice_cli::fuzz::TARGETS.to_vec()
+            } else {
+                vec![target.as_str()]
+            };
+            let mut found = 0;
+            for t in targets {
+                let started = std::time::Instant::now();
+                let r = lattice_cli::fuzz::run(t, cases, seed).map_err(anyhow::Error::msg)?;
+                for f in r.findings.iter().take(5) {
+                    eprintln!(
+                        "{t} case {} (seed {seed}): {}\n--- input ---\n{}\n---",
+                        f.case, f.what, f.input
+                    );
+                }
+                found += r.findings.len();
+                println!(
+                    "fuzz target={t} cases={} refused={} panics={} findings={} wall_s={:.1}",
+                    r.cases,
+                    r.refused,
+                    r.panics,
+                    r.findings.len(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            if found > 0 {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         None => run_replay(cli.replay),
     }
 }
