@@ -2405,11 +2405,41 @@ impl SubmitRequest {
 }
 
 /// `sleep 30` → 30 s (simulated agents "run" sleep entrypoints for their duration).
+/// How long `sleep N` runs, for simulated agents: N seconds when it is a number from 0 to a year
+/// (anything else — negative, NaN, absurdly long — is not a duration to simulate; the default applies).
+/// The fuzz test found `sleep -1e308` panicking the control plane here.
 fn sleep_seconds(entrypoint: Option<&str>) -> Option<std::time::Duration> {
     let words: Vec<&str> = entrypoint?.split_whitespace().collect();
     match words[..] {
-        ["sleep", n] => n.parse::<f64>().ok().map(std::time::Duration::from_secs_f64),
+        ["sleep", n] => n
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && (0.0..=366.0 * 86_400.0).contains(s))
+            .map(std::time::Duration::from_secs_f64),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod sleep_tests {
+    use super::sleep_seconds;
+
+    #[test]
+    fn only_sensible_sleeps_are_simulated() {
+        assert_eq!(
+            sleep_seconds(Some("sleep 0.3")),
+            Some(std::time::Duration::from_millis(300))
+        );
+        for odd in [
+            "sleep -1",
+            "sleep -1e308",
+            "sleep NaN",
+            "sleep inf",
+            "sleep 1e308",
+            "sleep x",
+        ] {
+            assert_eq!(sleep_seconds(Some(odd)), None, "{odd}");
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod duration;
 pub mod error;
 pub mod export;
+pub mod fuzz;
 pub mod import;
 pub mod inventory;
 pub mod jsonl;
