@@ -3,6 +3,7 @@
 //! validation, then a scheduling pass; and the runtime config. Nothing may panic; a refused
 //! submission names its field, a refused config names its file.
 
+mod common;
 use lattice_runtime::RuntimeConfig;
 use lattice_runtime::control::{Control, SubmitRequest};
 use lattice_traces::fuzz::mutate;
@@ -20,18 +21,7 @@ const BODIES: [&str; 6] = [
 
 #[test]
 fn submission_bodies_never_panic_the_control_plane() {
-    let inv = lattice_traces::homogeneous(8);
-    let prof = lattice_traces::read_profile(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../profiles/balanced.yaml"
-    )))
-    .unwrap();
-    let vcs = prof
-        .vclusters
-        .iter()
-        .map(|(n, p)| (n.clone(), p.config(None)))
-        .collect();
-    let mut c = Control::new(&inv, vcs, &Default::default(), None).unwrap();
+    let mut c = common::balanced_control(8);
     let mut t = 1_000_000u64;
     let (mut parsed, mut accepted) = (0, 0);
     // 10,000 cases in CI; FUZZ_CASES=N for a longer run.

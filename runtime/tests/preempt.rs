@@ -140,18 +140,7 @@ async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards(
 fn a_preemption_no_agent_answers_ends_at_the_deadline() {
     use lattice_runtime::control::{Control, SubmitRequest};
     use lattice_runtime::world::Action;
-    let inv = lattice_traces::homogeneous(2);
-    let prof = lattice_traces::read_profile(std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../profiles/balanced.yaml"
-    )))
-    .unwrap();
-    let vcs = prof
-        .vclusters
-        .iter()
-        .map(|(n, p)| (n.clone(), p.config(None)))
-        .collect();
-    let mut c = Control::new(&inv, vcs, &Default::default(), None).unwrap();
+    let mut c = common::balanced_control(2);
     c.real_agents = true;
     let mut t = 1_000_000u64;
     c.set_clock(lattice_engine::Time(t));

@@ -360,6 +360,23 @@ pub struct TaskGroupMetrics {
 /// Keys of `summary.json` that measure real time and so differ between otherwise identical runs.
 pub const TIMING_KEYS: [&str; 2] = ["cycle_cpu_ms_mean", "cycle_cpu_ms_p99"];
 
+/// Jain's index of `x`: (Σx)² / (n·Σx²), 1 for equal values (and for none or all zero).
+fn jain_of(x: &[f64]) -> f64 {
+    let (sum, sq): (f64, f64) = (x.iter().sum(), x.iter().map(|v| v * v).sum());
+    if sq > 0.0 {
+        sum * sum / (x.len() as f64 * sq)
+    } else {
+        1.0
+    }
+}
+
+/// The last time anything happened to `jobs` (an end, or a submission that never ended).
+fn replay_end(jobs: &[JobRecord]) -> f64 {
+    jobs.iter()
+        .map(|j| j.end_s.unwrap_or(j.submit_s).max(j.submit_s))
+        .fold(0.0, f64::max)
+}
+
 /// Jain's fairness index over tenants of (actual share / target share), and the largest
 /// |actual share − target share|; shares are of node-hours. `targets` gives configured shares; the
 /// other tenants split what is left equally.
@@ -376,13 +393,7 @@ pub fn fairness(usage: &BTreeMap<String, f64>, targets: &BTreeMap<String, f64>) 
         .filter(|(t, _)| target(t) > 0.0)
         .map(|(t, u)| (u / total) / target(t))
         .collect();
-    let sum: f64 = x.iter().sum();
-    let sq: f64 = x.iter().map(|v| v * v).sum();
-    let jain = if sq > 0.0 {
-        sum * sum / (x.len() as f64 * sq)
-    } else {
-        1.0
-    };
+    let jain = jain_of(&x);
     let dev = usage
         .iter()
         .map(|(t, u)| (u / total - target(t)).abs())
@@ -485,10 +496,7 @@ fn spread(
 /// (to the end of the run if it never started). `targets`: configured shares; tenants without one
 /// split what is left equally among those with demand in the window.
 pub fn demand_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<String, f64>) -> DemandFairness {
-    let end = jobs
-        .iter()
-        .map(|j| j.end_s.unwrap_or(j.submit_s).max(j.submit_s))
-        .fold(0.0, f64::max);
+    let end = replay_end(jobs);
     // window → tenant → (delivered, waiting) node-seconds.
     let mut windows: BTreeMap<u64, BTreeMap<String, (f64, f64)>> = BTreeMap::new();
     for j in jobs {
@@ -542,12 +550,7 @@ pub fn demand_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<Str
             .filter(|(_, f)| **f > 0.0)
             .map(|((_, got, _), f)| got / f)
             .collect();
-        let (sum, sq): (f64, f64) = (x.iter().sum(), x.iter().map(|v| v * v).sum());
-        let j = if sq > 0.0 {
-            sum * sum / (x.len() as f64 * sq)
-        } else {
-            1.0
-        };
+        let j = jain_of(&x);
         weight += waiting;
         jain += waiting * j;
         max_dev += waiting * devs.iter().copied().fold(0.0, f64::max);
@@ -579,12 +582,7 @@ pub fn service_fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f6
         return (1.0, 1.0, 0.0);
     }
     let mut bsld: Vec<f64> = served.iter().map(|m| m.mean_bsld).collect();
-    let (sum, sq): (f64, f64) = (bsld.iter().sum(), bsld.iter().map(|v| v * v).sum());
-    let jain = if sq > 0.0 {
-        sum * sum / (bsld.len() as f64 * sq)
-    } else {
-        1.0
-    };
+    let jain = jain_of(&bsld);
     bsld.sort_by(f64::total_cmp);
     let median = |v: &[f64]| v[(v.len() - 1) / 2];
     let worst_to_median = bsld[bsld.len() - 1] / median(&bsld).max(1.0);
@@ -598,10 +596,7 @@ pub fn service_fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f6
 /// (`target_s(class)`), overall and per class. One that never started counts as met while it waited
 /// less than its target by the end of the replay, missed otherwise.
 pub fn slo_compliance(jobs: &[JobRecord], target_s: impl Fn(u8) -> f64) -> (f64, BTreeMap<String, f64>) {
-    let end = jobs
-        .iter()
-        .map(|j| j.end_s.unwrap_or(j.submit_s).max(j.submit_s))
-        .fold(0.0, f64::max);
+    let end = replay_end(jobs);
     let mut by_class: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
     for j in jobs {
         let wait = j.wait_s.unwrap_or(end - j.submit_s);

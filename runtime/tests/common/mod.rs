@@ -82,3 +82,21 @@ pub async fn serve_stand_in(app: axum::Router) -> String {
     tokio::spawn(async move { axum::serve(l, app).await });
     url
 }
+
+/// A control plane (no server) on `nodes` plain nodes with `profiles/balanced.yaml`'s vClusters, for
+/// tests that drive it directly on a virtual clock.
+#[allow(dead_code)]
+pub fn balanced_control(nodes: u32) -> lattice_runtime::control::Control {
+    let inv = lattice_traces::homogeneous(nodes);
+    let prof = lattice_traces::read_profile(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../profiles/balanced.yaml"
+    )))
+    .unwrap();
+    let vcs = prof
+        .vclusters
+        .iter()
+        .map(|(n, p)| (n.clone(), p.config(None)))
+        .collect();
+    lattice_runtime::control::Control::new(&inv, vcs, &Default::default(), None).unwrap()
+}
