@@ -45,8 +45,12 @@ fn io(e: impl std::fmt::Display) -> std::io::Error {
 impl AllocStore {
     /// Opens (or creates) `dir/allocations.redb`.
     pub fn open(dir: &Path) -> std::io::Result<AllocStore> {
-        std::fs::create_dir_all(dir)?;
-        let db = Database::create(dir.join("allocations.redb")).map_err(io)?;
+        AllocStore::open_on(&crate::disk::Disk::Dir(dir.to_path_buf()))
+    }
+
+    /// Opens (or creates) `allocations.redb` on `disk`.
+    pub fn open_on(disk: &crate::disk::Disk) -> std::io::Result<AllocStore> {
+        let db = disk.database("allocations.redb")?;
         let tx = db.begin_write().map_err(io)?;
         tx.open_table(RECORDS).map_err(io)?;
         tx.open_table(NAMED).map_err(io)?;
@@ -100,9 +104,17 @@ type Reply = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 /// Group commit over an [`AllocStore`]: a thread of its own applies every batch queued while the
 /// previous commit ran in one transaction. Batches are applied in the order they were queued.
+/// [`Writer::inline`] commits each batch in the caller instead (no thread: a deterministic
+/// simulation runs every member on one thread).
 #[derive(Clone)]
 pub struct Writer {
-    tx: std::sync::mpsc::Sender<(Vec<Change>, Reply)>,
+    to: WriterTo,
+}
+
+#[derive(Clone)]
+enum WriterTo {
+    Thread(std::sync::mpsc::Sender<(Vec<Change>, Reply)>),
+    Inline(std::sync::Arc<AllocStore>),
 }
 
 /// A queued batch; resolves once it is durable (or the store failed).
@@ -140,14 +152,30 @@ impl Writer {
                 }
             })
             .expect("spawning the allocation store's writer");
-        Writer { tx }
+        Writer {
+            to: WriterTo::Thread(tx),
+        }
+    }
+
+    /// A writer that commits each batch when it is queued, in the caller.
+    pub fn inline(store: AllocStore) -> Writer {
+        Writer {
+            to: WriterTo::Inline(std::sync::Arc::new(store)),
+        }
     }
 
     /// Queues `changes` (call in the order they must apply); await the result for durability.
     pub fn queue(&self, changes: Vec<Change>) -> Pending {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        if let Err(std::sync::mpsc::SendError((_, reply))) = self.tx.send((changes, reply)) {
-            let _ = reply.send(Err("allocation store: the writer stopped".into()));
+        match &self.to {
+            WriterTo::Thread(tx) => {
+                if let Err(std::sync::mpsc::SendError((_, reply))) = tx.send((changes, reply)) {
+                    let _ = reply.send(Err("allocation store: the writer stopped".into()));
+                }
+            }
+            WriterTo::Inline(store) => {
+                let _ = reply.send(store.commit(&changes).map_err(|e| e.to_string()));
+            }
         }
         Pending(rx)
     }

@@ -11,6 +11,7 @@
 
 pub mod alloc_store;
 pub mod checkpoint;
+pub mod disk;
 pub mod fabric;
 pub mod http;
 pub mod logstore;
@@ -19,6 +20,8 @@ pub mod raft_net;
 pub mod raft_store;
 pub mod vast;
 
+/// openraft, for its `Config` (a simulation sets its own timings).
+pub use openraft;
 pub use quorum_state::{AuditEntry, QuorumCommand, QuorumResponse, QuorumState};
 pub use raft_store::{NodeId, Raft, TypeConfig};
 
@@ -61,6 +64,15 @@ pub struct Member {
     server: Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
 }
 
+/// How a member reaches its peers and with which Raft timings (all default: TCP, plaintext,
+/// [`raft_config`]).
+#[derive(Clone, Default)]
+pub struct MemberOptions {
+    pub tls: Option<raft_net::PeerTls>,
+    pub dial: Option<raft_net::Dialer>,
+    pub config: Option<openraft::Config>,
+}
+
 /// Raft timings for members on one site network (heartbeat 100 ms, election 400-800 ms), a snapshot
 /// every [`raft_store::SNAPSHOT_EVERY`] entries.
 pub fn raft_config() -> openraft::Config {
@@ -84,18 +96,32 @@ impl Member {
 
     /// [`Member::start`], reaching peers over (m)TLS when `tls` is given.
     pub async fn start_with_tls(id: NodeId, dir: &Path, tls: Option<raft_net::PeerTls>) -> Result<Member, StartError> {
-        let db = raft_store::open(dir).map_err(|source| StartError::Store {
-            dir: dir.display().to_string(),
+        let options = MemberOptions {
+            tls,
+            ..Default::default()
+        };
+        Member::start_with(id, &disk::Disk::Dir(dir.to_path_buf()), options).await
+    }
+
+    /// Starts a member with its store on `disk` and the given transport and timings.
+    pub async fn start_with(id: NodeId, disk: &disk::Disk, options: MemberOptions) -> Result<Member, StartError> {
+        let db = raft_store::open_on(disk).map_err(|source| StartError::Store {
+            dir: disk.describe(),
             source,
         })?;
         let sm = raft_store::StateMachine::load(db.clone()).map_err(|e| StartError::Raft(e.to_string()))?;
-        let config = raft_config().validate().map_err(|e| StartError::Raft(e.to_string()))?;
+        let config = options
+            .config
+            .unwrap_or_else(raft_config)
+            .validate()
+            .map_err(|e| StartError::Raft(e.to_string()))?;
         let raft = Raft::new(
             id,
             Arc::new(config),
             raft_net::Network {
                 from: id,
-                tls: tls.map(Arc::new),
+                tls: options.tls.map(Arc::new),
+                dial: options.dial,
             },
             raft_store::LogStore::new(db),
             sm.clone(),
@@ -188,6 +214,23 @@ impl Member {
                 None => ProposeError::Raft(e.to_string()),
             })?;
         Ok(self.state().await)
+    }
+
+    /// The term in which this member leads, if it does (state and term read together).
+    pub fn leader_term(&self) -> Option<u64> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        (m.state == ServerState::Leader).then_some(m.current_term)
+    }
+
+    /// The newest Raft term this member has seen (its vote's).
+    pub fn current_term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// [`Member::read`] without waiting: `None` while the state machine is being written.
+    pub fn try_read<T>(&self, f: impl FnOnce(&QuorumState) -> T) -> Option<T> {
+        self.sm.data.try_read().ok().map(|d| f(&d.state))
     }
 
     pub fn is_leader(&self) -> bool {

@@ -83,12 +83,27 @@ fn host_of(addr: &str) -> &str {
     h.trim_start_matches('[').trim_end_matches(']')
 }
 
+/// Turns a peer's endpoint into a channel. Production connects lazily over TCP
+/// ([`Endpoint::connect_lazy`](tonic::transport::Endpoint::connect_lazy)); a deterministic
+/// simulation connects through its simulated network instead.
+pub type Dialer = std::sync::Arc<dyn Fn(tonic::transport::Endpoint) -> tonic::transport::Channel + Send + Sync>;
+
+/// The channel to `endpoint`: through `dial` when given, else lazily over TCP.
+pub fn dial(endpoint: tonic::transport::Endpoint, dial: Option<&Dialer>) -> tonic::transport::Channel {
+    match dial {
+        Some(d) => d(endpoint),
+        None => endpoint.connect_lazy(),
+    }
+}
+
 /// Creates one [`Conn`] per peer for the member `from`.
 #[derive(Clone, Default)]
 pub struct Network {
     pub from: NodeId,
     /// `Some`: peers are reached over TLS with this member's client certificate.
     pub tls: Option<std::sync::Arc<PeerTls>>,
+    /// `Some`: how channels are made (a simulated network).
+    pub dial: Option<Dialer>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -102,9 +117,10 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 None => Ok(e),
             })
             .map(|e| {
-                e.connect_timeout(std::time::Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy()
+                dial(
+                    e.connect_timeout(std::time::Duration::from_secs(1)).tcp_nodelay(true),
+                    self.dial.as_ref(),
+                )
             })
             .map_err(|e| format!("{}: {e}", node.addr));
         Conn {

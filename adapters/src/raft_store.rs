@@ -55,8 +55,12 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// Opens (or creates) the member's database in `dir`.
 pub fn open(dir: &Path) -> Result<Arc<Database>, std::io::Error> {
-    std::fs::create_dir_all(dir)?;
-    let db = Database::create(dir.join("quorum.redb")).map_err(std::io::Error::other)?;
+    open_on(&crate::disk::Disk::Dir(dir.to_path_buf()))
+}
+
+/// Opens (or creates) the member's database on `disk`.
+pub fn open_on(disk: &crate::disk::Disk) -> Result<Arc<Database>, std::io::Error> {
+    let db = disk.database("quorum.redb")?;
     // Create the tables so readers never see them missing.
     let tx = db.begin_write().map_err(std::io::Error::other)?;
     tx.open_table(LOG).map_err(std::io::Error::other)?;

@@ -155,6 +155,9 @@ pub struct Authenticator {
     keys: Vec<(Option<String>, DecodingKey, Algorithm)>,
     /// user → (minute, requests in it).
     window: Mutex<BTreeMap<String, (u64, u32)>>,
+    /// Rate-limit windows count from here on the monotonic clock (a system clock jump does not open
+    /// or close a window).
+    started: tokio::time::Instant,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +190,7 @@ impl Authenticator {
             cfg,
             keys,
             window: Mutex::new(BTreeMap::new()),
+            started: tokio::time::Instant::now(),
         })
     }
 
@@ -263,10 +267,7 @@ impl Authenticator {
     }
 
     fn rate(&self, user: &str) -> Result<(), Refusal> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let now = self.started.elapsed().as_secs();
         let minute = now / 60;
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
         let e = w.entry(user.to_string()).or_insert((minute, 0));

@@ -12,7 +12,37 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// Milliseconds since the Unix epoch: the engine's clock in production.
+/// The control plane's clock in production: the wall clock read once, when the member starts,
+/// advanced by the monotonic clock from then on. A jump of the system clock afterwards moves
+/// nothing — heartbeat timeouts, walltimes, preemption deadlines and rate-limit windows all read
+/// this. (Under a deterministic simulation the monotonic clock is the simulation's.)
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base_ms: u64,
+    since: tokio::time::Instant,
+}
+
+impl Clock {
+    /// Starts at `wall_ms` (ms since the epoch) now.
+    pub fn starting_at(wall_ms: u64) -> Clock {
+        Clock {
+            base_ms: wall_ms,
+            since: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Starts at the system's wall clock.
+    pub fn system() -> Clock {
+        Clock::starting_at(wall_now().0)
+    }
+
+    /// Milliseconds since the epoch by this clock.
+    pub fn now_ms(&self) -> u64 {
+        self.base_ms + self.since.elapsed().as_millis() as u64
+    }
+}
+
+/// Milliseconds since the Unix epoch by the system's wall clock (names of backups, the clock's start).
 pub fn wall_now() -> Time {
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -70,7 +100,15 @@ pub struct SubmitRequest {
     /// the entrypoint becomes the element's index.
     #[serde(default)]
     pub task_group: Option<TaskGroupIn>,
+    /// A client-chosen key (at most 128 characters): a submission repeated with the same tenant and
+    /// key — a client's retry after a lost answer — gets the first one's id instead of a second
+    /// allocation, also after a fail-over (the key is part of the durable record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
+
+/// Longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
 
 /// A task group's indices and concurrency limit.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -403,6 +441,10 @@ pub struct Usage {
 pub struct Control {
     /// The controller `rm-replay` runs, with the engine it owns.
     pub ctl: Controller,
+    /// (tenant, idempotency key) → the id its first submission got.
+    keys: BTreeMap<(String, String), String>,
+    /// Submissions queued here whose acknowledgement (durable on a majority) is still pending.
+    acking: std::collections::BTreeSet<String>,
     /// The controller's decisions not yet turned into [`Action`]s.
     outbox: Outbox,
     /// Victims being preempted (until their agents report them stopped): how, from when, and the
@@ -429,8 +471,10 @@ pub struct Control {
     tenants: BTreeMap<String, TenantId>,
     vclusters: BTreeMap<String, VClusterId>,
     default_vcluster: String,
-    /// A replay's virtual clock (`None`: the wall clock).
+    /// A replay's virtual clock (`None`: [`Control::wall`]).
     clock: Option<Time>,
+    /// The member's clock ([`Clock`]).
+    pub wall: Clock,
     meta: Vec<Meta>,
     by_name: BTreeMap<String, AllocId>,
     node_names: Vec<String>,
@@ -558,6 +602,9 @@ impl Control {
         let vcs = vclusters;
         let mut c = Control {
             clock: None,
+            wall: Clock::system(),
+            keys: BTreeMap::new(),
+            acking: std::collections::BTreeSet::new(),
             ctl,
             outbox: Outbox::default(),
             grace_until: BTreeMap::new(),
@@ -622,12 +669,12 @@ impl Control {
         self.ctl.engine.tenant(t).map(|t| t.name).unwrap_or_default()
     }
 
-    /// The engine's clock never goes back, even if the wall clock does. A replay sets a virtual
-    /// clock instead ([`Control::set_clock`]).
+    /// The engine's clock never goes back ([`Clock`] is monotonic; and never before the engine's
+    /// last input). A replay sets a virtual clock instead ([`Control::set_clock`]).
     pub fn now(&self) -> Time {
         match self.clock {
             Some(t) => t,
-            None => wall_now().max(self.ctl.engine.now()),
+            None => Time(self.wall.now_ms()).max(self.ctl.engine.now()),
         }
     }
 
@@ -657,8 +704,17 @@ impl Control {
     /// or none. Returns the id and what was queued under which id (what the mirror keeps: one
     /// element's request names only its own index, so an adopted element is that element again).
     pub fn submit_all(&mut self, req: SubmitRequest, name: Option<&str>) -> Result<Submitted, FieldError> {
+        if let Some(k) = &req.idempotency_key
+            && (k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY)
+        {
+            return Err(bad(
+                "idempotency_key",
+                format!("{} characters; 1 to {MAX_IDEMPOTENCY_KEY}", k.len()),
+            ));
+        }
         let Some(tg) = req.task_group.clone() else {
             let id = self.submit_one(req.clone(), name, None)?;
+            self.remember_key(&req, &id);
             return Ok(Submitted {
                 id: id.clone(),
                 elements: vec![(id, req)],
@@ -710,7 +766,43 @@ impl Control {
         {
             self.capture_submit(id, &base, Some(&tg));
         }
+        self.remember_key(&req, &base);
         Ok(Submitted { id: base, elements })
+    }
+
+    /// Remembers `req`'s idempotency key (if any) for `id` (a task group's base id), unless the key
+    /// already names an allocation.
+    pub fn remember_key(&mut self, req: &SubmitRequest, id: &str) {
+        if let Some(k) = &req.idempotency_key {
+            let base = group_element(id).map_or(id, |(b, _)| b);
+            self.keys
+                .entry((req.tenant.clone(), k.clone()))
+                .or_insert_with(|| base.to_string());
+        }
+    }
+
+    /// Forgets a key whose submission was not accepted (a retry with it submits anew).
+    pub fn forget_key(&mut self, req_tenant: &str, key: &str) {
+        self.keys.remove(&(req_tenant.to_string(), key.to_string()));
+    }
+
+    /// The id the first submission with this tenant and key got.
+    pub fn by_key(&self, tenant: &str, key: &str) -> Option<&String> {
+        self.keys.get(&(tenant.to_string(), key.to_string()))
+    }
+
+    /// Marks `id` as waiting for its acknowledgement (`true`), or done with it (`false`).
+    pub fn acking(&mut self, id: &str, waiting: bool) {
+        if waiting {
+            self.acking.insert(id.to_string());
+        } else {
+            self.acking.remove(id);
+        }
+    }
+
+    /// Whether `id`'s acknowledgement is still pending.
+    pub fn is_acking(&self, id: &str) -> bool {
+        self.acking.contains(id)
     }
 
     /// The elements of task group `base` still known here, in index order.

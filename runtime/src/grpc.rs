@@ -245,6 +245,7 @@ fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             },
             concurrency: (t.concurrency > 0).then_some(t.concurrency),
         }),
+        idempotency_key: none_if_empty(r.idempotency_key),
     })
 }
 

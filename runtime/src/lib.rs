@@ -16,6 +16,7 @@ pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod control;
+pub mod dst;
 pub mod grpc;
 pub mod metrics;
 pub mod mirror;

@@ -87,6 +87,9 @@ pub struct Mirror {
     pub dags: BTreeMap<String, Vec<(String, String)>>,
     /// How many entries hold a final record (kept counted: trimming scans only past the slack).
     ended: usize,
+    /// The newest leader term this member promised (answering a new leader's fetch): operations of
+    /// older terms are refused from then on. Kept on disk.
+    pub fence: u64,
     writer: Option<Writer>,
 }
 
@@ -94,6 +97,7 @@ pub struct Mirror {
 const ENDED_SLACK: usize = 1_000;
 
 const MAX_ID: &str = "max_id";
+const FENCE: &str = "fence";
 const DAG_PREFIX: &str = "dag/";
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -103,37 +107,78 @@ fn json<T: Serialize>(v: &T) -> Vec<u8> {
 impl Mirror {
     /// Opens the copy kept in `dir` (created empty the first time); what it holds is loaded.
     pub fn open(dir: &std::path::Path) -> anyhow::Result<Mirror> {
-        let store = AllocStore::open(dir)?;
+        Mirror::open_on(&lattice_adapters::disk::Disk::Dir(dir.to_path_buf()))
+    }
+
+    /// [`Mirror::open`] on `disk`; on a simulated disk every change is committed in the caller (the
+    /// simulation runs on one thread), else by the group-commit writer's thread.
+    pub fn open_on(disk: &lattice_adapters::disk::Disk) -> anyhow::Result<Mirror> {
+        let dir = disk.describe();
+        let store = AllocStore::open_on(disk)?;
         let c = store.load()?;
         let mut m = Mirror::default();
         for (n, bytes) in c.records {
             let e: Entry = serde_json::from_slice(&bytes)
-                .map_err(|e| anyhow::anyhow!("{}/allocations.redb: record {n}: {e}", dir.display()))?;
+                .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: record {n}: {e}"))?;
             m.entries.insert(n, e);
         }
         for (k, v) in c.named {
             if k == MAX_ID {
                 m.max_id = serde_json::from_slice(&v)
-                    .map_err(|e| anyhow::anyhow!("{}/allocations.redb: {MAX_ID}: {e}", dir.display()))?;
+                    .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {MAX_ID}: {e}"))?;
+            } else if k == FENCE {
+                m.fence = serde_json::from_slice(&v)
+                    .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {FENCE}: {e}"))?;
             } else if let Some(dag) = k.strip_prefix(DAG_PREFIX) {
                 let members = serde_json::from_slice(&v)
-                    .map_err(|e| anyhow::anyhow!("{}/allocations.redb: {k}: {e}", dir.display()))?;
+                    .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {k}: {e}"))?;
                 m.dags.insert(dag.to_string(), members);
             }
         }
         m.max_id = m.max_id.max(m.entries.keys().next_back().copied().unwrap_or(0));
         m.ended = m.entries.values().filter(|e| e.ended.is_some()).count();
-        m.writer = Some(Writer::start(store));
+        m.writer = Some(match disk {
+            lattice_adapters::disk::Disk::Dir(_) => Writer::start(store),
+            lattice_adapters::disk::Disk::Sim(_) => Writer::inline(store),
+        });
         Ok(m)
     }
 
     /// Applies `op` to this copy; the answer resolves once it is on disk (at once without a store).
     pub fn apply(&mut self, op: MirrorOp) -> Durable {
         let changes = self.changes(op);
+        self.write(changes)
+    }
+
+    fn write(&self, changes: Vec<Change>) -> Durable {
         Durable(match (&self.writer, changes.is_empty()) {
-            (Some(w), false) => Some(w.queue(changes)),
-            _ => None,
+            (Some(w), false) => Written::Pending(w.queue(changes)),
+            _ => Written::Done,
         })
+    }
+
+    /// Applies `op` made by the leader of `term`, unless this member has seen a newer term
+    /// (`current_term`, its Raft vote's) or promised a newer leader ([`Mirror::promise`]): then
+    /// nothing changes and the answer is a refusal. A deposed leader can therefore never get an
+    /// operation acknowledged by a majority after a new leader has read that majority's copies.
+    pub fn apply_fenced(&mut self, op: MirrorOp, term: u64, current_term: u64) -> Durable {
+        let floor = self.fence.max(current_term).max(1);
+        if term < floor {
+            return Durable(Written::Refused(format!(
+                "stale leader term {term} (this member has seen term {floor})"
+            )));
+        }
+        self.apply(op)
+    }
+
+    /// Promises the new leader of `term` to refuse operations of older terms from now on (durable
+    /// before the new leader reads this copy).
+    pub fn promise(&mut self, term: u64) -> Durable {
+        if term <= self.fence {
+            return Durable(Written::Done);
+        }
+        self.fence = term;
+        self.write(vec![Change::Named(FENCE.into(), json(&term))])
     }
 
     fn changes(&mut self, op: MirrorOp) -> Vec<Change> {
@@ -269,24 +314,42 @@ impl Mirror {
                 v.insert(members);
             }
         }
-        Durable(match (&self.writer, out.is_empty()) {
-            (Some(w), false) => Some(w.queue(out)),
-            _ => None,
-        })
+        self.write(out)
     }
 }
 
-/// A change applied to a member's copy; [`Durable::wait`] resolves once it is on disk.
+/// A change applied to a member's copy; [`Durable::wait`] resolves once it is on disk (or says why
+/// it was refused).
 #[must_use = "a mirrored change is acknowledged only once it is durable"]
-pub struct Durable(Option<Pending>);
+pub struct Durable(Written);
+
+enum Written {
+    Done,
+    Pending(Pending),
+    Refused(String),
+}
 
 impl Durable {
     pub async fn wait(self) -> Result<(), String> {
         match self.0 {
-            Some(p) => p.durable().await,
-            None => Ok(()),
+            Written::Pending(p) => p.durable().await,
+            Written::Done => Ok(()),
+            Written::Refused(why) => Err(why),
         }
     }
+}
+
+/// Applies `op` to this member's copy as the leader of its current term: the op, that term (0 when
+/// this member does not lead: every member refuses it) and the local write.
+pub fn record(shared: &crate::server::Shared, op: MirrorOp) -> (MirrorOp, u64, Durable) {
+    let term = shared.member.leader_term().unwrap_or(0);
+    let current = shared.member.current_term();
+    let durable = shared
+        .mirror
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .apply_fenced(op.clone(), term, current);
+    (op, term, durable)
 }
 
 /// Peer channels, created lazily (TLS with the member's certificate when configured).
@@ -301,6 +364,7 @@ impl Peers {
         id: u64,
         addr: &str,
         tls: Option<&lattice_adapters::raft_net::PeerTls>,
+        dial: Option<&lattice_adapters::raft_net::Dialer>,
     ) -> Option<tonic::transport::Channel> {
         if let Some((a, c)) = self.channels.get(&id)
             && a == addr
@@ -313,18 +377,20 @@ impl Peers {
         if let Some(t) = tls {
             e = e.tls_config(t.client_config(host.trim_matches(['[', ']']))).ok()?;
         }
-        let c = e
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let c = lattice_adapters::raft_net::dial(e.connect_timeout(Duration::from_secs(1)).tcp_nodelay(true), dial);
         self.channels.insert(id, (addr.to_string(), c.clone()));
         Some(c)
     }
 }
 
-/// Sends `op` to every other member; true once enough of them applied it that a majority of the
-/// members (this one included) holds it. Gives up after `within`.
-pub async fn replicate(shared: &crate::server::Shared, op: &MirrorOp, within: Duration) -> bool {
+/// Sends `op` (made by the leader of `term`) to every other member; true once enough of them applied
+/// it that a majority of the members (this one included) holds it. Gives up after `within`.
+pub async fn replicate(shared: &crate::server::Shared, op: &MirrorOp, term: u64, within: Duration) -> bool {
+    if shared.bugs.ack_without_majority {
+        // The test-only injected bug (`lattice-runtime dst --bug`): acknowledged on the leader's
+        // own disk alone.
+        return true;
+    }
     let st = shared.member.status();
     let me = shared.member.id;
     let peers: Vec<(u64, String)> = st
@@ -344,12 +410,13 @@ pub async fn replicate(shared: &crate::server::Shared, op: &MirrorOp, within: Du
     {
         let mut p = shared.peers.lock().unwrap_or_else(|e| e.into_inner());
         for (id, addr) in peers {
-            let Some(ch) = p.channel(id, &addr, shared.peer_tls.as_ref()) else {
+            let Some(ch) = p.channel(id, &addr, shared.peer_tls.as_ref(), shared.dial.as_ref()) else {
                 continue;
             };
             let req = pb::MirrorRequest {
                 from: me,
                 op: bytes.clone(),
+                term,
             };
             set.spawn(async move {
                 let mut c = pb::queue_mirror_client::QueueMirrorClient::new(ch);
@@ -393,9 +460,15 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
                 "from: a member does not mirror to itself",
             ));
         }
-        // Answered only once it is on this member's disk.
-        let durable = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op);
-        durable.wait().await.map_err(tonic::Status::unavailable)?;
+        // Answered only once it is on this member's disk; refused from a deposed leader.
+        let current = self.shared.member.current_term();
+        let durable = self
+            .shared
+            .mirror
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply_fenced(op, r.term, current);
+        durable.wait().await.map_err(tonic::Status::failed_precondition)?;
         Ok(tonic::Response::new(pb::MirrorReply {}))
     }
 
@@ -403,22 +476,28 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
         &self,
         req: tonic::Request<pb::MirrorRequest>,
     ) -> Result<tonic::Response<pb::MirrorSnapshot>, tonic::Status> {
-        let _ = req;
+        // The fence first: no operation of an older leader lands here after this answer.
+        let term = req.into_inner().term;
+        let promised = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).promise(term);
+        promised.wait().await.map_err(tonic::Status::unavailable)?;
         let snap = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
         let bytes = serde_json::to_vec(&snap).map_err(|e| tonic::Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(pb::MirrorSnapshot { snapshot: bytes }))
     }
 }
 
-/// Every other member's copy (those that answer within `within`).
-pub async fn fetch_all(shared: &crate::server::Shared, within: Duration) -> Vec<Snapshot> {
+/// The other members' copies, read by the new leader of `term` (each promises to refuse older
+/// leaders' operations first); an error unless enough answer within `within` that they and this
+/// member form a majority — every acknowledged operation is then in one of the copies.
+pub async fn fetch_all(shared: &crate::server::Shared, term: u64, within: Duration) -> Result<Vec<Snapshot>, String> {
     let st = shared.member.status();
     let me = shared.member.id;
+    let needed = st.members.len() / 2;
     let mut set = tokio::task::JoinSet::new();
     {
         let mut p = shared.peers.lock().unwrap_or_else(|e| e.into_inner());
         for (id, addr) in st.members.iter().filter(|(id, _)| **id != me) {
-            let Some(ch) = p.channel(*id, addr, shared.peer_tls.as_ref()) else {
+            let Some(ch) = p.channel(*id, addr, shared.peer_tls.as_ref(), shared.dial.as_ref()) else {
                 continue;
             };
             set.spawn(async move {
@@ -428,6 +507,7 @@ pub async fn fetch_all(shared: &crate::server::Shared, within: Duration) -> Vec<
                     c.fetch(pb::MirrorRequest {
                         from: me,
                         op: Vec::new(),
+                        term,
                     }),
                 )
                 .await;
@@ -442,7 +522,13 @@ pub async fn fetch_all(shared: &crate::server::Shared, within: Duration) -> Vec<
             out.push(s);
         }
     }
-    out
+    if out.len() < needed {
+        return Err(format!(
+            "only {} of the {needed} other copies needed for a majority answered",
+            out.len()
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

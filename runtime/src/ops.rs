@@ -77,14 +77,14 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
 /// Acknowledges the submission `op` (already queued here and applied to this member's copy, which
 /// `local` makes durable) only once it is on this member's disk and a majority of the members holds
 /// it, so it survives any restart and the leader's death; otherwise cancels it and refuses (503).
-async fn mirrored(s: &Arc<Shared>, op: MirrorOp, local: crate::mirror::Durable) -> Result<(), ApiError> {
+async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded) -> Result<(), ApiError> {
     let ids: Vec<String> = match &op {
         MirrorOp::Submit { items, .. } => items.iter().map(|(id, _)| id.clone()).collect(),
         _ => Vec::new(),
     };
     let (disk, peers) = tokio::join!(
         local.wait(),
-        crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
+        crate::mirror::replicate(s, &op, term, std::time::Duration::from_secs(2))
     );
     if disk.is_ok() && peers {
         return Ok(());
@@ -106,29 +106,38 @@ async fn mirrored(s: &Arc<Shared>, op: MirrorOp, local: crate::mirror::Durable) 
     })
 }
 
-/// Queues `items` (one submission or a DAG's members) in this member's copy of the queue; the op to
-/// mirror and the handle of its local write.
+/// A change recorded in this member's copy: the op to mirror, the leader term it was made in and
+/// the handle of its local write ([`crate::mirror::record`]).
+type Recorded = (MirrorOp, u64, crate::mirror::Durable);
+
+/// Queues `items` (one submission or a DAG's members) in this member's copy of the queue.
 fn record_submit(
     s: &Shared,
     c: &crate::control::Control,
     items: Vec<(String, SubmitRequest)>,
     dag: Option<(String, Vec<(String, String)>)>,
-) -> (MirrorOp, crate::mirror::Durable) {
+) -> Recorded {
     let submitted_ms = items.first().map_or(0, |(id, _)| c.submitted_ms(id));
     let op = MirrorOp::Submit {
         items,
         submitted_ms,
         dag,
     };
-    let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
-    (op, durable)
+    crate::mirror::record(s, op)
 }
 
 /// Writes that touch the queue or the engine: served by the leader once it has taken over the queue
 /// (a member that just won an election adopts its mirror first, here or in its scheduling loop).
 pub async fn writable(s: &Shared) -> Result<(), ApiError> {
     leader_only(s)?;
-    crate::server::sync_leadership(s).await;
+    if !crate::server::sync_leadership(s).await {
+        leader_only(s)?;
+        // The leader that could not adopt the queue yet (a majority's copies did not answer) does
+        // not serve: an empty queue would lose acknowledged work and hand out used ids.
+        return Err(ApiError::Unavailable {
+            message: "the new leader is still taking over the queue; retry".into(),
+        });
+    }
     leader_only(s)
 }
 
@@ -178,10 +187,26 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             }
         }
     }
-    let (answer, op, durable) = {
+    let key = req.idempotency_key.clone().map(|k| (req.tenant.clone(), k));
+    let (answer, recorded) = {
         // Queued and mirrored locally under one lock (a leadership change adopts one or the other).
         let mut c = s.control.lock().await;
+        if let Some((tenant, k)) = &key
+            && let Some(id) = c.by_key(tenant, k).cloned()
+        {
+            // A retry: the first submission's id, once that one is acknowledged.
+            if c.is_acking(&id) {
+                return Err(ApiError::Unavailable {
+                    message: format!(
+                        "idempotency_key: `{k}`: its first submission ({id}) is still being acknowledged; retry"
+                    ),
+                });
+            }
+            let elements = c.group_members(&id);
+            return Ok(SubmitAnswer { id, elements });
+        }
         let queued = c.submit_all(req, None).map_err(bad_request)?;
+        c.acking(&queued.id, true);
         let group = queued.elements.len() > 1 || queued.elements.first().is_some_and(|(e, _)| *e != queued.id);
         let answer = SubmitAnswer {
             id: queued.id,
@@ -191,10 +216,18 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
                 Vec::new()
             },
         };
-        let (op, durable) = record_submit(s, &c, queued.elements, None);
-        (answer, op, durable)
+        (answer, record_submit(s, &c, queued.elements, None))
     };
-    mirrored(s, op, durable).await?;
+    let acked = mirrored(s, recorded).await;
+    {
+        let mut c = s.control.lock().await;
+        c.acking(&answer.id, false);
+        if let (Err(_), Some((tenant, k))) = (&acked, &key) {
+            // Not accepted: a retry with the key submits anew.
+            c.forget_key(tenant, k);
+        }
+    }
+    acked?;
     let n = answer.elements.len().max(1) as u64;
     s.metrics.submitted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     s.wake.notify_one();
@@ -272,12 +305,10 @@ pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) ->
             walltime: req.walltime.clone(),
             tags: req.tags.clone(),
         };
-        let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
-        (view, (op, durable))
+        (view, crate::mirror::record(s, op))
     };
     s.wake.notify_one();
-    let (op, durable) = durable;
-    on_disk(s, op, durable).await.map_err(|e| ApiError::Unavailable {
+    on_disk(s, durable).await.map_err(|e| ApiError::Unavailable {
         message: format!("{id}: the update could not be written to disk ({e})"),
     })?;
     Ok(view)
@@ -285,10 +316,10 @@ pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) ->
 
 /// Waits until `op` (applied to this member's copy, `local` its write) is on this member's disk, while
 /// the other members are sent it too (best effort: the next leader merges what it missed).
-async fn on_disk(s: &Shared, op: MirrorOp, local: crate::mirror::Durable) -> Result<(), String> {
+async fn on_disk(s: &Shared, (op, term, local): Recorded) -> Result<(), String> {
     let (disk, _) = tokio::join!(
         local.wait(),
-        crate::mirror::replicate(s, &op, std::time::Duration::from_secs(2))
+        crate::mirror::replicate(s, &op, term, std::time::Duration::from_secs(2))
     );
     disk
 }
@@ -739,9 +770,9 @@ pub async fn submit_dag(
         items.push((id, r));
     }
     c.add_dag(&dag_id, members.clone());
-    let (op, durable) = record_submit(s, &c, items, Some((dag_id.clone(), members.clone())));
+    let recorded = record_submit(s, &c, items, Some((dag_id.clone(), members.clone())));
     drop(c);
-    mirrored(s, op, durable).await?;
+    mirrored(s, recorded).await?;
     s.metrics
         .submitted
         .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -938,9 +969,9 @@ pub async fn agent_exit(
             node: node.to_string(),
             code,
         };
-        let durable = s.mirror.lock().unwrap_or_else(|e| e.into_inner()).apply(op.clone());
+        let recorded = crate::mirror::record(s, op);
         drop(c);
-        on_disk(s, op, durable).await.map_err(|e| ApiError::Unavailable {
+        on_disk(s, recorded).await.map_err(|e| ApiError::Unavailable {
             message: format!("{id}: the exit could not be written to disk ({e}); report it again"),
         })?;
     } else {

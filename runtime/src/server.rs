@@ -49,6 +49,40 @@ pub struct Shared {
     /// Whether this member's control plane is the leader's (it adopted the mirror); changes under
     /// this lock only ([`sync_leadership`]).
     pub leading: Mutex<bool>,
+    /// The member's clock (the control plane's; audit entries are stamped with it).
+    pub clock: crate::control::Clock,
+    /// How peers are dialled (`Some` under a deterministic simulation).
+    pub dial: Option<lattice_adapters::raft_net::Dialer>,
+    /// Test-only injected bugs (the simulation shows it catches them); all off in production.
+    pub bugs: crate::dst::Bugs,
+}
+
+/// A port to serve on: a TCP listener, or one on a deterministic simulation's network.
+pub enum Listen {
+    Tcp(tokio::net::TcpListener),
+    Sim(turmoil::net::TcpListener),
+}
+
+impl Listen {
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Listen::Tcp(l) => l.local_addr(),
+            Listen::Sim(l) => l.local_addr(),
+        }
+    }
+}
+
+/// How a runtime meets the world: its ports, its disk, how it dials peers, its clock and Raft
+/// timings. [`start`] wires it to TCP, the data directory and the system clock; the deterministic
+/// simulation ([`crate::dst`]) to its own network, disk and clock — the rest is the same code.
+pub struct Wiring {
+    pub grpc: Listen,
+    pub rest: Listen,
+    pub disk: lattice_adapters::disk::Disk,
+    pub dial: Option<lattice_adapters::raft_net::Dialer>,
+    pub clock: crate::control::Clock,
+    pub raft: Option<lattice_adapters::openraft::Config>,
+    pub bugs: crate::dst::Bugs,
 }
 
 /// A started runtime: its bound addresses and a way to stop it.
@@ -109,6 +143,35 @@ fn vcluster_configs(cfg: &RuntimeConfig) -> Result<BTreeMap<String, VClusterConf
 /// Starts a runtime from `cfg`; `bootstrap` forms the quorum on first start. Binding port 0 picks a
 /// free port (tests); the bound addresses are in the result.
 pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
+    let grpc = tokio::net::TcpListener::bind(&cfg.grpc_listen)
+        .await
+        .with_context(|| format!("binding gRPC on {}", cfg.grpc_listen))?;
+    let rest = tokio::net::TcpListener::bind(&cfg.rest_listen)
+        .await
+        .with_context(|| format!("binding REST on {}", cfg.rest_listen))?;
+    let wiring = Wiring {
+        grpc: Listen::Tcp(grpc),
+        rest: Listen::Tcp(rest),
+        disk: lattice_adapters::disk::Disk::Dir(cfg.data_dir.clone()),
+        dial: None,
+        clock: crate::control::Clock::system(),
+        raft: None,
+        bugs: crate::dst::Bugs::default(),
+    };
+    start_wired(cfg, bootstrap, wiring).await
+}
+
+/// [`start`] on the given [`Wiring`].
+pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) -> Result<Running> {
+    let Wiring {
+        grpc,
+        rest,
+        disk,
+        dial,
+        clock,
+        raft,
+        bugs,
+    } = wiring;
     let inventory = inventory_of(&cfg)?;
     let sensitive_pool = inventory.sensitive_pool_size;
     let tenants = match &cfg.tenants {
@@ -126,6 +189,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
     let make =
         move |inv: &lattice_traces::Inventory, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
             let mut c = Control::new(inv, vcs, quotas, capture)?;
+            c.wall = clock;
             c.ctl.grace = heartbeat_grace;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
@@ -153,20 +217,25 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         None => None,
     };
     // The quorum member and its gRPC service.
-    let grpc = tokio::net::TcpListener::bind(&cfg.grpc_listen)
-        .await
-        .with_context(|| format!("binding gRPC on {}", cfg.grpc_listen))?;
     let grpc_addr = grpc.local_addr()?;
     // A restore staged through the API is installed before the member starts.
     let staged = cfg.data_dir.join(RESTORE_PENDING);
-    if staged.exists() {
+    if matches!(disk, lattice_adapters::disk::Disk::Dir(_)) && staged.exists() {
         let b = lattice_adapters::raft_store::Backup::read_verified(&staged).map_err(anyhow::Error::msg)?;
         lattice_adapters::raft_store::restore(&cfg.data_dir, &b).map_err(anyhow::Error::msg)?;
         std::fs::remove_file(&staged)?;
         tracing::info!("restored the quorum state from the staged backup ({})", b.sha256);
     }
     let tls = cfg.tls.as_ref().map(crate::tls::Tls::load).transpose()?;
-    let member = Member::start_with_tls(cfg.node_id, &cfg.data_dir, tls.as_ref().map(|t| t.peer())).await?;
+    if tls.is_some() && matches!(grpc, Listen::Sim(_)) {
+        anyhow::bail!("tls: not available on a simulated network");
+    }
+    let options = lattice_adapters::MemberOptions {
+        tls: tls.as_ref().map(|t| t.peer()),
+        dial: dial.clone(),
+        config: raft,
+    };
+    let member = Member::start_with(cfg.node_id, &disk, options).await?;
     if bootstrap {
         let mut members = cfg.quorum_members();
         // A single member announces the address it actually bound.
@@ -194,12 +263,15 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
         mirror: std::sync::Mutex::new(
-            crate::mirror::Mirror::open(&cfg.data_dir).context("opening the durable allocation records")?,
+            crate::mirror::Mirror::open_on(&disk).context("opening the durable allocation records")?,
         ),
         peers: Default::default(),
         peer_tls: tls.as_ref().map(|t| t.peer()),
         fresh_control,
         leading: Mutex::new(false),
+        clock,
+        dial,
+        bugs,
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -228,28 +300,38 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         .add_service(crate::grpc::pb::admin_service_server::AdminServiceServer::new(api))
         .add_service(crate::grpc::pb::queue_mirror_server::QueueMirrorServer::new(
             crate::mirror::MirrorService { shared: shared.clone() },
-        ))
-        .serve_with_incoming_shutdown(lattice_adapters::raft_net::nodelay(grpc), async move {
-            let _ = grpc_stop.changed().await;
-        });
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) = grpc_server.await {
-            tracing::error!("gRPC server: {e}");
-        }
-    }));
-    let rest = tokio::net::TcpListener::bind(&cfg.rest_listen)
-        .await
-        .with_context(|| format!("binding REST on {}", cfg.rest_listen))?;
+        ));
+    let grpc_stopped = async move {
+        let _ = grpc_stop.changed().await;
+    };
+    tasks.push(match grpc {
+        Listen::Tcp(l) => tokio::spawn(async move {
+            let served = grpc_server.serve_with_incoming_shutdown(lattice_adapters::raft_net::nodelay(l), grpc_stopped);
+            if let Err(e) = served.await {
+                tracing::error!("gRPC server: {e}");
+            }
+        }),
+        Listen::Sim(l) => tokio::spawn(async move {
+            let served = grpc_server.serve_with_incoming_shutdown(crate::dst::net::incoming(l), grpc_stopped);
+            if let Err(e) = served.await {
+                tracing::error!("gRPC server: {e}");
+            }
+        }),
+    });
     let rest_addr = rest.local_addr()?;
     let app = api::router(shared.clone());
     let mut rest_stop = stopped.clone();
-    match &tls {
-        Some(t) => tasks.push(tokio::spawn(crate::tls::serve_rest(rest, app, t.rest()?, rest_stop))),
-        None => tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(rest, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rest_stop.changed().await;
-                })
+    let rest_stopped = async move {
+        let _ = rest_stop.changed().await;
+    };
+    match (rest, &tls) {
+        (Listen::Tcp(rest), Some(t)) => tasks.push(tokio::spawn(crate::tls::serve_rest(rest, app, t.rest()?, stopped.clone()))),
+        (Listen::Tcp(rest), None) => tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(rest, app).with_graceful_shutdown(rest_stopped).await;
+        })),
+        (Listen::Sim(rest), _) => tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(crate::dst::net::Rest(rest), app)
+                .with_graceful_shutdown(rest_stopped)
                 .await;
         })),
     }
@@ -509,7 +591,9 @@ pub async fn sync_leadership(shared: &Shared) -> bool {
     let leader = shared.member.is_leader();
     if leader != *leading {
         if let Err(e) = leadership_changed(shared, leader).await {
-            tracing::error!("taking over the queue: {e:#}");
+            // Not serving until the queue is adopted (tried again at the next pass or request).
+            tracing::warn!("taking over the queue: {e:#}");
+            return false;
         }
         *leading = leader;
     }
@@ -529,8 +613,18 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         tracing::info!("no longer the leader: the queue is the new leader's");
         return Ok(());
     }
-    // What the others hold that this member missed (e.g. while it was down).
-    for snap in crate::mirror::fetch_all(shared, std::time::Duration::from_secs(1)).await {
+    // What the others hold that this member missed (e.g. while it was down): a majority's copies,
+    // each fenced against the leaders before this term first.
+    let term = shared
+        .member
+        .leader_term()
+        .ok_or_else(|| anyhow::anyhow!("lost leadership while taking over"))?;
+    let promised = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).promise(term);
+    promised.wait().await.map_err(anyhow::Error::msg)?;
+    let copies = crate::mirror::fetch_all(shared, term, std::time::Duration::from_secs(1))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    for snap in copies {
         let durable = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).merge(snap);
         durable.wait().await.map_err(anyhow::Error::msg)?;
     }
@@ -543,6 +637,8 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     let mut attached = std::collections::BTreeSet::new();
     let (mut adopted, mut ended, mut rerun) = (0, 0, 0);
     for e in snap.entries.into_values() {
+        // A retry with an adopted submission's idempotency key still gets its id.
+        control.remember_key(&e.req, &e.id);
         if let Some(v) = e.ended {
             control.add_ended(v);
             ended += 1;
@@ -620,17 +716,14 @@ async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
         }
         crate::mirror::MirrorOp::Ended { views, forget }
     };
-    let durable = shared
-        .mirror
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .apply(op.clone());
+    let (op, term, durable) = crate::mirror::record(shared, op);
     if let Err(e) = durable.wait().await {
         tracing::error!("recording ended allocations: {e}");
+        return;
     }
     let s = shared.clone();
     tokio::spawn(async move {
-        crate::mirror::replicate(&s, &op, std::time::Duration::from_secs(1)).await;
+        crate::mirror::replicate(&s, &op, term, std::time::Duration::from_secs(1)).await;
     });
 }
 
@@ -787,7 +880,7 @@ pub async fn release(shared: &Arc<Shared>, name: String) {
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).
 async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
     let cmd = QuorumCommand::Audit {
-        at_ms: crate::control::wall_now().0,
+        at_ms: shared.clock.now_ms(),
         user: user.to_string(),
         alloc: alloc.to_string(),
         action: action.to_string(),

@@ -1,0 +1,203 @@
+//! The safety checks run after every step, and the liveness condition after the faults heal.
+//!
+//! Safety, on every live member's applied quorum state: no node owned by two allocations, owners
+//! and assignments agree, hard quotas never exceeded, the sensitive audit chain verifies and no
+//! entry once seen ever changes. On the serving leader (the newest term's, once it has adopted the
+//! queue): every acknowledged allocation is known, an ended allocation never changes state again,
+//! and no idempotency key has two live allocations. The clients check that ids are never reused
+//! and a key is never acknowledged twice ([`super::client`]).
+
+use super::{Obs, SharedObs, lock};
+use crate::server::Shared;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The live members, 1-based, with their shared state.
+fn live(o: &Obs) -> Vec<(u64, Arc<Shared>)> {
+    o.members
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| Some((i as u64 + 1, w.as_ref()?.upgrade()?)))
+        .collect()
+}
+
+/// The leader of the newest term among the live members (1-based).
+pub fn leader(obs: &SharedObs) -> Option<u64> {
+    serving(&lock(obs)).map(|(m, _, _)| m)
+}
+
+/// The leader of the newest term any live member has seen: (member, term, state). A deposed leader
+/// that has not heard of the newer term yet is not it.
+fn serving(o: &Obs) -> Option<(u64, u64, Arc<Shared>)> {
+    let members = live(o);
+    let newest = members.iter().map(|(_, s)| s.member.current_term()).max()?;
+    members
+        .into_iter()
+        .filter_map(|(m, s)| Some((m, s.member.leader_term()?, s)))
+        .find(|(_, t, _)| *t >= newest)
+}
+
+fn terminal(state: &str) -> bool {
+    matches!(state, "completed" | "failed" | "cancelled")
+}
+
+#[derive(Default)]
+pub struct Checker {
+    /// The longest audit chain seen (entry hashes).
+    audit: Vec<String>,
+    /// Last state seen for each acknowledged allocation, at the serving leader.
+    states: BTreeMap<String, String>,
+    leader: Option<(u64, u64)>,
+}
+
+impl Checker {
+    pub fn new(_members: u64) -> Checker {
+        Checker::default()
+    }
+
+    pub fn after_step(&mut self, obs: &SharedObs, _clients_done: bool) {
+        let mut o = lock(obs);
+        for (m, s) in live(&o) {
+            let Some(found) = s.member.try_read(|q| {
+                let mut v = Vec::new();
+                let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+                let mut per_tenant: BTreeMap<&str, u64> = BTreeMap::new();
+                for (alloc, a) in &q.assignments {
+                    *per_tenant.entry(a.tenant.as_str()).or_default() += a.nodes.len() as u64;
+                    for n in &a.nodes {
+                        if let Some(other) = owner.insert(n, alloc) {
+                            v.push(format!("m{m}: node {n} owned by {other} and {alloc}"));
+                        }
+                        if q.owners.get(n) != Some(alloc) {
+                            v.push(format!("m{m}: {alloc} holds {n} but the owners map says {:?}", q.owners.get(n)));
+                        }
+                    }
+                }
+                for (tenant, (max_nodes, _)) in &q.quotas {
+                    let used = per_tenant.get(tenant.as_str()).copied().unwrap_or(0);
+                    if let Some(max) = max_nodes
+                        && used > u64::from(*max)
+                    {
+                        v.push(format!("m{m}: tenant {tenant} holds {used} nodes over its hard quota {max}"));
+                    }
+                }
+                if let Err(i) = q.verify_audit() {
+                    v.push(format!("m{m}: the audit chain breaks at entry {i}"));
+                }
+                (v, q.audit.iter().map(|e| e.hash.clone()).collect::<Vec<_>>())
+            }) else {
+                continue;
+            };
+            let (violations, chain) = found;
+            for v in violations {
+                o.violation(v);
+            }
+            let common = chain.len().min(self.audit.len());
+            if let Some(i) = (0..common).find(|&i| chain[i] != self.audit[i]) {
+                o.violation(format!("m{m}: audit entry {i} changed after it was seen"));
+            }
+            if chain.len() > self.audit.len() {
+                self.audit = chain;
+            }
+        }
+        let Some((m, term, s)) = serving(&o) else {
+            return;
+        };
+        if self.leader != Some((m, term)) {
+            self.leader = Some((m, term));
+            o.event(format!("leader m{m} term {term}"));
+        }
+        // Only once it has adopted the queue (it refuses requests until then).
+        let Ok(leading) = s.leading.try_lock() else { return };
+        if !*leading {
+            return;
+        }
+        let Ok(c) = s.control.try_lock() else { return };
+        let mut events = Vec::new();
+        let mut violations = Vec::new();
+        for (id, (key, at)) in &o.acked {
+            let Some(v) = c.view_named(id) else {
+                violations.push(format!(
+                    "acknowledged {id} (key {key}, at {at} ms) is unknown to the leader m{m} (term {term})"
+                ));
+                continue;
+            };
+            let before = self.states.get(id);
+            if before.map(String::as_str) != Some(v.state.as_str()) {
+                if let Some(b) = before
+                    && terminal(b)
+                {
+                    violations.push(format!("{id} ended {b} and is now {} at m{m} (term {term})", v.state));
+                }
+                events.push(if terminal(&v.state) {
+                    format!("{id} ended {}", v.state)
+                } else {
+                    format!("{id} {}", v.state)
+                });
+                self.states.insert(id.clone(), v.state.clone());
+            }
+        }
+        if let Ok(mirror) = s.mirror.try_lock() {
+            // Two allocations of one key that the leader did not cancel (a submission that could
+            // not be acknowledged is cancelled, and a retry queues anew).
+            let mut live_by_key: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+            for e in mirror.entries.values() {
+                let cancelled = c.view_named(&e.id).map_or(e.ended.as_ref().map(|v| v.state.clone()), |v| Some(v.state)).is_some_and(|s| s == "cancelled");
+                if let (Some(k), false) = (&e.req.idempotency_key, cancelled) {
+                    let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
+                    let ids = live_by_key.entry((e.req.tenant.as_str(), k.as_str())).or_default();
+                    if !ids.contains(&base) {
+                        ids.push(base);
+                    }
+                }
+            }
+            for ((tenant, key), ids) in live_by_key {
+                if ids.len() > 1 {
+                    violations.push(format!(
+                        "idempotency key {key} of {tenant} has {} allocations at m{m}: {}",
+                        ids.len(),
+                        ids.join(", ")
+                    ));
+                }
+            }
+        }
+        drop(c);
+        for e in events {
+            o.event(e);
+        }
+        for v in violations {
+            o.violation(v);
+        }
+    }
+
+    /// Whether every acknowledged allocation has ended, as the serving leader last showed it.
+    pub fn all_ended(&self, obs: &SharedObs) -> bool {
+        let o = lock(obs);
+        o.acked
+            .keys()
+            .all(|id| self.states.get(id).is_some_and(|s| terminal(s)))
+    }
+
+    /// Why liveness does not hold.
+    pub fn liveness_failure(&self, obs: &SharedObs) -> String {
+        let o = lock(obs);
+        let Some((m, term, _)) = serving(&o) else {
+            return format!(
+                "liveness: no leader within {} s of the faults healing",
+                super::LIVENESS_BOUND.as_secs()
+            );
+        };
+        let waiting: Vec<String> = o
+            .acked
+            .keys()
+            .filter(|id| !self.states.get(*id).is_some_and(|s| terminal(s)))
+            .map(|id| format!("{id} ({})", self.states.get(id).map_or("never seen", String::as_str)))
+            .collect();
+        format!(
+            "liveness: {} acknowledged allocation(s) not ended within {} s of the faults healing (leader m{m}, term {term}): {}",
+            waiting.len(),
+            super::LIVENESS_BOUND.as_secs(),
+            waiting.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+        )
+    }
+}
