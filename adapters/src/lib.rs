@@ -203,17 +203,24 @@ impl Member {
 
     /// The applied state after confirming leadership with a quorum (linearizable).
     pub async fn state_linearizable(&self) -> Result<QuorumState, ProposeError> {
+        self.confirm_leader().await?;
+        Ok(self.state().await)
+    }
+
+    /// Confirms with a majority that this member still leads (a deposed leader that has not heard
+    /// of its successor learns it here).
+    pub async fn confirm_leader(&self) -> Result<(), ProposeError> {
         self.raft
             .ensure_linearizable()
             .await
+            .map(|_| ())
             .map_err(|e| match e.forward_to_leader() {
                 Some(f) => ProposeError::NotLeader {
                     leader_id: f.leader_id,
                     leader: f.leader_node.as_ref().map(|n| n.addr.clone()),
                 },
                 None => ProposeError::Raft(e.to_string()),
-            })?;
-        Ok(self.state().await)
+            })
     }
 
     /// The term in which this member leads, if it does (state and term read together).

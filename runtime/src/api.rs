@@ -210,7 +210,7 @@ async fn get_one(State(s): S, Extension(p): P, Path(id): Path<String>) -> Respon
 
 async fn cancel(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::cancel(&s, &p, &id).await {
-        Ok(()) => Json(json!({"id": id, "state": "cancelled"})).into_response(),
+        Ok(state) => Json(json!({"id": id, "state": state})).into_response(),
         Err(e) => e.into_response(),
     }
 }

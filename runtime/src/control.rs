@@ -443,8 +443,12 @@ pub struct Control {
     pub ctl: Controller,
     /// (tenant, idempotency key) → the id its first submission got.
     keys: BTreeMap<(String, String), String>,
-    /// Submissions queued here whose acknowledgement (durable on a majority) is still pending.
-    acking: std::collections::BTreeSet<String>,
+    /// Submissions queued here not yet known to be on a majority's disks: id → whether a request
+    /// is mirroring it right now.
+    unacked: BTreeMap<String, bool>,
+    /// The Raft term in which this control plane adopted the durable queue (`None`: it did not; a
+    /// follower's, or a fresh one).
+    pub adopted_term: Option<u64>,
     /// The controller's decisions not yet turned into [`Action`]s.
     outbox: Outbox,
     /// Victims being preempted (until their agents report them stopped): how, from when, and the
@@ -604,7 +608,8 @@ impl Control {
             clock: None,
             wall: Clock::system(),
             keys: BTreeMap::new(),
-            acking: std::collections::BTreeSet::new(),
+            unacked: BTreeMap::new(),
+            adopted_term: None,
             ctl,
             outbox: Outbox::default(),
             grace_until: BTreeMap::new(),
@@ -781,9 +786,9 @@ impl Control {
         }
     }
 
-    /// Forgets a key whose submission was not accepted (a retry with it submits anew).
-    pub fn forget_key(&mut self, req_tenant: &str, key: &str) {
-        self.keys.remove(&(req_tenant.to_string(), key.to_string()));
+    /// The key names `id` from now on (the one kept of duplicates).
+    pub fn set_key(&mut self, tenant: &str, key: &str, id: &str) {
+        self.keys.insert((tenant.to_string(), key.to_string()), id.to_string());
     }
 
     /// The id the first submission with this tenant and key got.
@@ -791,18 +796,20 @@ impl Control {
         self.keys.get(&(tenant.to_string(), key.to_string()))
     }
 
-    /// Marks `id` as waiting for its acknowledgement (`true`), or done with it (`false`).
-    pub fn acking(&mut self, id: &str, waiting: bool) {
-        if waiting {
-            self.acking.insert(id.to_string());
-        } else {
-            self.acking.remove(id);
-        }
+    /// `id` is queued but not known to be on a majority's disks; `in_flight`: a request is
+    /// mirroring it now.
+    pub fn unacked(&mut self, id: &str, in_flight: bool) {
+        self.unacked.insert(id.to_string(), in_flight);
     }
 
-    /// Whether `id`'s acknowledgement is still pending.
-    pub fn is_acking(&self, id: &str) -> bool {
-        self.acking.contains(id)
+    /// `id` is on a majority's disks (acknowledged).
+    pub fn acked(&mut self, id: &str) {
+        self.unacked.remove(id);
+    }
+
+    /// `None`: acknowledged (or unknown); `Some(in_flight)`: not yet.
+    pub fn ack_state(&self, id: &str) -> Option<bool> {
+        self.unacked.get(id).copied()
     }
 
     /// The elements of task group `base` still known here, in index order.
@@ -1572,7 +1579,10 @@ impl Control {
     /// Cancels; returns whether it held nodes (their release is in the actions). `None` = no such
     /// allocation.
     pub fn cancel(&mut self, name: &str) -> Option<bool> {
-        let id = *self.by_name.get(name)?;
+        let Some(&id) = self.by_name.get(name) else {
+            // Ended before this control plane took over: nothing to cancel.
+            return self.history.contains_key(name).then_some(false);
+        };
         let held = self
             .ctl
             .engine

@@ -288,11 +288,8 @@ impl AllocationService for Api {
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
         let p = self.principal(&req)?;
         let id = req.into_inner().id;
-        ops::cancel(&self.shared, &p, &id).await?;
-        Ok(Response::new(pb::CancelResponse {
-            id,
-            state: "cancelled".into(),
-        }))
+        let state = ops::cancel(&self.shared, &p, &id).await?;
+        Ok(Response::new(pb::CancelResponse { id, state }))
     }
 
     type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Allocation, Status>>;

@@ -168,7 +168,15 @@ impl Mirror {
                 "stale leader term {term} (this member has seen term {floor})"
             )));
         }
-        self.apply(op)
+        // Having taken an operation of `term`, this copy refuses older leaders' from now on (a
+        // deposed leader that has not heard of its successor must not, say, forget here what the
+        // successor acknowledged).
+        let mut changes = self.changes(op);
+        if term > self.fence {
+            self.fence = term;
+            changes.push(Change::Named(FENCE.into(), json(&term)));
+        }
+        self.write(changes)
     }
 
     /// Promises the new leader of `term` to refuse operations of older terms from now on (durable

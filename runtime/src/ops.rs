@@ -76,8 +76,10 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
 
 /// Acknowledges the submission `op` (already queued here and applied to this member's copy, which
 /// `local` makes durable) only once it is on this member's disk and a majority of the members holds
-/// it, so it survives any restart and the leader's death; otherwise cancels it and refuses (503).
-async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded) -> Result<(), ApiError> {
+/// it, so it survives any restart and the leader's death; otherwise refuses (503) and, with `cancel`,
+/// cancels it (without an idempotency key a retry is a new submission; with one, the retry mirrors
+/// this one again).
+async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded, cancel: bool) -> Result<(), ApiError> {
     let ids: Vec<String> = match &op {
         MirrorOp::Submit { items, .. } => items.iter().map(|(id, _)| id.clone()).collect(),
         _ => Vec::new(),
@@ -89,6 +91,15 @@ async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded) -> Result<(), Ap
     if disk.is_ok() && peers {
         return Ok(());
     }
+    let why = match disk {
+        Err(e) => format!("could not be written to disk ({e})"),
+        Ok(()) => "could not be mirrored to a majority of the quorum".into(),
+    };
+    if !cancel {
+        return Err(ApiError::Unavailable {
+            message: format!("{} {why} yet; retry with the same idempotency_key", ids.join(", ")),
+        });
+    }
     for id in &ids {
         let actions = {
             let mut c = s.control.lock().await;
@@ -97,10 +108,6 @@ async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded) -> Result<(), Ap
         };
         execute(s.clone(), actions).await;
     }
-    let why = match disk {
-        Err(e) => format!("could not be written to disk ({e})"),
-        Ok(()) => "could not be mirrored to a majority of the quorum".into(),
-    };
     Err(ApiError::Unavailable {
         message: format!("{} {why}; not accepted, retry", ids.join(", ")),
     })
@@ -194,19 +201,40 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
         if let Some((tenant, k)) = &key
             && let Some(id) = c.by_key(tenant, k).cloned()
         {
-            // A retry: the first submission's id, once that one is acknowledged.
-            if c.is_acking(&id) {
-                return Err(ApiError::Unavailable {
-                    message: format!(
-                        "idempotency_key: `{k}`: its first submission ({id}) is still being acknowledged; retry"
-                    ),
-                });
-            }
+            // A retry: the first submission's id, once that one is on a majority's disks.
             let elements = c.group_members(&id);
-            return Ok(SubmitAnswer { id, elements });
-        }
-        let queued = c.submit_all(req, None).map_err(bad_request)?;
-        c.acking(&queued.id, true);
+            match c.ack_state(&id) {
+                None => return Ok(SubmitAnswer { id, elements }),
+                Some(true) => {
+                    return Err(ApiError::Unavailable {
+                        message: format!(
+                            "idempotency_key: `{k}`: its first submission ({id}) is still being acknowledged; retry"
+                        ),
+                    });
+                }
+                Some(false) => {
+                    // Not yet on a majority: its record is mirrored again.
+                    let names = if elements.is_empty() { vec![id.clone()] } else { elements.clone() };
+                    let items: Vec<(String, SubmitRequest)> = {
+                        let m = s.mirror.lock().unwrap_or_else(|e| e.into_inner());
+                        names
+                            .iter()
+                            .filter_map(|n| m.entries.get(&crate::control::id_number(n)?))
+                            .map(|e| (e.id.clone(), e.req.clone()))
+                            .collect()
+                    };
+                    if items.len() != names.len() {
+                        return Err(ApiError::Unavailable {
+                            message: format!("idempotency_key: `{k}`: {id} is not in this member's record; retry"),
+                        });
+                    }
+                    c.unacked(&id, true);
+                    (SubmitAnswer { id, elements }, record_submit(s, &c, items, None))
+                }
+            }
+        } else {
+            let queued = c.submit_all(req, None).map_err(bad_request)?;
+            c.unacked(&queued.id, true);
         let group = queued.elements.len() > 1 || queued.elements.first().is_some_and(|(e, _)| *e != queued.id);
         let answer = SubmitAnswer {
             id: queued.id,
@@ -217,14 +245,15 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             },
         };
         (answer, record_submit(s, &c, queued.elements, None))
+        }
     };
-    let acked = mirrored(s, recorded).await;
+    let acked = mirrored(s, recorded, key.is_none()).await;
     {
         let mut c = s.control.lock().await;
-        c.acking(&answer.id, false);
-        if let (Err(_), Some((tenant, k))) = (&acked, &key) {
-            // Not accepted: a retry with the key submits anew.
-            c.forget_key(tenant, k);
+        match (&acked, &key) {
+            // Kept queued under its key: a retry mirrors it again.
+            (Err(_), Some(_)) => c.unacked(&answer.id, false),
+            _ => c.acked(&answer.id),
         }
     }
     acked?;
@@ -236,10 +265,34 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
 
 pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
     readable(s).await?;
-    let c = s.control.lock().await;
-    c.view_named(id)
-        .filter(|v| p.can_see(&v.tenant, v.user.as_deref()))
-        .ok_or_else(|| not_found("allocation", id))
+    let found = s
+        .control
+        .lock()
+        .await
+        .view_named(id)
+        .filter(|v| p.can_see(&v.tenant, v.user.as_deref()));
+    match found {
+        Some(v) => Ok(v),
+        None => Err(absent(s, id).await),
+    }
+}
+
+/// "No allocation `id`" — said only after confirming with a majority that this member still leads:
+/// a deposed leader that has not heard of its successor yet must not deny what the new leader
+/// acknowledged (it answers "not the leader" instead).
+async fn absent(s: &Shared, id: &str) -> ApiError {
+    match s.member.confirm_leader().await {
+        // And only from the queue adopted in the term it leads (not a control plane replaced by a
+        // leadership change while the request ran).
+        Ok(()) if s.control.lock().await.adopted_term == s.member.leader_term() => not_found("allocation", id),
+        Ok(()) => ApiError::Unavailable {
+            message: "the leader is taking over the queue; retry".into(),
+        },
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => ApiError::NotLeader { leader_id, leader },
+        Err(e) => ApiError::Unavailable {
+            message: format!("id: could not confirm leadership to look up {id}: {e}"),
+        },
+    }
 }
 
 /// Filters of a listing (empty = any).
@@ -280,7 +333,7 @@ async fn may_change(s: &Shared, p: &Principal, id: &str, what: &str) -> Result<(
             field: None,
             message: format!("forbidden: {what} this allocation"),
         }),
-        _ => Err(not_found("allocation", id)),
+        _ => Err(absent(s, id).await),
     }
 }
 
@@ -333,7 +386,9 @@ pub async fn checkpoint(s: &Shared, p: &Principal, id: &str) -> Result<u32, ApiE
 }
 
 /// Cancels; a running allocation's nodes are released at the quorum.
-pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiError> {
+/// Cancels `id` (a task group's id: every element); its state afterwards (`cancelled`, or how it
+/// ended if it already had).
+pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<String, ApiError> {
     writable(s).await?;
     // A task group's id cancels every element still queued or running.
     let members = s.control.lock().await.group_members(id);
@@ -350,17 +405,20 @@ pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<(), ApiE
         };
         execute(s.clone(), actions).await;
         s.wake.notify_one();
-        return Ok(());
+        return Ok("cancelled".into());
     }
     may_change(s, p, id, "cancelling").await?;
-    let actions = {
+    let (actions, state) = {
         let mut c = s.control.lock().await;
-        c.cancel(id).ok_or_else(|| not_found("allocation", id))?;
-        c.take_actions()
+        if c.cancel(id).is_none() {
+            drop(c);
+            return Err(absent(s, id).await);
+        }
+        (c.take_actions(), c.view_named(id).map_or_else(|| "cancelled".into(), |v| v.state))
     };
     execute(s.clone(), actions).await;
     s.wake.notify_one();
-    Ok(())
+    Ok(state)
 }
 
 pub async fn nodes(s: &Shared) -> Vec<NodeView> {
@@ -772,7 +830,7 @@ pub async fn submit_dag(
     c.add_dag(&dag_id, members.clone());
     let recorded = record_submit(s, &c, items, Some((dag_id.clone(), members.clone())));
     drop(c);
-    mirrored(s, recorded).await?;
+    mirrored(s, recorded, true).await?;
     s.metrics
         .submitted
         .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -820,7 +878,7 @@ pub async fn cancel_dag(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<usiz
     let mut n = 0;
     for (_, v) in members {
         if v.ended_ms.is_none() {
-            cancel(s, p, &v.id).await?;
+            let _ = cancel(s, p, &v.id).await?;
             n += 1;
         }
     }

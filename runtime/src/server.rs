@@ -632,10 +632,18 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     // or after (in the new engine).
     let mut current = shared.control.lock().await;
     let snap = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
+    tracing::debug!(
+        "member {} adopts term {term}: max id {}, entries {:?}",
+        shared.member.id,
+        snap.max_id,
+        snap.entries.keys().collect::<Vec<_>>()
+    );
     control.ids_above(snap.max_id);
     let held = shared.member.read(|q| q.assignments.clone()).await;
     let mut attached = std::collections::BTreeSet::new();
     let (mut adopted, mut ended, mut rerun) = (0, 0, 0);
+    // Active submissions by idempotency key (tenant, key) → base ids.
+    let mut keyed: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for e in snap.entries.into_values() {
         // A retry with an adopted submission's idempotency key still gets its id.
         control.remember_key(&e.req, &e.id);
@@ -643,6 +651,13 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             control.add_ended(v);
             ended += 1;
             continue;
+        }
+        if let Some(k) = &e.req.idempotency_key {
+            let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b).to_string();
+            let ids = keyed.entry((e.req.tenant.clone(), k.clone())).or_default();
+            if !ids.contains(&base) {
+                ids.push(base);
+            }
         }
         let mut req = e.req;
         // Dependencies that ended before are judged by their final records (at submission);
@@ -672,7 +687,9 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     for (id, members) in snap.dags {
         control.add_dag(&id, members);
     }
+    settle_keys(&mut control, &keyed);
     control.await_agents();
+    control.adopted_term = Some(term);
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
     // reads the control plane, whose lock is held here).
     for alloc in held.keys().filter(|a| !attached.contains(*a)) {
@@ -688,6 +705,30 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     Ok(())
 }
 
+/// After adoption: one allocation per idempotency key, and each still to be acknowledged. Two
+/// queued under one key means a retry reached a leader that had not seen the first attempt; the
+/// first was then never on a majority's disks (a majority's copies are read before a leader serves,
+/// and older leaders are fenced), so it was never acknowledged: the newest is kept, the others are
+/// cancelled. The kept one is mirrored again when its client retries (it may be on fewer than a
+/// majority's disks).
+fn settle_keys(control: &mut Control, keyed: &BTreeMap<(String, String), Vec<String>>) {
+    for ((tenant, key), ids) in keyed {
+        let mut ids = ids.clone();
+        ids.sort_by_key(|i| crate::control::id_number(i).unwrap_or(0));
+        let Some(keep) = ids.pop() else { continue };
+        for dup in ids {
+            let members = control.group_members(&dup);
+            let names = if members.is_empty() { vec![dup.clone()] } else { members };
+            for n in names {
+                control.cancel(&n);
+            }
+            tracing::warn!("{dup}: superseded by {keep}, a retry with the same idempotency key of {tenant} ({key}); cancelled");
+        }
+        control.set_key(tenant, key, &keep);
+        control.unacked(&keep, false);
+    }
+}
+
 /// Records allocations that ended in the mirrors, with their final state (this member's durably,
 /// before it returns; the others' in the background).
 async fn prune_mirror(shared: &Arc<Shared>) {
@@ -699,23 +740,47 @@ async fn prune_mirror(shared: &Arc<Shared>) {
     record_ended(shared, ended).await;
 }
 
+/// Records `ended` in the mirrors and waits until a majority holds it (retried while this member
+/// leads, for up to 10 s).
+async fn record_ended_on_majority(shared: &Arc<Shared>, ended: Vec<String>) -> bool {
+    for _ in 0..10 {
+        if shared.member.leader_term().is_none() {
+            return false;
+        }
+        let (op, term, durable) = crate::mirror::record(shared, ended_op(shared, ended.clone()).await);
+        let (disk, peers) = tokio::join!(
+            durable.wait(),
+            crate::mirror::replicate(shared, &op, term, std::time::Duration::from_secs(1))
+        );
+        if disk.is_ok() && peers {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// The mirror op recording `ended` with their final records (those this control plane does not
+/// know are forgotten).
+async fn ended_op(shared: &Arc<Shared>, ended: Vec<String>) -> crate::mirror::MirrorOp {
+    let c = shared.control.lock().await;
+    let (mut views, mut forget) = (Vec::new(), Vec::new());
+    for id in ended {
+        match c.view_named(&id) {
+            Some(v) => views.push(v),
+            None => forget.push(id),
+        }
+    }
+    crate::mirror::MirrorOp::Ended { views, forget }
+}
+
 /// Records `ended` (allocations that ended, or that this control plane does not know) in the mirrors
 /// with their final state: this member's durably before it returns, the others' in the background.
 async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
     if ended.is_empty() {
         return;
     }
-    let op = {
-        let c = shared.control.lock().await;
-        let (mut views, mut forget) = (Vec::new(), Vec::new());
-        for id in ended {
-            match c.view_named(&id) {
-                Some(v) => views.push(v),
-                None => forget.push(id),
-            }
-        }
-        crate::mirror::MirrorOp::Ended { views, forget }
-    };
+    let op = ended_op(shared, ended).await;
     let (op, term, durable) = crate::mirror::record(shared, op);
     if let Err(e) = durable.wait().await {
         tracing::error!("recording ended allocations: {e}");
@@ -861,10 +926,15 @@ async fn simulated_run(shared: Arc<Shared>, alloc: lattice_engine::AllocId, run:
 /// Frees an allocation's nodes at the quorum (retried until a leader takes it). A sensitive claim's
 /// release is audited by the controller (with its wipe).
 pub async fn release(shared: &Arc<Shared>, name: String) {
-    // Its end is on disk first: a restart between the two never runs it again (a requeued one is
-    // not ended: it stays queued in the record).
+    // Its end is on a majority's disks first: a restart or a fail-over between the two never runs it
+    // again (a requeued one is not ended: it stays queued in the record). Until then the quorum keeps
+    // its nodes, so a new leader re-attaches it (its agents report the exit again) instead of running
+    // it a second time.
     let ended = shared.control.lock().await.ended_among(std::iter::once(&name));
-    record_ended(shared, ended).await;
+    if !ended.is_empty() && !record_ended_on_majority(shared, ended).await {
+        tracing::warn!("{name}: its end is not on a majority of the members; its nodes stay held");
+        return;
+    }
     // Out of its network domain; its CXI service revoked.
     let service = shared.control.lock().await.left_network(&name);
     if let (Some(service), Some(fabric)) = (service, &shared.fabric)

@@ -47,6 +47,8 @@ pub struct Checker {
     audit: Vec<String>,
     /// Last state seen for each acknowledged allocation, at the serving leader.
     states: BTreeMap<String, String>,
+    /// Final states that a majority of the members' copies hold: never to change again.
+    finals: BTreeMap<String, String>,
     leader: Option<(u64, u64)>,
 }
 
@@ -122,13 +124,16 @@ impl Checker {
                 ));
                 continue;
             };
+            if let Some(f) = self.finals.get(id)
+                && *f != v.state
+            {
+                violations.push(format!(
+                    "{id} ended {f} (on a majority's disks) and is now {} at m{m} (term {term})",
+                    v.state
+                ));
+            }
             let before = self.states.get(id);
             if before.map(String::as_str) != Some(v.state.as_str()) {
-                if let Some(b) = before
-                    && terminal(b)
-                {
-                    violations.push(format!("{id} ended {b} and is now {} at m{m} (term {term})", v.state));
-                }
                 events.push(if terminal(&v.state) {
                     format!("{id} ended {}", v.state)
                 } else {
@@ -140,14 +145,15 @@ impl Checker {
         if let Ok(mirror) = s.mirror.try_lock() {
             // Two allocations of one key that the leader did not cancel (a submission that could
             // not be acknowledged is cancelled, and a retry queues anew).
-            let mut live_by_key: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+            let mut live_by_key: BTreeMap<(&str, &str), Vec<(&str, String)>> = BTreeMap::new();
             for e in mirror.entries.values() {
                 let cancelled = c.view_named(&e.id).map_or(e.ended.as_ref().map(|v| v.state.clone()), |v| Some(v.state)).is_some_and(|s| s == "cancelled");
                 if let (Some(k), false) = (&e.req.idempotency_key, cancelled) {
                     let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
                     let ids = live_by_key.entry((e.req.tenant.as_str(), k.as_str())).or_default();
-                    if !ids.contains(&base) {
-                        ids.push(base);
+                    if !ids.iter().any(|(b, _)| *b == base) {
+                        let state = c.view_named(&e.id).map_or("unknown here".to_string(), |v| v.state);
+                        ids.push((base, state));
                     }
                 }
             }
@@ -156,12 +162,32 @@ impl Checker {
                     violations.push(format!(
                         "idempotency key {key} of {tenant} has {} allocations at m{m}: {}",
                         ids.len(),
-                        ids.join(", ")
+                        ids.iter().map(|(id, st)| format!("{id} ({st})")).collect::<Vec<_>>().join(", ")
                     ));
                 }
             }
         }
         drop(c);
+        // Ends a majority holds are final.
+        let majority = o.members.len() / 2 + 1;
+        let mut held: BTreeMap<String, (String, usize)> = BTreeMap::new();
+        for (_, m) in live(&o) {
+            let Ok(mirror) = m.mirror.try_lock() else { continue };
+            for id in o.acked.keys() {
+                let n = crate::control::id_number(id).unwrap_or(0);
+                if let Some(v) = mirror.entries.get(&n).and_then(|e| e.ended.as_ref()) {
+                    let e = held.entry(id.clone()).or_insert((v.state.clone(), 0));
+                    if e.0 == v.state {
+                        e.1 += 1;
+                    }
+                }
+            }
+        }
+        for (id, (state, copies)) in held {
+            if copies >= majority {
+                self.finals.entry(id).or_insert(state);
+            }
+        }
         for e in events {
             o.event(e);
         }
