@@ -39,6 +39,11 @@ pub struct Entry {
     /// Its final record, once it ended (completed, failed, cancelled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<AllocationView>,
+    /// The leader term it was queued in. Two copies holding different allocations under one number
+    /// came from two leaders; the newer term's is the real one (the older leader could not have
+    /// had it acknowledged: the newer read a majority before handing out numbers).
+    #[serde(default)]
+    pub term: u64,
 }
 
 /// One mirrored change.
@@ -53,7 +58,8 @@ pub enum MirrorOp {
         #[serde(default)]
         dag: Option<(String, Vec<(String, String)>)>,
     },
-    /// These ended: their final records. `forget` ended unknown to the leader (nothing to show).
+    /// These ended: their final records. `forget`: records to drop (read for compatibility; no
+    /// longer sent — a leader that does not know an allocation is no reason to drop its record).
     Ended {
         views: Vec<AllocationView>,
         #[serde(default)]
@@ -146,7 +152,7 @@ impl Mirror {
 
     /// Applies `op` to this copy; the answer resolves once it is on disk (at once without a store).
     pub fn apply(&mut self, op: MirrorOp) -> Durable {
-        let changes = self.changes(op);
+        let changes = self.changes(op, 0);
         self.write(changes)
     }
 
@@ -171,7 +177,7 @@ impl Mirror {
         // Having taken an operation of `term`, this copy refuses older leaders' from now on (a
         // deposed leader that has not heard of its successor must not, say, forget here what the
         // successor acknowledged).
-        let mut changes = self.changes(op);
+        let mut changes = self.changes(op, term);
         if term > self.fence {
             self.fence = term;
             changes.push(Change::Named(FENCE.into(), json(&term)));
@@ -189,7 +195,7 @@ impl Mirror {
         self.write(vec![Change::Named(FENCE.into(), json(&term))])
     }
 
-    fn changes(&mut self, op: MirrorOp) -> Vec<Change> {
+    fn changes(&mut self, op: MirrorOp, term: u64) -> Vec<Change> {
         let mut out = Vec::new();
         match op {
             MirrorOp::Submit {
@@ -206,6 +212,7 @@ impl Mirror {
                             submitted_ms,
                             exits: BTreeMap::new(),
                             ended: None,
+                            term,
                         };
                         out.push(Change::Put(n, json(&e)));
                         self.entries.insert(n, e);
@@ -303,6 +310,8 @@ impl Mirror {
         for (n, e) in other.entries {
             let take = match self.entries.get(&n) {
                 None => true,
+                // Two leaders' allocations under one number: the newer term's.
+                Some(mine) if mine.term != e.term => e.term > mine.term,
                 Some(mine) => mine.ended.is_none() && (e.ended.is_some() || e.exits.len() > mine.exits.len()),
             };
             if take {
@@ -428,9 +437,17 @@ pub async fn replicate(shared: &crate::server::Shared, op: &MirrorOp, term: u64,
             };
             set.spawn(async move {
                 let mut c = pb::queue_mirror_client::QueueMirrorClient::new(ch);
-                tokio::time::timeout(within, c.apply(req))
-                    .await
-                    .is_ok_and(|r| r.is_ok())
+                match tokio::time::timeout(within, c.apply(req)).await {
+                    Ok(Ok(_)) => true,
+                    Ok(Err(status)) => {
+                        tracing::debug!("mirroring to member {id}: {status}");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::debug!("mirroring to member {id}: no answer within {within:?}");
+                        false
+                    }
+                }
             });
         }
     }

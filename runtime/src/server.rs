@@ -46,9 +46,9 @@ pub struct Shared {
     /// A fresh control plane (the engine as configured): a member that gains or loses leadership
     /// starts from one.
     pub fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync>,
-    /// Whether this member's control plane is the leader's (it adopted the mirror); changes under
-    /// this lock only ([`sync_leadership`]).
-    pub leading: Mutex<bool>,
+    /// The term in which this member's control plane adopted the queue as the leader (`None`: it is
+    /// not the leader's); changes under this lock only ([`sync_leadership`]).
+    pub leading: Mutex<Option<u64>>,
     /// The member's clock (the control plane's; audit entries are stamped with it).
     pub clock: crate::control::Clock,
     /// How peers are dialled (`Some` under a deterministic simulation).
@@ -236,6 +236,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         config: raft,
     };
     let member = Member::start_with(cfg.node_id, &disk, options).await?;
+    tracing::debug!("member {} starts: {:?}", cfg.node_id, member.status());
     if bootstrap {
         let mut members = cfg.quorum_members();
         // A single member announces the address it actually bound.
@@ -268,7 +269,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         peers: Default::default(),
         peer_tls: tls.as_ref().map(|t| t.peer()),
         fresh_control,
-        leading: Mutex::new(false),
+        leading: Mutex::new(None),
         clock,
         dial,
         bugs,
@@ -588,16 +589,19 @@ async fn simulated_wipe(shared: Arc<Shared>, alloc: AllocId, took: std::time::Du
 /// become the leader); whether it leads.
 pub async fn sync_leadership(shared: &Shared) -> bool {
     let mut leading = shared.leading.lock().await;
-    let leader = shared.member.is_leader();
-    if leader != *leading {
-        if let Err(e) = leadership_changed(shared, leader).await {
+    let term = shared.member.leader_term();
+    // A new term is a new leadership, also when this member leads again: another leader may have
+    // acknowledged work in between, and what this one could not record must be taken over again.
+    if term != *leading {
+        if let Err(e) = leadership_changed(shared, term.is_some()).await {
             // Not serving until the queue is adopted (tried again at the next pass or request).
             tracing::warn!("taking over the queue: {e:#}");
             return false;
         }
-        *leading = leader;
+        *leading = shared.control.lock().await.adopted_term;
+        return leading.is_some() && *leading == shared.member.leader_term();
     }
-    leader
+    term.is_some()
 }
 
 /// A member that gains leadership merges the other members' copies of the queue into its own, then
@@ -624,6 +628,12 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     let copies = crate::mirror::fetch_all(shared, term, std::time::Duration::from_secs(1))
         .await
         .map_err(anyhow::Error::msg)?;
+    tracing::debug!(
+        "member {} takes over in term {term}: its copy's max id {}; the others' {:?}",
+        shared.member.id,
+        shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).max_id,
+        copies.iter().map(|c| c.max_id).collect::<Vec<_>>()
+    );
     for snap in copies {
         let durable = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).merge(snap);
         durable.wait().await.map_err(anyhow::Error::msg)?;
@@ -740,14 +750,17 @@ async fn prune_mirror(shared: &Arc<Shared>) {
     record_ended(shared, ended).await;
 }
 
-/// Records `ended` in the mirrors and waits until a majority holds it (retried while this member
-/// leads, for up to 10 s).
-async fn record_ended_on_majority(shared: &Arc<Shared>, ended: Vec<String>) -> bool {
-    for _ in 0..10 {
+/// Records `ended` in the mirrors and waits until a majority holds it (up to `attempts` tries of
+/// a second each, while this member leads).
+async fn record_ended_on_majority(shared: &Arc<Shared>, ended: Vec<String>, attempts: u32) -> bool {
+    for _ in 0..attempts {
         if shared.member.leader_term().is_none() {
             return false;
         }
-        let (op, term, durable) = crate::mirror::record(shared, ended_op(shared, ended.clone()).await);
+        let Some(op) = ended_op(shared, ended.clone()).await else {
+            return false;
+        };
+        let (op, term, durable) = crate::mirror::record(shared, op);
         let (disk, peers) = tokio::join!(
             durable.wait(),
             crate::mirror::replicate(shared, &op, term, std::time::Duration::from_secs(1))
@@ -755,23 +768,26 @@ async fn record_ended_on_majority(shared: &Arc<Shared>, ended: Vec<String>) -> b
         if disk.is_ok() && peers {
             return true;
         }
+        tracing::debug!("recording the end of {ended:?} in term {term}: own disk {disk:?}, a majority: {peers}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     false
 }
 
-/// The mirror op recording `ended` with their final records (those this control plane does not
-/// know are forgotten).
-async fn ended_op(shared: &Arc<Shared>, ended: Vec<String>) -> crate::mirror::MirrorOp {
+/// The mirror op recording `ended` with their final records — only from the control plane that
+/// adopted the queue in the term this member leads, and only allocations it knows: one it does not
+/// know (a control plane replaced by a leadership change meanwhile) is no reason to touch the
+/// record, which may be another leader's acknowledged allocation.
+async fn ended_op(shared: &Arc<Shared>, ended: Vec<String>) -> Option<crate::mirror::MirrorOp> {
     let c = shared.control.lock().await;
-    let (mut views, mut forget) = (Vec::new(), Vec::new());
-    for id in ended {
-        match c.view_named(&id) {
-            Some(v) => views.push(v),
-            None => forget.push(id),
-        }
+    if c.adopted_term.is_none() || c.adopted_term != shared.member.leader_term() {
+        return None;
     }
-    crate::mirror::MirrorOp::Ended { views, forget }
+    let views: Vec<_> = ended.iter().filter_map(|id| c.view_named(id)).collect();
+    (!views.is_empty()).then_some(crate::mirror::MirrorOp::Ended {
+        views,
+        forget: Vec::new(),
+    })
 }
 
 /// Records `ended` (allocations that ended, or that this control plane does not know) in the mirrors
@@ -780,7 +796,9 @@ async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
     if ended.is_empty() {
         return;
     }
-    let op = ended_op(shared, ended).await;
+    let Some(op) = ended_op(shared, ended).await else {
+        return;
+    };
     let (op, term, durable) = crate::mirror::record(shared, op);
     if let Err(e) = durable.wait().await {
         tracing::error!("recording ended allocations: {e}");
@@ -931,10 +949,27 @@ pub async fn release(shared: &Arc<Shared>, name: String) {
     // its nodes, so a new leader re-attaches it (its agents report the exit again) instead of running
     // it a second time.
     let ended = shared.control.lock().await.ended_among(std::iter::once(&name));
-    if !ended.is_empty() && !record_ended_on_majority(shared, ended).await {
-        tracing::warn!("{name}: its end is not on a majority of the members; its nodes stay held");
+    if !ended.is_empty() && !record_ended_on_majority(shared, ended.clone(), 10).await {
+        tracing::warn!("{name}: its end is not on a majority of the members yet; its nodes stay held meanwhile");
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            // Until a majority holds it, or this member stops leading (its successor re-attaches
+            // the allocation and hears of its end again).
+            while !*shared.stopped.borrow() && shared.member.leader_term().is_some() {
+                if record_ended_on_majority(&shared, ended.clone(), 1).await {
+                    release_nodes(&shared, name).await;
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        });
         return;
     }
+    release_nodes(shared, name).await;
+}
+
+/// Frees an ended or stopped allocation's network domain, CXI service and nodes at the quorum.
+async fn release_nodes(shared: &Arc<Shared>, name: String) {
     // Out of its network domain; its CXI service revoked.
     let service = shared.control.lock().await.left_network(&name);
     if let (Some(service), Some(fabric)) = (service, &shared.fabric)

@@ -111,7 +111,7 @@ impl Checker {
         }
         // Only once it has adopted the queue (it refuses requests until then).
         let Ok(leading) = s.leading.try_lock() else { return };
-        if !*leading {
+        if *leading != Some(term) {
             return;
         }
         let Ok(c) = s.control.try_lock() else { return };
@@ -219,11 +219,31 @@ impl Checker {
             .filter(|id| !self.states.get(*id).is_some_and(|s| terminal(s)))
             .map(|id| format!("{id} ({})", self.states.get(id).map_or("never seen", String::as_str)))
             .collect();
+        let s = serving(&o).map(|(_, _, s)| s);
+        let held: Vec<String> = s
+            .and_then(|s| {
+                let states = s.control.try_lock().ok().map(|c| {
+                    s.member
+                        .try_read(|q| {
+                            q.assignments
+                                .iter()
+                                .map(|(a, x)| {
+                                    let st = c.view_named(a).map_or("unknown".into(), |v| v.state);
+                                    format!("{a} ({st}) on {}", x.nodes.join(","))
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .unwrap_or_default()
+                });
+                states
+            })
+            .unwrap_or_default();
         format!(
-            "liveness: {} acknowledged allocation(s) not ended within {} s of the faults healing (leader m{m}, term {term}): {}",
+            "liveness: {} acknowledged allocation(s) not ended within {} s of the faults healing (leader m{m}, term {term}): {}; nodes held: {}",
             waiting.len(),
             super::LIVENESS_BOUND.as_secs(),
-            waiting.iter().take(8).cloned().collect::<Vec<_>>().join(", ")
+            waiting.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
+            held.join("; ")
         )
     }
 }

@@ -81,7 +81,7 @@ fn client_of(m: u64) -> AllocationServiceClient<tonic::transport::Channel> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://m{m}:{GRPC_PORT}"))
         .expect("a valid endpoint")
         .connect_timeout(Duration::from_secs(1));
-    AllocationServiceClient::new(super::net::dialer()(endpoint))
+    AllocationServiceClient::new(lattice_adapters::raft_net::dial(endpoint, Some(&super::net::dialer())))
 }
 
 /// The leader a "not the quorum leader (leader 2, …)" refusal names.

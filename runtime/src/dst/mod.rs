@@ -414,7 +414,10 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             }
         }
         if !live {
-            let why = checker.liveness_failure(&obs);
+            let running: Vec<String> = (1..=n)
+                .map(|m| format!("m{m} {}", if sim.is_host_running(host_name(m).as_str()) { "up" } else { "down" }))
+                .collect();
+            let why = format!("{} [{}]", checker.liveness_failure(&obs), running.join(", "));
             lock(&obs).violation(why.clone());
             return Err(why);
         }
@@ -611,10 +614,10 @@ impl Chaos {
                 sim.repair(me.as_str(), o.as_str());
             }
         }
-        if power {
-            disk.lose_unsynced();
-        }
-        lock(obs).members[(m - 1) as usize] = None;
+        let lost = if power { disk.lose_unsynced() } else { 0 };
+        let mut o = lock(obs);
+        o.members[(m - 1) as usize] = None;
+        o.event(format!("m{m} killed{}", if power { format!(", {lost} unsynced pages lost") } else { String::new() }));
     }
 
     /// Whether an active fault cuts the link between hosts `a` and `b` (either direction).
@@ -644,6 +647,7 @@ impl Chaos {
             ));
         }
         sim.bounce(host_name(m).as_str());
+        lock(obs).event(format!("m{m} restarted"));
     }
 
     fn heal(&mut self, sim: &mut turmoil::Sim<'_>, a: &Active, obs: &SharedObs) {
