@@ -310,8 +310,10 @@ impl Mirror {
         for (n, e) in other.entries {
             let take = match self.entries.get(&n) {
                 None => true,
-                // Two leaders' allocations under one number: the newer term's.
-                Some(mine) if mine.term != e.term => e.term > mine.term,
+                // Two leaders' allocations under one number: the newer term's. (The same
+                // allocation mirrored again in a later term is still the same one: then its end or
+                // its progress decides, below.)
+                Some(mine) if mine.term != e.term && json(&mine.req) != json(&e.req) => e.term > mine.term,
                 Some(mine) => mine.ended.is_none() && (e.ended.is_some() || e.exits.len() > mine.exits.len()),
             };
             if take {

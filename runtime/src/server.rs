@@ -625,6 +625,9 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         .ok_or_else(|| anyhow::anyhow!("lost leadership while taking over"))?;
     let promised = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).promise(term);
     promised.wait().await.map_err(anyhow::Error::msg)?;
+    // Everything earlier leaders committed is applied here first (a start they proposed may
+    // commit only now, with this term's first entry): the node ownership read below is then whole.
+    shared.member.confirm_leader().await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let copies = crate::mirror::fetch_all(shared, term, std::time::Duration::from_secs(1))
         .await
         .map_err(anyhow::Error::msg)?;

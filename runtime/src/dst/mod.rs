@@ -610,31 +610,33 @@ impl Chaos {
         }
         sim.crash(me.as_str());
         for o in &others {
-            if !self.cuts(&me, o) {
-                sim.repair(me.as_str(), o.as_str());
+            sim.repair(me.as_str(), o.as_str());
+        }
+        // The active faults' cuts, as they were.
+        for f in &self.active {
+            match f.fault {
+                Fault::Partition => {
+                    for x in &f.on {
+                        for y in (1..=self.n).filter(|y| !f.on.contains(y)) {
+                            sim.partition(host_name(*x).as_str(), host_name(y).as_str());
+                        }
+                    }
+                }
+                Fault::Asymmetric => {
+                    sim.partition_oneway(host_name(f.on[0]).as_str(), host_name(f.on[1]).as_str())
+                }
+                Fault::IsolateLeader => {
+                    for y in (1..=self.n).filter(|y| *y != f.on[0]) {
+                        sim.partition(host_name(f.on[0]).as_str(), host_name(y).as_str());
+                    }
+                }
+                _ => {}
             }
         }
         let lost = if power { disk.lose_unsynced() } else { 0 };
         let mut o = lock(obs);
         o.members[(m - 1) as usize] = None;
         o.event(format!("m{m} killed{}", if power { format!(", {lost} unsynced pages lost") } else { String::new() }));
-    }
-
-    /// Whether an active fault cuts the link between hosts `a` and `b` (either direction).
-    fn cuts(&self, a: &str, b: &str) -> bool {
-        let pair = |x: u64, y: u64| {
-            let (x, y) = (host_name(x), host_name(y));
-            (x == a && y == b) || (x == b && y == a)
-        };
-        self.active.iter().any(|f| match f.fault {
-            Fault::Partition => {
-                let rest: Vec<u64> = (1..=self.n).filter(|m| !f.on.contains(m)).collect();
-                f.on.iter().any(|x| rest.iter().any(|y| pair(*x, *y)))
-            }
-            Fault::Asymmetric => pair(f.on[0], f.on[1]),
-            Fault::IsolateLeader => (1..=self.n).any(|y| y != f.on[0] && pair(f.on[0], y)),
-            _ => false,
-        })
     }
 
     fn restart(&self, sim: &mut turmoil::Sim<'_>, m: u64, obs: &SharedObs) {
