@@ -73,6 +73,9 @@ pub enum MirrorOp {
     },
     /// An agent reported a process's exit on one node of a running allocation.
     Exit { id: String, node: String, code: i32 },
+    /// Whole entries as the leader holds them (a submission mirrored again for a client's retry —
+    /// ended or not), taken like a merge.
+    Entries { entries: Vec<Entry> },
 }
 
 /// A member's whole copy, as `QueueMirror.Fetch` sends it.
@@ -195,9 +198,40 @@ impl Mirror {
         self.write(vec![Change::Named(FENCE.into(), json(&term))])
     }
 
+    /// Takes another copy's entry `n` if this copy lacks it or it is newer: another leader's
+    /// allocation under the same number from a newer term, or the same allocation further along
+    /// (ended, or more exits reported).
+    fn take(&mut self, n: u64, e: Entry) -> Option<Change> {
+        let take = match self.entries.get(&n) {
+            None => true,
+            // Two leaders' allocations under one number: the newer term's. (The same allocation
+            // mirrored again in a later term is still the same one: then its end or its progress
+            // decides, below.)
+            Some(mine) if mine.term != e.term && json(&mine.req) != json(&e.req) => e.term > mine.term,
+            Some(mine) => mine.ended.is_none() && (e.ended.is_some() || e.exits.len() > mine.exits.len()),
+        };
+        if !take {
+            return None;
+        }
+        let was_ended = self.entries.get(&n).is_some_and(|m| m.ended.is_some());
+        self.ended = self.ended + usize::from(e.ended.is_some()) - usize::from(was_ended);
+        let change = Change::Put(n, json(&e));
+        self.entries.insert(n, e);
+        Some(change)
+    }
+
     fn changes(&mut self, op: MirrorOp, term: u64) -> Vec<Change> {
         let mut out = Vec::new();
         match op {
+            MirrorOp::Entries { entries } => {
+                for e in entries {
+                    if let Some(n) = id_number(&e.id) {
+                        self.max_id = self.max_id.max(n);
+                        out.extend(self.take(n, e));
+                    }
+                }
+                out.push(Change::Named(MAX_ID.into(), json(&self.max_id)));
+            }
             MirrorOp::Submit {
                 items,
                 submitted_ms,
@@ -308,20 +342,7 @@ impl Mirror {
     pub fn merge(&mut self, other: Snapshot) -> Durable {
         let mut out = Vec::new();
         for (n, e) in other.entries {
-            let take = match self.entries.get(&n) {
-                None => true,
-                // Two leaders' allocations under one number: the newer term's. (The same
-                // allocation mirrored again in a later term is still the same one: then its end or
-                // its progress decides, below.)
-                Some(mine) if mine.term != e.term && json(&mine.req) != json(&e.req) => e.term > mine.term,
-                Some(mine) => mine.ended.is_none() && (e.ended.is_some() || e.exits.len() > mine.exits.len()),
-            };
-            if take {
-                out.push(Change::Put(n, json(&e)));
-                let was_ended = self.entries.get(&n).is_some_and(|m| m.ended.is_some());
-                self.ended = self.ended + usize::from(e.ended.is_some()) - usize::from(was_ended);
-                self.entries.insert(n, e);
-            }
+            out.extend(self.take(n, e));
         }
         if other.max_id > self.max_id {
             self.max_id = other.max_id;

@@ -82,6 +82,7 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
 async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded, cancel: bool) -> Result<(), ApiError> {
     let ids: Vec<String> = match &op {
         MirrorOp::Submit { items, .. } => items.iter().map(|(id, _)| id.clone()).collect(),
+        MirrorOp::Entries { entries } => entries.iter().map(|e| e.id.clone()).collect(),
         _ => Vec::new(),
     };
     let (disk, peers) = tokio::join!(
@@ -215,21 +216,22 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
                 Some(false) => {
                     // Not yet on a majority: its record is mirrored again.
                     let names = if elements.is_empty() { vec![id.clone()] } else { elements.clone() };
-                    let items: Vec<(String, SubmitRequest)> = {
+                    let entries: Vec<crate::mirror::Entry> = {
                         let m = s.mirror.lock().unwrap_or_else(|e| e.into_inner());
                         names
                             .iter()
                             .filter_map(|n| m.entries.get(&crate::control::id_number(n)?))
-                            .map(|e| (e.id.clone(), e.req.clone()))
+                            .cloned()
                             .collect()
                     };
-                    if items.len() != names.len() {
+                    if entries.len() != names.len() {
                         return Err(ApiError::Unavailable {
                             message: format!("idempotency_key: `{k}`: {id} is not in this member's record; retry"),
                         });
                     }
                     c.unacked(&id, true);
-                    (SubmitAnswer { id, elements }, record_submit(s, &c, items, None))
+                    let recorded = crate::mirror::record(s, MirrorOp::Entries { entries });
+                    (SubmitAnswer { id, elements }, recorded)
                 }
             }
         } else {

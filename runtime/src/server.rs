@@ -658,8 +658,12 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     // Active submissions by idempotency key (tenant, key) → base ids.
     let mut keyed: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for e in snap.entries.into_values() {
-        // A retry with an adopted submission's idempotency key still gets its id.
+        // A retry with an adopted submission's idempotency key still gets its id — once its record
+        // is mirrored again (this copy may be the only one that has it).
         control.remember_key(&e.req, &e.id);
+        if e.req.idempotency_key.is_some() {
+            control.unacked(crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b), false);
+        }
         if let Some(v) = e.ended {
             control.add_ended(v);
             ended += 1;
