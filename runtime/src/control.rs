@@ -449,6 +449,8 @@ pub struct Control {
     /// The Raft term in which this control plane adopted the durable queue (`None`: it did not; a
     /// follower's, or a fresh one).
     pub adopted_term: Option<u64>,
+    /// Unique per control plane in this process (its engine's ids mean nothing to another).
+    pub incarnation: u64,
     /// The controller's decisions not yet turned into [`Action`]s.
     outbox: Outbox,
     /// Victims being preempted (until their agents report them stopped): how, from when, and the
@@ -526,6 +528,9 @@ pub struct Submitted {
 /// An ownership change for the quorum.
 #[derive(Clone, Debug)]
 pub struct PendingProposal {
+    /// The control plane that made it ([`Control::incarnation`]): an answer arriving after a
+    /// leadership change belongs to a control plane that is gone.
+    pub incarnation: u64,
     pub alloc: AllocId,
     pub name: String,
     pub tenant: String,
@@ -610,6 +615,10 @@ impl Control {
             keys: BTreeMap::new(),
             unacked: BTreeMap::new(),
             adopted_term: None,
+            incarnation: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
             ctl,
             outbox: Outbox::default(),
             grace_until: BTreeMap::new(),
@@ -810,6 +819,23 @@ impl Control {
     /// `None`: acknowledged (or unknown); `Some(in_flight)`: not yet.
     pub fn ack_state(&self, id: &str) -> Option<bool> {
         self.unacked.get(id).copied()
+    }
+
+    /// Whether the allocation `name` (or its task group) waits for its acknowledgement: it does not
+    /// start before (a retry after a lost answer could otherwise make it run twice).
+    pub fn waits_for_ack(&self, name: &str) -> bool {
+        let base = group_element(name).map_or(name, |(b, _)| b);
+        self.unacked.contains_key(base)
+    }
+
+    /// Up to `n` unacknowledged submissions no request is mirroring now.
+    pub fn unacked_idle(&self, n: usize) -> Vec<String> {
+        self.unacked
+            .iter()
+            .filter(|(_, in_flight)| !**in_flight)
+            .map(|(id, _)| id.clone())
+            .take(n)
+            .collect()
     }
 
     /// The elements of task group `base` still known here, in index order.
@@ -1248,6 +1274,7 @@ impl Control {
                         }
                         let m = self.meta.get(p.alloc.index());
                         out.push(Action::Propose(PendingProposal {
+                            incarnation: self.incarnation,
                             alloc: p.alloc,
                             name: m.map(|m| m.name.clone()).unwrap_or_default(),
                             tenant,

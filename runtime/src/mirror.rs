@@ -673,6 +673,80 @@ mod tests {
     }
 
     #[test]
+    fn a_deposed_leaders_operations_are_refused_once_a_newer_term_was_seen_or_promised() {
+        let block = |d: Durable| {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(d.wait())
+        };
+        let mut m = Mirror::default();
+        assert!(block(m.apply_fenced(submit(&["a-000001"]), 2, 2)).is_ok());
+        // Taking term 2's operation raised the fence: term 1's is refused, and nothing changed.
+        let e = block(m.apply_fenced(submit(&["a-000002"]), 1, 1)).unwrap_err();
+        assert!(e.contains("stale leader term 1") && e.contains("term 2"), "{e}");
+        assert!(!m.entries.contains_key(&2));
+        // A member that has voted in term 3 refuses term 2 too.
+        assert!(block(m.apply_fenced(submit(&["a-000002"]), 2, 3)).is_err());
+        // Promising term 5 to a new leader that reads this copy: term 4 is refused from then on.
+        assert!(block(m.promise(5)).is_ok());
+        assert_eq!(m.fence, 5);
+        assert!(block(m.apply_fenced(submit(&["a-000003"]), 4, 4)).is_err());
+        assert!(block(m.apply_fenced(submit(&["a-000003"]), 5, 5)).is_ok());
+        // Term 0 (a member that does not lead) is never accepted.
+        assert!(block(Mirror::default().apply_fenced(submit(&["a-000009"]), 0, 0)).is_err());
+    }
+
+    #[test]
+    fn a_merge_takes_the_newer_terms_allocation_under_a_reused_number_but_keeps_an_end() {
+        // A deposed leader (term 1) queued a-000004 for one request; the real leader (term 2)
+        // handed out the same number to another.
+        let mut stale = Mirror::default();
+        let _ = stale.apply_fenced(submit(&["a-000004"]), 1, 1);
+        let mut real = Mirror::default();
+        let _ = real.apply_fenced(
+            MirrorOp::Submit {
+                items: vec![("a-000004".into(), req("2h"))],
+                submitted_ms: 8,
+                dag: None,
+            },
+            2,
+            2,
+        );
+        let mut merged = Mirror::default();
+        let _ = merged.merge(stale.snapshot());
+        let _ = merged.merge(real.snapshot());
+        assert_eq!(merged.entries[&4].term, 2);
+        assert_eq!(merged.entries[&4].req.lifecycle.as_ref().unwrap().walltime.as_deref(), Some("2h"));
+        // The other order gives the same.
+        let mut other = Mirror::default();
+        let _ = other.merge(real.snapshot());
+        let _ = other.merge(stale.snapshot());
+        assert_eq!(other.entries[&4].term, 2);
+        // The same allocation mirrored again in a later term keeps the end another copy holds.
+        let mut ended = Mirror::default();
+        let _ = ended.apply_fenced(submit(&["a-000005"]), 1, 1);
+        let _ = ended.apply(MirrorOp::Ended {
+            views: vec![super::tests::ended("a-000005")],
+            forget: vec![],
+        });
+        let mut again = Mirror::default();
+        let _ = again.apply_fenced(
+            MirrorOp::Entries {
+                entries: vec![Entry {
+                    ended: None,
+                    term: 3,
+                    ..ended.entries[&5].clone()
+                }],
+            },
+            3,
+            3,
+        );
+        let _ = again.merge(ended.snapshot());
+        assert!(again.entries[&5].ended.is_some());
+    }
+
+    #[test]
     fn the_newest_final_records_are_kept() {
         let mut m = Mirror::default();
         let n = ENDED_KEPT + ENDED_SLACK + 1;

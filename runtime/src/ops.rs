@@ -412,11 +412,19 @@ pub async fn cancel(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<String, 
     may_change(s, p, id, "cancelling").await?;
     let (actions, state) = {
         let mut c = s.control.lock().await;
+        // One that already ended stays as it ended.
+        let ended = c
+            .view_named(id)
+            .map(|v| v.state)
+            .filter(|st| matches!(st.as_str(), "completed" | "failed" | "cancelled"));
+        if let Some(st) = ended {
+            return Ok(st);
+        }
         if c.cancel(id).is_none() {
             drop(c);
             return Err(absent(s, id).await);
         }
-        (c.take_actions(), c.view_named(id).map_or_else(|| "cancelled".into(), |v| v.state))
+        (c.take_actions(), "cancelled".to_string())
     };
     execute(s.clone(), actions).await;
     s.wake.notify_one();

@@ -414,6 +414,7 @@ async fn scheduling_loop(
             continue;
         }
         prune_mirror(&shared).await;
+        remirror_unacked(&shared).await;
         if shared.simulate_agents {
             // Re-attached runs: their simulated agents carry on.
             for (alloc, run) in shared.control.lock().await.take_resumed() {
@@ -722,6 +723,49 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     Ok(())
 }
 
+/// Mirrors again, whole, submissions that are not yet on a majority's disks (a retry that could not
+/// be made durable, or a record adopted from a copy others may lack); each is acknowledged — and may
+/// start — once a majority holds it.
+async fn remirror_unacked(shared: &Arc<Shared>) {
+    let ids = shared.control.lock().await.unacked_idle(64);
+    if ids.is_empty() {
+        return;
+    }
+    let entries: Vec<crate::mirror::Entry> = {
+        let c = shared.control.lock().await;
+        let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
+        ids.iter()
+            .flat_map(|id| {
+                let members = c.group_members(id);
+                if members.is_empty() { vec![id.clone()] } else { members }
+            })
+            .filter_map(|n| m.entries.get(&crate::control::id_number(&n)?).cloned())
+            .collect()
+    };
+    {
+        let mut c = shared.control.lock().await;
+        for id in &ids {
+            c.unacked(id, true);
+        }
+    }
+    let (op, term, durable) = crate::mirror::record(shared, crate::mirror::MirrorOp::Entries { entries });
+    let (disk, peers) = tokio::join!(
+        durable.wait(),
+        crate::mirror::replicate(shared, &op, term, std::time::Duration::from_secs(1))
+    );
+    let mut c = shared.control.lock().await;
+    for id in &ids {
+        if disk.is_ok() && peers {
+            c.acked(id);
+        } else {
+            c.unacked(id, false);
+        }
+    }
+    if disk.is_ok() && peers {
+        shared.wake.notify_one();
+    }
+}
+
 /// After adoption: one allocation per idempotency key, and each still to be acknowledged. Two
 /// queued under one key means a retry reached a leader that had not seen the first attempt; the
 /// first was then never on a majority's disks (a majority's copies are read before a leader serves,
@@ -790,7 +834,12 @@ async fn ended_op(shared: &Arc<Shared>, ended: Vec<String>) -> Option<crate::mir
     if c.adopted_term.is_none() || c.adopted_term != shared.member.leader_term() {
         return None;
     }
-    let views: Vec<_> = ended.iter().filter_map(|id| c.view_named(id)).collect();
+    // Only ended ones: a retried recording may find one running again (re-attached in a new term).
+    let views: Vec<_> = ended
+        .iter()
+        .filter_map(|id| c.view_named(id))
+        .filter(|v| matches!(v.state.as_str(), "completed" | "failed" | "cancelled"))
+        .collect();
     (!views.is_empty()).then_some(crate::mirror::MirrorOp::Ended {
         views,
         forget: Vec::new(),
@@ -820,6 +869,14 @@ async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
 /// Proposes a start to the quorum and tells the controller its answer; what that causes (the launch,
 /// a claim's audit entry) is returned to be carried out next.
 async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> {
+    {
+        let mut c = shared.control.lock().await;
+        if c.incarnation == p.incarnation && c.waits_for_ack(&p.name) {
+            // Not started before it is on a majority's disks (mirrored again in the background).
+            c.rejected(p.alloc, "waiting until it is on a majority of the members' disks".into());
+            return c.take_actions();
+        }
+    }
     let cmd = QuorumCommand::Assign {
         alloc: p.name.clone(),
         tenant: p.tenant.clone(),
@@ -831,6 +888,16 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
     let r = shared.member.propose(cmd).await;
     shared.metrics.commit(t0.elapsed());
     let mut c = shared.control.lock().await;
+    if c.incarnation != p.incarnation {
+        // The control plane that proposed it is gone (a leadership change). A start that committed
+        // anyway is undone unless the new one took it over (it adopted after the commit and runs it).
+        let runs_here = c.view_named(&p.name).is_some_and(|v| v.state == "running" && v.nodes == p.nodes);
+        drop(c);
+        if matches!(r, Ok(QuorumResponse::Applied)) && !runs_here {
+            release_stale(shared, &p.name).await;
+        }
+        return Vec::new();
+    }
     match r {
         Ok(QuorumResponse::Applied) => {
             shared
@@ -846,6 +913,14 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::info!("quorum rejected {} ({reason}): {message}", p.name);
             c.rejected(p.alloc, message);
+            if reason == "duplicate" {
+                // The quorum still holds nodes for it from a start whose answer was lost (or that
+                // committed only after a leadership change): it runs nowhere, so those are freed and
+                // it is proposed again.
+                drop(c);
+                release_stale(shared, &p.name).await;
+                return shared.control.lock().await.take_actions();
+            }
         }
         Err(e) => c.rejected(p.alloc, e.to_string()),
     }
@@ -986,6 +1061,14 @@ async fn release_nodes(shared: &Arc<Shared>, name: String) {
     }
     if !propose_retried(shared, QuorumCommand::Release { alloc: name.clone() }).await {
         tracing::warn!("could not release {name} at the quorum");
+    }
+}
+
+/// Frees nodes the quorum holds for `name` from a start this control plane does not run.
+async fn release_stale(shared: &Arc<Shared>, name: &str) {
+    tracing::info!("{name}: freeing the nodes the quorum holds for it from a start it does not run");
+    if !propose_retried(shared, QuorumCommand::Release { alloc: name.to_string() }).await {
+        tracing::warn!("could not free the stale nodes of {name} at the quorum");
     }
 }
 

@@ -67,6 +67,9 @@ enum Cmd {
         /// Print each seed's event log.
         #[arg(long)]
         log: bool,
+        /// Stop starting seeds after the first failure.
+        #[arg(long)]
+        fail_fast: bool,
     },
 }
 
@@ -102,6 +105,7 @@ async fn run() -> Result<()> {
         threads,
         verbose,
         log,
+        fail_fast,
     }) = &args.cmd
     {
         if !(1..=7).contains(members) {
@@ -121,6 +125,7 @@ async fn run() -> Result<()> {
                 .unwrap_or_default(),
             threads: threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             keep_log: *log,
+            fail_fast: *fail_fast,
         };
         let verbose = *verbose;
         let t0 = std::time::Instant::now();

@@ -131,6 +131,8 @@ pub struct Options {
     pub threads: usize,
     /// Keep each seed's event log in its report.
     pub keep_log: bool,
+    /// Start no new seed after the first failure.
+    pub fail_fast: bool,
 }
 
 impl Options {
@@ -206,16 +208,20 @@ fn hex(b: &[u8]) -> String {
 /// Runs every seed (in parallel over `opts.threads`), reporting each as it ends through `each`.
 pub fn run(opts: &Options, each: &(dyn Fn(&SeedReport) + Sync)) -> Report {
     let next = std::sync::atomic::AtomicU64::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
     let out = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..opts.threads.max(1) {
             s.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= opts.seeds {
+                    if i >= opts.seeds || (opts.fail_fast && failed.load(std::sync::atomic::Ordering::Relaxed)) {
                         return;
                     }
                     let r = run_seed(opts.seed.wrapping_add(i), opts);
+                    if r.failure.is_some() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                     each(&r);
                     out.lock().unwrap_or_else(|p| p.into_inner()).push(r);
                 }
