@@ -146,7 +146,8 @@ fn none_if_empty(s: String) -> Option<String> {
 }
 
 /// The protobuf request as the API's request (the same validation follows).
-fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
+/// A gRPC submission as the request type REST decodes (refusals name their field).
+pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
     let res = r
         .resources
         .ok_or_else(|| Status::invalid_argument("resources: required"))?;

@@ -133,14 +133,14 @@ impl Mirror {
         }
         for (k, v) in c.named {
             if k == MAX_ID {
-                m.max_id = serde_json::from_slice(&v)
-                    .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {MAX_ID}: {e}"))?;
+                m.max_id =
+                    serde_json::from_slice(&v).map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {MAX_ID}: {e}"))?;
             } else if k == FENCE {
-                m.fence = serde_json::from_slice(&v)
-                    .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {FENCE}: {e}"))?;
+                m.fence =
+                    serde_json::from_slice(&v).map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {FENCE}: {e}"))?;
             } else if let Some(dag) = k.strip_prefix(DAG_PREFIX) {
-                let members = serde_json::from_slice(&v)
-                    .map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {k}: {e}"))?;
+                let members =
+                    serde_json::from_slice(&v).map_err(|e| anyhow::anyhow!("{dir}/allocations.redb: {k}: {e}"))?;
                 m.dags.insert(dag.to_string(), members);
             }
         }
@@ -526,7 +526,12 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
     ) -> Result<tonic::Response<pb::MirrorSnapshot>, tonic::Status> {
         // The fence first: no operation of an older leader lands here after this answer.
         let term = req.into_inner().term;
-        let promised = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).promise(term);
+        let promised = self
+            .shared
+            .mirror
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .promise(term);
         promised.wait().await.map_err(tonic::Status::unavailable)?;
         let snap = self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
         let bytes = serde_json::to_vec(&snap).map_err(|e| tonic::Status::internal(e.to_string()))?;
@@ -717,7 +722,10 @@ mod tests {
         let _ = merged.merge(stale.snapshot());
         let _ = merged.merge(real.snapshot());
         assert_eq!(merged.entries[&4].term, 2);
-        assert_eq!(merged.entries[&4].req.lifecycle.as_ref().unwrap().walltime.as_deref(), Some("2h"));
+        assert_eq!(
+            merged.entries[&4].req.lifecycle.as_ref().unwrap().walltime.as_deref(),
+            Some("2h")
+        );
         // The other order gives the same.
         let mut other = Mirror::default();
         let _ = other.merge(real.snapshot());

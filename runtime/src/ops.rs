@@ -215,7 +215,11 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
                 }
                 Some(false) => {
                     // Not yet on a majority: its record is mirrored again.
-                    let names = if elements.is_empty() { vec![id.clone()] } else { elements.clone() };
+                    let names = if elements.is_empty() {
+                        vec![id.clone()]
+                    } else {
+                        elements.clone()
+                    };
                     let entries: Vec<crate::mirror::Entry> = {
                         let m = s.mirror.lock().unwrap_or_else(|e| e.into_inner());
                         names
@@ -237,16 +241,16 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
         } else {
             let queued = c.submit_all(req, None).map_err(bad_request)?;
             c.unacked(&queued.id, true);
-        let group = queued.elements.len() > 1 || queued.elements.first().is_some_and(|(e, _)| *e != queued.id);
-        let answer = SubmitAnswer {
-            id: queued.id,
-            elements: if group {
-                queued.elements.iter().map(|(e, _)| e.clone()).collect()
-            } else {
-                Vec::new()
-            },
-        };
-        (answer, record_submit(s, &c, queued.elements, None))
+            let group = queued.elements.len() > 1 || queued.elements.first().is_some_and(|(e, _)| *e != queued.id);
+            let answer = SubmitAnswer {
+                id: queued.id,
+                elements: if group {
+                    queued.elements.iter().map(|(e, _)| e.clone()).collect()
+                } else {
+                    Vec::new()
+                },
+            };
+            (answer, record_submit(s, &c, queued.elements, None))
         }
     };
     let acked = mirrored(s, recorded, key.is_none()).await;
@@ -290,7 +294,9 @@ async fn absent(s: &Shared, id: &str) -> ApiError {
         Ok(()) => ApiError::Unavailable {
             message: "the leader is taking over the queue; retry".into(),
         },
-        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => ApiError::NotLeader { leader_id, leader },
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
+            ApiError::NotLeader { leader_id, leader }
+        }
         Err(e) => ApiError::Unavailable {
             message: format!("id: could not confirm leadership to look up {id}: {e}"),
         },

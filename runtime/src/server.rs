@@ -236,7 +236,6 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         config: raft,
     };
     let member = Member::start_with(cfg.node_id, &disk, options).await?;
-    tracing::debug!("member {} starts: {:?}", cfg.node_id, member.status());
     if bootstrap {
         let mut members = cfg.quorum_members();
         // A single member announces the address it actually bound.
@@ -326,7 +325,12 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         let _ = rest_stop.changed().await;
     };
     match (rest, &tls) {
-        (Listen::Tcp(rest), Some(t)) => tasks.push(tokio::spawn(crate::tls::serve_rest(rest, app, t.rest()?, stopped.clone()))),
+        (Listen::Tcp(rest), Some(t)) => tasks.push(tokio::spawn(crate::tls::serve_rest(
+            rest,
+            app,
+            t.rest()?,
+            stopped.clone(),
+        ))),
         (Listen::Tcp(rest), None) => tasks.push(tokio::spawn(async move {
             let _ = axum::serve(rest, app).with_graceful_shutdown(rest_stopped).await;
         })),
@@ -628,7 +632,11 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     promised.wait().await.map_err(anyhow::Error::msg)?;
     // Everything earlier leaders committed is applied here first (a start they proposed may
     // commit only now, with this term's first entry): the node ownership read below is then whole.
-    shared.member.confirm_leader().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    shared
+        .member
+        .confirm_leader()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let copies = crate::mirror::fetch_all(shared, term, std::time::Duration::from_secs(1))
         .await
         .map_err(anyhow::Error::msg)?;
@@ -663,7 +671,10 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         // is mirrored again (this copy may be the only one that has it).
         control.remember_key(&e.req, &e.id);
         if e.req.idempotency_key.is_some() {
-            control.unacked(crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b), false);
+            control.unacked(
+                crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b),
+                false,
+            );
         }
         if let Some(v) = e.ended {
             control.add_ended(v);
@@ -671,7 +682,9 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             continue;
         }
         if let Some(k) = &e.req.idempotency_key {
-            let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b).to_string();
+            let base = crate::control::group_element(&e.id)
+                .map_or(e.id.as_str(), |(b, _)| b)
+                .to_string();
             let ids = keyed.entry((e.req.tenant.clone(), k.clone())).or_default();
             if !ids.contains(&base) {
                 ids.push(base);
@@ -783,7 +796,9 @@ fn settle_keys(control: &mut Control, keyed: &BTreeMap<(String, String), Vec<Str
             for n in names {
                 control.cancel(&n);
             }
-            tracing::warn!("{dup}: superseded by {keep}, a retry with the same idempotency key of {tenant} ({key}); cancelled");
+            tracing::warn!(
+                "{dup}: superseded by {keep}, a retry with the same idempotency key of {tenant} ({key}); cancelled"
+            );
         }
         control.set_key(tenant, key, &keep);
         control.unacked(&keep, false);
@@ -873,7 +888,10 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
         let mut c = shared.control.lock().await;
         if c.incarnation == p.incarnation && c.waits_for_ack(&p.name) {
             // Not started before it is on a majority's disks (mirrored again in the background).
-            c.rejected(p.alloc, "waiting until it is on a majority of the members' disks".into());
+            c.rejected(
+                p.alloc,
+                "waiting until it is on a majority of the members' disks".into(),
+            );
             return c.take_actions();
         }
     }
@@ -891,7 +909,9 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
     if c.incarnation != p.incarnation {
         // The control plane that proposed it is gone (a leadership change). A start that committed
         // anyway is undone unless the new one took it over (it adopted after the commit and runs it).
-        let runs_here = c.view_named(&p.name).is_some_and(|v| v.state == "running" && v.nodes == p.nodes);
+        let runs_here = c
+            .view_named(&p.name)
+            .is_some_and(|v| v.state == "running" && v.nodes == p.nodes);
         drop(c);
         if matches!(r, Ok(QuorumResponse::Applied)) && !runs_here {
             release_stale(shared, &p.name).await;
@@ -1067,7 +1087,14 @@ async fn release_nodes(shared: &Arc<Shared>, name: String) {
 /// Frees nodes the quorum holds for `name` from a start this control plane does not run.
 async fn release_stale(shared: &Arc<Shared>, name: &str) {
     tracing::info!("{name}: freeing the nodes the quorum holds for it from a start it does not run");
-    if !propose_retried(shared, QuorumCommand::Release { alloc: name.to_string() }).await {
+    if !propose_retried(
+        shared,
+        QuorumCommand::Release {
+            alloc: name.to_string(),
+        },
+    )
+    .await
+    {
         tracing::warn!("could not free the stale nodes of {name} at the quorum");
     }
 }

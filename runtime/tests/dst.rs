@@ -25,7 +25,10 @@ fn a_fixed_set_of_seeds_passes_with_every_fault() {
     let seeds = std::env::var("DST_SEEDS").unwrap_or_else(|_| "24".into());
     let (code, out) = dst(&["--seeds", &seeds, "--seed", "20", "--steps", "2000", "--faults", "all"]);
     assert_eq!(code, 0, "{out}");
-    assert!(last_line(&out).starts_with(&format!("dst seeds={seeds} failures=0 digest=")), "{out}");
+    assert!(
+        last_line(&out).starts_with(&format!("dst seeds={seeds} failures=0 digest=")),
+        "{out}"
+    );
 }
 
 /// Seeds that found bugs (each fixed): cancelling an ended allocation answered "no allocation" (5),
@@ -34,7 +37,14 @@ fn a_fixed_set_of_seeds_passes_with_every_fault() {
 /// of a cut left after a crash (75), a predecessor's start committed after adoption (44).
 #[test]
 fn the_seeds_that_found_bugs_pass() {
-    for (seed, steps) in [("5", "2000"), ("7", "2000"), ("124", "2000"), ("41", "2000"), ("75", "2000"), ("44", "2000")] {
+    for (seed, steps) in [
+        ("5", "2000"),
+        ("7", "2000"),
+        ("124", "2000"),
+        ("41", "2000"),
+        ("75", "2000"),
+        ("44", "2000"),
+    ] {
         let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", steps, "--faults", "all"]);
         assert_eq!(code, 0, "seed {seed}: {out}");
     }
@@ -72,9 +82,15 @@ fn an_injected_bug_is_caught_within_100_seeds_and_its_reproducer_reproduces_it()
         "1",
     ]);
     assert_eq!(code, 1, "{out}");
-    let fail = out.lines().find(|l| l.starts_with("FAIL seed ")).expect("a failing seed");
+    let fail = out
+        .lines()
+        .find(|l| l.starts_with("FAIL seed "))
+        .expect("a failing seed");
     let why = fail.split_once(": ").map(|(_, w)| w).unwrap_or_default();
-    assert!(why.contains("acknowledged") && why.contains("unknown to the leader"), "{fail}");
+    assert!(
+        why.contains("acknowledged") && why.contains("unknown to the leader"),
+        "{fail}"
+    );
     let repro = out
         .lines()
         .find_map(|l| l.trim().strip_prefix("reproduce: lattice-runtime dst "))

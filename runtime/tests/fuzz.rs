@@ -62,6 +62,98 @@ fn submission_bodies_never_panic_the_control_plane() {
     assert!(parsed > 500 && accepted > 100, "parsed {parsed}, accepted {accepted}");
 }
 
+/// gRPC submissions: a valid `AllocationRequest`'s protobuf bytes with seeded byte mutations
+/// (flipped, replaced with boundary bytes, deleted, duplicated, truncated) through prost's decoder,
+/// the conversion to the REST request type and the control plane's validation. Nothing panics; what
+/// decodes but is refused names its field.
+#[test]
+fn grpc_submissions_never_panic_the_control_plane() {
+    use lattice_runtime::grpc::pb;
+    use prost::Message;
+    let valid = pb::AllocationRequest {
+        tenant: "physics".into(),
+        entrypoint: "./sweep ${INDEX}".into(),
+        resources: Some(pb::Resources {
+            nodes: 2,
+            max_nodes: 4,
+            ..Default::default()
+        }),
+        lifecycle: Some(pb::Lifecycle {
+            r#type: "bounded".into(),
+            walltime: "2h".into(),
+            ..Default::default()
+        }),
+        preemption_class: Some(4),
+        duration: "30s".into(),
+        task_group: Some(pb::TaskGroup {
+            start: 0,
+            end: 5,
+            concurrency: 2,
+        }),
+        idempotency_key: "k-1".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut c = common::balanced_control(8);
+    // The unmutated message is accepted.
+    let first = lattice_runtime::grpc::from_pb(pb::AllocationRequest::decode(valid.as_slice()).unwrap()).unwrap();
+    c.submit_all(first, None).unwrap();
+    let cases: u64 = std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let (mut decoded, mut accepted) = (0, 0);
+    for case in 0..cases {
+        let mut rng = ChaCha8Rng::seed_from_u64(7_000_000 + case);
+        let mut b = valid.clone();
+        for _ in 0..=lattice_traces::fuzz::below(&mut rng, 3) {
+            if b.is_empty() {
+                break;
+            }
+            let at = lattice_traces::fuzz::below(&mut rng, b.len());
+            match lattice_traces::fuzz::below(&mut rng, 5) {
+                0 => {
+                    let bit = lattice_traces::fuzz::below(&mut rng, 8);
+                    b[at] ^= 1 << bit;
+                }
+                1 => {
+                    let v = [0x00, 0x7f, 0x80, 0xff][lattice_traces::fuzz::below(&mut rng, 4)];
+                    b[at] = v;
+                }
+                2 => {
+                    b.remove(at);
+                }
+                3 => {
+                    let chunk: Vec<u8> = b[at..].iter().take(8).copied().collect();
+                    b.splice(at..at, chunk);
+                }
+                _ => b.truncate(at),
+            }
+        }
+        let Ok(msg) = pb::AllocationRequest::decode(b.as_slice()) else {
+            continue; // refused by the gRPC layer (INVALID_ARGUMENT)
+        };
+        decoded += 1;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let req = lattice_runtime::grpc::from_pb(msg)?;
+            c.submit_all(req, None).map_err(|e| {
+                assert!(!e.field.is_empty(), "case {case}: a refusal without a field: {e:?}");
+                tonic::Status::invalid_argument(e.message)
+            })
+        }));
+        match outcome {
+            Ok(Ok(_)) => accepted += 1,
+            Ok(Err(_)) => {}
+            Err(_) => panic!("case {case} panicked: {b:?}"),
+        }
+    }
+    eprintln!("fuzz grpc submissions cases={cases} decoded={decoded} accepted={accepted}");
+    assert!(
+        decoded > 1000 && accepted > 100,
+        "decoded {decoded}, accepted {accepted}"
+    );
+}
+
 #[test]
 fn runtime_configs_never_panic() {
     let seeds = [

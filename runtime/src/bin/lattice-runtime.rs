@@ -91,9 +91,10 @@ async fn run() -> Result<()> {
     // The simulation's members log like production ones: only errors unless asked.
     let quiet = matches!(args.cmd, Some(Cmd::Dst { .. }));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            if quiet { "off" } else { "info,openraft=warn" }.into()
-        }))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| if quiet { "off" } else { "info,openraft=warn" }.into()),
+        )
         .init();
     if let Some(Cmd::Dst {
         seeds,

@@ -71,7 +71,10 @@ impl Checker {
                             v.push(format!("m{m}: node {n} owned by {other} and {alloc}"));
                         }
                         if q.owners.get(n) != Some(alloc) {
-                            v.push(format!("m{m}: {alloc} holds {n} but the owners map says {:?}", q.owners.get(n)));
+                            v.push(format!(
+                                "m{m}: {alloc} holds {n} but the owners map says {:?}",
+                                q.owners.get(n)
+                            ));
                         }
                     }
                 }
@@ -80,7 +83,9 @@ impl Checker {
                     if let Some(max) = max_nodes
                         && used > u64::from(*max)
                     {
-                        v.push(format!("m{m}: tenant {tenant} holds {used} nodes over its hard quota {max}"));
+                        v.push(format!(
+                            "m{m}: tenant {tenant} holds {used} nodes over its hard quota {max}"
+                        ));
                     }
                 }
                 if let Err(i) = q.verify_audit() {
@@ -147,7 +152,10 @@ impl Checker {
             // not be acknowledged is cancelled, and a retry queues anew).
             let mut live_by_key: BTreeMap<(&str, &str), Vec<(&str, String)>> = BTreeMap::new();
             for e in mirror.entries.values() {
-                let cancelled = c.view_named(&e.id).map_or(e.ended.as_ref().map(|v| v.state.clone()), |v| Some(v.state)).is_some_and(|s| s == "cancelled");
+                let cancelled = c
+                    .view_named(&e.id)
+                    .map_or(e.ended.as_ref().map(|v| v.state.clone()), |v| Some(v.state))
+                    .is_some_and(|s| s == "cancelled");
                 if let (Some(k), false) = (&e.req.idempotency_key, cancelled) {
                     let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
                     let ids = live_by_key.entry((e.req.tenant.as_str(), k.as_str())).or_default();
@@ -162,7 +170,10 @@ impl Checker {
                     violations.push(format!(
                         "idempotency key {key} of {tenant} has {} allocations at m{m}: {}",
                         ids.len(),
-                        ids.iter().map(|(id, st)| format!("{id} ({st})")).collect::<Vec<_>>().join(", ")
+                        ids.iter()
+                            .map(|(id, st)| format!("{id} ({st})"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ));
                 }
             }
@@ -222,7 +233,7 @@ impl Checker {
         let s = serving(&o).map(|(_, _, s)| s);
         let held: Vec<String> = s
             .and_then(|s| {
-                let states = s.control.try_lock().ok().map(|c| {
+                s.control.try_lock().ok().map(|c| {
                     s.member
                         .try_read(|q| {
                             q.assignments
@@ -234,8 +245,7 @@ impl Checker {
                                 .collect::<Vec<_>>()
                         })
                         .unwrap_or_default()
-                });
-                states
+                })
             })
             .unwrap_or_default();
         format!(

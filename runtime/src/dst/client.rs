@@ -44,7 +44,7 @@ pub fn plan(rng: &mut ChaCha8Rng, steps: u64) -> Vec<Vec<Timed>> {
             let mut keys: Vec<String> = Vec::new();
             for j in 0..per_client {
                 let at_ms = rng.next_u64() % (span_ms * 9 / 10);
-                let op = if !keys.is_empty() && rng.next_u64() % 5 == 0 {
+                let op = if !keys.is_empty() && rng.next_u64().is_multiple_of(5) {
                     Op::Cancel {
                         key: keys[(rng.next_u64() % keys.len() as u64) as usize].clone(),
                     }
@@ -53,7 +53,7 @@ pub fn plan(rng: &mut ChaCha8Rng, steps: u64) -> Vec<Vec<Timed>> {
                     keys.push(key.clone());
                     Op::Submit {
                         key,
-                        tenant: if rng.next_u64() % 4 == 0 {
+                        tenant: if rng.next_u64().is_multiple_of(4) {
                             QUOTA_TENANT.into()
                         } else {
                             "physics".into()
@@ -176,7 +176,7 @@ pub async fn run(name: String, ops: Vec<Timed>, n: u64, obs: SharedObs) -> turmo
                     tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
                         // The leader could not make it durable (or the connection broke): same
                         // member again, then the next.
-                        if attempts % 3 == 0 {
+                        if attempts.is_multiple_of(3) {
                             target = target % n + 1;
                         }
                     }

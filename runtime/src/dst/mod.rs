@@ -107,7 +107,10 @@ pub fn parse_faults(list: &str) -> Result<Vec<Fault>, String> {
     for name in list.split(',').map(str::trim) {
         let f = ALL_FAULTS.iter().find(|f| f.name() == name).ok_or_else(|| {
             let known: Vec<&str> = ALL_FAULTS.iter().map(|f| f.name()).collect();
-            format!("--faults: unknown fault `{name}` (known: all, none, {})", known.join(", "))
+            format!(
+                "--faults: unknown fault `{name}` (known: all, none, {})",
+                known.join(", ")
+            )
         })?;
         if !out.contains(f) {
             out.push(*f);
@@ -139,7 +142,11 @@ impl Options {
     /// The command line that replays one seed.
     pub fn reproducer(&self, seed: u64) -> String {
         let faults: Vec<&str> = self.faults.iter().map(|f| f.name()).collect();
-        let faults = if faults.is_empty() { "none".into() } else { faults.join(",") };
+        let faults = if faults.is_empty() {
+            "none".into()
+        } else {
+            faults.join(",")
+        };
         let mut cmd = format!(
             "lattice-runtime dst --seeds 1 --seed {seed} --steps {} --faults {faults} --members {}",
             self.steps, self.members
@@ -421,7 +428,16 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
         }
         if !live {
             let running: Vec<String> = (1..=n)
-                .map(|m| format!("m{m} {}", if sim.is_host_running(host_name(m).as_str()) { "up" } else { "down" }))
+                .map(|m| {
+                    format!(
+                        "m{m} {}",
+                        if sim.is_host_running(host_name(m).as_str()) {
+                            "up"
+                        } else {
+                            "down"
+                        }
+                    )
+                })
                 .collect();
             let why = format!("{} [{}]", checker.liveness_failure(&obs), running.join(", "));
             lock(&obs).violation(why.clone());
@@ -508,12 +524,14 @@ impl Chaos {
     fn step(&mut self, sim: &mut turmoil::Sim<'_>, rng: &mut ChaCha8Rng, obs: &SharedObs) {
         self.step += 1;
         let now = self.step;
-        let (due, keep): (Vec<Active>, Vec<Active>) = std::mem::take(&mut self.active).into_iter().partition(|a| a.until <= now);
+        let (due, keep): (Vec<Active>, Vec<Active>) = std::mem::take(&mut self.active)
+            .into_iter()
+            .partition(|a| a.until <= now);
         self.active = keep;
         for a in due {
             self.heal(sim, &a, obs);
         }
-        if self.faults.is_empty() || rng.next_u64() % 60 != 0 {
+        if self.faults.is_empty() || !rng.next_u64().is_multiple_of(60) {
             return;
         }
         let fault = self.faults[(rng.next_u64() % self.faults.len() as u64) as usize];
@@ -569,7 +587,11 @@ impl Chaos {
                 let candidates: Vec<u64> = (1..=self.n).filter(|m| !down.contains(m)).collect();
                 let m = candidates[(rng.next_u64() % candidates.len() as u64) as usize];
                 if fault == Fault::ClockJump {
-                    let jump = if rng.next_u64() % 2 == 0 { 3_600_000 } else { -3_600_000 };
+                    let jump = if rng.next_u64().is_multiple_of(2) {
+                        3_600_000
+                    } else {
+                        -3_600_000
+                    };
                     lock(obs).clock_offsets[(m - 1) as usize] += jump;
                     self.kill(sim, m, false, obs);
                     self.restart(sim, m, obs);
@@ -584,7 +606,7 @@ impl Chaos {
                 if !down.is_empty() {
                     return;
                 }
-                let power = rng.next_u64() % 2 == 0;
+                let power = rng.next_u64().is_multiple_of(2);
                 for m in 1..=self.n {
                     self.kill(sim, m, power, obs);
                 }
@@ -593,7 +615,11 @@ impl Chaos {
         };
         self.injected += 1;
         let on_names: Vec<String> = on.iter().map(|m| host_name(*m)).collect();
-        lock(obs).event(format!("fault {} {} until step {until}", fault.name(), on_names.join(",")));
+        lock(obs).event(format!(
+            "fault {} {} until step {until}",
+            fault.name(),
+            on_names.join(",")
+        ));
         self.active.push(Active { fault, until, on });
     }
 
@@ -628,9 +654,7 @@ impl Chaos {
                         }
                     }
                 }
-                Fault::Asymmetric => {
-                    sim.partition_oneway(host_name(f.on[0]).as_str(), host_name(f.on[1]).as_str())
-                }
+                Fault::Asymmetric => sim.partition_oneway(host_name(f.on[0]).as_str(), host_name(f.on[1]).as_str()),
                 Fault::IsolateLeader => {
                     for y in (1..=self.n).filter(|y| *y != f.on[0]) {
                         sim.partition(host_name(f.on[0]).as_str(), host_name(y).as_str());
@@ -642,7 +666,14 @@ impl Chaos {
         let lost = if power { disk.lose_unsynced() } else { 0 };
         let mut o = lock(obs);
         o.members[(m - 1) as usize] = None;
-        o.event(format!("m{m} killed{}", if power { format!(", {lost} unsynced pages lost") } else { String::new() }));
+        o.event(format!(
+            "m{m} killed{}",
+            if power {
+                format!(", {lost} unsynced pages lost")
+            } else {
+                String::new()
+            }
+        ));
     }
 
     fn restart(&self, sim: &mut turmoil::Sim<'_>, m: u64, obs: &SharedObs) {
