@@ -188,7 +188,23 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
 
 /// Takes over a process a previous agent started: `None` when it is no longer alive.
 pub fn attach(record: Record) -> Option<Running> {
-    alive(record.pid).then(|| watch(record, None))
+    owns(&record).then(|| watch(record, None))
+}
+
+/// Whether `record.pid` is the wrapper its allocation was started with: alive, and its command line
+/// is `lattice-task` naming the record's own status file. A state file corrupted or edited to name
+/// another process — `init`, the agent itself, anyone's — is never taken over, so that process is
+/// never signalled at a walltime or a stop (the record is reported ended instead).
+pub fn owns(record: &Record) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    if record.pid <= 1 || !alive(record.pid) {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", record.pid)) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|c| *c == 0).collect();
+    args.contains(&b"lattice-task".as_slice()) && args.contains(&record.status.as_os_str().as_bytes())
 }
 
 /// What a process that ended while no agent watched it left behind (its status file and log).
@@ -326,6 +342,7 @@ mod tests {
     fn a_restarted_agent_takes_over_a_live_process_and_reads_an_ended_ones_status() {
         let r = start(spec("a5", "sleep 0.5; echo done; exit 4", None)).unwrap();
         let rec = r.record.clone();
+        assert!(owned_soon(&rec));
         // The agent "restarts": the new one attaches by pid and sees the end through the status file.
         drop(r);
         let again = attach(rec.clone()).expect("still alive");
@@ -336,9 +353,49 @@ mod tests {
         assert_eq!(ended_unwatched(&rec).ending, Ending::Exited(4));
         // A taken-over process still gets its walltime from its recorded start.
         let w = start(spec("a6", "sleep 30", Some(300))).unwrap().record.clone();
+        assert!(owned_soon(&w));
         let t0 = Instant::now();
         assert_eq!(attach(w).unwrap().wait().ending, Ending::Walltime);
         assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A just-started wrapper shows its own command line within moments (a restarted agent reads it
+    /// seconds later).
+    fn owned_soon(rec: &Record) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(2) {
+            if owns(rec) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn a_state_file_naming_someone_elses_process_is_never_taken_over_nor_signalled() {
+        let mine = start(spec("a7", "sleep 30", None)).unwrap();
+        let rec = mine.record.clone();
+        assert!(owned_soon(&rec), "{rec:?}");
+        // A live process that is not a task of ours, the agent itself, init, pid 0.
+        let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+        for pid in [other.id(), std::process::id(), 1, 0] {
+            let forged = Record { pid, ..rec.clone() };
+            assert!(!owns(&forged), "pid {pid}");
+            assert!(attach(forged).is_none(), "pid {pid}");
+        }
+        // Another allocation's record (its status file) does not own this wrapper either.
+        let theirs = Record {
+            status: rec.status.with_file_name("a8.status"),
+            ..rec.clone()
+        };
+        assert!(!owns(&theirs));
+        // Nothing was signalled: the unrelated process still runs.
+        assert!(other.try_wait().unwrap().is_none());
+        let _ = other.kill();
+        let _ = other.wait();
+        mine.stop();
+        assert_eq!(mine.wait().ending, Ending::Stopped);
     }
 
     #[test]
