@@ -298,3 +298,34 @@ pub fn server(raft: Raft) -> pb::raft_service_server::RaftServiceServer<RaftServ
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
 }
+
+/// A loopback port for a member to listen on later, below the kernel's ephemeral range.
+///
+/// A port from `bind(":0")` comes from the ephemeral range, and once that probe socket closes the
+/// kernel may hand the same port to any outgoing connection — e.g. one member dialling another
+/// while the next member is still starting, which then fails to bind ("address in use"). Ports in
+/// 20000..32000 are never picked for outgoing connections or `:0` binds; each call in a process
+/// takes the next one (starting at an offset from the pid so concurrent processes rarely meet) and
+/// skips any that is taken now.
+pub fn loopback_port() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id() * 97) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        "no free loopback port in 20000..32000",
+    ))
+}

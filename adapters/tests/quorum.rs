@@ -40,11 +40,7 @@ fn store_passes_the_openraft_suite() {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lattice_adapters::raft_net::loopback_port().unwrap()
 }
 
 fn assign(alloc: &str, tenant: &str, nodes: &[&str]) -> QuorumCommand {

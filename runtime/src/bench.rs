@@ -107,11 +107,7 @@ pub async fn raft(proposals: usize) -> anyhow::Result<String> {
 async fn bench_cluster(members: usize) -> anyhow::Result<Vec<crate::Running>> {
     let dir = scratch(&format!("submit{members}"));
     let ports: Vec<u16> = (0..members)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-        })
+        .map(|_| lattice_adapters::raft_net::loopback_port())
         .collect::<Result<_, _>>()?;
     let list: String = ports
         .iter()

@@ -28,14 +28,11 @@ pub async fn start_quorum(dir: &std::path::Path, n: usize, nodes: u32, extra: &s
     rts
 }
 
-/// A loopback port free at the time of asking.
+/// A loopback port free at the time of asking, outside the range outgoing connections take
+/// (see [`lattice_adapters::raft_net::loopback_port`]).
 #[allow(dead_code)]
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lattice_adapters::raft_net::loopback_port().unwrap()
 }
 
 /// Starts one member from `yaml` (it bootstraps) and waits until it leads.
