@@ -129,6 +129,19 @@ impl LogStore {
         let mut meta = read_metadata(&dir)?;
         meta.alloc = alloc.to_string();
         meta.node = node.to_string();
+        // Only a regular file is read (the path may come from a corrupted agent state file: a FIFO
+        // would block the open, a device would never end).
+        match std::fs::metadata(log) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(io(log)(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a regular file",
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io(log)(e)),
+        }
         let mut f = match std::fs::File::open(log) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),

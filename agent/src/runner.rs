@@ -133,20 +133,37 @@ pub fn alive(pid: u32) -> bool {
 /// The newest `cap` bytes of `path`, and how many came before them.
 fn tail(path: &std::path::Path, cap: usize) -> (Vec<u8>, u64) {
     use std::io::{Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let Some(mut f) = regular_file(path) else {
         return (Vec::new(), 0);
     };
     let len = f.metadata().map_or(0, |m| m.len());
     let from = len.saturating_sub(cap as u64);
     let mut buf = Vec::new();
     if f.seek(SeekFrom::Start(from)).is_ok() {
-        let _ = f.read_to_end(&mut buf);
+        // Never more than the file held when asked (it may still grow) nor than the ring.
+        let _ = f.take((len - from).min(cap as u64)).read_to_end(&mut buf);
     }
     (buf, from)
 }
 
+/// `path` opened for reading when it is a regular file. Paths come from the state file, which a
+/// crash or an edit may have corrupted: a device (`/dev/zero`), a FIFO or a directory there must
+/// not hang the agent's start-up or fill its memory.
+fn regular_file(path: &std::path::Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK: opening a FIFO nobody writes does not wait for a writer.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    f.metadata().ok()?.is_file().then_some(f)
+}
+
 fn status_code(path: &std::path::Path) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    let mut text = String::new();
+    regular_file(path)?.take(64).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok()
 }
 
 /// Starts `spec` (the process group is the child's pid); its [`Record`] is `Running::record`.

@@ -39,11 +39,30 @@ pub struct Entry {
     /// Its final record, once it ended (completed, failed, cancelled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<AllocationView>,
-    /// The leader term it was queued in. Two copies holding different allocations under one number
-    /// came from two leaders; the newer term's is the real one (the older leader could not have
-    /// had it acknowledged: the newer read a majority before handing out numbers).
+    /// The term of the leader that last mirrored this record whole (queued it, or mirrored it again
+    /// for a retry or with its end). Two copies holding different allocations under one number came
+    /// from two leaders; the one a newer term mirrored is the real one: a leader reads a majority's
+    /// copies before it hands out numbers or mirrors anything, and older leaders are fenced, so a
+    /// record acknowledged under some term is seen by every later leader — which either keeps it
+    /// (and stamps it with its own term when it mirrors it again) or never reuses its number.
     #[serde(default)]
     pub term: u64,
+    /// The term it was first queued in: with `submitted_ms`, what tells two allocations under one
+    /// number apart (0 in records written before it was kept: then `term`).
+    #[serde(default)]
+    pub origin: u64,
+}
+
+impl Entry {
+    /// Whether `other` is this same allocation (perhaps further along, or updated), not another
+    /// leader's under the same number.
+    fn same_allocation(&self, other: &Entry) -> bool {
+        self.origin_term() == other.origin_term() && self.submitted_ms == other.submitted_ms
+    }
+
+    fn origin_term(&self) -> u64 {
+        if self.origin == 0 { self.term } else { self.origin }
+    }
 }
 
 /// One mirrored change.
@@ -58,8 +77,10 @@ pub enum MirrorOp {
         #[serde(default)]
         dag: Option<(String, Vec<(String, String)>)>,
     },
-    /// These ended: their final records. `forget`: records to drop (read for compatibility; no
-    /// longer sent — a leader that does not know an allocation is no reason to drop its record).
+    /// These ended: their final records. `forget`: records to drop. (Read for compatibility; no
+    /// longer sent — ends are mirrored as whole [`MirrorOp::Entries`], which a copy holding another
+    /// allocation under the same number can tell apart, and a leader that does not know an
+    /// allocation is no reason to drop its record.)
     Ended {
         views: Vec<AllocationView>,
         #[serde(default)]
@@ -73,8 +94,9 @@ pub enum MirrorOp {
     },
     /// An agent reported a process's exit on one node of a running allocation.
     Exit { id: String, node: String, code: i32 },
-    /// Whole entries as the leader holds them (a submission mirrored again for a client's retry —
-    /// ended or not), taken like a merge.
+    /// Whole entries as the leader holds them (a submission mirrored again for a client's retry or
+    /// in the background, or with its end), stamped with the mirroring leader's term and taken like
+    /// a merge.
     Entries { entries: Vec<Entry> },
 }
 
@@ -198,25 +220,43 @@ impl Mirror {
         self.write(vec![Change::Named(FENCE.into(), json(&term))])
     }
 
-    /// Takes another copy's entry `n` if this copy lacks it or it is newer: another leader's
-    /// allocation under the same number from a newer term, or the same allocation further along
-    /// (ended, or more exits reported).
+    /// Takes another copy's entry `n` where it is news here: this copy lacks it; it is another
+    /// allocation under the same number mirrored by a newer term (see [`Entry::term`]); or it is the
+    /// same allocation mirrored by a newer term or further along (ended, or more exits reported) —
+    /// then the record of the newer term with the furthest progress of either.
     fn take(&mut self, n: u64, e: Entry) -> Option<Change> {
-        let take = match self.entries.get(&n) {
-            None => true,
-            // Two leaders' allocations under one number: the newer term's. (The same allocation
-            // mirrored again in a later term is still the same one: then its end or its progress
-            // decides, below.)
-            Some(mine) if mine.term != e.term && json(&mine.req) != json(&e.req) => e.term > mine.term,
-            Some(mine) => mine.ended.is_none() && (e.ended.is_some() || e.exits.len() > mine.exits.len()),
+        let merged = match self.entries.get(&n) {
+            None => e,
+            Some(mine) if !mine.same_allocation(&e) => {
+                if e.term <= mine.term {
+                    return None;
+                }
+                e
+            }
+            Some(mine) => {
+                let (mut base, other) = if e.term > mine.term {
+                    (e, mine.clone())
+                } else {
+                    (mine.clone(), e)
+                };
+                if base.ended.is_none() {
+                    if other.ended.is_some() {
+                        base.ended = other.ended;
+                        base.exits.clear();
+                    } else if other.exits.len() > base.exits.len() {
+                        base.exits = other.exits;
+                    }
+                }
+                if json(&base) == json(mine) {
+                    return None;
+                }
+                base
+            }
         };
-        if !take {
-            return None;
-        }
         let was_ended = self.entries.get(&n).is_some_and(|m| m.ended.is_some());
-        self.ended = self.ended + usize::from(e.ended.is_some()) - usize::from(was_ended);
-        let change = Change::Put(n, json(&e));
-        self.entries.insert(n, e);
+        self.ended = self.ended + usize::from(merged.ended.is_some()) - usize::from(was_ended);
+        let change = Change::Put(n, json(&merged));
+        self.entries.insert(n, merged);
         Some(change)
     }
 
@@ -224,13 +264,16 @@ impl Mirror {
         let mut out = Vec::new();
         match op {
             MirrorOp::Entries { entries } => {
-                for e in entries {
+                for mut e in entries {
                     if let Some(n) = id_number(&e.id) {
                         self.max_id = self.max_id.max(n);
+                        e.origin = e.origin_term();
+                        e.term = e.term.max(term);
                         out.extend(self.take(n, e));
                     }
                 }
                 out.push(Change::Named(MAX_ID.into(), json(&self.max_id)));
+                self.trim(&mut out);
             }
             MirrorOp::Submit {
                 items,
@@ -247,6 +290,7 @@ impl Mirror {
                             exits: BTreeMap::new(),
                             ended: None,
                             term,
+                            origin: term,
                         };
                         out.push(Change::Put(n, json(&e)));
                         self.entries.insert(n, e);
@@ -277,21 +321,7 @@ impl Mirror {
                         out.push(Change::Delete(n));
                     }
                 }
-                // Keep the newest ENDED_KEPT final records (trimmed once the slack is used up).
-                if self.ended > ENDED_KEPT + ENDED_SLACK {
-                    let oldest: Vec<u64> = self
-                        .entries
-                        .iter()
-                        .filter(|(_, e)| e.ended.is_some())
-                        .map(|(n, _)| *n)
-                        .take(self.ended - ENDED_KEPT)
-                        .collect();
-                    for n in oldest {
-                        self.entries.remove(&n);
-                        self.ended -= 1;
-                        out.push(Change::Delete(n));
-                    }
-                }
+                self.trim(&mut out);
             }
             MirrorOp::Update { id, walltime, tags } => {
                 if let Some(n) = id_number(&id)
@@ -322,6 +352,40 @@ impl Mirror {
             }
         }
         out
+    }
+
+    /// Keeps the newest [`ENDED_KEPT`] final records (trimmed once the slack is used up).
+    fn trim(&mut self, out: &mut Vec<Change>) {
+        if self.ended > ENDED_KEPT + ENDED_SLACK {
+            let oldest: Vec<u64> = self
+                .entries
+                .iter()
+                .filter(|(_, e)| e.ended.is_some())
+                .map(|(n, _)| *n)
+                .take(self.ended - ENDED_KEPT)
+                .collect();
+            for n in oldest {
+                self.entries.remove(&n);
+                self.ended -= 1;
+                out.push(Change::Delete(n));
+            }
+        }
+    }
+
+    /// This copy's records of `views`' allocations with those final records: what a leader
+    /// mirrors (as [`MirrorOp::Entries`]) when they end.
+    pub fn ended_entries(&self, views: Vec<AllocationView>) -> Vec<Entry> {
+        views
+            .into_iter()
+            .filter_map(|v| {
+                let e = self.entries.get(&id_number(&v.id)?)?;
+                Some(Entry {
+                    exits: BTreeMap::new(),
+                    ended: Some(v),
+                    ..e.clone()
+                })
+            })
+            .collect()
     }
 
     /// The ids of allocations not yet ended here.
@@ -752,6 +816,48 @@ mod tests {
         );
         let _ = again.merge(ended.snapshot());
         assert!(again.entries[&5].ended.is_some());
+    }
+
+    #[test]
+    fn a_record_mirrored_again_by_a_newer_leader_beats_another_leaders_allocation_under_its_number() {
+        // Term 5 (a leader cut off from the others) queued a-000027 for request A, never
+        // acknowledged; term 7 (unaware of it) queued another allocation, B, under the same number,
+        // also never acknowledged; term 8 adopted A (from term 5's copy) and mirrored it again for
+        // its client's retry — acknowledged. A copy still holding B must give way to A, and a later
+        // merge of B's copy must not bring B back (B's term is newer than A's first one).
+        let op = |walltime: &str, ms: u64| MirrorOp::Submit {
+            items: vec![("a-000027".into(), req(walltime))],
+            submitted_ms: ms,
+            dag: None,
+        };
+        let mut a_copy = Mirror::default();
+        let _ = a_copy.apply_fenced(op("1h", 100), 5, 5);
+        let mut b_copy = Mirror::default();
+        let _ = b_copy.apply_fenced(op("2h", 200), 7, 7);
+        let b_snapshot = b_copy.snapshot();
+        let retry = MirrorOp::Entries {
+            entries: vec![a_copy.entries[&27].clone()],
+        };
+        let _ = a_copy.apply_fenced(retry.clone(), 8, 8);
+        let _ = b_copy.apply_fenced(retry, 8, 8);
+        for m in [&a_copy, &b_copy] {
+            assert_eq!(m.entries[&27].submitted_ms, 100, "A is the record");
+            assert_eq!((m.entries[&27].term, m.entries[&27].origin), (8, 5));
+        }
+        let _ = a_copy.merge(b_snapshot);
+        assert_eq!(a_copy.entries[&27].submitted_ms, 100, "B does not come back");
+        // A's end, mirrored whole by the leader, replaces what a copy holds under the number
+        // instead of being written onto B's request.
+        let mut stale = Mirror::default();
+        let _ = stale.apply_fenced(op("2h", 200), 7, 7);
+        let mut end = ended("a-000027");
+        end.submitted_ms = 100;
+        let entries = a_copy.ended_entries(vec![end]);
+        let _ = stale.apply_fenced(MirrorOp::Entries { entries }, 9, 9);
+        let e = &stale.entries[&27];
+        assert_eq!((e.submitted_ms, e.origin, e.term), (100, 5, 9));
+        assert_eq!(e.ended.as_ref().unwrap().state, "completed");
+        assert_eq!(e.req.lifecycle.as_ref().unwrap().walltime.as_deref(), Some("1h"));
     }
 
     #[test]

@@ -676,11 +676,8 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
                 false,
             );
         }
-        if let Some(v) = e.ended {
-            control.add_ended(v);
-            ended += 1;
-            continue;
-        }
+        // Ended ones count too: a retry may have run (and ended) while an earlier attempt waited
+        // in a copy this member had not read; that attempt must not run now.
         if let Some(k) = &e.req.idempotency_key {
             let base = crate::control::group_element(&e.id)
                 .map_or(e.id.as_str(), |(b, _)| b)
@@ -689,6 +686,11 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             if !ids.contains(&base) {
                 ids.push(base);
             }
+        }
+        if let Some(v) = e.ended {
+            control.add_ended(v);
+            ended += 1;
+            continue;
         }
         let mut req = e.req;
         // Dependencies that ended before are judged by their final records (at submission);
@@ -855,10 +857,12 @@ async fn ended_op(shared: &Arc<Shared>, ended: Vec<String>) -> Option<crate::mir
         .filter_map(|id| c.view_named(id))
         .filter(|v| matches!(v.state.as_str(), "completed" | "failed" | "cancelled"))
         .collect();
-    (!views.is_empty()).then_some(crate::mirror::MirrorOp::Ended {
-        views,
-        forget: Vec::new(),
-    })
+    let entries = shared
+        .mirror
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .ended_entries(views);
+    (!entries.is_empty()).then_some(crate::mirror::MirrorOp::Entries { entries })
 }
 
 /// Records `ended` (allocations that ended, or that this control plane does not know) in the mirrors

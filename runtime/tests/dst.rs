@@ -34,7 +34,10 @@ fn a_fixed_set_of_seeds_passes_with_every_fault() {
 /// Seeds that found bugs (each fixed): cancelling an ended allocation answered "no allocation" (5),
 /// a re-elected leader that took over nothing (7), a retry acknowledged from the new leader's copy
 /// alone (124), acknowledged records dropped by a leader that did not know them (41), one direction
-/// of a cut left after a crash (75), a predecessor's start committed after adoption (44).
+/// of a cut left after a crash (75), a predecessor's start committed after adoption (44); records
+/// mirrored again that kept their first term and lost to another leader's allocation under their
+/// number, and ends written by number onto such an allocation's record (400, 949, 471); an earlier
+/// attempt of a key run after its retry had ended (397).
 #[test]
 fn the_seeds_that_found_bugs_pass() {
     for (seed, steps) in [
@@ -44,6 +47,10 @@ fn the_seeds_that_found_bugs_pass() {
         ("41", "2000"),
         ("75", "2000"),
         ("44", "2000"),
+        ("400", "2000"),
+        ("949", "2000"),
+        ("471", "2000"),
+        ("397", "2000"),
     ] {
         let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", steps, "--faults", "all"]);
         assert_eq!(code, 0, "seed {seed}: {out}");
