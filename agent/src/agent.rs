@@ -151,6 +151,10 @@ pub fn run_with(
     let mut buffered: std::collections::VecDeque<Buffered> = std::collections::VecDeque::new();
     let mut dropped_beats = 0u64;
     let mut last_beat = Instant::now() - cfg.heartbeat;
+    // The lease of the last accepted heartbeat: (when it was sent, how long it holds).
+    let mut lease: Option<(Instant, Duration)> = None;
+    // Processes this agent stopped itself, cut off past its lease (reported as fenced).
+    let mut fenced: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
     // Per running allocation: its checkpoint channel, and whether a shmem hint awaits "done".
     let mut channels: BTreeMap<String, (Channel, bool)> = BTreeMap::new();
@@ -227,7 +231,10 @@ pub fn run_with(
             last_beat = Instant::now();
             let replay: Vec<Buffered> = buffered.iter().copied().collect();
             match client.heartbeat(&cfg.node, seq, &replay) {
-                Ok(_) => {
+                Ok(beat) => {
+                    if let Some(l) = beat.lease {
+                        lease = Some((last_beat, l));
+                    }
                     if !replay.is_empty() {
                         eprintln!(
                             "lattice-agent {}: control plane back; replayed {} buffered heartbeats ({} dropped)",
@@ -267,6 +274,26 @@ pub fn run_with(
                 }
             }
         }
+        // Fencing: past its lease the control plane may have requeued this node's work elsewhere, so
+        // it is stopped here first — never two runs of one allocation at once. The lease counts from
+        // when the last accepted heartbeat was sent (no later than the control plane received it),
+        // less the stop's grace and two heartbeats of slack; only while heartbeats go undelivered.
+        if let Some((sent, l)) = lease
+            && !buffered.is_empty()
+            && sent.elapsed() + cfg.grace + 2 * cfg.heartbeat >= l
+        {
+            for (id, p) in &procs {
+                if fenced.insert(id.clone()) {
+                    eprintln!(
+                        "lattice-agent {}: {id} stopped: no accepted heartbeat for {:.1} s, past the {:.1} s lease",
+                        cfg.node,
+                        sent.elapsed().as_secs_f64(),
+                        l.as_secs_f64()
+                    );
+                    p.stop();
+                }
+            }
+        }
         // Collect ended processes.
         let ended: Vec<String> = procs
             .iter()
@@ -287,6 +314,10 @@ pub fn run_with(
                 Ending::Exited(code) => code,
                 _ => 143,
             };
+            if fenced.remove(&id) {
+                unreported.push((id, ExitKind::Fenced, code, tail));
+                continue;
+            }
             // A preempted task: reported as stopped with or without its checkpoint (also when it
             // exited by itself once its checkpoint was written, as signal handlers often do).
             let preempted = match (stopping.remove(&id), in_flight.remove(&id)) {

@@ -144,6 +144,16 @@ pub enum ExitKind {
     Checkpointed,
     /// Preempted: stopped without a (complete) checkpoint.
     Preempted,
+    /// Stopped by the agent itself: cut off from the control plane past its lease.
+    Fenced,
+}
+
+/// What a heartbeat answered: the node's state and the agent's lease — how long it may keep running
+/// its work without another accepted heartbeat (the control plane may requeue it elsewhere after).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Beat {
+    pub state: String,
+    pub lease: Option<std::time::Duration>,
 }
 
 pub struct Client {
@@ -251,14 +261,17 @@ impl Client {
     }
 
     /// A heartbeat, with those buffered during a partition replayed before it (in order).
-    pub fn heartbeat(&self, node: &str, seq: u64, buffered: &[Buffered]) -> Result<String, ClientError> {
+    pub fn heartbeat(&self, node: &str, seq: u64, buffered: &[Buffered]) -> Result<Beat, ClientError> {
         let body = if buffered.is_empty() {
             json!({"seq": seq})
         } else {
             json!({"seq": seq, "buffered": buffered})
         };
         let v = self.post(&format!("/v1/nodes/{node}/heartbeat"), body)?;
-        Ok(v["state"].as_str().unwrap_or_default().to_string())
+        Ok(Beat {
+            state: v["state"].as_str().unwrap_or_default().to_string(),
+            lease: v["lease_ms"].as_u64().map(std::time::Duration::from_millis),
+        })
     }
 
     /// Polls for work, with the new output of followed allocations and the outcomes of checkpoint

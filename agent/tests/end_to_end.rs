@@ -998,3 +998,87 @@ fn a_reactive_allocation_scales_on_the_metric_its_tasks_report() {
     assert_eq!(status, 200);
     rt.block_on(running.shutdown());
 }
+
+/// Fencing: an agent cut off from the control plane past its lease (the heartbeat timeout plus the
+/// node's grace, told with every accepted heartbeat) stops its work itself, before the control plane
+/// declares the node Down and requeues the allocation elsewhere — an allocation never runs twice at
+/// once. Once the link heals the agent reports the run as fenced, and the run elsewhere goes on.
+#[test]
+fn an_agent_cut_off_past_its_lease_stops_its_work_before_it_is_requeued_elsewhere() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-fence-{}", std::process::id()));
+    // Lease: 1 s + 3 s. The agent fences ~1.4 s (its 1 s stop grace and two beats) before that.
+    let (rt, running) = control_plane(&dir, 2, "agents:\n  heartbeat_timeout: 1s\n  grace: 3s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let registered = |node: &str| {
+        let t0 = Instant::now();
+        loop {
+            let (_, n) = call("GET", &format!("{base}/v1/nodes/{node}"), None);
+            if n["fingerprint"].is_string() {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{node} did not register: {n}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let relay = Relay::start(running.rest_addr);
+    let mut agents = Agents(vec![
+        agent_command("sim-000", &format!("http://{}", relay.addr), &dir)
+            .args(["--grace", "1s"])
+            .spawn()
+            .unwrap(),
+    ]);
+    registered("sim-000");
+    // Each run appends its shell's pid (then becomes `sleep`): the first runs on sim-000, the only
+    // node with an agent.
+    let runs = dir.join("runs");
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "entrypoint": format!("echo $$ >> {}; exec sleep 60", runs.display()),
+                    "resources": {"nodes": 1}, "lifecycle": {"walltime": "5m"}}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let pids = || -> Vec<i32> {
+        std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let t0 = Instant::now();
+    while pids().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the first run did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first = pids()[0];
+    agents.0.push(
+        agent_command("sim-001", &base, &dir)
+            .args(["--grace", "1s"])
+            .spawn()
+            .unwrap(),
+    );
+    registered("sim-001");
+    relay.set_cut(true);
+    // The requeued run starts on sim-001 once sim-000 is Down; by then the first one is gone.
+    let t0 = Instant::now();
+    while pids().len() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "not requeued: {:?}", pids());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let alive = unsafe { libc::kill(first, 0) } == 0;
+    assert!(
+        !alive,
+        "the cut-off run (pid {first}) still ran when the requeued one started"
+    );
+    relay.set_cut(false);
+    // The fenced run's report reaches the control plane without ending the run elsewhere.
+    std::thread::sleep(Duration::from_secs(2));
+    let v = wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(5));
+    assert_eq!(v["nodes"], json!(["sim-001"]), "{v}");
+    assert_eq!(pids().len(), 2, "run exactly twice in all: {:?}", pids());
+    drop(agents);
+    rt.block_on(running.shutdown());
+}

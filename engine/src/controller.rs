@@ -426,6 +426,16 @@ impl Controller {
         Ok(())
     }
 
+    /// The grace a node that stops heartbeating gets before it is Down and its allocation is
+    /// requeued, by what it runs now: sensitive claims the longest, borrowed nodes the shortest.
+    pub fn node_grace(&self, node: NodeId) -> Duration {
+        match self.engine.node(node).and_then(|n| n.owner).map(|o| o.alloc) {
+            Some(a) if self.engine.is_sensitive(a) => self.grace.sensitive,
+            Some(a) if self.engine.borrowed_nodes(a) > 0 => self.grace.borrowed,
+            _ => self.grace.default,
+        }
+    }
+
     fn node_event(
         &mut self,
         now: Time,
@@ -441,13 +451,9 @@ impl Controller {
             let unsaved = r.progress(now).0.saturating_sub(r.saved.0);
             Some((a, Duration(unsaved), running.nodes.clone()))
         });
+        let grace = self.node_grace(node);
         let affected = self.engine.handle_node_event(now, node, event)?;
         if event == NodeEvent::HeartbeatMiss {
-            let grace = match owner {
-                Some(a) if self.engine.is_sensitive(a) => self.grace.sensitive,
-                Some(a) if self.engine.borrowed_nodes(a) > 0 => self.grace.borrowed,
-                _ => self.grace.default,
-            };
             self.emit(world, now, Decision::Watch { node, grace });
         }
         for id in affected {

@@ -860,7 +860,7 @@ impl Engine {
     pub fn handle_completion(&mut self, now: Time, id: AllocId, reason: EndReason) -> Result<(), EngineError> {
         self.clock.advance(now);
         self.release_estimated_ends(now);
-        if reason == EndReason::ExitFailure && self.requeue_allowed(id, reason) {
+        if matches!(reason, EndReason::ExitFailure | EndReason::NodeFailure) && self.requeue_allowed(id, reason) {
             self.requeue(now, id)?;
             return Ok(());
         }

@@ -297,9 +297,10 @@ async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, body: a
         Err(e) => return body_error(e),
     };
     match ops::heartbeat(&s, &p, &id, &h.buffered, h.seq).await {
-        Ok(state) => {
-            Json(json!({"node": id, "state": state, "seq": h.seq, "buffered": h.buffered.len()})).into_response()
-        }
+        Ok((state, lease_ms)) => Json(json!({
+            "node": id, "state": state, "seq": h.seq, "buffered": h.buffered.len(), "lease_ms": lease_ms
+        }))
+        .into_response(),
         Err(e) => e.into_response(),
     }
 }

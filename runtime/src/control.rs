@@ -502,6 +502,8 @@ pub struct Control {
     resumed: Vec<AllocId>,
     /// Real agents run the work: a node is Booting (not schedulable) until its agent registers.
     pub real_agents: bool,
+    /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
+    pub heartbeat_timeout_ms: u64,
     /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
@@ -652,6 +654,7 @@ impl Control {
             history: BTreeMap::new(),
             resumed: Vec::new(),
             real_agents: false,
+            heartbeat_timeout_ms: 30_000,
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -1700,6 +1703,17 @@ impl Control {
     /// below the last accepted sequence were delivered already (their answer was lost with the link)
     /// and are skipped; `seq` itself must be new, so a replayed request is still refused. The node's
     /// `last_partition` records the ones replayed.
+    /// How long `node`'s agent may keep running its work without an accepted heartbeat (counted
+    /// from when it sent the last one accepted): the heartbeat timeout plus the grace the
+    /// controller would give the node now. After that the control plane may have requeued its
+    /// allocation elsewhere, so the agent stops it first (fencing: never two runs at once).
+    pub fn lease_ms(&self, node: &str) -> u64 {
+        let grace = self
+            .node_index(node)
+            .map_or(self.ctl.grace.default, |n| self.ctl.node_grace(n));
+        self.heartbeat_timeout_ms + grace.0
+    }
+
     pub fn heartbeat_with(&mut self, node: &str, buffered: &[BufferedBeat], seq: u64) -> Result<String, FieldError> {
         let id = self
             .node_index(node)
@@ -2323,6 +2337,7 @@ impl Control {
         let e = self.exits.entry(id).or_default();
         e.insert(nid.0, code);
         let reason = match kind {
+            ExitKind::Fenced => Some(EndReason::NodeFailure),
             ExitKind::Walltime => Some(EndReason::WalltimeExceeded),
             ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
             ExitKind::Exited if e.len() == n => Some(EndReason::Success),
@@ -2665,6 +2680,10 @@ pub enum ExitKind {
     Checkpointed,
     /// Preempted: the agent stopped it without a (complete) checkpoint.
     Preempted,
+    /// The agent stopped it itself: cut off from the control plane past its lease
+    /// ([`Control::lease_ms`]), when the allocation may be requeued elsewhere. A node-side failure:
+    /// requeued per its policy if it still runs here.
+    Fenced,
 }
 
 /// A victim's preemption in progress.

@@ -434,7 +434,7 @@ impl NodeService for Api {
         let p = self.agent_principal(&req)?;
         let h = req.into_inner();
         // 1,000 heartbeats a second at 10,000 agents: answer with the node's state only.
-        let state = ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), h.seq).await?;
+        let (state, _) = ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), h.seq).await?;
         Ok(Response::new(pb::Node {
             name: h.id,
             state,

@@ -956,11 +956,14 @@ pub async fn heartbeat(
     node: &str,
     buffered: &[crate::control::BufferedBeat],
     seq: u64,
-) -> Result<String, ApiError> {
+) -> Result<(String, u64), ApiError> {
     agent_allowed(p, node)?;
     crate::server::sync_leadership(s).await;
-    let r = s.control.lock().await.heartbeat_with(node, buffered, seq);
-    r.map_err(|e| field_error(node, e))
+    let mut c = s.control.lock().await;
+    let state = c
+        .heartbeat_with(node, buffered, seq)
+        .map_err(|e| field_error(node, e))?;
+    Ok((state, c.lease_ms(node)))
 }
 
 /// `POST /v1/nodes/{id}/fingerprint`: the node's agent recomputes its conformance fingerprint and

@@ -186,11 +186,13 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
     let simulate_agents = cfg.simulate_agents.unwrap_or(cfg.inventory.is_none());
     let heartbeat_grace = cfg.agents.grace();
+    let heartbeat_timeout_ms = cfg.agents.durations().0;
     let make =
         move |inv: &lattice_traces::Inventory, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
             let mut c = Control::new(inv, vcs, quotas, capture)?;
             c.wall = clock;
             c.ctl.grace = heartbeat_grace;
+            c.heartbeat_timeout_ms = heartbeat_timeout_ms;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
             c.real_agents = !simulate_agents;
