@@ -213,6 +213,26 @@ pub fn run_with(
     eprintln!("lattice-agent {}: {}", cfg.node, telemetry.ebpf_status());
     let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
+        // Fencing: past its lease the control plane may have requeued this node's work elsewhere, so
+        // it is stopped here first — never two runs of one allocation at once. The lease counts from
+        // when the last accepted heartbeat was sent (no later than the control plane received it),
+        // less the stop's grace and two heartbeats of slack; once a heartbeat is overdue, registered or not.
+        if let Some((sent, l)) = lease
+            && sent.elapsed() > 2 * cfg.heartbeat
+            && sent.elapsed() + cfg.grace + 2 * cfg.heartbeat >= l
+        {
+            for (id, p) in &procs {
+                if fenced.insert(id.clone()) {
+                    eprintln!(
+                        "lattice-agent {}: {id} stopped: no accepted heartbeat for {:.1} s, past the {:.1} s lease",
+                        cfg.node,
+                        sent.elapsed().as_secs_f64(),
+                        l.as_secs_f64()
+                    );
+                    p.stop();
+                }
+            }
+        }
         if !registered {
             match client.register(&cfg.node, &caps, &fp) {
                 Ok(_) => {
@@ -271,26 +291,6 @@ pub fn run_with(
                     // Refused (e.g. as a replay): the batch will not be taken; start afresh.
                     eprintln!("lattice-agent {}: heartbeat: {e}", cfg.node);
                     buffered.clear();
-                }
-            }
-        }
-        // Fencing: past its lease the control plane may have requeued this node's work elsewhere, so
-        // it is stopped here first — never two runs of one allocation at once. The lease counts from
-        // when the last accepted heartbeat was sent (no later than the control plane received it),
-        // less the stop's grace and two heartbeats of slack; only while heartbeats go undelivered.
-        if let Some((sent, l)) = lease
-            && !buffered.is_empty()
-            && sent.elapsed() + cfg.grace + 2 * cfg.heartbeat >= l
-        {
-            for (id, p) in &procs {
-                if fenced.insert(id.clone()) {
-                    eprintln!(
-                        "lattice-agent {}: {id} stopped: no accepted heartbeat for {:.1} s, past the {:.1} s lease",
-                        cfg.node,
-                        sent.elapsed().as_secs_f64(),
-                        l.as_secs_f64()
-                    );
-                    p.stop();
                 }
             }
         }

@@ -502,6 +502,12 @@ pub struct Control {
     resumed: Vec<AllocId>,
     /// Real agents run the work: a node is Booting (not schedulable) until its agent registers.
     pub real_agents: bool,
+    /// (node, allocation) of starts not yet launched on that node: a process of the allocation the
+    /// node's agent still runs there is from an earlier start, stopped first ([`Control::work`]).
+    fresh_starts: std::collections::BTreeSet<(u32, AllocId)>,
+    /// Allocations that left nodes (ended, requeued, preempted) whose agents have not yet shown
+    /// they stopped them there: a next start waits for these ([`Control::work`]).
+    stopping_on: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
     pub heartbeat_timeout_ms: u64,
     /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
@@ -655,6 +661,8 @@ impl Control {
             resumed: Vec::new(),
             real_agents: false,
             heartbeat_timeout_ms: 30_000,
+            fresh_starts: std::collections::BTreeSet::new(),
+            stopping_on: BTreeMap::new(),
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -1289,6 +1297,15 @@ impl Control {
                     }
                     Decision::Release { alloc, nodes } => {
                         self.checkpoint_hints.remove(&alloc);
+                        if self.real_agents {
+                            // Until each of these nodes' agents shows it no longer runs the
+                            // allocation (or the node is Down: its agent fenced it), a next start
+                            // of it waits: never two runs at once.
+                            self.stopping_on
+                                .entry(alloc)
+                                .or_default()
+                                .extend(nodes.iter().map(|n| n.0));
+                        }
                         out.push(Action::Release {
                             alloc,
                             name: self.name_of(alloc),
@@ -1319,6 +1336,13 @@ impl Control {
                         staging_remaining_s,
                     } => {
                         let name = self.name_of(alloc);
+                        // A new start: a process of this allocation still running on one of its
+                        // nodes belongs to an earlier start (a requeue onto overlapping nodes).
+                        if self.real_agents {
+                            for n in &nodes {
+                                self.fresh_starts.insert((n.0, alloc));
+                            }
+                        }
                         out.push(Action::Launch {
                             alloc,
                             vni: self.network.vni_of(&name),
@@ -1875,6 +1899,8 @@ impl Control {
             .iter()
             .filter_map(|(n, c)| self.node_index(n).map(|i| (i.0, *c)))
             .collect();
+        let all = !ids.is_empty() && ids.iter().all(|n| reported.contains_key(&n.0));
+        let failed = reported.values().any(|c| *c != 0);
         if !reported.is_empty() {
             self.exits.insert(id, reported);
         }
@@ -1884,8 +1910,33 @@ impl Control {
                 *slot = Some((0, now.0));
             }
         }
+        if all || failed {
+            // Every node had exited (or one failed) before the end was recorded: it ends now
+            // (nobody would run it or report it again).
+            self.exits.remove(&id);
+            self.completed(
+                id,
+                if failed {
+                    EndReason::ExitFailure
+                } else {
+                    EndReason::Success
+                },
+            );
+            return Ok(());
+        }
         self.resumed.push(id);
         Ok(())
+    }
+
+    /// With real agents: `name` may still run on `nodes` (held for it by the quorum, freed at a
+    /// take-over); a next start of it waits until their agents show it stopped ([`Control::work`]).
+    pub fn stopping_on_nodes(&mut self, name: &str, nodes: &[String]) {
+        if !self.real_agents {
+            return;
+        }
+        let Some(&id) = self.by_name.get(name) else { return };
+        let ids: Vec<u32> = nodes.iter().filter_map(|n| self.node_index(n)).map(|n| n.0).collect();
+        self.stopping_on.entry(id).or_default().extend(ids);
     }
 
     /// Re-attached allocations whose simulated agents should resume them (once).
@@ -2066,6 +2117,15 @@ impl Control {
             refresh_fingerprint: self.fingerprint_asked.remove(&nid.0),
             ..Work::default()
         };
+        // This node's agent no longer runs these: their stop here is confirmed.
+        let names = &self.meta;
+        self.stopping_on.retain(|a, on| {
+            let runs_here = names.get(a.index()).is_some_and(|m| running.contains(&m.name));
+            if !runs_here {
+                on.remove(&nid.0);
+            }
+            !on.is_empty()
+        });
         let mine = self.ctl.engine.node(nid).and_then(|n| n.owner).map(|o| o.alloc);
         if let Some(id) = mine
             && let Some(a) = self.ctl.engine.allocation(id)
@@ -2079,7 +2139,30 @@ impl Control {
             let cxi_auth_key = self.cxi.get(&name).map(|c| c.1.clone());
             // A victim being preempted is not started where it does not run yet.
             let stopping = self.preempting.contains_key(&id);
-            if !reported && !running.contains(&name) && fabric_ready && !stopping {
+            if self.fresh_starts.contains(&(nid.0, id)) {
+                if running.contains(&name) {
+                    // An earlier start's process: stopped before this start runs here (else the
+                    // node would run the old run as part of the new one, with the old nodes).
+                    w.kill.push(name.clone());
+                } else if !reported && fabric_ready && !stopping {
+                    self.fresh_starts.remove(&(nid.0, id));
+                }
+            }
+            // An earlier run still to be stopped elsewhere (its nodes' agents have not polled since):
+            // this start waits for it.
+            let down = |n: u32| {
+                self.ctl
+                    .engine
+                    .node(lattice_engine::NodeId(n))
+                    .is_some_and(|x| x.state == lattice_engine::NodeState::Down)
+            };
+            // (A Down node's agent stopped it by its lease.)
+            let stale = self.fresh_starts.contains(&(nid.0, id))
+                || self
+                    .stopping_on
+                    .get(&id)
+                    .is_some_and(|on| on.iter().any(|n| *n != nid.0 && !down(*n)));
+            if !reported && !stale && !running.contains(&name) && fabric_ready && !stopping {
                 let m = &self.meta[id.index()];
                 w.launch.push(Launch {
                     id: name,
@@ -2159,11 +2242,8 @@ impl Control {
                     .push(self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default());
             }
         }
-        w.kill = running
-            .iter()
-            .filter(|r| Some(*r) != mine_name.as_ref())
-            .cloned()
-            .collect();
+        w.kill
+            .extend(running.iter().filter(|r| Some(*r) != mine_name.as_ref()).cloned());
         Ok(w)
     }
 

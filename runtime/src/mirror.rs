@@ -36,6 +36,10 @@ pub struct Entry {
     /// Exit codes its agents reported by node, while it runs on several nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub exits: BTreeMap<String, i32>,
+    /// The run `exits` belong to (its nodes' assignment time at the quorum): a requeued
+    /// allocation's next run starts with none.
+    #[serde(default)]
+    pub exits_run: u64,
     /// Its final record, once it ended (completed, failed, cancelled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<AllocationView>,
@@ -92,8 +96,15 @@ pub enum MirrorOp {
         walltime: Option<String>,
         tags: BTreeMap<String, String>,
     },
-    /// An agent reported a process's exit on one node of a running allocation.
-    Exit { id: String, node: String, code: i32 },
+    /// An agent reported a process's exit on one node of a running allocation, in the run assigned
+    /// at `run` (ms; 0 when unknown).
+    Exit {
+        id: String,
+        node: String,
+        code: i32,
+        #[serde(default)]
+        run: u64,
+    },
     /// Whole entries as the leader holds them (a submission mirrored again for a client's retry or
     /// in the background, or with its end), stamped with the mirroring leader's term and taken like
     /// a merge.
@@ -243,8 +254,9 @@ impl Mirror {
                     if other.ended.is_some() {
                         base.ended = other.ended;
                         base.exits.clear();
-                    } else if other.exits.len() > base.exits.len() {
+                    } else if (other.exits_run, other.exits.len()) > (base.exits_run, base.exits.len()) {
                         base.exits = other.exits;
+                        base.exits_run = other.exits_run;
                     }
                 }
                 if json(&base) == json(mine) {
@@ -288,6 +300,7 @@ impl Mirror {
                             req,
                             submitted_ms,
                             exits: BTreeMap::new(),
+                            exits_run: 0,
                             ended: None,
                             term,
                             origin: term,
@@ -341,11 +354,15 @@ impl Mirror {
                     out.push(Change::Put(n, json(e)));
                 }
             }
-            MirrorOp::Exit { id, node, code } => {
+            MirrorOp::Exit { id, node, code, run } => {
                 if let Some(n) = id_number(&id)
                     && let Some(e) = self.entries.get_mut(&n)
                     && e.ended.is_none()
                 {
+                    if e.exits_run != run {
+                        e.exits.clear();
+                        e.exits_run = run;
+                    }
                     e.exits.insert(node, code);
                     out.push(Change::Put(n, json(e)));
                 }
@@ -710,6 +727,7 @@ mod tests {
             id: "a-000002".into(),
             node: "n1".into(),
             code: 0,
+            run: 5,
         });
         let _ = leader.apply(MirrorOp::Ended {
             views: vec![ended("a-000001")],
@@ -858,6 +876,37 @@ mod tests {
         assert_eq!((e.submitted_ms, e.origin, e.term), (100, 5, 9));
         assert_eq!(e.ended.as_ref().unwrap().state, "completed");
         assert_eq!(e.req.lifecycle.as_ref().unwrap().walltime.as_deref(), Some("1h"));
+    }
+
+    #[test]
+    fn exits_belong_to_one_run_a_requeued_allocations_next_run_starts_with_none() {
+        let mut m = Mirror::default();
+        let _ = m.apply(submit(&["a-000003"]));
+        let exit = |node: &str, run: u64| MirrorOp::Exit {
+            id: "a-000003".into(),
+            node: node.into(),
+            code: 0,
+            run,
+        };
+        let _ = m.apply(exit("n1", 100));
+        let _ = m.apply(exit("n2", 100));
+        assert_eq!(m.entries[&3].exits.len(), 2);
+        // Requeued and started again at 200: n1's exit of the first run does not count.
+        let _ = m.apply(exit("n3", 200));
+        let e = &m.entries[&3];
+        assert_eq!(
+            (e.exits_run, e.exits.keys().collect::<Vec<_>>()),
+            (200, vec![&"n3".to_string()])
+        );
+        // A merge keeps the newer run's exits over more of an older run's.
+        let mut old = Mirror::default();
+        let _ = old.apply(submit(&["a-000003"]));
+        let _ = old.apply(exit("n1", 100));
+        let _ = old.apply(exit("n2", 100));
+        let mut snap = m.snapshot();
+        snap.entries.get_mut(&3).unwrap().submitted_ms = old.entries[&3].submitted_ms;
+        let _ = old.merge(snap);
+        assert_eq!(old.entries[&3].exits_run, 200);
     }
 
     #[test]

@@ -940,8 +940,9 @@ pub async fn register(
     capabilities: Option<serde_json::Value>,
 ) -> Result<String, ApiError> {
     agent_allowed(p, node)?;
-    // A leadership change resets the control plane: let it happen before, not after, this lands.
-    crate::server::sync_leadership(s).await;
+    // Only the leader that took over the queue watches agents (a follower's registration would
+    // be a lease nobody keeps); a leadership change resets the control plane first.
+    writable(s).await?;
     let r = s
         .control
         .lock()
@@ -958,7 +959,9 @@ pub async fn heartbeat(
     seq: u64,
 ) -> Result<(String, u64), ApiError> {
     agent_allowed(p, node)?;
-    crate::server::sync_leadership(s).await;
+    // Only the leader's acceptance counts: it is the one that declares a silent node Down, so a
+    // lease granted by a follower would let a cut-off agent run past its requeue (found by DST).
+    writable(s).await?;
     let mut c = s.control.lock().await;
     let state = c
         .heartbeat_with(node, buffered, seq)
@@ -1019,6 +1022,9 @@ pub async fn agent_exit(
 ) -> Result<bool, ApiError> {
     agent_allowed(p, node)?;
     writable(s).await?;
+    // The run the exit belongs to: its nodes' assignment at the quorum (exits of an earlier run,
+    // before a requeue, must not count for this one after a restart).
+    let run = s.member.read(|q| q.assignments.get(id).map_or(0, |a| a.since_ms)).await;
     let mut c = s.control.lock().await;
     if let Some(t) = log_tail {
         c.add_log(id, node, t);
@@ -1047,6 +1053,7 @@ pub async fn agent_exit(
             id: id.to_string(),
             node: node.to_string(),
             code,
+            run,
         };
         let recorded = crate::mirror::record(s, op);
         drop(c);

@@ -421,6 +421,7 @@ async fn scheduling_loop(
         }
         prune_mirror(&shared).await;
         remirror_unacked(&shared).await;
+        release_ended_holdings(&shared).await;
         if shared.simulate_agents {
             // Re-attached runs: their simulated agents carry on.
             for (alloc, run) in shared.control.lock().await.take_resumed() {
@@ -708,7 +709,13 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         }
         control.resubmitted(&e.id, e.submitted_ms);
         if let Some(a) = held.get(&e.id) {
-            match control.reattach(&e.id, &a.nodes, a.since_ms, e.submitted_ms, &e.exits) {
+            // Exits of an earlier run (before a requeue) do not count for this one.
+            let exits = if e.exits_run == a.since_ms {
+                e.exits.clone()
+            } else {
+                BTreeMap::new()
+            };
+            match control.reattach(&e.id, &a.nodes, a.since_ms, e.submitted_ms, &exits) {
                 Ok(()) => {
                     attached.insert(e.id.clone());
                 }
@@ -721,6 +728,11 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     }
     for (id, members) in snap.dags {
         control.add_dag(&id, members);
+    }
+    // Allocations whose held nodes are freed here (run again, or not adopted): their agents may
+    // still run them there; a next start waits until those show they stopped.
+    for (alloc, a) in held.iter().filter(|(a, _)| !attached.contains(*a)) {
+        control.stopping_on_nodes(alloc, &a.nodes);
     }
     settle_keys(&mut control, &keyed);
     control.await_agents();
@@ -1090,9 +1102,44 @@ async fn release_nodes(shared: &Arc<Shared>, name: String) {
     }
 }
 
+/// Frees nodes the quorum still holds for allocations this control plane knows ended (a release
+/// whose proposals all failed during a leadership change would otherwise keep them forever).
+async fn release_ended_holdings(shared: &Arc<Shared>) {
+    let Some(held) = shared
+        .member
+        .try_read(|q| q.assignments.keys().cloned().collect::<Vec<_>>())
+    else {
+        return;
+    };
+    let ended: Vec<String> = {
+        let c = shared.control.lock().await;
+        let now = c.now().0;
+        // Ended a while ago: its own release has had its chance.
+        held.into_iter()
+            .filter(|a| {
+                c.view_named(a).is_some_and(|v| {
+                    matches!(v.state.as_str(), "completed" | "failed" | "cancelled")
+                        && v.ended_ms.is_some_and(|e| now.saturating_sub(e) > 5_000)
+                })
+            })
+            .collect()
+    };
+    for name in ended {
+        tracing::info!("{name}: ended, yet the quorum still holds nodes for it; releasing them");
+        release_nodes(shared, name).await;
+    }
+}
+
 /// Frees nodes the quorum holds for `name` from a start this control plane does not run.
 async fn release_stale(shared: &Arc<Shared>, name: &str) {
     tracing::info!("{name}: freeing the nodes the quorum holds for it from a start it does not run");
+    // That start's agents may run it there: its next start waits until they show it stopped.
+    let nodes = shared
+        .member
+        .read(|q| q.assignments.get(name).map(|a| a.nodes.clone()))
+        .await
+        .unwrap_or_default();
+    shared.control.lock().await.stopping_on_nodes(name, &nodes);
     if !propose_retried(
         shared,
         QuorumCommand::Release {

@@ -2,7 +2,8 @@
 //! with every fault passes; the seeds that found bugs pass now; the same seeds give the same digest
 //! (run twice, and on one thread against two); and a deliberately injected bug — acknowledging a
 //! submission without a majority's copies — is caught within 100 seeds, with a reproducer that
-//! reproduces it. `DST_SEEDS=N` widens the fixed set.
+//! reproduces it; agents that do not fence are caught running work twice. `DST_SEEDS=N` widens the
+//! fixed set.
 
 use std::process::Command;
 
@@ -52,7 +53,32 @@ fn the_seeds_that_found_bugs_pass() {
         ("471", "2000"),
         ("397", "2000"),
     ] {
-        let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", steps, "--faults", "all"]);
+        // Found with the runtime's own simulated agents (before agent hosts existed).
+        let (code, out) = dst(&[
+            "--seeds", "1", "--seed", seed, "--steps", steps, "--faults", "all", "--agents", "0",
+        ]);
+        assert_eq!(code, 0, "seed {seed}: {out}");
+    }
+}
+
+/// Seeds that found bugs once node agents ran as simulated hosts (each fixed): heartbeats and
+/// registrations taken by a follower, whose lease nobody kept (5); a restarted agent that neither
+/// fenced before registering nor reported exits its predecessor had seen (17, agent faults only);
+/// an earlier run's process kept as part of a requeued start on an overlapping node (36); a
+/// requeued start launched before the earlier run's other nodes had stopped it (32); exits of an
+/// earlier run counted for the next one after a restart, and a run whose every node had exited left
+/// running forever (6, every fault).
+#[test]
+fn the_seeds_that_found_agent_bugs_pass() {
+    let agent_faults = "isolate-agent,agent-crash,slow-agent";
+    for (seed, faults) in [
+        ("5", agent_faults),
+        ("17", agent_faults),
+        ("36", agent_faults),
+        ("32", agent_faults),
+        ("6", "all"),
+    ] {
+        let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", faults]);
         assert_eq!(code, 0, "seed {seed}: {out}");
     }
 }
@@ -112,6 +138,35 @@ fn an_injected_bug_is_caught_within_100_seeds_and_its_reproducer_reproduces_it()
     assert_eq!(code, 0, "{clean_out}");
 }
 
+/// Agent hosts that never fence their work (a test-only switch) are caught running a requeued
+/// allocation twice at once, with agent faults alone; with fencing the same seeds pass.
+#[test]
+fn agents_that_do_not_fence_are_caught_running_work_twice() {
+    let args = [
+        "--seeds",
+        "40",
+        "--seed",
+        "1",
+        "--steps",
+        "2000",
+        "--faults",
+        "isolate-agent,agent-crash,slow-agent",
+    ];
+    let (code, out) = dst(&[&args[..], &["--bug", "agent-no-fence", "--fail-fast"]].concat());
+    assert_eq!(code, 1, "{out}");
+    let fail = out
+        .lines()
+        .find(|l| l.starts_with("FAIL seed "))
+        .expect("a failing seed");
+    assert!(
+        fail.contains("runs twice at once") || fail.contains("allocations at once"),
+        "{fail}"
+    );
+    let (code, out) = dst(&[&args[..], &["--log"]].concat());
+    assert_eq!(code, 0, "{}", last_line(&out));
+    assert!(out.contains(" fenced a-"), "no agent ever fenced");
+}
+
 #[test]
 fn bad_arguments_are_refused_naming_the_flag() {
     let (code, out) = dst(&["--faults", "meteor"]);
@@ -120,4 +175,7 @@ fn bad_arguments_are_refused_naming_the_flag() {
     let (code, out) = dst(&["--bug", "nope"]);
     assert_eq!(code, 1);
     assert!(out.contains("--bug") && out.contains("ack-without-majority"), "{out}");
+    let (code, out) = dst(&["--agents", "100"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("--agents"), "{out}");
 }

@@ -55,7 +55,11 @@ enum Cmd {
         /// Quorum members (3 or 5).
         #[arg(long, default_value_t = 3)]
         members: u64,
-        /// A test-only injected bug the run must catch: ack-without-majority.
+        /// Node agents as simulated hosts speaking the agent protocol, one node each (0: the
+        /// runtime's own simulated agents run the work, on 12 nodes).
+        #[arg(long, default_value_t = 6)]
+        agents: usize,
+        /// A test-only injected bug the run must catch: ack-without-majority, agent-no-fence.
         #[arg(long)]
         bug: Option<String>,
         /// Seeds run in parallel (default: the machine's cores).
@@ -102,6 +106,7 @@ async fn run() -> Result<()> {
         steps,
         faults,
         members,
+        agents,
         bug,
         threads,
         verbose,
@@ -112,12 +117,16 @@ async fn run() -> Result<()> {
         if !(1..=7).contains(members) {
             anyhow::bail!("--members: {members}; 1 to 7");
         }
+        if *agents > 64 {
+            anyhow::bail!("--agents: {agents}; 0 to 64");
+        }
         let opts = lattice_runtime::dst::Options {
             seeds: *seeds,
             seed: *seed,
             steps: *steps,
             faults: lattice_runtime::dst::parse_faults(faults).map_err(anyhow::Error::msg)?,
             members: *members,
+            agents: *agents,
             bugs: bug
                 .as_deref()
                 .map(lattice_runtime::dst::Bugs::parse)

@@ -59,6 +59,12 @@ impl Checker {
 
     pub fn after_step(&mut self, obs: &SharedObs, _clients_done: bool) {
         let mut o = lock(obs);
+        // The agents' work: one allocation per node, one start per allocation at a time.
+        for v in super::agents::check(&o.procs) {
+            if !o.violations.contains(&v) {
+                o.violation(v);
+            }
+        }
         for (m, s) in live(&o) {
             let Some(found) = s.member.try_read(|q| {
                 let mut v = Vec::new();

@@ -129,7 +129,10 @@ pub async fn run(name: String, ops: Vec<Timed>, n: u64, obs: SharedObs) -> turmo
                             walltime: "1h".into(),
                             ..Default::default()
                         }),
+                        // The runtime's simulated agents take the duration; agent hosts run
+                        // the entrypoint.
                         duration: format!("{run_ms}ms"),
+                        entrypoint: format!("sleep {:.3}", *run_ms as f64 / 1000.0),
                         idempotency_key: key.clone(),
                         ..Default::default()
                     };

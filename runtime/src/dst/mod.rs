@@ -13,6 +13,7 @@
 //! randomness: the disk is [`SimDisk`] (durable vs. written), and openraft's one source of
 //! randomness, the election timeout, is pinned per member from the seed.
 
+pub mod agents;
 pub mod check;
 pub mod client;
 pub mod net;
@@ -32,6 +33,8 @@ use std::time::Duration;
 pub struct Bugs {
     /// Acknowledge a submission once it is on the leader's own disk, without a majority's copies.
     pub ack_without_majority: bool,
+    /// Agent hosts never fence: a cut-off agent keeps running work the control plane requeues.
+    pub agent_no_fence: bool,
 }
 
 impl Bugs {
@@ -39,8 +42,25 @@ impl Bugs {
         match name {
             "ack-without-majority" => Ok(Bugs {
                 ack_without_majority: true,
+                ..Bugs::default()
             }),
-            other => Err(format!("--bug: unknown `{other}` (known: ack-without-majority)")),
+            "agent-no-fence" => Ok(Bugs {
+                agent_no_fence: true,
+                ..Bugs::default()
+            }),
+            other => Err(format!(
+                "--bug: unknown `{other}` (known: ack-without-majority, agent-no-fence)"
+            )),
+        }
+    }
+
+    fn name(&self) -> Option<&'static str> {
+        if self.ack_without_majority {
+            Some("ack-without-majority")
+        } else if self.agent_no_fence {
+            Some("agent-no-fence")
+        } else {
+            None
         }
     }
 }
@@ -66,9 +86,15 @@ pub enum Fault {
     ClusterCrash,
     /// A member's wall clock jumps (an hour either way), then it restarts on it.
     ClockJump,
+    /// An agent cut off from every member (its work keeps running; past its lease it fences it).
+    IsolateAgent,
+    /// An agent's process dies and restarts (its processes keep running; it takes them over).
+    AgentCrash,
+    /// An agent's links take up to a second per message.
+    SlowAgent,
 }
 
-pub const ALL_FAULTS: [Fault; 9] = [
+pub const ALL_FAULTS: [Fault; 12] = [
     Fault::Partition,
     Fault::Asymmetric,
     Fault::IsolateLeader,
@@ -78,6 +104,9 @@ pub const ALL_FAULTS: [Fault; 9] = [
     Fault::PowerLoss,
     Fault::ClusterCrash,
     Fault::ClockJump,
+    Fault::IsolateAgent,
+    Fault::AgentCrash,
+    Fault::SlowAgent,
 ];
 
 impl Fault {
@@ -92,6 +121,9 @@ impl Fault {
             Fault::PowerLoss => "power-loss",
             Fault::ClusterCrash => "cluster-crash",
             Fault::ClockJump => "clock-jump",
+            Fault::IsolateAgent => "isolate-agent",
+            Fault::AgentCrash => "agent-crash",
+            Fault::SlowAgent => "slow-agent",
         }
     }
 }
@@ -129,6 +161,9 @@ pub struct Options {
     pub steps: u64,
     pub faults: Vec<Fault>,
     pub members: u64,
+    /// Node agents as simulated hosts speaking the agent protocol (one node each); 0: the
+    /// runtime's own simulated agents run the work.
+    pub agents: usize,
     pub bugs: Bugs,
     /// Seeds run in parallel on this many threads (each simulation is single-threaded).
     pub threads: usize,
@@ -148,11 +183,11 @@ impl Options {
             faults.join(",")
         };
         let mut cmd = format!(
-            "lattice-runtime dst --seeds 1 --seed {seed} --steps {} --faults {faults} --members {}",
-            self.steps, self.members
+            "lattice-runtime dst --seeds 1 --seed {seed} --steps {} --faults {faults} --members {} --agents {}",
+            self.steps, self.members, self.agents
         );
-        if self.bugs.ack_without_majority {
-            cmd.push_str(" --bug ack-without-majority");
+        if let Some(bug) = self.bugs.name() {
+            cmd.push_str(&format!(" --bug {bug}"));
         }
         cmd
     }
@@ -270,6 +305,11 @@ pub struct Obs {
     pub members: Vec<Option<Weak<Shared>>>,
     /// Clock offset of each member's wall clock (ms; jumps).
     pub clock_offsets: Vec<i64>,
+    /// With agent hosts: each node's running processes by allocation (they outlive their agent).
+    pub procs: Vec<BTreeMap<String, agents::Proc>>,
+    /// Each agent's lease (when its last accepted heartbeat was sent, ms; its length), kept with
+    /// its processes as the real agent keeps its state file.
+    pub leases: Vec<Option<(u64, u64)>>,
 }
 
 impl Obs {
@@ -292,11 +332,24 @@ pub fn lock(o: &SharedObs) -> std::sync::MutexGuard<'_, Obs> {
 }
 
 /// The member's config: the site's simulated nodes and agents, a tenant with a hard quota.
-fn member_config(i: u64, n: u64, tenants: &std::path::Path) -> anyhow::Result<crate::config::RuntimeConfig> {
+fn member_config(
+    i: u64,
+    n: u64,
+    agents: usize,
+    tenants: &std::path::Path,
+) -> anyhow::Result<crate::config::RuntimeConfig> {
     let members: Vec<String> = (1..=n).map(|j| format!("  {j}: m{j}:{GRPC_PORT}")).collect();
+    // Agent hosts: one node each, a 1 s heartbeat timeout and 2 s grace (a 3 s lease).
+    let nodes = if agents > 0 {
+        format!(
+            "simulated_nodes: {agents}\nsimulate_agents: false\nagents:\n  heartbeat_timeout: 1s\n  grace: 2s\n  sensitive_grace: 2s\n"
+        )
+    } else {
+        format!("simulated_nodes: {NODES}\n")
+    };
     let text = format!(
         "node_id: {i}\nrest_listen: 0.0.0.0:{REST_PORT}\ngrpc_listen: 0.0.0.0:{GRPC_PORT}\n\
-         data_dir: /dst/m{i}\nmembers:\n{}\nsimulated_nodes: {NODES}\ntenants: {}\ncycle: 200ms\n",
+         data_dir: /dst/m{i}\nmembers:\n{}\n{nodes}tenants: {}\ncycle: 200ms\n",
         members.join("\n"),
         tenants.display()
     );
@@ -345,6 +398,8 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
     let obs: SharedObs = Arc::new(Mutex::new(Obs {
         members: vec![None; n as usize],
         clock_offsets: vec![0; n as usize],
+        procs: vec![BTreeMap::new(); opts.agents],
+        leases: vec![None; opts.agents],
         ..Default::default()
     }));
     let mut faults_injected = 0;
@@ -359,7 +414,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             .build();
         let disks: Vec<SimDisk> = (0..n).map(|_| SimDisk::new()).collect();
         for i in 1..=n {
-            let cfg = member_config(i, n, &tenants).map_err(|e| format!("harness: config: {e:#}"))?;
+            let cfg = member_config(i, n, opts.agents, &tenants).map_err(|e| format!("harness: config: {e:#}"))?;
             let raft = raft_config(i, &mut rng);
             let disk = disks[(i - 1) as usize].clone();
             let obs = obs.clone();
@@ -390,6 +445,17 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
                 }
             });
         }
+        for a in 0..opts.agents {
+            let obs = obs.clone();
+            let fence = !opts.bugs.agent_no_fence;
+            sim.host(agents::host_name(a).as_str(), move || {
+                agents::run(a, n, fence, obs.clone())
+            });
+        }
+        if opts.agents > 0 {
+            let obs = obs.clone();
+            sim.host("operator", move || agents::operator(n, obs.clone()));
+        }
         let plan = client::plan(&mut rng, opts.steps);
         let mut clients = Vec::new();
         for (c, ops) in plan.into_iter().enumerate() {
@@ -398,7 +464,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             sim.client(name.as_str(), client::run(name.clone(), ops, n, obs));
             clients.push(name);
         }
-        let mut chaos = Chaos::new(n, clients, disks, opts.faults.clone());
+        let mut chaos = Chaos::new(n, clients, opts.agents, disks, opts.faults.clone());
         let mut checker = check::Checker::new(n);
         for step in 0..opts.steps {
             sim.step().map_err(|e| format!("harness: step {step}: {e}"))?;
@@ -489,6 +555,8 @@ struct Chaos {
     n: u64,
     /// The clients' host names.
     clients: Vec<String>,
+    /// Agent hosts.
+    agents: usize,
     disks: Vec<SimDisk>,
     faults: Vec<Fault>,
     active: Vec<Active>,
@@ -497,10 +565,11 @@ struct Chaos {
 }
 
 impl Chaos {
-    fn new(n: u64, clients: Vec<String>, disks: Vec<SimDisk>, faults: Vec<Fault>) -> Chaos {
+    fn new(n: u64, clients: Vec<String>, agents: usize, disks: Vec<SimDisk>, faults: Vec<Fault>) -> Chaos {
         Chaos {
             n,
             clients,
+            agents,
             disks,
             faults,
             active: Vec::new(),
@@ -539,6 +608,10 @@ impl Chaos {
             return;
         }
         let until = now + 50 + rng.next_u64() % 250;
+        if matches!(fault, Fault::IsolateAgent | Fault::AgentCrash | Fault::SlowAgent) {
+            self.agent_fault(sim, rng, fault, obs);
+            return;
+        }
         let pick = |rng: &mut ChaCha8Rng, n: u64| 1 + rng.next_u64() % n;
         let down = self.down();
         let minority = (self.n - 1) / 2;
@@ -612,6 +685,7 @@ impl Chaos {
                 }
                 (1..=self.n).collect()
             }
+            Fault::IsolateAgent | Fault::AgentCrash | Fault::SlowAgent => return,
         };
         self.injected += 1;
         let on_names: Vec<String> = on.iter().map(|m| host_name(*m)).collect();
@@ -621,6 +695,58 @@ impl Chaos {
             on_names.join(",")
         ));
         self.active.push(Active { fault, until, on });
+    }
+
+    /// A fault on one agent host (not already under another): cut off from every member for
+    /// 0.5–6 s (often past its 3 s lease), crashed for 0.3–1.5 s (less than its lease: a dead agent
+    /// cannot fence its work), or slowed to up to a second per message for 0.5–3 s.
+    fn agent_fault(&mut self, sim: &mut turmoil::Sim<'_>, rng: &mut ChaCha8Rng, fault: Fault, obs: &SharedObs) {
+        if self.agents == 0 {
+            return;
+        }
+        let a = (rng.next_u64() % self.agents as u64) as usize;
+        let busy = self.active.iter().any(|x| {
+            matches!(x.fault, Fault::IsolateAgent | Fault::AgentCrash | Fault::SlowAgent) && x.on == [a as u64]
+        });
+        if busy {
+            return;
+        }
+        let host = agents::host_name(a);
+        let until = self.step
+            + match fault {
+                Fault::IsolateAgent => 50 + rng.next_u64() % 550,
+                Fault::AgentCrash => 30 + rng.next_u64() % 120,
+                _ => 50 + rng.next_u64() % 250,
+            };
+        match fault {
+            Fault::IsolateAgent => {
+                for m in 1..=self.n {
+                    sim.partition(host.as_str(), host_name(m).as_str());
+                }
+            }
+            Fault::AgentCrash => {
+                // Cut off while its tasks are dropped (as for a member: no resets in task order).
+                for m in 1..=self.n {
+                    sim.partition(host.as_str(), host_name(m).as_str());
+                }
+                sim.crash(host.as_str());
+                for m in 1..=self.n {
+                    sim.repair(host.as_str(), host_name(m).as_str());
+                }
+            }
+            _ => {
+                for m in 1..=self.n {
+                    sim.set_link_max_message_latency(host.as_str(), host_name(m).as_str(), Duration::from_secs(1));
+                }
+            }
+        }
+        self.injected += 1;
+        lock(obs).event(format!("fault {} {host} until step {until}", fault.name()));
+        self.active.push(Active {
+            fault,
+            until,
+            on: vec![a as u64],
+        });
     }
 
     /// Kills member `m`'s process: its disk first (nothing it does from now on reaches it), then
@@ -636,6 +762,7 @@ impl Chaos {
             .filter(|o| *o != m)
             .map(host_name)
             .chain(self.clients.iter().cloned())
+            .chain((0..self.agents).map(agents::host_name))
             .collect();
         for o in &others {
             sim.partition(me.as_str(), o.as_str());
@@ -659,6 +786,9 @@ impl Chaos {
                     for y in (1..=self.n).filter(|y| *y != f.on[0]) {
                         sim.partition(host_name(f.on[0]).as_str(), host_name(y).as_str());
                     }
+                }
+                Fault::IsolateAgent => {
+                    sim.partition(agents::host_name(f.on[0] as usize).as_str(), me.as_str());
                 }
                 _ => {}
             }
@@ -713,8 +843,29 @@ impl Chaos {
                 }
             }
             Fault::ClockJump => {}
+            Fault::IsolateAgent => {
+                for m in 1..=self.n {
+                    sim.repair(agents::host_name(a.on[0] as usize).as_str(), host_name(m).as_str());
+                }
+            }
+            Fault::AgentCrash => {
+                sim.bounce(agents::host_name(a.on[0] as usize).as_str());
+            }
+            Fault::SlowAgent => {
+                for m in 1..=self.n {
+                    sim.set_link_max_message_latency(
+                        agents::host_name(a.on[0] as usize).as_str(),
+                        host_name(m).as_str(),
+                        Duration::from_millis(5),
+                    );
+                }
+            }
         }
-        let names: Vec<String> = a.on.iter().map(|m| host_name(*m)).collect();
+        let names: Vec<String> = if matches!(a.fault, Fault::IsolateAgent | Fault::AgentCrash | Fault::SlowAgent) {
+            vec![agents::host_name(a.on[0] as usize)]
+        } else {
+            a.on.iter().map(|m| host_name(*m)).collect()
+        };
         lock(obs).event(format!("heal {} {}", a.fault.name(), names.join(",")));
     }
 

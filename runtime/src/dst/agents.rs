@@ -1,0 +1,361 @@
+//! The simulation's node agents (`lattice-runtime dst --agents N`): one simulated host per node,
+//! speaking the agent protocol of `lattice-agent` over REST on the simulated network — register,
+//! heartbeats with a sequence (buffered while the control plane is unreachable and replayed in
+//! order), polls for work with what it runs, exit reports retried until taken, and fencing: an agent
+//! whose heartbeats go undelivered stops its work once its lease runs out (the lease every accepted
+//! heartbeat answers, counted from when that heartbeat was sent), and reports it as fenced.
+//!
+//! Processes are simulated: a launch's `sleep S` entrypoint runs for S simulated seconds. They live
+//! in the harness ([`super::Obs::procs`]), not in the agent, so an agent crash leaves them running
+//! (as a job outlives `systemctl restart lattice-agent`) and the restarted agent takes them over,
+//! as the real one does from its state file.
+
+use super::{SharedObs, lock};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How often an agent heartbeats and polls (the real agent's test settings).
+pub const HEARTBEAT: Duration = Duration::from_millis(200);
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// A simulated process of one allocation on one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proc {
+    /// The nodes of the launch that started it (one start of the allocation).
+    pub nodes: Vec<String>,
+    pub started_ms: u64,
+    pub ends_ms: u64,
+    /// Ended, not yet reported: (kind, exit code). Kept with the process (the real agent's status
+    /// file), so an exit survives its agent's crash and is reported by the next one.
+    pub exited: Option<(&'static str, i32)>,
+}
+
+/// The node an agent host runs (the runtime's simulated inventory names).
+pub fn node_name(i: usize) -> String {
+    format!("sim-{i:03}")
+}
+
+pub fn host_name(i: usize) -> String {
+    format!("a{i}")
+}
+
+fn now_ms() -> u64 {
+    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
+}
+
+/// One REST call to `member` (HTTP/1.1, a connection per call, as the real agent's client may):
+/// (status, JSON body), or `None` when the member could not be reached or did not answer in time.
+async fn call(member: u64, path: &str, body: &serde_json::Value) -> Option<(u16, serde_json::Value)> {
+    request(member, "POST", path, body).await
+}
+
+async fn request(member: u64, method: &str, path: &str, body: &serde_json::Value) -> Option<(u16, serde_json::Value)> {
+    let io = async {
+        let mut s = turmoil::net::TcpStream::connect((super::host_name(member).as_str(), super::REST_PORT))
+            .await
+            .ok()?;
+        let body = body.to_string();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: m{member}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out);
+        let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null)))
+    };
+    tokio::time::timeout(Duration::from_secs(2), io).await.ok().flatten()
+}
+
+/// How a call went, as the agent sees it.
+enum Answer {
+    Ok(serde_json::Value),
+    /// The member does not know this agent (restarted, or a new leader): register again.
+    Unregistered,
+    /// Refused for another reason (e.g. a replayed heartbeat).
+    Refused,
+    /// Unreachable, or not the leader: try the next member.
+    Elsewhere,
+}
+
+async fn ask(member: u64, path: &str, body: &serde_json::Value) -> Answer {
+    match call(member, path, body).await {
+        Some((s, v)) if (200..300).contains(&s) => Answer::Ok(v),
+        Some((_, v)) if v.to_string().contains("has not registered") => Answer::Unregistered,
+        Some((421 | 502 | 503 | 504, _)) | None => Answer::Elsewhere,
+        Some(_) => Answer::Refused,
+    }
+}
+
+/// The agent of node `i`: runs until its host is crashed (then restarted by the harness). `fence`:
+/// false only for the injected bug `agent-no-fence`.
+pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil::Result {
+    let node = node_name(i);
+    let mut target = 1 + (i as u64 % members);
+    let mut registered = false;
+    let mut seq = 0u64;
+    let mut buffered: Vec<serde_json::Value> = Vec::new();
+    let mut last_beat: Option<u64> = None;
+    // (when the last accepted heartbeat was sent, its lease in ms): kept with the processes (the
+    // real agent's state file), so a restarted agent still fences on time.
+    let mut lease: Option<(u64, u64)> = lock(&obs).leases[i];
+    // A restarted agent takes over what its node still runs.
+    let taken = lock(&obs).procs[i].len();
+    if taken > 0 {
+        lock(&obs).event(format!("{node} agent took over {taken} process(es)"));
+    }
+    loop {
+        tokio::time::sleep(POLL).await;
+        let now = now_ms();
+        // Fencing, by the real agent's rule (a simulated process stops at once: no stop grace):
+        // once a heartbeat is overdue, stop before the lease counted from the last accepted one
+        // runs out — registered or not.
+        let beat = HEARTBEAT.as_millis() as u64;
+        if let Some((sent, l)) = lease
+            && fence
+            && now - sent > 2 * beat
+            && now - sent + 2 * beat >= l
+        {
+            let mut o = lock(&obs);
+            let fenced: Vec<String> = o.procs[i]
+                .iter()
+                .filter(|(_, p)| p.exited.is_none())
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in fenced {
+                o.event(format!(
+                    "{node} fenced {id}: no accepted heartbeat for {} ms",
+                    now - sent
+                ));
+                if let Some(p) = o.procs[i].get_mut(&id) {
+                    p.exited = Some(("fenced", 143));
+                }
+            }
+        }
+        if !registered {
+            match ask(target, &format!("/v1/nodes/{node}/register"), &serde_json::json!({})).await {
+                Answer::Ok(_) => {
+                    registered = true;
+                    seq = 0;
+                    buffered.clear();
+                }
+                Answer::Elsewhere => target = target % members + 1,
+                _ => {}
+            }
+            continue;
+        }
+        if last_beat.is_none_or(|t| now - t >= HEARTBEAT.as_millis() as u64) {
+            seq += 1;
+            last_beat = Some(now);
+            let body = if buffered.is_empty() {
+                serde_json::json!({"seq": seq})
+            } else {
+                serde_json::json!({"seq": seq, "buffered": buffered})
+            };
+            match ask(target, &format!("/v1/nodes/{node}/heartbeat"), &body).await {
+                Answer::Ok(v) => {
+                    buffered.clear();
+                    if let Some(l) = v["lease_ms"].as_u64() {
+                        lease = Some((now, l));
+                        lock(&obs).leases[i] = lease;
+                    }
+                    // Now and then the network delivers a heartbeat again (a duplicate or a late
+                    // copy): the control plane must refuse it, never take a sequence out of order.
+                    if seq.is_multiple_of(7) {
+                        let again = serde_json::json!({"seq": seq - (seq / 7) % 2});
+                        if let Answer::Ok(v) = ask(target, &format!("/v1/nodes/{node}/heartbeat"), &again).await {
+                            lock(&obs)
+                                .violation(format!("{node}: heartbeat {again} accepted again after seq {seq}: {v}"));
+                        }
+                    }
+                }
+                Answer::Unregistered => {
+                    registered = false;
+                    continue;
+                }
+                Answer::Refused => buffered.clear(),
+                Answer::Elsewhere => {
+                    buffered.push(serde_json::json!({"seq": seq, "at_ms": super::EPOCH_MS + now}));
+                    target = target % members + 1;
+                }
+            }
+        }
+        // Processes that ran their time.
+        {
+            let mut o = lock(&obs);
+            for p in o.procs[i].values_mut() {
+                if p.exited.is_none() && p.ends_ms <= now {
+                    p.exited = Some(("exited", 0));
+                }
+            }
+        }
+        let exits: Vec<(String, &'static str, i32)> = lock(&obs).procs[i]
+            .iter()
+            .filter_map(|(id, p)| p.exited.map(|(k, c)| (id.clone(), k, c)))
+            .collect();
+        for (id, kind, code) in exits {
+            let body = serde_json::json!({"node": node, "kind": kind, "exit_code": code, "log_tail": ""});
+            match ask(target, &format!("/v1/allocations/{id}/exit"), &body).await {
+                // Taken, or refused for good (e.g. an allocation the control plane forgot).
+                Answer::Ok(_) | Answer::Refused => {
+                    lock(&obs).procs[i].remove(&id);
+                }
+                Answer::Unregistered => {}
+                Answer::Elsewhere => target = target % members + 1,
+            }
+        }
+        let running: Vec<String> = lock(&obs).procs[i]
+            .iter()
+            .filter(|(_, p)| p.exited.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        match ask(
+            target,
+            &format!("/v1/nodes/{node}/work"),
+            &serde_json::json!({"running": running}),
+        )
+        .await
+        {
+            Answer::Ok(w) => {
+                let now = now_ms();
+                let mut o = lock(&obs);
+                for id in w["kill"].as_array().into_iter().flatten().filter_map(|v| v.as_str()) {
+                    if o.procs[i].remove(id).is_some() {
+                        o.event(format!("{node} stopped {id}"));
+                    }
+                }
+                for l in w["launch"].as_array().into_iter().flatten() {
+                    let Some(id) = l["id"].as_str() else { continue };
+                    if o.procs[i].contains_key(id) {
+                        continue;
+                    }
+                    let secs: f64 = l["entrypoint"]
+                        .as_str()
+                        .and_then(|e| e.strip_prefix("sleep "))
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(1.0);
+                    let nodes: Vec<String> = l["nodes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.as_str().map(String::from))
+                        .collect();
+                    o.procs[i].insert(
+                        id.to_string(),
+                        Proc {
+                            nodes,
+                            started_ms: now,
+                            ends_ms: now + (secs * 1000.0) as u64,
+                            exited: None,
+                        },
+                    );
+                    o.event(format!("{node} started {id} (from m{target})"));
+                }
+            }
+            Answer::Unregistered => registered = false,
+            Answer::Elsewhere => target = target % members + 1,
+            Answer::Refused => {}
+        }
+    }
+}
+
+/// The site's remediation, as an operator (or OpenCHAMI's automation) does it: a node Down for 5 s
+/// — its agent cut off or dead past its lease, its work requeued — is enabled again (Down → Ready),
+/// so the site does not shrink for good with every agent fault.
+pub async fn operator(members: u64, obs: SharedObs) -> turmoil::Result {
+    let mut target = 1u64;
+    let mut down_since: BTreeMap<String, u64> = BTreeMap::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some((200, v)) = request(target, "GET", "/v1/nodes", &serde_json::Value::Null).await else {
+            target = target % members + 1;
+            continue;
+        };
+        let now = now_ms();
+        for n in v["nodes"].as_array().into_iter().flatten() {
+            let (Some(id), Some(state)) = (n["name"].as_str(), n["state"].as_str()) else {
+                continue;
+            };
+            if state != "down" {
+                down_since.remove(id);
+                continue;
+            }
+            let since = *down_since.entry(id.to_string()).or_insert(now);
+            if now - since >= 5_000
+                && let Some((200, _)) = call(target, &format!("/v1/nodes/{id}/enable"), &serde_json::json!({})).await
+            {
+                lock(&obs).event(format!("operator enabled {id} (down {} ms)", now - since));
+                down_since.remove(id);
+            }
+        }
+    }
+}
+
+/// Safety of the agents' work, checked after every step: a node runs at most one allocation, and an
+/// allocation runs from one start at a time (all its processes belong to launches naming the same
+/// nodes) — what fencing guarantees when a cut-off node's allocation is requeued elsewhere.
+pub fn check(procs: &[BTreeMap<String, Proc>]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut starts: BTreeMap<&str, Vec<(usize, &Vec<String>)>> = BTreeMap::new();
+    for (i, p) in procs.iter().enumerate() {
+        let live: Vec<&String> = p.iter().filter(|(_, p)| p.exited.is_none()).map(|(id, _)| id).collect();
+        if live.len() > 1 {
+            out.push(format!(
+                "{} runs {} allocations at once: {live:?}",
+                node_name(i),
+                live.len()
+            ));
+        }
+        for (id, proc) in p.iter().filter(|(_, p)| p.exited.is_none()) {
+            starts.entry(id).or_default().push((i, &proc.nodes));
+        }
+    }
+    for (id, runs) in starts {
+        if let Some((a, b)) = runs.iter().zip(runs.iter().skip(1)).find(|(a, b)| a.1 != b.1) {
+            out.push(format!(
+                "{id} runs twice at once: on {} (started on {:?}) and on {} (started on {:?})",
+                node_name(a.0),
+                a.1,
+                node_name(b.0),
+                b.1
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_starts_of_one_allocation_or_two_allocations_on_a_node_are_violations() {
+        let p = |nodes: &[&str]| Proc {
+            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            started_ms: 0,
+            ends_ms: 10,
+            exited: None,
+        };
+        let mut procs = vec![BTreeMap::new(), BTreeMap::new(), BTreeMap::new()];
+        procs[0].insert("a-1".to_string(), p(&["sim-000", "sim-001"]));
+        procs[1].insert("a-1".to_string(), p(&["sim-000", "sim-001"]));
+        assert!(check(&procs).is_empty(), "one start on two nodes");
+        procs[2].insert("a-1".to_string(), p(&["sim-002"]));
+        assert!(
+            check(&procs)[0].contains("a-1 runs twice at once"),
+            "{:?}",
+            check(&procs)
+        );
+        procs[2].clear();
+        procs[1].insert("a-2".to_string(), p(&["sim-001"]));
+        assert!(
+            check(&procs)[0].contains("sim-001 runs 2 allocations"),
+            "{:?}",
+            check(&procs)
+        );
+    }
+}
