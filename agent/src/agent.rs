@@ -151,10 +151,9 @@ pub fn run_with(
     let mut buffered: std::collections::VecDeque<Buffered> = std::collections::VecDeque::new();
     let mut dropped_beats = 0u64;
     let mut last_beat = Instant::now() - cfg.heartbeat;
-    // The lease of the last accepted heartbeat: (when it was sent, how long it holds).
-    let mut lease: Option<(Instant, Duration)> = None;
-    // Processes this agent stopped itself, cut off past its lease (reported as fenced).
-    let mut fenced: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    // Fencing by lease, on its own thread ([`crate::fence`]).
+    let fence = Arc::new(crate::fence::Fence::default());
+    fence.spawn(cfg.node.clone(), cfg.heartbeat, cfg.grace, stop.clone());
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
     // Per running allocation: its checkpoint channel, and whether a shmem hint awaits "done".
     let mut channels: BTreeMap<String, (Channel, bool)> = BTreeMap::new();
@@ -183,6 +182,20 @@ pub fn run_with(
     let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
     if let Some(path) = &cfg.state_file {
+        // The lease of the last heartbeat the previous agent had accepted.
+        if let Some((sent_ms, lease_ms)) = std::fs::read_to_string(path.with_extension("lease"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| Some((v["sent_ms"].as_u64()?, v["lease_ms"].as_u64()?)))
+        {
+            let ago = Duration::from_millis(crate::runner::wall_ms().saturating_sub(sent_ms));
+            let lease = Duration::from_millis(lease_ms);
+            match Instant::now().checked_sub(ago) {
+                Some(sent) => fence.renewed(sent, lease),
+                // Longer ago than this machine's uptime: over.
+                None => fence.renewed(Instant::now(), Duration::ZERO),
+            }
+        }
         for rec in read_state(path)? {
             let id = rec.id.clone();
             match runner::attach(rec.clone()) {
@@ -191,6 +204,7 @@ pub fn run_with(
                     if let Some(c) = Channel::reopen(&cfg.shm_dir, &id, Mechanism::parse(&rec.checkpoint)) {
                         channels.insert(id.clone(), (c, false));
                     }
+                    fence.watch(&id, r.stopper());
                     procs.insert(id, r);
                 }
                 None => {
@@ -213,26 +227,6 @@ pub fn run_with(
     eprintln!("lattice-agent {}: {}", cfg.node, telemetry.ebpf_status());
     let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
-        // Fencing: past its lease the control plane may have requeued this node's work elsewhere, so
-        // it is stopped here first — never two runs of one allocation at once. The lease counts from
-        // when the last accepted heartbeat was sent (no later than the control plane received it),
-        // less the stop's grace and two heartbeats of slack; once a heartbeat is overdue, registered or not.
-        if let Some((sent, l)) = lease
-            && sent.elapsed() > 2 * cfg.heartbeat
-            && sent.elapsed() + cfg.grace + 2 * cfg.heartbeat >= l
-        {
-            for (id, p) in &procs {
-                if fenced.insert(id.clone()) {
-                    eprintln!(
-                        "lattice-agent {}: {id} stopped: no accepted heartbeat for {:.1} s, past the {:.1} s lease",
-                        cfg.node,
-                        sent.elapsed().as_secs_f64(),
-                        l.as_secs_f64()
-                    );
-                    p.stop();
-                }
-            }
-        }
         if !registered {
             match client.register(&cfg.node, &caps, &fp) {
                 Ok(_) => {
@@ -253,7 +247,14 @@ pub fn run_with(
             match client.heartbeat(&cfg.node, seq, &replay) {
                 Ok(beat) => {
                     if let Some(l) = beat.lease {
-                        lease = Some((last_beat, l));
+                        fence.renewed(last_beat, l);
+                        // Kept beside the state file: a restarted agent still fences on time.
+                        if let Some(path) = &cfg.state_file {
+                            let sent_ms =
+                                crate::runner::wall_ms().saturating_sub(last_beat.elapsed().as_millis() as u64);
+                            let text = serde_json::json!({"sent_ms": sent_ms, "lease_ms": l.as_millis() as u64});
+                            let _ = std::fs::write(path.with_extension("lease"), text.to_string());
+                        }
                     }
                     if !replay.is_empty() {
                         eprintln!(
@@ -314,7 +315,8 @@ pub fn run_with(
                 Ending::Exited(code) => code,
                 _ => 143,
             };
-            if fenced.remove(&id) {
+            fence.forget(&id);
+            if fence.take_fenced(&id) {
                 unreported.push((id, ExitKind::Fenced, code, tail));
                 continue;
             }
@@ -455,6 +457,7 @@ pub fn run_with(
                     };
                     match runner::start(spec) {
                         Ok(r) => {
+                            fence.watch(&l.id, r.stopper());
                             procs.insert(l.id.clone(), r);
                             if let Some(c) = channel {
                                 channels.insert(l.id.clone(), (c, false));

@@ -30,6 +30,7 @@ pub mod client;
 pub mod discovery;
 #[cfg(feature = "ebpf")]
 pub mod ebpf;
+pub mod fence;
 pub mod gpu;
 pub mod remote_write;
 pub mod runner;

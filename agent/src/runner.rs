@@ -70,6 +70,11 @@ impl Running {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// A handle that stops it like [`Running::stop`], for another thread (the fence).
+    pub fn stopper(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
     /// Sends `sig` to its process group (a checkpoint hint is SIGUSR1).
     pub fn signal(&self, sig: i32) {
         signal_group(self.pid as i32, sig);

@@ -508,6 +508,17 @@ pub struct Control {
     /// Allocations that left nodes (ended, requeued, preempted) whose agents have not yet shown
     /// they stopped them there: a next start waits for these ([`Control::work`]).
     stopping_on: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
+    /// Where agents last said (in their work polls) each allocation runs: node indexes.
+    running_where: BTreeMap<String, std::collections::BTreeSet<u32>>,
+    /// Each node's last running list.
+    agent_running: BTreeMap<u32, Vec<String>>,
+    /// Nodes whose agents have not polled this control plane since it took over, and when it did:
+    /// they may still run anything (under a predecessor's lease) until that lease is surely over.
+    unheard: std::collections::BTreeSet<u32>,
+    took_over_ms: u64,
+    /// Allocations taken over from the durable queue (a predecessor may have started them; ones
+    /// submitted since cannot run anywhere yet).
+    taken_over: std::collections::BTreeSet<AllocId>,
     /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
     pub heartbeat_timeout_ms: u64,
     /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
@@ -663,6 +674,11 @@ impl Control {
             heartbeat_timeout_ms: 30_000,
             fresh_starts: std::collections::BTreeSet::new(),
             stopping_on: BTreeMap::new(),
+            running_where: BTreeMap::new(),
+            agent_running: BTreeMap::new(),
+            unheard: std::collections::BTreeSet::new(),
+            took_over_ms: 0,
+            taken_over: std::collections::BTreeSet::new(),
             node_by_name: BTreeMap::new(),
         };
         c.node_by_name = c
@@ -1336,6 +1352,9 @@ impl Control {
                         staging_remaining_s,
                     } => {
                         let name = self.name_of(alloc);
+                        // A new start: exits reported in an earlier one (before a requeue) are not
+                        // this one's.
+                        self.exits.remove(&alloc);
                         // A new start: a process of this allocation still running on one of its
                         // nodes belongs to an earlier start (a requeue onto overlapping nodes).
                         if self.real_agents {
@@ -1693,6 +1712,10 @@ impl Control {
         if !self.real_agents {
             return;
         }
+        // Until each agent polls (or its lease is surely over), it may run an earlier start.
+        self.unheard = (0..self.node_names.len() as u32).collect();
+        self.took_over_ms = self.now().0;
+        self.taken_over = self.by_name.values().copied().collect();
         for i in 0..self.node_names.len() {
             let id = lattice_engine::NodeId(i as u32);
             let idle_ready = self
@@ -2117,6 +2140,20 @@ impl Control {
             refresh_fingerprint: self.fingerprint_asked.remove(&nid.0),
             ..Work::default()
         };
+        // What this node's agent runs now (where each allocation runs, for the start gate below).
+        self.unheard.remove(&nid.0);
+        let before = self.agent_running.insert(nid.0, running.to_vec()).unwrap_or_default();
+        for gone in before.iter().filter(|a| !running.contains(a)) {
+            if let Some(on) = self.running_where.get_mut(gone) {
+                on.remove(&nid.0);
+                if on.is_empty() {
+                    self.running_where.remove(gone);
+                }
+            }
+        }
+        for a in running {
+            self.running_where.entry(a.clone()).or_default().insert(nid.0);
+        }
         // This node's agent no longer runs these: their stop here is confirmed.
         let names = &self.meta;
         self.stopping_on.retain(|a, on| {
@@ -2157,11 +2194,22 @@ impl Control {
                     .is_some_and(|x| x.state == lattice_engine::NodeState::Down)
             };
             // (A Down node's agent stopped it by its lease.)
+            let since = self.now().0.saturating_sub(self.took_over_ms);
+            let within_lease =
+                |n: u32| since < self.heartbeat_timeout_ms + self.ctl.node_grace(lattice_engine::NodeId(n)).0;
             let stale = self.fresh_starts.contains(&(nid.0, id))
                 || self
                     .stopping_on
                     .get(&id)
-                    .is_some_and(|on| on.iter().any(|n| *n != nid.0 && !down(*n)));
+                    .is_some_and(|on| on.iter().any(|n| *n != nid.0 && !down(*n)))
+                // A node outside this start still runs it (an earlier start)...
+                || self.running_where.get(&name).is_some_and(|on| {
+                    on.iter()
+                        .any(|n| !a.nodes.contains(&lattice_engine::NodeId(*n)) && !down(*n))
+                })
+                // ...or may, not having polled since the take-over, within a predecessor's lease.
+                || (self.taken_over.contains(&id)
+                    && self.unheard.iter().any(|n| *n != nid.0 && !down(*n) && within_lease(*n)));
             if !reported && !stale && !running.contains(&name) && fabric_ready && !stopping {
                 let m = &self.meta[id.index()];
                 w.launch.push(Launch {
@@ -2411,6 +2459,7 @@ impl Control {
             return Ok(false);
         }
         let n = a.nodes.len();
+        let nodes: Vec<u32> = a.nodes.iter().map(|x| x.0).collect();
         if matches!(kind, ExitKind::Checkpointed | ExitKind::Preempted) {
             return Ok(self.preempted_on(id, nid.0, n, kind == ExitKind::Checkpointed));
         }
@@ -2420,7 +2469,8 @@ impl Control {
             ExitKind::Fenced => Some(EndReason::NodeFailure),
             ExitKind::Walltime => Some(EndReason::WalltimeExceeded),
             ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
-            ExitKind::Exited if e.len() == n => Some(EndReason::Success),
+            // Every node of this run exited (exits of other nodes are an earlier run's).
+            ExitKind::Exited if nodes.iter().all(|x| e.contains_key(x)) => Some(EndReason::Success),
             ExitKind::Exited | ExitKind::Checkpointed | ExitKind::Preempted => None,
         };
         let Some(reason) = reason else { return Ok(false) };

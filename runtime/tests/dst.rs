@@ -67,7 +67,11 @@ fn the_seeds_that_found_bugs_pass() {
 /// an earlier run's process kept as part of a requeued start on an overlapping node (36); a
 /// requeued start launched before the earlier run's other nodes had stopped it (32); exits of an
 /// earlier run counted for the next one after a restart, and a run whose every node had exited left
-/// running forever (6, every fault).
+/// running forever (6, every fault); a requeued start launched beside an earlier one the new leader
+/// had freed at the quorum ('duplicate') (151); an ended allocation's nodes kept after its release
+/// failed (247); a restarted agent's fencing blocked behind a register call (462); an earlier run's
+/// exits kept in memory so that a new run never completed (317); a new leader launching a
+/// requeued start while an agent it had not heard from yet still ran the earlier one (992).
 #[test]
 fn the_seeds_that_found_agent_bugs_pass() {
     let agent_faults = "isolate-agent,agent-crash,slow-agent";
@@ -77,6 +81,11 @@ fn the_seeds_that_found_agent_bugs_pass() {
         ("36", agent_faults),
         ("32", agent_faults),
         ("6", "all"),
+        ("151", "all"),
+        ("247", "all"),
+        ("462", "all"),
+        ("317", "all"),
+        ("992", "all"),
     ] {
         let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", faults]);
         assert_eq!(code, 0, "seed {seed}: {out}");

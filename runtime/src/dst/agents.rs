@@ -100,9 +100,37 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
     let mut seq = 0u64;
     let mut buffered: Vec<serde_json::Value> = Vec::new();
     let mut last_beat: Option<u64> = None;
-    // (when the last accepted heartbeat was sent, its lease in ms): kept with the processes (the
-    // real agent's state file), so a restarted agent still fences on time.
-    let mut lease: Option<(u64, u64)> = lock(&obs).leases[i];
+    // Fencing, by the real agent's rule and, like its fence thread, beside the loop (whose calls may
+    // block for seconds): a simulated process stops at once (no stop grace).
+    if fence {
+        let (obs, node) = (obs.clone(), node.clone());
+        tokio::spawn(async move {
+            let beat = HEARTBEAT.as_millis() as u64;
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let now = now_ms();
+                let mut o = lock(&obs);
+                let Some((sent, l)) = o.leases[i] else { continue };
+                if now - sent <= 2 * beat || now - sent + 2 * beat < l {
+                    continue;
+                }
+                let fenced: Vec<String> = o.procs[i]
+                    .iter()
+                    .filter(|(_, p)| p.exited.is_none())
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in fenced {
+                    o.event(format!(
+                        "{node} fenced {id}: no accepted heartbeat for {} ms",
+                        now - sent
+                    ));
+                    if let Some(p) = o.procs[i].get_mut(&id) {
+                        p.exited = Some(("fenced", 143));
+                    }
+                }
+            }
+        });
+    }
     // A restarted agent takes over what its node still runs.
     let taken = lock(&obs).procs[i].len();
     if taken > 0 {
@@ -111,37 +139,13 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
     loop {
         tokio::time::sleep(POLL).await;
         let now = now_ms();
-        // Fencing, by the real agent's rule (a simulated process stops at once: no stop grace):
-        // once a heartbeat is overdue, stop before the lease counted from the last accepted one
-        // runs out — registered or not.
-        let beat = HEARTBEAT.as_millis() as u64;
-        if let Some((sent, l)) = lease
-            && fence
-            && now - sent > 2 * beat
-            && now - sent + 2 * beat >= l
-        {
-            let mut o = lock(&obs);
-            let fenced: Vec<String> = o.procs[i]
-                .iter()
-                .filter(|(_, p)| p.exited.is_none())
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in fenced {
-                o.event(format!(
-                    "{node} fenced {id}: no accepted heartbeat for {} ms",
-                    now - sent
-                ));
-                if let Some(p) = o.procs[i].get_mut(&id) {
-                    p.exited = Some(("fenced", 143));
-                }
-            }
-        }
         if !registered {
             match ask(target, &format!("/v1/nodes/{node}/register"), &serde_json::json!({})).await {
                 Answer::Ok(_) => {
                     registered = true;
                     seq = 0;
                     buffered.clear();
+                    lock(&obs).event(format!("{node} registered with m{target}"));
                 }
                 Answer::Elsewhere => target = target % members + 1,
                 _ => {}
@@ -159,9 +163,10 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
             match ask(target, &format!("/v1/nodes/{node}/heartbeat"), &body).await {
                 Answer::Ok(v) => {
                     buffered.clear();
+                    // The lease is kept with the processes (the real agent's state file), so a
+                    // restarted agent still fences on time.
                     if let Some(l) = v["lease_ms"].as_u64() {
-                        lease = Some((now, l));
-                        lock(&obs).leases[i] = lease;
+                        lock(&obs).leases[i] = Some((now, l));
                     }
                     // Now and then the network delivers a heartbeat again (a duplicate or a late
                     // copy): the control plane must refuse it, never take a sequence out of order.

@@ -260,7 +260,31 @@ pub fn run(opts: &Options, each: &(dyn Fn(&SeedReport) + Sync)) -> Report {
                     if i >= opts.seeds || (opts.fail_fast && failed.load(std::sync::atomic::Ordering::Relaxed)) {
                         return;
                     }
-                    let r = run_seed(opts.seed.wrapping_add(i), opts);
+                    let seed = opts.seed.wrapping_add(i);
+                    // A panic in the code under test (or in a library it runs) fails the seed, with
+                    // its reproducer, instead of the run.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_seed(seed, opts)))
+                        .unwrap_or_else(|p| {
+                            let why = p
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "a panic".into());
+                            SeedReport {
+                                seed,
+                                digest: [0; 32],
+                                failure: Some(format!(
+                                    "seed {seed}: panicked: {why}\n  reproduce: {}",
+                                    opts.reproducer(seed)
+                                )),
+                                acked: 0,
+                                ended: 0,
+                                faults: 0,
+                                events: 0,
+                                simulated_s: 0.0,
+                                log: Vec::new(),
+                            }
+                        });
                     if r.failure.is_some() {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
