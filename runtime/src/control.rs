@@ -490,10 +490,6 @@ pub struct Control {
     dags: BTreeMap<String, Vec<(String, String)>>,
     /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered.
     agents: Vec<Option<(u64, u64)>>,
-    /// Nodes holding a re-attached allocation whose agent has not registered with this control plane
-    /// yet: since when (ms). They time out like silent agents; the agent must register (its
-    /// heartbeat sequence restarts there — an old heartbeat delivered again is never taken).
-    awaiting: BTreeMap<u32, u64>,
     /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
     exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
     /// The output tails agents reported with exits: allocation → node → text (the newest
@@ -662,7 +658,6 @@ impl Control {
             next: 1,
             capture: None,
             dags: BTreeMap::new(),
-            awaiting: BTreeMap::new(),
             agents: Vec::new(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
@@ -1693,7 +1688,6 @@ impl Control {
         }
         let now = self.now();
         self.agents[id.index()] = Some((0, now.0));
-        self.awaiting.remove(&id.0);
         if fingerprint.is_some() {
             self.fingerprint_ms.insert(id.0, now.0);
         }
@@ -1934,8 +1928,9 @@ impl Control {
             self.exits.insert(id, reported);
         }
         for n in &ids {
-            if self.agents[n.index()].is_none() {
-                self.awaiting.entry(n.0).or_insert(now.0);
+            let slot = &mut self.agents[n.index()];
+            if slot.is_none() {
+                *slot = Some((0, now.0));
             }
         }
         if all || failed {
@@ -2111,12 +2106,7 @@ impl Control {
         use lattice_engine::NodeState;
         let now = self.now();
         for i in 0..self.agents.len() {
-            let Some(last) = self.agents[i]
-                .map(|(_, l)| l)
-                .or_else(|| self.awaiting.get(&(i as u32)).copied())
-            else {
-                continue;
-            };
+            let Some((_, last)) = self.agents[i] else { continue };
             let id = lattice_engine::NodeId(i as u32);
             let Some(state) = self.ctl.engine.node(id).map(|n| n.state) else {
                 continue;

@@ -71,8 +71,7 @@ fn the_seeds_that_found_bugs_pass() {
 /// had freed at the quorum ('duplicate') (151); an ended allocation's nodes kept after its release
 /// failed (247); a restarted agent's fencing blocked behind a register call (462); an earlier run's
 /// exits kept in memory so that a new run never completed (317); a new leader launching a
-/// requeued start while an agent it had not heard from yet still ran the earlier one (992); a
-/// re-attached node's agent taken without registering, so an old heartbeat was accepted again (550).
+/// requeued start while an agent it had not heard from yet still ran the earlier one (992).
 #[test]
 fn the_seeds_that_found_agent_bugs_pass() {
     let agent_faults = "isolate-agent,agent-crash,slow-agent";
@@ -87,7 +86,6 @@ fn the_seeds_that_found_agent_bugs_pass() {
         ("462", "all"),
         ("317", "all"),
         ("992", "all"),
-        ("550", "all"),
     ] {
         let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", faults]);
         assert_eq!(code, 0, "seed {seed}: {out}");
