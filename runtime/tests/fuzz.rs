@@ -19,16 +19,21 @@ const BODIES: [&str; 6] = [
     r#"{"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "00:30:00"}, "depends_on": [{"ref": "a-000001", "condition": "afterok"}]}"#,
 ];
 
+/// Cases per target: `default` (CI's budget), or `FUZZ_CASES=N` for a longer run.
+fn fuzz_cases(default: u64) -> u64 {
+    std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[test]
 fn submission_bodies_never_panic_the_control_plane() {
     let mut c = common::balanced_control(8);
     let mut t = 1_000_000u64;
     let (mut parsed, mut accepted) = (0, 0);
     // 10,000 cases in CI; FUZZ_CASES=N for a longer run.
-    let cases: u64 = std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let cases = fuzz_cases(10_000);
     for case in 0..cases {
         let mut rng = ChaCha8Rng::seed_from_u64(20261124 + case);
         let base = BODIES[(case % BODIES.len() as u64) as usize];
@@ -98,10 +103,7 @@ fn grpc_submissions_never_panic_the_control_plane() {
     // The unmutated message is accepted.
     let first = lattice_runtime::grpc::from_pb(pb::AllocationRequest::decode(valid.as_slice()).unwrap()).unwrap();
     c.submit_all(first, None).unwrap();
-    let cases: u64 = std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let cases = fuzz_cases(10_000);
     let (mut decoded, mut accepted) = (0, 0);
     for case in 0..cases {
         let mut rng = ChaCha8Rng::seed_from_u64(7_000_000 + case);
@@ -166,10 +168,7 @@ fn rest_query_strings_never_panic() {
         "tenant=physics&user=bob&days=30",
         "tenant=physics&state=running&vcluster=default&user=alice",
     ];
-    let cases: u64 = std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+    let cases = fuzz_cases(10_000);
     let (mut parsed, mut instants) = (0, 0);
     for case in 0..cases {
         let mut rng = ChaCha8Rng::seed_from_u64(9_000_000 + case);
@@ -224,10 +223,7 @@ fn runtime_configs_never_panic() {
         include_str!("../config/dev-agents.yaml"),
     ];
     let mut refused = 0;
-    let cases: u64 = std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3_000);
+    let cases = fuzz_cases(3_000);
     for case in 0..cases {
         let mut rng = ChaCha8Rng::seed_from_u64(7 + case);
         let text = mutate(seeds[(case % 3) as usize], &mut rng);
