@@ -22,7 +22,7 @@ pub mod vast;
 
 /// openraft, for its `Config` (a simulation sets its own timings).
 pub use openraft;
-pub use quorum_state::{AuditEntry, QuorumCommand, QuorumResponse, QuorumState};
+pub use quorum_state::{AuditEntry, NodeAdmin, QuorumCommand, QuorumResponse, QuorumState};
 pub use raft_store::{NodeId, Raft, TypeConfig};
 
 use openraft::{BasicNode, ServerState};

@@ -41,6 +41,17 @@ pub enum QuorumCommand {
     /// A reactive allocation grew by `node` (`added`) or gave it back. Growing onto a node someone
     /// owns, or beyond the tenant's `max_nodes`, is rejected.
     Scale { alloc: String, node: String, added: bool },
+    /// An operator's standing order for a node: drained (no new work) and/or disabled (out of
+    /// service). Recorded before the leader acts on it, so a new leader keeps it (a drain is not
+    /// forgotten by a fail-over); both false clears it.
+    NodeAdmin {
+        node: String,
+        drained: bool,
+        disabled: bool,
+    },
+    /// Changes nothing: a new leader's first write, which commits (and applies here) everything
+    /// earlier leaders committed before it reads the state.
+    Barrier,
     /// An event of a sensitive allocation (claim, release, wipe, attach, ...).
     Audit {
         at_ms: u64,
@@ -64,6 +75,15 @@ pub enum QuorumResponse {
 
 pub use lattice_engine::audit::AuditEntry;
 
+/// An operator's standing order for one node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAdmin {
+    /// Drained: it takes no new work (what runs there finishes).
+    pub drained: bool,
+    /// Disabled: out of service until enabled.
+    pub disabled: bool,
+}
+
 /// A committed assignment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
@@ -83,6 +103,9 @@ pub struct QuorumState {
     pub quotas: BTreeMap<String, (Option<u32>, Option<u32>)>,
     pub sensitive_pool_size: Option<u32>,
     pub audit: Vec<AuditEntry>,
+    /// Operators' standing orders by node ([`QuorumCommand::NodeAdmin`]); absent = none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_admin: BTreeMap<String, NodeAdmin>,
     /// Assignments committed and rejected so far (for `/metrics` and raft status).
     pub commits: u64,
     pub rejections: u64,
@@ -123,6 +146,25 @@ impl QuorumState {
                 QuorumResponse::Applied
             }
             QuorumCommand::Scale { alloc, node, added } => self.scale(alloc, node, *added),
+            QuorumCommand::Barrier => QuorumResponse::Applied,
+            QuorumCommand::NodeAdmin {
+                node,
+                drained,
+                disabled,
+            } => {
+                if *drained || *disabled {
+                    self.node_admin.insert(
+                        node.clone(),
+                        NodeAdmin {
+                            drained: *drained,
+                            disabled: *disabled,
+                        },
+                    );
+                } else {
+                    self.node_admin.remove(node);
+                }
+                QuorumResponse::Applied
+            }
             QuorumCommand::Audit {
                 at_ms,
                 user,
@@ -274,6 +316,41 @@ mod tests {
             sensitive: false,
             at_ms: 7,
         }
+    }
+
+    #[test]
+    fn node_admin_orders_are_kept_replaced_and_cleared_and_survive_a_snapshot() {
+        let mut s = QuorumState::default();
+        let admin = |drained, disabled| QuorumCommand::NodeAdmin {
+            node: "n1".into(),
+            drained,
+            disabled,
+        };
+        s.apply(&admin(true, false));
+        assert_eq!(
+            s.node_admin["n1"],
+            NodeAdmin {
+                drained: true,
+                disabled: false
+            }
+        );
+        s.apply(&admin(true, true));
+        assert_eq!(
+            s.node_admin["n1"],
+            NodeAdmin {
+                drained: true,
+                disabled: true
+            }
+        );
+        let again: QuorumState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(again, s, "a snapshot keeps the orders");
+        s.apply(&admin(false, false));
+        assert!(s.node_admin.is_empty(), "both false clears the node's order");
+        let old: QuorumState = serde_json::from_str(r#"{"owners":{},"assignments":{},"quotas":{},"sensitive_pool_size":null,"audit":[],"commits":0,"rejections":0}"#).unwrap();
+        assert!(
+            old.node_admin.is_empty(),
+            "a snapshot from before orders were kept still reads"
+        );
     }
 
     #[test]

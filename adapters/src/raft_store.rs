@@ -150,8 +150,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         meta_put(&self.db, "vote", vote)
     }
 
+    /// Read once, at start-up. A member that led before it stopped comes back as a candidate of its
+    /// old term, not as its leader (openraft would restore the leadership at once, in the same term
+    /// and without a new entry): everything above Raft — the queue mirror's fences and records, the
+    /// take-over — knows a leadership by its term, so a restarted leader must win a new one (found
+    /// by DST: a record mirrored by two incarnations of one term's leader, one of them stale).
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, SE> {
-        meta_get(&self.db, "vote")
+        let vote: Option<Vote<NodeId>> = meta_get(&self.db, "vote")?;
+        Ok(vote.map(|v| {
+            if v.is_committed() {
+                Vote::new(v.leader_id().term, v.leader_id().node_id)
+            } else {
+                v
+            }
+        }))
     }
 
     /// The committed index is a hint openraft can re-learn from the leader, so it is written without

@@ -199,6 +199,7 @@ async fn three_members_commit_redirect_reject_fail_over_and_restart() {
     assert_eq!(s.owners.get("n5").map(String::as_str), Some("b1"));
 
     // Full restart: every member stops, then all start again from their stores.
+    let before = ids.iter().map(|id| c.members[id].current_term()).max().unwrap();
     c.shutdown().await;
     c.boot().await;
     assert!(
@@ -210,6 +211,13 @@ async fn three_members_commit_redirect_reject_fail_over_and_restart() {
     assert_eq!(s.owners.get("n5").map(String::as_str), Some("b1"));
     assert_eq!(s.quotas.get("physics"), Some(&(Some(2), None)));
     assert_eq!(s.rejections, 1);
+    // Nobody resumes leading in its old term: a leadership after the restart is a new term (the
+    // layers above Raft know a leadership by its term).
+    let leader = c.leader(&ids, Duration::from_secs(10)).await;
+    assert!(
+        c.members[&leader].leader_term().unwrap() > before,
+        "a leader after a restart leads a new term (was {before})"
+    );
     c.shutdown().await;
 }
 

@@ -129,6 +129,20 @@ pub struct IndexRange {
 /// The most elements one task group may have.
 pub const MAX_TASK_GROUP: u32 = 10_000;
 
+/// The engine's event for an operator's node operation.
+fn node_op_event(op: NodeOp) -> lattice_engine::NodeEvent {
+    match op {
+        NodeOp::Drain => lattice_engine::NodeEvent::Drain,
+        NodeOp::Undrain => lattice_engine::NodeEvent::Undrain,
+        NodeOp::Disable => lattice_engine::NodeEvent::HardwareFailure,
+        NodeOp::Enable => lattice_engine::NodeEvent::Enable,
+    }
+}
+
+/// An agent's heartbeat sequence that this control plane does not know (a node it took over holding
+/// a re-attached allocation, before the agent registers with it).
+const SEQ_UNKNOWN: u64 = u64::MAX;
+
 /// What a task group element's view and launch carry: its group's id and its index.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TaskGroupView {
@@ -488,8 +502,18 @@ pub struct Control {
     capture: Option<std::fs::File>,
     /// DAG id → (member name, allocation id) in submission order.
     dags: BTreeMap<String, Vec<(String, String)>>,
-    /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered.
+    /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered
+    /// ([`SEQ_UNKNOWN`] for a node taken over with a re-attached allocation, until its agent registers).
     agents: Vec<Option<(u64, u64)>>,
+    /// Ends this control plane knows to be on a majority of the members' copies: a dependent starts
+    /// only on such an end (one that a fail-over could lose would let it run beside its dependency
+    /// run again).
+    settled_ends: std::collections::BTreeSet<String>,
+    /// Ends a dependent waits for: to be recorded on a majority by the scheduling loop.
+    settle_wanted: std::collections::BTreeSet<String>,
+    /// Operators' standing orders from the quorum, by node index: (drained, disabled). Every pass
+    /// holds the engine to them first (a node a new leader's agents bring back Ready stays drained).
+    admin: BTreeMap<u32, (bool, bool)>,
     /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
     exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
     /// The output tails agents reported with exits: allocation → node → text (the newest
@@ -659,6 +683,9 @@ impl Control {
             capture: None,
             dags: BTreeMap::new(),
             agents: Vec::new(),
+            admin: BTreeMap::new(),
+            settled_ends: Default::default(),
+            settle_wanted: Default::default(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
             fingerprint_ms: BTreeMap::new(),
@@ -1185,6 +1212,7 @@ impl Control {
     /// Runs a scheduling pass at `now`; what it decided is in [`Control::take_actions`]. How long the
     /// pass took (the engine's CPU time, for `/metrics`).
     pub fn schedule(&mut self) -> (lattice_engine::PassStats, std::time::Duration) {
+        self.enforce_admin();
         let now = self.now();
         let t0 = std::time::Instant::now();
         let stats = self.ctl.schedule(now);
@@ -1699,6 +1727,8 @@ impl Control {
             .is_some_and(|n| n.state == lattice_engine::NodeState::Booting)
         {
             let _ = self.input(Input::Node(id, lattice_engine::NodeEvent::HealthOk));
+            // Up again, but an operator's drain still stands.
+            self.enforce_admin();
         }
         Ok(self.node_state(id))
     }
@@ -1765,7 +1795,7 @@ impl Control {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
-        let Some((last, _)) = self.agents[id.index()] else {
+        let Some((last, _)) = self.agents[id.index()].filter(|(seq, _)| *seq != SEQ_UNKNOWN) else {
             return Err(bad("id", format!("node {node}: the agent has not registered")));
         };
         for (i, w) in buffered.windows(2).enumerate() {
@@ -1808,6 +1838,16 @@ impl Control {
         Ok(self.node_state(id))
     }
 
+    /// Every node's name, in inventory order.
+    pub fn node_names(&self) -> &[String] {
+        &self.node_names
+    }
+
+    /// A node's state by name (`ready`, `drained`, ...).
+    pub fn node_state_of(&self, name: &str) -> Option<String> {
+        self.node_index(name).map(|id| self.node_state(id))
+    }
+
     fn node_state(&self, id: lattice_engine::NodeId) -> String {
         self.ctl
             .engine
@@ -1839,6 +1879,49 @@ impl Control {
                     .is_none_or(|a| a.state.is_terminal())
             })
             .cloned()
+            .collect()
+    }
+
+    /// Of `deps` (allocation ids), those that ended here but whose end is not known to be on a
+    /// majority's copies; each is asked to be recorded there ([`Control::take_settle_wanted`]).
+    pub fn unsettled_ends(&mut self, deps: &[String]) -> Vec<String> {
+        let out: Vec<String> = deps
+            .iter()
+            .filter(|d| !self.settled_ends.contains(*d))
+            .filter(|d| {
+                self.view_named(d)
+                    .is_some_and(|v| matches!(v.state.as_str(), "completed" | "failed" | "cancelled"))
+            })
+            .cloned()
+            .collect();
+        self.settle_wanted.extend(out.iter().cloned());
+        out
+    }
+
+    /// These ends are on a majority's copies.
+    pub fn ends_settled(&mut self, ids: &[String]) {
+        for id in ids {
+            self.settle_wanted.remove(id);
+            self.settled_ends.insert(id.clone());
+        }
+    }
+
+    /// The ends dependents wait for, to record on a majority.
+    pub fn take_settle_wanted(&mut self) -> Vec<String> {
+        self.settle_wanted.iter().cloned().collect()
+    }
+
+    /// Forgets a DAG's record (an unacknowledged attempt's, superseded by its retry).
+    pub fn remove_dag(&mut self, id: &str) {
+        self.dags.remove(id);
+    }
+
+    /// The DAGs any of `ids` belongs to, with their members.
+    pub fn dags_of(&self, ids: &[String]) -> Vec<(String, Vec<(String, String)>)> {
+        self.dags
+            .iter()
+            .filter(|(_, members)| members.iter().any(|(_, id)| ids.contains(id)))
+            .map(|(d, members)| (d.clone(), members.clone()))
             .collect()
     }
 
@@ -1928,9 +2011,12 @@ impl Control {
             self.exits.insert(id, reported);
         }
         for n in &ids {
+            // Its silence times out from now; its sequence is unknown here, so its next heartbeat is
+            // answered "has not registered" and the agent registers (its sequence restarts with this
+            // control plane: an earlier heartbeat delivered again is never taken).
             let slot = &mut self.agents[n.index()];
             if slot.is_none() {
-                *slot = Some((0, now.0));
+                *slot = Some((SEQ_UNKNOWN, now.0));
             }
         }
         if all || failed {
@@ -2512,20 +2598,75 @@ impl Control {
         self.node_op(node, op).map(|(state, _)| state)
     }
 
+    /// Whether `op` may be applied to `node` now (the node exists and its state allows it): checked
+    /// before the order is recorded at the quorum, so a refused operation changes nothing.
+    pub fn check_node_op(&self, node: &str, op: NodeOp) -> Result<(), FieldError> {
+        let id = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node}")))?;
+        let ev = node_op_event(op);
+        let n = self
+            .ctl
+            .engine
+            .node(id)
+            .ok_or_else(|| bad("id", format!("no node {node}")))?;
+        if lattice_engine::node::next_node_state(n.state, ev, n.owner.is_some()).is_none() {
+            return Err(bad(
+                "id",
+                format!(
+                    "node {node}: event {ev:?} is not allowed in state {}",
+                    self.node_state(id)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The quorum's standing order for `node` (drained, disabled), as recorded there.
+    pub fn set_admin(&mut self, node: &str, drained: bool, disabled: bool) {
+        if let Some(id) = self.node_index(node) {
+            if drained || disabled {
+                self.admin.insert(id.0, (drained, disabled));
+            } else {
+                self.admin.remove(&id.0);
+            }
+        }
+    }
+
+    /// Holds the engine to the standing orders: a disabled node is down, a drained node that is up
+    /// drains (its agent's registration, an `enable` or a new leader may have brought it back Ready).
+    pub fn enforce_admin(&mut self) {
+        use lattice_engine::{NodeEvent, NodeState};
+        let orders: Vec<(u32, (bool, bool))> = self.admin.iter().map(|(n, o)| (*n, *o)).collect();
+        for (n, (drained, disabled)) in orders {
+            let id = lattice_engine::NodeId(n);
+            let Some(state) = self.ctl.engine.node(id).map(|x| x.state) else {
+                continue;
+            };
+            let ev = if disabled && !matches!(state, NodeState::Down | NodeState::Failed) {
+                NodeEvent::HardwareFailure
+            } else if drained && matches!(state, NodeState::Ready | NodeState::Degraded) {
+                NodeEvent::Drain
+            } else {
+                continue;
+            };
+            if let Err(e) = self.input(Input::Node(id, ev)) {
+                tracing::warn!("node {}: standing order not applied: {e}", self.node_names[n as usize]);
+            }
+        }
+    }
+
     /// A node operation; the node's state afterwards and the allocations that lost their nodes
     /// (requeued or failed by a disable: their nodes must be released at the quorum).
     pub fn node_op(&mut self, node: &str, op: NodeOp) -> Result<(String, Vec<String>), FieldError> {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node}")))?;
-        let ev = match op {
-            NodeOp::Drain => lattice_engine::NodeEvent::Drain,
-            NodeOp::Undrain => lattice_engine::NodeEvent::Undrain,
-            NodeOp::Disable => lattice_engine::NodeEvent::HardwareFailure,
-            NodeOp::Enable => lattice_engine::NodeEvent::Enable,
-        };
+        let ev = node_op_event(op);
         let owner = self.ctl.engine.node(id).and_then(|n| n.owner).map(|o| o.alloc);
         self.input(Input::Node(id, ev)).map_err(|e| bad("id", e.to_string()))?;
+        // An `enable` of a node an operator drained brings it up drained.
+        self.enforce_admin();
         let lost = owner
             .filter(|a| self.ctl.engine.allocation(*a).is_none_or(|a| !a.nodes.contains(&id)))
             .map(|a| self.name_of(a))

@@ -107,8 +107,12 @@ pub enum MirrorOp {
     },
     /// Whole entries as the leader holds them (a submission mirrored again for a client's retry or
     /// in the background, or with its end), stamped with the mirroring leader's term and taken like
-    /// a merge.
-    Entries { entries: Vec<Entry> },
+    /// a merge; with the records of the DAGs they belong to (a DAG mirrored again).
+    Entries {
+        entries: Vec<Entry>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dags: Vec<(String, Vec<(String, String)>)>,
+    },
 }
 
 /// A member's whole copy, as `QueueMirror.Fetch` sends it.
@@ -275,7 +279,7 @@ impl Mirror {
     fn changes(&mut self, op: MirrorOp, term: u64) -> Vec<Change> {
         let mut out = Vec::new();
         match op {
-            MirrorOp::Entries { entries } => {
+            MirrorOp::Entries { entries, dags } => {
                 for mut e in entries {
                     if let Some(n) = id_number(&e.id) {
                         self.max_id = self.max_id.max(n);
@@ -285,6 +289,11 @@ impl Mirror {
                     }
                 }
                 out.push(Change::Named(MAX_ID.into(), json(&self.max_id)));
+                // The leader's grouping of its members (the newest leader's is the one it serves).
+                for (id, members) in dags {
+                    out.push(Change::Named(format!("{DAG_PREFIX}{id}"), json(&members)));
+                    self.dags.insert(id, members);
+                }
                 self.trim(&mut out);
             }
             MirrorOp::Submit {
@@ -418,6 +427,22 @@ impl Mirror {
         }
     }
 
+    /// How well a DAG record fits this copy's entries: `None` when a member's entry is missing or
+    /// is another allocation (its key is not the DAG's); else the newest term its members were
+    /// queued in.
+    fn dag_fit(&self, dag: &str, members: &[(String, String)]) -> Option<u64> {
+        let prefix = format!("dag:{dag}:");
+        let mut newest = 0;
+        for (_, id) in members {
+            let e = self.entries.get(&id_number(id)?)?;
+            if e.id != *id || e.req.idempotency_key.as_ref().is_some_and(|k| !k.starts_with(&prefix)) {
+                return None;
+            }
+            newest = newest.max(e.origin_term());
+        }
+        Some(newest)
+    }
+
     /// Merges another member's copy into this one: entries this copy lacks, and final records of
     /// allocations this copy still thinks active; the highest id; DAG groupings. Persisted like any op.
     pub fn merge(&mut self, other: Snapshot) -> Durable {
@@ -430,9 +455,17 @@ impl Mirror {
             out.push(Change::Named(MAX_ID.into(), json(&self.max_id)));
         }
         for (id, members) in other.dags {
-            if let std::collections::btree_map::Entry::Vacant(v) = self.dags.entry(id) {
-                out.push(Change::Named(format!("{DAG_PREFIX}{}", v.key()), json(&members)));
-                v.insert(members);
+            // Two copies can hold different records under one DAG id (an attempt no majority held,
+            // and its retry under a later leader): the one whose members are still its own here
+            // wins, the newer one when both are.
+            let take = match self.dags.get(&id) {
+                None => true,
+                Some(mine) if *mine == members => false,
+                Some(mine) => self.dag_fit(&id, &members) > self.dag_fit(&id, mine),
+            };
+            if take {
+                out.push(Change::Named(format!("{DAG_PREFIX}{id}"), json(&members)));
+                self.dags.insert(id, members);
             }
         }
         self.write(out)
@@ -713,6 +746,75 @@ mod tests {
         }
     }
 
+    /// A DAG attempt no majority held (members 1 and 2, term 2) and its retry under a later leader
+    /// that handed number 2 to another allocation (term 3) and queued the DAG as 5 and 6: merging
+    /// the copies either way keeps the retry's record, whose members are still its own.
+    #[test]
+    fn of_two_records_under_one_dag_id_the_one_whose_members_hold_wins() {
+        let keyed = |k: &str| SubmitRequest {
+            idempotency_key: Some(k.into()),
+            ..req("1h")
+        };
+        let dag = |ids: &[&str]| -> (String, Vec<(String, String)>) {
+            let names = ["prep", "solve"];
+            (
+                "d".into(),
+                ids.iter()
+                    .zip(names)
+                    .map(|(i, n)| (n.to_string(), i.to_string()))
+                    .collect(),
+            )
+        };
+        let mut first = Mirror::default();
+        let _ = first.apply_fenced(
+            MirrorOp::Submit {
+                items: vec![
+                    ("a-000001".into(), keyed("dag:d:0")),
+                    ("a-000002".into(), keyed("dag:d:1")),
+                ],
+                submitted_ms: 7,
+                dag: Some(dag(&["a-000001", "a-000002"])),
+            },
+            2,
+            2,
+        );
+        let mut retry = Mirror::default();
+        let _ = retry.apply_fenced(
+            MirrorOp::Submit {
+                items: vec![("a-000002".into(), keyed("other"))],
+                submitted_ms: 8,
+                dag: None,
+            },
+            3,
+            3,
+        );
+        let _ = retry.apply_fenced(
+            MirrorOp::Submit {
+                items: vec![
+                    ("a-000005".into(), keyed("dag:d:0")),
+                    ("a-000006".into(), keyed("dag:d:1")),
+                ],
+                submitted_ms: 9,
+                dag: Some(dag(&["a-000005", "a-000006"])),
+            },
+            3,
+            3,
+        );
+        let mut m = Mirror::default();
+        let _ = m.merge(first.snapshot());
+        let _ = m.merge(retry.snapshot());
+        assert_eq!(m.dags["d"], dag(&["a-000005", "a-000006"]).1, "the stale record lost");
+        let mut other = Mirror::default();
+        let _ = other.merge(retry.snapshot());
+        let _ = other.merge(first.snapshot());
+        assert_eq!(
+            other.dags["d"],
+            dag(&["a-000005", "a-000006"]).1,
+            "and kept, merged the other way"
+        );
+        assert_eq!(other.entries[&2].req.idempotency_key.as_deref(), Some("other"));
+    }
+
     #[test]
     fn a_copy_that_missed_changes_catches_up_by_merging() {
         // The leader's copy saw everything; a member that was down saw only the first submission.
@@ -828,6 +930,7 @@ mod tests {
                     term: 3,
                     ..ended.entries[&5].clone()
                 }],
+                dags: Vec::new(),
             },
             3,
             3,
@@ -854,6 +957,7 @@ mod tests {
         let _ = b_copy.apply_fenced(op("2h", 200), 7, 7);
         let b_snapshot = b_copy.snapshot();
         let retry = MirrorOp::Entries {
+            dags: Vec::new(),
             entries: vec![a_copy.entries[&27].clone()],
         };
         let _ = a_copy.apply_fenced(retry.clone(), 8, 8);
@@ -871,7 +975,14 @@ mod tests {
         let mut end = ended("a-000027");
         end.submitted_ms = 100;
         let entries = a_copy.ended_entries(vec![end]);
-        let _ = stale.apply_fenced(MirrorOp::Entries { entries }, 9, 9);
+        let _ = stale.apply_fenced(
+            MirrorOp::Entries {
+                entries,
+                dags: Vec::new(),
+            },
+            9,
+            9,
+        );
         let e = &stale.entries[&27];
         assert_eq!((e.submitted_ms, e.origin, e.term), (100, 5, 9));
         assert_eq!(e.ended.as_ref().unwrap().state, "completed");

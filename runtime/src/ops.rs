@@ -82,7 +82,7 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
 async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded, cancel: bool) -> Result<(), ApiError> {
     let ids: Vec<String> = match &op {
         MirrorOp::Submit { items, .. } => items.iter().map(|(id, _)| id.clone()).collect(),
-        MirrorOp::Entries { entries } => entries.iter().map(|e| e.id.clone()).collect(),
+        MirrorOp::Entries { entries, .. } => entries.iter().map(|e| e.id.clone()).collect(),
         _ => Vec::new(),
     };
     let (disk, peers) = tokio::join!(
@@ -234,7 +234,13 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
                         });
                     }
                     c.unacked(&id, true);
-                    let recorded = crate::mirror::record(s, MirrorOp::Entries { entries });
+                    let recorded = crate::mirror::record(
+                        s,
+                        MirrorOp::Entries {
+                            entries,
+                            dags: Vec::new(),
+                        },
+                    );
                     (SubmitAnswer { id, elements }, recorded)
                 }
             }
@@ -253,15 +259,19 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             (answer, record_submit(s, &c, queued.elements, None))
         }
     };
-    let acked = mirrored(s, recorded, key.is_none()).await;
-    {
+    let keyed = key.is_some();
+    let id = answer.id.clone();
+    let acked = settled(s, async move |s: Arc<Shared>| {
+        let acked = mirrored(&s, recorded, !keyed).await;
         let mut c = s.control.lock().await;
-        match (&acked, &key) {
+        match (&acked, keyed) {
             // Kept queued under its key: a retry mirrors it again.
-            (Err(_), Some(_)) => c.unacked(&answer.id, false),
-            _ => c.acked(&answer.id),
+            (Err(_), true) => c.unacked(&id, false),
+            _ => c.acked(&id),
         }
-    }
+        acked
+    })
+    .await;
     acked?;
     let n = answer.elements.len().max(1) as u64;
     s.metrics.submitted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
@@ -287,10 +297,15 @@ pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, 
 /// a deposed leader that has not heard of its successor yet must not deny what the new leader
 /// acknowledged (it answers "not the leader" instead).
 async fn absent(s: &Shared, id: &str) -> ApiError {
+    absent_as(s, "allocation", id).await
+}
+
+/// [`absent`] for any kind of record (`allocation`, `DAG`).
+async fn absent_as(s: &Shared, kind: &str, id: &str) -> ApiError {
     match s.member.confirm_leader().await {
         // And only from the queue adopted in the term it leads (not a control plane replaced by a
         // leadership change while the request ran).
-        Ok(()) if s.control.lock().await.adopted_term == s.member.leader_term() => not_found("allocation", id),
+        Ok(()) if s.control.lock().await.adopted_term == s.member.leader_term() => not_found(kind, id),
         Ok(()) => ApiError::Unavailable {
             message: "the leader is taking over the queue; retry".into(),
         },
@@ -463,19 +478,68 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
         });
     }
     writable(s).await?;
-    let (r, actions) = {
-        let mut c = s.control.lock().await;
-        let r = c.node_op(id, op);
-        (r, c.take_actions())
-    };
-    execute(s.clone(), actions).await;
-    let (state, lost) = r.map_err(|e| {
+    let refused = |e: crate::control::FieldError| {
         if e.message.starts_with("no node") {
             not_found("node", id)
         } else {
             bad_request(e)
         }
-    })?;
+    };
+    // Whether the node's state allows it now; the order itself may still change (an undrain of a
+    // node a new leader has not seen come back yet lifts the drain; a drain of a down node holds
+    // when it comes back).
+    let allowed = match s.control.lock().await.check_node_op(id, op) {
+        Err(e) if e.message.starts_with("no node") => return Err(refused(e)),
+        r => r,
+    };
+    // The standing order is recorded at the quorum first, so a new leader keeps it.
+    let was = s
+        .member
+        .read(|q| q.node_admin.get(id).copied())
+        .await
+        .unwrap_or_default();
+    let mut order = was;
+    match op {
+        NodeOp::Drain => order.drained = true,
+        NodeOp::Undrain => order.drained = false,
+        NodeOp::Disable => order.disabled = true,
+        NodeOp::Enable => order.disabled = false,
+    }
+    if order == was {
+        // Nothing to record: refused when the state does not allow it (nothing changes).
+        allowed.map_err(refused)?;
+    } else {
+        let cmd = lattice_adapters::QuorumCommand::NodeAdmin {
+            node: id.to_string(),
+            drained: order.drained,
+            disabled: order.disabled,
+        };
+        s.member.propose(cmd).await.map_err(|e| match e {
+            lattice_adapters::ProposeError::NotLeader { leader_id, leader } => {
+                ApiError::NotLeader { leader_id, leader }
+            }
+            e => ApiError::Unavailable {
+                message: format!("node {id}: the order could not be recorded at the quorum ({e}); retry"),
+            },
+        })?;
+    }
+    let (r, actions) = {
+        let mut c = s.control.lock().await;
+        c.set_admin(id, order.drained, order.disabled);
+        // Asked again: the node's state may have changed while the order was being recorded (its
+        // agent registered, say); a recorded order holds either way.
+        let r = match c.check_node_op(id, op) {
+            Ok(()) => c.node_op(id, op),
+            Err(e) if order == was => Err(e),
+            Err(_) => {
+                c.enforce_admin();
+                Ok((c.node_state_of(id).unwrap_or_default(), Vec::new()))
+            }
+        };
+        (r, c.take_actions())
+    };
+    execute(s.clone(), actions).await;
+    let (state, lost) = r.map_err(refused)?;
     for alloc in lost {
         tracing::warn!("{alloc} lost node {id} ({op:?})");
     }
@@ -812,10 +876,90 @@ pub async fn submit_dag(
             format!("dependency cycle among {}", stuck.join(", ")),
         ));
     }
+    if let Some(id) = &req.id
+        && (id.is_empty() || id.len() > MAX_DAG_ID)
+    {
+        return Err(bad("id".into(), format!("{} characters; 1 to {MAX_DAG_ID}", id.len())));
+    }
+    // A DAG id of the client's choosing is its idempotency key: a retry (after a timeout, a lost
+    // answer, a 503, a fail-over) gets the first submission's members once a majority holds them,
+    // never a second DAG. Each member is keyed `dag:ID:INDEX`, so a new leader mirrors an adopted
+    // member again (with the DAG's record) before it starts, as for any keyed submission.
+    let keyed = req.id.is_some();
     let mut c = s.control.lock().await;
     let dag_id = req.id.clone().unwrap_or_else(|| c.next_dag_id());
-    if c.dag(&dag_id).is_some() {
-        return Err(bad("id".into(), format!("DAG {dag_id} exists")));
+    if let Some(existing) = c.dag(&dag_id).cloned()
+        && keyed
+        && !dag_record_holds(&c, &dag_id, &req, &existing)
+    {
+        // A record of an earlier attempt that was never acknowledged: some member's number now
+        // belongs to another allocation (a later leader that never saw the attempt handed it out).
+        // The attempt's members still here are cancelled and the DAG is queued anew (found by DST).
+        // Whatever holds a member's key now is such an attempt too (the record may name an older one).
+        for (i, m) in req.allocations.iter().enumerate() {
+            if m.request.idempotency_key.is_none()
+                && let Some(id) = c.by_key(&m.request.tenant, &dag_key(&dag_id, i)).cloned()
+            {
+                c.cancel(&id);
+            }
+        }
+        c.remove_dag(&dag_id);
+        tracing::warn!("DAG {dag_id}: an earlier attempt's record does not hold (never acknowledged); queued anew");
+    }
+    if let Some(existing) = c.dag(&dag_id).cloned() {
+        let names: Vec<&str> = existing.iter().map(|(n, _)| n.as_str()).collect();
+        let mut asked: Vec<&str> = req.allocations.iter().map(|m| m.name.as_str()).collect();
+        let mut had = names.clone();
+        asked.sort_unstable();
+        had.sort_unstable();
+        if asked != had {
+            return Err(bad(
+                "id".into(),
+                format!("DAG {dag_id} exists with other members ({})", names.join(", ")),
+            ));
+        }
+        let ids: Vec<String> = existing.iter().map(|(_, id)| id.clone()).collect();
+        if ids.iter().any(|i| c.ack_state(i) == Some(true)) {
+            return Err(ApiError::Unavailable {
+                message: format!("DAG {dag_id} is still being acknowledged; retry"),
+            });
+        }
+        if ids.iter().all(|i| c.ack_state(i).is_none()) {
+            return Ok((dag_id, existing));
+        }
+        // Not yet on a majority: its members' records and its own are mirrored again.
+        let entries: Vec<crate::mirror::Entry> = {
+            let m = s.mirror.lock().unwrap_or_else(|e| e.into_inner());
+            ids.iter()
+                .filter_map(|n| m.entries.get(&crate::control::id_number(n)?))
+                .cloned()
+                .collect()
+        };
+        if entries.len() != ids.len() {
+            return Err(ApiError::Unavailable {
+                message: format!("DAG {dag_id}: not every member is in this member's record; retry"),
+            });
+        }
+        for i in &ids {
+            c.unacked(i, true);
+        }
+        let recorded = crate::mirror::record(
+            s,
+            MirrorOp::Entries {
+                entries,
+                dags: vec![(dag_id.clone(), existing.clone())],
+            },
+        );
+        drop(c);
+        let acked = settled(s, async move |s: Arc<Shared>| {
+            let acked = mirrored(&s, recorded, false).await;
+            settle_dag_ack(&s, &ids, acked.is_ok()).await;
+            acked
+        })
+        .await;
+        acked?;
+        s.wake.notify_one();
+        return Ok((dag_id, existing));
     }
     let mut ids: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
     let mut members = Vec::new();
@@ -837,10 +981,15 @@ pub async fn submit_dag(
         if !p.is_admin() || r.user.is_none() {
             r.user = Some(p.user.clone());
         }
+        if keyed && r.idempotency_key.is_none() {
+            r.idempotency_key = Some(dag_key(&dag_id, i));
+        }
         let id = c.submit(r.clone()).map_err(|e| ApiError::BadRequest {
             field: format!("allocations[{i}].{}", e.field),
             message: e.message,
         })?;
+        // Not started before a majority holds it (a retry could otherwise run it twice).
+        c.unacked(&id, true);
         ids.insert(m.name.clone(), id.clone());
         members.push((m.name.clone(), id.clone()));
         items.push((id, r));
@@ -848,7 +997,15 @@ pub async fn submit_dag(
     c.add_dag(&dag_id, members.clone());
     let recorded = record_submit(s, &c, items, Some((dag_id.clone(), members.clone())));
     drop(c);
-    mirrored(s, recorded, true).await?;
+    let ids: Vec<String> = members.iter().map(|(_, id)| id.clone()).collect();
+    let acked = settled(s, async move |s: Arc<Shared>| {
+        let acked = mirrored(&s, recorded, !keyed).await;
+        // Without a key a DAG that could not be made durable is cancelled (nothing to mirror again).
+        settle_dag_ack(&s, &ids, acked.is_ok() || !keyed).await;
+        acked
+    })
+    .await;
+    acked?;
     s.metrics
         .submitted
         .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -856,11 +1013,64 @@ pub async fn submit_dag(
     Ok((dag_id, members))
 }
 
+/// The idempotency key of the member at position `i` of a DAG submitted under the client's id.
+fn dag_key(dag: &str, i: usize) -> String {
+    format!("dag:{dag}:{i}")
+}
+
+/// Whether a DAG's record still names its own members: each (keyed by the DAG) is the allocation
+/// its key names here. A number handed out again by a later leader breaks it.
+fn dag_record_holds(c: &crate::control::Control, dag: &str, req: &DagRequest, existing: &[(String, String)]) -> bool {
+    existing.iter().all(|(name, id)| {
+        match req.allocations.iter().position(|m| m.name == *name) {
+            // Its own key (not the DAG's): nothing to tell by.
+            Some(i) if req.allocations[i].request.idempotency_key.is_some() => true,
+            Some(i) => c.by_key(&req.allocations[i].request.tenant, &dag_key(dag, i)) == Some(id),
+            None => true,
+        }
+    })
+}
+
+/// Runs `work` — mirroring a submission and settling whether it is acknowledged — to its end even
+/// when the request that started it is dropped (a client that gave up and closed its connection):
+/// otherwise its allocations would stay "being acknowledged" for good, never start, and hold up the
+/// queue behind them (found by DST, seed 586).
+async fn settled<F>(s: &Arc<Shared>, work: impl FnOnce(Arc<Shared>) -> F) -> Result<(), ApiError>
+where
+    F: std::future::Future<Output = Result<(), ApiError>> + Send + 'static,
+{
+    tokio::spawn(work(s.clone())).await.unwrap_or_else(|e| {
+        Err(ApiError::Unavailable {
+            message: format!("acknowledging the submission failed ({e}); retry"),
+        })
+    })
+}
+
+/// After a DAG's mirroring: its members are acknowledged (they may start), or wait to be mirrored
+/// again (by a retry, or in the background).
+async fn settle_dag_ack(s: &Shared, ids: &[String], acked: bool) {
+    let mut c = s.control.lock().await;
+    for id in ids {
+        if acked {
+            c.acked(id);
+        } else {
+            c.unacked(id, false);
+        }
+    }
+}
+
+/// The longest DAG id a client may choose.
+pub const MAX_DAG_ID: usize = 100;
+
 /// A DAG's members and its overall state: `failed` if any failed, else `cancelled` if any was,
 /// `completed` when all completed, `running` when any runs, else `pending`.
 pub async fn dag(s: &Shared, p: &Principal, id: &str) -> Result<(String, Vec<(String, AllocationView)>), ApiError> {
     readable(s).await?;
-    dag_view(s, p, id).await
+    match dag_view(s, p, id).await {
+        // Said only once this member is sure it still leads (as for an allocation).
+        Err(ApiError::NotFound { .. }) => Err(absent_as(s, "DAG", id).await),
+        r => r,
+    }
 }
 
 async fn dag_view(s: &Shared, p: &Principal, id: &str) -> Result<(String, Vec<(String, AllocationView)>), ApiError> {

@@ -421,6 +421,7 @@ async fn scheduling_loop(
         }
         prune_mirror(&shared).await;
         remirror_unacked(&shared).await;
+        settle_ends(&shared).await;
         release_ended_holdings(&shared).await;
         if shared.simulate_agents {
             // Re-attached runs: their simulated agents carry on.
@@ -440,7 +441,8 @@ async fn scheduling_loop(
         }
         let actions = {
             let mut c = shared.control.lock().await;
-            let (_, took) = c.schedule();
+            let (stats, took) = c.schedule();
+            tracing::trace!("m{}: pass at {:?}: {stats:?}", shared.member.id, c.now());
             shared.metrics.cycle(took);
             c.take_actions()
         };
@@ -640,6 +642,14 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         .confirm_leader()
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // A member that leads again after a restart, in the term it led before, may not have applied
+    // what it committed then (its committed index is a hint it can lose): a write now commits and
+    // applies everything before it (found by DST: a drain was read as absent after a cluster crash).
+    shared
+        .member
+        .propose(QuorumCommand::Barrier)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let copies = crate::mirror::fetch_all(shared, term, std::time::Duration::from_secs(1))
         .await
         .map_err(anyhow::Error::msg)?;
@@ -650,6 +660,20 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         copies.iter().map(|c| c.max_id).collect::<Vec<_>>()
     );
     for snap in copies {
+        tracing::trace!(
+            "m{} term {term}: a copy's records: {:?}",
+            shared.member.id,
+            snap.entries
+                .values()
+                .map(|e| (
+                    e.id.clone(),
+                    e.term,
+                    e.origin,
+                    e.submitted_ms,
+                    e.ended.as_ref().map(|v| v.state.clone())
+                ))
+                .collect::<Vec<_>>()
+        );
         let durable = shared.mirror.lock().unwrap_or_else(|e| e.into_inner()).merge(snap);
         durable.wait().await.map_err(anyhow::Error::msg)?;
     }
@@ -700,14 +724,32 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         // unknown ones (forgotten) count as satisfied.
         req.depends_on
             .retain(|d| control.id_of(&d.reference).is_some() || control.view_named(&d.reference).is_some());
-        match control.submit_named(req, Some(&e.id)) {
+        let mut unmet = false;
+        match control.submit_named(req.clone(), Some(&e.id)) {
             Ok(_) => adopted += 1,
+            Err(err) if err.field.starts_with("depends_on") && err.message.contains("can never be met") => {
+                // A dependency ended so that it can never run, and its own end (cancelled, as the
+                // engine ends such a dependent) was not recorded before the fail-over: it is adopted
+                // and ends so now — an acknowledged allocation is never dropped (found by DST).
+                req.depends_on.retain(|d| control.id_of(&d.reference).is_some());
+                if let Err(err) = control.submit_named(req, Some(&e.id)) {
+                    tracing::warn!("could not adopt {}: {err}", e.id);
+                    continue;
+                }
+                adopted += 1;
+                unmet = true;
+            }
             Err(err) => {
                 tracing::warn!("could not adopt {}: {err}", e.id);
                 continue;
             }
         }
         control.resubmitted(&e.id, e.submitted_ms);
+        if unmet {
+            control.cancel(&e.id);
+            tracing::info!("{}: a dependency ended unmet; cancelled", e.id);
+            continue;
+        }
         if let Some(a) = held.get(&e.id) {
             // Exits of an earlier run (before a requeue) do not count for this one.
             let exits = if e.exits_run == a.since_ms {
@@ -736,6 +778,13 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     }
     settle_keys(&mut control, &keyed);
     control.await_agents();
+    // Operators' standing orders (drains, disables) live at the quorum: a fail-over keeps them.
+    let orders = shared.member.read(|q| q.node_admin.clone()).await;
+    tracing::trace!("m{}: standing orders at adoption: {orders:?}", shared.member.id);
+    for (node, o) in &orders {
+        control.set_admin(node, o.drained, o.disabled);
+    }
+    control.enforce_admin();
     control.adopted_term = Some(term);
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
     // reads the control plane, whose lock is held here).
@@ -760,16 +809,19 @@ async fn remirror_unacked(shared: &Arc<Shared>) {
     if ids.is_empty() {
         return;
     }
-    let entries: Vec<crate::mirror::Entry> = {
+    let (entries, dags) = {
         let c = shared.control.lock().await;
         let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
-        ids.iter()
+        let entries: Vec<crate::mirror::Entry> = ids
+            .iter()
             .flat_map(|id| {
                 let members = c.group_members(id);
                 if members.is_empty() { vec![id.clone()] } else { members }
             })
             .filter_map(|n| m.entries.get(&crate::control::id_number(&n)?).cloned())
-            .collect()
+            .collect();
+        // The DAGs they belong to: their records may be on as few copies as the members'.
+        (entries, c.dags_of(&ids))
     };
     {
         let mut c = shared.control.lock().await;
@@ -777,10 +829,14 @@ async fn remirror_unacked(shared: &Arc<Shared>) {
             c.unacked(id, true);
         }
     }
-    let (op, term, durable) = crate::mirror::record(shared, crate::mirror::MirrorOp::Entries { entries });
+    let (op, term, durable) = crate::mirror::record(shared, crate::mirror::MirrorOp::Entries { entries, dags });
     let (disk, peers) = tokio::join!(
         durable.wait(),
         crate::mirror::replicate(shared, &op, term, std::time::Duration::from_secs(1))
+    );
+    tracing::trace!(
+        "m{}: mirrored {ids:?} again: disk {disk:?}, a majority {peers}",
+        shared.member.id
     );
     let mut c = shared.control.lock().await;
     for id in &ids {
@@ -848,6 +904,8 @@ async fn record_ended_on_majority(shared: &Arc<Shared>, ended: Vec<String>, atte
             crate::mirror::replicate(shared, &op, term, std::time::Duration::from_secs(1))
         );
         if disk.is_ok() && peers {
+            let ids = ended_ids(&op);
+            shared.control.lock().await.ends_settled(&ids);
             return true;
         }
         tracing::debug!("recording the end of {ended:?} in term {term}: own disk {disk:?}, a majority: {peers}");
@@ -876,7 +934,10 @@ async fn ended_op(shared: &Arc<Shared>, ended: Vec<String>) -> Option<crate::mir
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .ended_entries(views);
-    (!entries.is_empty()).then_some(crate::mirror::MirrorOp::Entries { entries })
+    (!entries.is_empty()).then_some(crate::mirror::MirrorOp::Entries {
+        entries,
+        dags: Vec::new(),
+    })
 }
 
 /// Records `ended` (allocations that ended, or that this control plane does not know) in the mirrors
@@ -895,8 +956,32 @@ async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
     }
     let s = shared.clone();
     tokio::spawn(async move {
-        crate::mirror::replicate(&s, &op, term, std::time::Duration::from_secs(1)).await;
+        if crate::mirror::replicate(&s, &op, term, std::time::Duration::from_secs(1)).await {
+            let ids = ended_ids(&op);
+            s.control.lock().await.ends_settled(&ids);
+        }
     });
+}
+
+/// The allocations a mirrored end record names.
+fn ended_ids(op: &crate::mirror::MirrorOp) -> Vec<String> {
+    match op {
+        crate::mirror::MirrorOp::Entries { entries, .. } => entries.iter().map(|e| e.id.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Records on a majority the ends dependents wait for (ends adopted from this member's own copy, or
+/// recorded in the background and not yet confirmed).
+async fn settle_ends(shared: &Arc<Shared>) {
+    let wanted = shared.control.lock().await.take_settle_wanted();
+    if wanted.is_empty() {
+        return;
+    }
+    if record_ended_on_majority(shared, wanted.clone(), 1).await {
+        shared.control.lock().await.ends_settled(&wanted);
+        shared.wake.notify_one();
+    }
 }
 
 /// Proposes a start to the quorum and tells the controller its answer; what that causes (the launch,
@@ -904,7 +989,29 @@ async fn record_ended(shared: &Arc<Shared>, ended: Vec<String>) {
 async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> {
     {
         let mut c = shared.control.lock().await;
+        // A dependent starts only once its dependencies' ends are on a majority's copies: an end a
+        // fail-over could lose would run the dependency again beside it (found by DST).
+        let deps: Vec<String> = crate::control::id_number(&p.name)
+            .and_then(|n| {
+                let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
+                m.entries
+                    .get(&n)
+                    .map(|e| e.req.depends_on.iter().map(|d| d.reference.clone()).collect())
+            })
+            .unwrap_or_default();
+        let unsettled = c.unsettled_ends(&deps);
+        if c.incarnation == p.incarnation && !unsettled.is_empty() {
+            c.rejected(
+                p.alloc,
+                format!(
+                    "waiting until the end of {} is on a majority of the members' disks",
+                    unsettled.join(", ")
+                ),
+            );
+            return c.take_actions();
+        }
         if c.incarnation == p.incarnation && c.waits_for_ack(&p.name) {
+            tracing::trace!("m{}: {} waits for its acknowledgement", shared.member.id, p.name);
             // Not started before it is on a majority's disks (mirrored again in the background).
             c.rejected(
                 p.alloc,
@@ -924,6 +1031,14 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
     let r = shared.member.propose(cmd).await;
     shared.metrics.commit(t0.elapsed());
     let mut c = shared.control.lock().await;
+    tracing::trace!(
+        "m{}: start of {} on {:?}: {r:?} (incarnation {} now {})",
+        shared.member.id,
+        p.name,
+        p.nodes,
+        p.incarnation,
+        c.incarnation
+    );
     if c.incarnation != p.incarnation {
         // The control plane that proposed it is gone (a leadership change). A start that committed
         // anyway is undone unless the new one took it over (it adopted after the commit and runs it).

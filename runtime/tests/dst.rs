@@ -55,7 +55,18 @@ fn the_seeds_that_found_bugs_pass() {
     ] {
         // Found with the runtime's own simulated agents (before agent hosts existed).
         let (code, out) = dst(&[
-            "--seeds", "1", "--seed", seed, "--steps", steps, "--faults", "all", "--agents", "0",
+            "--seeds",
+            "1",
+            "--seed",
+            seed,
+            "--steps",
+            steps,
+            "--faults",
+            "all",
+            "--agents",
+            "0",
+            "--workload",
+            "basic",
         ]);
         assert_eq!(code, 0, "seed {seed}: {out}");
     }
@@ -71,7 +82,10 @@ fn the_seeds_that_found_bugs_pass() {
 /// had freed at the quorum ('duplicate') (151); an ended allocation's nodes kept after its release
 /// failed (247); a restarted agent's fencing blocked behind a register call (462); an earlier run's
 /// exits kept in memory so that a new run never completed (317); a new leader launching a
-/// requeued start while an agent it had not heard from yet still ran the earlier one (992).
+/// requeued start while an agent it had not heard from yet still ran the earlier one (992); a
+/// re-attached node's old heartbeat taken again by a new leader that had not seen its agent register
+/// (550); a client that gave up mid-request left its keyed submission "being acknowledged" for good,
+/// so it never started and held up the queue (586).
 #[test]
 fn the_seeds_that_found_agent_bugs_pass() {
     let agent_faults = "isolate-agent,agent-crash,slow-agent";
@@ -86,8 +100,37 @@ fn the_seeds_that_found_agent_bugs_pass() {
         ("462", "all"),
         ("317", "all"),
         ("992", "all"),
+        ("550", "all"),
+        ("586", "all"),
     ] {
-        let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", faults]);
+        let (code, out) = dst(&[
+            "--seeds",
+            "1",
+            "--seed",
+            seed,
+            "--steps",
+            "2000",
+            "--faults",
+            faults,
+            "--workload",
+            "basic",
+        ]);
+        assert_eq!(code, 0, "seed {seed}: {out}");
+    }
+}
+
+/// Seeds that found bugs with the full workload (DAGs over REST, an operator's drains), each fixed:
+/// a DAG retried under its id was answered with an earlier, never acknowledged attempt's record,
+/// whose members' numbers a later leader had handed to other allocations (5), and a retry queued
+/// beside an attempt the record did not name (683); a leader restarted into its old term read a
+/// stale state — a drain taken before the crash was gone (1119) — and two incarnations of one
+/// term's leader mirrored two ends of one allocation (2352); a DAG member whose dependency had
+/// ended unmet was dropped at a take-over instead of ending cancelled (97); a dependent started on
+/// an end no majority held, and ran beside its dependency run again after a fail-over (719).
+#[test]
+fn the_seeds_that_found_workload_bugs_pass() {
+    for seed in ["5", "683", "1119", "2352", "97", "719"] {
+        let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", "all"]);
         assert_eq!(code, 0, "seed {seed}: {out}");
     }
 }

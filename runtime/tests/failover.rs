@@ -146,3 +146,103 @@ async fn killing_the_leader_while_submitting_loses_no_acknowledged_allocation() 
         r.shutdown().await;
     }
 }
+
+/// An operator's drain is a standing order at the quorum: the leader that took it is killed, and the
+/// new leader still keeps the node drained (nothing is placed there) until it is undrained. A drain
+/// or undrain the node's state refuses records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_outlives_the_leader_that_took_it() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-drain-failover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut rts: Vec<Option<lattice_runtime::Running>> = common::start_quorum(&dir, 3, 3, "")
+        .await
+        .into_iter()
+        .map(Some)
+        .collect();
+    let rest: Vec<String> = rts.iter().map(|r| r.as_ref().unwrap().rest_addr.to_string()).collect();
+    let t0 = Instant::now();
+    let first = loop {
+        if let Some(i) = rts.iter().position(|r| r.as_ref().unwrap().shared.member.is_leader()) {
+            break i;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "a first leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let base = format!("http://{}", rest[first]);
+    // Undraining a node that is not drained is refused, and records nothing at the quorum.
+    let (status, v) = common::http("POST", format!("{base}/v1/nodes/sim-001/undrain"), Some(json!({}))).await;
+    assert_eq!(status, 400, "{v}");
+    let shared = rts[first].as_ref().unwrap().shared.clone();
+    assert!(
+        shared.member.read(|q| q.node_admin.is_empty()).await,
+        "nothing recorded"
+    );
+    let (status, v) = common::http("POST", format!("{base}/v1/nodes/sim-001/drain"), Some(json!({}))).await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("drained")), "{v}");
+
+    let killed = rts[first].take().unwrap();
+    let killed_at = Instant::now();
+    killed.shutdown().await;
+    let next = loop {
+        if let Some(i) = rts
+            .iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.shared.member.is_leader()))
+        {
+            break i;
+        }
+        assert!(killed_at.elapsed() < Duration::from_secs(10), "a new leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let base = format!("http://{}", rest[next]);
+    // The new leader serves once it has taken over; the node is still drained there.
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = common::http("GET", format!("{base}/v1/nodes/sim-001"), None).await;
+        if status == 200 {
+            assert_eq!(v["state"], "drained", "the drain outlived its leader: {v}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the new leader serves: {status} {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Three one-node allocations on the two nodes left: none is placed on the drained node.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let job = json!({"tenant": "bio", "entrypoint": "sleep 0.5", "resources": {"nodes": 1},
+                         "lifecycle": {"walltime": "1m"}});
+        let (status, v) = common::http("POST", format!("{base}/v1/allocations"), Some(job)).await;
+        assert_eq!(status, 201, "{v}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    let t0 = Instant::now();
+    for id in &ids {
+        loop {
+            let (_, v) = common::http("GET", format!("{base}/v1/allocations/{id}"), None).await;
+            let nodes: Vec<&str> = v["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str())
+                .collect();
+            assert!(!nodes.contains(&"sim-001"), "{id} placed on the drained node: {v}");
+            if v["state"] == "completed" {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{id} did not complete: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let (status, v) = common::http("POST", format!("{base}/v1/nodes/sim-001/undrain"), Some(json!({}))).await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("ready")), "{v}");
+    let shared = rts[next].as_ref().unwrap().shared.clone();
+    assert!(
+        shared.member.read(|q| q.node_admin.is_empty()).await,
+        "the undrain lifted the order"
+    );
+    for r in rts.into_iter().flatten() {
+        r.shutdown().await;
+    }
+}

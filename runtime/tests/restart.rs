@@ -394,3 +394,63 @@ fn with_real_agents_nothing_is_placed_on_a_node_whose_agent_never_registered() {
     rt.block_on(running.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// After a take-over, a node holding a re-attached allocation keeps its agent's silence timer, but
+/// its heartbeat sequence is unknown to the new control plane: its first heartbeat is answered "has
+/// not registered" (the agent registers again and its sequence restarts), so an earlier heartbeat
+/// delivered again is never taken (found by DST, seed 550).
+#[test]
+fn a_taken_over_nodes_agent_registers_before_its_heartbeats_count() {
+    let mut c = common::balanced_control(2);
+    c.real_agents = true;
+    c.set_clock(lattice_engine::Time(1_000_000));
+    let req: lattice_runtime::control::SubmitRequest = serde_json::from_value(json!({"tenant": "t",
+        "entrypoint": "sleep 600", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1h"}}))
+    .unwrap();
+    let id = c.submit(req).unwrap();
+    let node = c.nodes()[0].name.clone();
+    c.reattach(&id, std::slice::from_ref(&node), 999_000, 998_000, &Default::default())
+        .unwrap();
+    let e = c.heartbeat(&node, 14).unwrap_err();
+    assert!(e.message.contains("has not registered"), "{e}");
+    c.register_agent(&node).unwrap();
+    c.heartbeat(&node, 1).unwrap();
+    let e = c.heartbeat(&node, 1).unwrap_err();
+    assert!(
+        e.message.contains("replayed"),
+        "a heartbeat delivered again is refused: {e}"
+    );
+    assert_eq!(
+        c.view_named(&id).unwrap().state,
+        "running",
+        "the re-attached run goes on"
+    );
+}
+
+/// An operator's standing drain holds when the node comes back: a new leader's node whose agent
+/// registers (Booting → Ready) drains at once, and an undrain lifts it.
+#[test]
+fn a_standing_drain_holds_when_the_node_comes_back() {
+    let mut c = common::balanced_control(2);
+    c.real_agents = true;
+    c.set_clock(lattice_engine::Time(1_000_000));
+    c.await_agents();
+    let node = c.nodes()[1].name.clone();
+    assert_eq!(c.node_state_of(&node).as_deref(), Some("booting"));
+    c.set_admin(&node, true, false);
+    c.enforce_admin();
+    assert_eq!(
+        c.node_state_of(&node).as_deref(),
+        Some("booting"),
+        "nothing to drain yet"
+    );
+    c.register_agent(&node).unwrap();
+    assert_eq!(c.node_state_of(&node).as_deref(), Some("drained"), "up again, drained");
+    c.set_admin(&node, false, false);
+    c.drain(&node, false).unwrap();
+    assert_eq!(c.node_state_of(&node).as_deref(), Some("ready"));
+    // A disabled node goes down and stays down until enabled.
+    c.set_admin(&node, false, true);
+    c.enforce_admin();
+    assert_eq!(c.node_state_of(&node).as_deref(), Some("down"));
+}

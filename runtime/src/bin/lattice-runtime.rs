@@ -59,6 +59,11 @@ enum Cmd {
         /// runtime's own simulated agents run the work, on 12 nodes).
         #[arg(long, default_value_t = 6)]
         agents: usize,
+        /// What the clients do: `full` (gRPC clients submitting and cancelling, a REST client
+        /// submitting and cancelling DAGs, and with agents an operator draining nodes) or `basic`
+        /// (the gRPC clients only: the workload the earliest regression seeds were found with).
+        #[arg(long, default_value = "full")]
+        workload: String,
         /// A test-only injected bug the run must catch: ack-without-majority, agent-no-fence.
         #[arg(long)]
         bug: Option<String>,
@@ -107,6 +112,7 @@ async fn run() -> Result<()> {
         faults,
         members,
         agents,
+        workload,
         bug,
         threads,
         verbose,
@@ -127,6 +133,7 @@ async fn run() -> Result<()> {
             faults: lattice_runtime::dst::parse_faults(faults).map_err(anyhow::Error::msg)?,
             members: *members,
             agents: *agents,
+            workload: lattice_runtime::dst::Workload::parse(workload).map_err(anyhow::Error::msg)?,
             bugs: bug
                 .as_deref()
                 .map(lattice_runtime::dst::Bugs::parse)

@@ -50,7 +50,12 @@ async fn call(member: u64, path: &str, body: &serde_json::Value) -> Option<(u16,
     request(member, "POST", path, body).await
 }
 
-async fn request(member: u64, method: &str, path: &str, body: &serde_json::Value) -> Option<(u16, serde_json::Value)> {
+pub(crate) async fn request(
+    member: u64,
+    method: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Option<(u16, serde_json::Value)> {
     let io = async {
         let mut s = turmoil::net::TcpStream::connect((super::host_name(member).as_str(), super::REST_PORT))
             .await
@@ -270,12 +275,53 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
 
 /// The site's remediation, as an operator (or OpenCHAMI's automation) does it: a node Down for 5 s
 /// — its agent cut off or dead past its lease, its work requeued — is enabled again (Down → Ready),
-/// so the site does not shrink for good with every agent fault.
-pub async fn operator(members: u64, obs: SharedObs) -> turmoil::Result {
+/// so the site does not shrink for good with every agent fault. With `drains` (a seed for its own
+/// stream of choices) it also drains a node now and then for 1–4 s, and lifts every drain once the
+/// faults have healed; what it was told is in [`super::Obs::drained`].
+pub async fn operator(members: u64, nodes: usize, drains: Option<u64>, obs: SharedObs) -> turmoil::Result {
+    use rand_core::{Rng, SeedableRng};
     let mut target = 1u64;
     let mut down_since: BTreeMap<String, u64> = BTreeMap::new();
+    let mut rng = drains.map(rand_chacha::ChaCha8Rng::seed_from_u64);
+    // Drained nodes (acknowledged or not) → when to lift the drain (ms).
+    let mut lift_at: BTreeMap<String, u64> = BTreeMap::new();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(rng) = rng.as_mut() {
+            let healed = lock(&obs).healed;
+            let now = now_ms();
+            let due: Vec<String> = lift_at
+                .iter()
+                .filter(|(_, t)| healed || **t <= now)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for node in due {
+                match node_order(target, &node, "undrain", &obs).await {
+                    Order::Taken | Order::Refused => {
+                        lift_at.remove(&node);
+                    }
+                    Order::Elsewhere(leader) => target = leader.unwrap_or(target % members + 1),
+                }
+            }
+            if !healed && nodes > 0 && rng.next_u64().is_multiple_of(2) {
+                let node = node_name((rng.next_u64() % nodes as u64) as usize);
+                let until = now + 1_000 + rng.next_u64() % 3_000;
+                if let std::collections::btree_map::Entry::Vacant(slot) = lift_at.entry(node.clone()) {
+                    match node_order(target, &node, "drain", &obs).await {
+                        Order::Taken => {
+                            slot.insert(until);
+                        }
+                        // Refused (the node's state does not allow it): nothing to lift.
+                        Order::Refused => {}
+                        // No answer: it may have been drained; lift it in time either way.
+                        Order::Elsewhere(leader) => {
+                            slot.insert(until);
+                            target = leader.unwrap_or(target % members + 1);
+                        }
+                    }
+                }
+            }
+        }
         let Some((200, v)) = request(target, "GET", "/v1/nodes", &serde_json::Value::Null).await else {
             target = target % members + 1;
             continue;
@@ -297,6 +343,49 @@ pub async fn operator(members: u64, obs: SharedObs) -> turmoil::Result {
                 down_since.remove(id);
             }
         }
+    }
+}
+
+/// How an operator's order went.
+enum Order {
+    Taken,
+    /// Refused for good (the node's state does not allow it).
+    Refused,
+    /// No answer, or not the leader (the one it names, when it does).
+    Elsewhere(Option<u64>),
+}
+
+/// A drain or undrain of `node` at `member`. While it is in flight the node's drain is uncertain
+/// (either outcome is allowed); a taken drain must hold at every later leader until it is lifted.
+async fn node_order(member: u64, node: &str, what: &str, obs: &SharedObs) -> Order {
+    lock(obs).drained.insert(node.to_string(), false);
+    let answer = call(member, &format!("/v1/nodes/{node}/{what}"), &serde_json::json!({})).await;
+    let mut o = lock(obs);
+    let drain = what == "drain";
+    match answer {
+        Some((200, v)) => {
+            o.event(format!(
+                "operator {what} {node}: {}",
+                v["state"].as_str().unwrap_or("?")
+            ));
+            if drain {
+                o.drained.insert(node.to_string(), true);
+            } else {
+                o.drained.remove(node);
+            }
+            Order::Taken
+        }
+        Some((400, v)) => {
+            o.event(format!(
+                "operator {what} {node} refused: {}",
+                v["error"].as_str().unwrap_or("?")
+            ));
+            // Refused: nothing changed (an undrain refused: the node is not drained).
+            o.drained.remove(node);
+            Order::Refused
+        }
+        Some((421, v)) => Order::Elsewhere(v["leader_id"].as_u64()),
+        _ => Order::Elsewhere(None),
     }
 }
 

@@ -153,6 +153,30 @@ impl Checker {
                 self.states.insert(id.clone(), v.state.clone());
             }
         }
+        // A DAG member runs only after the members it depends on completed.
+        for (child, parents) in &o.dag_deps {
+            let Some(v) = c.view_named(child) else { continue };
+            if !matches!(v.state.as_str(), "running" | "staging") {
+                continue;
+            }
+            for p in parents {
+                let ps = c.view_named(p).map_or("unknown".to_string(), |v| v.state);
+                if ps != "completed" {
+                    violations.push(format!(
+                        "{child} is {} at m{m} (term {term}) while {p}, which it runs after, is {ps}",
+                        v.state
+                    ));
+                }
+            }
+        }
+        // A drain the operator was told was taken holds at every later leader until it is lifted.
+        for (node, sure) in &o.drained {
+            if *sure && c.node_state_of(node).as_deref() == Some("ready") {
+                violations.push(format!(
+                    "node {node} was drained (acknowledged) but is ready for work at m{m} (term {term})"
+                ));
+            }
+        }
         if let Ok(mirror) = s.mirror.try_lock() {
             // Two allocations of one key that the leader did not cancel (a submission that could
             // not be acknowledged is cancelled, and a retry queues anew).
@@ -230,13 +254,38 @@ impl Checker {
                 super::LIVENESS_BOUND.as_secs()
             );
         };
+        let s = serving(&o).map(|(_, _, s)| s);
+        let acks = s.as_ref().and_then(|s| s.control.try_lock().ok());
         let waiting: Vec<String> = o
             .acked
             .keys()
             .filter(|id| !self.states.get(*id).is_some_and(|s| terminal(s)))
-            .map(|id| format!("{id} ({})", self.states.get(id).map_or("never seen", String::as_str)))
+            .map(|id| {
+                let ack = match acks.as_ref().map(|c| c.ack_state(id)) {
+                    Some(Some(true)) => ", being acknowledged",
+                    Some(Some(false)) => ", not yet acknowledged",
+                    _ => "",
+                };
+                let why = acks
+                    .as_ref()
+                    .and_then(|c| c.view_named(id))
+                    .map(|v| {
+                        format!(
+                            ", {} needs {} node(s){}",
+                            v.tenant,
+                            v.requested_nodes,
+                            v.last_rejection
+                                .map_or(String::new(), |r| format!(", last rejected: {r}"))
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "{id} ({}{ack}{why})",
+                    self.states.get(id).map_or("never seen", String::as_str)
+                )
+            })
             .collect();
-        let s = serving(&o).map(|(_, _, s)| s);
+        drop(acks);
         let held: Vec<String> = s
             .and_then(|s| {
                 s.control.try_lock().ok().map(|c| {
@@ -254,12 +303,49 @@ impl Checker {
                 })
             })
             .unwrap_or_default();
+        let nodes: Vec<String> = serving(&o)
+            .and_then(|(_, _, s)| {
+                s.control.try_lock().ok().map(|c| {
+                    let mut v: Vec<String> = c
+                        .node_names()
+                        .iter()
+                        .map(|n| format!("{n} {}", c.node_state_of(n).unwrap_or_default()))
+                        .collect();
+                    let e = &c.ctl.engine;
+                    let mut states: BTreeMap<&str, usize> = BTreeMap::new();
+                    for a in e.allocations() {
+                        *states.entry(a.state.as_str()).or_default() += 1;
+                    }
+                    let committed: Vec<String> = (0..8u32)
+                        .filter_map(|t| {
+                            let id = lattice_engine::TenantId(t);
+                            Some(format!("{} {:?}", e.tenant(id)?.name, e.tenant_committed(id)))
+                        })
+                        .collect();
+                    // What a pass would do now (on a copy).
+                    let mut probe = e.clone();
+                    let stats = probe.schedule(c.now());
+                    let mut proposed = Vec::new();
+                    while let Some(p) = probe.poll_proposal() {
+                        proposed.push(format!("{:?} on {:?}", p.alloc, p.nodes));
+                    }
+                    v.push(format!(
+                        "engine: {} free, allocations by state {states:?}, committed (nodes, allocations) {}; a pass now: {stats:?}, proposes {proposed:?}; nodes {:?}",
+                        e.free_nodes(),
+                        committed.join(", "),
+                        e.nodes().iter().map(|n| (n.state, n.owner.map(|o| o.alloc))).collect::<Vec<_>>()
+                    ));
+                    v
+                })
+            })
+            .unwrap_or_default();
         format!(
-            "liveness: {} acknowledged allocation(s) not ended within {} s of the faults healing (leader m{m}, term {term}): {}; nodes held: {}",
+            "liveness: {} acknowledged allocation(s) not ended within {} s of the faults healing (leader m{m}, term {term}): {}; nodes held: {}; node states: {}",
             waiting.len(),
             super::LIVENESS_BOUND.as_secs(),
             waiting.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
-            held.join("; ")
+            held.join("; "),
+            nodes.join(", ")
         )
     }
 }

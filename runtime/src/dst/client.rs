@@ -8,6 +8,7 @@ use crate::grpc::pb;
 use pb::allocation_service_client::AllocationServiceClient;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// One thing a client does.
@@ -233,6 +234,198 @@ fn acknowledged(obs: &SharedObs, client: &str, key: &str, id: &str) {
     o.acked.entry(id.to_string()).or_insert((key.to_string(), t));
     o.key_ids.entry(key.to_string()).or_insert(id.to_string());
     o.event(format!("{client} ack {key} {id}"));
+}
+
+/// One member of a planned DAG.
+#[derive(Clone, Debug)]
+pub struct DagMember {
+    pub name: String,
+    pub nodes: u32,
+    pub run_ms: u64,
+    /// Names of earlier members it depends on (condition `success`).
+    pub after: Vec<String>,
+}
+
+/// What the DAG client does.
+#[derive(Clone, Debug)]
+pub enum DagOp {
+    /// Submits a DAG under an id of the client's choosing (its idempotency key).
+    Submit { id: String, members: Vec<DagMember> },
+    /// Cancels an earlier DAG (when it was acknowledged).
+    Cancel { id: String },
+}
+
+/// A DAG op and when (simulated ms) the client starts it.
+#[derive(Clone, Debug)]
+pub struct TimedDag {
+    pub at_ms: u64,
+    pub op: DagOp,
+}
+
+/// The DAG client's plan over `steps` steps: DAGs of 2–4 members (each after none or one or two
+/// earlier ones), 1–2 nodes for 0.1–1.5 s each, and now and then a cancellation of an earlier DAG.
+pub fn dag_plan(rng: &mut ChaCha8Rng, steps: u64, client: &str) -> Vec<TimedDag> {
+    let span_ms = (steps * super::TICK.as_millis() as u64).max(1000);
+    let count = (steps / 150).clamp(1, 60);
+    let mut ops = Vec::new();
+    let mut ids: Vec<String> = Vec::new();
+    for j in 0..count {
+        let at_ms = rng.next_u64() % (span_ms * 9 / 10);
+        if !ids.is_empty() && rng.next_u64().is_multiple_of(6) {
+            let id = ids[(rng.next_u64() % ids.len() as u64) as usize].clone();
+            ops.push(TimedDag {
+                at_ms,
+                op: DagOp::Cancel { id },
+            });
+            continue;
+        }
+        let n = 2 + (rng.next_u64() % 3) as usize;
+        let names = ["prep", "train", "eval", "report"];
+        let members = (0..n)
+            .map(|i| {
+                let mut after = Vec::new();
+                if i > 0 {
+                    after.push(names[(rng.next_u64() % i as u64) as usize].to_string());
+                    if i > 1 && rng.next_u64().is_multiple_of(3) {
+                        let other = names[(rng.next_u64() % i as u64) as usize].to_string();
+                        if !after.contains(&other) {
+                            after.push(other);
+                        }
+                    }
+                }
+                DagMember {
+                    name: names[i].to_string(),
+                    nodes: 1 + (rng.next_u64() % 2) as u32,
+                    run_ms: 100 + rng.next_u64() % 1400,
+                    after,
+                }
+            })
+            .collect();
+        let id = format!("{client}-d{j}");
+        ids.push(id.clone());
+        ops.push(TimedDag {
+            at_ms,
+            op: DagOp::Submit { id, members },
+        });
+    }
+    ops.sort_by_key(|t| t.at_ms);
+    ops
+}
+
+/// The REST body of a DAG submission.
+fn dag_body(id: &str, members: &[DagMember]) -> serde_json::Value {
+    let allocations: Vec<serde_json::Value> = members
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "name": m.name,
+                "tenant": "physics",
+                "resources": {"nodes": m.nodes},
+                "lifecycle": {"type": "bounded", "walltime": "1h"},
+                "duration": format!("{}ms", m.run_ms),
+                "entrypoint": format!("sleep {:.3}", m.run_ms as f64 / 1000.0),
+                "depends_on": m.after.iter().map(|a| serde_json::json!({"ref": a})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({"id": id, "allocations": allocations})
+}
+
+/// Runs the DAG client's `ops` over the REST API (retrying as a careful client does: the same DAG id
+/// after a lost answer, a 503 or a fail-over; the leader a 421 names).
+pub async fn run_dags(name: String, ops: Vec<TimedDag>, n: u64, obs: SharedObs) -> turmoil::Result {
+    let mut target: u64 = 1;
+    for t in ops {
+        let now = now_ms();
+        if t.at_ms > now {
+            tokio::time::sleep(Duration::from_millis(t.at_ms - now)).await;
+        }
+        let started = now_ms();
+        let mut attempts = 0u32;
+        loop {
+            if now_ms() - started > GIVE_UP.as_millis() as u64 {
+                lock(&obs).event(format!("{name} gave up {}", describe_dag(&t.op)));
+                break;
+            }
+            if attempts > 0 {
+                tokio::time::sleep(Duration::from_millis(100 + 50 * u64::from(attempts.min(8)))).await;
+            }
+            attempts += 1;
+            let answer = match &t.op {
+                DagOp::Submit { id, members } => {
+                    super::agents::request(target, "POST", "/v1/dags", &dag_body(id, members)).await
+                }
+                DagOp::Cancel { id } => {
+                    if !lock(&obs).key_ids.keys().any(|k| k.starts_with(&format!("{id}/"))) {
+                        break;
+                    }
+                    super::agents::request(target, "DELETE", &format!("/v1/dags/{id}"), &serde_json::Value::Null).await
+                }
+            };
+            match (answer, &t.op) {
+                (Some((201, v)), DagOp::Submit { id, members }) => {
+                    let ids = &v["allocations"];
+                    let got: Vec<(String, String)> = members
+                        .iter()
+                        .filter_map(|m| Some((m.name.clone(), ids[&m.name].as_str()?.to_string())))
+                        .collect();
+                    if got.len() != members.len() || v["id"].as_str() != Some(id.as_str()) {
+                        lock(&obs).violation(format!("{name}: DAG {id} acknowledged with {v}"));
+                        break;
+                    }
+                    for (member, alloc) in &got {
+                        acknowledged(&obs, &name, &format!("{id}/{member}"), alloc);
+                    }
+                    let by_name: BTreeMap<&str, &str> = got.iter().map(|(m, a)| (m.as_str(), a.as_str())).collect();
+                    let mut o = lock(&obs);
+                    for m in members.iter().filter(|m| !m.after.is_empty()) {
+                        let parents = m
+                            .after
+                            .iter()
+                            .filter_map(|p| by_name.get(p.as_str()))
+                            .map(|p| p.to_string());
+                        o.dag_deps
+                            .insert(by_name[m.name.as_str()].to_string(), parents.collect());
+                    }
+                    break;
+                }
+                (Some((200, v)), DagOp::Cancel { id }) => {
+                    lock(&obs).event(format!("{name} cancel DAG {id}: {v}"));
+                    break;
+                }
+                (Some((404, v)), DagOp::Cancel { id }) => {
+                    lock(&obs).violation(format!(
+                        "acknowledged DAG {id} is unknown to the leader m{target} answering a cancel: {v}"
+                    ));
+                    break;
+                }
+                (Some((421, v)), _) => {
+                    target = v["leader_id"]
+                        .as_u64()
+                        .filter(|l| (1..=n).contains(l))
+                        .unwrap_or(target % n + 1)
+                }
+                (Some((502..=504, _)) | None, _) => {
+                    if attempts.is_multiple_of(3) {
+                        target = target % n + 1;
+                    }
+                }
+                (Some((code, v)), op) => {
+                    lock(&obs).violation(format!("{name}: {} refused by m{target}: {code} {v}", describe_dag(op)));
+                    break;
+                }
+            }
+        }
+    }
+    lock(&obs).event(format!("{name} done"));
+    Ok(())
+}
+
+fn describe_dag(op: &DagOp) -> String {
+    match op {
+        DagOp::Submit { id, .. } => format!("submit DAG {id}"),
+        DagOp::Cancel { id } => format!("cancel DAG {id}"),
+    }
 }
 
 #[cfg(test)]

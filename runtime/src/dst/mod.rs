@@ -65,6 +65,28 @@ impl Bugs {
     }
 }
 
+/// What the simulated users do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Workload {
+    /// Two gRPC clients submitting (with idempotency keys) and cancelling; a REST client submitting
+    /// DAGs (retried under their id) and cancelling them; with agent hosts, an operator draining and
+    /// undraining nodes.
+    #[default]
+    Full,
+    /// The two gRPC clients only (the workload the earliest regression seeds were found with).
+    Basic,
+}
+
+impl Workload {
+    pub fn parse(name: &str) -> Result<Workload, String> {
+        match name {
+            "full" => Ok(Workload::Full),
+            "basic" => Ok(Workload::Basic),
+            other => Err(format!("--workload: unknown `{other}` (known: full, basic)")),
+        }
+    }
+}
+
 /// The faults the schedule may inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
@@ -164,6 +186,7 @@ pub struct Options {
     /// Node agents as simulated hosts speaking the agent protocol (one node each); 0: the
     /// runtime's own simulated agents run the work.
     pub agents: usize,
+    pub workload: Workload,
     pub bugs: Bugs,
     /// Seeds run in parallel on this many threads (each simulation is single-threaded).
     pub threads: usize,
@@ -186,6 +209,9 @@ impl Options {
             "lattice-runtime dst --seeds 1 --seed {seed} --steps {} --faults {faults} --members {} --agents {}",
             self.steps, self.members, self.agents
         );
+        if self.workload == Workload::Basic {
+            cmd.push_str(" --workload basic");
+        }
         if let Some(bug) = self.bugs.name() {
             cmd.push_str(&format!(" --bug {bug}"));
         }
@@ -299,6 +325,39 @@ pub fn run(opts: &Options, each: &(dyn Fn(&SeedReport) + Sync)) -> Report {
     Report { seeds }
 }
 
+thread_local! {
+    /// Panics on this thread since the last look: every task of a seed's simulation runs on the
+    /// thread that steps it, so a panic inside a member's task (which tokio would contain, leaving
+    /// the member half dead) fails the seed instead of passing unnoticed.
+    static PANICS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Installs (once) a panic hook that also records each panic on its thread's list.
+fn watch_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let what = info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            let at = info
+                .location()
+                .map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+            let _ = PANICS.try_with(|p| p.borrow_mut().push(format!("{what}{at}")));
+            previous(info);
+        }));
+    });
+}
+
+/// The panics recorded on this thread since the last call.
+fn take_panics() -> Vec<String> {
+    PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()))
+}
+
 /// Simulated time per step.
 pub const TICK: Duration = Duration::from_millis(10);
 /// After the faults heal: within this, a leader serves and every acknowledged allocation has ended.
@@ -334,6 +393,13 @@ pub struct Obs {
     /// Each agent's lease (when its last accepted heartbeat was sent, ms; its length), kept with
     /// its processes as the real agent keeps its state file.
     pub leases: Vec<Option<(u64, u64)>>,
+    /// The operator's drains: node → true once a drain was acknowledged (the serving leader must
+    /// hold it), false while an order for it is in flight (either outcome is allowed).
+    pub drained: BTreeMap<String, bool>,
+    /// Acknowledged DAG members → the members they depend on (condition `success`).
+    pub dag_deps: BTreeMap<String, Vec<String>>,
+    /// The faults have healed (the operator lifts its drains).
+    pub healed: bool,
 }
 
 impl Obs {
@@ -427,6 +493,8 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
         ..Default::default()
     }));
     let mut faults_injected = 0;
+    watch_panics();
+    take_panics();
     let result = (|| -> Result<(), String> {
         let tenants = tenants_file().map_err(|e| format!("harness: tenants file: {e}"))?;
         let mut sim = turmoil::Builder::new()
@@ -476,9 +544,14 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
                 agents::run(a, n, fence, obs.clone())
             });
         }
+        let full = opts.workload == Workload::Full;
         if opts.agents > 0 {
             let obs = obs.clone();
-            sim.host("operator", move || agents::operator(n, obs.clone()));
+            // Its drains draw from their own stream: the other plans stay as the seed made them.
+            let drains = full.then_some(seed ^ 0x6472_6169_6e73);
+            sim.host("operator", move || {
+                agents::operator(n, opts.agents, drains, obs.clone())
+            });
         }
         let plan = client::plan(&mut rng, opts.steps);
         let mut clients = Vec::new();
@@ -488,6 +561,16 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             sim.client(name.as_str(), client::run(name.clone(), ops, n, obs));
             clients.push(name);
         }
+        if full {
+            let mut dag_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6461_6773);
+            let ops = client::dag_plan(&mut dag_rng, opts.steps, "c3");
+            let obs = obs.clone();
+            sim.client("c3", client::run_dags("c3".into(), ops, n, obs));
+            clients.push("c3".into());
+        }
+        if full && opts.agents > 0 {
+            clients.push("operator".into());
+        }
         let mut chaos = Chaos::new(n, clients, opts.agents, disks, opts.faults.clone());
         let mut checker = check::Checker::new(n);
         for step in 0..opts.steps {
@@ -495,19 +578,25 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             lock(&obs).now_ms = sim.elapsed().as_millis() as u64;
             chaos.step(&mut sim, &mut rng, &obs);
             checker.after_step(&obs, false);
+            panicked(&obs);
             if let Some(v) = lock(&obs).violations.first() {
                 return Err(v.clone());
             }
         }
         faults_injected = chaos.injected;
         chaos.heal_all(&mut sim, &obs);
-        lock(&obs).event("healed".into());
+        {
+            let mut o = lock(&obs);
+            o.healed = true;
+            o.event("healed".into());
+        }
         let bound = (LIVENESS_BOUND.as_millis() / TICK.as_millis()) as u64;
         let mut live = false;
         for step in 0..bound {
             let clients_done = sim.step().map_err(|e| format!("harness: healing step {step}: {e}"))?;
             lock(&obs).now_ms = sim.elapsed().as_millis() as u64;
             checker.after_step(&obs, clients_done);
+            panicked(&obs);
             if let Some(v) = lock(&obs).violations.first() {
                 return Err(v.clone());
             }
@@ -561,6 +650,13 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
         events: o.log.len(),
         simulated_s: o.now_ms as f64 / 1000.0,
         log: if opts.keep_log { o.log.clone() } else { Vec::new() },
+    }
+}
+
+/// A panic in any task of the simulation (a member's Raft core, a server task) is a violation.
+fn panicked(obs: &SharedObs) {
+    for p in take_panics() {
+        lock(obs).violation(format!("a task panicked: {p}"));
     }
 }
 
