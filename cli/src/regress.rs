@@ -174,7 +174,7 @@ pub fn metric(r: &SimResult, summary: &Value, name: &str) -> Option<f64> {
 }
 
 /// One threshold's outcome.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Check {
     pub trace: String,
     pub metric: String,
@@ -184,7 +184,7 @@ pub struct Check {
 }
 
 /// One trace's outcome.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TraceResult {
     pub name: String,
     pub description: String,
@@ -314,6 +314,17 @@ pub fn run_entry(e: &Entry, dir: &Path, scratch: &Path) -> TraceResult {
 
 /// Runs every entry (those named in `only`, when given) on `threads` threads; results in manifest order.
 pub fn run(manifest: &Path, only: &[String], threads: usize) -> Result<Vec<TraceResult>> {
+    run_shard(manifest, only, threads, None).map(|(r, _, _)| r)
+}
+
+/// [`run`] for the `shard` slice of the entries (entry `i` of the selected ones is in slice
+/// `i mod N`): its results, their positions among the selected entries, and how many there are.
+pub fn run_shard(
+    manifest: &Path,
+    only: &[String],
+    threads: usize,
+    shard: Option<crate::sweep::Shard>,
+) -> Result<(Vec<TraceResult>, Vec<usize>, usize)> {
     let m = read_manifest(manifest)?;
     let dir = manifest.parent().unwrap_or(Path::new(".")).to_path_buf();
     for o in only {
@@ -321,11 +332,17 @@ pub fn run(manifest: &Path, only: &[String], threads: usize) -> Result<Vec<Trace
             bail!("--only {o}: no such trace in {}", manifest.display());
         }
     }
-    let entries: Vec<Entry> = m
+    let selected: Vec<Entry> = m
         .traces
         .into_iter()
         .filter(|e| only.is_empty() || only.contains(&e.name))
         .collect();
+    let total = selected.len();
+    let (positions, entries): (Vec<usize>, Vec<Entry>) = selected
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| shard.is_none_or(|sh| sh.holds(*i)))
+        .unzip();
     let scratch = std::env::temp_dir().join(format!("lattice-regress-{}", std::process::id()));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results = std::sync::Mutex::new(Vec::new());
@@ -344,7 +361,71 @@ pub fn run(manifest: &Path, only: &[String], threads: usize) -> Result<Vec<Trace
     let _ = std::fs::remove_dir_all(&scratch);
     let mut results = results.into_inner().expect("threads joined");
     results.sort_by_key(|r| r.0);
-    Ok(results.into_iter().map(|r| r.1).collect())
+    Ok((results.into_iter().map(|r| r.1).collect(), positions, total))
+}
+
+/// What `regress --shard K/N` writes as its JSON: the slice's results with their positions.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ShardResult {
+    pub manifest: String,
+    pub only: Vec<String>,
+    pub shard: usize,
+    pub of: usize,
+    pub entries: usize,
+    pub positions: Vec<usize>,
+    pub traces: Vec<TraceResult>,
+}
+
+/// Combines the JSON files of every slice of one sharded regression run into the results in
+/// manifest order (refusing slices of other runs, missing or repeated slices).
+pub fn merge(files: &[std::path::PathBuf]) -> Result<(String, Vec<TraceResult>)> {
+    if files.is_empty() {
+        bail!("regress merge: name the shards' JSON files");
+    }
+    let mut first: Option<(String, Vec<String>, usize, usize)> = None;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out: std::collections::BTreeMap<usize, TraceResult> = std::collections::BTreeMap::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let s: ShardResult =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a regress shard's JSON", f.display()))?;
+        let key = (s.manifest.clone(), s.only.clone(), s.of, s.entries);
+        match &first {
+            None => first = Some(key),
+            Some(k) if *k != key => bail!("{}: a shard of another run ({key:?}, not {k:?})", f.display()),
+            Some(_) => {}
+        }
+        if !seen.insert(s.shard) {
+            bail!("{}: shard {}/{} is given twice", f.display(), s.shard, s.of);
+        }
+        if s.positions.len() != s.traces.len() {
+            bail!(
+                "{}: {} positions for {} results",
+                f.display(),
+                s.positions.len(),
+                s.traces.len()
+            );
+        }
+        for (p, r) in s.positions.into_iter().zip(s.traces) {
+            if p % s.of != s.shard || p >= s.entries || out.insert(p, r).is_some() {
+                bail!(
+                    "{}: entry {p} does not belong to shard {}/{}",
+                    f.display(),
+                    s.shard,
+                    s.of
+                );
+            }
+        }
+    }
+    let (manifest, _, of, entries) = first.expect("one file read");
+    let missing: Vec<usize> = (0..of).filter(|k| !seen.contains(k)).collect();
+    if !missing.is_empty() {
+        bail!("regress merge: shards {missing:?} of {of} are missing");
+    }
+    if out.len() != entries {
+        bail!("regress merge: {} of {entries} entries present", out.len());
+    }
+    Ok((manifest, out.into_values().collect()))
 }
 
 /// The pass/fail table.

@@ -288,6 +288,8 @@ pub const METRICS: [&str; 15] = [
 
 /// Replays every point on `threads` worker threads. Each run's profile is written to
 /// `out/profiles/run-NNNN.yaml` first (the table refers to it; the best one is deployable as is).
+/// With a `shard`, only that slice's points run.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     opts: &ReplayOptions,
     base_profile: &Path,
@@ -295,6 +297,7 @@ pub fn run(
     points: &[Vec<f64>],
     out: &Path,
     threads: usize,
+    shard: Option<Shard>,
     progress: &(dyn Fn() + Sync),
 ) -> Result<Vec<Run>> {
     let text = std::fs::read_to_string(base_profile).with_context(|| format!("reading {}", base_profile.display()))?;
@@ -303,6 +306,9 @@ pub fn run(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut jobs = Vec::with_capacity(points.len());
     for (i, p) in points.iter().enumerate() {
+        if shard.is_some_and(|sh| !sh.holds(i)) {
+            continue;
+        }
         let per_vc: BTreeMap<String, CostWeights> = base
             .vclusters
             .iter()
@@ -312,19 +318,20 @@ pub fn run(
         let path = dir.join(format!("run-{i:04}.yaml"));
         std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
         let first = per_vc.values().next().copied().unwrap_or_default();
-        jobs.push((path, first));
+        jobs.push((i, path, first));
     }
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Run>>>> = Mutex::new((0..points.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Option<Result<Run>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| {
                 loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= jobs.len() {
+                    let slot = next.fetch_add(1, Ordering::Relaxed);
+                    if slot >= jobs.len() {
                         break;
                     }
-                    let (path, weights) = &jobs[i];
+                    let (i, path, weights) = &jobs[slot];
+                    let i = *i;
                     let mut o = opts.clone();
                     o.weights = Some(path.clone());
                     let r = replay::prepare(&o)
@@ -336,7 +343,7 @@ pub fn run(
                             profile: path.clone(),
                             summary,
                         });
-                    results.lock().expect("no worker panicked")[i] = Some(r);
+                    results.lock().expect("no worker panicked")[slot] = Some(r);
                     progress();
                 }
             });
@@ -564,4 +571,201 @@ mod tests {
         assert!(Objective::parse("minimize p95_wait given jain >= 0.9").is_err());
         assert!(Objective::parse("minimize p95_wait subject to jain => 0.9").is_err());
     }
+}
+
+/// `--shard K/N`: the K-th (0-based) of N deterministic slices of a sweep's points — point `i` is in
+/// slice `i mod N`, so every slice gets a fair mix of the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    pub fn parse(s: &str) -> Result<Shard, String> {
+        let (k, n) = s
+            .split_once('/')
+            .ok_or_else(|| format!("`{s}`: expected K/N, e.g. 0/8 (the K-th of N slices, K from 0)"))?;
+        let k: usize = k.trim().parse().map_err(|_| format!("`{s}`: K is not a number"))?;
+        let n: usize = n.trim().parse().map_err(|_| format!("`{s}`: N is not a number"))?;
+        if n == 0 || k >= n {
+            return Err(format!("`{s}`: needs 0 <= K < N"));
+        }
+        Ok(Shard { index: k, count: n })
+    }
+
+    pub fn holds(&self, point: usize) -> bool {
+        point % self.count == self.index
+    }
+}
+
+/// What a shard writes (`DIR/shard.json`) for `rm-replay sweep merge`: the sweep it belongs to and
+/// its runs with their whole summaries.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ShardFile {
+    pub format: String,
+    pub shard: usize,
+    pub of: usize,
+    /// Every point of the sweep (all slices), so a merge can check it has them all.
+    pub points: usize,
+    /// The sweep's definition: merging refuses shards of different sweeps.
+    pub sweep: SweepSpec,
+    pub runs: Vec<ShardRun>,
+}
+
+/// The flags that decide a sweep's points and its best run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SweepSpec {
+    pub vary: Vec<String>,
+    pub random: Option<usize>,
+    pub seed: u64,
+    pub objective: String,
+    pub base_profile: String,
+    pub trace: String,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ShardRun {
+    pub index: usize,
+    pub weights: [f64; 9],
+    /// The run's profile file, relative to the shard's folder.
+    pub profile: String,
+    pub summary: Value,
+}
+
+pub const SHARD_FORMAT: &str = "lattice-sweep-shard/1";
+
+/// Writes `out/shard.json` for the runs of one slice.
+pub fn write_shard(out: &Path, shard: Shard, points: usize, spec: &SweepSpec, runs: &[Run]) -> Result<PathBuf> {
+    let file = ShardFile {
+        format: SHARD_FORMAT.into(),
+        shard: shard.index,
+        of: shard.count,
+        points,
+        sweep: spec.clone(),
+        runs: runs
+            .iter()
+            .map(|r| ShardRun {
+                index: r.index,
+                weights: r.weights.as_array(),
+                profile: r.profile.strip_prefix(out).unwrap_or(&r.profile).display().to_string(),
+                summary: r.summary.clone(),
+            })
+            .collect(),
+    };
+    let path = out.join("shard.json");
+    let mut text = serde_json::to_string_pretty(&file)?;
+    text.push('\n');
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Reads the shards in `dirs` (each holding a `shard.json`), checks they are the slices of one sweep
+/// with every point exactly once, copies their profiles into `out/profiles/` and returns the runs in
+/// point order (their profiles named in `out`), the sweep's definition and its point count.
+pub fn merge_shards(dirs: &[PathBuf], out: &Path) -> Result<(Vec<Run>, SweepSpec)> {
+    if dirs.is_empty() {
+        bail!("sweep merge: name the shard folders (each holds a shard.json)");
+    }
+    let mut spec: Option<(SweepSpec, usize, usize)> = None;
+    let mut runs: BTreeMap<usize, Run> = BTreeMap::new();
+    let mut seen_shards = std::collections::BTreeSet::new();
+    let dest = out.join("profiles");
+    let mut copies: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for dir in dirs {
+        let path = dir.join("shard.json");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let f: ShardFile =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a sweep shard", path.display()))?;
+        if f.format != SHARD_FORMAT {
+            bail!("{}: format `{}`, expected `{SHARD_FORMAT}`", path.display(), f.format);
+        }
+        match &spec {
+            None => spec = Some((f.sweep.clone(), f.of, f.points)),
+            Some((s, of, points)) => {
+                if *s != f.sweep || *of != f.of || *points != f.points {
+                    bail!(
+                        "{}: shard of another sweep ({} slices of {} points, {:?}) than the first ({} slices of {} points, {:?})",
+                        path.display(),
+                        f.of,
+                        f.points,
+                        f.sweep,
+                        of,
+                        points,
+                        s
+                    );
+                }
+            }
+        }
+        if !seen_shards.insert(f.shard) {
+            bail!("{}: shard {}/{} is given twice", path.display(), f.shard, f.of);
+        }
+        let shard = Shard {
+            index: f.shard,
+            count: f.of,
+        };
+        for r in f.runs {
+            if !shard.holds(r.index) || r.index >= f.points {
+                bail!(
+                    "{}: run {} does not belong to shard {}/{}",
+                    path.display(),
+                    r.index,
+                    f.shard,
+                    f.of
+                );
+            }
+            let src = dir.join(&r.profile);
+            let name = src
+                .file_name()
+                .with_context(|| format!("{}: run {} names no profile file", path.display(), r.index))?;
+            if !src.is_file() {
+                bail!(
+                    "{}: run {}'s profile {} is missing",
+                    path.display(),
+                    r.index,
+                    src.display()
+                );
+            }
+            let to = dest.join(name);
+            copies.push((src, to.clone()));
+            let w = r.weights;
+            runs.insert(
+                r.index,
+                Run {
+                    index: r.index,
+                    weights: CostWeights {
+                        priority: w[0],
+                        wait_time: w[1],
+                        fair_share: w[2],
+                        topology: w[3],
+                        data_readiness: w[4],
+                        backlog: w[5],
+                        energy: w[6],
+                        checkpoint: w[7],
+                        conformance: w[8],
+                    },
+                    profile: to,
+                    summary: r.summary,
+                },
+            );
+        }
+    }
+    let (spec, of, points) = spec.expect("at least one shard was read");
+    let missing: Vec<usize> = (0..of).filter(|k| !seen_shards.contains(k)).collect();
+    if !missing.is_empty() {
+        bail!("sweep merge: shards {missing:?} of {of} are missing");
+    }
+    if runs.len() != points {
+        let absent: Vec<usize> = (0..points).filter(|i| !runs.contains_key(i)).take(10).collect();
+        bail!(
+            "sweep merge: {} of {points} runs present; missing runs {absent:?}",
+            runs.len()
+        );
+    }
+    // Only a complete, consistent set of shards writes anything.
+    std::fs::create_dir_all(&dest).with_context(|| format!("creating {}", dest.display()))?;
+    for (src, to) in copies {
+        std::fs::copy(&src, &to).with_context(|| format!("copying {} to {}", src.display(), to.display()))?;
+    }
+    Ok((runs.into_values().collect(), spec))
 }

@@ -310,3 +310,64 @@ fn swf_import_and_anonymise_replay_the_same() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+/// `regress --shard K/N` + `regress-merge`: two slices of three library entries merge into the
+/// unsharded run's JSON (but for measured times); a missing slice is refused and writes nothing.
+#[test]
+fn sharded_regress_merges_to_the_unsharded_result() {
+    let dir = tmp("regress-shards");
+    let only = [
+        "--only",
+        "burst",
+        "--only",
+        "empty-to-full",
+        "--only",
+        "sensitive-claim",
+    ];
+    let run = |json_path: &Path, extra: &[&str]| {
+        let mut a = vec!["regress", "--threads", "1", "--json", json_path.to_str().unwrap()];
+        a.extend_from_slice(&only);
+        a.extend_from_slice(extra);
+        let o = rm_replay(&a);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    let whole = dir.join("whole.json");
+    run(&whole, &[]);
+    let (s0, s1) = (dir.join("s0.json"), dir.join("s1.json"));
+    run(&s0, &["--shard", "0/2"]);
+    run(&s1, &["--shard", "1/2"]);
+    assert_eq!(json(&s0)["traces"].as_array().unwrap().len(), 2);
+    assert_eq!(json(&s1)["traces"].as_array().unwrap().len(), 1);
+    let merged = dir.join("merged.json");
+    let refused = rm_replay(&[
+        "regress-merge",
+        s0.to_str().unwrap(),
+        "--json",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(!refused.status.success());
+    assert!(text(&refused).contains("missing"), "{}", text(&refused));
+    assert!(!merged.exists(), "a refused merge writes nothing");
+    let o = rm_replay(&[
+        "regress-merge",
+        s1.to_str().unwrap(),
+        s0.to_str().unwrap(),
+        "--json",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("3 traces"), "{}", text(&o));
+    let strip = |mut v: serde_json::Value| {
+        // Wall times and the engine's CPU time per cycle are measured, not replayed.
+        for t in v["traces"].as_array_mut().unwrap() {
+            t["wall_s"] = serde_json::Value::Null;
+            for c in t["checks"].as_array_mut().unwrap() {
+                if c["metric"].as_str().unwrap().starts_with("cycle_cpu") {
+                    c["value"] = serde_json::Value::Null;
+                }
+            }
+        }
+        v
+    };
+    assert_eq!(strip(json(&whole)), strip(json(&merged)));
+}

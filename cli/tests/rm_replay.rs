@@ -788,3 +788,124 @@ fn fuzz_command_runs_a_target() {
     assert!(!o.status.success());
     assert!(text(&o).contains("unknown fuzz target `nope`"), "{}", text(&o));
 }
+
+/// `sweep --shard K/N` + `sweep merge`: three slices of a 2×2 grid merge into exactly the unsharded
+/// sweep's table, sensitivity and best profile; an incomplete or mixed set of shards is refused
+/// before anything is written.
+#[test]
+fn sharded_sweep_merges_to_the_unsharded_result() {
+    let dir = tmp("sweep-shards");
+    let sweep = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "sweep",
+            "--weights",
+            "profiles/hpc-batch.yaml",
+            "--vary",
+            "fair_share=0.1:0.3:0.2",
+            "--vary",
+            "wait_time=0.1:0.3:0.2",
+            "--objective",
+            "minimize p95_wait subject to utilization >= 0.1",
+            "--threads",
+            "1",
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        let o = rm_replay(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        o
+    };
+    let whole = dir.join("whole");
+    let best_whole = dir.join("best-whole.yaml");
+    sweep(&whole, &["--emit-profile", best_whole.to_str().unwrap()]);
+    let shards: Vec<_> = (0..3).map(|k| dir.join(format!("s{k}"))).collect();
+    for (k, s) in shards.iter().enumerate() {
+        let o = sweep(s, &["--shard", &format!("{k}/3")]);
+        assert!(text(&o).contains(&format!("shard {k}/3")), "{}", text(&o));
+        assert!(!s.join("sweep.csv").exists(), "a shard writes no table of its own");
+    }
+    let merged = dir.join("merged");
+    let best_merged = dir.join("best-merged.yaml");
+    let merge = |dirs: &[&Path], out: &Path| {
+        let mut a = vec!["sweep", "merge"];
+        a.extend(dirs.iter().map(|d| d.to_str().unwrap()));
+        a.extend([
+            "--output",
+            out.to_str().unwrap(),
+            "--emit-profile",
+            best_merged.to_str().unwrap(),
+        ]);
+        rm_replay(&a)
+    };
+    // Refusals first: a missing slice, and a slice given twice; nothing is written.
+    let refused = dir.join("refused");
+    for (dirs, want) in [
+        (vec![shards[0].as_path(), shards[1].as_path()], "missing"),
+        (
+            vec![shards[0].as_path(), shards[0].as_path(), shards[1].as_path()],
+            "twice",
+        ),
+    ] {
+        let o = merge(&dirs, &refused);
+        assert!(!o.status.success());
+        assert!(text(&o).contains(want), "{}", text(&o));
+        assert!(!refused.exists(), "a refused merge writes nothing");
+        assert!(!best_merged.exists());
+    }
+    let o = merge(&[&shards[0], &shards[1], &shards[2]], &merged);
+    assert!(o.status.success(), "{}", text(&o));
+    let read = |d: &Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap();
+    // The profile column names each output folder; otherwise the tables are the same bytes.
+    let whole_csv = read(&whole, "sweep.csv").replace(whole.to_str().unwrap(), "OUT");
+    let merged_csv = read(&merged, "sweep.csv").replace(merged.to_str().unwrap(), "OUT");
+    assert_eq!(whole_csv, merged_csv);
+    assert_eq!(whole_csv.lines().count(), 5);
+    assert_eq!(read(&whole, "sensitivity.csv"), read(&merged, "sensitivity.csv"));
+    assert_eq!(
+        std::fs::read(&best_whole).unwrap(),
+        std::fs::read(&best_merged).unwrap()
+    );
+    for i in 0..4 {
+        let f = format!("profiles/run-{i:04}.yaml");
+        assert_eq!(read(&whole, &f), read(&merged, &f), "{f}");
+    }
+    assert!(merged.join("sweep.parquet").exists());
+}
+
+/// `bench scale` on a small site: generates the site once (reused on the second call), replays every
+/// job in a fresh process, and ends with the `scale ...` line.
+#[test]
+fn bench_scale_reports_its_line_and_reuses_the_site() {
+    let dir = tmp("bench-scale");
+    let run = || {
+        let o = rm_replay(&[
+            "bench",
+            "--runs",
+            "1",
+            "scale",
+            "--jobs",
+            "1500",
+            "--nodes",
+            "600",
+            "--dir",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let first = run();
+    assert!(first.contains("generated"), "{first}");
+    let last = first.lines().rfind(|l| l.starts_with("scale ")).unwrap().to_string();
+    let field = |k: &str| -> f64 {
+        last.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(field("jobs="), 1500.0, "{last}");
+    assert!(field("wall_s=") > 0.0 && field("peak_rss_mib=") > 0.0 && field("events_per_s=") > 0.0);
+    let second = run();
+    assert!(!second.contains("generated"), "the site is reused: {second}");
+}

@@ -89,6 +89,26 @@ impl Engine {
 
     /// The broker's cost model for a running allocation at `now`.
     pub fn checkpoint_decision(&self, id: AllocId, now: Time) -> CheckpointDecision {
+        let key = self.pool_key_of(id);
+        let class = self.allocs[id.index()].spec.preemption_class.get();
+        self.checkpoint_decision_with(id, now, self.pool_urgency(key, class), self.pool_backlog(key))
+    }
+
+    /// Waiting higher-class work in a pool, as seen by an allocation of `class`:
+    /// `Σ (c − class) / 10` over queued allocations of class `c > class`, in queue order.
+    fn pool_urgency(&self, key: u32, class: u8) -> f64 {
+        self.pools[&key]
+            .queue
+            .iter()
+            .map(|&w| self.allocs[w.index()].spec.preemption_class.get())
+            .filter(|&c| c > class)
+            .map(|c| (c - class) as f64 / 10.0)
+            .sum()
+    }
+
+    /// [`Engine::checkpoint_decision`] with the pool's urgency for the allocation's class and the
+    /// pool's backlog given (the broker computes each once per pool and class, not per candidate).
+    fn checkpoint_decision_with(&self, id: AllocId, now: Time, urgency: f64, backlog: f64) -> CheckpointDecision {
         let a = &self.allocs[id.index()];
         let m = &self.meta[id.index()];
         let (nodes, gpus) = self.gpus_and_nodes(id);
@@ -107,18 +127,8 @@ impl Engine {
         let lambda = self.broker.node_failure_rate_per_h * if degraded { 10.0 } else { 1.0 };
         let p_fail = 1.0 - (-lambda * nodes * elapsed / 3600.0).exp();
         let recompute = elapsed * gpus * p_fail;
-        let key = self.pool_key_of(id);
-        let class = a.spec.preemption_class.get();
         let borrowed = self.borrowed_nodes(id) > 0;
-        let urgency: f64 = self.pools[&key]
-            .queue
-            .iter()
-            .map(|&w| self.allocs[w.index()].spec.preemption_class.get())
-            .filter(|&c| c > class)
-            .map(|c| (c - class) as f64 / 10.0)
-            .sum();
         let preemptability = urgency * if borrowed { 1.0 } else { 0.5 } * gpus * 60.0;
-        let backlog = self.pool_backlog(key);
         let backlog_relief = backlog * gpus * 60.0;
         CheckpointDecision {
             value: recompute + preemptability + backlog_relief,
@@ -147,8 +157,18 @@ impl Engine {
             })
             .collect();
         let mut hinted = 0;
+        // Per pool: its backlog, and its urgency per preemption class (the same sums, in the same
+        // order, as `checkpoint_decision` computes for one allocation).
+        let mut backlog: std::collections::BTreeMap<u32, f64> = std::collections::BTreeMap::new();
+        let mut urgency: std::collections::BTreeMap<(u32, u8), f64> = std::collections::BTreeMap::new();
         for id in &candidates {
-            if self.checkpoint_decision(*id, now).should_checkpoint() {
+            let key = self.pool_key_of(*id);
+            let class = self.allocs[id.index()].spec.preemption_class.get();
+            let b = *backlog.entry(key).or_insert_with(|| self.pool_backlog(key));
+            let u = *urgency
+                .entry((key, class))
+                .or_insert_with(|| self.pool_urgency(key, class));
+            if self.checkpoint_decision_with(*id, now, u, b).should_checkpoint() {
                 self.meta[id.index()].checkpointing = true;
                 self.commands.push_back(Command::Checkpoint { alloc: *id });
                 hinted += 1;

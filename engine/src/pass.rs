@@ -631,37 +631,17 @@ impl Engine {
             .find(|p| p.0 <= now)
             .or(prices.first())
             .map(|p| normalise(p.1, price_min, price_max));
-        // Budget use per tenant: ended allocations plus the running ones so far.
-        let mut node_s = self.consumed_node_s.clone();
-        let mut gpu_s = self.consumed_gpu_s.clone();
-        for &(_, id) in &self.running {
-            let a = &self.allocs[id.index()];
-            if let Some(st) = a.started {
-                let secs = now.since(st).as_secs_f64();
-                let t = a.spec.tenant.index();
-                node_s[t] += a.nodes.len() as f64 * secs;
-                let gpus: u64 = a
-                    .nodes
-                    .iter()
-                    .map(|n| self.class_info[self.class_of[n.index()] as usize].gpus as u64)
-                    .sum();
-                gpu_s[t] += gpus as f64 * secs;
-            }
-        }
-        let budget_penalty = self
+        // Budget use per tenant: ended allocations plus the running ones so far (only walked when
+        // some tenant has a budget; without budgets every penalty is the ramp's value at 0).
+        let budgets = self
             .tenant_quota
             .iter()
-            .enumerate()
-            .map(|(t, q)| {
-                let g = q
-                    .gpu_hours_budget
-                    .map_or(0.0, |b| if b > 0.0 { gpu_s[t] / 3600.0 / b } else { f64::INFINITY });
-                let n = q
-                    .node_hours_budget
-                    .map_or(0.0, |b| if b > 0.0 { node_s[t] / 3600.0 / b } else { f64::INFINITY });
-                crate::quota::budget_penalty(g.max(n))
-            })
-            .collect();
+            .any(|q| q.gpu_hours_budget.is_some() || q.node_hours_budget.is_some());
+        let budget_penalty = if budgets {
+            self.budget_penalties(now)
+        } else {
+            vec![crate::quota::budget_penalty(0.0); self.tenant_quota.len()]
+        };
         let mut targets = self.tenant_targets();
         if self.tenant_quota.iter().any(|q| q.deserved_nodes.is_some()) {
             targets = self.kai_targets(key);
@@ -678,6 +658,39 @@ impl Engine {
             price_min,
             price_max,
         }
+    }
+
+    /// Each tenant's soft-budget penalty now: the worse of its GPU-hours and node-hours use.
+    fn budget_penalties(&self, now: Time) -> Vec<f64> {
+        let mut node_s = self.consumed_node_s.clone();
+        let mut gpu_s = self.consumed_gpu_s.clone();
+        for &(_, id) in &self.running {
+            let a = &self.allocs[id.index()];
+            if let Some(st) = a.started {
+                let secs = now.since(st).as_secs_f64();
+                let t = a.spec.tenant.index();
+                node_s[t] += a.nodes.len() as f64 * secs;
+                let gpus: u64 = a
+                    .nodes
+                    .iter()
+                    .map(|n| self.class_info[self.class_of[n.index()] as usize].gpus as u64)
+                    .sum();
+                gpu_s[t] += gpus as f64 * secs;
+            }
+        }
+        self.tenant_quota
+            .iter()
+            .enumerate()
+            .map(|(t, q)| {
+                let g = q
+                    .gpu_hours_budget
+                    .map_or(0.0, |b| if b > 0.0 { gpu_s[t] / 3600.0 / b } else { f64::INFINITY });
+                let n = q
+                    .node_hours_budget
+                    .map_or(0.0, |b| if b > 0.0 { node_s[t] / 3600.0 / b } else { f64::INFINITY });
+                crate::quota::budget_penalty(g.max(n))
+            })
+            .collect()
     }
 
     /// f3 targets from KAI fair shares of the pool: demand = running + waiting nodes per tenant.

@@ -9,6 +9,7 @@
 //!   anonymisation (stable keyed pseudonyms).
 //! - [`library`]: the regression library's six seeded traces (`traces/library/*.jsonl`) with their
 //!   inventory, tenants and profiles.
+//! - [`scale`]: a seeded large site (10,000 nodes, five vClusters, a year of jobs) for `rm-replay bench scale`.
 //!
 //! Everything produces a [`Workload`]: jobs in submission order, the names they use, and what was skipped.
 //! Importers never panic on bad input and never drop a line silently.
@@ -22,6 +23,7 @@ pub mod inventory;
 pub mod jsonl;
 pub mod library;
 pub mod profile;
+pub mod scale;
 pub mod swf;
 pub mod synth;
 pub mod tenants;

@@ -69,6 +69,20 @@ enum Cmd {
         /// Replays in parallel (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// Run only the K-th (from 0) of N slices of the entries (entry i is in slice i mod N); the
+        /// JSON then records the slice for `rm-replay regress-merge`.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<String>,
+    },
+    /// Combine the JSON results of every slice of a sharded `regress --shard K/N` run: the table and
+    /// the JSON of one unsharded run; exit 1 when any check fails.
+    RegressMerge {
+        /// The slices' JSON files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Where to write the merged JSON result.
+        #[arg(long, default_value = "regress.json")]
+        json: PathBuf,
     },
     /// Convert site data to the JSONL event log: a Slurm sacct dump, the Alibaba GPU pod list, or SWF.
     Import {
@@ -184,6 +198,23 @@ enum BenchKind {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Replay a seeded large site — by default 1,000,000 jobs over a year on 10,000 nodes in
+    /// dragonfly groups, five vClusters with home nodes and their own policies and weights, lending,
+    /// fair share with decay, depth-10 backfill, 85 % load — in a fresh process; last line
+    /// `scale jobs=N wall_s=X peak_rss_mib=Y events_per_s=Z`.
+    Scale {
+        /// Job counts to run (repeat for a growth curve, e.g. --jobs 100000 --jobs 1000000).
+        #[arg(long = "jobs", default_value = "1000000")]
+        jobs: Vec<u64>,
+        /// Nodes of the site.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where the generated site (trace, inventory, tenants, profile) is written and reused.
+        #[arg(long, default_value = "out/bench-scale")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -205,11 +236,19 @@ struct BenchArgs {
 }
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct SweepArgs {
+    #[command(subcommand)]
+    action: Option<SweepAction>,
     /// Weight to vary and its range: NAME=LO:HI:STEP for a grid (repeat for several; every
     /// combination runs), NAME=LO:HI with --random. The other weights are rescaled to keep the total.
     #[arg(long = "vary", required = true)]
     vary: Vec<String>,
+    /// Run only the K-th (from 0) of N deterministic slices of the points (point i is in slice i mod
+    /// N) and write DIR/shard.json; `rm-replay sweep merge` combines the slices into the unsharded
+    /// sweep's outputs (for a Slurm job array or a Lattice task group).
+    #[arg(long, value_name = "K/N")]
+    shard: Option<String>,
     /// Random search: N points drawn within the --vary ranges (seeded by --seed) instead of a grid.
     #[arg(long)]
     random: Option<usize>,
@@ -224,6 +263,26 @@ struct SweepArgs {
     threads: Option<usize>,
     #[command(flatten)]
     replay: ReplayArgs,
+}
+
+#[derive(Subcommand)]
+enum SweepAction {
+    /// Combine the slices of a sharded sweep (`--shard K/N` folders) into DIR/sweep.csv,
+    /// sweep.parquet, sensitivity.csv and profiles/ — the same as one unsharded run.
+    Merge {
+        /// The shard folders (each holds a shard.json and its profiles/).
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
+        /// Where the merged sweep is written.
+        #[arg(long)]
+        output: PathBuf,
+        /// Write the best run's profile here.
+        #[arg(long)]
+        emit_profile: Option<PathBuf>,
+        /// Write the sweep's report (HTML) here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -376,23 +435,43 @@ fn run() -> Result<()> {
             only,
             json,
             threads,
+            shard,
         }) => {
             let manifest = if library.is_dir() {
                 library.join("manifest.yaml")
             } else {
                 library
             };
+            let shard = shard
+                .as_deref()
+                .map(sweep::Shard::parse)
+                .transpose()
+                .map_err(|m| anyhow::anyhow!("--shard {m}"))?;
             let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            let results = lattice_cli::regress::run(&manifest, &only, threads)?;
+            let (results, positions, entries) = lattice_cli::regress::run_shard(&manifest, &only, threads, shard)?;
             print!("{}", lattice_cli::regress::table(&results));
-            let mut text = serde_json::to_string_pretty(&serde_json::json!({
-                "manifest": manifest.display().to_string(),
-                "pass": results.iter().all(|r| r.pass()),
-                "traces": results,
-            }))?;
-            text.push('\n');
-            std::fs::write(&json, text).with_context(|| format!("writing {}", json.display()))?;
-            println!("wrote {}", json.display());
+            let value = match shard {
+                None => regress_json(&manifest.display().to_string(), &results),
+                Some(sh) => serde_json::to_value(lattice_cli::regress::ShardResult {
+                    manifest: manifest.display().to_string(),
+                    only: only.clone(),
+                    shard: sh.index,
+                    of: sh.count,
+                    entries,
+                    positions,
+                    traces: results.clone(),
+                })?,
+            };
+            write_regress_json(&json, &value)?;
+            if !results.iter().all(|r| r.pass()) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Some(Cmd::RegressMerge { files, json }) => {
+            let (manifest, results) = lattice_cli::regress::merge(&files)?;
+            print!("{}", lattice_cli::regress::table(&results));
+            write_regress_json(&json, &regress_json(&manifest, &results))?;
             if !results.iter().all(|r| r.pass()) {
                 std::process::exit(1);
             }
@@ -772,13 +851,61 @@ fn run_import(kind: ImportKind) -> Result<()> {
     Ok(())
 }
 
+/// The JSON result of a whole regression run.
+fn regress_json(manifest: &str, results: &[lattice_cli::regress::TraceResult]) -> serde_json::Value {
+    serde_json::json!({
+        "manifest": manifest,
+        "pass": results.iter().all(|r| r.pass()),
+        "traces": results,
+    })
+}
+
+fn write_regress_json(path: &std::path::Path, value: &serde_json::Value) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
 fn run_sweep(a: SweepArgs) -> Result<()> {
+    if let Some(SweepAction::Merge {
+        shards,
+        output,
+        emit_profile,
+        report,
+    }) = a.action
+    {
+        let started = std::time::Instant::now();
+        let (runs, spec) = sweep::merge_shards(&shards, &output)?;
+        let vary: Vec<sweep::Vary> = spec
+            .vary
+            .iter()
+            .map(|v| sweep::Vary::parse(v).map_err(|m| anyhow::anyhow!("shard --vary {m}")))
+            .collect::<Result<_>>()?;
+        println!("merged {} shard(s)", shards.len());
+        return finish_sweep(
+            &runs,
+            &vary,
+            &spec.objective,
+            &output,
+            report.as_deref(),
+            emit_profile.as_deref(),
+            &format!("merged in {:.1} s", started.elapsed().as_secs_f64()),
+        );
+    }
     let Some(base) = a.replay.weights.clone() else {
         anyhow::bail!("sweep needs --weights BASE.yaml (the profile whose weights are varied)");
     };
     let Some(out) = a.replay.output.clone() else {
         anyhow::bail!("sweep needs --output DIR (for sweep.csv and the run profiles)");
     };
+    let shard = a
+        .shard
+        .as_deref()
+        .map(sweep::Shard::parse)
+        .transpose()
+        .map_err(|m| anyhow::anyhow!("--shard {m}"))?;
     let vary: Vec<sweep::Vary> = a
         .vary
         .iter()
@@ -805,7 +932,8 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let bar = indicatif::ProgressBar::new(points.len() as u64);
+    let mine = shard.map_or(points.len(), |sh| (0..points.len()).filter(|&i| sh.holds(i)).count());
+    let bar = indicatif::ProgressBar::new(mine as u64);
     if a.replay.quiet || !std::io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
@@ -814,27 +942,70 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
             .expect("valid template"),
     );
     let started = std::time::Instant::now();
-    let runs = sweep::run(&opts, &base, &vary, &points, &out, threads, &|| bar.inc(1))?;
+    let runs = sweep::run(&opts, &base, &vary, &points, &out, threads, shard, &|| bar.inc(1))?;
     bar.finish_and_clear();
-    let table = sweep::table(&runs, &objective);
+    if let Some(sh) = shard {
+        let spec = sweep::SweepSpec {
+            vary: a.vary.clone(),
+            random: a.random,
+            seed: a.replay.seed,
+            objective: a.objective.clone(),
+            base_profile: base.display().to_string(),
+            trace: a
+                .replay
+                .trace
+                .as_ref()
+                .map_or_else(String::new, |t| t.display().to_string()),
+        };
+        let path = sweep::write_shard(&out, sh, points.len(), &spec, &runs)?;
+        println!(
+            "shard {}/{}: {} of {} runs on {} threads in {:.1} s; wrote {} (combine the shards with `rm-replay sweep merge`)",
+            sh.index,
+            sh.count,
+            runs.len(),
+            points.len(),
+            threads,
+            started.elapsed().as_secs_f64(),
+            path.display()
+        );
+        return Ok(());
+    }
+    finish_sweep(
+        &runs,
+        &vary,
+        &a.objective,
+        &out,
+        a.replay.report.as_deref(),
+        a.emit_profile.as_deref(),
+        &format!("on {} threads in {:.1} s", threads, started.elapsed().as_secs_f64()),
+    )
+}
+
+/// The outputs of a whole sweep (run at once or merged from shards): sweep.csv/.parquet, the best
+/// run, the Pareto front, sensitivity.csv, the report and the best profile.
+fn finish_sweep(
+    runs: &[sweep::Run],
+    vary: &[sweep::Vary],
+    objective_text: &str,
+    out: &std::path::Path,
+    report: Option<&std::path::Path>,
+    emit_profile: Option<&std::path::Path>,
+    how: &str,
+) -> Result<()> {
+    let objective = sweep::Objective::parse(objective_text).map_err(|m| anyhow::anyhow!("--objective {m}"))?;
+    let table = sweep::table(runs, &objective);
     std::fs::write(out.join("sweep.csv"), table).with_context(|| format!("writing {}/sweep.csv", out.display()))?;
     lattice_reports::tables::csv_to_parquet(&out.join("sweep.csv"), &out.join("sweep.parquet"))?;
-    let best = sweep::best(&runs, &objective).expect("a sweep has runs");
+    let best = sweep::best(runs, &objective).expect("a sweep has runs");
     let b = &runs[best];
-    println!(
-        "{} runs on {} threads in {:.1} s; table: {}/sweep.csv",
-        runs.len(),
-        threads,
-        started.elapsed().as_secs_f64(),
-        out.display()
-    );
+    println!("{} runs {how}; table: {}/sweep.csv", runs.len(), out.display());
     let shown: Vec<String> = vary
         .iter()
         .map(|v| format!("{}={}", v.name(), b.weights.as_array()[v.weight]))
         .collect();
     println!(
         "best ({}{}): run {} [{}] -> {} = {}",
-        a.objective,
+        objective_text,
         if objective.feasible(&b.summary) {
             ""
         } else {
@@ -846,14 +1017,14 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
         sweep::metric(&b.summary, &objective.metric).unwrap_or(f64::NAN)
     );
     println!("profile: {}", b.profile.display());
-    let front: Vec<String> = sweep::pareto(&runs)
+    let front: Vec<String> = sweep::pareto(runs)
         .iter()
         .enumerate()
         .filter(|(_, on)| **on)
         .map(|(i, _)| runs[i].index.to_string())
         .collect();
     println!("pareto front (utilization vs p95 wait): runs {}", front.join(", "));
-    let sens = sweep::sensitivity(&runs, &vary, &objective.metric);
+    let sens = sweep::sensitivity(runs, vary, &objective.metric);
     let mut csv = format!("weight,value,mean_{},runs\n", objective.metric);
     println!("sensitivity (mean {} per weight value):", objective.metric);
     for (w, x, mean, n) in &sens {
@@ -862,8 +1033,8 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
     }
     std::fs::write(out.join("sensitivity.csv"), csv)
         .with_context(|| format!("writing {}/sensitivity.csv", out.display()))?;
-    if let Some(path) = &a.replay.report {
-        let front = sweep::pareto(&runs);
+    if let Some(path) = report {
+        let front = sweep::pareto(runs);
         let points: Vec<lattice_reports::SweepPoint> = runs
             .iter()
             .zip(&front)
@@ -882,7 +1053,7 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
             })
             .collect();
         let html = lattice_reports::render_sweep_html(
-            &format!("RM-Replay sweep: {} runs, {}", runs.len(), a.objective),
+            &format!("RM-Replay sweep: {} runs, {}", runs.len(), objective_text),
             &objective.metric,
             &points,
             &sens,
@@ -890,7 +1061,7 @@ fn run_sweep(a: SweepArgs) -> Result<()> {
         std::fs::write(path, &html).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {} ({} KiB)", path.display(), html.len() / 1024);
     }
-    if let Some(dest) = &a.emit_profile {
+    if let Some(dest) = emit_profile {
         std::fs::copy(&b.profile, dest).with_context(|| format!("writing {}", dest.display()))?;
         println!("wrote {}", dest.display());
     }
@@ -982,6 +1153,35 @@ fn run_bench(b: BenchArgs) -> Result<()> {
             r.max_ms
         );
         println!("cycle p99_ms={:.3} mean_ms={:.3}", r.p99_ms, r.mean_ms);
+        return Ok(());
+    }
+    if let Some(BenchKind::Scale { jobs, nodes, seed, dir }) = &b.kind {
+        if cfg!(debug_assertions) {
+            eprintln!(
+                "warning: this is a debug build; benchmark with `cargo run --release --bin rm-replay -- bench scale`"
+            );
+        }
+        for &n in jobs {
+            let p = lattice_traces::scale::ScaleParams {
+                nodes: *nodes,
+                ..lattice_traces::scale::ScaleParams::site(n, *seed)
+            };
+            let t = std::time::Instant::now();
+            let (site, fresh) = bench::scale_site(&p, dir)?;
+            if fresh {
+                eprintln!(
+                    "generated {} ({} jobs) in {:.1} s",
+                    site.trace.display(),
+                    n,
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            let r = bench::scale(&site, b.runs)?;
+            println!(
+                "scale jobs={} wall_s={:.2} peak_rss_mib={:.0} events_per_s={:.0}",
+                r.jobs, r.wall_s, r.peak_rss_mib, r.events_per_s
+            );
+        }
         return Ok(());
     }
     let traces = if b.traces.is_empty() {

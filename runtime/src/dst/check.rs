@@ -143,6 +143,15 @@ impl Checker {
                     v.state
                 ));
             }
+            // Every DST allocation sleeps a few seconds under an hour's walltime: one ended at its
+            // walltime was timed on clocks that disagree (a member whose wall clock jumped).
+            if let Some(r) = v.end_reason.as_deref()
+                && r.contains("walltime")
+            {
+                violations.push(format!(
+                    "{id} ended {r} at m{m} (term {term}), though it runs seconds of its 1 h walltime"
+                ));
+            }
             let before = self.states.get(id);
             if before.map(String::as_str) != Some(v.state.as_str()) {
                 events.push(if terminal(&v.state) {
