@@ -54,6 +54,12 @@ pub enum StartError {
     Raft(String),
 }
 
+/// How long a write waits for its answer. openraft 0.9 can leave a deposed leader's write unanswered
+/// forever when a snapshot from its successor reaches past the end of its log (the entries are
+/// purged, their callers never told; openraft issue 1761, fixed in 0.10): found by DST, where the
+/// deposed leader's scheduling loop hung on such a write and never scheduled again.
+pub const PROPOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A running quorum member: its Raft handle and a view of its applied state.
 #[derive(Clone)]
 pub struct Member {
@@ -178,8 +184,16 @@ impl Member {
     }
 
     /// Proposes a command and waits until it is committed and applied; the state machine's response.
+    /// No answer within [`PROPOSE_WITHIN`] is an error whose outcome is unknown (the entry may still
+    /// commit), as a lost answer is: callers already treat every error so.
     pub async fn propose(&self, cmd: QuorumCommand) -> Result<QuorumResponse, ProposeError> {
-        match self.raft.client_write(cmd).await {
+        let Ok(written) = tokio::time::timeout(PROPOSE_WITHIN, self.raft.client_write(cmd)).await else {
+            return Err(ProposeError::Raft(format!(
+                "no answer within {} s; the outcome is unknown",
+                PROPOSE_WITHIN.as_secs()
+            )));
+        };
+        match written {
             Ok(r) => Ok(r.data),
             Err(e) => match e.forward_to_leader() {
                 Some(f) => Err(ProposeError::NotLeader {

@@ -172,6 +172,9 @@ pub struct Engine {
     pub(crate) vc_config: Vec<VClusterConfig>,
     /// Allocations holding nodes with a finite estimated end, by (estimated end, id).
     pub(crate) running: BTreeSet<(Time, AllocId)>,
+    /// Allocations without a walltime that hold nodes (they are not in `running`): the claim's
+    /// victim search reads them here instead of scanning every allocation ever submitted.
+    pub(crate) unbounded_holding: BTreeSet<AllocId>,
     pub(crate) proposals: VecDeque<Proposal>,
     pub(crate) commands: VecDeque<Command>,
     /// Running (or proposed) elements per task group, and holders of mutex names.
@@ -304,6 +307,7 @@ impl Engine {
             pool_of_vc: Vec::new(),
             vc_config: Vec::new(),
             running: BTreeSet::new(),
+            unbounded_holding: BTreeSet::new(),
             proposals: VecDeque::new(),
             commands: VecDeque::new(),
             group_running: BTreeMap::new(),
@@ -1106,8 +1110,13 @@ impl Engine {
         m.held = held;
         m.holding = true;
         m.proposed_at = Some(now);
-        if let Some(w) = walltime {
-            self.running.insert((now + w, id));
+        match walltime {
+            Some(w) => {
+                self.running.insert((now + w, id));
+            }
+            None => {
+                self.unbounded_holding.insert(id);
+            }
         }
         let a = &mut self.allocs[id.index()];
         a.nodes = nodes.clone();
@@ -1136,6 +1145,7 @@ impl Engine {
         if !std::mem::take(&mut self.meta[id.index()].holding) {
             return;
         }
+        self.unbounded_holding.remove(&id);
         let spec = &self.allocs[id.index()].spec;
         if let Some(tg) = spec.task_group
             && let Some(n) = self.group_running.get_mut(&tg.group)

@@ -1057,13 +1057,18 @@ impl Engine {
                 }
             }
         }
-        let score_of = |id: AllocId| -> f64 {
-            scores
-                .iter()
-                .find(|s| s.0 == id)
-                .and_then(|s| s.1)
-                .map_or(0.0, |b| b.total - BORROW_PENALTY * (1.0 - b.components[7]))
-        };
+        // Nothing left to lend: no candidate can start (every pick needs a lender with room).
+        if lendable.values().all(|&l| l <= 0) {
+            return;
+        }
+        // Borrowing scores, looked up by id (the first entry of an id, as a linear search finds it).
+        let mut by_id: std::collections::BTreeMap<AllocId, f64> = std::collections::BTreeMap::new();
+        for s in scores {
+            by_id
+                .entry(s.0)
+                .or_insert_with(|| s.1.map_or(0.0, |b| b.total - BORROW_PENALTY * (1.0 - b.components[7])));
+        }
+        let score_of = |id: AllocId| -> f64 { by_id.get(&id).copied().unwrap_or(0.0) };
         let mut order: Vec<AllocId> = rest.clone();
         order.sort_by(|a, b| score_of(*b).total_cmp(&score_of(*a)).then(a.cmp(b)));
         let mut started = Vec::new();

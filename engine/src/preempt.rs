@@ -280,12 +280,10 @@ impl Engine {
             .running
             .iter()
             .map(|&(_, v)| v)
-            .chain(
-                self.allocs
-                    .iter()
-                    .filter(|a| a.state == AllocState::Running && a.spec.lifecycle.walltime().is_none())
-                    .map(|a| a.id),
-            )
+            .chain(self.unbounded_holding.iter().copied().filter(|&v| {
+                let a = &self.allocs[v.index()];
+                a.state == AllocState::Running && a.spec.lifecycle.walltime().is_none()
+            }))
             .filter(|&v| {
                 self.allocs[v.index()].state == AllocState::Running
                     && self.meta[v.index()].proposed_at.is_none()

@@ -123,6 +123,38 @@ pub struct Snapshot {
     pub dags: BTreeMap<String, Vec<(String, String)>>,
 }
 
+impl Snapshot {
+    /// Members of a keyed DAG attempt that were never acknowledged: the DAG's record names members
+    /// first queued in different terms, so a later leader handed out some of this attempt's numbers
+    /// again — which it never does to a submission on a majority's copies (a DAG is mirrored whole,
+    /// in one op, before it is acknowledged). The older attempt's members that have not ended are
+    /// returned: a take-over cancels them instead of running them beside the client's retry (found
+    /// by DST: seeds 59, 189 and 101 with the runtime's own simulated agents).
+    pub fn stranded_dag_members(&self) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for (dag, members) in &self.dags {
+            let prefix = format!("dag:{dag}:");
+            let here: Vec<&Entry> = members
+                .iter()
+                .filter_map(|(_, id)| self.entries.get(&id_number(id)?))
+                .collect();
+            let Some(newest) = here.iter().map(|e| e.origin_term()).max() else {
+                continue;
+            };
+            out.extend(
+                here.iter()
+                    .filter(|e| {
+                        e.origin_term() < newest
+                            && e.ended.is_none()
+                            && e.req.idempotency_key.as_deref().is_some_and(|k| k.starts_with(&prefix))
+                    })
+                    .map(|e| e.id.clone()),
+            );
+        }
+        out
+    }
+}
+
 /// A member's copy of the leader's queue, with its durable store.
 #[derive(Default)]
 pub struct Mirror {

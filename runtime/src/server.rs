@@ -693,11 +693,17 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     let (mut adopted, mut ended, mut rerun) = (0, 0, 0);
     // Active submissions by idempotency key (tenant, key) → base ids.
     let mut keyed: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    // Members of a DAG attempt a later leader overwrote in part were never acknowledged: they are
+    // cancelled, and their keys are the retry's to take.
+    let stranded = snap.stranded_dag_members();
     for e in snap.entries.into_values() {
+        let stranded_here = stranded.contains(&e.id);
         // A retry with an adopted submission's idempotency key still gets its id — once its record
         // is mirrored again (this copy may be the only one that has it).
-        control.remember_key(&e.req, &e.id);
-        if e.req.idempotency_key.is_some() {
+        if !stranded_here {
+            control.remember_key(&e.req, &e.id);
+        }
+        if e.req.idempotency_key.is_some() && !stranded_here {
             control.unacked(
                 crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b),
                 false,
@@ -705,7 +711,7 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         }
         // Ended ones count too: a retry may have run (and ended) while an earlier attempt waited
         // in a copy this member had not read; that attempt must not run now.
-        if let Some(k) = &e.req.idempotency_key {
+        if let Some(k) = e.req.idempotency_key.as_ref().filter(|_| !stranded_here) {
             let base = crate::control::group_element(&e.id)
                 .map_or(e.id.as_str(), |(b, _)| b)
                 .to_string();
@@ -745,9 +751,16 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             }
         }
         control.resubmitted(&e.id, e.submitted_ms);
-        if unmet {
+        if unmet || stranded_here {
             control.cancel(&e.id);
-            tracing::info!("{}: a dependency ended unmet; cancelled", e.id);
+            if stranded_here {
+                tracing::info!(
+                    "{}: its DAG attempt was never acknowledged (a later leader reused its numbers); cancelled",
+                    e.id
+                );
+            } else {
+                tracing::info!("{}: a dependency ended unmet; cancelled", e.id);
+            }
             continue;
         }
         if let Some(a) = held.get(&e.id) {
