@@ -246,6 +246,12 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
+/// Snapshots built and installed by every state machine of this process (the deterministic
+/// simulation reports them, so a run shows the snapshot path was exercised).
+pub static SNAPSHOTS_BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// See [`SNAPSHOTS_BUILT`]: snapshots a lagging member installed from its leader.
+pub static SNAPSHOTS_INSTALLED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The state machine: [`QuorumState`] in memory, snapshots in the database.
 #[derive(Clone)]
 pub struct StateMachine {
@@ -271,6 +277,7 @@ impl StateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SE> {
         let sm = self.data.read().await.clone();
+        SNAPSHOTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let data = serde_json::to_vec(&sm).map_err(|e| StorageIOError::read_state_machine(&e))?;
         let meta = SnapshotMeta {
             last_log_id: sm.last_applied,
@@ -352,6 +359,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             },
         )?;
         *self.data.write().await = sm;
+        SNAPSHOTS_INSTALLED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

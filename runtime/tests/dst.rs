@@ -26,6 +26,18 @@ fn a_fixed_set_of_seeds_passes_with_every_fault() {
     let seeds = std::env::var("DST_SEEDS").unwrap_or_else(|_| "24".into());
     let (code, out) = dst(&["--seeds", &seeds, "--seed", "20", "--steps", "2000", "--faults", "all"]);
     assert_eq!(code, 0, "{out}");
+    // The snapshot path runs: members build snapshots, and lagging ones (back from a crash or a
+    // partition) install their leader's.
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("snapshots: "))
+        .expect("a snapshot count");
+    let count = |word: &str| -> u64 {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = words.iter().position(|w| w.starts_with(word)).expect(word);
+        words[i - 1].parse().expect("a number")
+    };
+    assert!(count("built") > 0 && count("installed") > 0, "{line}");
     assert!(
         last_line(&out).starts_with(&format!("dst seeds={seeds} failures=0 digest=")),
         "{out}"

@@ -163,6 +163,11 @@ async fn run() -> Result<()> {
         });
         let acked: usize = report.seeds.iter().map(|s| s.acked).sum();
         let faults: usize = report.seeds.iter().map(|s| s.faults).sum();
+        let (built, installed) = (
+            lattice_adapters::raft_store::SNAPSHOTS_BUILT.load(std::sync::atomic::Ordering::Relaxed),
+            lattice_adapters::raft_store::SNAPSHOTS_INSTALLED.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        println!("snapshots: {built} built, {installed} installed on lagging members");
         println!(
             "{} seeds x {} steps: {acked} acknowledged submissions, {faults} faults injected, {:.1} s",
             report.seeds.len(),
