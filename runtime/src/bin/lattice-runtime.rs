@@ -49,7 +49,7 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         steps: u64,
         /// `all`, `none`, or a list of: partition, asymmetric, isolate-leader, loss, delay, crash,
-        /// power-loss, cluster-crash, clock-jump.
+        /// power-loss, cluster-crash, clock-jump, isolate-agent, agent-crash, slow-agent.
         #[arg(long, default_value = "all")]
         faults: String,
         /// Quorum members (3 or 5).
