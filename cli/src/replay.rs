@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use lattice_engine::{Depth, Policy, VClusterConfig};
-use lattice_sim::{SimConfig, SimResult, simulate};
+use lattice_sim::{SimConfig, SimResult};
 use lattice_traces::{
     Inventory, SwfOptions, TenantField, Workload, parse_swf, read_inventory, read_profile, read_trace,
 };
@@ -209,13 +209,22 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
 }
 
 pub fn run(p: &Prepared, progress: &mut dyn FnMut(u64, u64)) -> Result<SimResult> {
-    let mut r = simulate(&p.workload, &p.inventory, &p.config, progress)?;
+    run_keeping(p, progress).map(|(r, _)| r)
+}
+
+/// [`run`], handing back the replay's controller (with every allocation's state) instead of dropping
+/// it: a one-shot command can leave it to the process's exit rather than free it piece by piece.
+pub fn run_keeping(
+    p: &Prepared,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(SimResult, lattice_engine::Controller)> {
+    let (mut r, ctl) = lattice_sim::simulate_with(&p.workload, &p.inventory, &p.config, progress, |ctl, _| ctl)?;
     for n in &p.notes {
         if !r.summary.notes.contains(n) {
             r.summary.notes.push(n.clone());
         }
     }
-    Ok(r)
+    Ok((r, ctl))
 }
 
 /// Writes `summary.json`, `jobs.csv` and `engine_cost.json` into `dir`.
