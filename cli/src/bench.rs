@@ -337,19 +337,16 @@ pub fn scale(site: &ScaleSite, runs: u32) -> Result<ScaleResult> {
                 .with_context(|| format!("child printed no {k}: {}", m.stdout))
         };
         let (jobs, passes) = (field("jobs=")?, field("passes=")?);
-        let r = ScaleResult {
+        // The best wall time, the largest peak memory.
+        let wall_s = best.as_ref().map_or(m.wall_s, |b| b.wall_s.min(m.wall_s));
+        let rss = (m.max_rss_kib as f64 / 1024.0).max(best.as_ref().map_or(0.0, |b| b.peak_rss_mib));
+        best = Some(ScaleResult {
             jobs,
             passes,
-            wall_s: m.wall_s,
-            peak_rss_mib: m.max_rss_kib as f64 / 1024.0,
-            events_per_s: (2 * jobs + passes) as f64 / m.wall_s,
-        };
-        if best.as_ref().is_none_or(|b| r.wall_s < b.wall_s) {
-            best = Some(ScaleResult {
-                peak_rss_mib: r.peak_rss_mib.max(best.as_ref().map_or(0.0, |b| b.peak_rss_mib)),
-                ..r
-            });
-        }
+            wall_s,
+            peak_rss_mib: rss,
+            events_per_s: (2 * jobs + passes) as f64 / wall_s,
+        });
     }
     Ok(best.expect("at least one run"))
 }

@@ -127,17 +127,7 @@ pub fn apply(base: &CostWeights, vary: &[Vary], values: &[f64]) -> CostWeights {
             None => *x = (*x * scale * 1e6).round() / 1e6,
         }
     }
-    CostWeights {
-        priority: w[0],
-        wait_time: w[1],
-        fair_share: w[2],
-        topology: w[3],
-        data_readiness: w[4],
-        backlog: w[5],
-        energy: w[6],
-        checkpoint: w[7],
-        conformance: w[8],
-    }
+    CostWeights::from_array(w)
 }
 
 /// A summary metric by name: the `summary.json` key, with `_s` implied for times and short aliases:
@@ -728,22 +718,11 @@ pub fn merge_shards(dirs: &[PathBuf], out: &Path) -> Result<(Vec<Run>, SweepSpec
             }
             let to = dest.join(name);
             copies.push((src, to.clone()));
-            let w = r.weights;
             runs.insert(
                 r.index,
                 Run {
                     index: r.index,
-                    weights: CostWeights {
-                        priority: w[0],
-                        wait_time: w[1],
-                        fair_share: w[2],
-                        topology: w[3],
-                        data_readiness: w[4],
-                        backlog: w[5],
-                        energy: w[6],
-                        checkpoint: w[7],
-                        conformance: w[8],
-                    },
+                    weights: CostWeights::from_array(r.weights),
                     profile: to,
                     summary: r.summary,
                 },

@@ -32,6 +32,21 @@ impl CostWeights {
         "conformance",
     ];
 
+    /// The weights in [`CostWeights::NAMES`] order (the inverse of [`CostWeights::as_array`]).
+    pub fn from_array(w: [f64; 9]) -> CostWeights {
+        CostWeights {
+            priority: w[0],
+            wait_time: w[1],
+            fair_share: w[2],
+            topology: w[3],
+            data_readiness: w[4],
+            backlog: w[5],
+            energy: w[6],
+            checkpoint: w[7],
+            conformance: w[8],
+        }
+    }
+
     pub fn as_array(&self) -> [f64; 9] {
         [
             self.priority,

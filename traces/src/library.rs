@@ -20,7 +20,7 @@
 //! a test keeps the committed ones identical.
 
 use rand_chacha::ChaCha8Rng;
-use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::rand_core::SeedableRng;
 use serde_json::{Value, json};
 use std::fmt::Write;
 
@@ -223,7 +223,7 @@ impl Gen {
     }
 
     fn unit(&mut self) -> f64 {
-        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        crate::synth::unit(&mut self.rng)
     }
 
     fn below(&mut self, n: u32) -> u32 {
@@ -232,22 +232,12 @@ impl Gen {
 
     /// Index drawn with the given (unnormalised) weights.
     fn pick(&mut self, weights: &[f64]) -> usize {
-        let total: f64 = weights.iter().sum();
-        let mut x = self.unit() * total;
-        for (i, w) in weights.iter().enumerate() {
-            if x < *w {
-                return i;
-            }
-            x -= w;
-        }
-        weights.len() - 1
+        crate::synth::pick(&mut self.rng, weights)
     }
 
-    /// Log-normal with the given median and σ (Box-Muller), clamped.
+    /// Log-normal with the given median and σ (Box-Muller), clamped, in whole seconds.
     fn lognormal(&mut self, median: f64, sigma: f64, lo: f64, hi: f64) -> f64 {
-        let (u1, u2) = (1.0 - self.unit(), self.unit());
-        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-        (median * (sigma * z).exp()).clamp(lo, hi).round()
+        crate::synth::lognormal(&mut self.rng, median, sigma, lo, hi).round()
     }
 
     fn tenant(&mut self) -> String {

@@ -128,17 +128,7 @@ pub fn parse_profile(file: &str, text: &str) -> Result<WeightProfile, TraceError
             }
             w[i] = x;
         }
-        let weights = CostWeights {
-            priority: w[0],
-            wait_time: w[1],
-            fair_share: w[2],
-            topology: w[3],
-            data_readiness: w[4],
-            backlog: w[5],
-            energy: w[6],
-            checkpoint: w[7],
-            conformance: w[8],
-        };
+        let weights = CostWeights::from_array(w);
         let text_of = |key: &str| -> Result<Option<String>, TraceError> {
             match entries.get(key) {
                 None => Ok(None),

@@ -15,7 +15,7 @@
 //! Same parameters and seed → the same bytes.
 
 use rand_chacha::ChaCha8Rng;
-use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::rand_core::SeedableRng;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
@@ -168,25 +168,15 @@ struct Gen {
 
 impl Gen {
     fn unit(&mut self) -> f64 {
-        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        crate::synth::unit(&mut self.rng)
     }
 
     fn pick(&mut self, weights: &[f64]) -> usize {
-        let total: f64 = weights.iter().sum();
-        let mut x = self.unit() * total;
-        for (i, w) in weights.iter().enumerate() {
-            if x < *w {
-                return i;
-            }
-            x -= w;
-        }
-        weights.len() - 1
+        crate::synth::pick(&mut self.rng, weights)
     }
 
     fn lognormal(&mut self, median: f64, sigma: f64, lo: f64, hi: f64) -> f64 {
-        let (u1, u2) = (1.0 - self.unit(), self.unit());
-        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-        (median * (sigma * z).exp()).clamp(lo, hi)
+        crate::synth::lognormal(&mut self.rng, median, sigma, lo, hi)
     }
 
     /// One job of vCluster `vc` (run time before load scaling).

@@ -37,8 +37,29 @@ impl SwfGenParams {
     }
 }
 
-fn unit(rng: &mut ChaCha8Rng) -> f64 {
+/// A uniform draw in [0, 1) (53 bits).
+pub(crate) fn unit(rng: &mut ChaCha8Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// An index drawn with the given (unnormalised) weights.
+pub(crate) fn pick(rng: &mut ChaCha8Rng, weights: &[f64]) -> usize {
+    let total: f64 = weights.iter().sum();
+    let mut x = unit(rng) * total;
+    for (i, w) in weights.iter().enumerate() {
+        if x < *w {
+            return i;
+        }
+        x -= w;
+    }
+    weights.len() - 1
+}
+
+/// Log-normal with the given median and σ (Box-Muller), clamped to [lo, hi].
+pub(crate) fn lognormal(rng: &mut ChaCha8Rng, median: f64, sigma: f64, lo: f64, hi: f64) -> f64 {
+    let (u1, u2) = (1.0 - unit(rng), unit(rng));
+    let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+    (median * (sigma * z).exp()).clamp(lo, hi)
 }
 
 /// A synthetic SWF trace (text).
