@@ -7,8 +7,7 @@ use crate::auth::{Principal, Refusal};
 use crate::control::{NodeOp, SubmitRequest, UpdateRequest};
 use crate::ops::{self, ApiError};
 use crate::server::Shared;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -194,7 +193,7 @@ async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Respon
     }
 }
 
-async fn list(State(s): S, Extension(p): P, Query(q): Query<ops::ListFilter>) -> Response {
+async fn list(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::ListFilter>) -> Response {
     match ops::list(&s, &p, &q).await {
         Ok(all) => Json(json!({ "allocations": all })).into_response(),
         Err(e) => e.into_response(),
@@ -361,11 +360,7 @@ async fn list_dags(State(s): S, Extension(p): P) -> Response {
     Json(json!({ "dags": dags })).into_response()
 }
 
-async fn audit_logs(State(s): S, Extension(p): P, q: Result<Query<ops::AuditQuery>, QueryRejection>) -> Response {
-    let Query(q) = match q {
-        Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
-    };
+async fn audit_logs(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::AuditQuery>) -> Response {
     match ops::audit(&s, &p, &q).await {
         Ok((entries, valid)) => Json(json!({"entries": entries, "chain_valid": valid})).into_response(),
         Err(e) => e.into_response(),
@@ -378,16 +373,7 @@ struct DaysIn {
     days: Option<u32>,
 }
 
-async fn tenant_usage(
-    State(s): S,
-    Extension(p): P,
-    Path(id): Path<String>,
-    q: Result<Query<DaysIn>, QueryRejection>,
-) -> Response {
-    let Query(q) = match q {
-        Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, Some("days"), e.body_text()),
-    };
+async fn tenant_usage(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<DaysIn>) -> Response {
     let q = ops::UsageQuery {
         tenant: Some(id),
         user: None,
@@ -399,11 +385,7 @@ async fn tenant_usage(
     }
 }
 
-async fn usage(State(s): S, Extension(p): P, q: Result<Query<ops::UsageQuery>, QueryRejection>) -> Response {
-    let Query(q) = match q {
-        Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
-    };
+async fn usage(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::UsageQuery>) -> Response {
     match ops::usage(&s, &p, &q).await {
         Ok(u) => Json(u).into_response(),
         Err(e) => e.into_response(),
@@ -411,14 +393,69 @@ async fn usage(State(s): S, Extension(p): P, q: Result<Query<ops::UsageQuery>, Q
 }
 
 /// A body serde could not read: 400 naming the unknown or mistyped field.
+/// A JSON body whose refusal is the API's 400 naming the field (axum's own `Json` answers plain text).
+struct JsonIn<T>(T);
+
+impl<T: serde::de::DeserializeOwned, St: Send + Sync> FromRequest<St> for JsonIn<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &St) -> Result<Self, Response> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        serde_json::from_slice(&bytes).map(JsonIn).map_err(body_error)
+    }
+}
+
+/// A query string whose refusal is a JSON 400 naming the parameter (`query` when the decoder does
+/// not say which).
+struct QueryIn<T>(T);
+
+impl<T: serde::de::DeserializeOwned, St: Send + Sync> FromRequestParts<St> for QueryIn<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &St) -> Result<Self, Response> {
+        Query::<T>::try_from_uri(&parts.uri)
+            .map(|Query(q)| QueryIn(q))
+            .map_err(|e| {
+                let text = e.body_text();
+                let field = named_field(&text).unwrap_or("query");
+                error(StatusCode::BAD_REQUEST, Some(field), text.clone())
+            })
+    }
+}
+
+/// A path parameter whose refusal is a JSON 400 naming it (`id`).
+struct PathIn<T>(T);
+
+impl<T: serde::de::DeserializeOwned + Send, St: Send + Sync> FromRequestParts<St> for PathIn<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &St) -> Result<Self, Response> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| PathIn(v))
+            .map_err(|e| error(StatusCode::BAD_REQUEST, Some("id"), e.body_text()))
+    }
+}
+
+/// The field a decoder's message names: serde's "unknown field `x`" / "missing field `x`", or a
+/// query decoder's "…query string: x: why".
+fn named_field(msg: &str) -> Option<&str> {
+    if msg.contains("field")
+        && let Some(f) = msg.split('`').nth(1).filter(|f| !f.is_empty())
+    {
+        return Some(f);
+    }
+    let rest = msg.split_once("query string: ")?.1;
+    let (name, _) = rest.split_once(": ")?;
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).then_some(name)
+}
+
 fn body_error(e: serde_json::Error) -> Response {
     let msg = e.to_string();
-    let field = msg
-        .split('`')
-        .nth(1)
-        .filter(|_| msg.contains("field"))
-        .map(str::to_string);
-    error(StatusCode::BAD_REQUEST, field.as_deref().or(Some("body")), msg)
+    let field = named_field(&msg).unwrap_or("body").to_string();
+    error(StatusCode::BAD_REQUEST, Some(&field), msg)
 }
 
 async fn tenants(State(s): S) -> Json<Value> {
@@ -441,7 +478,7 @@ async fn set_weights(
     State(s): S,
     Extension(p): P,
     Path(id): Path<String>,
-    Json(w): Json<BTreeMap<String, f64>>,
+    JsonIn(w): JsonIn<BTreeMap<String, f64>>,
 ) -> Response {
     match ops::set_weights(&s, &p, &id, &w).await {
         Ok(()) => Json(json!({"vcluster": id, "weights": w})).into_response(),
@@ -480,7 +517,7 @@ struct PathQuery {
     path: Option<String>,
 }
 
-async fn verify_backup(State(s): S, Extension(p): P, Query(q): Query<PathQuery>) -> Response {
+async fn verify_backup(State(s): S, Extension(p): P, QueryIn(q): QueryIn<PathQuery>) -> Response {
     if !p.is_admin() {
         return forbidden("backups need SystemAdmin");
     }
@@ -498,7 +535,7 @@ async fn verify_backup(State(s): S, Extension(p): P, Query(q): Query<PathQuery>)
 }
 
 /// Stages a verified backup; it is installed when the member restarts ("requires restart").
-async fn restore(State(s): S, Extension(p): P, Json(q): Json<PathQuery>) -> Response {
+async fn restore(State(s): S, Extension(p): P, JsonIn(q): JsonIn<PathQuery>) -> Response {
     if !p.is_admin() {
         return forbidden("restores need SystemAdmin");
     }
@@ -521,7 +558,7 @@ struct MemberIn {
     addr: String,
 }
 
-async fn add_member(State(s): S, Extension(p): P, Json(m): Json<MemberIn>) -> Response {
+async fn add_member(State(s): S, Extension(p): P, JsonIn(m): JsonIn<MemberIn>) -> Response {
     if !p.is_admin() {
         return forbidden("membership changes need SystemAdmin");
     }
@@ -534,7 +571,7 @@ async fn add_member(State(s): S, Extension(p): P, Json(m): Json<MemberIn>) -> Re
     }
 }
 
-async fn remove_member(State(s): S, Extension(p): P, Path(id): Path<u64>) -> Response {
+async fn remove_member(State(s): S, Extension(p): P, PathIn(id): PathIn<u64>) -> Response {
     if !p.is_admin() {
         return forbidden("membership changes need SystemAdmin");
     }
@@ -628,16 +665,7 @@ struct LogsIn {
     until: Option<String>,
 }
 
-async fn logs(
-    State(s): S,
-    Extension(p): P,
-    Path(id): Path<String>,
-    q: Result<Query<LogsIn>, QueryRejection>,
-) -> Response {
-    let Query(q) = match q {
-        Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
-    };
+async fn logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LogsIn>) -> Response {
     let instant = |f: &str, v: &Option<String>| v.as_deref().map(|v| ops::parse_instant(f, v)).transpose();
     let (since_ms, until_ms) = match (instant("since", &q.since), instant("until", &q.until)) {
         (Ok(a), Ok(b)) => (a, b),
@@ -687,16 +715,7 @@ struct LiveIn {
     after: Option<String>,
 }
 
-async fn live_logs(
-    State(s): S,
-    Extension(p): P,
-    Path(id): Path<String>,
-    q: Result<Query<LiveIn>, QueryRejection>,
-) -> Response {
-    let Query(q) = match q {
-        Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, Some("query"), e.body_text()),
-    };
+async fn live_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LiveIn>) -> Response {
     let mut after = BTreeMap::new();
     for part in q.after.as_deref().unwrap_or("").split(',').filter(|p| !p.is_empty()) {
         match part

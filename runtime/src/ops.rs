@@ -599,7 +599,8 @@ pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap
     }
     if let Some(k) = w.keys().find(|k| !WEIGHT_NAMES.contains(&k.as_str())) {
         return Err(ApiError::BadRequest {
-            field: k.clone(),
+            // The weight's name is the field; a nameless key is named by the body's field.
+            field: if k.is_empty() { "weights".into() } else { k.clone() },
             message: format!("unknown weight `{k}` (known: {})", WEIGHT_NAMES.join(", ")),
         });
     }

@@ -107,31 +107,7 @@ fn grpc_submissions_never_panic_the_control_plane() {
     let (mut decoded, mut accepted) = (0, 0);
     for case in 0..cases {
         let mut rng = ChaCha8Rng::seed_from_u64(7_000_000 + case);
-        let mut b = valid.clone();
-        for _ in 0..=lattice_traces::fuzz::below(&mut rng, 3) {
-            if b.is_empty() {
-                break;
-            }
-            let at = lattice_traces::fuzz::below(&mut rng, b.len());
-            match lattice_traces::fuzz::below(&mut rng, 5) {
-                0 => {
-                    let bit = lattice_traces::fuzz::below(&mut rng, 8);
-                    b[at] ^= 1 << bit;
-                }
-                1 => {
-                    let v = [0x00, 0x7f, 0x80, 0xff][lattice_traces::fuzz::below(&mut rng, 4)];
-                    b[at] = v;
-                }
-                2 => {
-                    b.remove(at);
-                }
-                3 => {
-                    let chunk: Vec<u8> = b[at..].iter().take(8).copied().collect();
-                    b.splice(at..at, chunk);
-                }
-                _ => b.truncate(at),
-            }
-        }
+        let b = lattice_traces::fuzz::mutate_bytes(&valid, &mut rng);
         let Ok(msg) = pb::AllocationRequest::decode(b.as_slice()) else {
             continue; // refused by the gRPC layer (INVALID_ARGUMENT)
         };
@@ -254,4 +230,543 @@ fn a_negative_sleep_is_just_an_entrypoint() {
         let id = c.submit(req).unwrap();
         assert_eq!(c.view_named(&id).unwrap().state, "pending");
     }
+}
+
+/// One REST route the fuzz drives: method, path (`{A}` an allocation id, `{N}` a node name) and a
+/// valid body to mutate (`None`: no body; the query string is mutated instead when the path has one).
+struct Route {
+    method: &'static str,
+    path: &'static str,
+    body: Option<&'static str>,
+}
+
+const ROUTES: [Route; 16] = [
+    Route {
+        method: "POST",
+        path: "/v1/allocations",
+        body: Some(BODIES[3]),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/allocations",
+        body: Some(BODIES[2]),
+    },
+    Route {
+        method: "PATCH",
+        path: "/v1/allocations/{A}",
+        body: Some(
+            r#"{"walltime": "5s", "tags": {"team": "b", "old": ""}, "telemetry": {"mode": "debug", "duration": "10m"}}"#,
+        ),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/allocations/{A}/checkpoint",
+        body: None,
+    },
+    Route {
+        method: "DELETE",
+        path: "/v1/allocations/{A}",
+        body: None,
+    },
+    Route {
+        method: "POST",
+        path: "/v1/dags",
+        body: Some(
+            r#"{"id": "d1", "allocations": [{"name": "prep", "tenant": "bio", "entrypoint": "sleep 0.1", "resources": {"nodes": 1}, "lifecycle": {"walltime": "10m"}}, {"name": "train", "tenant": "bio", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1h"}, "depends_on": [{"ref": "prep", "condition": "afterok"}]}, {"name": "eval", "tenant": "bio", "resources": {"nodes": 1}, "lifecycle": {"walltime": "5m"}, "depends_on": [{"ref": "train", "condition": "success"}]}]}"#,
+        ),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/nodes/{N}/register",
+        body: Some(
+            r#"{"fingerprint": "sha256:ab12", "capabilities": {"cpu_cores": 72, "memory_gib": 480.5, "gpu_count": 4, "gpu_model": "GH200", "features": ["nvme_scratch"]}}"#,
+        ),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/nodes/{N}/heartbeat",
+        body: Some(r#"{"seq": 900000, "buffered": [{"seq": 899998, "at_ms": 1000}, {"seq": 899999, "at_ms": 2000}]}"#),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/nodes/{N}/work",
+        body: Some(
+            r#"{"running": ["a-000001"], "output": [{"id": "a-000001", "offset": 0, "next": 5, "data": "hello"}], "checkpointed": [{"id": "a-000001", "ok": true}], "wiped": [{"id": "a-000002", "ok": false}], "metrics": [{"id": "a-000001", "name": "queue_depth", "value": 3.5}]}"#,
+        ),
+    },
+    Route {
+        method: "POST",
+        path: "/v1/allocations/{A}/exit",
+        body: Some(r#"{"node": "sim-001", "kind": "exited", "exit_code": 0, "log_tail": "done\n"}"#),
+    },
+    Route {
+        method: "PUT",
+        path: "/v1/vclusters/default/weights",
+        body: Some(r#"{"priority": 0.5, "wait_time": 0.3, "fair_share": 0.2}"#),
+    },
+    Route {
+        method: "POST",
+        path: "/api/v1/admin/restore",
+        body: Some(r#"{"path": "/nonexistent/lattice-backup.tar"}"#),
+    },
+    Route {
+        method: "GET",
+        path: "/v1/allocations?tenant=bio&state=running&vcluster=default&user=alice",
+        body: None,
+    },
+    Route {
+        method: "GET",
+        path: "/v1/audit/logs?user=alice&allocation=a-000001&since=2026-03-01&until=1767225600000",
+        body: None,
+    },
+    Route {
+        method: "GET",
+        path: "/api/v1/usage?tenant=physics&days=30",
+        body: None,
+    },
+    Route {
+        method: "GET",
+        path: "/v1/allocations/{A}/logs?node=sim-001&offset=0",
+        body: None,
+    },
+];
+
+/// Every REST route that takes a body (or a query string) through the real router of a running
+/// single-member quorum: seeded mutations of a valid body, of the query string and of the ids in the
+/// path. Nothing panics or hangs, nothing answers 500, every 400 is JSON naming its field, and
+/// afterwards the member still serves: a valid submission is acknowledged and runs, and no node is
+/// held by two allocations. (Membership changes are left out: a mutated body that adds a voter would
+/// take the single member's majority away; their validation has its own tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_bodies_never_panic_or_break_the_member() {
+    use tower::ServiceExt;
+    let dir = std::env::temp_dir().join(format!("lattice-fuzz-rest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = common::start_leader(&format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 8\ncycle: 50ms\nauth:\n  rate_limit_per_minute: 4000000000\n",
+        dir.display()
+    ))
+    .await;
+    let app = lattice_runtime::api::router(rt.shared.clone());
+    let call = |method: &str, uri: &str, body: Vec<u8>| {
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body));
+        let app = app.clone();
+        async move {
+            let req = req.ok()?;
+            // A hang is a finding: every request answers within 20 s (a proposal's bound is 10 s).
+            let resp = tokio::time::timeout(std::time::Duration::from_secs(20), tokio::spawn(app.oneshot(req)))
+                .await
+                .expect("a request hung")
+                .expect("a handler panicked")
+                .unwrap();
+            let status = resp.status().as_u16();
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
+            Some((status, bytes))
+        }
+    };
+    // Some ids the mutated requests can name.
+    let mut ids = Vec::new();
+    for b in [BODIES[3], BODIES[4]] {
+        let (status, v) = call("POST", "/v1/allocations", b.as_bytes().to_vec()).await.unwrap();
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&v));
+        let v: serde_json::Value = serde_json::from_slice(&v).unwrap();
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    let cases = fuzz_cases(3_000);
+    let mut by_status: std::collections::BTreeMap<u16, u64> = Default::default();
+    for case in 0..cases {
+        let mut rng = ChaCha8Rng::seed_from_u64(11_000_000 + case);
+        let route = &ROUTES[(case % ROUTES.len() as u64) as usize];
+        let alloc = match lattice_traces::fuzz::below(&mut rng, 4) {
+            0 => mutate(&ids[0], &mut rng),
+            _ => ids[lattice_traces::fuzz::below(&mut rng, ids.len())].clone(),
+        };
+        let node = match lattice_traces::fuzz::below(&mut rng, 4) {
+            0 => mutate("sim-001", &mut rng),
+            _ => format!("sim-00{}", 1 + lattice_traces::fuzz::below(&mut rng, 8)),
+        };
+        let escape = |s: &str| -> String {
+            s.bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect()
+        };
+        let mut uri = route
+            .path
+            .replace("{A}", &escape(&alloc))
+            .replace("{N}", &escape(&node));
+        let body = match route.body {
+            Some(b) => mutate(b, &mut rng).into_bytes(),
+            None => {
+                if let Some((path, query)) = uri.split_once('?') {
+                    uri = format!("{path}?{}", mutate(query, &mut rng).replace(['\n', ' ', '#'], "&"));
+                }
+                Vec::new()
+            }
+        };
+        if uri.parse::<axum::http::Uri>().is_err() {
+            continue; // not a URI: the HTTP layer refuses it before the router
+        }
+        let Some((status, answer)) = call(route.method, &uri, body.clone()).await else {
+            continue;
+        };
+        *by_status.entry(status).or_default() += 1;
+        let shown = || {
+            format!(
+                "case {case}: {} {uri}\n{}\n=> {status} {}",
+                route.method,
+                String::from_utf8_lossy(&body),
+                String::from_utf8_lossy(&answer)
+            )
+        };
+        assert!(status < 500 || status == 503, "{}", shown());
+        if status == 400 {
+            let v: serde_json::Value =
+                serde_json::from_slice(&answer).unwrap_or_else(|_| panic!("a 400 that is not JSON: {}", shown()));
+            assert!(
+                v["field"].as_str().is_some_and(|f| !f.is_empty()),
+                "a 400 without a field: {}",
+                shown()
+            );
+        }
+    }
+    eprintln!("fuzz rest cases={cases} answers={by_status:?}");
+    let ok = by_status.range(200..300).map(|(_, n)| n).sum::<u64>();
+    let refused = by_status.get(&400).copied().unwrap_or(0);
+    assert!(ok > cases / 10 && refused > cases / 10, "{by_status:?}");
+
+    // The member still serves: a valid submission is acknowledged and runs to its end.
+    let (status, v) = call(
+        "POST",
+        "/v1/allocations",
+        br#"{"tenant": "after", "entrypoint": "sleep 0.1", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}}"#.to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&v));
+    // No node is held by two allocations.
+    let (_, list) = call("GET", "/v1/allocations", Vec::new()).await.unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&list).unwrap();
+    let mut held = std::collections::BTreeMap::new();
+    for a in list["allocations"].as_array().unwrap() {
+        if a["state"] == "running" {
+            for n in a["nodes"].as_array().into_iter().flatten() {
+                if let Some(other) = held.insert(n.to_string(), a["id"].to_string()) {
+                    panic!("node {n} held by {other} and {}", a["id"]);
+                }
+            }
+        }
+    }
+    rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every gRPC request message the member serves (the public API's three services and the queue
+/// mirror's peer calls): a valid message's protobuf bytes with seeded byte mutations through prost's
+/// decoder and the service's handler on a running single-member quorum. Nothing panics or hangs,
+/// nothing answers INTERNAL or UNKNOWN, every INVALID_ARGUMENT names its field (`field: why`), and no
+/// file is written outside the member's data directory (backup names come from the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_messages_never_panic_or_break_the_member() {
+    use lattice_runtime::grpc::{Api, pb};
+    use pb::admin_service_server::AdminService;
+    use pb::allocation_service_server::AllocationService;
+    use pb::node_service_server::NodeService;
+    use prost::Message;
+    let dir = std::env::temp_dir().join(format!("lattice-fuzz-grpc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = common::start_leader(&format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 8\ncycle: 50ms\nauth:\n  rate_limit_per_minute: 4000000000\n",
+        dir.display()
+    ))
+    .await;
+    let api = Api {
+        shared: rt.shared.clone(),
+    };
+    let request = pb::AllocationRequest {
+        tenant: "bio".into(),
+        user: "alice".into(),
+        entrypoint: "sleep 0.2".into(),
+        resources: Some(pb::Resources {
+            nodes: 1,
+            max_nodes: 2,
+            features: vec!["nvme".into()],
+            ..Default::default()
+        }),
+        lifecycle: Some(pb::Lifecycle {
+            r#type: "bounded".into(),
+            walltime: "10m".into(),
+            ..Default::default()
+        }),
+        tags: [("team".to_string(), "b".to_string())].into(),
+        depends_on: vec![pb::Dependency {
+            r#ref: "a-000001".into(),
+            condition: "afterok".into(),
+        }],
+        idempotency_key: "k-1".into(),
+        ..Default::default()
+    };
+    let mut plain = request.clone();
+    plain.depends_on.clear();
+    plain.idempotency_key.clear();
+    if let Some(r) = plain.resources.as_mut() {
+        r.features.clear();
+    }
+    let first = api
+        .submit(tonic::Request::new(plain.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let id = || first.clone();
+    let node = || pb::NodeRequest { id: "sim-003".into() };
+    let dag = pb::SubmitDagRequest {
+        id: "d1".into(),
+        allocations: vec![
+            pb::DagMember {
+                name: "prep".into(),
+                request: Some(plain.clone()),
+            },
+            pb::DagMember {
+                name: "train".into(),
+                request: Some(pb::AllocationRequest {
+                    depends_on: vec![pb::Dependency {
+                        r#ref: "prep".into(),
+                        condition: "afterok".into(),
+                    }],
+                    ..plain.clone()
+                }),
+            },
+        ],
+    };
+    let mirror_submit = format!(
+        r#"{{"Submit": {{"items": [["a-000900", {}]], "submitted_ms": 1000, "dag": null}}}}"#,
+        BODIES[3]
+    );
+    let mirror_update = r#"{"Update": {"id": "a-000001", "walltime": "2h", "tags": {"x": "y"}}}"#;
+    let mirror = lattice_runtime::mirror::MirrorService {
+        shared: rt.shared.clone(),
+    };
+    use lattice_runtime::grpc::pb as mpb;
+    use mpb::queue_mirror_server::QueueMirror;
+
+    // Decodes the mutated bytes as `$ty` and runs `$call` on the message in its own task: (the
+    // status when refused, or None when the bytes did not decode).
+    macro_rules! fuzz {
+        ($rng:expr, $ty:ty, $valid:expr, |$api:ident, $m:ident| $call:expr) => {{
+            let bytes = lattice_traces::fuzz::mutate_bytes(&$valid.encode_to_vec(), $rng);
+            match <$ty>::decode(bytes.as_slice()) {
+                Err(_) => None,
+                Ok($m) => {
+                    let $api = api.clone();
+                    let shown = format!("{:?}", $m);
+                    let task = tokio::spawn(async move { $call.await.map(|_| ()) });
+                    let r = tokio::time::timeout(std::time::Duration::from_secs(20), task)
+                        .await
+                        .unwrap_or_else(|_| panic!("a call hung: {shown}"))
+                        .unwrap_or_else(|_| panic!("a handler panicked: {shown}"));
+                    Some((r.err(), shown))
+                }
+            }
+        }};
+    }
+    let cases = fuzz_cases(20_000);
+    let mut by_code: std::collections::BTreeMap<String, u64> = Default::default();
+    for case in 0..cases {
+        let mut rng = ChaCha8Rng::seed_from_u64(13_000_000 + case);
+        let rng = &mut rng;
+        let r = match case % 24 {
+            0..=2 => fuzz!(rng, pb::AllocationRequest, request, |a, m| a
+                .submit(tonic::Request::new(m))),
+            3 => fuzz!(
+                rng,
+                pb::GetAllocationRequest,
+                pb::GetAllocationRequest { id: id() },
+                |a, m| { AllocationService::get(&a, tonic::Request::new(m)) }
+            ),
+            4 => fuzz!(
+                rng,
+                pb::ListAllocationsRequest,
+                pb::ListAllocationsRequest {
+                    tenant: "bio".into(),
+                    user: "alice".into(),
+                    state: "running".into(),
+                    vcluster: "default".into()
+                },
+                |a, m| AllocationService::list(&a, tonic::Request::new(m))
+            ),
+            5 => fuzz!(rng, pb::CancelRequest, pb::CancelRequest { id: id() }, |a, m| a
+                .cancel(tonic::Request::new(m))),
+            6 => fuzz!(rng, pb::WatchRequest, pb::WatchRequest { id: id() }, |a, m| a
+                .watch(tonic::Request::new(m))),
+            7 | 8 => fuzz!(
+                rng,
+                pb::UpdateRequest,
+                pb::UpdateRequest {
+                    id: id(),
+                    walltime: "20m".into(),
+                    tags: [("team".to_string(), String::new())].into(),
+                    telemetry_mode: "debug".into()
+                },
+                |a, m| a.update(tonic::Request::new(m))
+            ),
+            9 => fuzz!(
+                rng,
+                pb::CheckpointRequest,
+                pb::CheckpointRequest { id: id() },
+                |a, m| a.checkpoint(tonic::Request::new(m))
+            ),
+            10 | 11 => fuzz!(rng, pb::SubmitDagRequest, dag, |a, m| a
+                .submit_dag(tonic::Request::new(m))),
+            12 => fuzz!(rng, pb::DagRequest, pb::DagRequest { id: "d1".into() }, |a, m| a
+                .get_dag(tonic::Request::new(m))),
+            13 => fuzz!(rng, pb::DagRequest, pb::DagRequest { id: "d1".into() }, |a, m| a
+                .cancel_dag(tonic::Request::new(m))),
+            14 => fuzz!(rng, pb::NodeRequest, node(), |a, m| NodeService::get(
+                &a,
+                tonic::Request::new(m)
+            )),
+            15 => fuzz!(rng, pb::NodeRequest, node(), |a, m| a.register(tonic::Request::new(m))),
+            16 => fuzz!(
+                rng,
+                pb::HeartbeatRequest,
+                pb::HeartbeatRequest {
+                    id: "sim-003".into(),
+                    seq: 900_000,
+                    buffered: vec![pb::BufferedHeartbeat {
+                        seq: 899_999,
+                        at_ms: 1000
+                    }]
+                },
+                |a, m| a.heartbeat(tonic::Request::new(m))
+            ),
+            17 => fuzz!(
+                rng,
+                pb::QueueRequest,
+                pb::QueueRequest {
+                    vcluster: "default".into()
+                },
+                |a, m| a.queue(tonic::Request::new(m))
+            ),
+            18 => fuzz!(
+                rng,
+                pb::SetWeightsRequest,
+                pb::SetWeightsRequest {
+                    vcluster: "default".into(),
+                    weights: Some(pb::Weights {
+                        priority: 0.5,
+                        wait_time: 0.3,
+                        fair_share: 0.2,
+                        ..Default::default()
+                    })
+                },
+                |a, m| a.set_weights(tonic::Request::new(m))
+            ),
+            19 => fuzz!(
+                rng,
+                pb::BackupRequest,
+                pb::BackupRequest { name: "nightly".into() },
+                |a, m| a.backup(tonic::Request::new(m))
+            ),
+            20 => fuzz!(
+                rng,
+                pb::VerifyBackupRequest,
+                pb::VerifyBackupRequest { name: "nightly".into() },
+                |a, m| a.verify_backup(tonic::Request::new(m))
+            ),
+            21 => fuzz!(
+                rng,
+                pb::AuditQueryRequest,
+                pb::AuditQueryRequest {
+                    user: "alice".into(),
+                    allocation: id(),
+                    node: "sim-001".into(),
+                    since: "2026-03-01".into(),
+                    until: "1767225600000".into()
+                },
+                |a, m| a.query_audit(tonic::Request::new(m))
+            ),
+            22 => fuzz!(
+                rng,
+                pb::UsageRequest,
+                pb::UsageRequest {
+                    tenant: "bio".into(),
+                    user: "alice".into(),
+                    days: 30
+                },
+                |a, m| a.usage(tonic::Request::new(m))
+            ),
+            _ => {
+                // A peer's queue-mirror operation: the op is JSON inside the protobuf; mutate both.
+                let term = rt.shared.member.current_term();
+                let op = if case % 2 == 0 {
+                    mirror_submit.as_str()
+                } else {
+                    mirror_update
+                };
+                let valid = mpb::MirrorRequest {
+                    from: 2,
+                    op: mutate(op, rng).into_bytes(),
+                    term,
+                };
+                let bytes = lattice_traces::fuzz::mutate_bytes(&valid.encode_to_vec(), rng);
+                match mpb::MirrorRequest::decode(bytes.as_slice()) {
+                    Err(_) => None,
+                    Ok(m) => {
+                        let shown = format!("{m:?}");
+                        let r = tokio::time::timeout(
+                            std::time::Duration::from_secs(20),
+                            mirror.apply(tonic::Request::new(m)),
+                        )
+                        .await
+                        .unwrap_or_else(|_| panic!("a mirror op hung: {shown}"));
+                        Some((r.err(), shown))
+                    }
+                }
+            }
+        };
+        let Some((status, shown)) = r else {
+            *by_code.entry("undecodable".into()).or_default() += 1;
+            continue;
+        };
+        let code = status.as_ref().map_or(tonic::Code::Ok, |s| s.code());
+        *by_code.entry(format!("{code:?}")).or_default() += 1;
+        let s = status.map(|s| s.message().to_string()).unwrap_or_default();
+        assert!(
+            !matches!(code, tonic::Code::Internal | tonic::Code::Unknown),
+            "case {case}: {code:?} {s}\n{shown}"
+        );
+        if code == tonic::Code::InvalidArgument {
+            let field = s.split_once(": ").map_or("", |(f, _)| f);
+            assert!(
+                !field.is_empty() && !field.contains(' '),
+                "case {case}: a refusal without its field: {s}\n{shown}"
+            );
+        }
+    }
+    eprintln!("fuzz grpc-messages cases={cases} answers={by_code:?}");
+    assert!(
+        by_code.get("Ok").copied().unwrap_or(0) > cases / 50
+            && by_code.get("InvalidArgument").copied().unwrap_or(0) > cases / 50,
+        "{by_code:?}"
+    );
+    // Nothing was written beside the data directory.
+    let beside: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(beside, vec![std::ffi::OsString::from("q")]);
+    // The member still serves.
+    api.submit(tonic::Request::new(plain)).await.unwrap();
+    rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -113,3 +113,32 @@ pub fn mutate(text: &str, rng: &mut ChaCha8Rng) -> String {
     }
     lines.join("\n")
 }
+
+/// One byte-level mutation of an encoded message (protobuf, say): 1-3 edits — flip a bit, write a
+/// boundary byte (0x00, 0x7f, 0x80, 0xff), delete a byte, duplicate up to 8 bytes in place, or
+/// truncate.
+pub fn mutate_bytes(valid: &[u8], rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let mut b = valid.to_vec();
+    for _ in 0..=below(rng, 3) {
+        if b.is_empty() {
+            break;
+        }
+        let at = below(rng, b.len());
+        match below(rng, 5) {
+            0 => {
+                let bit = below(rng, 8);
+                b[at] ^= 1 << bit;
+            }
+            1 => b[at] = [0x00, 0x7f, 0x80, 0xff][below(rng, 4)],
+            2 => {
+                b.remove(at);
+            }
+            3 => {
+                let chunk: Vec<u8> = b[at..].iter().take(8).copied().collect();
+                b.splice(at..at, chunk);
+            }
+            _ => b.truncate(at),
+        }
+    }
+    b
+}
