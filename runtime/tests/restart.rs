@@ -533,7 +533,7 @@ fn a_sigkilled_three_member_quorum_loses_no_acknowledged_submission() {
             };
             seq += 1;
             // Long ones stay queued or running across the crashes; every fifth ends quickly.
-            let secs = if seq % 5 == 0 { 0.2 } else { 600.0 };
+            let secs = if seq.is_multiple_of(5) { 0.2 } else { 600.0 };
             let body = json!({"tenant": "physics", "entrypoint": format!("sleep {secs}"),
                 "resources": {"nodes": 1}, "lifecycle": {"type": "bounded", "walltime": "20m"},
                 "tags": {"seq": seq.to_string()}});
@@ -603,13 +603,13 @@ fn a_sigkilled_three_member_quorum_loses_no_acknowledged_submission() {
     check(&acked);
     let quick: Vec<String> = acked
         .iter()
-        .filter(|(_, s)| s % 5 == 0)
+        .filter(|(_, s)| s.is_multiple_of(5))
         .map(|(id, _)| id.clone())
         .collect();
     // Only 4 nodes, held by long runs: cancel those so the quick ones get through.
     let leader = leader_of(&bases).unwrap();
     for (id, s) in &acked {
-        if s % 5 != 0 {
+        if !s.is_multiple_of(5) {
             let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
             let _ = agent.delete(&format!("{leader}/v1/allocations/{id}")).call();
         }
