@@ -55,6 +55,21 @@ pub struct Entry {
     /// number apart (0 in records written before it was kept: then `term`).
     #[serde(default)]
     pub origin: u64,
+    /// The newest term that mirrored this record while it had not ended (queued it, or mirrored it
+    /// again for a retry): which leader chose to keep it. Mirroring its end does not count — a
+    /// leader also records the end of an attempt it cancels as never acknowledged. Of two attempts
+    /// under one idempotency key, the one kept by the newer term is the one that can have been
+    /// acknowledged (0 in records written before it was kept: then the origin term).
+    #[serde(default)]
+    pub kept: u64,
+    /// The term that recorded its end (with [`Entry::ended`]; 0 in records written before it was
+    /// kept: then `term`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ended_term: u64,
+}
+
+fn is_zero(t: &u64) -> bool {
+    *t == 0
 }
 
 impl Entry {
@@ -66,6 +81,20 @@ impl Entry {
 
     fn origin_term(&self) -> u64 {
         if self.origin == 0 { self.term } else { self.origin }
+    }
+
+    /// [`Entry::kept`], or the origin term for older records.
+    pub fn kept_term(&self) -> u64 {
+        self.kept.max(self.origin_term())
+    }
+
+    /// [`Entry::ended_term`], or the record's term for older records.
+    fn end_term(&self) -> u64 {
+        if self.ended_term == 0 {
+            self.term
+        } else {
+            self.ended_term
+        }
     }
 }
 
@@ -124,29 +153,38 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Members of a keyed DAG attempt that were never acknowledged: the DAG's record names members
-    /// first queued in different terms, so a later leader handed out some of this attempt's numbers
-    /// again — which it never does to a submission on a majority's copies (a DAG is mirrored whole,
-    /// in one op, before it is acknowledged). The older attempt's members that have not ended are
-    /// returned: a take-over cancels them instead of running them beside the client's retry (found
-    /// by DST: seeds 59, 189 and 101 with the runtime's own simulated agents).
+    /// Members of a keyed DAG attempt that were never acknowledged. A DAG is mirrored whole, in one
+    /// op, before it is acknowledged: every member under one origin term and submission time. When
+    /// the DAG's record names entries of different submissions, some of its numbers were handed out
+    /// again by a leader that never saw the attempt — which no leader does to a submission on a
+    /// majority's copies — so the attempt was never acknowledged, whichever submission is the older.
+    /// Its own members (keyed `dag:ID:`) that have not ended are returned: a take-over cancels them
+    /// instead of running them — with dependencies that now name other allocations — beside the
+    /// client's retry (found by DST: seeds 59, 189 and 101 with the runtime's own simulated agents,
+    /// where a later leader took some numbers; seed 190 of isolate-leader without agents, where an
+    /// earlier leader's submissions under the same numbers won the merge).
     pub fn stranded_dag_members(&self) -> std::collections::BTreeSet<String> {
         let mut out = std::collections::BTreeSet::new();
         for (dag, members) in &self.dags {
             let prefix = format!("dag:{dag}:");
+            // Members trimmed from the copy (ended long ago) say nothing either way.
             let here: Vec<&Entry> = members
                 .iter()
                 .filter_map(|(_, id)| self.entries.get(&id_number(id)?))
                 .collect();
-            let Some(newest) = here.iter().map(|e| e.origin_term()).max() else {
+            let Some(first) = here.first() else {
                 continue;
             };
+            let whole = here
+                .iter()
+                .all(|e| (e.origin_term(), e.submitted_ms) == (first.origin_term(), first.submitted_ms));
+            if whole {
+                continue;
+            }
             out.extend(
                 here.iter()
                     .filter(|e| {
-                        e.origin_term() < newest
-                            && e.ended.is_none()
-                            && e.req.idempotency_key.as_deref().is_some_and(|k| k.starts_with(&prefix))
+                        e.ended.is_none() && e.req.idempotency_key.as_deref().is_some_and(|k| k.starts_with(&prefix))
                     })
                     .map(|e| e.id.clone()),
             );
@@ -286,8 +324,17 @@ impl Mirror {
                 } else {
                     (mine.clone(), e)
                 };
-                if base.ended.is_none() {
+                base.kept = base.kept_term().max(other.kept_term());
+                if base.ended.is_some() && other.ended.is_some() && other.end_term() > base.end_term() {
+                    // Two ends of one allocation (a deposed leader's, and the one a newer term
+                    // recorded): the newer term's. The record's own term may be newer than its end's
+                    // (an end taken into a record a newer term mirrored again), so the end's term
+                    // decides (found by DST: seed 89 of isolate-leader,clock-jump without agents).
+                    base.ended = other.ended;
+                    base.ended_term = other.ended_term;
+                } else if base.ended.is_none() {
                     if other.ended.is_some() {
+                        base.ended_term = other.end_term();
                         base.ended = other.ended;
                         base.exits.clear();
                     } else if (other.exits_run, other.exits.len()) > (base.exits_run, base.exits.len()) {
@@ -317,6 +364,16 @@ impl Mirror {
                         self.max_id = self.max_id.max(n);
                         e.origin = e.origin_term();
                         e.term = e.term.max(term);
+                        if e.ended.is_none() {
+                            e.kept = e.kept_term().max(term);
+                            e.ended_term = 0;
+                        } else {
+                            e.kept = e.kept_term();
+                            if e.ended_term == 0 {
+                                // A new end: this term records it.
+                                e.ended_term = term;
+                            }
+                        }
                         out.extend(self.take(n, e));
                     }
                 }
@@ -345,6 +402,8 @@ impl Mirror {
                             ended: None,
                             term,
                             origin: term,
+                            kept: term,
+                            ended_term: 0,
                         };
                         out.push(Change::Put(n, json(&e)));
                         self.entries.insert(n, e);
@@ -364,6 +423,7 @@ impl Mirror {
                         self.ended += usize::from(e.ended.is_none());
                         e.exits.clear();
                         e.ended = Some(v);
+                        e.ended_term = term;
                         out.push(Change::Put(n, json(e)));
                     }
                 }
@@ -440,6 +500,8 @@ impl Mirror {
                 Some(Entry {
                     exits: BTreeMap::new(),
                     ended: Some(v),
+                    // Stamped with the recording leader's term when applied.
+                    ended_term: 0,
                     ..e.clone()
                 })
             })
@@ -1070,5 +1132,165 @@ mod tests {
         assert!(m.entries.contains_key(&999_999));
         // Ids still continue above the highest ever handed out.
         assert_eq!(m.max_id, 999_999);
+    }
+
+    fn cancelled(id: &str) -> AllocationView {
+        AllocationView {
+            state: "cancelled".into(),
+            end_reason: Some("cancelled".into()),
+            ..ended(id)
+        }
+    }
+
+    /// Seed 89 of `isolate-leader,clock-jump` without agents: a leader cut off in term 1 saw its
+    /// allocation complete (on its own copy only); term 3 mirrored the allocation again as live — to
+    /// that copy too, which keeps the end it knows — then cancelled it on a majority. Merging the
+    /// majority's copy into the old leader's gives the term-3 cancel, not the term-1 completion,
+    /// whichever way round.
+    #[test]
+    fn of_two_ends_the_newer_terms_wins_even_taken_into_a_newer_record() {
+        let mut old = Mirror::default();
+        let _ = old.apply_fenced(submit(&["a-000002"]), 1, 1);
+        let done = old.ended_entries(vec![ended("a-000002")]);
+        let _ = old.apply_fenced(
+            MirrorOp::Entries {
+                entries: done,
+                dags: vec![],
+            },
+            1,
+            1,
+        );
+        assert_eq!(old.entries[&2].ended_term, 1);
+        // Term 3 mirrors it again as live: the old copy keeps the end it holds (an end is never
+        // lost), stamped as term 1's.
+        let live = Entry {
+            ended: None,
+            ended_term: 0,
+            ..old.entries[&2].clone()
+        };
+        let mut majority = Mirror::default();
+        let again = MirrorOp::Entries {
+            entries: vec![live],
+            dags: vec![],
+        };
+        let _ = majority.apply_fenced(again.clone(), 3, 3);
+        let _ = old.apply_fenced(again, 3, 3);
+        assert_eq!(old.entries[&2].ended.as_ref().unwrap().state, "completed");
+        assert_eq!((old.entries[&2].term, old.entries[&2].ended_term), (3, 1));
+        // Term 3 cancels it on the majority.
+        let cancel = majority.ended_entries(vec![cancelled("a-000002")]);
+        let _ = majority.apply_fenced(
+            MirrorOp::Entries {
+                entries: cancel,
+                dags: vec![],
+            },
+            3,
+            3,
+        );
+        assert_eq!(majority.entries[&2].ended_term, 3);
+        let mut a = Mirror::default();
+        let _ = a.merge(old.snapshot());
+        let _ = a.merge(majority.snapshot());
+        assert_eq!(a.entries[&2].ended.as_ref().unwrap().state, "cancelled");
+        let mut b = Mirror::default();
+        let _ = b.merge(majority.snapshot());
+        let _ = b.merge(old.snapshot());
+        assert_eq!(b.entries[&2].ended.as_ref().unwrap().state, "cancelled");
+    }
+
+    /// Seed 59 of `isolate-leader` without agents: recording an attempt's end (here, a leader
+    /// cancelling it as never acknowledged) does not make it the one a term kept; mirroring it
+    /// again as live does.
+    #[test]
+    fn only_mirroring_a_live_record_keeps_it() {
+        let mut m = Mirror::default();
+        let _ = m.apply_fenced(submit(&["a-000018"]), 1, 1);
+        assert_eq!(m.entries[&18].kept_term(), 1);
+        let end = m.ended_entries(vec![cancelled("a-000018")]);
+        let _ = m.apply_fenced(
+            MirrorOp::Entries {
+                entries: end,
+                dags: vec![],
+            },
+            3,
+            3,
+        );
+        assert_eq!((m.entries[&18].term, m.entries[&18].kept_term()), (3, 1));
+        let mut n = Mirror::default();
+        let _ = n.apply_fenced(submit(&["a-000023"]), 2, 2);
+        let live = n.entries[&23].clone();
+        let _ = n.apply_fenced(
+            MirrorOp::Entries {
+                entries: vec![live],
+                dags: vec![],
+            },
+            4,
+            4,
+        );
+        assert_eq!(n.entries[&23].kept_term(), 4);
+    }
+
+    /// Seed 190 of `isolate-leader` without agents: a DAG attempt (term 2, members 5-8) that an
+    /// older leader's allocations under numbers 5 and 6 beat in the merge. The attempt was never
+    /// acknowledged whole, so its own members still queued (7, 8) are stranded — though they are the
+    /// newest entries the record names — and nothing of the other allocations is.
+    #[test]
+    fn a_dag_record_naming_other_submissions_strands_its_own_members() {
+        let keyed = |k: &str| SubmitRequest {
+            idempotency_key: Some(k.into()),
+            ..req("1h")
+        };
+        let mut m = Mirror::default();
+        let _ = m.apply_fenced(
+            MirrorOp::Submit {
+                items: vec![
+                    ("a-000005".into(), keyed("c2-k35")),
+                    ("a-000006".into(), keyed("c1-k29")),
+                ],
+                submitted_ms: 5,
+                dag: None,
+            },
+            1,
+            1,
+        );
+        let mut other = Mirror::default();
+        let names = ["prep", "train", "eval", "report"];
+        let ids = ["a-000005", "a-000006", "a-000007", "a-000008"];
+        let _ = other.apply_fenced(
+            MirrorOp::Submit {
+                items: ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| (id.to_string(), keyed(&format!("dag:d9:{i}"))))
+                    .collect(),
+                submitted_ms: 9,
+                dag: Some((
+                    "d9".into(),
+                    names
+                        .iter()
+                        .zip(ids)
+                        .map(|(n, i)| (n.to_string(), i.to_string()))
+                        .collect(),
+                )),
+            },
+            2,
+            2,
+        );
+        // The older leader's 5 and 6 were mirrored again (kept) in term 3.
+        let again: Vec<Entry> = m.entries.values().cloned().collect();
+        let _ = m.apply_fenced(
+            MirrorOp::Entries {
+                entries: again,
+                dags: vec![],
+            },
+            3,
+            3,
+        );
+        let _ = m.merge(other.snapshot());
+        assert_eq!(m.entries[&5].req.idempotency_key.as_deref(), Some("c2-k35"));
+        let stranded: Vec<String> = m.snapshot().stranded_dag_members().into_iter().collect();
+        assert_eq!(stranded, vec!["a-000007".to_string(), "a-000008".to_string()]);
+        // The whole attempt alone strands nothing.
+        assert!(other.snapshot().stranded_dag_members().is_empty());
     }
 }

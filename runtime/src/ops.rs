@@ -246,6 +246,13 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             }
         } else {
             let queued = c.submit_all(req, None).map_err(bad_request)?;
+            tracing::debug!(
+                "member {} (term {:?}) queues {} under key {:?}",
+                s.member.id,
+                s.member.leader_term(),
+                queued.id,
+                key
+            );
             c.unacked(&queued.id, true);
             let group = queued.elements.len() > 1 || queued.elements.first().is_some_and(|(e, _)| *e != queued.id);
             let answer = SubmitAnswer {

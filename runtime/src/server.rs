@@ -688,11 +688,20 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         snap.entries.keys().collect::<Vec<_>>()
     );
     control.ids_above(snap.max_id);
+    tracing::trace!(
+        "m{} term {term}: adopting {:?}",
+        shared.member.id,
+        snap.entries
+            .values()
+            .map(|e| (e.id.clone(), e.term, e.kept, e.ended.as_ref().map(|v| v.state.clone())))
+            .collect::<Vec<_>>()
+    );
     let held = shared.member.read(|q| q.assignments.clone()).await;
     let mut attached = std::collections::BTreeSet::new();
     let (mut adopted, mut ended, mut rerun) = (0, 0, 0);
-    // Active submissions by idempotency key (tenant, key) → base ids.
-    let mut keyed: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    // Submissions by idempotency key (tenant, key) → base ids, each with the newest term that kept
+    // it (see `Entry::kept`).
+    let mut keyed: BTreeMap<(String, String), Vec<(String, u64)>> = BTreeMap::new();
     // Members of a DAG attempt a later leader overwrote in part were never acknowledged: they are
     // cancelled, and their keys are the retry's to take.
     let stranded = snap.stranded_dag_members();
@@ -716,8 +725,9 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
                 .map_or(e.id.as_str(), |(b, _)| b)
                 .to_string();
             let ids = keyed.entry((e.req.tenant.clone(), k.clone())).or_default();
-            if !ids.contains(&base) {
-                ids.push(base);
+            match ids.iter_mut().find(|(b, _)| *b == base) {
+                Some((_, t)) => *t = (*t).max(e.kept_term()),
+                None => ids.push((base, e.kept_term())),
             }
         }
         if let Some(v) = e.ended {
@@ -867,15 +877,27 @@ async fn remirror_unacked(shared: &Arc<Shared>) {
 /// After adoption: one allocation per idempotency key, and each still to be acknowledged. Two
 /// queued under one key means a retry reached a leader that had not seen the first attempt; the
 /// first was then never on a majority's disks (a majority's copies are read before a leader serves,
-/// and older leaders are fenced), so it was never acknowledged: the newest is kept, the others are
-/// cancelled. The kept one is mirrored again when its client retries (it may be on fewer than a
+/// and older leaders are fenced), so it was never acknowledged: the one the newest term mirrored is
+/// kept, the others are cancelled. The kept one is mirrored again when its client retries (it may be on fewer than a
 /// majority's disks).
-fn settle_keys(control: &mut Control, keyed: &BTreeMap<(String, String), Vec<String>>) {
+fn settle_keys(control: &mut Control, keyed: &BTreeMap<(String, String), Vec<(String, u64)>>) {
     for ((tenant, key), ids) in keyed {
         let mut ids = ids.clone();
-        ids.sort_by_key(|i| crate::control::id_number(i).unwrap_or(0));
-        let Some(keep) = ids.pop() else { continue };
-        for dup in ids {
+        // The attempt a newer term kept is the one that can have been acknowledged: a leader
+        // reads a majority's copies before it acknowledges anything, so it saw every attempt
+        // acknowledged before its term and kept (and re-mirrored) that one; an attempt only an
+        // isolated leader's copy holds was never on a majority. Isolated leaders hand out numbers
+        // independently, so the highest number proves nothing (found by DST: seed 89 of
+        // isolate-leader without agents), and the term that recorded an attempt's end proves
+        // nothing either: it may have cancelled it as never acknowledged (seed 59). One term keeps
+        // at most one attempt per key; the number breaks ties between records written before
+        // terms were kept.
+        ids.sort_by_key(|(i, t)| (*t, crate::control::id_number(i).unwrap_or(0)));
+        if ids.len() > 1 {
+            tracing::debug!("key {key} of {tenant}: attempts (id, term) {ids:?}");
+        }
+        let Some((keep, _)) = ids.pop() else { continue };
+        for (dup, _) in ids {
             let members = control.group_members(&dup);
             let names = if members.is_empty() { vec![dup.clone()] } else { members };
             for n in names {

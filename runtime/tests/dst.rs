@@ -151,7 +151,12 @@ fn the_seeds_that_found_workload_bugs_pass() {
 /// workload, each fixed: a deposed leader's write left unanswered forever by openraft after its
 /// successor's snapshot reached past its log, which hung its scheduling loop (189, 62 and 10 with a
 /// clock jump); a keyed DAG attempt that was never acknowledged, part of whose numbers a later leader
-/// reused, ran beside the client's retry (59, 101 and 189 with a clock jump).
+/// reused, ran beside the client's retry (59, 101 and 189 with a clock jump). Then: of two attempts
+/// under one idempotency key, the one with the higher number was kept — but isolated leaders hand
+/// out numbers independently, and the acknowledged one was the lower (89, 292); a DAG attempt whose
+/// numbers an *older* leader's allocations held ran its own members anyway (190); an old leader's
+/// end, taken into a record a newer term mirrored again, beat the newer term's end (89 with a clock
+/// jump).
 #[test]
 fn the_seeds_that_found_leader_isolation_bugs_pass() {
     for (seed, faults) in [
@@ -161,6 +166,10 @@ fn the_seeds_that_found_leader_isolation_bugs_pass() {
         ("59", "isolate-leader"),
         ("101", "isolate-leader,clock-jump"),
         ("189", "isolate-leader,clock-jump"),
+        ("89", "isolate-leader"),
+        ("190", "isolate-leader"),
+        ("292", "isolate-leader"),
+        ("89", "isolate-leader,clock-jump"),
     ] {
         let (code, out) = dst(&[
             "--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", faults, "--agents", "0",

@@ -139,7 +139,7 @@ pub async fn run(name: String, ops: Vec<Timed>, n: u64, obs: SharedObs) -> turmo
                     };
                     match tokio::time::timeout(Duration::from_secs(3), c.submit(req)).await {
                         Ok(Ok(r)) => {
-                            acknowledged(&obs, &name, key, &r.into_inner().id);
+                            acknowledged(&obs, &name, key, &r.into_inner().id, target);
                             Outcome::Done
                         }
                         Ok(Err(s)) => Outcome::Refused(s),
@@ -216,7 +216,7 @@ fn describe(op: &Op) -> String {
 
 /// Records an acknowledgement: an id is never acknowledged for two keys (ids are never reused), nor
 /// a key for two ids (a retry never makes a second allocation).
-fn acknowledged(obs: &SharedObs, client: &str, key: &str, id: &str) {
+fn acknowledged(obs: &SharedObs, client: &str, key: &str, id: &str, by: u64) {
     let mut o = lock(obs);
     if let Some(prev) = o.key_ids.get(key)
         && prev != id
@@ -233,7 +233,7 @@ fn acknowledged(obs: &SharedObs, client: &str, key: &str, id: &str) {
     let t = now_ms();
     o.acked.entry(id.to_string()).or_insert((key.to_string(), t));
     o.key_ids.entry(key.to_string()).or_insert(id.to_string());
-    o.event(format!("{client} ack {key} {id}"));
+    o.event(format!("{client} ack {key} {id} from m{by}"));
 }
 
 /// One member of a planned DAG.
@@ -374,7 +374,7 @@ pub async fn run_dags(name: String, ops: Vec<TimedDag>, n: u64, obs: SharedObs) 
                         break;
                     }
                     for (member, alloc) in &got {
-                        acknowledged(&obs, &name, &format!("{id}/{member}"), alloc);
+                        acknowledged(&obs, &name, &format!("{id}/{member}"), alloc, target);
                     }
                     let by_name: BTreeMap<&str, &str> = got.iter().map(|(m, a)| (m.as_str(), a.as_str())).collect();
                     let mut o = lock(&obs);
