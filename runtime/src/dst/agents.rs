@@ -405,6 +405,14 @@ pub fn check(procs: &[BTreeMap<String, Proc>]) -> Vec<String> {
             ));
         }
         for (id, proc) in p.iter().filter(|(_, p)| p.exited.is_none()) {
+            // An agent runs only what the quorum gave its own node.
+            if !proc.nodes.iter().any(|n| *n == node_name(i)) {
+                out.push(format!(
+                    "{} runs {id}, launched for {:?} only",
+                    node_name(i),
+                    proc.nodes
+                ));
+            }
             starts.entry(id).or_default().push((i, &proc.nodes));
         }
     }
@@ -435,8 +443,8 @@ mod tests {
             exited: None,
         };
         let mut procs = vec![BTreeMap::new(), BTreeMap::new(), BTreeMap::new()];
-        procs[0].insert("a-1".to_string(), p(&["sim-000", "sim-001"]));
-        procs[1].insert("a-1".to_string(), p(&["sim-000", "sim-001"]));
+        procs[0].insert("a-1".to_string(), p(&[&node_name(0), &node_name(1)]));
+        procs[1].insert("a-1".to_string(), p(&[&node_name(0), &node_name(1)]));
         assert!(check(&procs).is_empty(), "one start on two nodes");
         procs[2].insert("a-1".to_string(), p(&["sim-002"]));
         assert!(
@@ -450,6 +458,12 @@ mod tests {
             check(&procs)[0].contains("sim-001 runs 2 allocations"),
             "{:?}",
             check(&procs)
+        );
+        procs[1].remove("a-2");
+        procs[2].insert("a-3".to_string(), p(&["sim-000"]));
+        assert_eq!(
+            check(&procs),
+            vec!["sim-002 runs a-3, launched for [\"sim-000\"] only".to_string()]
         );
     }
 }

@@ -50,7 +50,23 @@ pub struct Checker {
     /// Final states that a majority of the members' copies hold: never to change again.
     finals: BTreeMap<String, String>,
     leader: Option<(u64, u64)>,
+    /// Last state seen for each acknowledged allocation, and the serving (member, term) it was seen at.
+    served: BTreeMap<String, (String, (u64, u64))>,
 }
+
+/// The states the API names: the engine's, and a preempted allocation's (`suspending` while its
+/// agents stop it, then `suspended` or `preempted` while it waits again).
+const KNOWN_STATES: [&str; 9] = [
+    "pending",
+    "staging",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "suspended",
+    "suspending",
+    "preempted",
+];
 
 impl Checker {
     pub fn new(_members: u64) -> Checker {
@@ -152,6 +168,36 @@ impl Checker {
                     "{id} ended {r} at m{m} (term {term}), though it runs seconds of its 1 h walltime"
                 ));
             }
+            // The allocation state machine (`AllocState::can_transition_to`, seen through the
+            // API's names), as one leader serves it: every step is sampled, so any path through the
+            // machine may lie between two samples, but an end is final — and a state is one the
+            // machine has, with what it implies (nodes while running, an end time once ended).
+            if !KNOWN_STATES.contains(&v.state.as_str()) {
+                violations.push(format!(
+                    "{id} is in an unknown state {:?} at m{m} (term {term})",
+                    v.state
+                ));
+            }
+            if terminal(&v.state) != v.ended_ms.is_some() {
+                violations.push(format!(
+                    "{id} is {} at m{m} (term {term}) with ended_ms {:?}",
+                    v.state, v.ended_ms
+                ));
+            }
+            if v.state == "running" && v.nodes.is_empty() {
+                violations.push(format!("{id} is running at m{m} (term {term}) on no nodes"));
+            }
+            if let Some((was, at)) = self.served.get(id)
+                && *at == (m, term)
+                && terminal(was)
+                && *was != v.state
+            {
+                violations.push(format!(
+                    "{id} went from {was} to {} at m{m} within term {term}: an end is final",
+                    v.state
+                ));
+            }
+            self.served.insert(id.clone(), (v.state.clone(), (m, term)));
             let before = self.states.get(id);
             if before.map(String::as_str) != Some(v.state.as_str()) {
                 events.push(if terminal(&v.state) {
