@@ -368,6 +368,15 @@ pub struct BufferedBeat {
     pub at_ms: u64,
 }
 
+/// An allocation's state, end and whether it holds nodes ([`Control::brief`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Brief<'a> {
+    pub state: &'a str,
+    pub end_reason: Option<&'a str>,
+    pub ended_ms: Option<u64>,
+    pub holds_nodes: bool,
+}
+
 /// Per-allocation details the engine does not keep.
 #[derive(Clone, Debug)]
 struct Meta {
@@ -2061,6 +2070,45 @@ impl Control {
         self.history.values()
     }
 
+    /// The state the API names. A preempted allocation waits again: `suspended` when it resumes
+    /// from its checkpoint, `preempted` when it restarts; `suspending` while its agents stop it.
+    fn state_name(&self, id: AllocId, a: &lattice_engine::Allocation) -> &'static str {
+        if self.preempting.contains_key(&id) {
+            "suspending"
+        } else if a.state == AllocState::Pending && a.preempted > 0 {
+            if a.resume_from_checkpoint {
+                "suspended"
+            } else {
+                "preempted"
+            }
+        } else {
+            a.state.as_str()
+        }
+    }
+
+    /// What [`Control::view_named`] says of `name`'s state, end and nodes, without building the
+    /// whole view (the simulation's checker reads it for every allocation after every step).
+    pub fn brief(&self, name: &str) -> Option<Brief<'_>> {
+        match self.by_name.get(name) {
+            Some(&id) => {
+                let a = self.ctl.engine.allocation(id)?;
+                self.meta.get(id.index())?;
+                Some(Brief {
+                    state: self.state_name(id, a),
+                    end_reason: a.end_reason.map(|r| r.as_str()),
+                    ended_ms: a.ended.map(|t| t.0),
+                    holds_nodes: !a.nodes.is_empty(),
+                })
+            }
+            None => self.history.get(name).map(|v| Brief {
+                state: &v.state,
+                end_reason: v.end_reason.as_deref(),
+                ended_ms: v.ended_ms,
+                holds_nodes: !v.nodes.is_empty(),
+            }),
+        }
+    }
+
     pub fn view(&self, id: AllocId) -> Option<AllocationView> {
         let a = self.ctl.engine.allocation(id)?;
         let m = self.meta.get(id.index())?;
@@ -2074,20 +2122,7 @@ impl Control {
                 .map(|v| v.name)
                 .unwrap_or_default(),
             user: m.user.clone(),
-            // A preempted allocation waits again: `suspended` when it resumes from its checkpoint,
-            // `preempted` when it restarts; `suspending` while its agents stop it.
-            state: if self.preempting.contains_key(&id) {
-                "suspending".to_string()
-            } else if a.state == AllocState::Pending && a.preempted > 0 {
-                if a.resume_from_checkpoint {
-                    "suspended"
-                } else {
-                    "preempted"
-                }
-                .to_string()
-            } else {
-                a.state.as_str().to_string()
-            },
+            state: self.state_name(id, a).to_string(),
             nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
             requested_nodes: a.spec.nodes.min,
             walltime_s: a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),

@@ -45,13 +45,13 @@ fn terminal(state: &str) -> bool {
 pub struct Checker {
     /// The longest audit chain seen (entry hashes).
     audit: Vec<String>,
-    /// Last state seen for each acknowledged allocation, at the serving leader.
-    states: BTreeMap<String, String>,
+    /// Each member's chain when last verified: its length and newest hash.
+    audit_seen: BTreeMap<u64, (usize, Option<String>)>,
+    /// Last state seen for each acknowledged allocation at the serving leader, and that leader (member, term).
+    states: BTreeMap<String, (String, (u64, u64))>,
     /// Final states that a majority of the members' copies hold: never to change again.
     finals: BTreeMap<String, String>,
     leader: Option<(u64, u64)>,
-    /// Last state seen for each acknowledged allocation, and the serving (member, term) it was seen at.
-    served: BTreeMap<String, (String, (u64, u64))>,
 }
 
 /// The states the API names: the engine's, and a preempted allocation's (`suspending` while its
@@ -82,6 +82,7 @@ impl Checker {
             }
         }
         for (m, s) in live(&o) {
+            let seen = self.audit_seen.get(&m).cloned();
             let Some(found) = s.member.try_read(|q| {
                 let mut v = Vec::new();
                 let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
@@ -110,10 +111,19 @@ impl Checker {
                         ));
                     }
                 }
+                // The chain is verified and compared whole whenever its length or newest hash
+                // changed at this member (each entry's hash covers the one before it).
+                let now = (q.audit.len(), q.audit.last().map(|e| e.hash.clone()));
+                if seen.as_ref() == Some(&now) {
+                    return (v, None);
+                }
                 if let Err(i) = q.verify_audit() {
                     v.push(format!("m{m}: the audit chain breaks at entry {i}"));
                 }
-                (v, q.audit.iter().map(|e| e.hash.clone()).collect::<Vec<_>>())
+                (
+                    v,
+                    Some((now, q.audit.iter().map(|e| e.hash.clone()).collect::<Vec<_>>())),
+                )
             }) else {
                 continue;
             };
@@ -121,6 +131,8 @@ impl Checker {
             for v in violations {
                 o.violation(v);
             }
+            let Some((now, chain)) = chain else { continue };
+            self.audit_seen.insert(m, now);
             let common = chain.len().min(self.audit.len());
             if let Some(i) = (0..common).find(|&i| chain[i] != self.audit[i]) {
                 o.violation(format!("m{m}: audit entry {i} changed after it was seen"));
@@ -145,7 +157,7 @@ impl Checker {
         let mut events = Vec::new();
         let mut violations = Vec::new();
         for (id, (key, at)) in &o.acked {
-            let Some(v) = c.view_named(id) else {
+            let Some(v) = c.brief(id) else {
                 violations.push(format!(
                     "acknowledged {id} (key {key}, at {at} ms) is unknown to the leader m{m} (term {term})"
                 ));
@@ -161,7 +173,7 @@ impl Checker {
             }
             // Every DST allocation sleeps a few seconds under an hour's walltime: one ended at its
             // walltime was timed on clocks that disagree (a member whose wall clock jumped).
-            if let Some(r) = v.end_reason.as_deref()
+            if let Some(r) = v.end_reason
                 && r.contains("walltime")
             {
                 violations.push(format!(
@@ -172,50 +184,56 @@ impl Checker {
             // API's names), as one leader serves it: every step is sampled, so any path through the
             // machine may lie between two samples, but an end is final — and a state is one the
             // machine has, with what it implies (nodes while running, an end time once ended).
-            if !KNOWN_STATES.contains(&v.state.as_str()) {
+            if !KNOWN_STATES.contains(&v.state) {
                 violations.push(format!(
                     "{id} is in an unknown state {:?} at m{m} (term {term})",
                     v.state
                 ));
             }
-            if terminal(&v.state) != v.ended_ms.is_some() {
+            if terminal(v.state) != v.ended_ms.is_some() {
                 violations.push(format!(
                     "{id} is {} at m{m} (term {term}) with ended_ms {:?}",
                     v.state, v.ended_ms
                 ));
             }
-            if v.state == "running" && v.nodes.is_empty() {
+            if v.state == "running" && !v.holds_nodes {
                 violations.push(format!("{id} is running at m{m} (term {term}) on no nodes"));
             }
-            if let Some((was, at)) = self.served.get(id)
-                && *at == (m, term)
-                && terminal(was)
-                && *was != v.state
-            {
-                violations.push(format!(
-                    "{id} went from {was} to {} at m{m} within term {term}: an end is final",
-                    v.state
-                ));
-            }
-            self.served.insert(id.clone(), (v.state.clone(), (m, term)));
-            let before = self.states.get(id);
-            if before.map(String::as_str) != Some(v.state.as_str()) {
-                events.push(if terminal(&v.state) {
-                    format!("{id} ended {}", v.state)
+            let changed = |state: &str| {
+                if terminal(v.state) {
+                    format!("{id} ended {state}")
                 } else {
-                    format!("{id} {}", v.state)
-                });
-                self.states.insert(id.clone(), v.state.clone());
+                    format!("{id} {state}")
+                }
+            };
+            match self.states.get_mut(id) {
+                Some((was, at)) => {
+                    if *at == (m, term) && terminal(was) && was != v.state {
+                        violations.push(format!(
+                            "{id} went from {was} to {} at m{m} within term {term}: an end is final",
+                            v.state
+                        ));
+                    }
+                    if was != v.state {
+                        events.push(changed(v.state));
+                        *was = v.state.to_string();
+                    }
+                    *at = (m, term);
+                }
+                None => {
+                    events.push(changed(v.state));
+                    self.states.insert(id.clone(), (v.state.to_string(), (m, term)));
+                }
             }
         }
         // A DAG member runs only after the members it depends on completed.
         for (child, parents) in &o.dag_deps {
-            let Some(v) = c.view_named(child) else { continue };
-            if !matches!(v.state.as_str(), "running" | "staging") {
+            let Some(v) = c.brief(child) else { continue };
+            if !matches!(v.state, "running" | "staging") {
                 continue;
             }
             for p in parents {
-                let ps = c.view_named(p).map_or("unknown".to_string(), |v| v.state);
+                let ps = c.brief(p).map_or("unknown", |v| v.state);
                 if ps != "completed" {
                     violations.push(format!(
                         "{child} is {} at m{m} (term {term}) while {p}, which it runs after, is {ps}",
@@ -238,14 +256,16 @@ impl Checker {
             let mut live_by_key: BTreeMap<(&str, &str), Vec<(&str, String)>> = BTreeMap::new();
             for e in mirror.entries.values() {
                 let cancelled = c
-                    .view_named(&e.id)
-                    .map_or(e.ended.as_ref().map(|v| v.state.clone()), |v| Some(v.state))
+                    .brief(&e.id)
+                    .map_or(e.ended.as_ref().map(|v| v.state.as_str()), |v| Some(v.state))
                     .is_some_and(|s| s == "cancelled");
                 if let (Some(k), false) = (&e.req.idempotency_key, cancelled) {
                     let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
                     let ids = live_by_key.entry((e.req.tenant.as_str(), k.as_str())).or_default();
                     if !ids.iter().any(|(b, _)| *b == base) {
-                        let state = c.view_named(&e.id).map_or("unknown here".to_string(), |v| v.state);
+                        let state = c
+                            .brief(&e.id)
+                            .map_or("unknown here".to_string(), |v| v.state.to_string());
                         ids.push((base, state));
                     }
                 }
@@ -269,7 +289,7 @@ impl Checker {
         let mut held: BTreeMap<String, (String, usize)> = BTreeMap::new();
         for (_, m) in live(&o) {
             let Ok(mirror) = m.mirror.try_lock() else { continue };
-            for id in o.acked.keys() {
+            for id in o.acked.keys().filter(|id| !self.finals.contains_key(*id)) {
                 let n = crate::control::id_number(id).unwrap_or(0);
                 if let Some(v) = mirror.entries.get(&n).and_then(|e| e.ended.as_ref()) {
                     let e = held.entry(id.clone()).or_insert((v.state.clone(), 0));
@@ -297,7 +317,7 @@ impl Checker {
         let o = lock(obs);
         o.acked
             .keys()
-            .all(|id| self.states.get(id).is_some_and(|s| terminal(s)))
+            .all(|id| self.states.get(id).is_some_and(|(s, _)| terminal(s)))
     }
 
     /// Why liveness does not hold.
@@ -314,7 +334,7 @@ impl Checker {
         let waiting: Vec<String> = o
             .acked
             .keys()
-            .filter(|id| !self.states.get(*id).is_some_and(|s| terminal(s)))
+            .filter(|id| !self.states.get(*id).is_some_and(|(s, _)| terminal(s)))
             .map(|id| {
                 let ack = match acks.as_ref().map(|c| c.ack_state(id)) {
                     Some(Some(true)) => ", being acknowledged",
@@ -336,7 +356,7 @@ impl Checker {
                     .unwrap_or_default();
                 format!(
                     "{id} ({}{ack}{why})",
-                    self.states.get(id).map_or("never seen", String::as_str)
+                    self.states.get(id).map_or("never seen", |(s, _)| s.as_str())
                 )
             })
             .collect();
