@@ -22,6 +22,17 @@ pub struct BenchRow {
     /// Peak resident set size, MiB (max over runs).
     pub peak_rss_mib: f64,
     pub runs: u32,
+    /// For `easy --compat pyss`: the independent reference ([`crate::reference`]) on the same trace,
+    /// whole process too (it schedules every job at the same time as the engine; a test checks that).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<ReferenceRow>,
+}
+
+/// The reference's best wall time and peak memory over the same number of runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReferenceRow {
+    pub wall_s_min: f64,
+    pub peak_rss_mib: f64,
 }
 
 /// The policies the issue asks to compare.
@@ -33,10 +44,15 @@ pub const POLICIES: [(&str, &[&str]); 4] = [
 ];
 
 pub fn default_traces(dir: &Path) -> Vec<PathBuf> {
-    ["KTH-SP2-1996-2.1-cln.swf.gz", "LANL-CM5-1994-4.1-cln.swf.gz"]
-        .iter()
-        .map(|f| dir.join(f))
-        .collect()
+    [
+        "KTH-SP2-1996-2.1-cln.swf.gz",
+        "LANL-CM5-1994-4.1-cln.swf.gz",
+        "LCG.swf.gz",
+        "NASA-iPSC-1993-3.1-cln.swf.gz",
+    ]
+    .iter()
+    .map(|f| dir.join(f))
+    .collect()
 }
 
 /// Runs every (trace, policy) `runs` times.
@@ -66,6 +82,26 @@ pub fn run(traces: &[PathBuf], runs: u32, mut on_row: impl FnMut(&BenchRow)) -> 
             }
             walls.sort_by(f64::total_cmp);
             let min = walls[0];
+            let reference = if label == "easy --compat pyss" {
+                let mut best = f64::INFINITY;
+                let mut rss = 0;
+                for _ in 0..runs.max(1) {
+                    let a = vec![
+                        "reference-easy".to_string(),
+                        "--trace".into(),
+                        trace.display().to_string(),
+                    ];
+                    let m = measure(&exe, &a)?;
+                    best = best.min(m.wall_s);
+                    rss = rss.max(m.max_rss_kib);
+                }
+                Some(ReferenceRow {
+                    wall_s_min: best,
+                    peak_rss_mib: (rss as f64 / 1024.0 * 10.0).round() / 10.0,
+                })
+            } else {
+                None
+            };
             let row = BenchRow {
                 trace: trace
                     .file_name()
@@ -78,6 +114,7 @@ pub fn run(traces: &[PathBuf], runs: u32, mut on_row: impl FnMut(&BenchRow)) -> 
                 jobs_per_s: (jobs as f64 / min).round(),
                 peak_rss_mib: (rss as f64 / 1024.0 * 10.0).round() / 10.0,
                 runs: walls.len() as u32,
+                reference,
             };
             on_row(&row);
             rows.push(row);

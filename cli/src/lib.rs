@@ -9,6 +9,7 @@ pub mod bench;
 pub mod compare;
 pub mod directives;
 pub mod fuzz;
+pub mod reference;
 pub mod regress;
 pub mod replay;
 pub mod report;

@@ -718,6 +718,7 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
         }
         // Answered only once it is on this member's disk; refused from a deposed leader.
         let current = self.shared.member.current_term();
+        not_ahead_of_raft(r.term, current)?;
         let durable = self
             .shared
             .mirror
@@ -734,6 +735,7 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
     ) -> Result<tonic::Response<pb::MirrorSnapshot>, tonic::Status> {
         // The fence first: no operation of an older leader lands here after this answer.
         let term = req.into_inner().term;
+        not_ahead_of_raft(term, self.shared.member.current_term())?;
         let promised = self
             .shared
             .mirror
@@ -745,6 +747,19 @@ impl pb::queue_mirror_server::QueueMirror for MirrorService {
         let bytes = serde_json::to_vec(&snap).map_err(|e| tonic::Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(pb::MirrorSnapshot { snapshot: bytes }))
     }
+}
+
+/// A term this member's Raft has not seen yet is refused (retry): a leader's term reaches its voters
+/// before it reads or writes their copies, and taking a term on a peer's word alone would let one
+/// malformed message fence this copy against every real leader to come (found by the gRPC fuzz: a
+/// mutated term of 127 left a term-1 leader unable to acknowledge anything).
+fn not_ahead_of_raft(term: u64, current: u64) -> Result<(), tonic::Status> {
+    if term > current {
+        return Err(tonic::Status::unavailable(format!(
+            "term: {term} is newer than any this member's Raft has seen ({current}); retry"
+        )));
+    }
+    Ok(())
 }
 
 /// The other members' copies, read by the new leader of `term` (each promises to refuse older

@@ -770,3 +770,72 @@ async fn grpc_messages_never_panic_or_break_the_member() {
     rt.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Found by the gRPC fuzz (1,000,000 cases): a peer's mirror message with a term this member's Raft
+/// never saw (a mutated 127 under a term-1 leader) fenced the member's own copy, and the leader could
+/// acknowledge nothing from then on. Such a term is refused, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_message_from_a_term_raft_never_saw_is_refused() {
+    use lattice_runtime::grpc::pb;
+    use pb::allocation_service_server::AllocationService;
+    use pb::queue_mirror_server::QueueMirror;
+    let dir = std::env::temp_dir().join(format!("lattice-fuzz-term-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = common::start_leader(&format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\ncycle: 50ms\n",
+        dir.display()
+    ))
+    .await;
+    let term = rt.shared.member.current_term();
+    let mirror = lattice_runtime::mirror::MirrorService {
+        shared: rt.shared.clone(),
+    };
+    let ahead = term + 126;
+    let fetched = mirror
+        .fetch(tonic::Request::new(pb::MirrorRequest {
+            from: 2,
+            op: Vec::new(),
+            term: ahead,
+        }))
+        .await;
+    assert_eq!(fetched.unwrap_err().code(), tonic::Code::Unavailable);
+    let op = format!(
+        r#"{{"Submit": {{"items": [["a-000900", {}]], "submitted_ms": 1000, "dag": null}}}}"#,
+        BODIES[3]
+    );
+    let applied = mirror
+        .apply(tonic::Request::new(pb::MirrorRequest {
+            from: 2,
+            op: op.into_bytes(),
+            term: ahead,
+        }))
+        .await;
+    assert_eq!(applied.unwrap_err().code(), tonic::Code::Unavailable);
+    {
+        let m = rt.shared.mirror.lock().unwrap();
+        assert!(m.fence <= term, "fenced at {}", m.fence);
+        assert!(!m.entries.contains_key(&900), "the op was not applied");
+    }
+    let api = lattice_runtime::grpc::Api {
+        shared: rt.shared.clone(),
+    };
+    let req = pb::AllocationRequest {
+        tenant: "bio".into(),
+        entrypoint: "sleep 0.1".into(),
+        resources: Some(pb::Resources {
+            nodes: 1,
+            ..Default::default()
+        }),
+        lifecycle: Some(pb::Lifecycle {
+            r#type: "bounded".into(),
+            walltime: "1m".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    api.submit(tonic::Request::new(req))
+        .await
+        .expect("the leader still acknowledges");
+    rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

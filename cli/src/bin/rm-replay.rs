@@ -43,6 +43,13 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// The independent reference of pyss-compatible EASY (`lattice_cli::reference`) on an SWF trace:
+    /// prints `jobs=N started=M`. `rm-replay bench` times it beside the engine.
+    #[command(hide = true)]
+    ReferenceEasy {
+        #[arg(long)]
+        trace: PathBuf,
+    },
     /// Compare two earlier runs (`--output` folders): the results block of RUN with BASELINE's values and
     /// the change of each metric, overall and per vCluster.
     Compare { run: PathBuf, baseline: PathBuf },
@@ -221,10 +228,10 @@ enum BenchKind {
 struct BenchArgs {
     #[command(subcommand)]
     kind: Option<BenchKind>,
-    /// Folder holding KTH-SP2-1996-2.1-cln.swf.gz and LANL-CM5-1994-4.1-cln.swf.gz.
+    /// Folder holding the bundled archive traces (KTH-SP2, LANL-CM5, LCG, NASA-iPSC).
     #[arg(long, default_value = "../shared/traces")]
     traces_dir: PathBuf,
-    /// Traces to run instead of the two defaults.
+    /// Traces to run instead of the four defaults.
     #[arg(long = "trace")]
     traces: Vec<PathBuf>,
     /// Runs per configuration (the best and the median are reported).
@@ -558,6 +565,28 @@ fn run() -> Result<()> {
             Ok(())
         }
         Some(Cmd::Sweep(a)) => run_sweep(*a),
+        Some(Cmd::ReferenceEasy { trace }) => {
+            let w = lattice_traces::read_swf(
+                &trace,
+                &lattice_traces::SwfOptions {
+                    pyss: true,
+                    ..lattice_traces::SwfOptions::default()
+                },
+            )?;
+            let Some(procs) = w.cluster_nodes else {
+                anyhow::bail!(
+                    "{}: the header declares no machine size (MaxProcs/MaxNodes)",
+                    trace.display()
+                );
+            };
+            let starts = lattice_cli::reference::pyss_easy(&lattice_cli::reference::jobs(&w), procs);
+            println!(
+                "jobs={} started={}",
+                starts.len(),
+                starts.iter().filter(|s| s.is_some()).count()
+            );
+            Ok(())
+        }
         Some(Cmd::Fuzz { target, cases, seed }) => {
             let targets: Vec<&str> = if target == "all" {
                 lattice_cli::fuzz::TARGETS.to_vec()
@@ -1199,19 +1228,28 @@ fn run_bench(b: BenchArgs) -> Result<()> {
         eprintln!("warning: this is a debug build; benchmark with `cargo run --release --bin rm-replay -- bench`");
     }
     println!(
-        "{:<32} {:<20} {:>8} {:>10} {:>10} {:>12} {:>10}",
-        "trace", "policy", "jobs", "best s", "median s", "jobs/s", "peak MiB"
+        "{:<32} {:<20} {:>8} {:>10} {:>10} {:>12} {:>10} {:>12}",
+        "trace", "policy", "jobs", "best s", "median s", "jobs/s", "peak MiB", "reference s"
     );
     let rows = bench::run(&traces, b.runs, |r| {
+        let reference = r.reference.as_ref().map_or(String::new(), |x| {
+            format!(
+                "{:.3} ({:.1}x, {:.1} MiB)",
+                x.wall_s_min,
+                r.wall_s_min / x.wall_s_min,
+                x.peak_rss_mib
+            )
+        });
         println!(
-            "{:<32} {:<20} {:>8} {:>10.3} {:>10.3} {:>12} {:>10.1}",
+            "{:<32} {:<20} {:>8} {:>10.3} {:>10.3} {:>12} {:>10.1} {:>12}",
             r.trace,
             r.policy,
             r.jobs,
             r.wall_s_min,
             r.wall_s_median,
             report::thousands(r.jobs_per_s as u64),
-            r.peak_rss_mib
+            r.peak_rss_mib,
+            reference
         );
     })?;
     if let Some(p) = b.json {
