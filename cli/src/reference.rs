@@ -150,12 +150,16 @@ mod tests {
 
     /// The engine's `--policy easy --compat pyss` starts every job of a real trace exactly when the
     /// reference does (KTH-SP2: 28k jobs on 100 processors, thousands of them backfilled).
+    /// `LATTICE_REFERENCE_ALL=1` adds LANL-CM5 (111k jobs on 1,024) and LCG (188k) — equal too, but
+    /// half a minute in a debug build. NASA-iPSC has no requested times: the pyss reading keeps none
+    /// of its jobs.
     #[test]
     fn the_engine_schedules_pyss_easy_as_the_reference_does() {
-        for (name, min_backfilled) in [
-            ("KTH-SP2-1996-2.1-cln.swf.gz", 1000),
-            ("NASA-iPSC-1993-3.1-cln.swf.gz", 0),
-        ] {
+        let mut traces = vec![("KTH-SP2-1996-2.1-cln.swf.gz", 1000)];
+        if std::env::var_os("LATTICE_REFERENCE_ALL").is_some() {
+            traces.extend([("LANL-CM5-1994-4.1-cln.swf.gz", 1000), ("LCG.swf.gz", 0)]);
+        }
+        for (name, min_backfilled) in traces {
             let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../shared/traces")
                 .join(name);
