@@ -27,6 +27,20 @@ fn fuzz_cases(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// A single-member quorum on `nodes` simulated nodes for a fuzz target, its store under a fresh
+/// temporary folder (returned, to remove afterwards) and no rate limit (the fuzz sends thousands of
+/// requests a second).
+async fn fuzzed_leader(name: &str, nodes: u32) -> (lattice_runtime::Running, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("lattice-fuzz-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = common::start_leader(&format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: {nodes}\ncycle: 50ms\nauth:\n  rate_limit_per_minute: 4000000000\n",
+        dir.display()
+    ))
+    .await;
+    (rt, dir)
+}
+
 #[test]
 fn submission_bodies_never_panic_the_control_plane() {
     let mut c = common::balanced_control(8);
@@ -340,13 +354,7 @@ const ROUTES: [Route; 16] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_bodies_never_panic_or_break_the_member() {
     use tower::ServiceExt;
-    let dir = std::env::temp_dir().join(format!("lattice-fuzz-rest-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let rt = common::start_leader(&format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 8\ncycle: 50ms\nauth:\n  rate_limit_per_minute: 4000000000\n",
-        dir.display()
-    ))
-    .await;
+    let (rt, dir) = fuzzed_leader("rest", 8).await;
     let app = lattice_runtime::api::router(rt.shared.clone());
     let call = |method: &str, uri: &str, body: Vec<u8>| {
         let req = axum::http::Request::builder()
@@ -483,13 +491,7 @@ async fn grpc_messages_never_panic_or_break_the_member() {
     use pb::allocation_service_server::AllocationService;
     use pb::node_service_server::NodeService;
     use prost::Message;
-    let dir = std::env::temp_dir().join(format!("lattice-fuzz-grpc-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let rt = common::start_leader(&format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 8\ncycle: 50ms\nauth:\n  rate_limit_per_minute: 4000000000\n",
-        dir.display()
-    ))
-    .await;
+    let (rt, dir) = fuzzed_leader("grpc", 8).await;
     let api = Api {
         shared: rt.shared.clone(),
     };
@@ -780,13 +782,7 @@ async fn a_mirror_message_from_a_term_raft_never_saw_is_refused() {
     use lattice_runtime::grpc::pb;
     use pb::allocation_service_server::AllocationService;
     use pb::queue_mirror_server::QueueMirror;
-    let dir = std::env::temp_dir().join(format!("lattice-fuzz-term-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let rt = common::start_leader(&format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\ncycle: 50ms\n",
-        dir.display()
-    ))
-    .await;
+    let (rt, dir) = fuzzed_leader("term", 2).await;
     let term = rt.shared.member.current_term();
     let mirror = lattice_runtime::mirror::MirrorService {
         shared: rt.shared.clone(),
