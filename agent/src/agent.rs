@@ -1,7 +1,10 @@
 //! The agent's loop: register (again whenever the control plane no longer knows it), heartbeat every
 //! `heartbeat` interval with a strictly increasing sequence, poll for work every `poll` interval,
 //! start what it is given with the seed's environment, stop what it is told to, and report every exit
-//! — retried until the control plane takes it, so a report is never lost to a transient failure.
+//! — retried until the control plane takes it, so a report is never lost to a transient failure,
+//! and kept on disk until then (the exits file beside the state file), so not to an agent restart
+//! either. What to send when, and what each answer means, is [`crate::protocol`]; this loop does the
+//! I/O and runs the processes.
 //! During a partition the agent runs its allocations autonomously and buffers the heartbeats it could
 //! not deliver (at most [`MAX_BUFFERED`], oldest dropped and counted); when the control plane is back
 //! they are replayed in order with the next heartbeat (book: "Network Partition: Node ↔ Quorum").
@@ -10,8 +13,9 @@
 //! with each poll (at most [`TAIL_BYTES_PER_POLL`]; the first poll replays the newest [`TAIL_REPLAY`]).
 
 use crate::checkpoint::{Channel, GrpcResult, Mechanism};
-use crate::client::{Buffered, Client, ExitKind, Launch, Outcome, Reports};
+use crate::client::{Client, ExitKind, Launch, Outcome, Reports};
 use crate::discovery::{Capabilities, Sources, fingerprint};
+use crate::protocol::{self, Beaten, Exit, Failure, Session};
 use crate::runner::{self, Ending, RunSpec};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -65,7 +69,7 @@ pub const TAIL_BYTES_PER_POLL: u64 = 256 * 1024;
 pub const TAIL_REPLAY: u64 = 64 * 1024;
 
 /// Heartbeats kept during a partition (a day at the default 10 s interval).
-pub const MAX_BUFFERED: usize = 8640;
+pub const MAX_BUFFERED: usize = protocol::MAX_BUFFERED;
 
 /// The processes recorded by a previous agent (none when the file is absent; an unreadable one is
 /// an error naming it — taking over nothing would orphan live jobs silently).
@@ -79,11 +83,27 @@ pub fn read_state(path: &std::path::Path) -> anyhow::Result<Vec<runner::Record>>
 
 /// Writes the records (to a temporary file, then renamed: never half-written).
 pub fn write_state(path: &std::path::Path, records: &[runner::Record]) -> std::io::Result<()> {
+    write_json(path, records)
+}
+
+/// The exits a previous agent had not got taken (none when the file is absent; an unreadable one is
+/// an error naming it — reporting nothing would leave those allocations running forever).
+pub fn read_exits(path: &std::path::Path) -> anyhow::Result<Vec<Exit>> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| anyhow::anyhow!("exits file {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(anyhow::anyhow!("exits file {}: {e}", path.display())),
+    }
+}
+
+/// Writes `value` as JSON to `path` through a temporary file renamed over it: never half-written.
+fn write_json<T: serde::Serialize + ?Sized>(path: &std::path::Path, value: &T) -> std::io::Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(records).unwrap_or_default())?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value).unwrap_or_default())?;
     std::fs::rename(tmp, path)
 }
 
@@ -146,11 +166,9 @@ pub fn run_with(
     let sources = Sources::default();
     let (mut caps, mut fp) = discover(&sources, &*gpu);
     let mut last_fingerprint = Instant::now();
-    let mut registered = false;
-    let mut seq = 0u64;
-    let mut buffered: std::collections::VecDeque<Buffered> = std::collections::VecDeque::new();
-    let mut dropped_beats = 0u64;
-    let mut last_beat = Instant::now() - cfg.heartbeat;
+    // The protocol ([`protocol::Session`]) on this agent's monotonic clock.
+    let t0 = Instant::now();
+    let mut session = Session::new(&cfg.node, client.endpoints(), 0);
     // Fencing by lease, on its own thread ([`crate::fence`]).
     let fence = Arc::new(crate::fence::Fence::default());
     fence.spawn(cfg.node.clone(), cfg.heartbeat, cfg.grace, stop.clone());
@@ -178,8 +196,6 @@ pub fn run_with(
     let mut reports = Reports::default();
     // Per allocation: its CPU seconds at the last telemetry tick (for cpu_utilization).
     let mut cpu_seen: BTreeMap<String, (Instant, f64)> = BTreeMap::new();
-    // Exits not yet taken by the control plane: (alloc, kind, code, output tail).
-    let mut unreported: Vec<(String, ExitKind, i32, String)> = Vec::new();
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
     if let Some(path) = &cfg.state_file {
         // The lease of the last heartbeat the previous agent had accepted.
@@ -195,6 +211,10 @@ pub fn run_with(
                 // Longer ago than this machine's uptime: over.
                 None => fence.renewed(Instant::now(), Duration::ZERO),
             }
+        }
+        // Exits a previous agent had not got taken.
+        for e in read_exits(&path.with_extension("exits"))? {
+            session.ended(e);
         }
         for rec in read_state(path)? {
             let id = rec.id.clone();
@@ -214,12 +234,22 @@ pub fn run_with(
                         Ending::Exited(c) => c,
                         _ => -1,
                     };
-                    unreported.push((id, ExitKind::Exited, code, tail_of(&out.output)));
+                    session.ended(Exit {
+                        id,
+                        kind: ExitKind::Exited,
+                        code,
+                        tail: tail_of(&out.output),
+                    });
                 }
             }
         }
     }
     let mut recorded: Vec<String> = Vec::new();
+    // What the exits file holds (what was read from it, and what a takeover adds to write).
+    let mut recorded_exits: Vec<Exit> = match &cfg.state_file {
+        Some(path) => read_exits(&path.with_extension("exits"))?,
+        None => Vec::new(),
+    };
     // Followed allocations: the output offset sent so far (None: not yet).
     let mut tailing: BTreeMap<String, Option<u64>> = BTreeMap::new();
     let mut last_flush = Instant::now();
@@ -227,72 +257,50 @@ pub fn run_with(
     eprintln!("lattice-agent {}: {}", cfg.node, telemetry.ebpf_status());
     let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
-        if !registered {
-            match client.register(&cfg.node, &caps, &fp) {
-                Ok(_) => {
-                    registered = true;
-                    seq = 0;
-                }
-                Err(e) => {
-                    eprintln!("lattice-agent {}: register: {e}", cfg.node);
-                    std::thread::sleep(cfg.poll);
-                    continue;
-                }
+        if session.must_register() {
+            let answer = client.send(session.target(), &protocol::register(&cfg.node, &caps, &fp));
+            if let Err(e) = &answer {
+                eprintln!("lattice-agent {}: register: {e}", cfg.node);
+            }
+            session.registered(answer.map(|_| ()).map_err(|e| e.failure()));
+            if session.must_register() {
+                std::thread::sleep(cfg.poll);
+                continue;
             }
         }
-        if last_beat.elapsed() >= cfg.heartbeat {
-            seq += 1;
-            last_beat = Instant::now();
-            let replay: Vec<Buffered> = buffered.iter().copied().collect();
-            match client.heartbeat(&cfg.node, seq, &replay) {
-                Ok(beat) => {
-                    if let Some(l) = beat.lease {
-                        fence.renewed(last_beat, l);
+        if let Some(req) = session.heartbeat_due(t0.elapsed(), cfg.heartbeat) {
+            let answer = client.send(session.target(), &req);
+            let beat = answer.as_ref().map(protocol::beat).map_err(|e| e.failure());
+            match session.heartbeat_answered(beat, crate::runner::wall_ms()) {
+                Beaten::Accepted { replayed, dropped } => {
+                    if let Some((sent, l)) = session.lease() {
+                        fence.renewed(t0 + sent, l);
                         // Kept beside the state file: a restarted agent still fences on time.
                         if let Some(path) = &cfg.state_file {
-                            let sent_ms =
-                                crate::runner::wall_ms().saturating_sub(last_beat.elapsed().as_millis() as u64);
+                            let ago = t0.elapsed().saturating_sub(sent).as_millis() as u64;
+                            let sent_ms = crate::runner::wall_ms().saturating_sub(ago);
                             let text = serde_json::json!({"sent_ms": sent_ms, "lease_ms": l.as_millis() as u64});
                             let _ = std::fs::write(path.with_extension("lease"), text.to_string());
                         }
                     }
-                    if !replay.is_empty() {
+                    if replayed > 0 {
                         eprintln!(
-                            "lattice-agent {}: control plane back; replayed {} buffered heartbeats ({} dropped)",
-                            cfg.node,
-                            replay.len(),
-                            dropped_beats
-                        );
-                    }
-                    buffered.clear();
-                    dropped_beats = 0;
-                }
-                Err(e) if e.needs_register() => {
-                    // A new registration restarts the sequence: what was buffered belongs to the old one.
-                    registered = false;
-                    buffered.clear();
-                }
-                Err(e) if e.unreachable() => {
-                    if buffered.is_empty() {
-                        eprintln!(
-                            "lattice-agent {}: control plane unreachable, buffering heartbeats: {e}",
+                            "lattice-agent {}: control plane back; replayed {replayed} buffered heartbeats ({dropped} dropped)",
                             cfg.node
                         );
                     }
-                    if buffered.len() == MAX_BUFFERED {
-                        buffered.pop_front();
-                        dropped_beats += 1;
-                    }
-                    buffered.push_back(Buffered {
-                        seq,
-                        at_ms: crate::runner::wall_ms(),
-                    });
                 }
-                Err(e) => {
-                    // Refused (e.g. as a replay): the batch will not be taken; start afresh.
-                    eprintln!("lattice-agent {}: heartbeat: {e}", cfg.node);
-                    buffered.clear();
-                }
+                Beaten::Buffered { first: true } => eprintln!(
+                    "lattice-agent {}: control plane unreachable, buffering heartbeats: {}",
+                    cfg.node,
+                    answer.err().map(|e| e.to_string()).unwrap_or_default()
+                ),
+                Beaten::Buffered { first: false } | Beaten::Unregistered => {}
+                Beaten::Refused => eprintln!(
+                    "lattice-agent {}: heartbeat: {}",
+                    cfg.node,
+                    answer.err().map(|e| e.to_string()).unwrap_or_default()
+                ),
             }
         }
         // Collect ended processes.
@@ -316,8 +324,14 @@ pub fn run_with(
                 _ => 143,
             };
             fence.forget(&id);
+            let exit = |kind, code, tail| Exit {
+                id: id.clone(),
+                kind,
+                code,
+                tail,
+            };
             if fence.take_fenced(&id) {
-                unreported.push((id, ExitKind::Fenced, code, tail));
+                session.ended(exit(ExitKind::Fenced, code, tail));
                 continue;
             }
             // A preempted task: reported as stopped with or without its checkpoint (also when it
@@ -333,28 +347,26 @@ pub fn run_with(
                 } else {
                     ExitKind::Preempted
                 };
-                unreported.push((id, kind, code, tail));
+                session.ended(exit(kind, code, tail));
                 continue;
             }
             match out.ending {
-                Ending::Exited(code) => unreported.push((id, ExitKind::Exited, code, tail)),
-                Ending::Walltime => unreported.push((id, ExitKind::Walltime, 137, tail)),
+                Ending::Exited(code) => session.ended(exit(ExitKind::Exited, code, tail)),
+                Ending::Walltime => session.ended(exit(ExitKind::Walltime, 137, tail)),
                 // Stopped on the control plane's request: it already knows.
                 Ending::Stopped => {}
             }
         }
-        unreported.retain(
-            |(id, kind, code, tail)| match client.exit(id, &cfg.node, *kind, *code, tail) {
-                Ok(()) => false,
-                Err(e) => {
-                    // During a partition (already said once) the retries are quiet.
-                    if !e.unreachable() || buffered.is_empty() {
-                        eprintln!("lattice-agent {}: report {id}: {e}", cfg.node);
-                    }
-                    true
+        for e in session.unreported().to_vec() {
+            let answer = client.send(session.target(), &protocol::exit(&cfg.node, &e));
+            if let Err(err) = &answer {
+                // During a partition (already said once) the retries are quiet.
+                if err.failure() != Failure::Elsewhere || !session.partitioned() {
+                    eprintln!("lattice-agent {}: report {}: {err}", cfg.node, e.id);
                 }
-            },
-        );
+            }
+            session.exit_answered(&e.id, answer.map(|_| ()).map_err(|e| e.failure()));
+        }
         let running: Vec<String> = procs.keys().cloned().collect();
         // New output of the allocations someone follows.
         let output: Vec<crate::client::Output> = tailing
@@ -365,115 +377,128 @@ pub fn run_with(
         while let Ok(o) = wiped_rx.try_recv() {
             reports.wiped.push(o);
         }
-        match client.work(&cfg.node, &running, &output, &reports) {
-            Ok(w) => {
-                reports = Reports::default();
-                // The conformance fingerprint is recomputed every `fingerprint_every` and when the
-                // control plane asks; a new value (or a request) is reported by registering again.
-                if w.refresh_fingerprint || last_fingerprint.elapsed() >= cfg.fingerprint_every {
-                    last_fingerprint = Instant::now();
-                    let (c, f) = discover(&sources, telemetry.gpu());
-                    if f != fp {
-                        eprintln!(
-                            "lattice-agent {}: conformance fingerprint changed: {fp} -> {f}",
-                            cfg.node
-                        );
+        let answer = client
+            .send(
+                session.target(),
+                &protocol::work(&cfg.node, &running, &output, &reports),
+            )
+            .and_then(|v| {
+                protocol::parse_work(v).map_err(|message| crate::client::ClientError::Transport {
+                    url: format!("/v1/nodes/{}/work", cfg.node),
+                    message,
+                })
+            });
+        if let Err(e) = &answer
+            && (e.failure() != Failure::Elsewhere || !session.partitioned())
+        {
+            eprintln!("lattice-agent {}: work: {e}", cfg.node);
+        }
+        if let Some(w) = session.work_answered(answer.map_err(|e| e.failure()), |id| procs.contains_key(id)) {
+            reports = Reports::default();
+            // The conformance fingerprint is recomputed every `fingerprint_every` and when the
+            // control plane asks; a new value (or a request) is reported by registering again.
+            if w.refresh_fingerprint || last_fingerprint.elapsed() >= cfg.fingerprint_every {
+                last_fingerprint = Instant::now();
+                let (c, f) = discover(&sources, telemetry.gpu());
+                if f != fp {
+                    eprintln!(
+                        "lattice-agent {}: conformance fingerprint changed: {fp} -> {f}",
+                        cfg.node
+                    );
+                }
+                if f != fp || w.refresh_fingerprint {
+                    session.register_again();
+                }
+                (caps, fp) = (c, f);
+            }
+            for o in &output {
+                tailing.insert(o.id.clone(), Some(o.next));
+            }
+            tailing.retain(|id, _| w.tail.contains(id));
+            for id in &w.tail {
+                tailing.entry(id.clone()).or_insert(None);
+            }
+            for id in w.kill {
+                if let Some(p) = procs.get(&id) {
+                    p.stop();
+                }
+            }
+            for id in w.checkpoint {
+                let Some(p) = procs.get(&id) else { continue };
+                request_checkpoint(&cfg.node, &id, p, &mut channels, cfg.callback, &grpc_done_tx);
+                in_flight.entry(id).or_insert(InFlight {
+                    until: Instant::now() + cfg.callback.deadline,
+                    preempt: false,
+                });
+            }
+            for pw in w.preempt {
+                let Some(p) = procs.get(&pw.id) else { continue };
+                if stopping.contains_key(&pw.id) || in_flight.get(&pw.id).is_some_and(|f| f.preempt) {
+                    continue;
+                }
+                eprintln!("lattice-agent {}: {} preempted ({})", cfg.node, pw.id, pw.how);
+                if pw.how == "checkpoint" {
+                    // Checkpoint first (a hint already in flight counts), then stop.
+                    if !in_flight.contains_key(&pw.id) {
+                        request_checkpoint(&cfg.node, &pw.id, p, &mut channels, cfg.callback, &grpc_done_tx);
                     }
-                    if f != fp || w.refresh_fingerprint {
-                        registered = false;
-                    }
-                    (caps, fp) = (c, f);
+                    in_flight.insert(
+                        pw.id,
+                        InFlight {
+                            until: Instant::now() + Duration::from_secs_f64(pw.deadline_s.max(0.0)),
+                            preempt: true,
+                        },
+                    );
+                } else {
+                    p.stop();
+                    stopping.insert(pw.id, false);
                 }
-                for o in &output {
-                    tailing.insert(o.id.clone(), Some(o.next));
+            }
+            for id in w.wipe {
+                let (tx, node, command) = (wiped_tx.clone(), cfg.node.clone(), cfg.wipe_command.clone());
+                std::thread::spawn(move || {
+                    let ok = wipe(&node, &id, command.as_deref());
+                    let _ = tx.send(Outcome { id, ok });
+                });
+            }
+            for l in w.launch {
+                let channel = open_channel(&l.id, &l.checkpoint);
+                let mut env = environment(&l, cfg.slurm_env);
+                if let Some(c) = &channel {
+                    env.extend(c.env());
                 }
-                tailing.retain(|id, _| w.tail.contains(id));
-                for id in &w.tail {
-                    tailing.entry(id.clone()).or_insert(None);
-                }
-                for id in w.kill {
-                    if let Some(p) = procs.get(&id) {
-                        p.stop();
-                    }
-                }
-                for id in w.checkpoint {
-                    let Some(p) = procs.get(&id) else { continue };
-                    request_checkpoint(&cfg.node, &id, p, &mut channels, cfg.callback, &grpc_done_tx);
-                    in_flight.entry(id).or_insert(InFlight {
-                        until: Instant::now() + cfg.callback.deadline,
-                        preempt: false,
-                    });
-                }
-                for pw in w.preempt {
-                    let Some(p) = procs.get(&pw.id) else { continue };
-                    if stopping.contains_key(&pw.id) || in_flight.get(&pw.id).is_some_and(|f| f.preempt) {
-                        continue;
-                    }
-                    eprintln!("lattice-agent {}: {} preempted ({})", cfg.node, pw.id, pw.how);
-                    if pw.how == "checkpoint" {
-                        // Checkpoint first (a hint already in flight counts), then stop.
-                        if !in_flight.contains_key(&pw.id) {
-                            request_checkpoint(&cfg.node, &pw.id, p, &mut channels, cfg.callback, &grpc_done_tx);
+                let spec = RunSpec {
+                    id: l.id.clone(),
+                    entrypoint: l.entrypoint.clone(),
+                    env,
+                    checkpoint: l.checkpoint.clone(),
+                    tenant: l.tenant.clone(),
+                    project: l.project.clone(),
+                    walltime: l.walltime_s.map(Duration::from_secs_f64),
+                    grace: cfg.grace,
+                    log_dir: cfg.log_dir.clone(),
+                    ring_bytes: cfg.ring_bytes,
+                };
+                match runner::start(spec) {
+                    Ok(r) => {
+                        fence.watch(&l.id, r.stopper());
+                        procs.insert(l.id.clone(), r);
+                        if let Some(c) = channel {
+                            channels.insert(l.id.clone(), (c, false));
                         }
-                        in_flight.insert(
-                            pw.id,
-                            InFlight {
-                                until: Instant::now() + Duration::from_secs_f64(pw.deadline_s.max(0.0)),
-                                preempt: true,
-                            },
-                        );
-                    } else {
-                        p.stop();
-                        stopping.insert(pw.id, false);
                     }
-                }
-                for id in w.wipe {
-                    let (tx, node, command) = (wiped_tx.clone(), cfg.node.clone(), cfg.wipe_command.clone());
-                    std::thread::spawn(move || {
-                        let ok = wipe(&node, &id, command.as_deref());
-                        let _ = tx.send(Outcome { id, ok });
-                    });
-                }
-                for l in w.launch {
-                    if procs.contains_key(&l.id) || unreported.iter().any(|(id, ..)| *id == l.id) {
-                        continue;
-                    }
-                    let channel = open_channel(&l.id, &l.checkpoint);
-                    let mut env = environment(&l, cfg.slurm_env);
-                    if let Some(c) = &channel {
-                        env.extend(c.env());
-                    }
-                    let spec = RunSpec {
-                        id: l.id.clone(),
-                        entrypoint: l.entrypoint.clone(),
-                        env,
-                        checkpoint: l.checkpoint.clone(),
-                        tenant: l.tenant.clone(),
-                        project: l.project.clone(),
-                        walltime: l.walltime_s.map(Duration::from_secs_f64),
-                        grace: cfg.grace,
-                        log_dir: cfg.log_dir.clone(),
-                        ring_bytes: cfg.ring_bytes,
-                    };
-                    match runner::start(spec) {
-                        Ok(r) => {
-                            fence.watch(&l.id, r.stopper());
-                            procs.insert(l.id.clone(), r);
-                            if let Some(c) = channel {
-                                channels.insert(l.id.clone(), (c, false));
-                            }
-                        }
-                        // Could not even start: a failure, reported like any other.
-                        Err(e) => {
-                            eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
-                            unreported.push((l.id.clone(), ExitKind::Exited, 127, format!("could not start: {e}")));
-                        }
+                    // Could not even start: a failure, reported like any other.
+                    Err(e) => {
+                        eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
+                        session.ended(Exit {
+                            id: l.id.clone(),
+                            kind: ExitKind::Exited,
+                            code: 127,
+                            tail: format!("could not start: {e}"),
+                        });
                     }
                 }
             }
-            Err(e) if e.needs_register() => registered = false,
-            Err(e) if e.unreachable() && !buffered.is_empty() => {}
-            Err(e) => eprintln!("lattice-agent {}: work: {e}", cfg.node),
         }
         if cfg.log_store.is_some() && last_flush.elapsed() >= cfg.log_flush {
             last_flush = Instant::now();
@@ -551,6 +576,15 @@ pub fn run_with(
                 && let Err(e) = client.push_metrics(url, &crate::telemetry::render(&tick.series))
             {
                 eprintln!("lattice-agent {}: metrics push: {e}", cfg.node);
+            }
+        }
+        if let Some(path) = &cfg.state_file
+            && session.unreported() != recorded_exits.as_slice()
+        {
+            let exits = path.with_extension("exits");
+            match write_json(&exits, session.unreported()) {
+                Ok(()) => recorded_exits = session.unreported().to_vec(),
+                Err(e) => eprintln!("lattice-agent {}: exits file {}: {e}", cfg.node, exits.display()),
             }
         }
         if let Some(path) = &cfg.state_file {

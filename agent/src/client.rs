@@ -6,7 +6,7 @@
 //! the system roots.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// What the control plane answered, when it was not a success.
 #[derive(Debug, thiserror::Error)]
@@ -18,16 +18,12 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The runtime no longer knows this agent (restarted, or a new leader): register again.
-    pub fn needs_register(&self) -> bool {
-        matches!(self, ClientError::Refused { body, .. } if body.contains("has not registered"))
-    }
-
-    /// Whether the control plane could not be reached at all (a partition, or it is down), as opposed
-    /// to an answer refusing the request.
-    pub fn unreachable(&self) -> bool {
-        matches!(self, ClientError::Transport { .. })
-            || matches!(self, ClientError::Refused { status, .. } if *status == 502 || *status == 503 || *status == 504)
+    /// What the failure means to the protocol ([`crate::protocol::Failure`]).
+    pub fn failure(&self) -> crate::protocol::Failure {
+        match self {
+            ClientError::Refused { status, body, .. } => crate::protocol::Failure::of(Some(*status), body),
+            ClientError::Transport { .. } => crate::protocol::Failure::of(None, ""),
+        }
     }
 }
 
@@ -135,7 +131,7 @@ fn signal() -> String {
     "signal".into()
 }
 
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ExitKind {
     Exited,
@@ -157,7 +153,8 @@ pub struct Beat {
 }
 
 pub struct Client {
-    base: String,
+    /// The control plane's endpoints (its members' REST addresses); the protocol says which to ask.
+    bases: Vec<String>,
     token: Option<String>,
     agent: ureq::Agent,
 }
@@ -184,6 +181,8 @@ fn read_pem(path: &std::path::Path, flag: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 impl Client {
+    /// A client of `endpoint`: one URL, or several separated by commas (every member of the quorum:
+    /// the agent moves on to the next when one does not answer or is not the leader).
     pub fn new(endpoint: &str, token: Option<String>, id: &Identity) -> anyhow::Result<Client> {
         use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
         let mut tls = TlsConfig::builder().provider(TlsProvider::Rustls);
@@ -211,8 +210,16 @@ impl Client {
             (None, None) => false,
             _ => anyhow::bail!("--bootstrap-cert and --bootstrap-key go together"),
         };
+        let bases: Vec<String> = endpoint
+            .split(',')
+            .map(|e| e.trim().trim_end_matches('/').to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if bases.is_empty() {
+            anyhow::bail!("--quorum-endpoint: no endpoint given");
+        }
         Ok(Client {
-            base: endpoint.trim_end_matches('/').to_string(),
+            bases,
             // mTLS takes priority: the certificate is the identity, the token the fallback.
             token: if mtls { None } else { token },
             agent: ureq::Agent::config_builder()
@@ -224,13 +231,19 @@ impl Client {
         })
     }
 
-    fn post(&self, path: &str, body: Value) -> Result<Value, ClientError> {
-        let url = format!("{}{path}", self.base);
+    /// How many endpoints the client knows.
+    pub fn endpoints(&self) -> usize {
+        self.bases.len()
+    }
+
+    /// Sends a protocol request to endpoint `to` ([`Client::endpoints`]): the answer's JSON.
+    pub fn send(&self, to: usize, r: &crate::protocol::Request) -> Result<Value, ClientError> {
+        let url = format!("{}{}", self.bases[to % self.bases.len()], r.path);
         let mut req = self.agent.post(&url);
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
-        let mut resp = req.send_json(body).map_err(|e| ClientError::Transport {
+        let mut resp = req.send_json(&r.body).map_err(|e| ClientError::Transport {
             url: url.clone(),
             message: e.to_string(),
         })?;
@@ -246,63 +259,6 @@ impl Client {
         Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
-    /// Registers the node with its capabilities and fingerprint; the node's state.
-    pub fn register(
-        &self,
-        node: &str,
-        caps: &crate::discovery::Capabilities,
-        fingerprint: &str,
-    ) -> Result<String, ClientError> {
-        let v = self.post(
-            &format!("/v1/nodes/{node}/register"),
-            json!({"capabilities": caps, "fingerprint": fingerprint}),
-        )?;
-        Ok(v["state"].as_str().unwrap_or_default().to_string())
-    }
-
-    /// A heartbeat, with those buffered during a partition replayed before it (in order).
-    pub fn heartbeat(&self, node: &str, seq: u64, buffered: &[Buffered]) -> Result<Beat, ClientError> {
-        let body = if buffered.is_empty() {
-            json!({"seq": seq})
-        } else {
-            json!({"seq": seq, "buffered": buffered})
-        };
-        let v = self.post(&format!("/v1/nodes/{node}/heartbeat"), body)?;
-        Ok(Beat {
-            state: v["state"].as_str().unwrap_or_default().to_string(),
-            lease: v["lease_ms"].as_u64().map(std::time::Duration::from_millis),
-        })
-    }
-
-    /// Polls for work, with the new output of followed allocations and the outcomes of checkpoint
-    /// hints and wipes since the last poll.
-    pub fn work(
-        &self,
-        node: &str,
-        running: &[String],
-        output: &[Output],
-        reports: &Reports,
-    ) -> Result<Work, ClientError> {
-        let mut body = json!({"running": running});
-        if !output.is_empty() {
-            body["output"] = json!(output);
-        }
-        if !reports.checkpointed.is_empty() {
-            body["checkpointed"] = json!(reports.checkpointed);
-        }
-        if !reports.wiped.is_empty() {
-            body["wiped"] = json!(reports.wiped);
-        }
-        if !reports.metrics.is_empty() {
-            body["metrics"] = json!(reports.metrics);
-        }
-        let v = self.post(&format!("/v1/nodes/{node}/work"), body)?;
-        serde_json::from_value(v).map_err(|e| ClientError::Transport {
-            url: format!("{}/v1/nodes/{node}/work", self.base),
-            message: format!("unexpected answer: {e}"),
-        })
-    }
-
     /// PUTs Prometheus text to a Pushgateway-compatible `url` (replacing this node's group).
     pub fn push_metrics(&self, url: &str, text: &str) -> Result<(), ClientError> {
         let req = self.agent.put(url).header("content-type", "text/plain; version=0.0.4");
@@ -316,15 +272,6 @@ impl Client {
             req = req.header(k, v);
         }
         accepted(url, req.send(&body[..]))
-    }
-
-    /// Reports a process's end with the newest `log_tail` of its output.
-    pub fn exit(&self, alloc: &str, node: &str, kind: ExitKind, code: i32, log_tail: &str) -> Result<(), ClientError> {
-        self.post(
-            &format!("/v1/allocations/{alloc}/exit"),
-            json!({"node": node, "kind": kind, "exit_code": code, "log_tail": log_tail}),
-        )
-        .map(|_| ())
     }
 }
 

@@ -57,7 +57,7 @@ impl Fence {
     ) -> Option<(Vec<String>, Duration, Duration)> {
         let (sent, lease) = (*lock(&self.lease))?;
         let quiet = now.saturating_duration_since(sent);
-        if quiet <= 2 * heartbeat || quiet + grace + 2 * heartbeat < lease {
+        if !crate::protocol::lease_over(quiet, lease, heartbeat, grace) {
             return None;
         }
         let mut fenced = lock(&self.fenced);

@@ -32,6 +32,7 @@ pub mod discovery;
 pub mod ebpf;
 pub mod fence;
 pub mod gpu;
+pub mod protocol;
 pub mod remote_write;
 pub mod runner;
 pub mod telemetry;

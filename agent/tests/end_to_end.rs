@@ -528,6 +528,68 @@ fn a_partitioned_agent_keeps_running_buffers_heartbeats_and_replays_them() {
     rt.block_on(running.shutdown());
 }
 
+/// An exit the control plane has not taken survives its agent: a job ends during a partition, the
+/// agent is SIGKILLed before it could report it, and the next agent — given every endpoint, the first
+/// of which answers nothing — reports it once the partition heals. The job runs once.
+#[test]
+fn an_exit_not_yet_taken_survives_the_agent_being_killed() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-exits-{}", std::process::id()));
+    // Heartbeats may stop for a while (the partition and the agent's restart) without the node going
+    // Down or the agent fencing its work.
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 30s\n  grace: 30s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let relay = Relay::start(running.rest_addr);
+    let endpoint = format!("http://{}", relay.addr);
+    let mut agent = Agents(vec![agent_command("sim-000", &endpoint, &dir).spawn().unwrap()]);
+    let runs = dir.join("runs");
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "entrypoint": format!("echo run >> {}; sleep 1; exit 3", runs.display()),
+            "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"}}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    while !runs.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the job never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    relay.set_cut(true);
+    // The job ends during the partition: its exit is kept on disk until taken.
+    let exits = dir.join("state-sim-000.exits");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&exits).is_ok_and(|t| t.contains(&id)) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the exit was never kept");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.0[0].kill().unwrap(); // SIGKILL
+    agent.0[0].wait().unwrap();
+    let (_, v) = call("GET", &format!("{base}/v1/allocations/{id}"), None);
+    assert_eq!(v["state"], "running", "the control plane has not heard: {v}");
+    relay.set_cut(false);
+    // Port 9 on loopback answers nothing: the agent moves on to the next endpoint.
+    agent.0[0] = agent_command("sim-000", &format!("http://127.0.0.1:9,{endpoint}"), &dir)
+        .spawn()
+        .unwrap();
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "exit_failure", "the kept exit was reported: {v}");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        1,
+        "it ran once"
+    );
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&exits).is_ok_and(|t| t.contains(&id)) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "a taken exit stays on disk");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(agent);
+    rt.block_on(running.shutdown());
+}
+
 #[test]
 fn an_agent_with_a_bootstrap_certificate_runs_jobs_over_mtls() {
     let dir = std::env::temp_dir().join(format!("lattice-agent-mtls-{}", std::process::id()));

@@ -15,7 +15,9 @@ struct Args {
     /// This node's name in the inventory.
     #[arg(long)]
     node_id: String,
-    /// The control plane's REST endpoint (the leader's; e.g. https://lattice-01:8080).
+    /// The control plane's REST endpoint, or every member's separated by commas (e.g.
+    /// https://lattice-01:8080,https://lattice-02:8080): the agent moves on to the next when one
+    /// does not answer or is not the leader.
     #[arg(long)]
     quorum_endpoint: String,
     /// PEM CA that signed the control plane's certificate (default: the system roots).

@@ -1,16 +1,20 @@
 //! The simulation's node agents (`lattice-runtime dst --agents N`): one simulated host per node,
-//! speaking the agent protocol of `lattice-agent` over REST on the simulated network — register,
-//! heartbeats with a sequence (buffered while the control plane is unreachable and replayed in
-//! order), polls for work with what it runs, exit reports retried until taken, and fencing: an agent
-//! whose heartbeats go undelivered stops its work once its lease runs out (the lease every accepted
-//! heartbeat answers, counted from when that heartbeat was sent), and reports it as fenced.
+//! running `lattice-agent`'s own protocol code ([`lattice_agent::protocol::Session`]: registration,
+//! heartbeats with a sequence buffered while the control plane is unreachable and replayed in order,
+//! polls for work, exit reports kept until taken, the lease and when it runs out, moving on to the
+//! next member when one does not answer or is not the leader) over REST on the simulated network.
+//! Only the I/O is the simulation's: requests go over turmoil's TCP, and processes are simulated — a
+//! launch's `sleep S` entrypoint runs for S simulated seconds.
 //!
-//! Processes are simulated: a launch's `sleep S` entrypoint runs for S simulated seconds. They live
-//! in the harness ([`super::Obs::procs`]), not in the agent, so an agent crash leaves them running
-//! (as a job outlives `systemctl restart lattice-agent`) and the restarted agent takes them over,
-//! as the real one does from its state file.
+//! What the real agent keeps on disk is kept in the harness ([`super::Obs`]): the processes (they
+//! outlive their agent, as a job outlives `systemctl restart lattice-agent`), the lease, and the
+//! exits not yet taken. So a crashed agent's successor takes them over as the real one does from its
+//! state files. Fencing runs beside the loop, like the real agent's fence thread, by the protocol's
+//! rule ([`lattice_agent::protocol::lease_over`]); a simulated process stops at once (no stop grace).
 
 use super::{SharedObs, lock};
+use lattice_agent::client::{ExitKind, Reports};
+use lattice_agent::protocol::{self, Beaten, Exit, Failure, Request, Session};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,9 +30,8 @@ pub struct Proc {
     pub nodes: Vec<String>,
     pub started_ms: u64,
     pub ends_ms: u64,
-    /// Ended, not yet reported: (kind, exit code). Kept with the process (the real agent's status
-    /// file), so an exit survives its agent's crash and is reported by the next one.
-    pub exited: Option<(&'static str, i32)>,
+    /// Stopped by the fence (its agent collects it as fenced: exit code 143).
+    pub fenced: bool,
 }
 
 /// The node an agent host runs (the runtime's simulated inventory names).
@@ -76,61 +79,62 @@ pub(crate) async fn request(
     tokio::time::timeout(Duration::from_secs(2), io).await.ok().flatten()
 }
 
-/// How a call went, as the agent sees it.
-enum Answer {
-    Ok(serde_json::Value),
-    /// The member does not know this agent (restarted, or a new leader): register again.
-    Unregistered,
-    /// Refused for another reason (e.g. a replayed heartbeat).
-    Refused,
-    /// Unreachable, or not the leader: try the next member.
-    Elsewhere,
+/// The simulated node's conformance fingerprint (every node alike) and capabilities.
+const FINGERPRINT: &str = "5151515151515151515151515151515151515151515151515151515151515151";
+
+/// One protocol request to member `member`: the answer's JSON, or the failure it means.
+async fn send(member: u64, r: &Request) -> Result<serde_json::Value, Failure> {
+    match call(member, &r.path, &r.body).await {
+        Some((s, v)) if (200..300).contains(&s) => Ok(v),
+        Some((s, v)) => Err(Failure::of(Some(s), &v.to_string())),
+        None => Err(Failure::of(None, "")),
+    }
 }
 
-async fn ask(member: u64, path: &str, body: &serde_json::Value) -> Answer {
-    match call(member, path, body).await {
-        Some((s, v)) if (200..300).contains(&s) => Answer::Ok(v),
-        Some((_, v)) if v.to_string().contains("has not registered") => Answer::Unregistered,
-        Some((421 | 502 | 503 | 504, _)) | None => Answer::Elsewhere,
-        Some(_) => Answer::Refused,
-    }
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 /// The agent of node `i`: runs until its host is crashed (then restarted by the harness). `fence`:
 /// false only for the injected bug `agent-no-fence`.
 pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil::Result {
     let node = node_name(i);
-    let mut target = 1 + (i as u64 % members);
-    let mut registered = false;
-    let mut seq = 0u64;
-    let mut buffered: Vec<serde_json::Value> = Vec::new();
-    let mut last_beat: Option<u64> = None;
-    // Fencing, by the real agent's rule and, like its fence thread, beside the loop (whose calls may
-    // block for seconds): a simulated process stops at once (no stop grace).
+    let mut s = Session::new(&node, members as usize, i);
+    let member = |s: &Session| s.target() as u64 + 1;
+    // What a previous agent of this node left on disk: its lease and its unreported exits.
+    {
+        let o = lock(&obs);
+        if let Some((sent, lease)) = o.leases[i] {
+            s.renewed(Duration::from_millis(sent), Duration::from_millis(lease));
+        }
+        for e in o.exits[i].iter().cloned() {
+            s.ended(e);
+        }
+    }
     if fence {
         let (obs, node) = (obs.clone(), node.clone());
         tokio::spawn(async move {
-            let beat = HEARTBEAT.as_millis() as u64;
             loop {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let now = now_ms();
                 let mut o = lock(&obs);
-                let Some((sent, l)) = o.leases[i] else { continue };
-                if now - sent <= 2 * beat || now - sent + 2 * beat < l {
+                let Some((sent, lease)) = o.leases[i] else { continue };
+                let quiet = Duration::from_millis(now.saturating_sub(sent));
+                if !protocol::lease_over(quiet, Duration::from_millis(lease), HEARTBEAT, Duration::ZERO) {
                     continue;
                 }
                 let fenced: Vec<String> = o.procs[i]
                     .iter()
-                    .filter(|(_, p)| p.exited.is_none())
+                    .filter(|(_, p)| !p.fenced)
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in fenced {
                     o.event(format!(
                         "{node} fenced {id}: no accepted heartbeat for {} ms",
-                        now - sent
+                        ms(quiet)
                     ));
                     if let Some(p) = o.procs[i].get_mut(&id) {
-                        p.exited = Some(("fenced", 143));
+                        p.fenced = true;
                     }
                 }
             }
@@ -141,134 +145,110 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
     if taken > 0 {
         lock(&obs).event(format!("{node} agent took over {taken} process(es)"));
     }
+    let caps = lattice_agent::discovery::Capabilities {
+        cpu_cores: 64,
+        memory_gib: 256.0,
+        ..Default::default()
+    };
     loop {
         tokio::time::sleep(POLL).await;
         let now = now_ms();
-        if !registered {
-            match ask(target, &format!("/v1/nodes/{node}/register"), &serde_json::json!({})).await {
-                Answer::Ok(_) => {
-                    registered = true;
-                    seq = 0;
-                    buffered.clear();
-                    lock(&obs).event(format!("{node} registered with m{target}"));
-                }
-                Answer::Elsewhere => target = target % members + 1,
-                _ => {}
+        if s.must_register() {
+            let to = member(&s);
+            s.registered(
+                send(to, &protocol::register(&node, &caps, FINGERPRINT))
+                    .await
+                    .map(|_| ()),
+            );
+            if !s.must_register() {
+                lock(&obs).event(format!("{node} registered with m{to}"));
             }
             continue;
         }
-        if last_beat.is_none_or(|t| now - t >= HEARTBEAT.as_millis() as u64) {
-            seq += 1;
-            last_beat = Some(now);
-            let body = if buffered.is_empty() {
-                serde_json::json!({"seq": seq})
-            } else {
-                serde_json::json!({"seq": seq, "buffered": buffered})
-            };
-            match ask(target, &format!("/v1/nodes/{node}/heartbeat"), &body).await {
-                Answer::Ok(v) => {
-                    buffered.clear();
-                    // The lease is kept with the processes (the real agent's state file), so a
-                    // restarted agent still fences on time.
-                    if let Some(l) = v["lease_ms"].as_u64() {
-                        lock(&obs).leases[i] = Some((now, l));
-                    }
-                    // Now and then the network delivers a heartbeat again (a duplicate or a late
-                    // copy): the control plane must refuse it, never take a sequence out of order.
-                    if seq.is_multiple_of(7) {
-                        let again = serde_json::json!({"seq": seq - (seq / 7) % 2});
-                        if let Answer::Ok(v) = ask(target, &format!("/v1/nodes/{node}/heartbeat"), &again).await {
-                            lock(&obs)
-                                .violation(format!("{node}: heartbeat {again} accepted again after seq {seq}: {v}"));
-                        }
-                    }
+        if let Some(beat) = s.heartbeat_due(Duration::from_millis(now), HEARTBEAT) {
+            let to = member(&s);
+            let answer = send(to, &beat).await.map(|v| protocol::beat(&v));
+            let wall = super::EPOCH_MS + now;
+            if let Beaten::Accepted { .. } = s.heartbeat_answered(answer, wall) {
+                let seq = s.seq();
+                // The lease is kept on disk (the real agent's lease file), so a restarted agent
+                // still fences on time.
+                if let Some((sent, lease)) = s.lease() {
+                    lock(&obs).leases[i] = Some((ms(sent), ms(lease)));
                 }
-                Answer::Unregistered => {
-                    registered = false;
-                    continue;
-                }
-                Answer::Refused => buffered.clear(),
-                Answer::Elsewhere => {
-                    buffered.push(serde_json::json!({"seq": seq, "at_ms": super::EPOCH_MS + now}));
-                    target = target % members + 1;
+                // Now and then the network delivers a heartbeat again (a duplicate or a late copy):
+                // the control plane must refuse it, never take a sequence out of order.
+                if seq.is_multiple_of(7) {
+                    let again = protocol::heartbeat(&node, seq - (seq / 7) % 2, &[]);
+                    if let Ok(v) = send(to, &again).await {
+                        lock(&obs).violation(format!(
+                            "{node}: heartbeat {} accepted again after seq {seq}: {v}",
+                            again.body
+                        ));
+                    }
                 }
             }
         }
-        // Processes that ran their time.
+        // Processes that ran their time or were fenced: collected, their exits kept until taken.
         {
             let mut o = lock(&obs);
-            for p in o.procs[i].values_mut() {
-                if p.exited.is_none() && p.ends_ms <= now {
-                    p.exited = Some(("exited", 0));
-                }
+            let ended: Vec<String> = o.procs[i]
+                .iter()
+                .filter(|(_, p)| p.fenced || p.ends_ms <= now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in ended {
+                let p = o.procs[i].remove(&id).expect("listed");
+                let (kind, code) = if p.fenced {
+                    (ExitKind::Fenced, 143)
+                } else {
+                    (ExitKind::Exited, 0)
+                };
+                s.ended(Exit {
+                    id,
+                    kind,
+                    code,
+                    tail: String::new(),
+                });
+            }
+            o.exits[i] = s.unreported().to_vec();
+        }
+        for e in s.unreported().to_vec() {
+            let answer = send(member(&s), &protocol::exit(&node, &e)).await.map(|_| ());
+            s.exit_answered(&e.id, answer);
+            lock(&obs).exits[i] = s.unreported().to_vec();
+        }
+        let running: Vec<String> = lock(&obs).procs[i].keys().cloned().collect();
+        let to = member(&s);
+        let answer = send(to, &protocol::work(&node, &running, &[], &Reports::default()))
+            .await
+            .and_then(|v| protocol::parse_work(v).map_err(|_| Failure::Elsewhere));
+        let mut o = lock(&obs);
+        let Some(w) = s.work_answered(answer, |id| o.procs[i].contains_key(id)) else {
+            continue;
+        };
+        let now = now_ms();
+        for id in &w.kill {
+            if o.procs[i].remove(id).is_some() {
+                o.event(format!("{node} stopped {id}"));
             }
         }
-        let exits: Vec<(String, &'static str, i32)> = lock(&obs).procs[i]
-            .iter()
-            .filter_map(|(id, p)| p.exited.map(|(k, c)| (id.clone(), k, c)))
-            .collect();
-        for (id, kind, code) in exits {
-            let body = serde_json::json!({"node": node, "kind": kind, "exit_code": code, "log_tail": ""});
-            match ask(target, &format!("/v1/allocations/{id}/exit"), &body).await {
-                // Taken, or refused for good (e.g. an allocation the control plane forgot).
-                Answer::Ok(_) | Answer::Refused => {
-                    lock(&obs).procs[i].remove(&id);
-                }
-                Answer::Unregistered => {}
-                Answer::Elsewhere => target = target % members + 1,
-            }
-        }
-        let running: Vec<String> = lock(&obs).procs[i]
-            .iter()
-            .filter(|(_, p)| p.exited.is_none())
-            .map(|(id, _)| id.clone())
-            .collect();
-        match ask(
-            target,
-            &format!("/v1/nodes/{node}/work"),
-            &serde_json::json!({"running": running}),
-        )
-        .await
-        {
-            Answer::Ok(w) => {
-                let now = now_ms();
-                let mut o = lock(&obs);
-                for id in w["kill"].as_array().into_iter().flatten().filter_map(|v| v.as_str()) {
-                    if o.procs[i].remove(id).is_some() {
-                        o.event(format!("{node} stopped {id}"));
-                    }
-                }
-                for l in w["launch"].as_array().into_iter().flatten() {
-                    let Some(id) = l["id"].as_str() else { continue };
-                    if o.procs[i].contains_key(id) {
-                        continue;
-                    }
-                    let secs: f64 = l["entrypoint"]
-                        .as_str()
-                        .and_then(|e| e.strip_prefix("sleep "))
-                        .and_then(|s| s.trim().parse().ok())
-                        .unwrap_or(1.0);
-                    let nodes: Vec<String> = l["nodes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|n| n.as_str().map(String::from))
-                        .collect();
-                    o.procs[i].insert(
-                        id.to_string(),
-                        Proc {
-                            nodes,
-                            started_ms: now,
-                            ends_ms: now + (secs * 1000.0) as u64,
-                            exited: None,
-                        },
-                    );
-                    o.event(format!("{node} started {id} (from m{target})"));
-                }
-            }
-            Answer::Unregistered => registered = false,
-            Answer::Elsewhere => target = target % members + 1,
-            Answer::Refused => {}
+        for l in w.launch {
+            let secs: f64 = l
+                .entrypoint
+                .strip_prefix("sleep ")
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(1.0);
+            o.event(format!("{node} started {} (from m{to})", l.id));
+            o.procs[i].insert(
+                l.id,
+                Proc {
+                    nodes: l.nodes,
+                    started_ms: now,
+                    ends_ms: now + (secs * 1000.0) as u64,
+                    fenced: false,
+                },
+            );
         }
     }
 }
@@ -396,7 +376,7 @@ pub fn check(procs: &[BTreeMap<String, Proc>]) -> Vec<String> {
     let mut out = Vec::new();
     let mut starts: BTreeMap<&str, Vec<(usize, &Vec<String>)>> = BTreeMap::new();
     for (i, p) in procs.iter().enumerate() {
-        let live: Vec<&String> = p.iter().filter(|(_, p)| p.exited.is_none()).map(|(id, _)| id).collect();
+        let live: Vec<&String> = p.iter().filter(|(_, p)| !p.fenced).map(|(id, _)| id).collect();
         if live.len() > 1 {
             out.push(format!(
                 "{} runs {} allocations at once: {live:?}",
@@ -404,7 +384,7 @@ pub fn check(procs: &[BTreeMap<String, Proc>]) -> Vec<String> {
                 live.len()
             ));
         }
-        for (id, proc) in p.iter().filter(|(_, p)| p.exited.is_none()) {
+        for (id, proc) in p.iter().filter(|(_, p)| !p.fenced) {
             // An agent runs only what the quorum gave its own node.
             if !proc.nodes.iter().any(|n| *n == node_name(i)) {
                 out.push(format!(
@@ -440,7 +420,7 @@ mod tests {
             nodes: nodes.iter().map(|s| s.to_string()).collect(),
             started_ms: 0,
             ends_ms: 10,
-            exited: None,
+            fenced: false,
         };
         let mut procs = vec![BTreeMap::new(), BTreeMap::new(), BTreeMap::new()];
         procs[0].insert("a-1".to_string(), p(&[&node_name(0), &node_name(1)]));

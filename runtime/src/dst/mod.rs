@@ -393,6 +393,9 @@ pub struct Obs {
     /// Each agent's lease (when its last accepted heartbeat was sent, ms; its length), kept with
     /// its processes as the real agent keeps its state file.
     pub leases: Vec<Option<(u64, u64)>>,
+    /// Each agent's exits not yet taken by the control plane, kept as the real agent keeps its exits
+    /// file: a restarted agent still reports them.
+    pub exits: Vec<Vec<lattice_agent::protocol::Exit>>,
     /// The operator's drains: node → true once a drain was acknowledged (the serving leader must
     /// hold it), false while an order for it is in flight (either outcome is allowed).
     pub drained: BTreeMap<String, bool>,
@@ -490,6 +493,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
         clock_offsets: vec![0; n as usize],
         procs: vec![BTreeMap::new(); opts.agents],
         leases: vec![None; opts.agents],
+        exits: vec![Vec::new(); opts.agents],
         ..Default::default()
     }));
     let mut faults_injected = 0;
