@@ -89,11 +89,12 @@ pub fn write_state(path: &std::path::Path, records: &[runner::Record]) -> std::i
 /// The exits a previous agent had not got taken (none when the file is absent; an unreadable one is
 /// an error naming it — reporting nothing would leave those allocations running forever).
 pub fn read_exits(path: &std::path::Path) -> anyhow::Result<Vec<Exit>> {
-    match std::fs::read(path) {
-        Ok(b) => serde_json::from_slice(&b).map_err(|e| anyhow::anyhow!("exits file {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(anyhow::anyhow!("exits file {}: {e}", path.display())),
-    }
+    let exits: Vec<Exit> = match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| anyhow::anyhow!("exits file {}: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(anyhow::anyhow!("exits file {}: {e}", path.display())),
+    };
+    Ok(exits)
 }
 
 /// Writes `value` as JSON to `path` through a temporary file renamed over it: never half-written.

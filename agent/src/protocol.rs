@@ -62,6 +62,23 @@ pub struct Exit {
     pub tail: String,
 }
 
+/// `id` as one URL path segment: every byte but the unreserved ones percent-encoded, so an id (as
+/// a corrupted state file may hold) never reaches another route.
+fn segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out == "." || out == ".." {
+        out = out.replace('.', "%2E");
+    }
+    out
+}
+
 pub fn register(node: &str, caps: &crate::discovery::Capabilities, fingerprint: &str) -> Request {
     Request {
         path: format!("/v1/nodes/{node}/register"),
@@ -105,7 +122,7 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
 
 pub fn exit(node: &str, e: &Exit) -> Request {
     Request {
-        path: format!("/v1/allocations/{}/exit", e.id),
+        path: format!("/v1/allocations/{}/exit", segment(&e.id)),
         body: json!({"node": node, "kind": e.kind, "exit_code": e.code, "log_tail": e.tail}),
     }
 }
@@ -502,6 +519,13 @@ mod tests {
         assert!(s.unreported().is_empty());
         let r = exit("n1", &e("a-3"));
         assert_eq!(r.path, "/v1/allocations/a-3/exit");
+        // Task group elements keep their id; nothing an id holds leaves its path segment.
+        assert_eq!(exit("n1", &e("a-1[2]")).path, "/v1/allocations/a-1%5B2%5D/exit");
+        assert_eq!(
+            exit("n1", &e("../nodes/n1/drain?x")).path,
+            "/v1/allocations/..%2Fnodes%2Fn1%2Fdrain%3Fx/exit"
+        );
+        assert_eq!(exit("n1", &e("..")).path, "/v1/allocations/%2E%2E/exit");
         assert_eq!(r.body["kind"], "exited");
     }
 

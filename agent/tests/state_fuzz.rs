@@ -6,10 +6,15 @@
 //! nor hang, must never take over a process that is not its own wrapper, and a file it cannot read
 //! is refused naming the file.
 //!
+//! The exits file beside it (exits not yet taken, reported by the next agent) has its own target.
+//!
 //! 2,000 cases in CI; `FUZZ_CASES=N` for a longer run.
 
 use lattice_adapters::logstore::LogStore;
-use lattice_agent::{agent::read_state, runner};
+use lattice_agent::{
+    agent::{read_exits, read_state},
+    protocol, runner,
+};
 use lattice_traces::fuzz::{below, mutate};
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
@@ -97,6 +102,70 @@ fn corrupted_state_files_never_panic_hang_or_take_over_another_process() {
     }
     eprintln!("fuzz agent-state cases={cases} parsed={parsed} refused={refused} records={records}");
     // The mutations reach both the parser's refusals and the take-over path.
+    assert!(
+        parsed > cases / 10 && refused > cases / 10,
+        "parsed {parsed}, refused {refused}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The exits file: parsed or refused naming the file, never a panic; what it parses becomes reports
+/// whose id stays inside its own path segment.
+#[test]
+fn corrupted_exits_files_never_panic_and_never_leave_their_report() {
+    let dir = std::env::temp_dir().join(format!("lattice-exits-fuzz-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let seed = r#"[
+  {"id": "a-000001", "kind": "exited", "code": 0, "tail": "done\n"},
+  {"id": "a-000002[3]", "kind": "fenced", "code": 143, "tail": ""},
+  {"id": "a-000003", "kind": "walltime", "code": 137, "tail": "step 9\n"}
+]"#;
+    let path = dir.join("state.exits");
+    let cases: u64 = std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let (mut parsed, mut refused) = (0u64, 0u64);
+    for case in 0..cases {
+        let mut rng = ChaCha8Rng::seed_from_u64(20261125 + case);
+        let text = if case % 8 == 0 {
+            seed.to_string()
+        } else {
+            mutate(seed, &mut rng)
+        };
+        std::fs::write(&path, &text).unwrap();
+        match read_exits(&path) {
+            Ok(exits) => {
+                parsed += 1;
+                let mut s = protocol::Session::new("n1", 1, 0);
+                for e in exits {
+                    s.ended(e);
+                }
+                for e in s.unreported() {
+                    let r = protocol::exit("n1", e);
+                    let inner = r
+                        .path
+                        .strip_prefix("/v1/allocations/")
+                        .and_then(|p| p.strip_suffix("/exit"));
+                    assert!(
+                        inner.is_some_and(|i| !i.contains(['/', '?', '#']) && i != ".." && i != "."),
+                        "case {case}: {:?} leaves its segment: {}",
+                        e.id,
+                        r.path
+                    );
+                }
+            }
+            Err(e) => {
+                refused += 1;
+                assert!(
+                    e.to_string().starts_with(&format!("exits file {}", path.display())),
+                    "case {case}: a refusal that does not name the file: {e}"
+                );
+            }
+        }
+    }
+    eprintln!("fuzz agent-exits cases={cases} parsed={parsed} refused={refused}");
     assert!(
         parsed > cases / 10 && refused > cases / 10,
         "parsed {parsed}, refused {refused}"
