@@ -227,6 +227,28 @@ pub fn run_keeping(
     Ok((r, ctl))
 }
 
+/// Writes `header` and then one row per item (`row` appends it to a reused line) to `path`, buffered.
+fn write_rows<T>(
+    path: &Path,
+    header: &str,
+    items: impl Iterator<Item = T>,
+    row: impl Fn(T, &mut String),
+) -> Result<()> {
+    use std::io::Write;
+    let named = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", path.display());
+    let file = std::fs::File::create(path).map_err(named)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
+    out.write_all(header.as_bytes()).map_err(named)?;
+    let mut line = String::new();
+    for item in items {
+        line.clear();
+        row(item, &mut line);
+        out.write_all(line.as_bytes()).map_err(named)?;
+    }
+    out.flush().map_err(named)?;
+    Ok(())
+}
+
 /// Writes `summary.json`, `jobs.csv` and `engine_cost.json` into `dir`.
 pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -234,33 +256,30 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
     json.push('\n');
     std::fs::write(dir.join("summary.json"), json)
         .with_context(|| format!("writing {}/summary.json", dir.display()))?;
-    let mut csv = String::with_capacity(r.jobs.len() * 64);
-    csv.push_str(&lattice_sim::JobRecord::csv_header());
-    csv.push('\n');
-    for j in &r.jobs {
-        j.csv_row(&mut csv);
-    }
-    std::fs::write(dir.join("jobs.csv"), csv).with_context(|| format!("writing {}/jobs.csv", dir.display()))?;
+    // Both tables are streamed row by row: a year's replay does not hold a second copy as text.
+    let mut header = lattice_sim::JobRecord::csv_header();
+    header.push('\n');
+    write_rows(&dir.join("jobs.csv"), &header, r.jobs.iter(), |j, out| j.csv_row(out))?;
     if !r.scores.is_empty() {
         use std::fmt::Write;
         let names = lattice_engine::CostWeights::NAMES;
-        let mut out = String::from("id,score");
+        let mut header = String::from("id,score");
         for n in names {
-            let _ = write!(out, ",f_{n}");
+            let _ = write!(header, ",f_{n}");
         }
         for n in names {
-            let _ = write!(out, ",w_{n}");
+            let _ = write!(header, ",w_{n}");
         }
-        out.push('\n');
+        header.push('\n');
         let r6 = |x: f64| (x * 1e6).round() / 1e6;
-        for (id, b) in &r.scores {
+        let row = |(id, b): &(String, lattice_engine::ScoreBreakdown), out: &mut String| {
             let _ = write!(out, "{},{}", lattice_sim::metrics::csv_field(id), r6(b.total));
             for v in b.components.iter().chain(b.weighted.iter()) {
                 let _ = write!(out, ",{}", r6(*v));
             }
             out.push('\n');
-        }
-        std::fs::write(dir.join("scores.csv"), out).with_context(|| format!("writing {}/scores.csv", dir.display()))?;
+        };
+        write_rows(&dir.join("scores.csv"), &header, r.scores.iter(), row)?;
     }
     if !r.audit.entries().is_empty() {
         std::fs::write(dir.join("audit.jsonl"), r.audit.to_jsonl())
