@@ -202,8 +202,9 @@ pub struct AllocSpec {
     pub max_requeues: u32,
     /// Singleton (the DAG `mutex` condition): allocations sharing this name never run at once.
     pub mutex: Option<String>,
-    /// Reactive scaling policy (metric target and windows).
-    pub scale: Option<crate::autoscale::ScalePolicy>,
+    /// Reactive scaling policy (metric target and windows); boxed: few allocations have one, and
+    /// every spec is kept for the whole run.
+    pub scale: Option<Box<crate::autoscale::ScalePolicy>>,
     /// Data mounts (size, current tier, tier hint) for pre-staging and f5.
     pub data: Vec<crate::staging::DataMount>,
 }

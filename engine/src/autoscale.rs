@@ -62,7 +62,9 @@ impl Engine {
     pub fn handle_metric(&mut self, now: Time, id: AllocId, value: f64) -> Result<(), EngineError> {
         self.clock.advance(now);
         let a = self.allocs.get(id.index()).ok_or(EngineError::UnknownAlloc(id))?;
-        let Some(policy) = a.spec.scale else { return Ok(()) };
+        let Some(policy) = a.spec.scale.as_deref().copied() else {
+            return Ok(());
+        };
         let st = self.scale_state.entry(id).or_default();
         st.metric = Some((now, value));
         if value > policy.target {
@@ -105,7 +107,7 @@ impl Engine {
         let mut interval = None::<Duration>;
         for id in reactive {
             let a = &self.allocs[id.index()];
-            let policy = a.spec.scale.expect("filtered");
+            let policy = *a.spec.scale.as_deref().expect("filtered");
             interval = Some(interval.map_or(policy.evaluation_interval, |i| i.min(policy.evaluation_interval)));
             let (min, max) = match a.spec.lifecycle {
                 Lifecycle::Reactive { min_nodes, max_nodes } => (min_nodes, max_nodes),

@@ -1195,6 +1195,13 @@ impl Engine {
         a.end_reason = Some(reason);
         self.stop_running(now, id);
         self.resolve_dependents(now, id);
+        // Only a waiting or running allocation needs its classes: a year's ended ones keep none.
+        let m = &mut self.meta[id.index()];
+        for v in [&mut m.eligible, &mut m.borrow_eligible] {
+            *v = Vec::new();
+        }
+        m.held = Picks::new();
+        m.avoid = Vec::new();
     }
 
     /// A running allocation stops holding its nodes (it ended, or it was suspended).

@@ -1065,7 +1065,7 @@ impl Control {
         spec.depends_on = deps;
         spec.nodes = nodes;
         spec.lifecycle = lifecycle;
-        spec.scale = scale;
+        spec.scale = scale.map(Box::new);
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
         spec.task_group = group;

@@ -522,7 +522,7 @@ pub fn simulate_with<H: Host>(
                                 let id = alloc_of[j];
                                 if let Some(a) = id.and_then(|id| ctl.controller().engine.allocation(id))
                                     && a.state == AllocState::Running
-                                    && let Some(policy) = a.spec.scale
+                                    && let Some(policy) = a.spec.scale.as_deref()
                                     && !a.nodes.is_empty()
                                 {
                                     let demand = load_demand(cfg.seed, i, k, since, *base, *amplitude, *period, *noise);

@@ -301,7 +301,7 @@ mod tests {
                         ][rq as usize],
                         max_requeues: maxrq,
                         mutex,
-                        scale,
+                        scale: scale.map(Box::new),
                         data,
                     }
                 },

@@ -1082,7 +1082,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
                 "unbounded" => Lifecycle::Unbounded,
                 "reactive" => {
                     let (lc, policy, range) = reactive(&l, nodes).map_err(|(field, m)| f(&field, m))?;
-                    scale = Some(policy);
+                    scale = Some(Box::new(policy));
                     nodes = range;
                     lc
                 }
