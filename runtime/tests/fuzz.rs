@@ -31,7 +31,10 @@ fn fuzz_cases(default: u64) -> u64 {
 /// whose member state grows with every case (the REST listing) is split into slices, each on a fresh
 /// member, that together cover the same cases.
 fn fuzz_from() -> u64 {
-    std::env::var("FUZZ_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    std::env::var("FUZZ_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A single-member quorum on `nodes` simulated nodes for a fuzz target, its store under a fresh
