@@ -17,9 +17,43 @@ use tokio::sync::{Mutex, Notify};
 /// A backup staged by `POST /api/v1/admin/restore`, installed at the next start.
 pub const RESTORE_PENDING: &str = "restore-pending.json";
 
+/// The control plane's lock, counting how often it was taken. Every change to the control plane
+/// happens under the lock, so while the count stands still nothing in it changed: the simulation's
+/// checker re-reads every acknowledged allocation only when it moved.
+pub struct ControlLock {
+    inner: Mutex<Control>,
+    taken: std::sync::atomic::AtomicU64,
+}
+
+impl ControlLock {
+    pub fn new(c: Control) -> ControlLock {
+        ControlLock {
+            inner: Mutex::new(c),
+            taken: Default::default(),
+        }
+    }
+
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Control> {
+        let g = self.inner.lock().await;
+        self.taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        g
+    }
+
+    pub fn try_lock(&self) -> Result<tokio::sync::MutexGuard<'_, Control>, tokio::sync::TryLockError> {
+        let g = self.inner.try_lock()?;
+        self.taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(g)
+    }
+
+    /// How often the lock was taken.
+    pub fn taken(&self) -> u64 {
+        self.taken.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Everything the API handlers and the loop share.
 pub struct Shared {
-    pub control: Mutex<Control>,
+    pub control: ControlLock,
     pub member: Member,
     pub metrics: Metrics,
     /// Wakes the scheduling loop early (a submission, a completion).
@@ -252,7 +286,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
-        control: Mutex::new(control),
+        control: ControlLock::new(control),
         member,
         metrics: Metrics::default(),
         wake: Notify::new(),
