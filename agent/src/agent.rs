@@ -197,6 +197,9 @@ pub fn run_with(
     let mut reports = Reports::default();
     // Per allocation: its CPU seconds at the last telemetry tick (for cpu_utilization).
     let mut cpu_seen: BTreeMap<String, (Instant, f64)> = BTreeMap::new();
+    // What the exits file holds: what a previous agent had not got taken (written again when the
+    // session's unreported exits differ, e.g. with those a take-over adds).
+    let mut recorded_exits: Vec<Exit> = Vec::new();
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
     if let Some(path) = &cfg.state_file {
         // The lease of the last heartbeat the previous agent had accepted.
@@ -213,8 +216,8 @@ pub fn run_with(
                 None => fence.renewed(Instant::now(), Duration::ZERO),
             }
         }
-        // Exits a previous agent had not got taken.
-        for e in read_exits(&path.with_extension("exits"))? {
+        recorded_exits = read_exits(&path.with_extension("exits"))?;
+        for e in recorded_exits.iter().cloned() {
             session.ended(e);
         }
         for rec in read_state(path)? {
@@ -246,11 +249,6 @@ pub fn run_with(
         }
     }
     let mut recorded: Vec<String> = Vec::new();
-    // What the exits file holds (what was read from it, and what a takeover adds to write).
-    let mut recorded_exits: Vec<Exit> = match &cfg.state_file {
-        Some(path) => read_exits(&path.with_extension("exits"))?,
-        None => Vec::new(),
-    };
     // Followed allocations: the output offset sent so far (None: not yet).
     let mut tailing: BTreeMap<String, Option<u64>> = BTreeMap::new();
     let mut last_flush = Instant::now();

@@ -195,10 +195,6 @@ impl Session {
         }
     }
 
-    pub fn node(&self) -> &str {
-        &self.node
-    }
-
     /// The endpoint to ask (an index into the agent's list).
     pub fn target(&self) -> usize {
         self.target
