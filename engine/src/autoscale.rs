@@ -203,6 +203,7 @@ impl Engine {
             Some(h) => h.1 += 1,
             None => m.held.push((c, 1)),
         }
+        self.refile_running(id);
         self.scale_log.push((id, node, true));
     }
 
@@ -223,6 +224,7 @@ impl Engine {
             h.1 -= 1;
         }
         m.held.retain(|h| h.1 > 0);
+        self.refile_running(id);
         self.scale_log.push((id, node, false));
         let key = self.pool_key_of(id);
         let now = self.clock.now();

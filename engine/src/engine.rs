@@ -163,7 +163,8 @@ pub struct Engine {
     /// Nodes that are `Ready` and unowned.
     pub(crate) free: NodeSet,
     pub(crate) free_by_class: Vec<u32>,
-    pub(crate) nodes_not_ready: usize,
+    /// Nodes that are not schedulable (down, draining, drained, ...).
+    pub(crate) nodes_not_ready: BTreeSet<NodeId>,
     pub(crate) allocs: Vec<Allocation>,
     pub(crate) meta: Vec<Meta>,
     /// Pools by key: 0 = shared (nodes without a home), `v + 1` = home nodes of vCluster `v`.
@@ -171,7 +172,7 @@ pub struct Engine {
     pub(crate) pool_of_vc: Vec<u32>,
     pub(crate) vc_config: Vec<VClusterConfig>,
     /// Allocations holding nodes with a finite estimated end, by (estimated end, id).
-    pub(crate) running: BTreeSet<(Time, AllocId)>,
+    pub(crate) running: crate::running::RunningSet,
     /// Allocations without a walltime that hold nodes (they are not in `running`): the claim's
     /// victim search reads them here instead of scanning every allocation ever submitted.
     pub(crate) unbounded_holding: BTreeSet<AllocId>,
@@ -234,7 +235,7 @@ impl Engine {
         let mut free = NodeSet::new(nodes.len());
         let mut class_total = Vec::new();
         let mut free_by_class = Vec::new();
-        let mut nodes_not_ready = 0;
+        let mut nodes_not_ready = BTreeSet::new();
         let mut pools: BTreeMap<u32, Pool> = BTreeMap::new();
         let nodes: Vec<Node> = nodes
             .into_iter()
@@ -275,7 +276,7 @@ impl Engine {
                     free.insert(id);
                     free_by_class[c as usize] += 1;
                 } else {
-                    nodes_not_ready += 1;
+                    nodes_not_ready.insert(id);
                 }
                 Node {
                     id,
@@ -306,7 +307,7 @@ impl Engine {
             pools,
             pool_of_vc: Vec::new(),
             vc_config: Vec::new(),
-            running: BTreeSet::new(),
+            running: crate::running::RunningSet::default(),
             unbounded_holding: BTreeSet::new(),
             proposals: VecDeque::new(),
             commands: VecDeque::new(),
@@ -709,7 +710,7 @@ impl Engine {
         let tenant = a.spec.tenant.index();
         if let Some(w) = a.spec.lifecycle.walltime() {
             self.running.remove(&(proposed_at + w, id));
-            self.running.insert((now + w, id));
+            self.add_running(now + w, id);
         }
         let m = &mut self.meta[id.index()];
         m.proposed_at = None;
@@ -808,7 +809,7 @@ impl Engine {
         a.first_started = Some(started);
         if let Some(w) = a.spec.lifecycle.walltime() {
             self.running.remove(&(now + w, id));
-            self.running.insert((started + w, id));
+            self.add_running(started + w, id);
         }
         self.mark_due(key, now);
         Ok(())
@@ -852,7 +853,7 @@ impl Engine {
         if let Some(t) = since
             && self.running.remove(&(t + old, id))
         {
-            self.running.insert((t + walltime, id));
+            self.add_running(t + walltime, id);
         }
         self.allocs[id.index()].spec.lifecycle = Lifecycle::Bounded { walltime };
         let key = self.pool_key_of(id);
@@ -998,13 +999,13 @@ impl Engine {
         let c = self.class_of[node.index()] as usize;
         match (old.schedulable(), new.schedulable()) {
             (true, false) => {
-                self.nodes_not_ready += 1;
+                self.nodes_not_ready.insert(node);
                 if self.free.remove(node) {
                     self.free_by_class[c] -= 1;
                 }
             }
             (false, true) => {
-                self.nodes_not_ready -= 1;
+                self.nodes_not_ready.remove(&node);
                 if owner.is_none() && self.free.insert(node) {
                     self.free_by_class[c] += 1;
                 }
@@ -1035,6 +1036,28 @@ impl Engine {
 
     pub(crate) fn pool_key_of(&self, id: AllocId) -> u32 {
         self.pool_of_vc[self.allocs[id.index()].spec.vcluster.index()]
+    }
+
+    /// The pools whose nodes `id` holds.
+    fn pools_held(&self, id: AllocId) -> Vec<u32> {
+        self.meta[id.index()]
+            .held
+            .iter()
+            .map(|h| self.class_keys[h.0 as usize].pool)
+            .collect()
+    }
+
+    /// Files `id` in the running set with estimated end `at` (its held nodes are set).
+    pub(crate) fn add_running(&mut self, at: Time, id: AllocId) {
+        let own = self.pool_key_of(id);
+        let holds = self.pools_held(id);
+        self.running.insert(at, id, own, holds);
+    }
+
+    /// `id`'s held nodes changed while it runs: its pool filings follow.
+    pub(crate) fn refile_running(&mut self, id: AllocId) {
+        let holds = self.pools_held(id);
+        self.running.refile(id, holds);
     }
 
     /// An input arrived for `key`'s pool: its next pass is due at the next cycle tick.
@@ -1112,7 +1135,7 @@ impl Engine {
         m.proposed_at = Some(now);
         match walltime {
             Some(w) => {
-                self.running.insert((now + w, id));
+                self.add_running(now + w, id);
             }
             None => {
                 self.unbounded_holding.insert(id);

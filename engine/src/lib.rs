@@ -39,6 +39,7 @@ pub mod policy;
 pub mod preempt;
 pub mod profile;
 pub mod quota;
+mod running;
 pub mod staging;
 pub mod tenant;
 pub mod time;

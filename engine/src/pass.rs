@@ -24,6 +24,8 @@
 //! score it would gain from the better placement, `w4 · Δf4`, exceeds its wait term `w2 · f2`; as its wait
 //! grows, f2 grows and it starts anyway.
 
+use std::collections::BTreeMap;
+
 use crate::alloc::AllocState;
 use crate::classes::{PickRules, Placement, pick, pick_into};
 use crate::cost::{CostInputs, ScoreBreakdown, score};
@@ -615,8 +617,8 @@ impl Engine {
                 queued += h;
             }
         }
-        for &(_, id) in &self.running {
-            if self.pool_key_of(id) == key && self.allocs[id.index()].state == AllocState::Running {
+        for &(_, id) in self.running.owned_by(key) {
+            if self.allocs[id.index()].state == AllocState::Running {
                 running += self.meta[id.index()].requested_gpu_hours;
             }
         }
@@ -704,11 +706,9 @@ impl Engine {
             let a = &self.allocs[id.index()];
             request[a.spec.tenant.index()] += a.spec.nodes.min as f64;
         }
-        for &(_, id) in &self.running {
-            if self.pool_key_of(id) == key {
-                let a = &self.allocs[id.index()];
-                request[a.spec.tenant.index()] += a.nodes.len() as f64;
-            }
+        for &(_, id) in self.running.owned_by(key) {
+            let a = &self.allocs[id.index()];
+            request[a.spec.tenant.index()] += a.nodes.len() as f64;
         }
         let queues: Vec<crate::kai::QueueSpec> = self
             .tenant_quota
@@ -840,32 +840,38 @@ impl Engine {
     fn build_profile(&self, now: Time, key: u32) -> Profile {
         let mut p = Profile::new(now, &self.free_by_class);
         let single_pool = self.pools.len() == 1;
-        for &(t, id) in &self.running {
-            // Allocations on this pool's nodes, including borrowers from other pools.
-            if !single_pool
-                && !self.meta[id.index()]
-                    .held
-                    .iter()
-                    .any(|h| self.class_keys[h.0 as usize].pool == key)
-            {
-                continue;
-            }
-            let m = &self.meta[id.index()];
-            if self.nodes_not_ready == 0 {
-                p.add_release(t, &m.held);
-            } else {
-                // Only nodes that will be schedulable when released come back.
-                let mut back: Picks = Vec::new();
-                for n in &self.allocs[id.index()].nodes {
-                    if self.nodes[n.index()].state.schedulable() {
-                        let c = self.class_of[n.index()];
-                        match back.iter_mut().find(|p| p.0 == c) {
-                            Some(p) => p.1 += 1,
-                            None => back.push((c, 1)),
-                        }
-                    }
+        // Allocations on this pool's nodes, including borrowers from other pools.
+        let on_pool: Box<dyn Iterator<Item = &(Time, AllocId)>> = if single_pool {
+            Box::new(self.running.iter())
+        } else {
+            Box::new(self.running.holding_in(key))
+        };
+        // Nodes that will not be schedulable when released do not come back: per owner and class.
+        let mut withheld: BTreeMap<AllocId, Picks> = BTreeMap::new();
+        for n in &self.nodes_not_ready {
+            if let Some(o) = self.nodes[n.index()].owner {
+                let c = self.class_of[n.index()];
+                let w = withheld.entry(o.alloc).or_default();
+                match w.iter_mut().find(|p| p.0 == c) {
+                    Some(p) => p.1 += 1,
+                    None => w.push((c, 1)),
                 }
-                p.add_release(t, &back);
+            }
+        }
+        for &(t, id) in on_pool {
+            let held = &self.meta[id.index()].held;
+            match withheld.get(&id) {
+                None => p.add_release(t, held),
+                Some(w) => {
+                    let back: Picks = held
+                        .iter()
+                        .map(|&(c, n)| {
+                            let out = w.iter().find(|x| x.0 == c).map_or(0, |x| x.1);
+                            (c, n.saturating_sub(out))
+                        })
+                        .collect();
+                    p.add_release(t, &back);
+                }
             }
         }
         p
@@ -1045,15 +1051,16 @@ impl Engine {
         if lendable.is_empty() {
             return;
         }
-        // Subtract what is already lent out.
-        for &(_, id) in &self.running {
-            let own = self.pool_key_of(id);
-            for &(c, n) in &self.meta[id.index()].held {
-                let lp = self.class_keys[c as usize].pool;
-                if lp != own
-                    && let Some(l) = lendable.get_mut(&lp)
-                {
-                    *l -= n as i64;
+        // Subtract what is already lent out: borrowers' nodes in each lender's pool.
+        for (&lp, l) in lendable.iter_mut() {
+            for &(_, id) in self.running.holding_in(lp) {
+                if self.pool_key_of(id) == lp {
+                    continue;
+                }
+                for &(c, n) in &self.meta[id.index()].held {
+                    if self.class_keys[c as usize].pool == lp {
+                        *l -= n as i64;
+                    }
                 }
             }
         }

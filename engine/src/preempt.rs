@@ -155,9 +155,9 @@ impl Engine {
         let eligible = self.meta[id.index()].eligible.clone();
         let mut candidates: Vec<(f64, u8, AllocId)> = self
             .running
-            .iter()
+            .owned_by(key)
             .map(|&(_, v)| v)
-            .filter(|&v| self.pool_key_of(v) == key && self.preemptible_by(v, class, now))
+            .filter(|&v| self.preemptible_by(v, class, now))
             .filter(|&v| self.meta[v.index()].held.iter().any(|h| eligible.contains(&h.0)))
             .map(|v| {
                 (
@@ -216,9 +216,11 @@ impl Engine {
         }
         let k = self.allocs[id.index()].spec.nodes.min;
         let eligible = self.meta[id.index()].eligible.clone();
+        // Borrowers hold nodes of this pool (every eligible class is one of its classes).
+        debug_assert!(eligible.iter().all(|&c| self.class_keys[c as usize].pool == key));
         let mut borrowers: Vec<(f64, AllocId)> = self
             .running
-            .iter()
+            .holding_in(key)
             .map(|&(_, v)| v)
             .filter(|&v| {
                 self.pool_key_of(v) != key
