@@ -32,7 +32,7 @@ use crate::cost::{CostInputs, ScoreBreakdown, score};
 use crate::engine::{Engine, PassStats, Reservation};
 use crate::ids::{AllocId, NodeId};
 use crate::policy::{Depth, Policy};
-use crate::profile::{Picks, Profile};
+use crate::profile::{FitMemo, Picks, Profile};
 use crate::time::{Duration, Time};
 use crate::weights::CostWeights;
 
@@ -204,6 +204,7 @@ impl Engine {
         let mut base = 0;
         let mut blocked = false;
         let mut placement = Placement::default();
+        let mut failed_fits = FitMemo::default();
         let mut deferred_any = false;
         // Tenants with work waiting in this pool at the start of the pass (for the burst allowance).
         let mut waiting = Vec::new();
@@ -310,17 +311,14 @@ impl Engine {
                 keep.extend_from_slice(&queue[i..]);
                 break;
             }
-            let fit = budget_ok
-                && p.fit(
-                    0,
-                    walltime,
-                    &self.meta[id.index()].eligible,
-                    k,
-                    &self.class_info,
-                    start_rules,
-                    &mut placement,
-                )
-                .is_ok();
+            let eligible = &self.meta[id.index()].eligible;
+            let tried = budget_ok && !failed_fits.known_to_fail(eligible, start_rules, k, walltime);
+            let fit = tried
+                && p.fit(0, walltime, eligible, k, &self.class_info, start_rules, &mut placement)
+                    .is_ok();
+            if tried && !fit {
+                failed_fits.record_failure(eligible, start_rules, k, walltime);
+            }
             let a = &self.allocs[id.index()];
             let max = if a.spec.scale.is_some() { k } else { a.spec.nodes.max };
             if fit && max > k {

@@ -185,6 +185,61 @@ impl Profile {
     }
 }
 
+/// Windows already known not to fit now during one pass, per eligible class set and conformance rule.
+///
+/// Within a pass the profile only loses capacity (starts and reservations subtract), and without a power
+/// cap a fit that fails for `k` nodes over `w` also fails for more nodes or a longer window from the same
+/// start. So a job whose request dominates a known failure is refused without walking the profile.
+/// (Under a power cap the picker may choose differently for more nodes, so failures are not kept then.)
+#[derive(Debug, Default)]
+pub struct FitMemo {
+    sets: Vec<(Vec<u16>, bool, Frontier)>,
+}
+
+/// Failed `(nodes, window ms)` requests, none implied by another.
+type Frontier = Vec<(u32, u64)>;
+
+impl FitMemo {
+    fn key(walltime: Option<Duration>) -> u64 {
+        walltime.map_or(u64::MAX, |w| w.as_millis())
+    }
+
+    /// Is a fit of `k` nodes for `walltime` now on `eligible` known to fail?
+    pub fn known_to_fail(&self, eligible: &[u16], rules: PickRules, k: u32, walltime: Option<Duration>) -> bool {
+        if rules.power_cap_w.is_some() {
+            return false;
+        }
+        let w = Self::key(walltime);
+        self.sets
+            .iter()
+            .find(|s| s.1 == rules.conformance_hard && s.0 == eligible)
+            .is_some_and(|s| s.2.iter().any(|&(fk, fw)| fk <= k && fw <= w))
+    }
+
+    /// Records that `k` nodes for `walltime` did not fit now on `eligible`.
+    pub fn record_failure(&mut self, eligible: &[u16], rules: PickRules, k: u32, walltime: Option<Duration>) {
+        if rules.power_cap_w.is_some() {
+            return;
+        }
+        let w = Self::key(walltime);
+        let i = match self
+            .sets
+            .iter()
+            .position(|s| s.1 == rules.conformance_hard && s.0 == eligible)
+        {
+            Some(i) => i,
+            None => {
+                self.sets.push((eligible.to_vec(), rules.conformance_hard, Vec::new()));
+                self.sets.len() - 1
+            }
+        };
+        let frontier = &mut self.sets[i].2;
+        // Keep only the failures this one does not imply.
+        frontier.retain(|&(fk, fw)| !(fk >= k && fw >= w));
+        frontier.push((k, w));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,5 +330,35 @@ mod tests {
         assert_eq!(p.segments(), 3);
         assert_eq!(p.free_at_segment(1, 0), 1);
         assert_eq!(p.free_at_segment(2, 0), 2);
+    }
+
+    #[test]
+    fn fit_memo_refuses_only_dominating_requests() {
+        let mut m = FitMemo::default();
+        let r = PickRules::default();
+        m.record_failure(&[0, 1], r, 4, d(100));
+        assert!(m.known_to_fail(&[0, 1], r, 4, d(100)));
+        assert!(m.known_to_fail(&[0, 1], r, 5, d(200)));
+        assert!(m.known_to_fail(&[0, 1], r, 4, None));
+        assert!(!m.known_to_fail(&[0, 1], r, 3, d(100)));
+        assert!(!m.known_to_fail(&[0, 1], r, 8, d(50)));
+        assert!(!m.known_to_fail(&[1], r, 8, d(500)));
+        let hard = PickRules {
+            conformance_hard: true,
+            ..r
+        };
+        assert!(!m.known_to_fail(&[0, 1], hard, 8, d(500)));
+        // A smaller failure replaces the ones it implies.
+        m.record_failure(&[0, 1], r, 2, d(50));
+        assert!(m.known_to_fail(&[0, 1], r, 3, d(60)));
+        assert_eq!(m.sets[0].2, vec![(2, 50_000)]);
+        // Under a power cap nothing is known or kept.
+        let capped = PickRules {
+            power_cap_w: Some(1000),
+            ..r
+        };
+        assert!(!m.known_to_fail(&[0, 1], capped, 8, d(500)));
+        m.record_failure(&[7], capped, 1, d(1));
+        assert_eq!(m.sets.len(), 1);
     }
 }
