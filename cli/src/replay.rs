@@ -272,7 +272,8 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
         }
         header.push('\n');
         let r6 = |x: f64| (x * 1e6).round() / 1e6;
-        let row = |(id, b): &(String, lattice_engine::ScoreBreakdown), out: &mut String| {
+        let row = |(i, b): &(u32, Box<lattice_engine::ScoreBreakdown>), out: &mut String| {
+            let id = r.jobs.get(*i as usize).map_or("", |j| j.id.as_str());
             let _ = write!(out, "{},{}", lattice_sim::metrics::csv_field(id), r6(b.total));
             for v in b.components.iter().chain(b.weighted.iter()) {
                 let _ = write!(out, ",{}", r6(*v));

@@ -351,6 +351,15 @@ impl Engine {
 
     // ----- registries and configuration ---------------------------------------------------------------
 
+    /// Moves every allocation's start score out (a replay that has ended writes them once instead of
+    /// holding a second copy), in allocation order.
+    pub fn take_start_scores(&mut self) -> Vec<(AllocId, Box<crate::cost::ScoreBreakdown>)> {
+        self.allocs
+            .iter_mut()
+            .filter_map(|a| Some((a.id, a.start_score.take()?)))
+            .collect()
+    }
+
     pub fn add_tenant(&mut self, name: &str) -> TenantId {
         let id = TenantId(self.tenants.intern(name));
         while self.tenant_target.len() < self.tenants.len() {

@@ -157,8 +157,8 @@ pub struct SimResult {
     /// One record per replayed allocation, in trace order.
     pub jobs: Vec<JobRecord>,
     /// The score breakdown of every allocation of a score-ordered vCluster when it started, in trace
-    /// order: "why did X run before Y?".
-    pub scores: Vec<(String, lattice_engine::ScoreBreakdown)>,
+    /// order, by index into [`SimResult::jobs`]: "why did X run before Y?".
+    pub scores: Vec<(u32, Box<lattice_engine::ScoreBreakdown>)>,
     /// The quorum's hash-chained sensitive audit log.
     pub audit: audit::AuditLog,
     pub cost: EngineCost,
@@ -882,15 +882,13 @@ pub fn simulate_with<H: Host>(
         .filter_map(|(t, q)| q.fair_share_target.map(|x| (t.clone(), x)))
         .collect();
     let tenant_targets = metrics::effective_targets(summary.per_tenant.keys(), &configured);
-    let scores = engine
-        .allocations()
-        .iter()
-        .filter_map(|a| {
-            Some((
-                workload.jobs[trace_of[a.id.index()]].id.clone(),
-                **a.start_score.as_ref()?,
-            ))
-        })
+    // Moved out of the engine, not copied: a year's replay holds one breakdown per started job.
+    let scores = ctl
+        .controller_mut()
+        .engine
+        .take_start_scores()
+        .into_iter()
+        .map(|(id, b)| (id.index() as u32, b))
         .collect();
     let result = SimResult {
         summary,
