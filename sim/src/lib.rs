@@ -366,12 +366,17 @@ pub fn simulate_with<H: Host>(
             }
         }
     }
-    let job_index: BTreeMap<&str, usize> = workload
-        .jobs
-        .iter()
-        .enumerate()
-        .map(|(i, j)| (j.id.as_str(), i))
-        .collect();
+    // Only the trace's cluster events name jobs by id (a year of jobs without them needs no index).
+    let job_index: BTreeMap<&str, usize> = if workload.events.is_empty() {
+        BTreeMap::new()
+    } else {
+        workload
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (j.id.as_str(), i))
+            .collect()
+    };
     // Services run until the trace ends: the autoscaler stops evaluating then.
     let trace_end = workload
         .jobs
