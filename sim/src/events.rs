@@ -120,6 +120,7 @@ mod tests {
             q.push(Time(i), 2, EventKind::Arrival(i as usize));
             q.push(Time(i), 0, EventKind::Wakeup);
             popped.push(q.pop().expect("pending").kind);
+            popped.push(q.pop().expect("pending").kind);
         }
         while let Some(e) = q.pop() {
             popped.push(e.kind);
@@ -135,5 +136,7 @@ mod tests {
             .collect();
         assert_eq!(arrivals, (0..1000).collect::<Vec<_>>());
         assert_eq!(popped.len(), 2000);
+        // Equal times: the lower rank first, though it was pushed second.
+        assert_eq!(popped[0], EventKind::Wakeup);
     }
 }
