@@ -291,6 +291,7 @@ impl Engine {
         }
         let ledger = UsageLedger::new(config.fair_share);
         let config_fair_share = config.fair_share;
+        let single_pool = pools.len() == 1;
         Ok(Engine {
             config,
             clock: Clock::default(),
@@ -307,7 +308,7 @@ impl Engine {
             pools,
             pool_of_vc: Vec::new(),
             vc_config: Vec::new(),
-            running: crate::running::RunningSet::default(),
+            running: crate::running::RunningSet::new(single_pool),
             unbounded_holding: BTreeSet::new(),
             proposals: VecDeque::new(),
             commands: VecDeque::new(),
@@ -444,6 +445,7 @@ impl Engine {
         while self.pool_of_vc.len() < self.vclusters.len() {
             let v = self.pool_of_vc.len() as u32;
             let key = if self.pools.contains_key(&(v + 1)) { v + 1 } else { 0 };
+            let new_pool = !self.pools.contains_key(&key);
             let pool = self.pools.entry(key).or_insert_with(|| Pool {
                 config: VClusterConfig::new(self.config.policy),
                 vclusters: Vec::new(),
@@ -454,6 +456,14 @@ impl Engine {
             });
             pool.vclusters.push(VClusterId(v));
             self.pool_of_vc.push(key);
+            if new_pool && self.running.single_pool() {
+                // A second pool: the running set files its entries per pool from now on.
+                let entries: Vec<(Time, AllocId)> = self.running.iter().copied().collect();
+                self.running = crate::running::RunningSet::new(false);
+                for (t, a) in entries {
+                    self.add_running(t, a);
+                }
+            }
             self.vc_config.push(VClusterConfig::new(self.config.policy));
             self.gpu_hours_committed.push(0.0);
         }

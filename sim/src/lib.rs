@@ -849,7 +849,12 @@ pub fn simulate_with<H: Host>(
     summary.lost_node_hours = metrics::round6(ctl.controller().stats.lost_node_s / 3600.0);
     summary.requeues = engine.allocations().iter().map(|a| a.requeues as u64).sum();
     summary.prologue_failures = fake.prologue_failures;
-    let (kwh, energy_cost) = energy_use(&summary_jobs_energy(engine, &node_power), &energy_prices);
+    // Nodes that draw no power (every SWF replay) use none: no walk over every allocation's nodes.
+    let (kwh, energy_cost) = if node_power.iter().all(|&w| w == 0) {
+        (0.0, 0.0)
+    } else {
+        energy_use(&summary_jobs_energy(engine, &node_power), &energy_prices)
+    };
     summary.energy_kwh = kwh;
     summary.energy_cost = energy_cost;
     summary.preemptions = ctl.controller().stats.preemptions.values().sum();
