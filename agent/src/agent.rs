@@ -54,6 +54,8 @@ pub struct AgentConfig {
     /// `LATTICE_ALLOC_ID` and `LATTICE_NODE`); exit 0 = wiped. Without one a wipe fails (the node is
     /// quarantined): a sensitive node is never returned unwiped.
     pub wipe_command: Option<String>,
+    /// uenv images: the registry, the node-local cache and the mount point.
+    pub uenv: crate::uenv::UenvConfig,
 }
 
 /// A checkpoint in flight on this node: until when to wait, and whether a preemption waits for it
@@ -461,8 +463,31 @@ pub fn run_with(
                 });
             }
             for l in w.launch {
+                // Its software environment first: a uenv that cannot be pulled or read fails the
+                // launch with the reason as its output.
+                let mut mount = None;
+                let mut uenv_env = Vec::new();
+                if let Some(u) = &l.uenv {
+                    match crate::uenv::prepare(&cfg.uenv, u, l.uenv_view.as_deref()) {
+                        Ok(p) => {
+                            mount = Some((p.image, cfg.uenv.mount_point.clone()));
+                            uenv_env = p.env;
+                        }
+                        Err(e) => {
+                            eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
+                            session.ended(Exit {
+                                id: l.id.clone(),
+                                kind: ExitKind::Exited,
+                                code: 127,
+                                tail: e.to_string(),
+                            });
+                            continue;
+                        }
+                    }
+                }
                 let channel = open_channel(&l.id, &l.checkpoint);
                 let mut env = environment(&l, cfg.slurm_env);
+                env.extend(uenv_env);
                 if let Some(c) = &channel {
                     env.extend(c.env());
                 }
@@ -477,6 +502,7 @@ pub fn run_with(
                     grace: cfg.grace,
                     log_dir: cfg.log_dir.clone(),
                     ring_bytes: cfg.ring_bytes,
+                    mount,
                 };
                 match runner::start(spec) {
                     Ok(r) => {
@@ -754,6 +780,8 @@ mod tests {
             cxi_auth_key: Some("k-1".into()),
             restart_from_s: None,
             task_group: None,
+            uenv: None,
+            uenv_view: None,
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");

@@ -119,6 +119,11 @@ pub struct Launch {
     /// A task group element: its group's id and its index.
     #[serde(default)]
     pub task_group: Option<TaskGroup>,
+    /// The uenv its processes run in, and the view to activate.
+    #[serde(default)]
+    pub uenv: Option<String>,
+    #[serde(default)]
+    pub uenv_view: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

@@ -20,7 +20,9 @@
 //! Output is flushed to the log store (zstd chunks, `lattice_adapters::logstore`) and streamed live to
 //! the control plane while someone follows it.
 //!
-//! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]).
+//! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]). uenv software
+//! environments: pulled into the node-local cache with hash verification and mounted for the
+//! allocation's processes alone ([`uenv`]).
 //! With the `ebpf` feature, CPU time and block I/O per allocation come from tracepoint programs
 //! ([`ebpf`]); the /proc sampler is the fallback.
 
@@ -36,3 +38,4 @@ pub mod protocol;
 pub mod remote_write;
 pub mod runner;
 pub mod telemetry;
+pub mod uenv;

@@ -32,7 +32,19 @@ pub struct RunSpec {
     /// Whose it is: where its logs go in the log store.
     pub tenant: String,
     pub project: Option<String>,
+    /// A uenv: `(image, mount point)`, mounted read-only in a private mount namespace of the process
+    /// tree before the task starts (see [`crate::uenv`]).
+    pub mount: Option<(PathBuf, PathBuf)>,
 }
+
+/// The wrapper: it outlives a SIGTERM or a checkpoint hint (SIGUSR1) to the group (handlers, not
+/// ignores: the task still gets the signals) until the task ends, then records its status.
+const WRAPPER: &str = r#"trap 'true' TERM USR1; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#;
+
+/// [`WRAPPER`] in its own mount namespace (`unshare --mount --propagation private`) after mounting the
+/// uenv image `$3` at `$4`: only this process tree sees it, and it goes with the tree. A mount that
+/// fails ends the task with 125 and says so in its output.
+const UENV_WRAPPER: &str = r#"mount -t squashfs -o loop,ro "$3" "$4" || { echo "uenv mount failed: $3 at $4" >&2; echo 125 > "$2"; exit 125; }; trap 'true' TERM USR1; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#;
 
 /// How it ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,14 +190,23 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
     let status = spec.log_dir.join(format!("{}.status", spec.id));
     let _ = std::fs::remove_file(&status);
     let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-    let child = Command::new("/bin/sh")
-        .arg("-c")
-        // The wrapper outlives a SIGTERM or a checkpoint hint (SIGUSR1) to the group (handlers, not
-        // ignores: the task still gets the signals) until the task ends, then records its status.
-        .arg(r#"trap 'true' TERM USR1; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#)
-        .arg("lattice-task")
-        .arg(&spec.entrypoint)
-        .arg(&status)
+    let mut command = match &spec.mount {
+        None => {
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c").arg(WRAPPER);
+            c
+        }
+        Some(_) => {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "/bin/sh", "-c", UENV_WRAPPER]);
+            c
+        }
+    };
+    command.arg("lattice-task").arg(&spec.entrypoint).arg(&status);
+    if let Some((image, at)) = &spec.mount {
+        command.arg(image).arg(at);
+    }
+    let child = command
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::from(out.try_clone()?))
@@ -319,6 +340,7 @@ mod tests {
             checkpoint: "signal".into(),
             tenant: "physics".into(),
             project: None,
+            mount: None,
         }
     }
 

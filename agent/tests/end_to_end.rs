@@ -3,7 +3,8 @@
 //! walltime is terminated; a failing command fails the allocation; a cancelled job's processes are
 //! stopped and its nodes run the next job; each agent registered its conformance fingerprint; and
 //! a restarted agent takes over its running job from the state file; and when an agent dies under a
-//! running job its node goes Down and the job is requeued elsewhere.
+//! running job its node goes Down and the job is requeued elsewhere. A uenv job runs in its SquashFS
+//! image, mounted for its processes alone.
 
 use serde_json::{Value, json};
 use std::process::{Child, Command};
@@ -1142,5 +1143,141 @@ fn an_agent_cut_off_past_its_lease_stops_its_work_before_it_is_requeued_elsewher
     assert_eq!(v["nodes"], json!(["sim-001"]), "{v}");
     assert_eq!(pids().len(), 2, "run exactly twice in all: {:?}", pids());
     drop(agents);
+    rt.block_on(running.shutdown());
+}
+
+/// `mksquashfs SRC IMAGE` into the registry layout (`REG/NAME/VERSION/TAG.squashfs` and its SHA-256).
+fn publish_uenv(src: &std::path::Path, registry: &std::path::Path, rel: &str, digest_of: Option<&[u8]>) {
+    use sha2::Digest;
+    let image = registry.join(format!("{rel}.squashfs"));
+    std::fs::create_dir_all(image.parent().unwrap()).unwrap();
+    let ok = Command::new("mksquashfs")
+        .arg(src)
+        .arg(&image)
+        .args(["-noappend", "-quiet", "-all-root"])
+        .status()
+        .expect("mksquashfs runs");
+    assert!(ok.success());
+    let bytes = std::fs::read(&image).unwrap();
+    let digest: String = sha2::Sha256::digest(digest_of.unwrap_or(&bytes))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::fs::write(registry.join(format!("{rel}.squashfs.sha256")), format!("{digest}\n")).unwrap();
+}
+
+/// The seed's uenv submission (`environment: {uenv: "prgenv-gnu/24.11:v1", view: "default"}`) through
+/// a real agent: the image is pulled from the registry into the node-local cache, verified, and mounted
+/// for the job's processes alone — the job reads its files at the mount point and runs its view's
+/// programs with the view's variables, while the host (and the next job, without a uenv) sees an
+/// empty mount point. An image whose bytes do not match the registry's digest fails its job with the
+/// seed's message, and nothing of it enters the cache.
+#[test]
+fn a_uenv_job_sees_its_image_and_no_other_process_does() {
+    // Mount namespaces and loop mounts need root; the image is built with squashfs-tools (CI installs it).
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = Command::new("mksquashfs").arg("-version").output().is_ok();
+    if !(root && tools) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this as root with squashfs-tools installed (root: {root}, mksquashfs: {tools})"
+        );
+        eprintln!("skipped: needs root and mksquashfs");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lattice-agent-uenv-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let (registry, cache, mnt) = (dir.join("registry"), dir.join("cache"), dir.join("mnt"));
+    // The image: a file, a program in its view's bin, and the view in meta/env.json.
+    let src = dir.join("src");
+    std::fs::create_dir_all(src.join("bin")).unwrap();
+    std::fs::create_dir_all(src.join("meta")).unwrap();
+    std::fs::write(src.join("hello"), "hello from prgenv-gnu\n").unwrap();
+    std::fs::write(src.join("bin/greet"), "#!/bin/sh\necho greet from the view\n").unwrap();
+    std::fs::set_permissions(
+        src.join("bin/greet"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let env_json = json!({"views": {"default": {"env": {"values": {
+        "list": {"PATH": [{"op": "prepend", "value": [format!("{}/bin", mnt.display())]}]},
+        "scalar": {"PRGENV": "gnu-24.11"}
+    }}}}});
+    std::fs::write(src.join("meta/env.json"), env_json.to_string()).unwrap();
+    publish_uenv(&src, &registry, "prgenv-gnu/24.11/v1", None);
+    // A broken image: its bytes are not the ones the registry's digest names.
+    publish_uenv(&src, &registry, "broken/1.0/v1", Some(b"other bytes"));
+    let mut agent = agent_command("sim-000", &base, &dir);
+    agent
+        .args(["--uenv-registry", &format!("file://{}", registry.display())])
+        .arg("--image-cache")
+        .arg(&cache)
+        .arg("--uenv-mount")
+        .arg(&mnt);
+    let _agents = Agents(vec![agent.spawn().unwrap()]);
+    let submit = |body: Value| -> String {
+        let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let ended = |v: &Value| v["ended_ms"].is_u64();
+    let log_of = |id: &str| std::fs::read_to_string(dir.join(format!("logs-sim-000/{id}.log"))).unwrap_or_default();
+
+    let a = submit(
+        json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+        "environment": {"uenv": "prgenv-gnu/24.11:v1", "view": "default"},
+        "entrypoint": "cat \"$UENV_MOUNT_POINT/hello\"; greet; echo \"prgenv=$PRGENV uenv=$LATTICE_UENV\"; sleep 2"}),
+    );
+    // While it runs, the host's mount point stays empty: the mount is the job's alone.
+    let t0 = Instant::now();
+    while !log_of(&a).contains("prgenv=") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the uenv job never ran: {}",
+            log_of(&a)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "the host sees the job's uenv"
+    );
+    let v = wait_for(&base, &a, ended, Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v} {}", log_of(&a));
+    assert_eq!(v["environment"]["uenv"], "prgenv-gnu/24.11:v1", "{v}");
+    let log = log_of(&a);
+    assert!(log.contains("hello from prgenv-gnu"), "{log}");
+    assert!(log.contains("greet from the view"), "{log}");
+    assert!(log.contains("prgenv=gnu-24.11 uenv=prgenv-gnu/24.11:v1"), "{log}");
+    assert!(cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").is_file());
+
+    // The next job, without a uenv, on the same node: nothing at the mount point.
+    let b = submit(
+        json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+        "entrypoint": format!("echo entries=$(ls -A {} | wc -l)", mnt.display())}),
+    );
+    let v = wait_for(&base, &b, ended, Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    assert!(log_of(&b).contains("entries=0"), "{}", log_of(&b));
+
+    // A hash mismatch: the job fails with the seed's message and the cache keeps nothing of it.
+    let c = submit(
+        json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+        "environment": {"uenv": "broken/1.0:v1"}, "entrypoint": "echo should not run"}),
+    );
+    let v = wait_for(&base, &c, ended, Duration::from_secs(15));
+    assert_eq!(v["state"], "failed", "{v}");
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{c}/logs"), None);
+    assert!(
+        l["nodes"]["sim-000"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("uenv pull failed: hash mismatch"),
+        "{l}"
+    );
+    assert!(!cache.join("uenv/broken_1.0_v1.squashfs").exists());
+    assert!(!cache.join("uenv/broken_1.0_v1.squashfs.partial").exists());
     rt.block_on(running.shutdown());
 }

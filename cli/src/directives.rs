@@ -21,6 +21,9 @@ pub struct SubmitFields {
     pub ntasks_per_node: Option<u32>,
     /// A task group (job array): `--task-group=0-99%20` / `--array=0-99%20`.
     pub task_group: Option<TaskGroupSpec>,
+    /// The software environment: `--uenv=prgenv-gnu/24.11:v1` and `--view=default`.
+    pub uenv: Option<String>,
+    pub view: Option<String>,
 }
 
 /// A task group's indices `start..=end` and concurrency limit (`%N`).
@@ -91,7 +94,9 @@ impl SubmitFields {
             gpu_count,
             ntasks,
             ntasks_per_node,
-            task_group
+            task_group,
+            uenv,
+            view
         );
         if !other.features.is_empty() {
             self.features = other.features.clone();
@@ -245,6 +250,8 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                     Ok(t) => f.task_group = Some(t),
                     Err(e) => warnings.push(format!("--{k}: {e}; ignored")),
                 },
+                "uenv" => f.uenv = Some(val),
+                "view" => f.view = Some(val),
                 "dependency" => warnings.push(format!(
                     "--{k}={val}: use `lattice submit --depends-on` or a DAG; ignored"
                 )),
@@ -323,6 +330,16 @@ mod tests {
         fn shell_join_round_trips_through_sh(args in proptest::collection::vec("[^\\x00]{0,12}", 1..5)) {
             prop_assert_eq!(argv_seen_by_sh(&shell_join(&args)), args);
         }
+    }
+
+    #[test]
+    fn uenv_and_view_directives_set_the_environment() {
+        let (f, warnings) = parse_script(
+            "#!/bin/bash\n#SBATCH --uenv=prgenv-gnu/24.10:v1\n#SBATCH --view=default\n#LATTICE --uenv=prgenv-gnu/24.11:v1\nmake\n",
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(f.uenv.as_deref(), Some("prgenv-gnu/24.11:v1"));
+        assert_eq!(f.view.as_deref(), Some("default"));
     }
 
     #[test]

@@ -75,7 +75,7 @@ fn lattice_cli_drives_the_runtime() {
     let script = dir.join("job.sh");
     std::fs::write(
         &script,
-        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --time=00:30:00\n#SBATCH --job-name=sim\n#SBATCH --mem=64G\n#SBATCH --qos=high\nsrun ./a.out\n",
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --time=00:30:00\n#SBATCH --job-name=sim\n#SBATCH --mem=64G\n#SBATCH --qos=high\n#LATTICE --uenv=prgenv-gnu/24.11:v1\n#LATTICE --view=default\nsrun ./a.out\n",
     )
     .unwrap();
     let o = run(&["submit", script.to_str().unwrap()]);
@@ -89,6 +89,10 @@ fn lattice_cli_drives_the_runtime() {
         "{y}"
     );
     assert!(y.contains("name: sim"), "{y}");
+    assert!(
+        y.contains("uenv: prgenv-gnu/24.11:v1") && y.contains("view: default"),
+        "{y}"
+    );
 
     // Tables.
     let o = run(&["status"]);

@@ -105,6 +105,78 @@ pub struct SubmitRequest {
     /// allocation, also after a fail-over (the key is part of the durable record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// `{"uenv": "name/version:tag", "view": "default"}`: the software environment its processes run in
+    /// (a SquashFS image mounted for them alone); `image` (OCI) is refused until a container runtime is
+    /// configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvironmentIn>,
+}
+
+/// The `environment` block of a submission.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentIn {
+    /// A uenv, `name/version:tag` (e.g. `prgenv-gnu/24.11:v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uenv: Option<String>,
+    /// The uenv view to activate (its environment variables); default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<String>,
+    /// An OCI image reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// Longest uenv name.
+pub const MAX_UENV_NAME: usize = 200;
+
+/// `name/version:tag`: segments of letters, digits, `.`, `_`, `+`, `-` (not starting with a dot),
+/// separated by `/`, and an optional `:tag` of the same characters.
+pub fn valid_uenv_name(s: &str) -> bool {
+    let segment = |x: &str| {
+        !x.is_empty()
+            && !x.starts_with('.')
+            && x.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'))
+    };
+    let (path, tag) = match s.split_once(':') {
+        Some((p, t)) => (p, Some(t)),
+        None => (s, None),
+    };
+    s.len() <= MAX_UENV_NAME && path.split('/').all(segment) && tag.is_none_or(segment)
+}
+
+/// Refuses an `environment` block this control plane cannot run, naming the field.
+fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
+    if e.image.is_some() {
+        if e.uenv.is_some() {
+            return Err(bad("environment", "give either uenv or image, not both"));
+        }
+        return Err(bad(
+            "environment.image",
+            "OCI images are not supported by this control plane yet; use environment.uenv",
+        ));
+    }
+    match (&e.uenv, &e.view) {
+        (Some(u), _) if !valid_uenv_name(u) => Err(bad(
+            "environment.uenv",
+            format!("{u:?}: expected name/version:tag (letters, digits, . _ + -)"),
+        )),
+        (None, Some(_)) => Err(bad("environment.view", "a view needs environment.uenv")),
+        (_, Some(v))
+            if v.is_empty()
+                || v.len() > 64
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
+        {
+            Err(bad(
+                "environment.view",
+                format!("{v:?}: letters, digits, . _ - (at most 64)"),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Longest idempotency key.
@@ -310,6 +382,9 @@ pub struct AllocationView {
     pub ended_ms: Option<u64>,
     pub end_reason: Option<String>,
     pub entrypoint: Option<String>,
+    /// Its software environment, as submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvironmentIn>,
     pub tags: BTreeMap<String, String>,
     /// Why it is still pending, when the quorum rejected its last proposal.
     pub last_rejection: Option<String>,
@@ -395,6 +470,7 @@ struct Meta {
     preempted_for: Option<String>,
     /// Reactive: the metric it scales on.
     metric: Option<String>,
+    environment: Option<EnvironmentIn>,
 }
 
 impl Meta {
@@ -413,6 +489,7 @@ impl Meta {
             last_checkpoint_ms: None,
             preempted_for: None,
             metric: None,
+            environment: None,
         }
     }
 }
@@ -931,6 +1008,9 @@ impl Control {
         if req.tenant.trim().is_empty() {
             return Err(bad("tenant", "must not be empty"));
         }
+        if let Some(e) = &req.environment {
+            check_environment(e)?;
+        }
         let nodes = match req.resources.nodes {
             NodesIn::Exact(n) if n >= 1 => NodeRange::exact(n as u32),
             NodesIn::Range { min, max } if min >= 1 && max >= min => NodeRange {
@@ -1120,6 +1200,7 @@ impl Control {
             network_domain: req.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
+            environment: req.environment.clone(),
             metric: (lifecycle.walltime().is_none() && scale.is_some())
                 .then(|| lc.metric.clone())
                 .flatten(),
@@ -2132,6 +2213,7 @@ impl Control {
             ended_ms: a.ended.map(|t| t.0),
             end_reason: a.end_reason.map(|r| r.as_str().to_string()),
             entrypoint: m.entrypoint.clone(),
+            environment: m.environment.clone(),
             tags: m.tags.clone(),
             last_rejection: m.last_rejection.clone(),
             vni: self.network.vni_of(&m.name),
@@ -2347,6 +2429,8 @@ impl Control {
                     cxi_auth_key,
                     restart_from_s: Some(self.ctl.resume_point(id).as_secs_f64()).filter(|s| *s > 0.0),
                     task_group: self.group_view(a),
+                    uenv: m.environment.as_ref().and_then(|e| e.uenv.clone()),
+                    uenv_view: m.environment.as_ref().and_then(|e| e.view.clone()),
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -2921,6 +3005,11 @@ pub struct Launch {
     /// A task group element: `LATTICE_TASK_GROUP_ID` and `LATTICE_TASK_INDEX`.
     #[serde(default)]
     pub task_group: Option<TaskGroupView>,
+    /// The uenv its processes run in (mounted at the agent's uenv mount point), and the view to activate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uenv: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uenv_view: Option<String>,
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.

@@ -113,6 +113,11 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
         preemption: a.preemption.unwrap_or_default(),
         task_index: a.task_group.as_ref().map(|g| g.index),
         task_group: a.task_group.map(|g| g.group).unwrap_or_default(),
+        environment: a.environment.map(|e| pb::Environment {
+            uenv: e.uenv.unwrap_or_default(),
+            view: e.view.unwrap_or_default(),
+            image: e.image.unwrap_or_default(),
+        }),
     }
 }
 
@@ -247,6 +252,11 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             concurrency: (t.concurrency > 0).then_some(t.concurrency),
         }),
         idempotency_key: none_if_empty(r.idempotency_key),
+        environment: r.environment.map(|e| crate::control::EnvironmentIn {
+            uenv: none_if_empty(e.uenv),
+            view: none_if_empty(e.view),
+            image: none_if_empty(e.image),
+        }),
     })
 }
 

@@ -842,6 +842,7 @@ mod tests {
             ended_ms: Some(9),
             end_reason: Some("success".into()),
             entrypoint: None,
+            environment: None,
             tags: BTreeMap::new(),
             last_rejection: None,
             data_readiness: None,

@@ -155,6 +155,31 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
                    "lifecycle": {"type": "reactive", "metric": "queue_depth", "target": 10, "scale_policy": {"cooldown": "soon"}}}),
             "lifecycle.scale_policy.cooldown",
         ),
+        // Software environments: a uenv name, a view only with a uenv, no OCI image (no runtime yet).
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"uenv": "../etc/passwd"}}),
+            "environment.uenv",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"view": "default"}}),
+            "environment.view",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"uenv": "a/1:v1", "view": "no spaces"}}),
+            "environment.view",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"image": "busybox:latest"}}),
+            "environment.image",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"uenv": "a/1:v1", "image": "busybox"}}),
+            "environment",
+        ),
+        (
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"uenv": "a/1:v1", "mount": "/x"}}),
+            "mount",
+        ),
     ] {
         let (status, v) = api.call("POST", "/v1/allocations", Some(body)).await;
         assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");

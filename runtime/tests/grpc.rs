@@ -133,6 +133,33 @@ async fn allocations_nodes_and_admin_over_grpc() {
         .unwrap()
         .into_inner();
     assert_eq!(listed.allocations.len(), 1);
+    // The software environment: a bad uenv name is refused naming the field; a good one is kept.
+    let with_env = |uenv: &str| pb::AllocationRequest {
+        environment: Some(pb::Environment {
+            uenv: uenv.into(),
+            view: "default".into(),
+            ..Default::default()
+        }),
+        ..request("physics", 1, "10m", None)
+    };
+    let e = allocs.submit(authed(with_env("../etc"), &alice)).await.unwrap_err();
+    assert!(e.message().starts_with("environment.uenv"), "{}", e.message());
+    let u = allocs
+        .submit(authed(with_env("prgenv-gnu/24.11:v1"), &alice))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let got = allocs
+        .get(authed(pb::GetAllocationRequest { id: u }, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    let env = got.environment.expect("the environment is shown");
+    assert_eq!(
+        (env.uenv.as_str(), env.view.as_str()),
+        ("prgenv-gnu/24.11:v1", "default")
+    );
 
     // Cancel.
     let long = allocs

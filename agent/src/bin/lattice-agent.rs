@@ -88,6 +88,16 @@ struct Args {
     /// Running processes are recorded here; a restarted agent takes them over.
     #[arg(long, default_value = "/var/lib/lattice/agent-state.json")]
     state_file: PathBuf,
+    /// The uenv registry: a directory or `file://` URL with `NAME/VERSION/TAG.squashfs` and its
+    /// SHA-256 beside it (`TAG.squashfs.sha256`). Without one, only images already in the cache run.
+    #[arg(long, env = "LATTICE_UENV_REGISTRY")]
+    uenv_registry: Option<String>,
+    /// The node-local image cache (uenv images go to `DIR/uenv/`).
+    #[arg(long, default_value = "/var/cache/lattice")]
+    image_cache: PathBuf,
+    /// Where an allocation's uenv appears to its processes (and only to them).
+    #[arg(long, default_value = "/user-environment")]
+    uenv_mount: PathBuf,
 }
 
 /// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
@@ -136,6 +146,11 @@ fn run() -> Result<()> {
             max_deferral: a.max_deferral.into(),
         },
         wipe_command: a.wipe_command,
+        uenv: lattice_agent::uenv::UenvConfig {
+            registry: a.uenv_registry,
+            cache_dir: a.image_cache,
+            mount_point: a.uenv_mount,
+        },
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {

@@ -61,6 +61,13 @@ enum Cmd {
         /// (`$LATTICE_TASK_INDEX` in each; `${INDEX}` in the command is replaced by it).
         #[arg(long, value_parser = lattice_cli::directives::TaskGroupSpec::parse)]
         task_group: Option<lattice_cli::directives::TaskGroupSpec>,
+        /// The software environment: a uenv, `name/version:tag` (mounted at /user-environment for the
+        /// job's processes).
+        #[arg(long)]
+        uenv: Option<String>,
+        /// The uenv view to activate (its environment variables).
+        #[arg(long)]
+        view: Option<String>,
         /// A batch script (its directives are read), or the command after `--`.
         #[arg(trailing_var_arg = true)]
         command: Vec<String>,
@@ -308,6 +315,8 @@ fn run() -> Result<()> {
             name,
             duration,
             task_group,
+            uenv,
+            view,
             command,
         } => {
             // A script file: its directives, then the flags on top.
@@ -340,6 +349,8 @@ fn run() -> Result<()> {
                 ntasks: None,
                 ntasks_per_node: None,
                 task_group,
+                uenv,
+                view,
             };
             let f = fields.overlay(&flags);
             let Some(tenant) = f.tenant.clone() else {
@@ -368,6 +379,9 @@ fn run() -> Result<()> {
             }
             if let Some(d) = duration {
                 body["duration"] = json!(d);
+            }
+            if f.uenv.is_some() || f.view.is_some() {
+                body["environment"] = json!({"uenv": f.uenv, "view": f.view});
             }
             if let Some(t) = f.task_group {
                 body["task_group"] = t.to_json();
