@@ -463,8 +463,8 @@ pub fn run_with(
                 });
             }
             for l in w.launch {
-                // Its software environment first: a uenv that cannot be pulled or read fails the
-                // launch with the reason as its output.
+                // Its software environment first: a uenv that cannot be pulled or read is a prologue
+                // failure (the control plane retries it on other nodes), the reason as its output.
                 let mut mount = None;
                 let mut uenv_env = Vec::new();
                 if let Some(u) = &l.uenv {
@@ -477,7 +477,7 @@ pub fn run_with(
                             eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
                             session.ended(Exit {
                                 id: l.id.clone(),
-                                kind: ExitKind::Exited,
+                                kind: ExitKind::Prologue,
                                 code: 127,
                                 tail: e.to_string(),
                             });

@@ -147,6 +147,8 @@ pub enum ExitKind {
     Preempted,
     /// Stopped by the agent itself: cut off from the control plane past its lease.
     Fenced,
+    /// Could not be prepared here (its uenv could not be pulled or read): retried on other nodes.
+    Prologue,
 }
 
 /// What a heartbeat answered: the node's state and the agent's lease — how long it may keep running

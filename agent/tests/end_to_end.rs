@@ -1170,8 +1170,8 @@ fn publish_uenv(src: &std::path::Path, registry: &std::path::Path, rel: &str, di
 /// a real agent: the image is pulled from the registry into the node-local cache, verified, and mounted
 /// for the job's processes alone — the job reads its files at the mount point and runs its view's
 /// programs with the view's variables, while the host (and the next job, without a uenv) sees an
-/// empty mount point. An image whose bytes do not match the registry's digest fails its job with the
-/// seed's message, and nothing of it enters the cache.
+/// empty mount point. An image whose bytes do not match the registry's digest is a prologue failure,
+/// retried and then failed with the seed's message; nothing of it enters the cache.
 #[test]
 fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     // Mount namespaces and loop mounts need root; the image is built with squashfs-tools (CI installs it).
@@ -1262,13 +1262,19 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     assert_eq!(v["end_reason"], "success", "{v}");
     assert!(log_of(&b).contains("entries=0"), "{}", log_of(&b));
 
-    // A hash mismatch: the job fails with the seed's message and the cache keeps nothing of it.
+    // A hash mismatch is a prologue failure: retried (here on the only node) until the engine's retries
+    // are spent, then failed with the seed's message as its output; the cache keeps nothing of it.
     let c = submit(
         json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
         "environment": {"uenv": "broken/1.0:v1"}, "entrypoint": "echo should not run"}),
     );
-    let v = wait_for(&base, &c, ended, Duration::from_secs(15));
-    assert_eq!(v["state"], "failed", "{v}");
+    let v = wait_for(&base, &c, ended, Duration::from_secs(20));
+    assert_eq!(
+        (v["state"].as_str(), v["end_reason"].as_str()),
+        (Some("failed"), Some("prologue_failure")),
+        "{v}"
+    );
+    assert!(!log_of(&c).contains("should not run"));
     let (_, l) = call("GET", &format!("{base}/v1/allocations/{c}/logs"), None);
     assert!(
         l["nodes"]["sim-000"]

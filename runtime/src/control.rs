@@ -2668,6 +2668,16 @@ impl Control {
         if matches!(kind, ExitKind::Checkpointed | ExitKind::Preempted) {
             return Ok(self.preempted_on(id, nid.0, n, kind == ExitKind::Checkpointed));
         }
+        if kind == ExitKind::Prologue {
+            // The run ends on every node (the others are told to stop theirs); the engine requeues it
+            // away from this node, or fails it once its retries are spent.
+            self.exits.remove(&id);
+            if let Err(e) = self.input(Input::PrologueFailed(id, nid)) {
+                tracing::warn!("{name}: prologue failure not applied: {e}");
+                return Ok(false);
+            }
+            return Ok(true);
+        }
         let e = self.exits.entry(id).or_default();
         e.insert(nid.0, code);
         let reason = match kind {
@@ -2676,7 +2686,7 @@ impl Control {
             ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
             // Every node of this run exited (exits of other nodes are an earlier run's).
             ExitKind::Exited if nodes.iter().all(|x| e.contains_key(x)) => Some(EndReason::Success),
-            ExitKind::Exited | ExitKind::Checkpointed | ExitKind::Preempted => None,
+            ExitKind::Exited | ExitKind::Checkpointed | ExitKind::Preempted | ExitKind::Prologue => None,
         };
         let Some(reason) = reason else { return Ok(false) };
         self.exits.remove(&id);
@@ -3079,6 +3089,9 @@ pub enum ExitKind {
     /// ([`Control::lease_ms`]), when the allocation may be requeued elsewhere. A node-side failure:
     /// requeued per its policy if it still runs here.
     Fenced,
+    /// The agent could not prepare the run on its node (its software environment could not be
+    /// pulled or read): a prologue failure, retried on other nodes first up to the engine's limit.
+    Prologue,
 }
 
 /// A victim's preemption in progress.
