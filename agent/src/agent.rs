@@ -176,6 +176,8 @@ pub fn run_with(
     let fence = Arc::new(crate::fence::Fence::default());
     fence.spawn(cfg.node.clone(), cfg.heartbeat, cfg.grace, stop.clone());
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
+    // The node-local uenv image cache (its index survives restarts).
+    let mut images = crate::uenv::open_cache(&cfg.uenv);
     // Per running allocation: its checkpoint channel, and whether a shmem hint awaits "done".
     let mut channels: BTreeMap<String, (Channel, bool)> = BTreeMap::new();
     let open_channel = |id: &str, mechanism: &str| match Channel::create(&cfg.shm_dir, id, Mechanism::parse(mechanism))
@@ -468,7 +470,10 @@ pub fn run_with(
                 let mut mount = None;
                 let mut uenv_env = Vec::new();
                 if let Some(u) = &l.uenv {
-                    match crate::uenv::prepare(&cfg.uenv, u, l.uenv_view.as_deref()) {
+                    // Images mounted by what runs here (also what a restart took over) stay.
+                    let pinned: std::collections::BTreeSet<String> =
+                        procs.values().filter_map(|r| r.record.image.clone()).collect();
+                    match crate::uenv::prepare(&cfg.uenv, &mut images, &pinned, u, l.uenv_view.as_deref()) {
                         Ok(p) => {
                             mount = Some((p.image, cfg.uenv.mount_point.clone()));
                             uenv_env = p.env;
@@ -564,7 +569,9 @@ pub fn run_with(
         if last_push.elapsed() >= cfg.telemetry.period() {
             last_push = Instant::now();
             let groups: BTreeMap<String, u32> = procs.iter().map(|(id, r)| (id.clone(), r.pid)).collect();
-            let tick = telemetry.tick(&cfg.node, std::path::Path::new("/proc"), &groups);
+            let mut tick = telemetry.tick(&cfg.node, std::path::Path::new("/proc"), &groups);
+            tick.series
+                .extend(crate::telemetry::cache_series(&cfg.node, &images.stats, images.used()));
             // Scaling metrics for reactive allocations: built-in ones and those the tasks report.
             let at = Instant::now();
             let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);

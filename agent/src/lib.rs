@@ -27,6 +27,7 @@
 //! ([`ebpf`]); the /proc sampler is the fallback.
 
 pub mod agent;
+pub mod cache;
 pub mod checkpoint;
 pub mod client;
 pub mod discovery;

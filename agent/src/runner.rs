@@ -132,6 +132,10 @@ pub struct Record {
     pub tenant: String,
     #[serde(default)]
     pub project: Option<String>,
+    /// The cached uenv image it has mounted (its file name): pinned in the cache while it runs, also
+    /// for an agent that took it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Wall-clock ms since the epoch.
@@ -225,6 +229,11 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         checkpoint: spec.checkpoint.clone(),
         tenant: spec.tenant.clone(),
         project: spec.project.clone(),
+        image: spec
+            .mount
+            .as_ref()
+            .and_then(|(image, _)| image.file_name())
+            .map(|f| f.to_string_lossy().into_owned()),
     };
     Ok(watch(record, Some(child)))
 }

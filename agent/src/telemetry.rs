@@ -131,7 +131,7 @@ pub struct Series {
 }
 
 /// Every metric the agent exports, with its help text (`_total` names are counters, the rest gauges).
-const HELP: [(&str, &str); 12] = [
+const HELP: [(&str, &str); 16] = [
     (
         "lattice_alloc_cpu_seconds_total",
         "CPU time of the allocation's processes on this node",
@@ -156,7 +156,37 @@ const HELP: [(&str, &str); 12] = [
         "Uncorrected ECC errors since the driver loaded",
     ),
     ("lattice_gpu_alert", "A local alert rule firing (1) for a GPU"),
+    (
+        "lattice_image_cache_hits_total",
+        "uenv images used from the node-local cache",
+    ),
+    (
+        "lattice_image_cache_misses_total",
+        "uenv images pulled into the node-local cache",
+    ),
+    (
+        "lattice_image_cache_evictions_total",
+        "Images evicted from the node-local cache",
+    ),
+    ("lattice_image_cache_bytes", "Bytes held by the node-local image cache"),
 ];
+
+/// The node-local image cache's series (`node` label).
+pub fn cache_series(node: &str, stats: &crate::cache::Stats, used: u64) -> Vec<Series> {
+    [
+        ("lattice_image_cache_hits_total", stats.hits as f64),
+        ("lattice_image_cache_misses_total", stats.misses as f64),
+        ("lattice_image_cache_evictions_total", stats.evictions as f64),
+        ("lattice_image_cache_bytes", used as f64),
+    ]
+    .into_iter()
+    .map(|(name, value)| Series {
+        name,
+        labels: vec![("node", node.to_string())],
+        value,
+    })
+    .collect()
+}
 
 /// How a per-allocation metric reads its value.
 type Get = fn(&Counters) -> f64;

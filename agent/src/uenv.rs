@@ -26,6 +26,8 @@ pub struct UenvConfig {
     pub cache_dir: PathBuf,
     /// Where the image appears to the allocation's processes (`/user-environment`).
     pub mount_point: PathBuf,
+    /// The cache's size and watermarks.
+    pub limits: crate::cache::Limits,
 }
 
 impl Default for UenvConfig {
@@ -34,6 +36,7 @@ impl Default for UenvConfig {
             registry: None,
             cache_dir: PathBuf::from("/var/cache/lattice"),
             mount_point: PathBuf::from("/user-environment"),
+            limits: crate::cache::Limits::default(),
         }
     }
 }
@@ -59,6 +62,8 @@ pub enum UenvError {
     NoView { uenv: String, view: String },
     #[error("uenv {uenv}: meta/env.json: {message}")]
     BadMeta { uenv: String, message: String },
+    #[error("uenv pull failed: {0}")]
+    CacheFull(#[from] crate::cache::CacheFull),
 }
 
 /// `name/version:tag` → the registry's relative path without extension (`name/version/tag`) and the
@@ -89,17 +94,30 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The cache of uenv images under `cfg`'s cache directory (`DIR/uenv/`, its index `metadata.json`).
+pub fn open_cache(cfg: &UenvConfig) -> crate::cache::ImageCache {
+    crate::cache::ImageCache::open(&cfg.cache_dir.join("uenv"), cfg.limits)
+}
+
 /// The image of `uenv` in the cache, pulled and verified first when it is not there (or its recorded
-/// digest differs from the registry's). Returns the cached image's path.
-pub fn pull(cfg: &UenvConfig, uenv: &str) -> Result<PathBuf, UenvError> {
+/// digest differs from the registry's), after making room for it (LRU, sparing `pinned` images).
+/// Returns the cached image's path; the cache records the use (hit or miss) at `now_ms`.
+pub fn pull(
+    cfg: &UenvConfig,
+    cache: &mut crate::cache::ImageCache,
+    pinned: &std::collections::BTreeSet<String>,
+    uenv: &str,
+    now_ms: u64,
+) -> Result<PathBuf, UenvError> {
     let (rel, file) = layout(uenv)?;
-    let dir = cfg.cache_dir.join("uenv");
+    let dir = cache.dir().to_path_buf();
     let cached = dir.join(&file);
     let recorded = dir.join(format!("{file}.sha256"));
     let io = |e: std::io::Error| UenvError::Io(e.to_string());
     let Some(registry) = &cfg.registry else {
         // No registry: what was verified into the cache earlier runs.
         return if cached.is_file() && recorded.is_file() {
+            cache.used_image(&file, true, now_ms);
             Ok(cached)
         } else {
             Err(UenvError::NoRegistry(uenv.to_string()))
@@ -117,8 +135,13 @@ pub fn pull(cfg: &UenvConfig, uenv: &str) -> Result<PathBuf, UenvError> {
     }
     // A hit: the cached image was verified against this digest when it was pulled.
     if cached.is_file() && std::fs::read_to_string(&recorded).is_ok_and(|r| r.trim() == expected) {
+        cache.used_image(&file, true, now_ms);
         return Ok(cached);
     }
+    let size = std::fs::metadata(&source).map_err(io)?.len();
+    let mut pinned = pinned.clone();
+    pinned.remove(&file); // a stale copy of this very image is replaced, not kept
+    cache.make_room(size, &pinned)?;
     std::fs::create_dir_all(&dir).map_err(io)?;
     let partial = dir.join(format!("{file}.partial"));
     let mut input = std::fs::File::open(&source).map_err(io)?;
@@ -146,6 +169,7 @@ pub fn pull(cfg: &UenvConfig, uenv: &str) -> Result<PathBuf, UenvError> {
     }
     std::fs::rename(&partial, &cached).map_err(io)?;
     std::fs::write(&recorded, format!("{expected}\n")).map_err(io)?;
+    cache.used_image(&file, false, now_ms);
     Ok(cached)
 }
 
@@ -241,8 +265,14 @@ pub struct Prepared {
     pub env: Vec<(String, String)>,
 }
 
-pub fn prepare(cfg: &UenvConfig, uenv: &str, view: Option<&str>) -> Result<Prepared, UenvError> {
-    let image = pull(cfg, uenv)?;
+pub fn prepare(
+    cfg: &UenvConfig,
+    cache: &mut crate::cache::ImageCache,
+    pinned: &std::collections::BTreeSet<String>,
+    uenv: &str,
+    view: Option<&str>,
+) -> Result<Prepared, UenvError> {
+    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms())?;
     let mut env = vec![
         ("LATTICE_UENV".to_string(), uenv.to_string()),
         ("UENV_MOUNT_POINT".to_string(), cfg.mount_point.display().to_string()),
@@ -321,7 +351,11 @@ mod tests {
             registry: Some(format!("file://{}", dir.join("registry").display())),
             cache_dir: dir.join("cache"),
             mount_point: dir.join("mnt"),
+            limits: crate::cache::Limits::default(),
         };
+        let mut cache = open_cache(&cfg);
+        let none = std::collections::BTreeSet::new();
+        let mut pull = |cfg: &UenvConfig, u: &str| pull(cfg, &mut cache, &none, u, 1);
         let image = pull(&cfg, "app/1.0:v1").unwrap();
         assert_eq!(std::fs::read(&image).unwrap(), b"image bytes");
         // A hit: the registry's image may change bytes, the verified copy is used.
@@ -346,6 +380,8 @@ mod tests {
         };
         assert!(pull(&offline, "app/1.0:v1").is_ok());
         assert!(matches!(pull(&offline, "other/1:v1"), Err(UenvError::NoRegistry(_))));
+        // One miss (the first pull), then hits: the cached copy, and again offline.
+        assert_eq!((cache.stats.misses, cache.stats.hits), (1, 2));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1208,13 +1208,19 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     publish_uenv(&src, &registry, "prgenv-gnu/24.11/v1", None);
     // A broken image: its bytes are not the ones the registry's digest names.
     publish_uenv(&src, &registry, "broken/1.0/v1", Some(b"other bytes"));
+    // A second good image, and a cache that holds one and a half images: pulling it evicts the first.
+    publish_uenv(&src, &registry, "other/1.0/v1", None);
+    let image_size = std::fs::metadata(registry.join("prgenv-gnu/24.11/v1.squashfs"))
+        .unwrap()
+        .len();
     let mut agent = agent_command("sim-000", &base, &dir);
     agent
         .args(["--uenv-registry", &format!("file://{}", registry.display())])
         .arg("--image-cache")
         .arg(&cache)
         .arg("--uenv-mount")
-        .arg(&mnt);
+        .arg(&mnt)
+        .args(["--image-cache-size", &(image_size * 3 / 2).to_string()]);
     let _agents = Agents(vec![agent.spawn().unwrap()]);
     let submit = |body: Value| -> String {
         let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
@@ -1252,6 +1258,22 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     assert!(log.contains("greet from the view"), "{log}");
     assert!(log.contains("prgenv=gnu-24.11 uenv=prgenv-gnu/24.11:v1"), "{log}");
     assert!(cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").is_file());
+
+    // Another uenv: the cache is over its high watermark with both, so the least recently used image —
+    // no longer mounted by anything — is evicted (the index says so too).
+    let d = submit(
+        json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+        "environment": {"uenv": "other/1.0:v1"}, "entrypoint": "cat \"$UENV_MOUNT_POINT/hello\""}),
+    );
+    let v = wait_for(&base, &d, ended, Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v} {}", log_of(&d));
+    assert!(cache.join("uenv/other_1.0_v1.squashfs").is_file());
+    assert!(!cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").exists());
+    let index = std::fs::read_to_string(cache.join("uenv/metadata.json")).unwrap();
+    assert!(
+        index.contains("other_1.0_v1.squashfs") && !index.contains("prgenv-gnu"),
+        "{index}"
+    );
 
     // The next job, without a uenv, on the same node: nothing at the mount point.
     let b = submit(

@@ -98,6 +98,39 @@ struct Args {
     /// Where an allocation's uenv appears to its processes (and only to them).
     #[arg(long, default_value = "/user-environment")]
     uenv_mount: PathBuf,
+    /// The image cache's size (bytes, or with K/M/G/T): above the high watermark, least-recently-used
+    /// images that no running allocation has mounted are evicted down to the low one. Default: no limit.
+    #[arg(long, value_parser = parse_size)]
+    image_cache_size: Option<u64>,
+    /// Eviction starts above this fraction of `--image-cache-size`...
+    #[arg(long, default_value_t = 0.9)]
+    cache_high_watermark: f64,
+    /// ...and stops at this one.
+    #[arg(long, default_value_t = 0.7)]
+    cache_low_watermark: f64,
+}
+
+/// `200G`, `512M`, `1048576`: bytes (K/M/G/T are powers of 1024).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("{s}: the unit is K, M, G or T")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s}: expected a positive size such as 200G"))
 }
 
 /// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
@@ -123,6 +156,16 @@ fn run() -> Result<()> {
             key: a.bootstrap_key,
         },
     )?;
+    if !(0.0 < a.cache_low_watermark
+        && a.cache_low_watermark <= a.cache_high_watermark
+        && a.cache_high_watermark <= 1.0)
+    {
+        anyhow::bail!(
+            "--cache-low-watermark {} / --cache-high-watermark {}: need 0 < low <= high <= 1",
+            a.cache_low_watermark,
+            a.cache_high_watermark
+        );
+    }
     let cfg = lattice_agent::agent::AgentConfig {
         node: a.node_id,
         poll: a.poll.into(),
@@ -150,6 +193,11 @@ fn run() -> Result<()> {
             registry: a.uenv_registry,
             cache_dir: a.image_cache,
             mount_point: a.uenv_mount,
+            limits: lattice_agent::cache::Limits {
+                capacity: a.image_cache_size,
+                high: a.cache_high_watermark,
+                low: a.cache_low_watermark,
+            },
         },
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -175,5 +223,18 @@ fn register_flag(sig: libc::c_int, flag: Arc<AtomicBool>) {
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(super::parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(super::parse_size("200G"), Ok(200 << 30));
+        assert_eq!(super::parse_size("3t"), Ok(3 << 40));
+        for bad in ["", "0", "12X", "G", "-5M", "99999999999T"] {
+            assert!(super::parse_size(bad).is_err(), "{bad}");
+        }
     }
 }
