@@ -56,6 +56,15 @@ pub struct AgentConfig {
     pub wipe_command: Option<String>,
     /// uenv images: the registry, the node-local cache and the mount point.
     pub uenv: crate::uenv::UenvConfig,
+    /// Each allocation's scratch is `DIR/ID/` (`LATTICE_SCRATCH`, `TMPDIR`), created at its start and
+    /// removed when its process ends — also one a restarted agent took over. `None`: no scratch.
+    pub scratch_dir: Option<PathBuf>,
+}
+
+/// The allocation's scratch directory under `root`, when its id is a plain name (never a path).
+pub fn scratch_of(root: &std::path::Path, id: &str) -> Option<PathBuf> {
+    let plain = !id.is_empty() && id != "." && id != ".." && !id.contains(['/', '\\', '\0']);
+    plain.then(|| root.join(id))
 }
 
 /// A checkpoint in flight on this node: until when to wait, and whether a preemption waits for it
@@ -176,8 +185,8 @@ pub fn run_with(
     let fence = Arc::new(crate::fence::Fence::default());
     fence.spawn(cfg.node.clone(), cfg.heartbeat, cfg.grace, stop.clone());
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
-    // The node-local uenv image cache (its index survives restarts).
-    let mut images = crate::uenv::open_cache(&cfg.uenv);
+    // The node-local uenv image cache (its index survives restarts), opened when a uenv is first needed.
+    let mut images: Option<crate::cache::ImageCache> = None;
     // Per running allocation: its checkpoint channel, and whether a shmem hint awaits "done".
     let mut channels: BTreeMap<String, (Channel, bool)> = BTreeMap::new();
     let open_channel = |id: &str, mechanism: &str| match Channel::create(&cfg.shm_dir, id, Mechanism::parse(mechanism))
@@ -317,6 +326,12 @@ pub fn run_with(
             let rec = r.record.clone();
             let out = r.wait();
             flush_log(cfg, &rec);
+            if let Some(dir) = cfg.scratch_dir.as_deref().and_then(|root| scratch_of(root, &id))
+                && let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                eprintln!("lattice-agent {}: scratch {}: {e}", cfg.node, dir.display());
+            }
             tailing.remove(&id);
             if let Some((c, _)) = channels.remove(&id) {
                 c.remove();
@@ -473,7 +488,8 @@ pub fn run_with(
                     // Images mounted by what runs here (also what a restart took over) stay.
                     let pinned: std::collections::BTreeSet<String> =
                         procs.values().filter_map(|r| r.record.image.clone()).collect();
-                    match crate::uenv::prepare(&cfg.uenv, &mut images, &pinned, u, l.uenv_view.as_deref()) {
+                    let cache = images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
+                    match crate::uenv::prepare(&cfg.uenv, cache, &pinned, u, l.uenv_view.as_deref()) {
                         Ok(p) => {
                             mount = Some((p.image, cfg.uenv.mount_point.clone()));
                             uenv_env = p.env;
@@ -493,6 +509,18 @@ pub fn run_with(
                 let channel = open_channel(&l.id, &l.checkpoint);
                 let mut env = environment(&l, cfg.slurm_env);
                 env.extend(uenv_env);
+                // A fresh scratch directory (a requeued run on this node does not see the last one's).
+                if let Some(dir) = cfg.scratch_dir.as_deref().and_then(|root| scratch_of(root, &l.id)) {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    match std::fs::create_dir_all(&dir) {
+                        Ok(()) => {
+                            let d = dir.display().to_string();
+                            env.push(("LATTICE_SCRATCH".to_string(), d.clone()));
+                            env.push(("TMPDIR".to_string(), d));
+                        }
+                        Err(e) => eprintln!("lattice-agent {}: scratch {}: {e}", cfg.node, dir.display()),
+                    }
+                }
                 if let Some(c) = &channel {
                     env.extend(c.env());
                 }
@@ -570,8 +598,10 @@ pub fn run_with(
             last_push = Instant::now();
             let groups: BTreeMap<String, u32> = procs.iter().map(|(id, r)| (id.clone(), r.pid)).collect();
             let mut tick = telemetry.tick(&cfg.node, std::path::Path::new("/proc"), &groups);
-            tick.series
-                .extend(crate::telemetry::cache_series(&cfg.node, &images.stats, images.used()));
+            if let Some(c) = &images {
+                tick.series
+                    .extend(crate::telemetry::cache_series(&cfg.node, &c.stats, c.used()));
+            }
             // Scaling metrics for reactive allocations: built-in ones and those the tasks report.
             let at = Instant::now();
             let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
@@ -770,6 +800,16 @@ fn tail_of(out: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scratch_is_a_directory_per_plain_id_only() {
+        let root = std::path::Path::new("/scratch/local");
+        assert_eq!(scratch_of(root, "a-000007"), Some(root.join("a-000007")));
+        assert_eq!(scratch_of(root, "a-000007[3]"), Some(root.join("a-000007[3]")));
+        for bad in ["", ".", "..", "../etc", "a/b", "a\\b"] {
+            assert_eq!(scratch_of(root, bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn the_environment_names_the_allocation_its_nodes_and_the_task() {

@@ -362,7 +362,8 @@ fn two_agents_run_real_jobs() {
 }
 
 /// `lattice-agent` for `node` against `endpoint`: fast polls (100 ms) and heartbeats (200 ms), its
-/// logs in `dir/logs-NODE`, its state in `dir/state-NODE.json`; callers add their own flags.
+/// logs in `dir/logs-NODE`, its state in `dir/state-NODE.json`, scratch in `dir/scratch-NODE`;
+/// callers add their own flags.
 fn agent_command(node: &str, endpoint: &str, dir: &std::path::Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_lattice-agent"));
     c.args(["--node-id", node, "--quorum-endpoint", endpoint])
@@ -370,7 +371,9 @@ fn agent_command(node: &str, endpoint: &str, dir: &std::path::Path) -> Command {
         .arg("--log-dir")
         .arg(dir.join(format!("logs-{node}")))
         .arg("--state-file")
-        .arg(dir.join(format!("state-{node}.json")));
+        .arg(dir.join(format!("state-{node}.json")))
+        .arg("--scratch-dir")
+        .arg(dir.join(format!("scratch-{node}")));
     c
 }
 
@@ -1307,5 +1310,45 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     );
     assert!(!cache.join("uenv/broken_1.0_v1.squashfs").exists());
     assert!(!cache.join("uenv/broken_1.0_v1.squashfs.partial").exists());
+    rt.block_on(running.shutdown());
+}
+
+/// Each allocation gets a fresh scratch directory on its node (`LATTICE_SCRATCH`, also `TMPDIR`) that
+/// is gone once it ends there, whatever it left in it.
+#[test]
+fn scratch_is_the_jobs_own_and_removed_when_it_ends() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-scratch-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let _agents = Agents(vec![agent_command("sim-000", &base, &dir).spawn().unwrap()]);
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+            "entrypoint": "mkdir -p \"$LATTICE_SCRATCH/out\" && echo kept > \"$TMPDIR/out/f\" && echo scratch=$LATTICE_SCRATCH && sleep 1"}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let scratch = dir.join("scratch-sim-000").join(&id);
+    let t0 = Instant::now();
+    while !scratch.join("out/f").is_file() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the job never wrote its scratch"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    let log = std::fs::read_to_string(dir.join(format!("logs-sim-000/{id}.log"))).unwrap();
+    assert!(log.contains(&format!("scratch={}", scratch.display())), "{log}");
+    // Removed once the agent collected the exit (within a poll or two of the end).
+    let t0 = Instant::now();
+    while scratch.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the scratch outlived its job");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     rt.block_on(running.shutdown());
 }

@@ -261,6 +261,8 @@ fn a_killed_runtime_reattaches_real_agents_jobs_without_running_them_again() {
                 .arg(dir.join(format!("logs-{node}")))
                 .arg("--state-file")
                 .arg(dir.join(format!("state-{node}.json")))
+                .arg("--scratch-dir")
+                .arg(dir.join(format!("scratch-{node}")))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()

@@ -108,6 +108,10 @@ struct Args {
     /// ...and stops at this one.
     #[arg(long, default_value_t = 0.7)]
     cache_low_watermark: f64,
+    /// Node-local scratch: each allocation gets `DIR/ID/` (`LATTICE_SCRATCH`, `TMPDIR`), removed when it
+    /// ends on this node. `none` for no scratch.
+    #[arg(long, default_value = "/scratch/local")]
+    scratch_dir: String,
 }
 
 /// `200G`, `512M`, `1048576`: bytes (K/M/G/T are powers of 1024).
@@ -199,6 +203,7 @@ fn run() -> Result<()> {
                 low: a.cache_low_watermark,
             },
         },
+        scratch_dir: (a.scratch_dir != "none").then(|| PathBuf::from(&a.scratch_dir)),
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {
