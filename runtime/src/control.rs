@@ -130,20 +130,10 @@ pub struct EnvironmentIn {
 /// Longest uenv name.
 pub const MAX_UENV_NAME: usize = 200;
 
-/// `name/version:tag`: segments of letters, digits, `.`, `_`, `+`, `-` (not starting with a dot),
-/// separated by `/`, and an optional `:tag` of the same characters.
+/// `name/version:tag`: the agent's rule for a name it can map to the registry and the cache
+/// ([`lattice_agent::uenv::layout`]), at most [`MAX_UENV_NAME`] bytes.
 pub fn valid_uenv_name(s: &str) -> bool {
-    let segment = |x: &str| {
-        !x.is_empty()
-            && !x.starts_with('.')
-            && x.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'))
-    };
-    let (path, tag) = match s.split_once(':') {
-        Some((p, t)) => (p, Some(t)),
-        None => (s, None),
-    };
-    s.len() <= MAX_UENV_NAME && path.split('/').all(segment) && tag.is_none_or(segment)
+    s.len() <= MAX_UENV_NAME && lattice_agent::uenv::layout(s).is_ok()
 }
 
 /// Refuses an `environment` block this control plane cannot run, naming the field.
