@@ -5,7 +5,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_with_config(cfg, &["proto/raft.proto", "proto/checkpoint.proto"], &["proto"])?;
+        .compile_with_config(
+            cfg,
+            &["proto/raft.proto", "proto/checkpoint.proto", "proto/agent.proto"],
+            &["proto"],
+        )?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! [`Member`] starts one quorum member. The external services' REST clients: VAST storage
 //! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
 //! retries with backoff and typed errors ([`http`]). The client of the applications' gRPC checkpoint
-//! callback the node agent calls ([`checkpoint`]). The durable log store of zstd chunks agents write and the
+//! callback the node agent calls ([`checkpoint`]), and the node agents' own service: the PMI fence
+//! between the agents of a task launch, aborts, and `Exec` for `lattice-mpi-launcher` ([`peer`]). The durable log store of zstd chunks agents write and the
 //! runtime reads ([`logstore`]). The control plane's durable record of acknowledged allocations, with
 //! group commit ([`alloc_store`]). (GPU discovery lives in `lattice-agent`.)
 
@@ -15,6 +16,7 @@ pub mod disk;
 pub mod fabric;
 pub mod http;
 pub mod logstore;
+pub mod peer;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;

@@ -59,6 +59,61 @@ pub struct AgentConfig {
     /// Each allocation's scratch is `DIR/ID/` (`LATTICE_SCRATCH`, `TMPDIR`), created at its start and
     /// removed when its process ends — also one a restarted agent took over. `None`: no scratch.
     pub scratch_dir: Option<PathBuf>,
+    /// The agent's own gRPC service (task launches' fences, aborts, `Exec`): where it listens, and the
+    /// address other agents reach it at (default: the listen address; this host's name for
+    /// `0.0.0.0`). `None`: no service (single-node launches still run).
+    pub peer_listen: Option<String>,
+    pub peer_advertise: Option<String>,
+    /// A task launch's fence not complete within this is aborted ("PMI fence timeout").
+    pub fence_timeout: Duration,
+    /// `lattice-mpi-launcher`, for `mpirun` inside allocations (`HYDRA_LAUNCHER_EXEC`).
+    pub launcher: Option<PathBuf>,
+}
+
+/// Writes `LOG_DIR/.compat/srun`, which runs `lattice srun` (the `lattice` beside this agent, else the
+/// one on the PATH); the directory, or `None` when it cannot be written.
+fn compat_bin(log_dir: &std::path::Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = log_dir.join(".compat");
+    let lattice = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("lattice")))
+        .filter(|p| p.is_file())
+        .map_or_else(|| "lattice".to_string(), |p| p.display().to_string());
+    let script = format!("#!/bin/sh\nexec '{}' srun \"$@\"\n", lattice.replace('\'', "'\\''"));
+    let srun = dir.join("srun");
+    let made = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&srun, script))
+        .and_then(|()| std::fs::set_permissions(&srun, std::fs::Permissions::from_mode(0o755)));
+    match made {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            eprintln!("lattice-agent: srun compatibility in {}: {e}", dir.display());
+            None
+        }
+    }
+}
+
+/// The address other agents reach this agent's service at: the one configured, else the bound
+/// address — with this host's name when it listens on every interface.
+fn advertise(configured: Option<&str>, bound: std::net::SocketAddr) -> String {
+    if let Some(a) = configured {
+        return a.to_string();
+    }
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let host = ok
+        .then(|| {
+            let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+            String::from_utf8_lossy(&name[..end]).into_owned()
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    format!("{host}:{}", bound.port())
 }
 
 /// The allocation's scratch directory under `root`, when its id is a plain name (never a path).
@@ -185,6 +240,33 @@ pub fn run_with(
     let fence = Arc::new(crate::fence::Fence::default());
     fence.spawn(cfg.node.clone(), cfg.heartbeat, cfg.grace, stop.clone());
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
+    // Slurm compatibility: an `srun` that runs `lattice srun` first on the allocations' PATH.
+    let compat_path = cfg.slurm_env.then(|| compat_bin(&cfg.log_dir)).flatten();
+    // Task launches within running allocations, and the agents' own service they use.
+    let tasks = crate::tasks::Tasks::new(crate::tasks::TasksConfig {
+        node: cfg.node.clone(),
+        log_dir: cfg.log_dir.clone(),
+        grace: cfg.grace,
+        fence_timeout: cfg.fence_timeout,
+        slurm_env: cfg.slurm_env,
+    });
+    let peer_addr: Option<String> = cfg.peer_listen.as_deref().and_then(|listen| match tasks.serve(listen) {
+        Ok(a) => {
+            let advertised = advertise(cfg.peer_advertise.as_deref(), a);
+            eprintln!(
+                "lattice-agent {}: agent service on {a} (reached at {advertised})",
+                cfg.node
+            );
+            Some(advertised)
+        }
+        Err(e) => {
+            eprintln!(
+                "lattice-agent {}: agent service on {listen}: {e}; multi-node task launches will fail here",
+                cfg.node
+            );
+            None
+        }
+    });
     // The node-local uenv image cache (its index survives restarts), opened when a uenv is first needed.
     let mut images: Option<crate::cache::ImageCache> = None;
     // Per running allocation: its checkpoint channel, and whether a shmem hint awaits "done".
@@ -238,6 +320,15 @@ pub fn run_with(
             match runner::attach(rec.clone()) {
                 Some(r) => {
                     eprintln!("lattice-agent {}: took over {id} (pid {})", cfg.node, rec.pid);
+                    tasks.alloc_started(
+                        &id,
+                        crate::tasks::AllocInfo {
+                            env: Vec::new(),
+                            pid: rec.pid,
+                            mounted: rec.image.is_some(),
+                            token: rec.launch_token.clone(),
+                        },
+                    );
                     if let Some(c) = Channel::reopen(&cfg.shm_dir, &id, Mechanism::parse(&rec.checkpoint)) {
                         channels.insert(id.clone(), (c, false));
                     }
@@ -270,7 +361,10 @@ pub fn run_with(
     let mut last_push = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         if session.must_register() {
-            let answer = client.send(session.target(), &protocol::register(&cfg.node, &caps, &fp));
+            let answer = client.send(
+                session.target(),
+                &protocol::register_with(&cfg.node, &caps, &fp, peer_addr.as_deref()),
+            );
             if let Err(e) = &answer {
                 eprintln!("lattice-agent {}: register: {e}", cfg.node);
             }
@@ -325,6 +419,12 @@ pub fn run_with(
             let r = procs.remove(&id).expect("listed");
             let rec = r.record.clone();
             let out = r.wait();
+            // Stopped (cancelled, preempted, its walltime, fenced): its task launches' ranks stop
+            // too. Ended by itself: they run on until the control plane says the allocation ended.
+            match out.ending {
+                Ending::Exited(_) => tasks.alloc_process_ended(&id),
+                _ => tasks.alloc_ended(&id),
+            }
             flush_log(cfg, &rec);
             if let Some(dir) = cfg.scratch_dir.as_deref().and_then(|root| scratch_of(root, &id))
                 && let Err(e) = std::fs::remove_dir_all(&dir)
@@ -395,6 +495,8 @@ pub fn run_with(
         while let Ok(o) = wiped_rx.try_recv() {
             reports.wiped.push(o);
         }
+        reports.task_ends.extend(tasks.take_ended());
+        reports.tasks_running = tasks.running();
         let answer = client
             .send(
                 session.target(),
@@ -509,6 +611,28 @@ pub fn run_with(
                 let channel = open_channel(&l.id, &l.checkpoint);
                 let mut env = environment(&l, cfg.slurm_env);
                 env.extend(uenv_env);
+                // The `lattice` client inside the allocation (`lattice launch`) talks to this control plane.
+                if std::env::var_os("LATTICE_ENDPOINT").is_none() {
+                    env.push(("LATTICE_ENDPOINT".to_string(), client.first_endpoint().to_string()));
+                }
+                if let Some(dir) = &compat_path {
+                    let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+                    env.push(("PATH".to_string(), format!("{}:{path}", dir.display())));
+                }
+                // `lattice-mpi-launcher` (mpirun's way to start processes without SSH) asks this
+                // node's agent, presenting the allocation's token.
+                if let (Some(t), Some(addr)) = (&l.launch_token, &peer_addr) {
+                    env.push(("LATTICE_LAUNCH_TOKEN".to_string(), t.clone()));
+                    env.push(("LATTICE_AGENT_ADDR".to_string(), addr.clone()));
+                    let agents: Vec<String> = l.agents.iter().map(|(n, a)| format!("{n}={a}")).collect();
+                    env.push(("LATTICE_AGENTS".to_string(), agents.join(",")));
+                    if let Some(launcher) = &cfg.launcher {
+                        // mpirun (Hydra) starts its proxies on the allocation's nodes through the
+                        // agents instead of SSH.
+                        env.push(("HYDRA_LAUNCHER".to_string(), "ssh".to_string()));
+                        env.push(("HYDRA_LAUNCHER_EXEC".to_string(), launcher.display().to_string()));
+                    }
+                }
                 // A fresh scratch directory (a requeued run on this node does not see the last one's).
                 if let Some(dir) = cfg.scratch_dir.as_deref().and_then(|root| scratch_of(root, &l.id)) {
                     let _ = std::fs::remove_dir_all(&dir);
@@ -517,6 +641,13 @@ pub fn run_with(
                             let d = dir.display().to_string();
                             env.push(("LATTICE_SCRATCH".to_string(), d.clone()));
                             env.push(("TMPDIR".to_string(), d));
+                            // mpirun's hosts: the allocation's nodes.
+                            if cfg.launcher.is_some() && l.launch_token.is_some() && peer_addr.is_some() {
+                                let hosts = dir.join(".lattice-hosts");
+                                if std::fs::write(&hosts, l.nodes.join("\n") + "\n").is_ok() {
+                                    env.push(("HYDRA_HOST_FILE".to_string(), hosts.display().to_string()));
+                                }
+                            }
                         }
                         Err(e) => eprintln!("lattice-agent {}: scratch {}: {e}", cfg.node, dir.display()),
                     }
@@ -537,8 +668,19 @@ pub fn run_with(
                     ring_bytes: cfg.ring_bytes,
                     mount,
                 };
+                let task_env = spec.env.clone();
                 match runner::start(spec) {
-                    Ok(r) => {
+                    Ok(mut r) => {
+                        r.record.launch_token = l.launch_token.clone();
+                        tasks.alloc_started(
+                            &l.id,
+                            crate::tasks::AllocInfo {
+                                env: task_env,
+                                pid: r.pid,
+                                mounted: r.record.image.is_some(),
+                                token: l.launch_token.clone(),
+                            },
+                        );
                         fence.watch(&l.id, r.stopper());
                         procs.insert(l.id.clone(), r);
                         if let Some(c) = channel {
@@ -556,6 +698,13 @@ pub fn run_with(
                         });
                     }
                 }
+            }
+            // Task launches within the allocations running here (after their allocations started).
+            for id in w.stop_tasks {
+                tasks.stop(&id, "the launch ended at the control plane");
+            }
+            for t in w.tasks {
+                tasks.start(t);
             }
         }
         if cfg.log_store.is_some() && last_flush.elapsed() >= cfg.log_flush {
@@ -829,6 +978,8 @@ mod tests {
             task_group: None,
             uenv: None,
             uenv_view: None,
+            launch_token: None,
+            agents: Default::default(),
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");

@@ -47,6 +47,63 @@ pub struct Work {
     /// Recompute the conformance fingerprint now and report it.
     #[serde(default)]
     pub refresh_fingerprint: bool,
+    /// Task launches within running allocations that have ranks on this node (`lattice launch`).
+    #[serde(default)]
+    pub tasks: Vec<TaskLaunch>,
+    /// Task launches running here that ended at the control plane (or that it does not know): stop them.
+    #[serde(default)]
+    pub stop_tasks: Vec<String>,
+}
+
+/// One task launch's part on this node (see the runtime's `TaskWork`): ranks
+/// `first_rank..first_rank + num_ranks` of `world_size`, run as `/bin/sh -c ENTRYPOINT`, with a PMI
+/// server; the launch's nodes are `peers` (this one is `peers[node_index]`, the head agent — rank 0's
+/// — is `peers[0]`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct TaskLaunch {
+    pub launch_id: String,
+    pub alloc: String,
+    pub entrypoint: String,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    pub world_size: u32,
+    pub node_index: u32,
+    pub peers: Vec<TaskPeer>,
+    /// The launch's secret: agents accept fences and aborts of this launch only with it.
+    pub token: String,
+    /// How long a fence may take before the launch is aborted ("PMI fence timeout").
+    #[serde(default)]
+    pub fence_timeout_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct TaskPeer {
+    pub node: String,
+    /// Its agent's service address (`host:port`).
+    #[serde(default)]
+    pub address: Option<String>,
+    pub first_rank: u32,
+    pub num_ranks: u32,
+}
+
+/// How a task launch ended on this node, reported with a poll.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TaskEnd {
+    pub launch_id: String,
+    pub alloc: String,
+    pub ranks: Vec<RankEnd>,
+    /// Why the launch was aborted (a rank failed, "PMI fence timeout", the allocation ended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One rank's end: its exit code (128 + signal when a signal ended it) and the newest output.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RankEnd {
+    pub rank: u32,
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 /// Outcomes an agent reports with its next poll.
@@ -56,6 +113,10 @@ pub struct Reports {
     pub wiped: Vec<Outcome>,
     /// Scaling metrics of allocations on this node (built-in and application-reported).
     pub metrics: Vec<Metric>,
+    /// Task launches that ended on this node.
+    pub task_ends: Vec<TaskEnd>,
+    /// Task launches that run on this node now.
+    pub tasks_running: Vec<String>,
 }
 
 /// One scaling-metric sample of an allocation on this node.
@@ -124,6 +185,13 @@ pub struct Launch {
     pub uenv: Option<String>,
     #[serde(default)]
     pub uenv_view: Option<String>,
+    /// The allocation's secret for `lattice-mpi-launcher` (`LATTICE_LAUNCH_TOKEN`): this node's
+    /// agent runs a process inside the allocation for whoever presents it.
+    #[serde(default)]
+    pub launch_token: Option<String>,
+    /// The allocation's nodes' agent service addresses (`LATTICE_AGENTS`, for `lattice-mpi-launcher`).
+    #[serde(default)]
+    pub agents: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -241,6 +309,11 @@ impl Client {
     /// How many endpoints the client knows.
     pub fn endpoints(&self) -> usize {
         self.bases.len()
+    }
+
+    /// The first endpoint (`LATTICE_ENDPOINT` for the `lattice` client inside allocations).
+    pub fn first_endpoint(&self) -> &str {
+        &self.bases[0]
     }
 
     /// Sends a protocol request to endpoint `to` ([`Client::endpoints`]): the answer's JSON.

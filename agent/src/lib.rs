@@ -23,6 +23,11 @@
 //! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]). uenv software
 //! environments: pulled into the node-local cache with hash verification and mounted for the
 //! allocation's processes alone ([`uenv`]).
+//!
+//! Task launches within a running allocation (`lattice launch`, MPI without SSH): this node's ranks
+//! with the seed's rank environment, their stdout and stderr kept apart, and a PMI server (PMI-2 and
+//! PMI-1 wire protocols, [`pmi`]) whose fence spans the launch's nodes through the agents' own gRPC
+//! service ([`tasks`]).
 //! With the `ebpf` feature, CPU time and block I/O per allocation come from tracepoint programs
 //! ([`ebpf`]); the /proc sampler is the fallback.
 
@@ -35,8 +40,10 @@ pub mod discovery;
 pub mod ebpf;
 pub mod fence;
 pub mod gpu;
+pub mod pmi;
 pub mod protocol;
 pub mod remote_write;
 pub mod runner;
+pub mod tasks;
 pub mod telemetry;
 pub mod uenv;

@@ -80,9 +80,23 @@ fn segment(id: &str) -> String {
 }
 
 pub fn register(node: &str, caps: &crate::discovery::Capabilities, fingerprint: &str) -> Request {
+    register_with(node, caps, fingerprint, None)
+}
+
+/// [`register`] with the address of this agent's own service (task launches' fences go there).
+pub fn register_with(
+    node: &str,
+    caps: &crate::discovery::Capabilities,
+    fingerprint: &str,
+    peer: Option<&str>,
+) -> Request {
+    let mut body = json!({"capabilities": caps, "fingerprint": fingerprint});
+    if let Some(p) = peer {
+        body["peer"] = json!(p);
+    }
     Request {
         path: format!("/v1/nodes/{node}/register"),
-        body: json!({"capabilities": caps, "fingerprint": fingerprint}),
+        body,
     }
 }
 
@@ -113,6 +127,12 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
     }
     if !reports.metrics.is_empty() {
         body["metrics"] = json!(reports.metrics);
+    }
+    if !reports.task_ends.is_empty() {
+        body["task_ends"] = json!(reports.task_ends);
+    }
+    if !reports.tasks_running.is_empty() {
+        body["tasks"] = json!(reports.tasks_running);
     }
     Request {
         path: format!("/v1/nodes/{node}/work"),

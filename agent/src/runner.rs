@@ -136,6 +136,9 @@ pub struct Record {
     /// for an agent that took it over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The allocation's launch token (`lattice-mpi-launcher` presents it), kept for a restarted agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_token: Option<String>,
 }
 
 /// Wall-clock ms since the epoch.
@@ -234,6 +237,7 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
             .as_ref()
             .and_then(|(image, _)| image.file_name())
             .map(|f| f.to_string_lossy().into_owned()),
+        launch_token: None,
     };
     Ok(watch(record, Some(child)))
 }

@@ -4,7 +4,9 @@
 //! stopped and its nodes run the next job; each agent registered its conformance fingerprint; and
 //! a restarted agent takes over its running job from the state file; and when an agent dies under a
 //! running job its node goes Down and the job is requeued elsewhere. A uenv job runs in its SquashFS
-//! image, mounted for its processes alone.
+//! image, mounted for its processes alone. An MPI program (Debian's MPICH) runs as 4 ranks over 2
+//! agents through Lattice's PMI — from a batch script's `lattice launch` and its `srun` — and a
+//! failing rank or a fence that never completes aborts the launch with the seed's reason.
 
 use serde_json::{Value, json};
 use std::process::{Child, Command};
@@ -373,7 +375,8 @@ fn agent_command(node: &str, endpoint: &str, dir: &std::path::Path) -> Command {
         .arg("--state-file")
         .arg(dir.join(format!("state-{node}.json")))
         .arg("--scratch-dir")
-        .arg(dir.join(format!("scratch-{node}")));
+        .arg(dir.join(format!("scratch-{node}")))
+        .args(["--peer-listen", "127.0.0.1:0"]);
     c
 }
 
@@ -1350,5 +1353,170 @@ fn scratch_is_the_jobs_own_and_removed_when_it_ends() {
         assert!(t0.elapsed() < Duration::from_secs(5), "the scratch outlived its job");
         std::thread::sleep(Duration::from_millis(20));
     }
+    rt.block_on(running.shutdown());
+}
+
+/// The launch `id` of allocation `alloc`, once it ended.
+fn launch_ended(base: &str, alloc: &str, id: &str, within: Duration) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = call("GET", &format!("{base}/v1/allocations/{alloc}/tasks/{id}"), None);
+        assert_eq!(status, 200, "{v}");
+        if matches!(v["state"].as_str(), Some("completed" | "failed")) {
+            return v;
+        }
+        assert!(t0.elapsed() < within, "launch {id} did not end: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_mpi_program_runs_over_two_agents_through_lattices_pmi() {
+    // A real MPI: Debian's MPICH (its client speaks PMI-1's wire protocol; CI installs it).
+    let dir = std::env::temp_dir().join(format!("lattice-agent-mpi-{}", std::process::id()));
+    let bin = std::env::temp_dir().join(format!("lattice-agent-mpi-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).unwrap();
+    let prog = bin.join("allreduce");
+    let built = Command::new("mpicc")
+        .arg("-o")
+        .arg(&prog)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/allreduce.c"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        assert!(std::env::var_os("CI").is_none(), "CI must install mpich (mpicc)");
+        eprintln!("skipped: needs mpicc (Debian's mpich)");
+        return;
+    }
+    // `lattice` (the client a batch script calls) is built beside the agent by `cargo test --workspace`.
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_lattice-agent"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert!(
+        bin_dir.join("lattice").is_file(),
+        "the lattice client is built beside lattice-agent (cargo test --workspace)"
+    );
+    let (rt, running) = control_plane(&dir, 2, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let _agents = Agents(
+        ["sim-000", "sim-001"]
+            .iter()
+            .map(|n| {
+                agent_command(n, &base, &dir)
+                    .arg("--slurm-env")
+                    .env("PATH", &path)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let submit = |entrypoint: String| {
+        let (status, v) = call(
+            "POST",
+            &format!("{base}/v1/allocations"),
+            Some(
+                json!({"tenant": "physics", "resources": {"nodes": 2}, "lifecycle": {"walltime": "5m"},
+                "entrypoint": entrypoint}),
+            ),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    // 1. A batch script: `lattice launch` starts 4 ranks, 2 per node, then `srun -n 4` again. No SSH,
+    // no mpiexec: the ranks find each other through the agents' PMI and its fence across the agents.
+    let p = prog.display();
+    let id = submit(format!(
+        "lattice launch -n 4 --tasks-per-node 2 --label -- {p} && srun -n 4 {p}"
+    ));
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(60));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    let log = std::fs::read_to_string(dir.join(format!("logs-sim-000/{id}.log"))).unwrap();
+    for r in 0..4 {
+        assert!(
+            log.contains(&format!("{r}: rank {r} of 4 sum 6\n")),
+            "launch, rank {r}: {log}"
+        );
+        assert!(
+            log.contains(&format!("\nrank {r} of 4 sum 6\n")) || log.starts_with(&format!("rank {r} of 4 sum 6\n")),
+            "srun, rank {r}: {log}"
+        );
+    }
+    // Both launches ran on both nodes, 2 ranks each, and every rank exited 0.
+    let (_, ls) = call("GET", &format!("{base}/v1/allocations/{id}/tasks"), None);
+    let ls = ls["launches"].as_array().unwrap().clone();
+    assert_eq!(ls.len(), 2, "{ls:?}");
+    for l in &ls {
+        assert_eq!(l["state"], "completed", "{l}");
+        assert_eq!(l["exit_codes"], json!([[0, 0], [1, 0], [2, 0], [3, 0]]));
+        let nodes: Vec<(&str, u64)> = l["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| (n["node"].as_str().unwrap(), n["num_ranks"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(nodes, vec![("sim-000", 2), ("sim-001", 2)]);
+    }
+    // Per-rank stdout and stderr files on each node, stderr kept apart.
+    let rank2 = std::fs::read_to_string(dir.join(format!("logs-sim-001/{id}.1.2.out"))).unwrap();
+    assert_eq!(rank2, "rank 2 of 4 sum 6\n");
+
+    // 2. A rank that fails aborts the launch on every node, and says which.
+    let hold = submit("sleep 120".into());
+    wait_for(&base, &hold, |v| v["state"] == "running", Duration::from_secs(20));
+    let t0 = Instant::now();
+    let launch = |body: Value| {
+        let (status, v) = call("POST", &format!("{base}/v1/allocations/{hold}/tasks"), Some(body));
+        assert_eq!(status, 201, "{v}");
+        v["launch_id"].as_str().unwrap().to_string()
+    };
+    let crash = launch(json!({"ntasks": 4, "entrypoint": format!("if [ $PMI_RANK = 2 ]; then exit 5; fi; exec {p}")}));
+    let v = launch_ended(&base, &hold, &crash, Duration::from_secs(30));
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["reason"], "rank 2 exited with code 5", "{v}");
+    // The others were stopped: they could never finish MPI_Init without rank 2.
+    assert_eq!(v["exit_codes"].as_array().unwrap().len(), 4);
+    assert!(v["exit_codes"].as_array().unwrap().iter().all(|c| c[1] != 0), "{v}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+
+    // 3. A fence that never completes: "PMI fence timeout", every rank stopped.
+    let t0 = Instant::now();
+    let stuck = launch(json!({"ntasks": 4, "fence_timeout": "1s",
+        "entrypoint": format!("if [ $PMI_RANK = 3 ]; then exec sleep 60; fi; exec {p}")}));
+    let v = launch_ended(&base, &hold, &stuck, Duration::from_secs(30));
+    assert_eq!(
+        (v["state"].as_str(), v["reason"].as_str()),
+        (Some("failed"), Some("PMI fence timeout")),
+        "{v}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+
+    // 4. Refusals change nothing: PMIx is not offered, a layout that does not fit, another's id.
+    for (body, field) in [
+        (json!({"entrypoint": "true", "pmi": "pmix"}), "pmi"),
+        (
+            json!({"entrypoint": "true", "ntasks": 9, "tasks_per_node": 4}),
+            "ntasks",
+        ),
+        (json!({"entrypoint": ""}), "entrypoint"),
+    ] {
+        let (status, v) = call("POST", &format!("{base}/v1/allocations/{hold}/tasks"), Some(body));
+        assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");
+    }
+    let (_, ls) = call("GET", &format!("{base}/v1/allocations/{hold}/tasks"), None);
+    assert_eq!(
+        ls["launches"].as_array().unwrap().len(),
+        2,
+        "no launch was recorded by a refusal"
+    );
+    // An allocation that ended takes no launch.
+    let (status, _) = call(
+        "POST",
+        &format!("{base}/v1/allocations/{id}/tasks"),
+        Some(json!({"entrypoint": "true"})),
+    );
+    assert_eq!(status, 400);
+    call("DELETE", &format!("{base}/v1/allocations/{hold}"), None);
     rt.block_on(running.shutdown());
 }

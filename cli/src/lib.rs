@@ -3,12 +3,14 @@
 //! block ([`report`]) — against a baseline profile with arrows ([`compare`]) —, writes the output contract
 //! (`summary.json`, `jobs.csv`), sweeps weights ([`sweep`]), runs the regression suite ([`regress`]) and
 //! measures itself ([`bench`]). The `lattice` client (`bin/lattice.rs`) talks to `lattice-runtime`'s REST API;
-//! [`directives`] reads its scripts' `#LATTICE`/`#SBATCH` lines.
+//! [`directives`] reads its scripts' `#LATTICE`/`#SBATCH` lines; [`launch`] runs `lattice launch` and
+//! its `srun` form.
 
 pub mod bench;
 pub mod compare;
 pub mod directives;
 pub mod fuzz;
+pub mod launch;
 pub mod reference;
 pub mod regress;
 pub mod replay;

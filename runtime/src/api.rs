@@ -27,6 +27,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations", get(list).post(submit))
         .route("/v1/allocations/{id}", get(get_one).delete(cancel).patch(update))
         .route("/v1/allocations/{id}/checkpoint", axum::routing::post(checkpoint))
+        .route("/v1/allocations/{id}/tasks", get(list_tasks).post(launch_tasks))
+        .route("/v1/allocations/{id}/tasks/{launch}", get(get_task))
         .route("/v1/dags", get(list_dags).post(submit_dag))
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/nodes", get(nodes))
@@ -264,6 +266,9 @@ async fn node(State(s): S, Path(id): Path<String>) -> Response {
 struct RegisterIn {
     fingerprint: Option<String>,
     capabilities: Option<Value>,
+    /// Where the agent's own service listens (`host:port`): task launches' fences go there.
+    #[serde(default)]
+    peer: Option<String>,
 }
 
 async fn register(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -275,7 +280,7 @@ async fn register(State(s): S, Extension(p): P, Path(id): Path<String>, body: ax
             Err(e) => return body_error(e),
         }
     };
-    match ops::register(&s, &p, &id, r.fingerprint, r.capabilities).await {
+    match ops::register_with(&s, &p, &id, r.fingerprint, r.capabilities, r.peer).await {
         Ok(state) => Json(json!({"node": id, "state": state})).into_response(),
         Err(e) => e.into_response(),
     }
@@ -614,6 +619,12 @@ struct WorkIn {
     /// Scaling-metric samples of allocations on this node.
     #[serde(default)]
     metrics: Vec<crate::control::MetricIn>,
+    /// Task launches that ended on this node.
+    #[serde(default)]
+    task_ends: Vec<crate::tasks::TaskEndIn>,
+    /// Task launches that run on this node.
+    #[serde(default)]
+    tasks: Vec<String>,
 }
 
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -625,9 +636,37 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         checkpointed: w.checkpointed,
         wiped: w.wiped,
         metrics: w.metrics,
+        task_ends: w.task_ends,
+        tasks_running: w.tasks,
     };
     match ops::work(&s, &p, &id, &w.running, w.output, &reports).await {
         Ok(w) => Json(w).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/allocations/{id}/tasks`: a task launch within the running allocation (`lattice launch`).
+async fn launch_tasks(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let req: crate::tasks::TaskRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return body_error(e),
+    };
+    match ops::launch_tasks(&s, &p, &id, &req).await {
+        Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn list_tasks(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::task_launches(&s, &p, &id).await {
+        Ok(v) => Json(json!({"launches": v})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_task(State(s): S, Extension(p): P, Path((id, launch)): Path<(String, String)>) -> Response {
+    match ops::task_launch(&s, &p, &id, &launch).await {
+        Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }

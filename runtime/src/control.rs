@@ -625,6 +625,12 @@ pub struct Control {
     checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
     /// Per node: the fingerprint and capabilities its agent reported.
     agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
+    /// Per node: where its agent's own service listens (task launches' fences between agents).
+    peer_addr: BTreeMap<u32, String>,
+    /// Task launches within running allocations (`lattice launch`): leader state, not replicated.
+    pub launches: crate::tasks::Launches,
+    /// The secret each allocation's launch token is derived from (random per leader; zeros in tests).
+    pub launch_secret: [u8; 32],
     /// Per node: when its agent last reported the fingerprint (ms), and whether a fresh one is asked.
     fingerprint_ms: BTreeMap<u32, u64>,
     fingerprint_asked: std::collections::BTreeSet<u32>,
@@ -764,6 +770,9 @@ impl Control {
             settle_wanted: Default::default(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
+            peer_addr: BTreeMap::new(),
+            launches: Default::default(),
+            launch_secret: [0; 32],
             fingerprint_ms: BTreeMap::new(),
             fingerprint_asked: Default::default(),
             partitions: BTreeMap::new(),
@@ -1813,6 +1822,119 @@ impl Control {
         Ok(self.node_state(id))
     }
 
+    /// Where `node`'s agent serves the agents' service (reported at registration). A registration
+    /// also means the agent restarted: the task launches it ran are gone.
+    pub fn set_agent_service(&mut self, node: &str, addr: Option<String>) -> Result<(), FieldError> {
+        let id = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        if let Some(a) = &addr
+            && (a.is_empty() || a.len() > 255 || a.contains(['/', ' ', '\0']) || !a.contains(':'))
+        {
+            return Err(bad("peer", "host:port of the agent's service"));
+        }
+        match addr {
+            Some(a) => self.peer_addr.insert(id.0, a),
+            None => self.peer_addr.remove(&id.0),
+        };
+        let now = self.now().0;
+        self.launches.agent_restarted(node, now);
+        Ok(())
+    }
+
+    /// A task launch within running allocation `name` (`lattice launch`): laid out over its nodes.
+    pub fn launch_tasks(
+        &mut self,
+        name: &str,
+        req: &crate::tasks::TaskRequest,
+        token: String,
+    ) -> Result<crate::tasks::LaunchView, FieldError> {
+        let id = self
+            .id_of(name)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let a = self
+            .ctl
+            .engine
+            .allocation(id)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        if a.state != AllocState::Running {
+            return Err(bad("id", format!("allocation {name} is not running")));
+        }
+        let nodes: Vec<(String, Option<String>)> = a
+            .nodes
+            .iter()
+            .map(|n| (self.node_names[n.index()].clone(), self.peer_addr.get(&n.0).cloned()))
+            .collect();
+        let now_ms = self.now().0;
+        self.launches
+            .create(
+                req,
+                crate::tasks::NewLaunch {
+                    alloc: name,
+                    nodes,
+                    token,
+                    now_ms,
+                },
+            )
+            .map_err(|(f, m)| bad(&f, m))
+    }
+
+    /// An agent's poll, for task launches: the parts of launches `node` should start (of allocations
+    /// running on it), and which of the launches it runs (`running`) to stop — ended or unknown here.
+    pub fn task_work(&mut self, node: &str, running: &[String]) -> (Vec<crate::tasks::TaskWork>, Vec<String>) {
+        self.sweep_launches();
+        let Some(nid) = self.node_index(node) else {
+            return (Vec::new(), Vec::new());
+        };
+        let engine = &self.ctl.engine;
+        let by_name = &self.by_name;
+        let here = |alloc: &str| {
+            by_name
+                .get(alloc)
+                .and_then(|id| engine.allocation(*id))
+                .is_some_and(|a| a.state == AllocState::Running && a.nodes.contains(&nid))
+        };
+        let start = self.launches.hand_out(node, here);
+        let stop = running.iter().filter(|l| !self.launches.is_live(l)).cloned().collect();
+        (start, stop)
+    }
+
+    /// Launches of allocations that no longer run are ended (failed) first.
+    fn sweep_launches(&mut self) {
+        let now = self.now().0;
+        let mut launches = std::mem::take(&mut self.launches);
+        launches.sweep(
+            |alloc| {
+                self.id_of(alloc)
+                    .and_then(|id| self.ctl.engine.allocation(id))
+                    .is_some_and(|a| a.state == AllocState::Running)
+            },
+            now,
+        );
+        self.launches = launches;
+    }
+
+    /// The task launches of allocation `name`.
+    pub fn task_launches(&mut self, name: &str) -> Vec<crate::tasks::LaunchView> {
+        self.sweep_launches();
+        self.launches.list(name)
+    }
+
+    pub fn task_launch(&mut self, name: &str, launch: &str) -> Option<crate::tasks::LaunchView> {
+        self.sweep_launches();
+        self.launches.get(name, launch)
+    }
+
+    /// The token `lattice-mpi-launcher` presents to run processes in allocation `name`'s current run.
+    fn launch_token(&self, name: &str, started_ms: u64) -> String {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(self.launch_secret);
+        h.update(name.as_bytes());
+        h.update(started_ms.to_le_bytes());
+        h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// With real agents: idle nodes whose agent has not registered are Booting — nothing is placed on
     /// a node nobody would run it on; its agent's registration makes it Ready (the seed's node
     /// lifecycle: Booting → HealthOk → Ready). Nodes that hold a (re-attached) allocation keep it and
@@ -2421,6 +2543,12 @@ impl Control {
                     task_group: self.group_view(a),
                     uenv: m.environment.as_ref().and_then(|e| e.uenv.clone()),
                     uenv_view: m.environment.as_ref().and_then(|e| e.view.clone()),
+                    launch_token: Some(self.launch_token(&self.name_of(id), a.started.map_or(0, |t| t.0))),
+                    agents: a
+                        .nodes
+                        .iter()
+                        .filter_map(|n| Some((self.node_names[n.index()].clone(), self.peer_addr.get(&n.0)?.clone())))
+                        .collect(),
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -2499,10 +2627,16 @@ impl Control {
             checkpointed,
             wiped,
             metrics,
+            task_ends,
+            tasks_running: _,
         } = reports;
         let nid = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
+        let now = self.now().0;
+        for e in task_ends {
+            self.launches.ended(node, e.clone(), now);
+        }
         // A reactive allocation's metric: the mean of its nodes' latest samples goes to the
         // autoscaler (which keeps the evaluation windows).
         for m in metrics {
@@ -3010,6 +3144,13 @@ pub struct Launch {
     pub uenv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uenv_view: Option<String>,
+    /// The allocation's launch token (`LATTICE_LAUNCH_TOKEN`): the agents run `lattice-mpi-launcher`'s
+    /// processes in it for whoever presents it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_token: Option<String>,
+    /// The allocation's nodes' agent service addresses (`lattice-mpi-launcher` reaches them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub agents: BTreeMap<String, String>,
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.
@@ -3034,6 +3175,12 @@ pub struct Work {
     /// An operator asked for a fresh conformance fingerprint (the agent registers again with it).
     #[serde(default)]
     pub refresh_fingerprint: bool,
+    /// Task launches with ranks on this node (`lattice launch`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<crate::tasks::TaskWork>,
+    /// Task launches it runs that ended (or that this leader does not know): stop their ranks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_tasks: Vec<String>,
 }
 
 /// New output an agent sends for a followed allocation: bytes `offset..next` of its output on that
@@ -3126,6 +3273,10 @@ pub struct AgentReports {
     pub wiped: Vec<Outcome>,
     /// Scaling-metric samples of allocations on its node.
     pub metrics: Vec<MetricIn>,
+    /// Task launches that ended on its node.
+    pub task_ends: Vec<crate::tasks::TaskEndIn>,
+    /// Task launches that run on its node now.
+    pub tasks_running: Vec<String>,
 }
 
 /// A scaling-metric sample an agent reports for an allocation on its node.

@@ -9,7 +9,8 @@
 //!
 //! [`auth`] checks bearer JWTs (RS256 JWKS, HS256 dev), the seed's roles with tenant scoping, and
 //! per-user rate limits. [`grpc`] serves the same operations ([`ops`]) over gRPC. [`tls`] puts both
-//! ports (and Raft between members) behind rustls TLS or mTLS.
+//! ports (and Raft between members) behind rustls TLS or mTLS. [`tasks`] lays out task launches
+//! within running allocations (`lattice launch`) and hands each node's ranks to its agent.
 
 pub mod api;
 pub mod auth;
@@ -24,6 +25,7 @@ pub mod network;
 pub mod ops;
 pub mod replay;
 pub mod server;
+pub mod tasks;
 pub mod tls;
 pub mod world;
 

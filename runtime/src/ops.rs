@@ -1169,6 +1169,75 @@ pub async fn register(
     r.map_err(|e| field_error(node, e))
 }
 
+/// [`register`] with the address of the agent's own service (task launches' fences).
+pub async fn register_with(
+    s: &Shared,
+    p: &Principal,
+    node: &str,
+    fingerprint: Option<String>,
+    capabilities: Option<serde_json::Value>,
+    peer: Option<String>,
+) -> Result<String, ApiError> {
+    let state = register(s, p, node, fingerprint, capabilities).await?;
+    s.control
+        .lock()
+        .await
+        .set_agent_service(node, peer)
+        .map_err(|e| field_error(node, e))?;
+    Ok(state)
+}
+
+/// `POST /v1/allocations/{id}/tasks`: a task launch in running allocation `id` (its owner or an
+/// admin); each node's agent gets its ranks with its next poll.
+pub async fn launch_tasks(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    req: &crate::tasks::TaskRequest,
+) -> Result<crate::tasks::LaunchView, ApiError> {
+    writable(s).await?;
+    may_change(s, p, id, "launching tasks in").await?;
+    let token = random_token();
+    let r = s.control.lock().await.launch_tasks(id, req, token);
+    r.map_err(bad_request)
+}
+
+/// The launch's secret: 128 random bits (the agents accept its fences and aborts only with it).
+fn random_token() -> String {
+    random_secret()[..16].iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// 256 random bits from the kernel.
+pub fn random_secret() -> [u8; 32] {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        // Never a predictable secret: the time and address of this call, hashed.
+        use sha2::Digest;
+        let seed = format!("{:?}{:p}", std::time::SystemTime::now(), &b);
+        b.copy_from_slice(&sha2::Sha256::digest(seed.as_bytes()));
+    }
+    b
+}
+
+/// The task launches of allocation `id` (whoever may see it).
+pub async fn task_launches(s: &Shared, p: &Principal, id: &str) -> Result<Vec<crate::tasks::LaunchView>, ApiError> {
+    get(s, p, id).await?;
+    Ok(s.control.lock().await.task_launches(id))
+}
+
+pub async fn task_launch(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    launch: &str,
+) -> Result<crate::tasks::LaunchView, ApiError> {
+    get(s, p, id).await?;
+    let found = s.control.lock().await.task_launch(id, launch);
+    found.ok_or_else(|| not_found("task launch", launch))
+}
+
 pub async fn heartbeat(
     s: &Shared,
     p: &Principal,
@@ -1217,7 +1286,8 @@ pub async fn work(
     let mut c = s.control.lock().await;
     c.add_output(node, output);
     c.agent_reports(node, reports).map_err(|e| field_error(node, e))?;
-    let w = c.work(node, running).map_err(|e| field_error(node, e))?;
+    let mut w = c.work(node, running).map_err(|e| field_error(node, e))?;
+    (w.tasks, w.stop_tasks) = c.task_work(node, &reports.tasks_running);
     // A checkpoint or wipe outcome may have changed what the engine can do.
     let actions = c.take_actions();
     drop(c);

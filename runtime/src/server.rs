@@ -221,12 +221,18 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let simulate_agents = cfg.simulate_agents.unwrap_or(cfg.inventory.is_none());
     let heartbeat_grace = cfg.agents.grace();
     let heartbeat_timeout_ms = cfg.agents.durations().0;
+    // Allocations' launch tokens derive from a secret of this process (a simulation's is fixed).
+    let launch_secret = match &disk {
+        lattice_adapters::disk::Disk::Dir(_) => crate::ops::random_secret(),
+        _ => [0; 32],
+    };
     let make =
         move |inv: &lattice_traces::Inventory, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
             let mut c = Control::new(inv, vcs, quotas, capture)?;
             c.wall = clock;
             c.ctl.grace = heartbeat_grace;
             c.heartbeat_timeout_ms = heartbeat_timeout_ms;
+            c.launch_secret = launch_secret;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
             c.real_agents = !simulate_agents;

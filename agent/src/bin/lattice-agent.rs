@@ -112,6 +112,17 @@ struct Args {
     /// ends on this node. `none` for no scratch.
     #[arg(long, default_value = "/scratch/local")]
     scratch_dir: String,
+    /// The agent's own gRPC service (task launches' PMI fences between agents, aborts, and `Exec` for
+    /// `lattice-mpi-launcher`): `host:port` (port 0 picks a free one); `none` serves nothing.
+    #[arg(long, default_value = "0.0.0.0:7010")]
+    peer_listen: String,
+    /// The address other agents reach the service at (default: the listen address, or this host's
+    /// name and the port when it listens on every interface).
+    #[arg(long)]
+    peer_advertise: Option<String>,
+    /// A task launch's fence not complete within this is aborted ("PMI fence timeout").
+    #[arg(long, default_value = "60s")]
+    pmi_fence_timeout: humantime::Duration,
 }
 
 /// `200G`, `512M`, `1048576`: bytes (K/M/G/T are powers of 1024).
@@ -204,6 +215,13 @@ fn run() -> Result<()> {
             },
         },
         scratch_dir: (a.scratch_dir != "none").then(|| PathBuf::from(&a.scratch_dir)),
+        peer_listen: (a.peer_listen != "none").then_some(a.peer_listen),
+        peer_advertise: a.peer_advertise,
+        fence_timeout: a.pmi_fence_timeout.into(),
+        launcher: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("lattice-mpi-launcher")))
+            .filter(|p| p.is_file()),
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [libc::SIGTERM, libc::SIGINT] {

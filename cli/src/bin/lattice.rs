@@ -98,6 +98,41 @@ enum Cmd {
         #[arg(long)]
         node: Option<String>,
     },
+    /// Run tasks within a running allocation (srun's counterpart): `lattice launch --alloc=ID -n 4
+    /// [--tasks-per-node=K] [--env K=V] -- PROG ARGS`. The ranks get a PMI server (MPI without SSH or
+    /// mpiexec) and the seed's rank environment; each rank's stdout and stderr are printed apart when
+    /// the launch ends. Exits 0 when every rank did, else with the first failing rank's code.
+    /// Inside an allocation `--alloc` defaults to it; a multi-node script calls it on node 0 only
+    /// (on the others it returns 0 at once: node 0's launch already spans them).
+    Launch {
+        #[arg(long)]
+        alloc: Option<String>,
+        /// Ranks in all (default: --tasks-per-node on every node, or one per node).
+        #[arg(short = 'n', long = "ntasks")]
+        ntasks: Option<u32>,
+        #[arg(long)]
+        tasks_per_node: Option<u32>,
+        /// `NAME=VALUE` for every rank (repeatable).
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// `pmi2` (default; PMI-1 clients are served too) or `pmix`.
+        #[arg(long)]
+        pmi: Option<String>,
+        /// Abort the launch when a PMI fence takes longer (default: the agents', 60s).
+        #[arg(long)]
+        fence_timeout: Option<String>,
+        /// `RANK: ` before each line of output.
+        #[arg(short, long)]
+        label: bool,
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Slurm's `srun` inside an allocation, as `lattice launch` (`-n`, `--ntasks-per-node`,
+    /// `--export`, `-l`, `--mpi`); the agents put an `srun` that calls this on the allocation's PATH.
+    Srun {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Nodes and their state.
     Nodes {
         #[arg(short, long, value_enum, default_value = "table")]
@@ -183,16 +218,34 @@ impl Client {
                 }
             }};
         }
-        let resp = match (method, body) {
-            ("GET", _) => authed!(self.agent.get(&url)).call(),
-            ("DELETE", _) => authed!(self.agent.delete(&url)).call(),
-            ("POST", Some(b)) => authed!(self.agent.post(&url)).send_json(b),
-            ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
-            ("PUT", Some(b)) => authed!(self.agent.put(&url)).send_json(b),
-            _ => bail!("unsupported request {method} {path}"),
+        // A request refused by the rate limit (429) was not processed: it is sent again after the
+        // server's Retry-After (a few times).
+        let mut tries = 0;
+        let (mut resp, status) = loop {
+            let resp = match (method, body) {
+                ("GET", _) => authed!(self.agent.get(&url)).call(),
+                ("DELETE", _) => authed!(self.agent.delete(&url)).call(),
+                ("POST", Some(b)) => authed!(self.agent.post(&url)).send_json(b),
+                ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
+                ("PUT", Some(b)) => authed!(self.agent.put(&url)).send_json(b),
+                _ => bail!("unsupported request {method} {path}"),
+            };
+            let resp = resp.with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
+            let status = resp.status().as_u16();
+            tries += 1;
+            if status != 429 || tries > 5 {
+                break (resp, status);
+            }
+            let wait = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .unwrap_or(1.0)
+                .min(30.0);
+            std::thread::sleep(std::time::Duration::from_secs_f64(wait));
         };
-        let mut resp = resp.with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
-        let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status >= 400 {
@@ -477,6 +530,31 @@ fn run() -> Result<()> {
                 print!("{}", text.as_str().unwrap_or_default());
             }
         }
+        Cmd::Launch {
+            alloc,
+            ntasks,
+            tasks_per_node,
+            env,
+            pmi,
+            fence_timeout,
+            label,
+            command,
+        } => {
+            let args = lattice_cli::launch::LaunchArgs {
+                ntasks,
+                tasks_per_node,
+                env: lattice_cli::launch::parse_env(&env).map_err(anyhow::Error::msg)?,
+                pmi,
+                fence_timeout,
+                label,
+                command,
+            };
+            launch(&client, alloc, &args)?;
+        }
+        Cmd::Srun { args } => {
+            let args = lattice_cli::launch::from_srun(&args).map_err(anyhow::Error::msg)?;
+            launch(&client, None, &args)?;
+        }
         Cmd::Cancel { ids } => {
             if ids.is_empty() {
                 bail!("which allocation? `lattice cancel ID...`");
@@ -620,6 +698,42 @@ fn run() -> Result<()> {
 }
 
 /// Prints rows as a table (chosen columns), wide (more columns), JSON or YAML.
+/// Runs a task launch and waits for it; exits the process with its status.
+fn launch(client: &Client, alloc: Option<String>, args: &lattice_cli::launch::LaunchArgs) -> Result<()> {
+    let inside = std::env::var("LATTICE_ALLOC_ID").ok();
+    let Some(alloc) = alloc.or(inside.clone()) else {
+        bail!("--alloc: which allocation? (or run `lattice launch` inside one)");
+    };
+    // A multi-node allocation's script runs on every node: node 0's launch spans them all.
+    if inside.as_deref() == Some(alloc.as_str())
+        && std::env::var("LATTICE_NODEID").is_ok_and(|n| n != "0")
+        && std::env::var("LATTICE_LAUNCH_ID").is_err()
+    {
+        return Ok(());
+    }
+    let v = client.call("POST", &format!("/v1/allocations/{alloc}/tasks"), Some(&args.body()))?;
+    let id = v["launch_id"].as_str().unwrap_or_default().to_string();
+    let mut pause = std::time::Duration::from_millis(25);
+    let view = loop {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(500));
+        let v = client.call("GET", &format!("/v1/allocations/{alloc}/tasks/{id}"), None)?;
+        if matches!(v["state"].as_str(), Some("completed" | "failed")) {
+            break v;
+        }
+    };
+    let (out, err) = lattice_cli::launch::rank_output(&view, args.label);
+    print!("{out}");
+    eprint!("{err}");
+    if let Some(r) = view["reason"].as_str() {
+        eprintln!("lattice launch: {id} failed: {r}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(lattice_cli::launch::exit_status(&view));
+}
+
 fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Result<()> {
     match output {
         Output::Json => {
