@@ -495,8 +495,10 @@ pub fn run_with(
         while let Ok(o) = wiped_rx.try_recv() {
             reports.wiped.push(o);
         }
-        reports.task_ends.extend(tasks.take_ended());
+        // What runs first, then what ended (a launch is listed ended before it stops being listed
+        // running): every launch handed here is in one or the other.
         reports.tasks_running = tasks.running();
+        reports.task_ends.extend(tasks.take_ended());
         let answer = client
             .send(
                 session.target(),

@@ -76,9 +76,23 @@ struct Inner {
     /// Processes `Exec` started, per allocation (stopped with it).
     execs: Mutex<BTreeMap<String, Vec<u32>>>,
     ended: Mutex<Vec<TaskEnd>>,
+    timings: Mutex<Vec<LaunchTiming>>,
+}
+
+/// When things happened in a launch on this node (for measuring fan-out and fences).
+#[derive(Clone, Debug)]
+pub struct LaunchTiming {
+    pub launch_id: String,
+    /// When [`Tasks::start`] took it.
+    pub started: Instant,
+    /// When the last local rank sent its first PMI command (None: some never did).
+    pub all_connected: Option<Instant>,
+    /// Each fence: when the last local rank entered it, and when the merged puts came back.
+    pub fences: Vec<(Instant, Instant)>,
 }
 
 struct Launch {
+    started: Instant,
     work: TaskLaunch,
     fence_timeout: Duration,
     st: Mutex<State>,
@@ -106,6 +120,10 @@ struct State {
     head_in: BTreeMap<u32, Vec<(String, String)>>,
     head_first: Option<Instant>,
     merged: Option<(u32, Arc<Pairs>)>,
+    /// Ranks that sent a first PMI command, and when the last did.
+    connected: BTreeSet<u32>,
+    all_connected: Option<Instant>,
+    fences: Vec<(Instant, Instant)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -128,6 +146,7 @@ impl Tasks {
                 allocs: Mutex::default(),
                 execs: Mutex::default(),
                 ended: Mutex::default(),
+                timings: Mutex::default(),
             }),
         }
     }
@@ -203,6 +222,11 @@ impl Tasks {
         std::mem::take(&mut *lock(&self.inner.ended))
     }
 
+    /// The timings of launches that ended here since the last call.
+    pub fn take_timings(&self) -> Vec<LaunchTiming> {
+        std::mem::take(&mut *lock(&self.inner.timings))
+    }
+
     /// Which launches run here now.
     pub fn running(&self) -> Vec<String> {
         lock(&self.inner.launches).keys().cloned().collect()
@@ -247,7 +271,9 @@ impl Tasks {
             w.world_size,
             pmi::process_mapping(&sizes),
         );
+        let started = Instant::now();
         let launch = Arc::new(Launch {
+            started,
             fence_timeout: w
                 .fence_timeout_s
                 .filter(|s| s.is_finite() && *s > 0.0)
@@ -392,14 +418,30 @@ impl Tasks {
                 stderr: tail(&self.rank_file(&w.launch_id, *rank, "err")),
             })
             .collect();
-        let reason = lock(&l.st).aborted.clone();
-        lock(&self.inner.launches).remove(&w.launch_id);
+        let (reason, timing) = {
+            let s = lock(&l.st);
+            let timing = LaunchTiming {
+                launch_id: w.launch_id.clone(),
+                started: l.started,
+                all_connected: s.all_connected,
+                fences: s.fences.clone(),
+            };
+            (s.aborted.clone(), timing)
+        };
+        let mut timings = lock(&self.inner.timings);
+        if timings.len() >= 1024 {
+            timings.remove(0);
+        }
+        timings.push(timing);
+        drop(timings);
+        // Reported ended before it stops being listed as running: a poll never sees it in neither.
         lock(&self.inner.ended).push(TaskEnd {
             launch_id: w.launch_id.clone(),
             alloc: w.alloc.clone(),
             ranks,
             reason,
         });
+        lock(&self.inner.launches).remove(&w.launch_id);
     }
 
     fn rank_file(&self, launch: &str, rank: u32, what: &str) -> PathBuf {
@@ -472,6 +514,11 @@ impl Tasks {
             for cmd in cmds {
                 let action = {
                     let mut s = lock(&l.st);
+                    if s.connected.insert(rank)
+                        && s.connected.len() as u32 == l.work.peers[l.work.node_index as usize].num_ranks
+                    {
+                        s.all_connected = Some(Instant::now());
+                    }
                     let a = conn.handle(&mut s.kvs, &cmd);
                     if let Some(slot) = s.conns.get_mut(&rank) {
                         slot.1 = conn.wire;
@@ -537,6 +584,7 @@ impl Tasks {
             (s.in_fence.len() >= live && s.aborted.is_none()).then(|| (s.kvs.pending.clone(), s.epoch))
         };
         let Some((puts, epoch)) = batch else { return };
+        let all_in = Instant::now();
         let w = &l.work;
         let f = FenceIn {
             launch_id: w.launch_id.clone(),
@@ -563,6 +611,7 @@ impl Tasks {
             Ok(merged) => {
                 let mut s = lock(&l.st);
                 s.kvs.merge(merged);
+                s.fences.push((all_in, Instant::now()));
                 s.epoch += 1;
                 s.fence_since = None;
                 let waiting = std::mem::take(&mut s.in_fence);

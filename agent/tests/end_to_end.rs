@@ -1462,6 +1462,25 @@ fn an_mpi_program_runs_over_two_agents_through_lattices_pmi() {
     let rank2 = std::fs::read_to_string(dir.join(format!("logs-sim-001/{id}.1.2.out"))).unwrap();
     assert_eq!(rank2, "rank 2 of 4 sum 6\n");
 
+    // 1b. `mpirun` (MPICH's Hydra) inside an allocation: its proxies start on both nodes through the
+    // agents (`lattice-mpi-launcher` instead of ssh), and its ranks find each other through Hydra.
+    // Each rank says which node's agent started its proxy: with `-genvnone` it has the environment the
+    // agent gave the proxy there, not the one mpiexec was started with.
+    let id = submit(format!(
+        "if [ \"$LATTICE_NODEID\" = 0 ]; then mpiexec -genvnone -n 4 -ppn 2 /bin/sh -c 'echo \"proxy on node $LATTICE_NODEID\"; exec {p}'; fi"
+    ));
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(60));
+    let log = std::fs::read_to_string(dir.join(format!("logs-sim-000/{id}.log"))).unwrap();
+    assert_eq!(v["end_reason"], "success", "{v}\n{log}");
+    for r in 0..4 {
+        assert!(
+            log.contains(&format!("rank {r} of 4 sum 6\n")),
+            "mpirun, rank {r}: {log}"
+        );
+    }
+    assert_eq!(log.matches("proxy on node 0\n").count(), 2, "{log}");
+    assert_eq!(log.matches("proxy on node 1\n").count(), 2, "{log}");
+
     // 2. A rank that fails aborts the launch on every node, and says which.
     let hold = submit("sleep 120".into());
     wait_for(&base, &hold, |v| v["state"] == "running", Duration::from_secs(20));

@@ -1822,8 +1822,7 @@ impl Control {
         Ok(self.node_state(id))
     }
 
-    /// Where `node`'s agent serves the agents' service (reported at registration). A registration
-    /// also means the agent restarted: the task launches it ran are gone.
+    /// Where `node`'s agent serves the agents' service (reported at registration).
     pub fn set_agent_service(&mut self, node: &str, addr: Option<String>) -> Result<(), FieldError> {
         let id = self
             .node_index(node)
@@ -1837,8 +1836,6 @@ impl Control {
             Some(a) => self.peer_addr.insert(id.0, a),
             None => self.peer_addr.remove(&id.0),
         };
-        let now = self.now().0;
-        self.launches.agent_restarted(node, now);
         Ok(())
     }
 
@@ -1886,6 +1883,8 @@ impl Control {
         let Some(nid) = self.node_index(node) else {
             return (Vec::new(), Vec::new());
         };
+        let now = self.now().0;
+        self.launches.reconcile(node, running, now);
         let engine = &self.ctl.engine;
         let by_name = &self.by_name;
         let here = |alloc: &str| {

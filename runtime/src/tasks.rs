@@ -338,11 +338,14 @@ impl Launches {
         }
     }
 
-    /// `node`'s agent registered again: what it ran of a launch is gone.
-    pub fn agent_restarted(&mut self, node: &str, now_ms: u64) {
+    /// `node`'s agent runs these launches (`running`, after its ends were taken): one handed to it
+    /// that it neither runs nor reported ended is lost (the agent restarted, or never got it).
+    pub fn reconcile(&mut self, node: &str, running: &[String], now_ms: u64) {
         for l in self.by_alloc.values_mut().flatten() {
-            if !l.done() && l.handed.contains(node) && !l.ends.contains_key(node) {
-                l.failed = Some(format!("the agent of node {node} restarted during the launch"));
+            if !l.done() && l.handed.contains(node) && !l.ends.contains_key(node) && !running.contains(&l.id) {
+                l.failed = Some(format!(
+                    "the agent of node {node} no longer runs its part of the launch (it restarted)"
+                ));
                 l.ended_ms = Some(now_ms);
             }
         }
@@ -544,7 +547,14 @@ mod tests {
         // The allocation ends under a running launch; an agent restarts under another.
         let a = ls.create(&req, at(&["n0", "n1"])).unwrap().launch_id;
         ls.hand_out("n0", |a| a == "a-000001");
-        ls.agent_restarted("n0", 6);
+        ls.reconcile("n0", std::slice::from_ref(&a), 6);
+        ls.reconcile("n1", &[], 6);
+        assert_eq!(
+            ls.get("a-000001", &a).unwrap().state,
+            "running",
+            "n0 runs it; n1 never had it"
+        );
+        ls.reconcile("n0", &[], 6);
         assert!(ls.get("a-000001", &a).unwrap().reason.unwrap().contains("restarted"));
         let b = ls.create(&req, at(&["n0", "n1"])).unwrap().launch_id;
         ls.sweep(|_| true, 7);
