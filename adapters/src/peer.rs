@@ -30,6 +30,45 @@ pub enum ExecEvent {
     Exit(i32),
 }
 
+/// The start of a terminal session ([`PeerHandler::attach`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttachStart {
+    pub alloc: String,
+    pub token: String,
+    /// What to run (`sh -c`); `None`: a login shell.
+    pub command: Option<String>,
+    pub rows: u16,
+    pub cols: u16,
+    pub term: Option<String>,
+}
+
+/// What the user sends to a terminal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttachInput {
+    Stdin(Vec<u8>),
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
+    /// `INT`, `TSTP`, `QUIT`, `HUP`, `TERM`.
+    Signal(String),
+}
+
+/// What a terminal sends back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttachOutput {
+    Stdout(Vec<u8>),
+    Exit(i32),
+    Error(String),
+}
+
+/// A terminal the agent opened: feed `input` (dropping it hangs up: SIGHUP to the session); read
+/// `output` until `Exit`.
+pub struct AttachSession {
+    pub input: std::sync::mpsc::Sender<AttachInput>,
+    pub output: std::sync::mpsc::Receiver<AttachOutput>,
+}
+
 /// The agent's side of the service. Each call may block (a fence waits for the other nodes).
 pub trait PeerHandler: Send + Sync + 'static {
     /// A node's ranks entered a fence: the merged puts of every node once all are in, or why not.
@@ -45,6 +84,8 @@ pub trait PeerHandler: Send + Sync + 'static {
         argv: Vec<String>,
         env: Vec<(String, String)>,
     ) -> Result<std::sync::mpsc::Receiver<ExecEvent>, String>;
+    /// Open a terminal inside allocation `start.alloc` (checked against its token).
+    fn attach(&self, start: AttachStart) -> Result<AttachSession, String>;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +110,28 @@ fn kvs(pairs: Vec<(String, String)>) -> Vec<pb::KeyValue> {
         .map(|(key, value)| pb::KeyValue { key, value })
         .collect()
 }
+
+fn input_of(m: pb::attach_in::Msg) -> Option<AttachInput> {
+    Some(match m {
+        pb::attach_in::Msg::Stdin(b) => AttachInput::Stdin(b),
+        pb::attach_in::Msg::Resize(r) => AttachInput::Resize {
+            rows: r.rows.min(u16::MAX as u32) as u16,
+            cols: r.cols.min(u16::MAX as u32) as u16,
+        },
+        pb::attach_in::Msg::Signal(s) => AttachInput::Signal(s),
+        pb::attach_in::Msg::Start(_) => return None,
+    })
+}
+
+fn output_msg(o: AttachOutput) -> pb::attach_out::Msg {
+    match o {
+        AttachOutput::Stdout(b) => pb::attach_out::Msg::Stdout(b),
+        AttachOutput::Exit(c) => pb::attach_out::Msg::ExitCode(c),
+        AttachOutput::Error(e) => pb::attach_out::Msg::Error(e),
+    }
+}
+
+type AttachOutStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::AttachOut, tonic::Status>> + Send>>;
 
 type ExecStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ExecEvent, tonic::Status>> + Send>>;
 
@@ -110,6 +173,61 @@ impl pb::node_agent_server::NodeAgent for Service {
 
     type ExecStream = ExecStream;
 
+    type AttachStream = AttachOutStream;
+
+    async fn attach(
+        &self,
+        req: tonic::Request<tonic::Streaming<pb::AttachIn>>,
+    ) -> Result<tonic::Response<AttachOutStream>, tonic::Status> {
+        let mut inbound = req.into_inner();
+        let Some(pb::AttachIn {
+            msg: Some(pb::attach_in::Msg::Start(st)),
+        }) = inbound.message().await?
+        else {
+            return Err(tonic::Status::invalid_argument("the first message must be `start`"));
+        };
+        let start = AttachStart {
+            alloc: st.allocation_id,
+            token: st.token,
+            command: Some(st.command).filter(|c| !c.is_empty()),
+            rows: st.rows.min(u16::MAX as u32) as u16,
+            cols: st.cols.min(u16::MAX as u32) as u16,
+            term: Some(st.term).filter(|t| !t.is_empty()),
+        };
+        let h = self.0.clone();
+        let session = tokio::task::spawn_blocking(move || h.attach(start))
+            .await
+            .map_err(|e| tonic::Status::internal(e.to_string()))?
+            .map_err(tonic::Status::permission_denied)?;
+        let AttachSession { input, output } = session;
+        // The user's input: relayed until the stream ends (then `input` drops: a hang-up).
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                if let Some(i) = m.msg.and_then(input_of)
+                    && input.send(i).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::task::spawn_blocking(move || {
+            for o in output {
+                if tx
+                    .blocking_send(Ok(pb::AttachOut {
+                        msg: Some(output_msg(o)),
+                    }))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn exec(&self, req: tonic::Request<pb::ExecRequest>) -> Result<tonic::Response<ExecStream>, tonic::Status> {
         let r = req.into_inner();
         let h = self.0.clone();
@@ -134,6 +252,90 @@ impl pb::node_agent_server::NodeAgent for Service {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
+}
+
+/// Opens a terminal on the agent at `addr` (for the control plane, which relays a user's terminal):
+/// `input` goes to it until it ends or `input` closes; what it sends comes back on the receiver,
+/// ending with `Exit` or `Error`.
+pub async fn attach(
+    addr: &str,
+    start: AttachStart,
+    mut input: tokio::sync::mpsc::Receiver<AttachInput>,
+) -> Result<tokio::sync::mpsc::Receiver<AttachOutput>, PeerError> {
+    let url = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let connect = |message: String| PeerError::Connect {
+        addr: addr.to_string(),
+        message,
+    };
+    let ch = tonic::transport::Endpoint::from_shared(url)
+        .map_err(|e| connect(e.to_string()))?
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .map_err(|e| connect(e.to_string()))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::AttachIn>(64);
+    let first = pb::AttachIn {
+        msg: Some(pb::attach_in::Msg::Start(pb::AttachStart {
+            allocation_id: start.alloc,
+            token: start.token,
+            command: start.command.unwrap_or_default(),
+            rows: start.rows as u32,
+            cols: start.cols as u32,
+            term: start.term.unwrap_or_default(),
+        })),
+    };
+    let _ = tx.send(first).await;
+    tokio::spawn(async move {
+        while let Some(i) = input.recv().await {
+            let msg = match i {
+                AttachInput::Stdin(b) => pb::attach_in::Msg::Stdin(b),
+                AttachInput::Resize { rows, cols } => pb::attach_in::Msg::Resize(pb::Resize {
+                    rows: rows as u32,
+                    cols: cols as u32,
+                }),
+                AttachInput::Signal(s) => pb::attach_in::Msg::Signal(s),
+            };
+            if tx.send(pb::AttachIn { msg: Some(msg) }).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut client = pb::node_agent_client::NodeAgentClient::new(ch);
+    let mut stream = client
+        .attach(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| PeerError::Refused {
+            addr: addr.to_string(),
+            message: s.message().to_string(),
+        })?
+        .into_inner();
+    let (out_tx, out_rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let o = match stream.message().await {
+                Ok(Some(pb::AttachOut { msg: Some(m) })) => match m {
+                    pb::attach_out::Msg::Stdout(b) => AttachOutput::Stdout(b),
+                    pb::attach_out::Msg::ExitCode(c) => AttachOutput::Exit(c),
+                    pb::attach_out::Msg::Error(e) => AttachOutput::Error(e),
+                },
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(s) => AttachOutput::Error(format!(
+                    "connection to node lost — attach session ended ({})",
+                    s.message()
+                )),
+            };
+            let end = matches!(o, AttachOutput::Exit(_) | AttachOutput::Error(_));
+            if out_tx.send(o).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    Ok(out_rx)
 }
 
 /// An agent's end of the service: serves its handler and calls other agents.

@@ -27,11 +27,13 @@
 //! Task launches within a running allocation (`lattice launch`, MPI without SSH): this node's ranks
 //! with the seed's rank environment, their stdout and stderr kept apart, and a PMI server (PMI-2 and
 //! PMI-1 wire protocols, [`pmi`]) whose fence spans the launch's nodes through the agents' own gRPC
-//! service ([`tasks`]).
+//! service ([`tasks`]). Terminals inside running allocations (`lattice attach`, `lattice session`): a
+//! PTY with the allocation's environment, relayed by the control plane ([`attach`]).
 //! With the `ebpf` feature, CPU time and block I/O per allocation come from tracepoint programs
 //! ([`ebpf`]); the /proc sampler is the fallback.
 
 pub mod agent;
+pub mod attach;
 pub mod cache;
 pub mod checkpoint;
 pub mod client;

@@ -17,7 +17,7 @@
 
 use crate::client::{RankEnd, TaskEnd, TaskLaunch};
 use crate::pmi;
-use lattice_adapters::peer::{ExecEvent, FenceIn, Peer, PeerHandler};
+use lattice_adapters::peer::{AttachSession, AttachStart, ExecEvent, FenceIn, Peer, PeerHandler};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -848,6 +848,49 @@ impl PeerHandler for Tasks {
             Ok(Err(e)) => Err(format!("cannot start {prog}: {e}")),
             Err(_) => Err(format!("cannot start {prog}")),
         }
+    }
+
+    fn attach(&self, start: AttachStart) -> Result<AttachSession, String> {
+        self.open_terminal(start)
+    }
+}
+
+impl Tasks {
+    /// A terminal inside allocation `s.alloc` ([`crate::attach`]), for whoever presents its token.
+    fn open_terminal(&self, s: AttachStart) -> Result<AttachSession, String> {
+        let info = lock(&self.inner.allocs)
+            .get(&s.alloc)
+            .cloned()
+            .ok_or_else(|| format!("allocation {} does not run on this node", s.alloc))?;
+        if info.token.as_deref() != Some(s.token.as_str()) || s.token.is_empty() {
+            return Err(format!("not allocation {}'s launch token", s.alloc));
+        }
+        if info.mounted && info.pid == 0 {
+            return Err(format!(
+                "allocation {}'s uenv is no longer mounted on this node (its entrypoint ended here)",
+                s.alloc
+            ));
+        }
+        let (on, off) = (self.inner.clone(), self.inner.clone());
+        let (a1, a2) = (s.alloc.clone(), s.alloc.clone());
+        let t = crate::attach::Terminal {
+            command: s.command.as_deref(),
+            rows: s.rows,
+            cols: s.cols,
+            term: s.term.as_deref(),
+        };
+        crate::attach::open(
+            &s.alloc,
+            &info,
+            t,
+            move |pid| lock(&on.execs).entry(a1).or_default().push(pid),
+            move |pid| {
+                if let Some(pids) = lock(&off.execs).get_mut(&a2) {
+                    pids.retain(|p| *p != pid);
+                }
+            },
+        )
+        .map_err(|e| format!("cannot open a terminal: {e}"))
     }
 }
 

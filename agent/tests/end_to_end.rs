@@ -1539,3 +1539,198 @@ fn an_mpi_program_runs_over_two_agents_through_lattices_pmi() {
     call("DELETE", &format!("{base}/v1/allocations/{hold}"), None);
     rt.block_on(running.shutdown());
 }
+
+/// What tmux shows of pane `t` on server `sock`.
+fn screen(sock: &str) -> String {
+    let out = Command::new("tmux")
+        .args(["-L", sock, "capture-pane", "-p", "-t", "t"])
+        .output()
+        .expect("tmux capture-pane");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn keys(sock: &str, keys: &[&str]) {
+    let ok = Command::new("tmux")
+        .args(["-L", sock, "send-keys", "-t", "t"])
+        .args(keys)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "tmux send-keys {keys:?}");
+}
+
+fn shows(sock: &str, want: &str, within: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let s = screen(sock);
+        if s.contains(want) {
+            return s;
+        }
+        assert!(t0.elapsed() < within, "{want:?} never showed:\n{s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+struct Tmux(String);
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).status();
+    }
+}
+
+#[test]
+fn attach_opens_a_terminal_in_the_allocation_in_a_real_terminal() {
+    // A real terminal: tmux runs `lattice attach`, sends keys and reads the screen (CI installs tmux).
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI must install tmux");
+        eprintln!("skipped: needs tmux");
+        return;
+    }
+    let lattice = std::path::Path::new(env!("CARGO_BIN_EXE_lattice-agent")).with_file_name("lattice");
+    assert!(
+        lattice.is_file(),
+        "the lattice client is built beside lattice-agent (cargo test --workspace)"
+    );
+    let dir = std::env::temp_dir().join(format!("lattice-agent-attach-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 2, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let _agents = Agents(
+        ["sim-000", "sim-001"]
+            .iter()
+            .map(|n| agent_command(n, &base, &dir).spawn().unwrap())
+            .collect(),
+    );
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "resources": {"nodes": 2}, "lifecycle": {"walltime": "5m"},
+            "entrypoint": "sleep 300"}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(20));
+    let sock = format!("lattice-attach-{}", std::process::id());
+    let _tmux = Tmux(sock.clone());
+    let cmd = format!(
+        "LATTICE_ENDPOINT={base} {} attach {id} --node sim-001; echo \"status=$?\"; sleep 60",
+        lattice.display()
+    );
+    let started = Command::new("tmux")
+        .args([
+            "-L",
+            &sock,
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "100",
+            "-y",
+            "30",
+            &cmd,
+        ])
+        .status()
+        .unwrap();
+    assert!(started.success());
+    // The shell runs on sim-001, in the allocation's environment, at the terminal's size.
+    keys(
+        &sock,
+        &[
+            "echo \"in $LATTICE_ALLOC_ID node $LATTICE_NODEID:\" $(stty size)",
+            "Enter",
+        ],
+    );
+    shows(&sock, &format!("in {id} node 1: 30 100"), Duration::from_secs(20));
+    // A resized terminal is resized there too.
+    let resized = Command::new("tmux")
+        .args(["-L", &sock, "resize-window", "-t", "t", "-x", "120", "-y", "40"])
+        .status()
+        .unwrap();
+    assert!(resized.success());
+    std::thread::sleep(Duration::from_millis(300));
+    keys(&sock, &["echo \"size:\" $(stty size)", "Enter"]);
+    shows(&sock, "size: 40 120", Duration::from_secs(10));
+    // Ctrl-C interrupts what runs there, and the shell goes on.
+    keys(&sock, &["sleep 100; echo slept", "Enter"]);
+    std::thread::sleep(Duration::from_millis(500));
+    keys(&sock, &["C-c"]);
+    std::thread::sleep(Duration::from_millis(300));
+    keys(&sock, &["echo after-$((6*7))", "Enter"]);
+    let s = shows(&sock, "after-42", Duration::from_secs(10));
+    assert!(!s.contains("\nslept"), "{s}");
+    // Its exit status is `lattice attach`'s.
+    keys(&sock, &["exit 3", "Enter"]);
+    shows(&sock, "status=3", Duration::from_secs(10));
+    // A command instead of a shell; and a node outside the allocation is refused (nothing opened).
+    let out = Command::new(&lattice)
+        .args(["attach", &id, "--command", "echo hi-$LATTICE_NODEID; exit 4"])
+        .env("LATTICE_ENDPOINT", &base)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hi-0"), "{out:?}");
+    let out = Command::new(&lattice)
+        .args(["attach", &id, "--node", "sim-009"])
+        .env("LATTICE_ENDPOINT", &base)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("field `node`"), "{out:?}");
+    // An allocation that is not running takes no terminal.
+    call("DELETE", &format!("{base}/v1/allocations/{id}"), None);
+    wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(20));
+    let out = Command::new(&lattice)
+        .args(["attach", &id])
+        .env("LATTICE_ENDPOINT", &base)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not running"), "{out:?}");
+    // `lattice session`: an allocation that starts with a terminal on its first node and ends with it.
+    let sock = format!("lattice-session-{}", std::process::id());
+    let _tmux2 = Tmux(sock.clone());
+    let cmd = format!(
+        "LATTICE_ENDPOINT={base} LATTICE_TENANT=physics {} session --nodes 2 --walltime 5m; echo \"session=$?\"; sleep 60",
+        lattice.display()
+    );
+    let started = Command::new("tmux")
+        .args([
+            "-L",
+            &sock,
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "100",
+            "-y",
+            "30",
+            &cmd,
+        ])
+        .status()
+        .unwrap();
+    assert!(started.success());
+    keys(
+        &sock,
+        &["echo \"session $LATTICE_ALLOC_ID on node $LATTICE_NODEID\"", "Enter"],
+    );
+    let s = shows(&sock, " on node 0", Duration::from_secs(30));
+    let session = s
+        .lines()
+        .find_map(|l| l.strip_prefix("session ").and_then(|r| r.strip_suffix(" on node 0")))
+        .expect("the session's id")
+        .to_string();
+    assert_eq!(
+        call("GET", &format!("{base}/v1/allocations/{session}"), None).1["state"],
+        "running"
+    );
+    keys(&sock, &["exit", "Enter"]);
+    shows(&sock, "session=0", Duration::from_secs(10));
+    let v = wait_for(&base, &session, |v| v["ended_ms"].is_u64(), Duration::from_secs(20));
+    assert_eq!(v["state"], "cancelled", "leaving the terminal ends the session: {v}");
+    rt.block_on(running.shutdown());
+}

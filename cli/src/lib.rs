@@ -4,7 +4,7 @@
 //! (`summary.json`, `jobs.csv`), sweeps weights ([`sweep`]), runs the regression suite ([`regress`]) and
 //! measures itself ([`bench`]). The `lattice` client (`bin/lattice.rs`) talks to `lattice-runtime`'s REST API;
 //! [`directives`] reads its scripts' `#LATTICE`/`#SBATCH` lines; [`launch`] runs `lattice launch` and
-//! its `srun` form.
+//! its `srun` form; [`terminal`] is `lattice attach`'s and `lattice session`'s terminal.
 
 pub mod bench;
 pub mod compare;
@@ -17,6 +17,7 @@ pub mod replay;
 pub mod report;
 pub mod status;
 pub mod sweep;
+pub mod terminal;
 
 /// The bundled demo trace (`traces/library/demo-128n.swf`), replayed when no `--trace` is given.
 pub const DEMO_TRACE: &str = include_str!("../../traces/library/demo-128n.swf");

@@ -29,6 +29,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/checkpoint", axum::routing::post(checkpoint))
         .route("/v1/allocations/{id}/tasks", get(list_tasks).post(launch_tasks))
         .route("/v1/allocations/{id}/tasks/{launch}", get(get_task))
+        .route("/v1/allocations/{id}/attach", get(attach).post(attach))
         .route("/v1/dags", get(list_dags).post(submit_dag))
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/nodes", get(nodes))
@@ -642,6 +643,117 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
     match ops::work(&s, &p, &id, &w.running, w.output, &reports).await {
         Ok(w) => Json(w).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/allocations/{id}/attach?node=&command=&rows=&cols=&term=` (WebSocket upgrade): a terminal
+/// inside the running allocation, relayed to its node's agent. Binary frames are the terminal's bytes
+/// both ways; text frames from the client are `{"resize": {"rows", "cols"}}` or `{"signal": "INT"}`;
+/// the server ends with a text frame `{"exit_code": N}` (or `{"error": "..."}`) and closes.
+async fn attach(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    QueryIn(q): QueryIn<crate::tasks::TerminalRequest>,
+    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let node = q.node.clone();
+    let (start, addr, node, sensitive) = match ops::attach_target(&s, &p, &id, node.as_deref(), q).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(ws) = ws else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "a terminal needs a WebSocket upgrade", "field": "connection"})),
+        )
+            .into_response();
+    };
+    ws.on_upgrade(move |socket| relay_terminal(s, p, id, node, start, addr, sensitive, socket))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn relay_terminal(
+    s: std::sync::Arc<crate::server::Shared>,
+    p: crate::auth::Principal,
+    id: String,
+    node: String,
+    start: lattice_adapters::peer::AttachStart,
+    addr: String,
+    sensitive: bool,
+    socket: axum::extract::ws::WebSocket,
+) {
+    use axum::extract::ws::Message;
+    use futures_util::{SinkExt, StreamExt};
+    use lattice_adapters::peer::{AttachInput, AttachOutput};
+    let (mut sink, mut stream) = socket.split();
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
+    let mut out = match lattice_adapters::peer::attach(&addr, start, in_rx).await {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = sink
+                .send(Message::Text(json!({"error": e.to_string()}).to_string().into()))
+                .await;
+            let _ = sink.close().await;
+            return;
+        }
+    };
+    if sensitive {
+        ops::audit_attach(&s, &p, &id, &node, "attach").await;
+    }
+    let mut how = "client left";
+    loop {
+        tokio::select! {
+            m = stream.next() => match m {
+                Some(Ok(Message::Binary(b))) => {
+                    if in_tx.send(AttachInput::Stdin(b.to_vec())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+                    let input = if let Some(r) = v.get("resize") {
+                        Some(AttachInput::Resize {
+                            rows: r["rows"].as_u64().unwrap_or(24).min(u16::MAX as u64) as u16,
+                            cols: r["cols"].as_u64().unwrap_or(80).min(u16::MAX as u64) as u16,
+                        })
+                    } else if let Some(sig) = v["signal"].as_str() {
+                        Some(AttachInput::Signal(sig.to_string()))
+                    } else {
+                        v["stdin"].as_str().map(|d| AttachInput::Stdin(d.as_bytes().to_vec()))
+                    };
+                    if let Some(i) = input && in_tx.send(i).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            },
+            o = out.recv() => match o {
+                Some(AttachOutput::Stdout(b)) => {
+                    if sink.send(Message::Binary(b.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(AttachOutput::Exit(c)) => {
+                    how = "exited";
+                    let _ = sink.send(Message::Text(json!({"exit_code": c}).to_string().into())).await;
+                    break;
+                }
+                Some(AttachOutput::Error(e)) => {
+                    how = "node lost";
+                    let _ = sink.send(Message::Text(json!({"error": e}).to_string().into())).await;
+                    break;
+                }
+                None => break,
+            },
+        }
+    }
+    // Dropping the input hangs the terminal up (SIGHUP to its session) if it still runs.
+    drop(in_tx);
+    let _ = sink.close().await;
+    if sensitive {
+        ops::audit_attach(&s, &p, &id, &node, &format!("attach_end ({how})")).await;
     }
 }
 

@@ -1924,6 +1924,60 @@ impl Control {
         self.launches.get(name, launch)
     }
 
+    /// Where a terminal into running allocation `name` goes (`lattice attach`): the node (`node`, else
+    /// the allocation's first), its agent's service address, the allocation's launch token, and
+    /// whether it is a sensitive claim (attach is audited).
+    pub fn attach_target(&self, name: &str, node: Option<&str>) -> Result<(String, String, String, bool), FieldError> {
+        let id = self
+            .id_of(name)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let a = self
+            .ctl
+            .engine
+            .allocation(id)
+            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        if self.preempting.contains_key(&id) {
+            return Err(bad(
+                "id",
+                "allocation is being checkpointed — attach unavailable until rescheduled",
+            ));
+        }
+        if a.state != AllocState::Running {
+            return Err(bad("id", format!("allocation {name} is not running")));
+        }
+        let target = match node {
+            None => *a
+                .nodes
+                .first()
+                .ok_or_else(|| bad("id", "the allocation holds no nodes"))?,
+            Some(n) => self
+                .node_index(n)
+                .filter(|nid| a.nodes.contains(nid))
+                .ok_or_else(|| bad("node", format!("{n} is not a node of {name}")))?,
+        };
+        let node_name = self.node_names[target.index()].clone();
+        // Its agent must have started it there (or seen its part end there).
+        let started_there = self
+            .agent_running
+            .get(&target.0)
+            .is_some_and(|r| r.iter().any(|x| x == name))
+            || self.exits.get(&id).is_some_and(|e| e.contains_key(&target.0));
+        if !started_there {
+            return Err(bad(
+                "node",
+                format!("{name} has not started on {node_name} yet; retry in a moment"),
+            ));
+        }
+        let addr = self.peer_addr.get(&target.0).cloned().ok_or_else(|| {
+            bad(
+                "node",
+                format!("the agent of {node_name} serves no terminals (its --peer-listen)"),
+            )
+        })?;
+        let token = self.launch_token(name, a.started.map_or(0, |t| t.0));
+        Ok((node_name, addr, token, a.spec.sensitive_claim))
+    }
+
     /// The token `lattice-mpi-launcher` presents to run processes in allocation `name`'s current run.
     fn launch_token(&self, name: &str, started_ms: u64) -> String {
         use sha2::Digest;

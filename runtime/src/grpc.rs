@@ -303,6 +303,90 @@ impl AllocationService for Api {
         Ok(Response::new(pb::CancelResponse { id, state }))
     }
 
+    type AttachStream = tokio_stream::wrappers::ReceiverStream<Result<pb::AttachResponse, Status>>;
+
+    async fn attach(
+        &self,
+        req: Request<tonic::Streaming<pb::AttachRequest>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        use lattice_adapters::peer::{AttachInput, AttachOutput};
+        let p = self.principal(&req)?;
+        let mut inbound = req.into_inner();
+        let Some(pb::AttachRequest {
+            msg: Some(pb::attach_request::Msg::Start(st)),
+        }) = inbound.message().await?
+        else {
+            return Err(Status::invalid_argument("start: the first message must be `start`"));
+        };
+        let terminal = crate::tasks::TerminalRequest {
+            node: none_if_empty(st.node),
+            command: none_if_empty(st.command),
+            rows: Some(st.rows.clamp(1, u16::MAX as u32) as u16).filter(|_| st.rows > 0),
+            cols: Some(st.cols.clamp(1, u16::MAX as u32) as u16).filter(|_| st.cols > 0),
+            term: none_if_empty(st.term),
+        };
+        let id = st.allocation_id;
+        let node = terminal.node.clone();
+        let (start, addr, node, sensitive) =
+            ops::attach_target(&self.shared, &p, &id, node.as_deref(), terminal).await?;
+        let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
+        let mut out = lattice_adapters::peer::attach(&addr, start, in_rx)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        if sensitive {
+            ops::audit_attach(&self.shared, &p, &id, &node, "attach").await;
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut how = "client left";
+            loop {
+                tokio::select! {
+                    m = inbound.message() => match m {
+                        Ok(Some(pb::AttachRequest { msg: Some(m) })) => {
+                            let i = match m {
+                                pb::attach_request::Msg::Stdin(b) => AttachInput::Stdin(b),
+                                pb::attach_request::Msg::Resize(r) => AttachInput::Resize {
+                                    rows: r.rows.min(u16::MAX as u32) as u16,
+                                    cols: r.cols.min(u16::MAX as u32) as u16,
+                                },
+                                pb::attach_request::Msg::Signal(s) => AttachInput::Signal(s),
+                                pb::attach_request::Msg::Start(_) => continue,
+                            };
+                            if in_tx.send(i).await.is_err() {
+                                break;
+                            }
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    },
+                    o = out.recv() => {
+                        let (msg, end) = match o {
+                            Some(AttachOutput::Stdout(b)) => (pb::attach_response::Msg::Stdout(b), false),
+                            Some(AttachOutput::Exit(c)) => {
+                                how = "exited";
+                                (pb::attach_response::Msg::ExitCode(c), true)
+                            }
+                            Some(AttachOutput::Error(e)) => {
+                                how = "node lost";
+                                (pb::attach_response::Msg::Error(e), true)
+                            }
+                            None => break,
+                        };
+                        if tx.send(Ok(pb::AttachResponse { msg: Some(msg) })).await.is_err() || end {
+                            break;
+                        }
+                    }
+                }
+            }
+            drop(in_tx);
+            if sensitive {
+                ops::audit_attach(&shared, &p, &id, &node, &format!("attach_end ({how})")).await;
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Allocation, Status>>;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {

@@ -1221,6 +1221,45 @@ pub fn random_secret() -> [u8; 32] {
     b
 }
 
+/// Where a user's terminal into allocation `id` goes (`lattice attach`): only its owner or an admin
+/// may attach; the node (its first by default) must hold it and serve terminals. The relay's start,
+/// the agent's address, the node, and whether the attach is audited (a sensitive claim).
+pub async fn attach_target(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    node: Option<&str>,
+    terminal: crate::tasks::TerminalRequest,
+) -> Result<(lattice_adapters::peer::AttachStart, String, String, bool), ApiError> {
+    readable(s).await?;
+    may_change(s, p, id, "attaching to").await?;
+    // Just started: its agent starts it there with its next poll (a few seconds at most).
+    let t0 = std::time::Instant::now();
+    let (node, addr, token, sensitive) = loop {
+        let r = s.control.lock().await.attach_target(id, node);
+        match r {
+            Err(e) if e.message.contains("has not started") && t0.elapsed() < std::time::Duration::from_secs(10) => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            r => break r.map_err(bad_request)?,
+        }
+    };
+    let start = lattice_adapters::peer::AttachStart {
+        alloc: id.to_string(),
+        token,
+        command: terminal.command.filter(|c| !c.trim().is_empty()),
+        rows: terminal.rows.unwrap_or(24),
+        cols: terminal.cols.unwrap_or(80),
+        term: terminal.term,
+    };
+    Ok((start, addr, node, sensitive))
+}
+
+/// A sensitive allocation's attach, in the quorum's audit log (start and end).
+pub async fn audit_attach(s: &Arc<Shared>, p: &Principal, id: &str, node: &str, what: &str) {
+    crate::server::audit(s, &p.user, id, what, format!("terminal on {node}")).await;
+}
+
 /// The task launches of allocation `id` (whoever may see it).
 pub async fn task_launches(s: &Shared, p: &Principal, id: &str) -> Result<Vec<crate::tasks::LaunchView>, ApiError> {
     get(s, p, id).await?;

@@ -1343,7 +1343,7 @@ async fn release_stale(shared: &Arc<Shared>, name: &str) {
 }
 
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).
-async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
+pub(crate) async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
     let cmd = QuorumCommand::Audit {
         at_ms: shared.clock.now_ms(),
         user: user.to_string(),

@@ -31,6 +31,25 @@ pub struct TaskRequest {
     pub fence_timeout: Option<String>,
 }
 
+/// What a user's terminal asks for (`lattice attach`): the query of
+/// `GET /v1/allocations/{id}/attach` and the gRPC `AttachStart`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalRequest {
+    /// The node (default: the allocation's first).
+    #[serde(default)]
+    pub node: Option<String>,
+    /// What to run instead of a login shell (`sh -c`).
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub rows: Option<u16>,
+    #[serde(default)]
+    pub cols: Option<u16>,
+    #[serde(default)]
+    pub term: Option<String>,
+}
+
 /// The most ranks one launch may have, and on one node.
 pub const MAX_RANKS: u32 = 1 << 20;
 pub const MAX_PER_NODE: u32 = 4096;

@@ -133,6 +133,32 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// A terminal inside a running allocation (its owner or an admin): a login shell on its first node
+    /// (or `--node`), or `--command`. Keys, Ctrl-C and window sizes go through; exits with the remote
+    /// exit status.
+    Attach {
+        id: String,
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        command: Option<String>,
+    },
+    /// An interactive session: an allocation that holds its nodes until you leave. Waits for it to
+    /// start, opens a terminal on its first node, and ends the allocation when the terminal ends.
+    Session {
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+        #[arg(long, default_value = "4h")]
+        walltime: String,
+        #[arg(long)]
+        vcluster: Option<String>,
+        #[arg(long)]
+        constraint: Vec<String>,
+        #[arg(long)]
+        uenv: Option<String>,
+        #[arg(long)]
+        view: Option<String>,
+    },
     /// Nodes and their state.
     Nodes {
         #[arg(short, long, value_enum, default_value = "table")]
@@ -554,6 +580,64 @@ fn run() -> Result<()> {
         Cmd::Srun { args } => {
             let args = lattice_cli::launch::from_srun(&args).map_err(anyhow::Error::msg)?;
             launch(&client, None, &args)?;
+        }
+        Cmd::Attach { id, node, command } => {
+            let (rows, cols) = lattice_cli::terminal::size().unwrap_or((24, 80));
+            let url = lattice_cli::terminal::url(&client.base, &id, node.as_deref(), command.as_deref(), rows, cols)?;
+            let code = lattice_cli::terminal::run(&url, client.token.as_deref())?;
+            std::process::exit(code.clamp(0, 255));
+        }
+        Cmd::Session {
+            nodes,
+            walltime,
+            vcluster,
+            constraint,
+            uenv,
+            view,
+        } => {
+            let mut body = json!({
+                "resources": {"nodes": nodes},
+                "lifecycle": {"type": "bounded", "walltime": walltime},
+                // The session's nodes are held by a process that waits; the terminal is the work.
+                "entrypoint": "exec sleep infinity",
+                "tags": {"session": "true"},
+            });
+            if let Some(t) = &tenant {
+                body["tenant"] = json!(t);
+            }
+            if let Some(v) = vcluster {
+                body["vcluster"] = json!(v);
+            }
+            if !constraint.is_empty() {
+                body["resources"]["constraints"] = json!({"features": constraint});
+            }
+            if let Some(u) = uenv {
+                body["environment"] = json!({"uenv": u});
+                if let Some(v) = view {
+                    body["environment"]["view"] = json!(v);
+                }
+            }
+            let v = client.call("POST", "/v1/allocations", Some(&body))?;
+            let id = v["id"].as_str().unwrap_or_default().to_string();
+            eprintln!("lattice session: {id} waiting for its nodes…");
+            let code = loop {
+                let a = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
+                match a["state"].as_str() {
+                    Some("running") => {
+                        let (rows, cols) = lattice_cli::terminal::size().unwrap_or((24, 80));
+                        let url = lattice_cli::terminal::url(&client.base, &id, None, None, rows, cols)?;
+                        break lattice_cli::terminal::run(&url, client.token.as_deref());
+                    }
+                    Some("completed" | "failed" | "cancelled") => {
+                        bail!("session {id} ended before it started: {}", a["end_reason"])
+                    }
+                    _ => std::thread::sleep(std::time::Duration::from_millis(250)),
+                }
+            };
+            // Leaving the terminal ends the session's allocation.
+            let _ = client.call("DELETE", &format!("/v1/allocations/{id}"), None);
+            eprintln!("lattice session: {id} ended");
+            std::process::exit(code?.clamp(0, 255));
         }
         Cmd::Cancel { ids } => {
             if ids.is_empty() {
