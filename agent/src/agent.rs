@@ -68,6 +68,8 @@ pub struct AgentConfig {
     pub fence_timeout: Duration,
     /// `lattice-mpi-launcher`, for `mpirun` inside allocations (`HYDRA_LAUNCHER_EXEC`).
     pub launcher: Option<PathBuf>,
+    /// OCI images: the store of image layouts, where bundles go, and the OCI runtime ([`crate::oci`]).
+    pub oci: crate::oci::OciEngine,
 }
 
 /// Writes `LOG_DIR/.compat/srun`, which runs `lattice srun` (the `lattice` beside this agent, else the
@@ -337,6 +339,9 @@ pub fn run_with(
                 }
                 None => {
                     flush_log(cfg, &rec);
+                    if let Some(c) = &rec.container {
+                        crate::oci::ContainerRuntime::cleanup(&cfg.oci, c);
+                    }
                     let out = runner::ended_unwatched(&rec);
                     let code = match out.ending {
                         Ending::Exited(c) => c,
@@ -419,6 +424,10 @@ pub fn run_with(
             let r = procs.remove(&id).expect("listed");
             let rec = r.record.clone();
             let out = r.wait();
+            // Its container (and bundle) go with it.
+            if let Some(c) = &rec.container {
+                crate::oci::ContainerRuntime::cleanup(&cfg.oci, c);
+            }
             // Stopped (cancelled, preempted, its walltime, fenced): its task launches' ranks stop
             // too. Ended by itself: they run on until the control plane says the allocation ended.
             match out.ending {
@@ -657,9 +666,41 @@ pub fn run_with(
                 if let Some(c) = &channel {
                     env.extend(c.env());
                 }
+                // An OCI image: the wrapper runs the container (a prologue failure when it cannot be
+                // prepared: retried on other nodes).
+                let mut entrypoint = l.entrypoint.clone();
+                let mut container = None;
+                if let Some(image) = &l.image {
+                    let binds: Vec<PathBuf> = cfg
+                        .scratch_dir
+                        .as_deref()
+                        .and_then(|root| scratch_of(root, &l.id))
+                        .filter(|d| d.is_dir())
+                        .into_iter()
+                        .collect();
+                    match crate::oci::ContainerRuntime::prepare(&cfg.oci, &l.id, image, &l.entrypoint, &env, &binds) {
+                        Ok(p) => {
+                            entrypoint = p.command;
+                            container = Some(p.container);
+                        }
+                        Err(e) => {
+                            eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
+                            if let Some(c) = channel {
+                                c.remove();
+                            }
+                            session.ended(Exit {
+                                id: l.id.clone(),
+                                kind: ExitKind::Prologue,
+                                code: 127,
+                                tail: e.to_string(),
+                            });
+                            continue;
+                        }
+                    }
+                }
                 let spec = RunSpec {
                     id: l.id.clone(),
-                    entrypoint: l.entrypoint.clone(),
+                    entrypoint,
                     env,
                     checkpoint: l.checkpoint.clone(),
                     tenant: l.tenant.clone(),
@@ -674,6 +715,7 @@ pub fn run_with(
                 match runner::start(spec) {
                     Ok(mut r) => {
                         r.record.launch_token = l.launch_token.clone();
+                        r.record.container = container;
                         tasks.alloc_started(
                             &l.id,
                             crate::tasks::AllocInfo {
@@ -982,6 +1024,7 @@ mod tests {
             uenv_view: None,
             launch_token: None,
             agents: Default::default(),
+            image: None,
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");

@@ -185,6 +185,9 @@ pub struct Launch {
     pub uenv: Option<String>,
     #[serde(default)]
     pub uenv_view: Option<String>,
+    /// The OCI image its processes run in (a container of this node's OCI runtime).
+    #[serde(default)]
+    pub image: Option<String>,
     /// The allocation's secret for `lattice-mpi-launcher` (`LATTICE_LAUNCH_TOKEN`): this node's
     /// agent runs a process inside the allocation for whoever presents it.
     #[serde(default)]

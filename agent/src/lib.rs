@@ -22,7 +22,8 @@
 //!
 //! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]). uenv software
 //! environments: pulled into the node-local cache with hash verification and mounted for the
-//! allocation's processes alone ([`uenv`]).
+//! allocation's processes alone ([`uenv`]); OCI images run in containers of a real OCI runtime (runc,
+//! crun) behind a port ([`oci`]).
 //!
 //! Task launches within a running allocation (`lattice launch`, MPI without SSH): this node's ranks
 //! with the seed's rank environment, their stdout and stderr kept apart, and a PMI server (PMI-2 and
@@ -42,6 +43,7 @@ pub mod discovery;
 pub mod ebpf;
 pub mod fence;
 pub mod gpu;
+pub mod oci;
 pub mod pmi;
 pub mod protocol;
 pub mod remote_write;

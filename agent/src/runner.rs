@@ -139,6 +139,10 @@ pub struct Record {
     /// The allocation's launch token (`lattice-mpi-launcher` presents it), kept for a restarted agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_token: Option<String>,
+    /// Its OCI container's name: deleted (with its bundle) when the process ends, also for an agent
+    /// that took it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// Wall-clock ms since the epoch.
@@ -238,6 +242,7 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
             .and_then(|(image, _)| image.file_name())
             .map(|f| f.to_string_lossy().into_owned()),
         launch_token: None,
+        container: None,
     };
     Ok(watch(record, Some(child)))
 }

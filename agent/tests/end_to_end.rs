@@ -1734,3 +1734,108 @@ fn attach_opens_a_terminal_in_the_allocation_in_a_real_terminal() {
     assert_eq!(v["state"], "cancelled", "leaving the terminal ends the session: {v}");
     rt.block_on(running.shutdown());
 }
+
+/// An OCI image layout `store/NAME` with tag `latest`: busybox (static), a marker file and an
+/// environment variable in its configuration.
+fn oci_image(store: &std::path::Path, name: &str) {
+    let layout = store.join(name);
+    let image = format!("{}:latest", layout.display());
+    let run = |args: &[&str]| {
+        let out = Command::new("umoci").args(args).output().expect("umoci runs");
+        assert!(
+            out.status.success(),
+            "umoci {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["init", "--layout", layout.to_str().unwrap()]);
+    run(&["new", "--image", &image]);
+    let bundle = store.join(format!("{name}-build"));
+    run(&["unpack", "--image", &image, bundle.to_str().unwrap()]);
+    let root = bundle.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    for app in ["sh", "echo", "cat", "test", "ls", "sleep"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(app)).unwrap();
+    }
+    std::fs::write(root.join("etc/lattice-image"), "busybox image built by the test\n").unwrap();
+    run(&["repack", "--image", &image, bundle.to_str().unwrap()]);
+    run(&["config", "--image", &image, "--config.env", "FROM_IMAGE=yes"]);
+    std::fs::remove_dir_all(&bundle).unwrap();
+}
+
+#[test]
+fn an_oci_job_runs_in_its_image_through_a_real_oci_runtime() {
+    // Containers need root; the image is built with umoci from busybox-static and run by runc (CI
+    // installs them).
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = ["umoci", "runc"].iter().all(|t| {
+        Command::new(t)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) && std::path::Path::new("/bin/busybox").is_file();
+    if !(root && tools) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this as root with umoci, runc and busybox-static (root: {root}, tools: {tools})"
+        );
+        eprintln!("skipped: needs root, umoci, runc and busybox-static");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lattice-agent-oci-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let store = dir.join("oci-images");
+    oci_image(&store, "busybox");
+    let cache = dir.join("cache");
+    let _agents = Agents(vec![
+        agent_command("sim-000", &base, &dir)
+            .arg("--oci-images")
+            .arg(&store)
+            .arg("--image-cache")
+            .arg(&cache)
+            .spawn()
+            .unwrap(),
+    ]);
+    let submit = |image: &str, entrypoint: &str| {
+        let (status, v) = call(
+            "POST",
+            &format!("{base}/v1/allocations"),
+            Some(
+                json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+                "environment": {"image": image}, "entrypoint": entrypoint}),
+            ),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let id = submit(
+        "busybox",
+        "cat /etc/lattice-image; echo \"image=$FROM_IMAGE alloc=$LATTICE_ALLOC_ID\"; \
+         if test -e /usr; then echo host-visible; else echo host-hidden; fi; \
+         echo kept > \"$LATTICE_SCRATCH/f\" && echo scratch-ok",
+    );
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(60));
+    let log = std::fs::read_to_string(dir.join(format!("logs-sim-000/{id}.log"))).unwrap_or_default();
+    assert_eq!(v["end_reason"], "success", "{v}\n{log}");
+    assert!(log.contains("busybox image built by the test"), "{log}");
+    assert!(log.contains(&format!("image=yes alloc={id}")), "{log}");
+    assert!(log.contains("host-hidden") && !log.contains("host-visible"), "{log}");
+    assert!(log.contains("scratch-ok"), "{log}");
+    // The container and its bundle are gone once the agent collected the end.
+    let bundle = cache.join("oci").join(format!("lattice-{id}"));
+    let t0 = Instant::now();
+    while bundle.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the bundle outlived its job");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed = Command::new("runc").arg("list").output().unwrap();
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains(&format!("lattice-{id}")));
+    // An image the node does not have is a prologue failure with the reason, retried elsewhere.
+    let missing = submit("pytorch:24.1", "true");
+    let v = wait_for(&base, &missing, |v| v["ended_ms"].is_u64(), Duration::from_secs(60));
+    assert_eq!(v["end_reason"], "prologue_failure", "{v}");
+    rt.block_on(running.shutdown());
+}

@@ -106,8 +106,8 @@ pub struct SubmitRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// `{"uenv": "name/version:tag", "view": "default"}`: the software environment its processes run in
-    /// (a SquashFS image mounted for them alone); `image` (OCI) is refused until a container runtime is
-    /// configured.
+    /// (a SquashFS image mounted for them alone), or `{"image": "name:tag"}`: an OCI image from the
+    /// nodes' image store, run by their OCI runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<EnvironmentIn>,
 }
@@ -138,14 +138,16 @@ pub fn valid_uenv_name(s: &str) -> bool {
 
 /// Refuses an `environment` block this control plane cannot run, naming the field.
 fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
-    if e.image.is_some() {
+    if let Some(image) = &e.image {
         if e.uenv.is_some() {
             return Err(bad("environment", "give either uenv or image, not both"));
         }
-        return Err(bad(
-            "environment.image",
-            "OCI images are not supported by this control plane yet; use environment.uenv",
-        ));
+        if e.view.is_some() {
+            return Err(bad("environment.view", "a view needs environment.uenv"));
+        }
+        return lattice_agent::oci::parse_ref(image)
+            .map(|_| ())
+            .map_err(|err| bad("environment.image", err.to_string()));
     }
     match (&e.uenv, &e.view) {
         (Some(u), _) if !valid_uenv_name(u) => Err(bad(
@@ -2596,6 +2598,7 @@ impl Control {
                     task_group: self.group_view(a),
                     uenv: m.environment.as_ref().and_then(|e| e.uenv.clone()),
                     uenv_view: m.environment.as_ref().and_then(|e| e.view.clone()),
+                    image: m.environment.as_ref().and_then(|e| e.image.clone()),
                     launch_token: Some(self.launch_token(&self.name_of(id), a.started.map_or(0, |t| t.0))),
                     agents: a
                         .nodes
@@ -3197,6 +3200,9 @@ pub struct Launch {
     pub uenv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uenv_view: Option<String>,
+    /// The OCI image its processes run in (a container of the agent's OCI runtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// The allocation's launch token (`LATTICE_LAUNCH_TOKEN`): the agents run `lattice-mpi-launcher`'s
     /// processes in it for whoever presents it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -155,7 +155,7 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
                    "lifecycle": {"type": "reactive", "metric": "queue_depth", "target": 10, "scale_policy": {"cooldown": "soon"}}}),
             "lifecycle.scale_policy.cooldown",
         ),
-        // Software environments: a uenv name, a view only with a uenv, no OCI image (no runtime yet).
+        // Software environments: a uenv name, a view only with a uenv, an OCI image reference, not both.
         (
             json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"uenv": "../etc/passwd"}}),
             "environment.uenv",
@@ -169,7 +169,7 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
             "environment.view",
         ),
         (
-            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"image": "busybox:latest"}}),
+            json!({"tenant": "bio", "resources": {"nodes": 1}, "environment": {"image": "../busybox:latest"}}),
             "environment.image",
         ),
         (

@@ -123,6 +123,14 @@ struct Args {
     /// A task launch's fence not complete within this is aborted ("PMI fence timeout").
     #[arg(long, default_value = "60s")]
     pmi_fence_timeout: humantime::Duration,
+    /// The node's OCI image store: `DIR/NAME` are OCI image layouts (tags are versions), for
+    /// submissions with `environment.image: NAME:TAG` (unpacked with umoci).
+    #[arg(long, env = "LATTICE_OCI_IMAGES")]
+    oci_images: Option<PathBuf>,
+    /// The OCI runtime that runs containers (`runc`, `crun`; anything with `run --bundle` and
+    /// `delete --force`).
+    #[arg(long, default_value = "runc")]
+    oci_runtime: String,
 }
 
 /// `200G`, `512M`, `1048576`: bytes (K/M/G/T are powers of 1024).
@@ -181,6 +189,7 @@ fn run() -> Result<()> {
             a.cache_high_watermark
         );
     }
+    let oci_bundles = a.image_cache.join("oci");
     let cfg = lattice_agent::agent::AgentConfig {
         node: a.node_id,
         poll: a.poll.into(),
@@ -218,6 +227,11 @@ fn run() -> Result<()> {
         peer_listen: (a.peer_listen != "none").then_some(a.peer_listen),
         peer_advertise: a.peer_advertise,
         fence_timeout: a.pmi_fence_timeout.into(),
+        oci: lattice_agent::oci::OciEngine {
+            images: a.oci_images,
+            bundles: oci_bundles,
+            runtime: a.oci_runtime,
+        },
         launcher: std::env::current_exe()
             .ok()
             .and_then(|p| p.parent().map(|d| d.join("lattice-mpi-launcher")))
