@@ -292,6 +292,8 @@ pub fn run_with(
     let (grpc_done_tx, grpc_done) = std::sync::mpsc::channel::<String>();
     let (wiped_tx, wiped_rx) = std::sync::mpsc::channel::<Outcome>();
     let mut reports = Reports::default();
+    // The image cache's contents as last reported.
+    let mut reported_cache: Option<Vec<crate::client::CachedImage>> = None;
     // Per allocation: its CPU seconds at the last telemetry tick (for cpu_utilization).
     let mut cpu_seen: BTreeMap<String, (Instant, f64)> = BTreeMap::new();
     // What the exits file holds: what a previous agent had not got taken (written again when the
@@ -507,6 +509,22 @@ pub fn run_with(
         // What runs first, then what ended (a launch is listed ended before it stops being listed
         // running): every launch handed here is in one or the other.
         reports.tasks_running = tasks.running();
+        // The cache's contents, when they changed since the last report.
+        if let Some(c) = &images {
+            let now: Vec<crate::client::CachedImage> = c
+                .entries()
+                .iter()
+                .map(|(file, e)| crate::client::CachedImage {
+                    file: file.clone(),
+                    size: e.size,
+                    last_used_ms: e.last_used_ms,
+                    sticky: e.sticky,
+                })
+                .collect();
+            if reported_cache.as_ref() != Some(&now) {
+                reports.cache = Some(now);
+            }
+        }
         reports.task_ends.extend(tasks.take_ended());
         let answer = client
             .send(
@@ -525,6 +543,9 @@ pub fn run_with(
             eprintln!("lattice-agent {}: work: {e}", cfg.node);
         }
         if let Some(w) = session.work_answered(answer.map_err(|e| e.failure()), |id| procs.contains_key(id)) {
+            if let Some(c) = reports.cache.take() {
+                reported_cache = Some(c);
+            }
             reports = Reports::default();
             // The conformance fingerprint is recomputed every `fingerprint_every` and when the
             // control plane asks; a new value (or a request) is reported by registering again.
@@ -744,6 +765,22 @@ pub fn run_with(
                 }
             }
             // Task launches within the allocations running here (after their allocations started).
+            // Image cache orders (pulls run here, like a uenv allocation's).
+            for o in w.cache {
+                let pinned: std::collections::BTreeSet<String> =
+                    procs.values().filter_map(|r| r.record.image.clone()).collect();
+                let cache = images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
+                let result = cache_order(&cfg.uenv, cache, &pinned, &o);
+                if let Err(e) = &result {
+                    eprintln!("lattice-agent {}: cache {} {}: {e}", cfg.node, o.op, o.image);
+                }
+                reports.cache_done.push(crate::client::CacheOutcome {
+                    op: o.op.clone(),
+                    image: o.image.clone(),
+                    ok: result.is_ok(),
+                    detail: result.err().unwrap_or_default(),
+                });
+            }
             for id in w.stop_tasks {
                 tasks.stop(&id, "the launch ended at the control plane");
             }
@@ -906,6 +943,33 @@ fn request_checkpoint(
             });
         }
         _ => p.signal(libc::SIGUSR1),
+    }
+}
+
+/// Carries out an image cache order: `warm` pulls the uenv into the cache (verified; `sticky` marks it
+/// never to be evicted), `evict` removes it unless a running allocation has it mounted.
+fn cache_order(
+    cfg: &crate::uenv::UenvConfig,
+    cache: &mut crate::cache::ImageCache,
+    pinned: &std::collections::BTreeSet<String>,
+    o: &crate::client::CacheOrder,
+) -> Result<(), String> {
+    let (_, file) = crate::uenv::layout(&o.image).map_err(|e| e.to_string())?;
+    match o.op.as_str() {
+        "warm" => {
+            crate::uenv::pull(cfg, cache, pinned, &o.image, runner::wall_ms()).map_err(|e| e.to_string())?;
+            if o.sticky {
+                cache.set_sticky(&file, true);
+            }
+            Ok(())
+        }
+        "evict" if pinned.contains(&file) => Err(format!("{} is mounted by a running allocation", o.image)),
+        "evict" if !cache.entries().contains_key(&file) => Err(format!("{} is not cached here", o.image)),
+        "evict" => {
+            cache.evict(&file, pinned);
+            Ok(())
+        }
+        other => Err(format!("unknown cache order {other:?}")),
     }
 }
 

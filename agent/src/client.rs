@@ -53,6 +53,38 @@ pub struct Work {
     /// Task launches running here that ended at the control plane (or that it does not know): stop them.
     #[serde(default)]
     pub stop_tasks: Vec<String>,
+    /// Image cache orders (`lattice cache warm|evict`).
+    #[serde(default)]
+    pub cache: Vec<CacheOrder>,
+}
+
+/// An operator's order for this node's image cache.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct CacheOrder {
+    /// `warm` (pull it; `sticky`: never evict it) or `evict`.
+    pub op: String,
+    /// A uenv, `name/version:tag`.
+    pub image: String,
+    #[serde(default)]
+    pub sticky: bool,
+}
+
+/// An order's outcome, reported with a poll.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct CacheOutcome {
+    pub op: String,
+    pub image: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// One cached image, reported when the cache changed.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct CachedImage {
+    pub file: String,
+    pub size: u64,
+    pub last_used_ms: u64,
+    pub sticky: bool,
 }
 
 /// One task launch's part on this node (see the runtime's `TaskWork`): ranks
@@ -117,6 +149,9 @@ pub struct Reports {
     pub task_ends: Vec<TaskEnd>,
     /// Task launches that run on this node now.
     pub tasks_running: Vec<String>,
+    /// Outcomes of cache orders, and the cache's contents when they changed.
+    pub cache_done: Vec<CacheOutcome>,
+    pub cache: Option<Vec<CachedImage>>,
 }
 
 /// One scaling-metric sample of an allocation on this node.

@@ -134,6 +134,12 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
     if !reports.tasks_running.is_empty() {
         body["tasks"] = json!(reports.tasks_running);
     }
+    if !reports.cache_done.is_empty() {
+        body["cache_done"] = json!(reports.cache_done);
+    }
+    if let Some(c) = &reports.cache {
+        body["cache"] = json!(c);
+    }
     Request {
         path: format!("/v1/nodes/{node}/work"),
         body,

@@ -1313,6 +1313,96 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     );
     assert!(!cache.join("uenv/broken_1.0_v1.squashfs").exists());
     assert!(!cache.join("uenv/broken_1.0_v1.squashfs.partial").exists());
+
+    // `lattice cache warm|list|evict`: an operator's warm pulls the image (verified) and marks it
+    // sticky; the node's cache as its agent reports it; a warm of a broken image fails with the reason
+    // and caches nothing; evict removes it.
+    let cache_of = |want: &dyn Fn(&Value) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let (_, v) = call("GET", &format!("{base}/v1/cache?node=sim-000"), None);
+            if want(&v["nodes"]["sim-000"]) {
+                return v["nodes"]["sim-000"].clone();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/cache/warm"),
+        Some(json!({"image": "prgenv-gnu/24.11:v1", "nodes": ["sim-000"], "sticky": true})),
+    );
+    assert_eq!((status, v["nodes"].clone()), (202, json!(["sim-000"])), "{v}");
+    let c = cache_of(&|c: &Value| {
+        c["images"].as_array().is_some_and(|i| {
+            i.iter()
+                .any(|i| i["file"] == "prgenv-gnu_24.11_v1.squashfs" && i["sticky"] == true)
+        })
+    });
+    assert_eq!(c["outcomes"].as_array().unwrap().last().unwrap()["ok"], true, "{c}");
+    assert!(cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").is_file());
+    // The cache holds one and a half images: the sticky one is never evicted to make room.
+    let last_for = |image: &'static str| {
+        move |c: &Value| {
+            c["outcomes"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|o| o["image"] == image))
+        }
+    };
+    let outcome_of = |c: &Value, image: &str| {
+        c["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|o| o["image"] == image)
+            .unwrap()
+            .clone()
+    };
+    call(
+        "POST",
+        &format!("{base}/v1/cache/warm"),
+        Some(json!({"image": "other/1.0:v1", "nodes": ["sim-000"]})),
+    );
+    let o = outcome_of(&cache_of(&last_for("other/1.0:v1")), "other/1.0:v1");
+    assert_eq!(o["ok"], false, "{o}");
+    assert!(o["detail"].as_str().unwrap().contains("image cache full"), "{o}");
+    assert!(
+        cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").is_file(),
+        "the sticky image stays"
+    );
+    // Refusals change nothing: an unknown node, a bad name.
+    for (body, field) in [
+        (json!({"image": "prgenv-gnu/24.11:v1", "nodes": ["sim-009"]}), "nodes"),
+        (json!({"image": "../x"}), "image"),
+    ] {
+        let (status, v) = call("POST", &format!("{base}/v1/cache/evict"), Some(body));
+        assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");
+    }
+    assert!(cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").is_file());
+    // An operator's evict removes it (sticky only spares it from automatic eviction).
+    call(
+        "POST",
+        &format!("{base}/v1/cache/evict"),
+        Some(json!({"image": "prgenv-gnu/24.11:v1"})),
+    );
+    cache_of(&|c: &Value| {
+        c["images"]
+            .as_array()
+            .is_some_and(|i| !i.iter().any(|i| i["file"] == "prgenv-gnu_24.11_v1.squashfs"))
+    });
+    assert!(!cache.join("uenv/prgenv-gnu_24.11_v1.squashfs").exists());
+    // A warm of an image whose digest does not match fails with the reason and caches nothing.
+    call(
+        "POST",
+        &format!("{base}/v1/cache/warm"),
+        Some(json!({"image": "broken/1.0:v1", "nodes": ["sim-000"]})),
+    );
+    let o = outcome_of(&cache_of(&last_for("broken/1.0:v1")), "broken/1.0:v1");
+    assert_eq!(o["ok"], false, "{o}");
+    assert!(o["detail"].as_str().unwrap().contains("hash mismatch"), "{o}");
+    assert!(!cache.join("uenv/broken_1.0_v1.squashfs").exists());
     rt.block_on(running.shutdown());
 }
 

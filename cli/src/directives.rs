@@ -24,6 +24,8 @@ pub struct SubmitFields {
     /// The software environment: `--uenv=prgenv-gnu/24.11:v1` and `--view=default`.
     pub uenv: Option<String>,
     pub view: Option<String>,
+    /// An OCI image instead: `--image=NAME:TAG` (or `--container-image`, pyxis' spelling).
+    pub image: Option<String>,
 }
 
 /// A task group's indices `start..=end` and concurrency limit (`%N`).
@@ -96,7 +98,8 @@ impl SubmitFields {
             ntasks_per_node,
             task_group,
             uenv,
-            view
+            view,
+            image
         );
         if !other.features.is_empty() {
             self.features = other.features.clone();
@@ -252,6 +255,7 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                 },
                 "uenv" => f.uenv = Some(val),
                 "view" => f.view = Some(val),
+                "image" | "container-image" => f.image = Some(val),
                 "dependency" => warnings.push(format!(
                     "--{k}={val}: use `lattice submit --depends-on` or a DAG; ignored"
                 )),
@@ -340,6 +344,10 @@ mod tests {
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(f.uenv.as_deref(), Some("prgenv-gnu/24.11:v1"));
         assert_eq!(f.view.as_deref(), Some("default"));
+        let (f, warnings) =
+            parse_script("#!/bin/bash\n#SBATCH --container-image=busybox:1\n#LATTICE --image=busybox:2\nls\n");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(f.image.as_deref(), Some("busybox:2"));
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/dags", get(list_dags).post(submit_dag))
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/cache", get(cache_list))
+        .route("/v1/cache/warm", axum::routing::post(cache_warm))
+        .route("/v1/cache/evict", axum::routing::post(cache_evict))
         .route("/v1/nodes/{id}", get(node))
         .route("/v1/nodes/{id}/register", axum::routing::post(register))
         .route("/v1/nodes/{id}/heartbeat", axum::routing::post(heartbeat))
@@ -626,6 +629,11 @@ struct WorkIn {
     /// Task launches that run on this node.
     #[serde(default)]
     tasks: Vec<String>,
+    /// Outcomes of image cache orders, and the cache's contents when they changed.
+    #[serde(default)]
+    cache_done: Vec<crate::cache::CacheOutcome>,
+    #[serde(default)]
+    cache: Option<Vec<crate::cache::CachedImage>>,
 }
 
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -639,6 +647,8 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         metrics: w.metrics,
         task_ends: w.task_ends,
         tasks_running: w.tasks,
+        cache_done: w.cache_done,
+        cache: w.cache,
     };
     match ops::work(&s, &p, &id, &w.running, w.output, &reports).await {
         Ok(w) => Json(w).into_response(),
@@ -755,6 +765,47 @@ async fn relay_terminal(
     if sensitive {
         ops::audit_attach(&s, &p, &id, &node, &format!("attach_end ({how})")).await;
     }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CacheQuery {
+    node: Option<String>,
+}
+
+/// `GET /v1/cache[?node=]`: each node's cached images, orders not yet handed out and recent outcomes.
+async fn cache_list(State(s): S, Extension(p): P, QueryIn(q): QueryIn<CacheQuery>) -> Response {
+    match ops::cache_list(&s, &p, q.node.as_deref()).await {
+        Ok(v) => Json(json!({"nodes": v})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn cache_order(s: S, p: P, op: &str, body: axum::body::Bytes) -> Response {
+    let (State(s), Extension(p)) = (s, p);
+    let req: crate::cache::CacheRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return body_error(e),
+    };
+    match ops::cache_order(&s, &p, op, &req).await {
+        Ok(nodes) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"op": op, "image": req.image, "nodes": nodes})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/cache/warm {"image", "nodes"|"group", "sticky"}` (operators): the nodes' agents pull it.
+async fn cache_warm(s: S, p: P, body: axum::body::Bytes) -> Response {
+    cache_order(s, p, "warm", body).await
+}
+
+/// `POST /v1/cache/evict {"image", "nodes"|"group"}` (operators): unless a running allocation has it
+/// mounted.
+async fn cache_evict(s: S, p: P, body: axum::body::Bytes) -> Response {
+    cache_order(s, p, "evict", body).await
 }
 
 /// `POST /v1/allocations/{id}/tasks`: a task launch within the running allocation (`lattice launch`).

@@ -633,6 +633,8 @@ pub struct Control {
     pub launches: crate::tasks::Launches,
     /// The secret each allocation's launch token is derived from (random per leader; zeros in tests).
     pub launch_secret: [u8; 32],
+    /// The nodes' image caches: operators' warm/evict orders and what the agents report.
+    pub caches: crate::cache::Caches,
     /// Per node: when its agent last reported the fingerprint (ms), and whether a fresh one is asked.
     fingerprint_ms: BTreeMap<u32, u64>,
     fingerprint_asked: std::collections::BTreeSet<u32>,
@@ -775,6 +777,7 @@ impl Control {
             peer_addr: BTreeMap::new(),
             launches: Default::default(),
             launch_secret: [0; 32],
+            caches: Default::default(),
             fingerprint_ms: BTreeMap::new(),
             fingerprint_asked: Default::default(),
             partitions: BTreeMap::new(),
@@ -1980,6 +1983,44 @@ impl Control {
         Ok((node_name, addr, token, a.spec.sensitive_claim))
     }
 
+    /// Orders `op` (`warm`, `evict`) of `req.image` for the chosen nodes (every node by default, or a
+    /// dragonfly group's); the node names.
+    pub fn cache_order(&mut self, op: &str, req: &crate::cache::CacheRequest) -> Result<Vec<String>, FieldError> {
+        if !valid_uenv_name(&req.image) {
+            return Err(bad("image", format!("{:?}: expected name/version:tag", req.image)));
+        }
+        let nodes: Vec<String> = if !req.nodes.is_empty() {
+            for n in &req.nodes {
+                if self.node_index(n).is_none() {
+                    return Err(bad("nodes", format!("no node {n} in the inventory")));
+                }
+            }
+            req.nodes.clone()
+        } else {
+            (0..self.node_names.len() as u32)
+                .filter(|i| {
+                    req.group.is_none_or(|g| {
+                        self.ctl
+                            .engine
+                            .node(lattice_engine::NodeId(*i))
+                            .is_some_and(|n| n.spec.group.0 == g)
+                    })
+                })
+                .map(|i| self.node_names[i as usize].clone())
+                .collect()
+        };
+        if nodes.is_empty() {
+            return Err(bad("group", "no node in that group"));
+        }
+        let order = crate::cache::CacheOrder {
+            op: op.to_string(),
+            image: req.image.clone(),
+            sticky: req.sticky && op == "warm",
+        };
+        self.caches.order(&nodes, order);
+        Ok(nodes)
+    }
+
     /// The token `lattice-mpi-launcher` presents to run processes in allocation `name`'s current run.
     fn launch_token(&self, name: &str, started_ms: u64) -> String {
         use sha2::Digest;
@@ -2533,6 +2574,7 @@ impl Control {
             }
             !on.is_empty()
         });
+        w.cache = self.caches.take(node);
         let mine = self.ctl.engine.node(nid).and_then(|n| n.owner).map(|o| o.alloc);
         if let Some(id) = mine
             && let Some(a) = self.ctl.engine.allocation(id)
@@ -2685,7 +2727,10 @@ impl Control {
             metrics,
             task_ends,
             tasks_running: _,
+            cache_done,
+            cache,
         } = reports;
+        self.caches.reported(node, cache_done, cache.as_deref());
         let nid = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
@@ -3240,6 +3285,9 @@ pub struct Work {
     /// Task launches it runs that ended (or that this leader does not know): stop their ranks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_tasks: Vec<String>,
+    /// Image cache orders (`lattice cache warm|evict`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache: Vec<crate::cache::CacheOrder>,
 }
 
 /// New output an agent sends for a followed allocation: bytes `offset..next` of its output on that
@@ -3336,6 +3384,9 @@ pub struct AgentReports {
     pub task_ends: Vec<crate::tasks::TaskEndIn>,
     /// Task launches that run on its node now.
     pub tasks_running: Vec<String>,
+    /// Outcomes of image cache orders, and the cache's contents when they changed.
+    pub cache_done: Vec<crate::cache::CacheOutcome>,
+    pub cache: Option<Vec<crate::cache::CachedImage>>,
 }
 
 /// A scaling-metric sample an agent reports for an allocation on its node.

@@ -10,11 +10,13 @@
 //! [`auth`] checks bearer JWTs (RS256 JWKS, HS256 dev), the seed's roles with tenant scoping, and
 //! per-user rate limits. [`grpc`] serves the same operations ([`ops`]) over gRPC. [`tls`] puts both
 //! ports (and Raft between members) behind rustls TLS or mTLS. [`tasks`] lays out task launches
-//! within running allocations (`lattice launch`) and hands each node's ranks to its agent.
+//! within running allocations (`lattice launch`) and hands each node's ranks to its agent; [`cache`]
+//! keeps the operators' image cache orders (`lattice cache warm|evict`) and the nodes' caches.
 
 pub mod api;
 pub mod auth;
 pub mod bench;
+pub mod cache;
 pub mod config;
 pub mod control;
 pub mod dst;

@@ -1260,6 +1260,34 @@ pub async fn audit_attach(s: &Arc<Shared>, p: &Principal, id: &str, node: &str, 
     crate::server::audit(s, &p.user, id, what, format!("terminal on {node}")).await;
 }
 
+/// Orders a cache `op` (`warm`, `evict`) on nodes (operators and admins); the node names.
+pub async fn cache_order(
+    s: &Shared,
+    p: &Principal,
+    op: &str,
+    req: &crate::cache::CacheRequest,
+) -> Result<Vec<String>, ApiError> {
+    if !p.can_operate() {
+        return Err(ApiError::Forbidden {
+            field: None,
+            message: "forbidden: cache operations need the Operator or SystemAdmin role".into(),
+        });
+    }
+    writable(s).await?;
+    let r = s.control.lock().await.cache_order(op, req);
+    r.map_err(bad_request)
+}
+
+/// The nodes' image caches (everyone who may see nodes).
+pub async fn cache_list(
+    s: &Shared,
+    _p: &Principal,
+    node: Option<&str>,
+) -> Result<BTreeMap<String, crate::cache::NodeCache>, ApiError> {
+    readable(s).await?;
+    Ok(s.control.lock().await.caches.view(node))
+}
+
 /// The task launches of allocation `id` (whoever may see it).
 pub async fn task_launches(s: &Shared, p: &Principal, id: &str) -> Result<Vec<crate::tasks::LaunchView>, ApiError> {
     get(s, p, id).await?;

@@ -68,6 +68,9 @@ enum Cmd {
         /// The uenv view to activate (its environment variables).
         #[arg(long)]
         view: Option<String>,
+        /// An OCI image instead of a uenv, `NAME[:TAG]` from the nodes' image store (a container).
+        #[arg(long)]
+        image: Option<String>,
         /// A batch script (its directives are read), or the command after `--`.
         #[arg(trailing_var_arg = true)]
         command: Vec<String>,
@@ -159,6 +162,12 @@ enum Cmd {
         #[arg(long)]
         view: Option<String>,
     },
+    /// The nodes' image caches (warm and evict need the Operator role): `warm --image U [--nodes A,B |
+    /// --group G] [--sticky]`, `list [--node N]`, `evict --image U [--nodes A,B | --group G]`.
+    Cache {
+        #[command(subcommand)]
+        cmd: CacheCmd,
+    },
     /// Nodes and their state.
     Nodes {
         #[arg(short, long, value_enum, default_value = "table")]
@@ -174,6 +183,39 @@ enum Cmd {
     Admin {
         #[command(subcommand)]
         cmd: AdminCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum CacheCmd {
+    /// Pull a uenv into the nodes' caches ahead of the jobs that need it.
+    Warm {
+        #[arg(long)]
+        image: String,
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// The nodes of this dragonfly group.
+        #[arg(long)]
+        group: Option<u32>,
+        /// Never evict it afterwards.
+        #[arg(long)]
+        sticky: bool,
+    },
+    /// What each node has cached, orders not yet carried out, and recent outcomes.
+    List {
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Remove a uenv from the nodes' caches (not while a running allocation has it mounted).
+    Evict {
+        #[arg(long)]
+        image: String,
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        #[arg(long)]
+        group: Option<u32>,
     },
 }
 
@@ -396,6 +438,7 @@ fn run() -> Result<()> {
             task_group,
             uenv,
             view,
+            image,
             command,
         } => {
             // A script file: its directives, then the flags on top.
@@ -430,6 +473,7 @@ fn run() -> Result<()> {
                 task_group,
                 uenv,
                 view,
+                image,
             };
             let f = fields.overlay(&flags);
             let Some(tenant) = f.tenant.clone() else {
@@ -459,7 +503,9 @@ fn run() -> Result<()> {
             if let Some(d) = duration {
                 body["duration"] = json!(d);
             }
-            if f.uenv.is_some() || f.view.is_some() {
+            if f.image.is_some() {
+                body["environment"] = json!({"image": f.image, "uenv": f.uenv});
+            } else if f.uenv.is_some() || f.view.is_some() {
                 body["environment"] = json!({"uenv": f.uenv, "view": f.view});
             }
             if let Some(t) = f.task_group {
@@ -639,6 +685,72 @@ fn run() -> Result<()> {
             eprintln!("lattice session: {id} ended");
             std::process::exit(code?.clamp(0, 255));
         }
+        Cmd::Cache { cmd } => match cmd {
+            CacheCmd::Warm {
+                image,
+                nodes,
+                group,
+                sticky,
+            } => {
+                let body = json!({"image": image, "nodes": nodes, "group": group, "sticky": sticky});
+                let v = client.call("POST", "/v1/cache/warm", Some(&body))?;
+                println!("warming {image} on {}", v["nodes"].as_array().map_or(0, Vec::len));
+            }
+            CacheCmd::Evict { image, nodes, group } => {
+                let body = json!({"image": image, "nodes": nodes, "group": group});
+                let v = client.call("POST", "/v1/cache/evict", Some(&body))?;
+                println!("evicting {image} on {}", v["nodes"].as_array().map_or(0, Vec::len));
+            }
+            CacheCmd::List { node, output } => {
+                let path = match &node {
+                    Some(n) => format!("/v1/cache?node={n}"),
+                    None => "/v1/cache".to_string(),
+                };
+                let v = client.call("GET", &path, None)?;
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&v["nodes"])?),
+                    Output::Yaml => print!("{}", yaml_serde::to_string(&v["nodes"])?),
+                    Output::Table | Output::Wide => {
+                        println!(
+                            "{:<16} {:<40} {:>12} {:>15} {:<6} LAST",
+                            "NODE", "IMAGE", "BYTES", "LAST_USED_MS", "STICKY"
+                        );
+                        for (n, c) in v["nodes"].as_object().cloned().unwrap_or_default() {
+                            let last = c["outcomes"]
+                                .as_array()
+                                .and_then(|o| o.last())
+                                .map(|o| {
+                                    format!(
+                                        "{} {} {}{}",
+                                        o["op"].as_str().unwrap_or_default(),
+                                        o["image"].as_str().unwrap_or_default(),
+                                        if o["ok"] == true { "ok" } else { "failed" },
+                                        o["detail"]
+                                            .as_str()
+                                            .filter(|d| !d.is_empty())
+                                            .map(|d| format!(": {d}"))
+                                            .unwrap_or_default()
+                                    )
+                                })
+                                .unwrap_or_default();
+                            let images = c["images"].as_array().cloned().unwrap_or_default();
+                            if images.is_empty() {
+                                println!("{n:<16} {:<40} {:>12} {:>15} {:<6} {last}", "-", 0, 0, "-");
+                            }
+                            for i in images {
+                                println!(
+                                    "{n:<16} {:<40} {:>12} {:>15} {:<6} {last}",
+                                    i["file"].as_str().unwrap_or_default(),
+                                    i["size"].as_u64().unwrap_or(0),
+                                    i["last_used_ms"].as_u64().unwrap_or(0),
+                                    if i["sticky"] == true { "yes" } else { "no" }
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        },
         Cmd::Cancel { ids } => {
             if ids.is_empty() {
                 bail!("which allocation? `lattice cancel ID...`");
