@@ -276,8 +276,9 @@ mod tests {
         send("stty size\n");
         read_until(&s, "50 132", Duration::from_secs(5));
         // Ctrl-C (the byte) interrupts the foreground job, and the shell goes on.
-        send("sleep 30; echo slept\n");
-        std::thread::sleep(Duration::from_millis(300));
+        send("echo go$((1+1)); sleep 30; echo slept\n");
+        read_until(&s, "go2", Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(100));
         send("\x03");
         // (The terminal drops what was typed ahead of an interrupt, as any terminal does.)
         read_until(&s, "^C", Duration::from_secs(5));
@@ -286,8 +287,9 @@ mod tests {
         let seen = read_until(&s, "after-42", Duration::from_secs(5));
         assert!(!seen.contains("slept"), "{seen}");
         // An explicit signal goes to the foreground group too.
-        send("sleep 30; echo slept\n");
-        std::thread::sleep(Duration::from_millis(300));
+        send("echo re$((1+1)); sleep 30; echo slept\n");
+        read_until(&s, "re2", Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(100));
         s.input.send(AttachInput::Signal("INT".into())).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         send("echo again-$((6*7))\n");

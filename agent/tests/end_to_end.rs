@@ -1739,12 +1739,20 @@ fn attach_opens_a_terminal_in_the_allocation_in_a_real_terminal() {
         .status()
         .unwrap();
     assert!(resized.success());
-    std::thread::sleep(Duration::from_millis(300));
-    keys(&sock, &["echo \"size:\" $(stty size)", "Enter"]);
-    shows(&sock, "size: 40 120", Duration::from_secs(10));
+    // (The resize travels on its own: ask again until it has arrived.)
+    let t0 = Instant::now();
+    loop {
+        keys(&sock, &["echo \"size:\" $(stty size)", "Enter"]);
+        std::thread::sleep(Duration::from_millis(300));
+        if screen(&sock).contains("size: 40 120") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", screen(&sock));
+    }
     // Ctrl-C interrupts what runs there, and the shell goes on.
-    keys(&sock, &["sleep 100; echo slept", "Enter"]);
-    std::thread::sleep(Duration::from_millis(500));
+    keys(&sock, &["echo go$((1+1)); sleep 100; echo slept", "Enter"]);
+    shows(&sock, "\ngo2", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(200));
     keys(&sock, &["C-c"]);
     std::thread::sleep(Duration::from_millis(300));
     keys(&sock, &["echo after-$((6*7))", "Enter"]);

@@ -88,6 +88,31 @@ fn enc(s: &str) -> String {
         .collect()
 }
 
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+    )
+}
+
+/// Sends `m`, finishing the write when a signal (SIGWINCH) interrupted it; whether it went.
+fn deliver(ws: &mut tungstenite::WebSocket<std::net::TcpStream>, m: tungstenite::Message) -> bool {
+    match ws.send(m) {
+        Ok(()) => true,
+        Err(tungstenite::Error::Io(e)) if transient(&e) => {
+            for _ in 0..1000 {
+                match ws.flush() {
+                    Ok(()) => return true,
+                    Err(tungstenite::Error::Io(e)) if transient(&e) => {}
+                    Err(_) => return false,
+                }
+            }
+            false
+        }
+        Err(_) => false,
+    }
+}
+
 /// Runs a terminal session against `url` until the remote side ends; its exit status.
 pub fn run(url: &str, token: Option<&str>) -> Result<i32> {
     use tungstenite::Message;
@@ -131,9 +156,10 @@ pub fn run(url: &str, token: Option<&str>) -> Result<i32> {
         if RESIZED.swap(false, Ordering::SeqCst)
             && let Some((rows, cols)) = size()
         {
-            let _ = ws.send(Message::Text(
-                json!({"resize": {"rows": rows, "cols": cols}}).to_string().into(),
-            ));
+            let _ = deliver(
+                &mut ws,
+                Message::Text(json!({"resize": {"rows": rows, "cols": cols}}).to_string().into()),
+            );
         }
         if stdin_open {
             let mut pfd = libc::pollfd {
@@ -146,13 +172,15 @@ pub fn run(url: &str, token: Option<&str>) -> Result<i32> {
             if ready {
                 let mut buf = [0u8; 4096];
                 match std::io::stdin().read(&mut buf) {
+                    // A signal (SIGWINCH) interrupted the read: nothing was read.
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Ok(0) | Err(_) => {
                         // End of input (not a terminal): the remote terminal's end-of-file.
                         stdin_open = false;
-                        let _ = ws.send(Message::Binary(vec![4u8].into()));
+                        let _ = deliver(&mut ws, Message::Binary(vec![4u8].into()));
                     }
                     Ok(n) => {
-                        if ws.send(Message::Binary(buf[..n].to_vec().into())).is_err() {
+                        if !deliver(&mut ws, Message::Binary(buf[..n].to_vec().into())) {
                             break 255;
                         }
                     }
@@ -179,11 +207,15 @@ pub fn run(url: &str, token: Option<&str>) -> Result<i32> {
             }
             Ok(Message::Close(_)) => break 255,
             Ok(_) => {}
+            // Nothing yet, or a signal (SIGWINCH) interrupted the wait: try again.
             Err(tungstenite::Error::Io(e))
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => {
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => {
                 drop(raw);
-                eprintln!("\r\nlattice attach: connection lost — attach session ended");
+                eprintln!("\r\nlattice attach: connection lost — attach session ended ({e})");
                 return Ok(255);
             }
         }

@@ -169,6 +169,39 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
         200
     );
 
+    // Terminals and task launches: only the owner (and admins). Another user of the tenant does not
+    // even see it (404); an operator sees it but may not open a terminal in it nor launch in it (403).
+    let attach = format!("/v1/allocations/{a}/attach");
+    assert_eq!(call(&base, Some(&bob), "GET", &attach, None).await.0, 404);
+    let (status, v, _) = call(&base, Some(&op), "GET", &attach, None).await;
+    assert_eq!(status, 403, "{v}");
+    let tasks = format!("/v1/allocations/{a}/tasks");
+    let (status, _, _) = call(
+        &base,
+        Some(&op),
+        "POST",
+        &tasks,
+        Some(json!({"entrypoint": "hostname"})),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (_, v, _) = call(&base, Some(&alice), "GET", &tasks, None).await;
+    assert_eq!(v["launches"], json!([]), "no launch was made by a refusal");
+    // Image cache orders: operators only.
+    let warm = json!({"image": "prgenv-gnu/24.11:v1"});
+    assert_eq!(
+        call(&base, Some(&alice), "POST", "/v1/cache/warm", Some(warm.clone()))
+            .await
+            .0,
+        403
+    );
+    let (_, v, _) = call(&base, Some(&op), "GET", "/v1/cache", None).await;
+    assert_eq!(v["nodes"], json!({}), "nothing was ordered by the refusal");
+    assert_eq!(
+        call(&base, Some(&op), "POST", "/v1/cache/warm", Some(warm)).await.0,
+        202
+    );
+
     // Cancelling: not another user's (404 when it is invisible), but the tenant admin may.
     assert_eq!(call(&base, Some(&bob), "DELETE", &path, None).await.0, 404);
     assert_eq!(call(&base, Some(&carol), "DELETE", &path, None).await.0, 200);
