@@ -110,6 +110,7 @@ fn main() {
                     grace: Duration::from_secs(1),
                     fence_timeout: Duration::from_secs(60),
                     slurm_env: false,
+                    alloc_wait: Duration::from_secs(1),
                 });
                 t.alloc_started(
                     "a-1",

@@ -251,6 +251,7 @@ pub fn run_with(
         grace: cfg.grace,
         fence_timeout: cfg.fence_timeout,
         slurm_env: cfg.slurm_env,
+        alloc_wait: crate::tasks::ALLOC_WAIT,
     });
     let peer_addr: Option<String> = cfg.peer_listen.as_deref().and_then(|listen| match tasks.serve(listen) {
         Ok(a) => {

@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 
 /// The default fence timeout (the seed: 60 s).
 pub const FENCE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `Exec` and a terminal wait for their allocation to start on this node.
+pub const ALLOC_WAIT: Duration = Duration::from_secs(10);
 /// Allocations whose entrypoint ended here that still take task launches (the newest).
 pub const KEEP_ENDED_ALLOCS: usize = 256;
 /// How much of each rank's stdout and stderr its end report carries.
@@ -58,6 +60,8 @@ pub struct TasksConfig {
     pub fence_timeout: Duration,
     /// Also set the `SLURM_*` compatibility variables.
     pub slurm_env: bool,
+    /// How long `Exec` and a terminal wait for their allocation to start here ([`ALLOC_WAIT`]).
+    pub alloc_wait: Duration,
 }
 
 /// The task launches of this node (cheap to clone: shared).
@@ -719,6 +723,21 @@ impl Tasks {
         }
     }
 
+    /// What this node knows of allocation `alloc`, waiting a little for it: another node's process
+    /// (mpirun on node 0) may ask before this agent's next poll started it here.
+    fn alloc_soon(&self, alloc: &str) -> Result<AllocInfo, String> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(info) = lock(&self.inner.allocs).get(alloc).cloned() {
+                return Ok(info);
+            }
+            if t0.elapsed() >= self.inner.cfg.alloc_wait {
+                return Err(format!("allocation {alloc} does not run on this node"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn launch(&self, id: &str) -> Option<Arc<Launch>> {
         lock(&self.inner.launches).get(id).cloned()
     }
@@ -771,10 +790,7 @@ impl PeerHandler for Tasks {
         argv: Vec<String>,
         env: Vec<(String, String)>,
     ) -> Result<std::sync::mpsc::Receiver<ExecEvent>, String> {
-        let info = lock(&self.inner.allocs)
-            .get(alloc)
-            .cloned()
-            .ok_or_else(|| format!("allocation {alloc} does not run on this node"))?;
+        let info = self.alloc_soon(alloc)?;
         if info.token.as_deref() != Some(token) || token.is_empty() {
             return Err(format!("not allocation {alloc}'s launch token"));
         }
@@ -858,10 +874,7 @@ impl PeerHandler for Tasks {
 impl Tasks {
     /// A terminal inside allocation `s.alloc` ([`crate::attach`]), for whoever presents its token.
     fn open_terminal(&self, s: AttachStart) -> Result<AttachSession, String> {
-        let info = lock(&self.inner.allocs)
-            .get(&s.alloc)
-            .cloned()
-            .ok_or_else(|| format!("allocation {} does not run on this node", s.alloc))?;
+        let info = self.alloc_soon(&s.alloc)?;
         if info.token.as_deref() != Some(s.token.as_str()) || s.token.is_empty() {
             return Err(format!("not allocation {}'s launch token", s.alloc));
         }
@@ -948,6 +961,7 @@ printf 'cmd=finalize\n' >&3; read -r l <&3
             grace: Duration::from_millis(200),
             fence_timeout,
             slurm_env: true,
+            alloc_wait: Duration::from_millis(100),
         });
         t.alloc_started(
             "a-1",
