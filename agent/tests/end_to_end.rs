@@ -1580,10 +1580,23 @@ fn an_mpi_program_runs_over_two_agents_through_lattices_pmi() {
         assert_eq!(status, 201, "{v}");
         v["launch_id"].as_str().unwrap().to_string()
     };
-    let crash = launch(json!({"ntasks": 4, "entrypoint": format!("if [ $PMI_RANK = 2 ]; then exit 5; fi; exec {p}")}));
+    let crash = launch(
+        json!({"ntasks": 4, "entrypoint": format!("if [ $PMI_RANK = 2 ]; then echo crash-$PMI_RANK >&2; exit 5; fi; exec {p}")}),
+    );
     let v = launch_ended(&base, &hold, &crash, Duration::from_secs(30));
     assert_eq!(v["state"], "failed");
     assert_eq!(v["reason"], "rank 2 exited with code 5", "{v}");
+    // Its stderr, apart from its stdout: in the launch and through `lattice logs LAUNCH --stderr`.
+    assert_eq!(
+        (v["output"][2]["stderr"].as_str(), v["output"][2]["stdout"].as_str()),
+        (Some("crash-2\n"), Some(""))
+    );
+    let out = Command::new(bin_dir.join("lattice"))
+        .args(["logs", &crash, "--stderr", "--rank", "2", "--tail", "1"])
+        .env("LATTICE_ENDPOINT", &base)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "crash-2\n", "{out:?}");
     // The others were stopped: they could never finish MPI_Init without rank 2.
     assert_eq!(v["exit_codes"].as_array().unwrap().len(), 4);
     assert!(v["exit_codes"].as_array().unwrap().iter().all(|c| c[1] != 0), "{v}");

@@ -163,6 +163,40 @@ pub fn rank_output(view: &Value, label: bool) -> (String, String) {
     (out, err)
 }
 
+/// `ALLOC.N` → (`ALLOC`, N) when `id` names a task launch.
+pub fn launch_of(id: &str) -> Option<(&str, u32)> {
+    let (alloc, n) = id.rsplit_once('.')?;
+    let n = n.parse().ok()?;
+    (!alloc.is_empty() && !alloc.contains('/')).then_some((alloc, n))
+}
+
+/// The last `n` lines of `text` (all of it without `n`).
+pub fn last_lines(text: &str, n: Option<usize>) -> String {
+    let Some(n) = n else { return text.to_string() };
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    lines[lines.len().saturating_sub(n)..].concat()
+}
+
+/// A launch's ranks' stdout (or stderr): each rank's under a `==> rank R <==` header, in rank order,
+/// the last `tail` lines of each.
+pub fn rank_logs(view: &Value, stderr: bool, rank: Option<u32>, tail: Option<usize>) -> String {
+    let key = if stderr { "stderr" } else { "stdout" };
+    let ranks: Vec<&Value> = view["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| rank.is_none_or(|x| r["rank"].as_u64() == Some(x as u64)))
+        .collect();
+    let mut out = String::new();
+    for r in &ranks {
+        if ranks.len() > 1 {
+            out.push_str(&format!("==> rank {} <==\n", r["rank"].as_u64().unwrap_or(0)));
+        }
+        out.push_str(&last_lines(r[key].as_str().unwrap_or_default(), tail));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +254,22 @@ mod tests {
             ("0: a\n0: b\n1: c\n".into(), "1: oops\n".into())
         );
         assert!(parse_env(&v(&["NOEQUALS"])).is_err());
+    }
+
+    #[test]
+    fn logs_of_a_launch_keep_each_ranks_streams_apart() {
+        assert_eq!(launch_of("a-000012.3"), Some(("a-000012", 3)));
+        assert_eq!(launch_of("a-000012"), None);
+        assert_eq!(launch_of("a-000012[4]"), None);
+        let view = json!({"output": [
+            {"rank": 0, "stdout": "a\nb\nc\n", "stderr": "e0\n"},
+            {"rank": 1, "stdout": "d\n", "stderr": "e1\nf1\n"}]});
+        assert_eq!(
+            rank_logs(&view, false, None, Some(2)),
+            "==> rank 0 <==\nb\nc\n==> rank 1 <==\nd\n"
+        );
+        assert_eq!(rank_logs(&view, true, Some(1), Some(1)), "f1\n");
+        assert_eq!(last_lines("x\ny", Some(1)), "y");
+        assert_eq!(last_lines("x\ny\n", None), "x\ny\n");
     }
 }

@@ -100,6 +100,15 @@ enum Cmd {
         /// Only this node's output.
         #[arg(long)]
         node: Option<String>,
+        /// Only the last N lines (of each node's, or each rank's, output).
+        #[arg(long)]
+        tail: Option<usize>,
+        /// A task launch's ranks' stderr instead of their stdout (`ID` is the launch's, `a-000012.1`).
+        #[arg(long)]
+        stderr: bool,
+        /// A task launch: only this rank's output.
+        #[arg(long)]
+        rank: Option<u32>,
     },
     /// Run tasks within a running allocation (srun's counterpart): `lattice launch --alloc=ID -n 4
     /// [--tasks-per-node=K] [--env K=V] -- PROG ARGS`. The ranks get a PMI server (MPI without SSH or
@@ -548,7 +557,27 @@ fn run() -> Result<()> {
             std::thread::sleep(std::time::Duration::from_secs(2));
             println!();
         },
-        Cmd::Logs { id, follow: true, node } => {
+        Cmd::Logs {
+            id,
+            follow: false,
+            tail,
+            stderr,
+            rank,
+            ..
+        } if lattice_cli::launch::launch_of(&id).is_some() => {
+            // A task launch: each rank's stdout (or stderr), kept apart, in rank order.
+            let (alloc, _) = lattice_cli::launch::launch_of(&id).expect("matched");
+            let v = client.call("GET", &format!("/v1/allocations/{alloc}/tasks/{id}"), None)?;
+            print!("{}", lattice_cli::launch::rank_logs(&v, stderr, rank, tail));
+        }
+        Cmd::Logs { stderr: true, id, .. } => {
+            bail!(
+                "{id}: --stderr is for a task launch's ranks (`lattice logs {id}.1 --stderr`); an allocation's own output is one stream"
+            )
+        }
+        Cmd::Logs {
+            id, follow: true, node, ..
+        } => {
             let mut after: std::collections::BTreeMap<String, u64> = Default::default();
             let mut quiet = 0;
             loop {
@@ -584,6 +613,8 @@ fn run() -> Result<()> {
             id,
             follow: false,
             node,
+            tail,
+            ..
         } => {
             let path = match &node {
                 Some(n) => format!("/v1/allocations/{id}/logs?node={n}"),
@@ -599,7 +630,10 @@ fn run() -> Result<()> {
                 if many {
                     println!("==> {node} <==");
                 }
-                print!("{}", text.as_str().unwrap_or_default());
+                print!(
+                    "{}",
+                    lattice_cli::launch::last_lines(text.as_str().unwrap_or_default(), tail)
+                );
             }
         }
         Cmd::Launch {
