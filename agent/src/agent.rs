@@ -630,13 +630,7 @@ pub fn run_with(
                             uenv_env = p.env;
                         }
                         Err(e) => {
-                            eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
-                            session.ended(Exit {
-                                id: l.id.clone(),
-                                kind: ExitKind::Prologue,
-                                code: 127,
-                                tail: e.to_string(),
-                            });
+                            prologue_failed(&cfg.node, &mut session, &l.id, &e.to_string());
                             continue;
                         }
                     }
@@ -706,16 +700,10 @@ pub fn run_with(
                             container = Some(p.container);
                         }
                         Err(e) => {
-                            eprintln!("lattice-agent {}: start {}: {e}", cfg.node, l.id);
                             if let Some(c) = channel {
                                 c.remove();
                             }
-                            session.ended(Exit {
-                                id: l.id.clone(),
-                                kind: ExitKind::Prologue,
-                                code: 127,
-                                tail: e.to_string(),
-                            });
+                            prologue_failed(&cfg.node, &mut session, &l.id, &e.to_string());
                             continue;
                         }
                     }
@@ -945,6 +933,18 @@ fn request_checkpoint(
         }
         _ => p.signal(libc::SIGUSR1),
     }
+}
+
+/// An allocation that could not be prepared here (its uenv or OCI image): a prologue failure, the
+/// reason as its output (the control plane retries it on other nodes).
+fn prologue_failed(node: &str, session: &mut Session, id: &str, why: &str) {
+    eprintln!("lattice-agent {node}: start {id}: {why}");
+    session.ended(Exit {
+        id: id.to_string(),
+        kind: ExitKind::Prologue,
+        code: 127,
+        tail: why.to_string(),
+    });
 }
 
 /// Carries out an image cache order: `warm` pulls the uenv into the cache (verified; `sticky` marks it

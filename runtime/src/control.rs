@@ -1851,14 +1851,7 @@ impl Control {
         req: &crate::tasks::TaskRequest,
         token: String,
     ) -> Result<crate::tasks::LaunchView, FieldError> {
-        let id = self
-            .id_of(name)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
-        let a = self
-            .ctl
-            .engine
-            .allocation(id)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let (_, a) = self.allocation_named(name)?;
         if a.state != AllocState::Running {
             return Err(bad("id", format!("allocation {name} is not running")));
         }
@@ -1933,14 +1926,7 @@ impl Control {
     /// the allocation's first), its agent's service address, the allocation's launch token, and
     /// whether it is a sensitive claim (attach is audited).
     pub fn attach_target(&self, name: &str, node: Option<&str>) -> Result<(String, String, String, bool), FieldError> {
-        let id = self
-            .id_of(name)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
-        let a = self
-            .ctl
-            .engine
-            .allocation(id)
-            .ok_or_else(|| bad("id", format!("no allocation {name}")))?;
+        let (id, a) = self.allocation_named(name)?;
         if self.preempting.contains_key(&id) {
             return Err(bad(
                 "id",
