@@ -425,6 +425,23 @@ impl Peer {
         }
     }
 
+    /// A unary call's answer, its refusal, or its running out of time (`within`).
+    fn settle<T>(
+        &self,
+        addr: &str,
+        within: Duration,
+        r: Result<Result<tonic::Response<T>, tonic::Status>, tokio::time::error::Elapsed>,
+    ) -> Result<T, PeerError> {
+        match r {
+            Err(_) => Err(PeerError::Timeout {
+                addr: addr.to_string(),
+                waited: within,
+            }),
+            Ok(Err(s)) => Err(self.status(addr, s)),
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+        }
+    }
+
     /// Sends this node's contribution to the head agent at `addr`; the merged puts within `within`.
     pub fn fence(&self, addr: &str, f: FenceIn, within: Duration) -> Result<Vec<(String, String)>, PeerError> {
         let ch = self.channel(addr, within)?;
@@ -439,14 +456,7 @@ impl Peer {
             let mut c = pb::node_agent_client::NodeAgentClient::new(ch);
             tokio::time::timeout(within, c.pmi_fence(req)).await
         });
-        match r {
-            Err(_) => Err(PeerError::Timeout {
-                addr: addr.to_string(),
-                waited: within,
-            }),
-            Ok(Err(s)) => Err(self.status(addr, s)),
-            Ok(Ok(resp)) => Ok(pairs(resp.into_inner().merged)),
-        }
+        self.settle(addr, within, r).map(|resp| pairs(resp.merged))
     }
 
     /// Asks the agent at `addr` to abort `launch_id`'s ranks; whether it knew the launch.
@@ -470,14 +480,7 @@ impl Peer {
             let mut c = pb::node_agent_client::NodeAgentClient::new(ch);
             tokio::time::timeout(within, c.abort_processes(req)).await
         });
-        match r {
-            Err(_) => Err(PeerError::Timeout {
-                addr: addr.to_string(),
-                waited: within,
-            }),
-            Ok(Err(s)) => Err(self.status(addr, s)),
-            Ok(Ok(resp)) => Ok(resp.into_inner().known),
-        }
+        self.settle(addr, within, r).map(|resp| resp.known)
     }
 
     /// Runs `argv` inside allocation `alloc` on the agent at `addr`; `event` gets its output as it

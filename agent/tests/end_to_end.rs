@@ -1673,6 +1673,15 @@ fn shows(sock: &str, want: &str, within: Duration) -> String {
     }
 }
 
+/// A tmux server `sock` with one 100×30 pane `t` running `cmd`.
+fn tmux_start(sock: &str, cmd: &str) {
+    let started = Command::new("tmux")
+        .args(["-L", sock, "new-session", "-d", "-s", "t", "-x", "100", "-y", "30", cmd])
+        .status()
+        .unwrap();
+    assert!(started.success(), "tmux new-session");
+}
+
 struct Tmux(String);
 
 impl Drop for Tmux {
@@ -1720,23 +1729,7 @@ fn attach_opens_a_terminal_in_the_allocation_in_a_real_terminal() {
         "LATTICE_ENDPOINT={base} {} attach {id} --node sim-001; echo \"status=$?\"; sleep 60",
         lattice.display()
     );
-    let started = Command::new("tmux")
-        .args([
-            "-L",
-            &sock,
-            "new-session",
-            "-d",
-            "-s",
-            "t",
-            "-x",
-            "100",
-            "-y",
-            "30",
-            &cmd,
-        ])
-        .status()
-        .unwrap();
-    assert!(started.success());
+    tmux_start(&sock, &cmd);
     // The shell runs on sim-001, in the allocation's environment, at the terminal's size.
     keys(
         &sock,
@@ -1808,23 +1801,7 @@ fn attach_opens_a_terminal_in_the_allocation_in_a_real_terminal() {
         "LATTICE_ENDPOINT={base} LATTICE_TENANT=physics {} session --nodes 2 --walltime 5m; echo \"session=$?\"; sleep 60",
         lattice.display()
     );
-    let started = Command::new("tmux")
-        .args([
-            "-L",
-            &sock,
-            "new-session",
-            "-d",
-            "-s",
-            "t",
-            "-x",
-            "100",
-            "-y",
-            "30",
-            &cmd,
-        ])
-        .status()
-        .unwrap();
-    assert!(started.success());
+    tmux_start(&sock, &cmd);
     keys(
         &sock,
         &["echo \"session $LATTICE_ALLOC_ID on node $LATTICE_NODEID\"", "Enter"],
