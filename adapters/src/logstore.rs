@@ -1,11 +1,12 @@
 //! The durable log store (book: "Logs", dual-path architecture: the S3 path). Node agents flush each
 //! allocation's output periodically as zstd-compressed chunks, laid out as the seed's bucket —
-//! `ROOT/{tenant}/{project}/{alloc}/logs/output/{node}/chunk_NNNNNN.log.zst` — with a `metadata.json`
-//! per node listing every chunk's byte offset, length and flush time (range queries by offset or time
-//! read only the chunks they need). `ROOT` is a directory: local, or an S3 bucket mounted on the nodes
-//! and the control plane. stdout and stderr are one interleaved stream (`output`): the agent's tasks
-//! write both to one file so their order is kept. Writes are atomic (temporary file, then rename), so
-//! a reader never sees half a chunk, and a restarted agent continues after the last chunk.
+//! `ROOT/{tenant}/{project}/{alloc}/logs/{stdout|stderr}/{node}/chunk_NNNNNN.log.zst` — with a
+//! `metadata.json` per stream and node listing every chunk's byte offset, length and flush time (range
+//! queries by offset or time read only the chunks they need). `ROOT` is a directory: local, or an S3
+//! bucket mounted on the nodes and the control plane. stdout and stderr are kept apart (the seed's
+//! layout; the agent writes a task's two streams to two files). Writes are atomic (temporary file,
+//! then rename), so a reader never sees half a chunk, and a restarted agent continues after the last
+//! chunk.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -22,7 +23,45 @@ pub struct Chunk {
     pub flushed_ms: u64,
 }
 
-/// `metadata.json` of one node's output.
+/// One of a process's two output streams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    #[default]
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Stream> {
+        match s {
+            "stdout" => Some(Stream::Stdout),
+            "stderr" => Some(Stream::Stderr),
+            _ => None,
+        }
+    }
+}
+
+/// Whose output one stored stream is: an allocation's, on one node, one stream.
+#[derive(Clone, Copy, Debug)]
+pub struct Source<'a> {
+    pub tenant: &'a str,
+    pub project: Option<&'a str>,
+    pub alloc: &'a str,
+    pub node: &'a str,
+    pub stream: Stream,
+}
+
+/// `metadata.json` of one node's output (one stream).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Metadata {
     pub alloc: String,
@@ -96,39 +135,25 @@ impl LogStore {
             .join("logs")
     }
 
-    fn node_dir(&self, tenant: &str, project: Option<&str>, alloc: &str, node: &str) -> PathBuf {
-        self.alloc_dir(tenant, project, alloc)
-            .join("output")
-            .join(segment(node))
+    fn node_dir(&self, src: &Source) -> PathBuf {
+        self.alloc_dir(src.tenant, src.project, src.alloc)
+            .join(src.stream.as_str())
+            .join(segment(src.node))
     }
 
-    /// A node's metadata (empty when nothing was flushed yet).
-    pub fn metadata(
-        &self,
-        tenant: &str,
-        project: Option<&str>,
-        alloc: &str,
-        node: &str,
-    ) -> Result<Metadata, LogStoreError> {
-        read_metadata(&self.node_dir(tenant, project, alloc, node))
+    /// A node's metadata for one stream (empty when nothing was flushed yet).
+    pub fn metadata(&self, src: &Source) -> Result<Metadata, LogStoreError> {
+        read_metadata(&self.node_dir(src))
     }
 
     /// Flushes what `log` holds beyond what is stored (at most [`LogStore::chunk_bytes`] per chunk);
     /// returns the bytes written. Called periodically and once more when the process ends.
-    pub fn flush(
-        &self,
-        tenant: &str,
-        project: Option<&str>,
-        alloc: &str,
-        node: &str,
-        log: &Path,
-        now_ms: u64,
-    ) -> Result<u64, LogStoreError> {
+    pub fn flush(&self, src: &Source, log: &Path, now_ms: u64) -> Result<u64, LogStoreError> {
         use std::io::{Read, Seek, SeekFrom};
-        let dir = self.node_dir(tenant, project, alloc, node);
+        let dir = self.node_dir(src);
         let mut meta = read_metadata(&dir)?;
-        meta.alloc = alloc.to_string();
-        meta.node = node.to_string();
+        meta.alloc = src.alloc.to_string();
+        meta.node = src.node.to_string();
         // Only a regular file is read (the path may come from a corrupted agent state file: a FIFO
         // would block the open, a device would never end).
         match std::fs::metadata(log) {
@@ -174,32 +199,31 @@ impl LogStore {
         Ok(written)
     }
 
-    /// Nodes with stored output for the allocation.
+    /// Nodes with stored output (either stream) for the allocation.
     pub fn nodes(&self, tenant: &str, project: Option<&str>, alloc: &str) -> Vec<String> {
-        let dir = self.alloc_dir(tenant, project, alloc).join("output");
-        let mut out: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.path().join("metadata.json").exists())
-                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                    .collect()
+        let mut out: Vec<String> = Stream::BOTH
+            .iter()
+            .flat_map(|s| {
+                let dir = self.alloc_dir(tenant, project, alloc).join(s.as_str());
+                std::fs::read_dir(dir)
+                    .map(|d| {
+                        d.flatten()
+                            .filter(|e| e.path().join("metadata.json").exists())
+                            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
             })
-            .unwrap_or_default();
+            .collect();
         out.sort();
+        out.dedup();
         out
     }
 
     /// Up to `limit` bytes of a node's stored output from `offset`, decompressing only the chunks that
     /// overlap; with `since_ms`/`until_ms`, only chunks flushed in that window.
-    pub fn read(
-        &self,
-        tenant: &str,
-        project: Option<&str>,
-        alloc: &str,
-        node: &str,
-        q: &Range,
-    ) -> Result<Vec<u8>, LogStoreError> {
-        let dir = self.node_dir(tenant, project, alloc, node);
+    pub fn read(&self, src: &Source, q: &Range) -> Result<Vec<u8>, LogStoreError> {
+        let dir = self.node_dir(src);
         let meta = read_metadata(&dir)?;
         let end = q.offset.saturating_add(q.limit);
         let mut out = Vec::new();
@@ -282,46 +306,54 @@ mod tests {
         store.chunk_bytes = 1000;
         let text: String = (0..300).map(|i| format!("line {i:04}\n")).collect(); // 3,000 bytes
         std::fs::write(&log, &text[..2500]).unwrap();
-        let args = ("physics", Some("climate"), "a-000001", "n1");
-        assert_eq!(store.flush(args.0, args.1, args.2, args.3, &log, 10).unwrap(), 2500);
-        assert_eq!(
-            store.flush(args.0, args.1, args.2, args.3, &log, 20).unwrap(),
-            0,
-            "nothing new"
-        );
+        let src = Source {
+            tenant: "physics",
+            project: Some("climate"),
+            alloc: "a-000001",
+            node: "n1",
+            stream: Stream::Stdout,
+        };
+        let errs = Source {
+            stream: Stream::Stderr,
+            ..src
+        };
+        assert_eq!(store.flush(&src, &log, 10).unwrap(), 2500);
+        assert_eq!(store.flush(&src, &log, 20).unwrap(), 0, "nothing new");
         std::fs::write(&log, &text).unwrap();
-        assert_eq!(store.flush(args.0, args.1, args.2, args.3, &log, 30).unwrap(), 500);
-        let m = store.metadata(args.0, args.1, args.2, args.3).unwrap();
+        assert_eq!(store.flush(&src, &log, 30).unwrap(), 500);
+        let m = store.metadata(&src).unwrap();
         let sizes: Vec<(u64, u64)> = m.chunks.iter().map(|c| (c.offset, c.bytes)).collect();
         assert_eq!(sizes, [(0, 1000), (1000, 1000), (2000, 500), (2500, 500)]);
-        let chunk = dir.join("bucket/physics/climate/a-000001/logs/output/n1/chunk_000003.log.zst");
+        let chunk = dir.join("bucket/physics/climate/a-000001/logs/stdout/n1/chunk_000003.log.zst");
         assert!(chunk.exists());
         assert!(std::fs::metadata(&chunk).unwrap().len() < 500, "compressed");
-        assert_eq!(store.nodes(args.0, args.1, args.2), ["n1"]);
-        let all = store.read(args.0, args.1, args.2, args.3, &Range::default()).unwrap();
+        assert_eq!(store.nodes("physics", Some("climate"), "a-000001"), ["n1"]);
+        let all = store.read(&src, &Range::default()).unwrap();
         assert_eq!(all, text.as_bytes());
+        // The other stream is its own: empty until flushed, then only its bytes.
+        assert!(store.read(&errs, &Range::default()).unwrap().is_empty());
+        let err_log = dir.join("a.err");
+        std::fs::write(&err_log, "oops\n").unwrap();
+        assert_eq!(store.flush(&errs, &err_log, 30).unwrap(), 5);
+        assert_eq!(store.read(&errs, &Range::default()).unwrap(), b"oops\n");
+        assert_eq!(store.read(&src, &Range::default()).unwrap(), text.as_bytes());
+        let on_n2 = Source { node: "n2", ..errs };
+        store.flush(&on_n2, &err_log, 31).unwrap();
+        assert_eq!(store.nodes("physics", Some("climate"), "a-000001"), ["n1", "n2"]);
         let mid = Range {
             offset: 995,
             limit: 20,
             ..Range::default()
         };
-        assert_eq!(
-            store.read(args.0, args.1, args.2, args.3, &mid).unwrap(),
-            &text.as_bytes()[995..1015]
-        );
+        assert_eq!(store.read(&src, &mid).unwrap(), &text.as_bytes()[995..1015]);
         let late = Range {
             since_ms: Some(25),
             ..Range::default()
         };
-        assert_eq!(
-            store.read(args.0, args.1, args.2, args.3, &late).unwrap(),
-            &text.as_bytes()[2500..]
-        );
+        assert_eq!(store.read(&src, &late).unwrap(), &text.as_bytes()[2500..]);
         // A damaged chunk is an error naming it, not wrong output.
         std::fs::write(&chunk, b"garbage").unwrap();
-        let e = store
-            .read(args.0, args.1, args.2, args.3, &Range::default())
-            .unwrap_err();
+        let e = store.read(&src, &Range::default()).unwrap_err();
         assert!(e.to_string().contains("chunk_000003.log.zst"), "{e}");
         // Ids cannot climb out of the store.
         assert!(store.alloc_dir("../etc", None, "..").starts_with(dir.join("bucket")));

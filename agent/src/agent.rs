@@ -17,6 +17,7 @@ use crate::client::{Client, ExitKind, Launch, Outcome, Reports};
 use crate::discovery::{Capabilities, Sources, fingerprint};
 use crate::protocol::{self, Beaten, Exit, Failure, Session};
 use crate::runner::{self, Ending, RunSpec};
+use lattice_adapters::logstore::Stream;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,6 +60,9 @@ pub struct AgentConfig {
     /// Each allocation's scratch is `DIR/ID/` (`LATTICE_SCRATCH`, `TMPDIR`), created at its start and
     /// removed when its process ends — also one a restarted agent took over. `None`: no scratch.
     pub scratch_dir: Option<PathBuf>,
+    /// Where the site's storage is mounted on this node, by scheme (`nfs`, `s3`): data mounts and
+    /// the default home and output directories come from there ([`crate::data`]).
+    pub data_roots: BTreeMap<String, PathBuf>,
     /// The agent's own gRPC service (task launches' fences, aborts, `Exec`): where it listens, and the
     /// address other agents reach it at (default: the listen address; this host's name for
     /// `0.0.0.0`). `None`: no service (single-node launches still run).
@@ -330,7 +334,7 @@ pub fn run_with(
                         crate::tasks::AllocInfo {
                             env: Vec::new(),
                             pid: rec.pid,
-                            mounted: rec.image.is_some(),
+                            mounted: rec.has_namespace(),
                             token: rec.launch_token.clone(),
                         },
                     );
@@ -355,14 +359,15 @@ pub fn run_with(
                         kind: ExitKind::Exited,
                         code,
                         tail: tail_of(&out.output),
+                        err_tail: tail_of(&out.errors),
                     });
                 }
             }
         }
     }
     let mut recorded: Vec<String> = Vec::new();
-    // Followed allocations: the output offset sent so far (None: not yet).
-    let mut tailing: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    // Followed allocations' streams: the output offset sent so far (None: not yet).
+    let mut tailing: BTreeMap<(String, Stream), Option<u64>> = BTreeMap::new();
     let mut last_flush = Instant::now();
     let mut telemetry = crate::telemetry::Telemetry::new(gpu, cfg.telemetry);
     eprintln!("lattice-agent {}: {}", cfg.node, telemetry.ebpf_status());
@@ -444,21 +449,22 @@ pub fn run_with(
             {
                 eprintln!("lattice-agent {}: scratch {}: {e}", cfg.node, dir.display());
             }
-            tailing.remove(&id);
+            tailing.retain(|(t, _), _| *t != id);
             if let Some((c, _)) = channels.remove(&id) {
                 c.remove();
             }
-            let tail = tail_of(&out.output);
+            let tail = (tail_of(&out.output), tail_of(&out.errors));
             let code = match out.ending {
                 Ending::Exited(code) => code,
                 _ => 143,
             };
             fence.forget(&id);
-            let exit = |kind, code, tail| Exit {
+            let exit = |kind, code, (tail, err_tail): (String, String)| Exit {
                 id: id.clone(),
                 kind,
                 code,
                 tail,
+                err_tail,
             };
             if fence.take_fenced(&id) {
                 session.ended(exit(ExitKind::Fenced, code, tail));
@@ -501,7 +507,7 @@ pub fn run_with(
         // New output of the allocations someone follows.
         let output: Vec<crate::client::Output> = tailing
             .iter()
-            .filter_map(|(id, from)| new_output(id, &procs.get(id)?.record.log, *from))
+            .filter_map(|((id, stream), from)| new_output((id, *stream), &procs.get(id)?.record, *from))
             .filter(|o| o.next > o.offset)
             .collect();
         while let Ok(o) = wiped_rx.try_recv() {
@@ -565,11 +571,13 @@ pub fn run_with(
                 (caps, fp) = (c, f);
             }
             for o in &output {
-                tailing.insert(o.id.clone(), Some(o.next));
+                tailing.insert((o.id.clone(), o.stream), Some(o.next));
             }
-            tailing.retain(|id, _| w.tail.contains(id));
+            tailing.retain(|(id, _), _| w.tail.contains(id));
             for id in &w.tail {
-                tailing.entry(id.clone()).or_insert(None);
+                for stream in Stream::BOTH {
+                    tailing.entry((id.clone(), stream)).or_insert(None);
+                }
             }
             for id in w.kill {
                 if let Some(p) = procs.get(&id) {
@@ -617,7 +625,7 @@ pub fn run_with(
             for l in w.launch {
                 // Its software environment first: a uenv that cannot be pulled or read is a prologue
                 // failure (the control plane retries it on other nodes), the reason as its output.
-                let mut mount = None;
+                let mut mounts = Vec::new();
                 let mut uenv_env = Vec::new();
                 if let Some(u) = &l.uenv {
                     // Images mounted by what runs here (also what a restart took over) stay.
@@ -626,7 +634,10 @@ pub fn run_with(
                     let cache = images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
                     match crate::uenv::prepare(&cfg.uenv, cache, &pinned, u, l.uenv_view.as_deref()) {
                         Ok(p) => {
-                            mount = Some((p.image, cfg.uenv.mount_point.clone()));
+                            mounts.push(runner::Mount::Squashfs {
+                                image: p.image,
+                                at: cfg.uenv.mount_point.clone(),
+                            });
                             uenv_env = p.env;
                         }
                         Err(e) => {
@@ -635,9 +646,31 @@ pub fn run_with(
                         }
                     }
                 }
+                // Its data: declared mounts and the defaults (a source this node cannot provide is
+                // a prologue failure too).
+                let data = crate::data::plan(
+                    &cfg.data_roots,
+                    &crate::data::Request {
+                        alloc: &l.id,
+                        tenant: &l.tenant,
+                        project: l.project.as_deref(),
+                        user: l.user.as_deref(),
+                        mounts: &l.mounts,
+                        defaults: l.data_defaults,
+                        checkpoints: l.checkpoints,
+                    },
+                );
+                let data = match data {
+                    Ok(d) => d,
+                    Err(e) => {
+                        prologue_failed(&cfg.node, &mut session, &l.id, &e.to_string());
+                        continue;
+                    }
+                };
                 let channel = open_channel(&l.id, &l.checkpoint);
                 let mut env = environment(&l, cfg.slurm_env);
                 env.extend(uenv_env);
+                env.extend(data.env.iter().cloned());
                 // The `lattice` client inside the allocation (`lattice launch`) talks to this control plane.
                 if std::env::var_os("LATTICE_ENDPOINT").is_none() {
                     env.push(("LATTICE_ENDPOINT".to_string(), client.first_endpoint().to_string()));
@@ -687,13 +720,20 @@ pub fn run_with(
                 let mut entrypoint = l.entrypoint.clone();
                 let mut container = None;
                 if let Some(image) = &l.image {
-                    let binds: Vec<PathBuf> = cfg
+                    // Scratch at its own path, the data mounts at their targets.
+                    let mut binds: Vec<crate::data::Bind> = cfg
                         .scratch_dir
                         .as_deref()
                         .and_then(|root| scratch_of(root, &l.id))
                         .filter(|d| d.is_dir())
+                        .map(|d| crate::data::Bind {
+                            from: d.clone(),
+                            at: d,
+                            read_only: false,
+                        })
                         .into_iter()
                         .collect();
+                    binds.extend(data.binds.iter().cloned());
                     match crate::oci::ContainerRuntime::prepare(&cfg.oci, &l.id, image, &l.entrypoint, &env, &binds) {
                         Ok(p) => {
                             entrypoint = p.command;
@@ -719,7 +759,17 @@ pub fn run_with(
                     grace: cfg.grace,
                     log_dir: cfg.log_dir.clone(),
                     ring_bytes: cfg.ring_bytes,
-                    mount,
+                    // In a container the data mounts are the container's.
+                    mounts: if container.is_some() {
+                        mounts
+                    } else {
+                        mounts.extend(data.binds.iter().map(|b| runner::Mount::Bind {
+                            from: b.from.clone(),
+                            at: b.at.clone(),
+                            read_only: b.read_only,
+                        }));
+                        mounts
+                    },
                 };
                 let task_env = spec.env.clone();
                 match runner::start(spec) {
@@ -731,7 +781,7 @@ pub fn run_with(
                             crate::tasks::AllocInfo {
                                 env: task_env,
                                 pid: r.pid,
-                                mounted: r.record.image.is_some(),
+                                mounted: r.record.has_namespace(),
                                 token: l.launch_token.clone(),
                             },
                         );
@@ -748,7 +798,8 @@ pub fn run_with(
                             id: l.id.clone(),
                             kind: ExitKind::Exited,
                             code: 127,
-                            tail: format!("could not start: {e}"),
+                            tail: String::new(),
+                            err_tail: format!("could not start: {e}"),
                         });
                     }
                 }
@@ -943,7 +994,8 @@ fn prologue_failed(node: &str, session: &mut Session, id: &str, why: &str) {
         id: id.to_string(),
         kind: ExitKind::Prologue,
         code: 127,
-        tail: why.to_string(),
+        tail: String::new(),
+        err_tail: why.to_string(),
     });
 }
 
@@ -1001,27 +1053,37 @@ fn wipe(node: &str, alloc: &str, command: Option<&str>) -> bool {
     }
 }
 
-/// Flushes a process's output to the log store (errors are reported, never fatal: the log file stays).
+/// Flushes a process's stdout and stderr to the log store (errors are reported, never fatal: the log
+/// files stay).
 fn flush_log(cfg: &AgentConfig, rec: &runner::Record) {
-    if let Some(store) = &cfg.log_store
-        && let Err(e) = store.flush(
-            &rec.tenant,
-            rec.project.as_deref(),
-            &rec.id,
-            &cfg.node,
-            &rec.log,
-            runner::wall_ms(),
-        )
-    {
-        eprintln!("lattice-agent {}: log store: {e}", cfg.node);
+    let Some(store) = &cfg.log_store else { return };
+    for stream in Stream::BOTH {
+        let src = lattice_adapters::logstore::Source {
+            tenant: &rec.tenant,
+            project: rec.project.as_deref(),
+            alloc: &rec.id,
+            node: &cfg.node,
+            stream,
+        };
+        if let Err(e) = store.flush(&src, &stream_log(rec, stream), runner::wall_ms()) {
+            eprintln!("lattice-agent {}: log store: {e}", cfg.node);
+        }
     }
 }
 
-/// The output of `log` after `from` (a new follower: the newest [`TAIL_REPLAY`] bytes), at most
+/// The file a process's `stream` goes to.
+fn stream_log(rec: &runner::Record, stream: Stream) -> std::path::PathBuf {
+    match stream {
+        Stream::Stdout => rec.log.clone(),
+        Stream::Stderr => rec.err_log(),
+    }
+}
+
+/// The output of `stream` after `from` (a new follower: the newest [`TAIL_REPLAY`] bytes), at most
 /// [`TAIL_BYTES_PER_POLL`].
-fn new_output(id: &str, log: &std::path::Path, from: Option<u64>) -> Option<crate::client::Output> {
+fn new_output((id, stream): (&str, Stream), rec: &runner::Record, from: Option<u64>) -> Option<crate::client::Output> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(log).ok()?;
+    let mut f = std::fs::File::open(stream_log(rec, stream)).ok()?;
     let len = f.metadata().ok()?.len();
     let offset = from.unwrap_or(len.saturating_sub(TAIL_REPLAY)).min(len);
     let n = (len - offset).min(TAIL_BYTES_PER_POLL);
@@ -1030,6 +1092,7 @@ fn new_output(id: &str, log: &std::path::Path, from: Option<u64>) -> Option<crat
     f.read_exact(&mut buf).ok()?;
     Some(crate::client::Output {
         id: id.to_string(),
+        stream,
         offset,
         next: offset + n,
         data: String::from_utf8_lossy(&buf).into_owned(),
@@ -1090,6 +1153,9 @@ mod tests {
             launch_token: None,
             agents: Default::default(),
             image: None,
+            mounts: Vec::new(),
+            data_defaults: true,
+            checkpoints: false,
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");

@@ -142,6 +142,7 @@ pub fn open(
                 return Err(std::io::Error::last_os_error());
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            crate::runner::default_signals();
             Ok(())
         });
     }

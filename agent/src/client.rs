@@ -181,10 +181,11 @@ pub struct Outcome {
     pub ok: bool,
 }
 
-/// New output of a followed allocation: bytes `offset..next` of its log, as text.
+/// New output of a followed allocation: bytes `offset..next` of one of its streams, as text.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Output {
     pub id: String,
+    pub stream: lattice_adapters::logstore::Stream,
     pub offset: u64,
     pub next: u64,
     pub data: String,
@@ -230,6 +231,18 @@ pub struct Launch {
     /// The allocation's nodes' agent service addresses (`LATTICE_AGENTS`, for `lattice-mpi-launcher`).
     #[serde(default)]
     pub agents: std::collections::BTreeMap<String, String>,
+    /// Its data mounts (those with a target) and whether it gets the default ones.
+    #[serde(default)]
+    pub mounts: Vec<crate::data::DataMount>,
+    #[serde(default = "yes")]
+    pub data_defaults: bool,
+    /// It has a checkpoint strategy (its checkpoint directory is made).
+    #[serde(default)]
+    pub checkpoints: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

@@ -3,7 +3,7 @@
 //! ([`client`]); reports the node's capabilities and its conformance fingerprint ([`discovery`]);
 //! polls for work and runs each allocation's entrypoint as a real process in its own process group
 //! with the seed's environment, enforcing the walltime (SIGTERM, grace, SIGKILL), its output going
-//! straight to a log file ([`runner`]); records running processes in a state file so a restarted
+//! straight to log files, stdout and stderr apart ([`runner`]); records running processes in a state file so a restarted
 //! agent takes them over, and reports each exit ([`agent`]). Blocking I/O on a few threads: an agent
 //! does little, often.
 //!
@@ -23,7 +23,9 @@
 //! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]). uenv software
 //! environments: pulled into the node-local cache with hash verification and mounted for the
 //! allocation's processes alone ([`uenv`]); OCI images run in containers of a real OCI runtime (runc,
-//! crun) behind a port ([`oci`]).
+//! crun) behind a port ([`oci`]). Data mounts and the defaults (home, output and checkpoint
+//! directories) from the site's storage roots on the node, in the allocation's mount namespace
+//! ([`data`]).
 //!
 //! Task launches within a running allocation (`lattice launch`, MPI without SSH): this node's ranks
 //! with the seed's rank environment, their stdout and stderr kept apart, and a PMI server (PMI-2 and
@@ -38,6 +40,7 @@ pub mod attach;
 pub mod cache;
 pub mod checkpoint;
 pub mod client;
+pub mod data;
 pub mod discovery;
 #[cfg(feature = "ebpf")]
 pub mod ebpf;

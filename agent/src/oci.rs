@@ -59,14 +59,14 @@ pub struct Prepared {
 /// How an allocation's processes run in a container.
 pub trait ContainerRuntime: Send + Sync {
     /// Unpacks `image` for allocation `id` and writes its container's configuration: `entrypoint` with
-    /// `env`, the node's network, `binds` (host path, same path inside).
+    /// `env`, the node's network, `binds` (a node directory at a path inside).
     fn prepare(
         &self,
         id: &str,
         image: &str,
         entrypoint: &str,
         env: &[(String, String)],
-        binds: &[PathBuf],
+        binds: &[crate::data::Bind],
     ) -> Result<Prepared, OciError>;
     /// Deletes the container and its bundle (also a half-prepared one).
     fn cleanup(&self, container: &str);
@@ -110,7 +110,7 @@ impl ContainerRuntime for OciEngine {
         image: &str,
         entrypoint: &str,
         env: &[(String, String)],
-        binds: &[PathBuf],
+        binds: &[crate::data::Bind],
     ) -> Result<Prepared, OciError> {
         let (name, tag) = parse_ref(image)?;
         let store = self.images.as_ref().ok_or_else(|| OciError::NoStore {
@@ -179,12 +179,12 @@ impl ContainerRuntime for OciEngine {
 }
 
 /// The container's configuration: the entrypoint in `sh -c` with the image's environment and `env`
-/// on top, no terminal, the host's network, `binds` read-write at the same paths.
+/// on top, no terminal, the host's network, `binds` (read-only where they say so).
 pub fn configure(
     cfg: &mut serde_json::Value,
     entrypoint: &str,
     env: &[(String, String)],
-    binds: &[PathBuf],
+    binds: &[crate::data::Bind],
     hostname: &str,
 ) {
     use serde_json::{Value, json};
@@ -218,8 +218,9 @@ pub fn configure(
     // The host's resolver inside, for the node's network.
     let mut mounts: Vec<Value> = cfg["mounts"].as_array().cloned().unwrap_or_default();
     for b in binds {
-        let p = b.display().to_string();
-        mounts.push(json!({"destination": p, "type": "bind", "source": p, "options": ["rbind", "rw"]}));
+        let mode = if b.read_only { "ro" } else { "rw" };
+        mounts.push(json!({"destination": b.at.display().to_string(), "type": "bind",
+            "source": b.from.display().to_string(), "options": ["rbind", mode]}));
     }
     if Path::new("/etc/resolv.conf").is_file() {
         mounts.push(json!({"destination": "/etc/resolv.conf", "type": "bind",
@@ -261,7 +262,18 @@ mod tests {
             &mut cfg,
             "echo hi",
             &env,
-            &[PathBuf::from("/scratch/local/a-1")],
+            &[
+                crate::data::Bind {
+                    from: "/scratch/local/a-1".into(),
+                    at: "/scratch/local/a-1".into(),
+                    read_only: false,
+                },
+                crate::data::Bind {
+                    from: "/mnt/s3/datasets/imagenet".into(),
+                    at: "/data/input".into(),
+                    read_only: true,
+                },
+            ],
             "lattice-a-1",
         );
         assert_eq!(cfg["process"]["args"], json!(["/bin/sh", "-c", "echo hi"]));
@@ -277,6 +289,9 @@ mod tests {
                 .iter()
                 .any(|m| m["destination"] == "/scratch/local/a-1" && m["type"] == "bind")
         );
+        assert!(mounts.iter().any(|m| m["destination"] == "/data/input"
+            && m["source"] == "/mnt/s3/datasets/imagenet"
+            && m["options"] == json!(["rbind", "ro"])));
         assert_eq!(cfg["hostname"], "lattice-a-1");
     }
 

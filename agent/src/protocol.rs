@@ -58,8 +58,11 @@ pub struct Exit {
     pub id: String,
     pub kind: ExitKind,
     pub code: i32,
-    /// The newest output, for the control plane's log of the allocation.
+    /// The newest stdout, for the control plane's log of the allocation.
     pub tail: String,
+    /// The newest stderr (absent in an exit an older agent kept on disk).
+    #[serde(default)]
+    pub err_tail: String,
 }
 
 /// `id` as one URL path segment: every byte but the unreserved ones percent-encoded, so an id (as
@@ -149,7 +152,7 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
 pub fn exit(node: &str, e: &Exit) -> Request {
     Request {
         path: format!("/v1/allocations/{}/exit", segment(&e.id)),
-        body: json!({"node": node, "kind": e.kind, "exit_code": e.code, "log_tail": e.tail}),
+        body: json!({"node": node, "kind": e.kind, "exit_code": e.code, "log_tail": e.tail, "err_tail": e.err_tail}),
     }
 }
 
@@ -528,6 +531,7 @@ mod tests {
             kind: ExitKind::Exited,
             code: 0,
             tail: String::new(),
+            err_tail: String::new(),
         };
         s.ended(e("a-1"));
         s.ended(e("a-1"));
@@ -559,6 +563,7 @@ mod tests {
             kind: ExitKind::Exited,
             code: 0,
             tail: String::new(),
+            err_tail: String::new(),
         });
         let launches = ["a-1", "a-2", "a-3"].map(|id| {
             json!({"id": id, "entrypoint": "true", "nodes": ["n1"], "task_index": 0, "walltime_s": null,

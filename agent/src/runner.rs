@@ -1,8 +1,8 @@
 //! Runs one allocation's entrypoint on this node as a real process: `/bin/sh -c ENTRYPOINT` in its
-//! own process group with the seed's environment. Its stdout and stderr go straight to
-//! `LOG_DIR/ID.log` (not through the agent, so the process outlives an agent restart), and a small
-//! wrapper shell writes its exit status to `LOG_DIR/ID.status`. When it ends, the newest
-//! `ring_bytes` of the log are the outcome's output (how many older bytes there were is counted). At
+//! own process group with the seed's environment. Its stdout goes straight to `LOG_DIR/ID.log` and
+//! its stderr to `LOG_DIR/ID.err` (not through the agent, so the process outlives an agent restart),
+//! and a small wrapper shell writes its exit status to `LOG_DIR/ID.status`. When it ends, the newest
+//! `ring_bytes` of each are the outcome's output (how many older bytes there were is counted). At
 //! the walltime the whole group gets SIGTERM, and SIGKILL after the grace period; a stop request
 //! (cancel, preemption) does the same at once. [`attach`] takes over a process a previous agent
 //! started (found alive with `kill(pid, 0)`), enforcing the same walltime from its recorded start.
@@ -32,19 +32,63 @@ pub struct RunSpec {
     /// Whose it is: where its logs go in the log store.
     pub tenant: String,
     pub project: Option<String>,
-    /// A uenv: `(image, mount point)`, mounted read-only in a private mount namespace of the process
-    /// tree before the task starts (see [`crate::uenv`]).
-    pub mount: Option<(PathBuf, PathBuf)>,
+    /// What to mount in a private mount namespace of the process tree before the task starts: a uenv
+    /// (see [`crate::uenv`]), data mounts (see [`crate::data`]). None: no namespace of its own.
+    pub mounts: Vec<Mount>,
+}
+
+/// One mount in an allocation's mount namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mount {
+    /// A uenv SquashFS image, read-only.
+    Squashfs { image: PathBuf, at: PathBuf },
+    /// A directory of this node (a data mount), its mount point created when missing.
+    Bind {
+        from: PathBuf,
+        at: PathBuf,
+        read_only: bool,
+    },
+}
+
+impl Mount {
+    /// The wrapper's three arguments for it.
+    fn args(&self) -> [std::ffi::OsString; 3] {
+        let (kind, a, b) = match self {
+            Mount::Squashfs { image, at } => ("squashfs", image, at),
+            Mount::Bind {
+                from,
+                at,
+                read_only: false,
+            } => ("bind", from, at),
+            Mount::Bind {
+                from,
+                at,
+                read_only: true,
+            } => ("bind-ro", from, at),
+        };
+        [kind.into(), a.into(), b.into()]
+    }
 }
 
 /// The wrapper: it outlives a SIGTERM or a checkpoint hint (SIGUSR1) to the group (handlers, not
 /// ignores: the task still gets the signals) until the task ends, then records its status.
 const WRAPPER: &str = r#"trap 'true' TERM USR1; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#;
 
-/// [`WRAPPER`] in its own mount namespace (`unshare --mount --propagation private`) after mounting the
-/// uenv image `$3` at `$4`: only this process tree sees it, and it goes with the tree. A mount that
-/// fails ends the task with 125 and says so in its output.
-const UENV_WRAPPER: &str = r#"mount -t squashfs -o loop,ro "$3" "$4" || { echo "uenv mount failed: $3 at $4" >&2; echo 125 > "$2"; exit 125; }; trap 'true' TERM USR1; /bin/sh -c "$1"; c=$?; echo $c > "$2"; exit $c"#;
+/// [`WRAPPER`] in its own mount namespace (`unshare --mount --propagation private`) after making the
+/// mounts given as `KIND FROM AT` triples after `$2` ([`Mount::args`]): only this process tree sees
+/// them, and they go with the tree (nothing to unmount, also after an agent restart). A mount that
+/// fails ends the task with 125 and says so on its stderr.
+const NS_WRAPPER: &str = r#"t="$1"; s="$2"; shift 2
+fail() { echo "$1" >&2; echo 125 > "$s"; exit 125; }
+while [ $# -ge 3 ]; do
+  case "$1" in
+    squashfs) mount -t squashfs -o loop,ro "$2" "$3" || fail "uenv mount failed: $2 at $3" ;;
+    bind) { mkdir -p "$3" && mount --bind "$2" "$3"; } || fail "data mount failed: $2 at $3" ;;
+    bind-ro) { mkdir -p "$3" && mount --bind "$2" "$3" && mount -o remount,bind,ro "$3"; } || fail "data mount failed: $2 at $3" ;;
+  esac
+  shift 3
+done
+trap 'true' TERM USR1; /bin/sh -c "$t"; c=$?; echo $c > "$s"; exit $c"#;
 
 /// How it ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,9 +104,11 @@ pub enum Ending {
 #[derive(Clone, Debug)]
 pub struct Outcome {
     pub ending: Ending,
-    /// The output kept (at most `ring_bytes`), and how many older bytes were dropped.
+    /// The stdout kept (at most `ring_bytes`), and how many older bytes were dropped.
     pub output: Vec<u8>,
     pub dropped: u64,
+    /// The stderr kept (at most `ring_bytes`).
+    pub errors: Vec<u8>,
     pub log: PathBuf,
 }
 
@@ -102,6 +148,7 @@ impl Running {
             ending: Ending::Exited(-1),
             output: Vec::new(),
             dropped: 0,
+            errors: Vec::new(),
             log: PathBuf::new(),
         })
     }
@@ -136,6 +183,10 @@ pub struct Record {
     /// for an agent that took it over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// It runs in a mount namespace of its own (a uenv, data mounts): task launches and terminals
+    /// join it. (A record from before this field: it had one when it had a uenv.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub namespace: bool,
     /// The allocation's launch token (`lattice-mpi-launcher` presents it), kept for a restarted agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_token: Option<String>,
@@ -143,6 +194,51 @@ pub struct Record {
     /// that took it over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+}
+
+impl Record {
+    /// Whether its processes have a mount namespace of their own.
+    pub fn has_namespace(&self) -> bool {
+        self.namespace || self.image.is_some()
+    }
+
+    /// Where its stderr is (beside its stdout's `ID.log`: `ID.err`).
+    pub fn err_log(&self) -> PathBuf {
+        self.log.with_extension("err")
+    }
+}
+
+/// Gives a child about to `exec` the default signal dispositions and an empty signal mask: an agent
+/// started with signals ignored or blocked (`nohup`, a background job of a non-interactive shell,
+/// some service managers) would otherwise pass that on, and a job's Ctrl-C, hang-up or walltime
+/// SIGTERM would not reach it.
+///
+/// # Safety
+/// Only between `fork` and `exec` (`pre_exec`): `signal` and `sigprocmask` are async-signal-safe.
+pub unsafe fn default_signals() {
+    for sig in [
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGTERM,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGCHLD,
+        libc::SIGPIPE,
+    ] {
+        // SAFETY: per the function's contract.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    // SAFETY: as above; an empty set is a valid mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Wall-clock ms since the epoch.
@@ -201,29 +297,37 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
     let status = spec.log_dir.join(format!("{}.status", spec.id));
     let _ = std::fs::remove_file(&status);
     let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-    let mut command = match &spec.mount {
-        None => {
-            let mut c = Command::new("/bin/sh");
-            c.arg("-c").arg(WRAPPER);
-            c
-        }
-        Some(_) => {
-            let mut c = Command::new("unshare");
-            c.args(["--mount", "--propagation", "private", "/bin/sh", "-c", UENV_WRAPPER]);
-            c
-        }
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log.with_extension("err"))?;
+    let mut command = if spec.mounts.is_empty() {
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c").arg(WRAPPER);
+        c
+    } else {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "/bin/sh", "-c", NS_WRAPPER]);
+        c
     };
     command.arg("lattice-task").arg(&spec.entrypoint).arg(&status);
-    if let Some((image, at)) = &spec.mount {
-        command.arg(image).arg(at);
+    for m in &spec.mounts {
+        command.args(m.args());
     }
-    let child = command
+    command
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
-        .stdout(Stdio::from(out.try_clone()?))
-        .stderr(Stdio::from(out))
-        .process_group(0)
-        .spawn()?;
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .process_group(0);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            default_signals();
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
     let record = Record {
         id: spec.id.clone(),
         pid: child.id(),
@@ -236,11 +340,11 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         checkpoint: spec.checkpoint.clone(),
         tenant: spec.tenant.clone(),
         project: spec.project.clone(),
-        image: spec
-            .mount
-            .as_ref()
-            .and_then(|(image, _)| image.file_name())
-            .map(|f| f.to_string_lossy().into_owned()),
+        image: spec.mounts.iter().find_map(|m| match m {
+            Mount::Squashfs { image, .. } => image.file_name().map(|f| f.to_string_lossy().into_owned()),
+            Mount::Bind { .. } => None,
+        }),
+        namespace: !spec.mounts.is_empty(),
         launch_token: None,
         container: None,
     };
@@ -275,6 +379,7 @@ pub fn ended_unwatched(record: &Record) -> Outcome {
         ending: Ending::Exited(status_code(&record.status).unwrap_or(-1)),
         output,
         dropped,
+        errors: tail(&record.err_log(), record.ring_bytes).0,
         log: record.log.clone(),
     }
 }
@@ -330,6 +435,7 @@ fn watch(record: Record, mut child: Option<std::process::Child>) -> Running {
             ending,
             output,
             dropped,
+            errors: tail(&r.err_log(), r.ring_bytes).0,
             log: r.log.clone(),
         }
     });
@@ -358,7 +464,7 @@ mod tests {
             checkpoint: "signal".into(),
             tenant: "physics".into(),
             project: None,
-            mount: None,
+            mounts: Vec::new(),
         }
     }
 
@@ -368,9 +474,11 @@ mod tests {
             .unwrap()
             .wait();
         assert_eq!(o.ending, Ending::Exited(3));
-        let text = String::from_utf8_lossy(&o.output);
-        assert!(text.contains("hi a1") && text.contains("err"), "{text}");
+        // stdout and stderr kept apart, each in its own file.
+        assert_eq!(String::from_utf8_lossy(&o.output), "hi a1\n");
+        assert_eq!(String::from_utf8_lossy(&o.errors), "err\n");
         assert_eq!(std::fs::read(&o.log).unwrap(), o.output);
+        assert_eq!(std::fs::read(o.log.with_extension("err")).unwrap(), o.errors);
         assert_eq!(
             std::fs::read_to_string(o.log.with_extension("status")).unwrap().trim(),
             "3"

@@ -490,6 +490,7 @@ impl Tasks {
                     return Err(std::io::Error::last_os_error());
                 }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                crate::runner::default_signals();
                 Ok(())
             });
         }
@@ -821,6 +822,7 @@ impl PeerHandler for Tasks {
             unsafe {
                 cmd.pre_exec(|| {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    crate::runner::default_signals();
                     Ok(())
                 });
             }

@@ -713,43 +713,52 @@ fn output_is_stored_in_zstd_chunks_and_followed_live() {
         &format!("{base}/v1/allocations"),
         Some(
             json!({"tenant": "physics", "project": "climate", "resources": {"nodes": 1},
-                    "entrypoint": "i=1; while [ $i -le 30 ]; do echo line $i; i=$((i+1)); sleep 0.1; done",
+                    "entrypoint": "i=1; while [ $i -le 30 ]; do echo line $i; echo warn $i >&2; i=$((i+1)); sleep 0.1; done",
                     "lifecycle": {"walltime": "1m"}}),
         ),
     );
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
     wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(10));
-    // Follow: the agent streams new output with its polls while someone asks.
+    // Follow: the agent streams new output with its polls while someone asks — stdout and stderr
+    // each as its own stream.
     let mut text = String::new();
-    let mut next = 0u64;
+    let mut errors = String::new();
+    let (mut next, mut next_err) = (0u64, 0u64);
     let mut live_before_end = false;
     let t0 = Instant::now();
     loop {
-        let (status, v) = call(
-            "GET",
-            &format!("{base}/v1/allocations/{id}/logs/live?after=sim-000:{next}"),
-            None,
-        );
-        assert_eq!(status, 200, "{v}");
-        if let Some(o) = v["nodes"]["sim-000"].as_object() {
-            assert_eq!(o["offset"].as_u64(), Some(next), "contiguous: {v}");
-            text.push_str(o["data"].as_str().unwrap());
-            next = o["next"].as_u64().unwrap();
+        for (stream, got, next) in [("stdout", &mut text, &mut next), ("stderr", &mut errors, &mut next_err)] {
+            let (status, v) = call(
+                "GET",
+                &format!("{base}/v1/allocations/{id}/logs/live?stream={stream}&after=sim-000:{next}"),
+                None,
+            );
+            assert_eq!((status, v["stream"].as_str()), (200, Some(stream)), "{v}");
+            if let Some(o) = v["nodes"]["sim-000"].as_object() {
+                assert_eq!(o["offset"].as_u64(), Some(*next), "contiguous: {v}");
+                got.push_str(o["data"].as_str().unwrap());
+                *next = o["next"].as_u64().unwrap();
+            }
         }
         let (_, a) = call("GET", &format!("{base}/v1/allocations/{id}"), None);
         if !a["ended_ms"].is_u64() && text.contains("line 3\n") {
             live_before_end = true;
         }
-        if text.contains("line 30\n") {
+        if text.contains("line 30\n") && errors.contains("warn 30\n") {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(15), "followed so far: {text}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "followed so far: {text} / {errors}"
+        );
         std::thread::sleep(Duration::from_millis(150));
     }
     assert!(live_before_end, "output arrived while the job ran");
     let expected: String = (1..=30).map(|i| format!("line {i}\n")).collect();
-    assert_eq!(text, expected, "every line once, in order");
+    let expected_err: String = (1..=30).map(|i| format!("warn {i}\n")).collect();
+    assert_eq!(text, expected, "every line once, in order, stdout only");
+    assert_eq!(errors, expected_err, "every stderr line once, in order, stderr only");
     let bad = call(
         "GET",
         &format!("{base}/v1/allocations/{id}/logs/live?after=sim-000"),
@@ -768,7 +777,20 @@ fn output_is_stored_in_zstd_chunks_and_followed_live() {
         None,
     );
     assert_eq!(l["nodes"]["sim-000"].as_str(), Some("line 2\n"), "{l}");
-    let node_dir = bucket.join(format!("physics/climate/{id}/logs/output/sim-000"));
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{id}/logs?stream=stderr"), None);
+    assert_eq!(
+        (l["stream"].as_str(), l["nodes"]["sim-000"].as_str()),
+        (Some("stderr"), Some(expected_err.as_str())),
+        "{l}"
+    );
+    let bad = call("GET", &format!("{base}/v1/allocations/{id}/logs?stream=both"), None);
+    assert_eq!((bad.0, bad.1["field"].as_str()), (400, Some("stream")), "{}", bad.1);
+    assert!(
+        bucket
+            .join(format!("physics/climate/{id}/logs/stderr/sim-000/metadata.json"))
+            .exists()
+    );
+    let node_dir = bucket.join(format!("physics/climate/{id}/logs/stdout/sim-000"));
     let chunks = std::fs::read_dir(&node_dir)
         .unwrap()
         .flatten()
@@ -1303,7 +1325,7 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
         "{v}"
     );
     assert!(!log_of(&c).contains("should not run"));
-    let (_, l) = call("GET", &format!("{base}/v1/allocations/{c}/logs"), None);
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{c}/logs?stream=stderr"), None);
     assert!(
         l["nodes"]["sim-000"]
             .as_str()
@@ -1442,6 +1464,100 @@ fn scratch_is_the_jobs_own_and_removed_when_it_ends() {
     while scratch.exists() {
         assert!(t0.elapsed() < Duration::from_secs(5), "the scratch outlived its job");
         std::thread::sleep(Duration::from_millis(20));
+    }
+    rt.block_on(running.shutdown());
+}
+
+/// Data mounts and the defaults: a declared read-only mount from the site's S3 root, the home
+/// directory from its NFS root and the output and checkpoint directories — seen by the job alone (its
+/// own mount namespace), the output kept after it ends; a source the node lacks is a prologue failure
+/// with the reason on stderr.
+#[test]
+fn data_mounts_and_the_default_directories_are_the_jobs_own() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-data-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let user = format!("lattice-test-{}", std::process::id());
+    std::fs::create_dir_all(dir.join("s3/datasets/in")).unwrap();
+    std::fs::write(dir.join("s3/datasets/in/hello.txt"), "hello data\n").unwrap();
+    std::fs::create_dir_all(dir.join(format!("vast/home/{user}"))).unwrap();
+    std::fs::write(dir.join(format!("vast/home/{user}/note")), "home file\n").unwrap();
+    let mut agent = agent_command("sim-000", &base, &dir);
+    agent
+        .arg("--data-root")
+        .arg(format!("nfs={}", dir.join("vast").display()))
+        .arg("--data-root")
+        .arg(format!("s3={}", dir.join("s3").display()));
+    let _agents = Agents(vec![agent.spawn().unwrap()]);
+    let target = dir.join("mnt/input");
+    let home_existed = std::path::Path::new("/home").join(&user).exists();
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(json!({"tenant": "physics", "project": "climate", "user": user,
+            "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+            "checkpoint": {"strategy": "manual"},
+            "data": {"mounts": [{"source": "s3://datasets/in", "target": target, "access": "read-only"}]},
+            "entrypoint": format!("T={t}; cat $T/hello.txt; if touch $T/new 2>/dev/null; then echo writable; else echo read-only; fi; \
+                cat /home/{user}/note; echo out=$LATTICE_OUTPUT_DIR; echo ck=$LATTICE_CHECKPOINT_DIR; \
+                echo result > $LATTICE_OUTPUT_DIR/r.txt; sleep 2", t = target.display())})),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let log = dir.join(format!("logs-sim-000/{id}.log"));
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("ck=") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            std::fs::read_to_string(&log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While it runs the host sees nothing at the target: the mount is the job's alone.
+    assert!(!target.join("hello.txt").exists(), "the mount leaked to the host");
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let out = dir.join(format!("s3/physics/climate/{id}"));
+    assert!(text.contains("hello data\nread-only\nhome file\n"), "{text}");
+    assert!(text.contains(&format!("out={}\n", out.display())), "{text}");
+    assert!(
+        text.contains(&format!("ck={}\n", out.join("checkpoints").display())),
+        "{text}"
+    );
+    assert!(
+        !dir.join("s3/datasets/in/new").exists(),
+        "written through a read-only mount"
+    );
+    // The output directory is the user's: it outlives the allocation.
+    assert_eq!(std::fs::read_to_string(out.join("r.txt")).unwrap(), "result\n");
+    assert!(out.join("checkpoints").is_dir());
+
+    // A source this node does not have: a prologue failure, the reason on the job's stderr.
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+            "data": {"mounts": [{"source": "nfs://projects/gone", "target": target}]},
+            "entrypoint": "echo should not run"}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let b = v["id"].as_str().unwrap().to_string();
+    let v = wait_for(&base, &b, |v| v["ended_ms"].is_u64(), Duration::from_secs(20));
+    assert_eq!(v["end_reason"], "prologue_failure", "{v}");
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{b}/logs?stream=stderr"), None);
+    assert!(
+        l["nodes"]["sim-000"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("data mount failed: nfs://projects/gone: "),
+        "{l}"
+    );
+    if !home_existed {
+        let _ = std::fs::remove_dir(std::path::Path::new("/home").join(&user));
     }
     rt.block_on(running.shutdown());
 }

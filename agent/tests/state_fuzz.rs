@@ -10,7 +10,7 @@
 //!
 //! 2,000 cases in CI; `FUZZ_CASES=N` for a longer run.
 
-use lattice_adapters::logstore::LogStore;
+use lattice_adapters::logstore::{LogStore, Source, Stream};
 use lattice_agent::{
     agent::{read_exits, read_state},
     protocol, runner,
@@ -97,7 +97,16 @@ fn corrupted_state_files_never_panic_hang_or_take_over_another_process() {
                 out.output.len() <= rec.ring_bytes,
                 "case {case}: more output than the ring"
             );
-            let _ = store.flush(&rec.tenant, rec.project.as_deref(), &rec.id, "n1", &rec.log, 1);
+            for (stream, log) in [(Stream::Stdout, rec.log.clone()), (Stream::Stderr, rec.err_log())] {
+                let src = Source {
+                    tenant: &rec.tenant,
+                    project: rec.project.as_deref(),
+                    alloc: &rec.id,
+                    node: "n1",
+                    stream,
+                };
+                let _ = store.flush(&src, &log, 1);
+            }
         }
     }
     eprintln!("fuzz agent-state cases={cases} parsed={parsed} refused={refused} records={records}");
@@ -198,7 +207,19 @@ fn a_record_naming_a_device_or_a_fifo_is_reported_ended_at_once() {
         assert!(matches!(out.ending, runner::Ending::Exited(-1)), "{log}");
         let store = LogStore::new(dir.join("store"));
         assert!(
-            store.flush("t", None, "a-000009", "n1", &recs[0].log, 1).is_err(),
+            store
+                .flush(
+                    &Source {
+                        tenant: "t",
+                        project: None,
+                        alloc: "a-000009",
+                        node: "n1",
+                        stream: Stream::Stdout,
+                    },
+                    &recs[0].log,
+                    1
+                )
+                .is_err(),
             "{log}"
         );
         assert!(!dir.join("store").exists(), "nothing stored from {log}");

@@ -26,6 +26,50 @@ pub struct SubmitFields {
     pub view: Option<String>,
     /// An OCI image instead: `--image=NAME:TAG` (or `--container-image`, pyxis' spelling).
     pub image: Option<String>,
+    /// Data mounts: `--data-mount=s3://bucket/dataset:/data[:ro]` (repeatable).
+    pub data_mounts: Vec<DataMountSpec>,
+}
+
+/// One `--data-mount=SOURCE:TARGET[:ro|:rw]` (the seed's `lattice submit --data-mount`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataMountSpec {
+    pub source: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+impl DataMountSpec {
+    /// `s3://bucket/dataset:/data`, `nfs://home/alice:/home/alice:rw`, `s3://d:/in:ro`.
+    pub fn parse(s: &str) -> Result<DataMountSpec, String> {
+        let usage = || format!("`{s}`: expected SOURCE:TARGET[:ro|:rw], e.g. s3://bucket/dataset:/data");
+        let (rest, read_only) = match s.rsplit_once(':') {
+            Some((r, "ro")) => (r, true),
+            Some((r, "rw")) => (r, false),
+            _ => (s, false),
+        };
+        // The target is the absolute path after the last `:/` that is not the scheme's `://`.
+        let at = rest
+            .match_indices(":/")
+            .map(|(i, _)| i)
+            .filter(|i| !rest[*i..].starts_with("://"))
+            .last()
+            .ok_or_else(usage)?;
+        let (source, target) = (&rest[..at], &rest[at + 1..]);
+        if source.is_empty() || !source.contains("://") {
+            return Err(usage());
+        }
+        Ok(DataMountSpec {
+            source: source.to_string(),
+            target: target.to_string(),
+            read_only,
+        })
+    }
+
+    /// The request's `data.mounts[i]`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"source": self.source, "target": self.target,
+            "access": if self.read_only { "read-only" } else { "read-write" }})
+    }
 }
 
 /// A task group's indices `start..=end` and concurrency limit (`%N`).
@@ -104,6 +148,7 @@ impl SubmitFields {
         if !other.features.is_empty() {
             self.features = other.features.clone();
         }
+        self.data_mounts.extend(other.data_mounts.iter().cloned());
         self.tags.extend(other.tags.clone());
         self
     }
@@ -256,6 +301,10 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                 "uenv" => f.uenv = Some(val),
                 "view" => f.view = Some(val),
                 "image" | "container-image" => f.image = Some(val),
+                "data-mount" => match DataMountSpec::parse(&val) {
+                    Ok(m) => f.data_mounts.push(m),
+                    Err(e) => warnings.push(format!("--data-mount: {e}; ignored")),
+                },
                 "dependency" => warnings.push(format!(
                     "--{k}={val}: use `lattice submit --depends-on` or a DAG; ignored"
                 )),
@@ -348,6 +397,32 @@ mod tests {
             parse_script("#!/bin/bash\n#SBATCH --container-image=busybox:1\n#LATTICE --image=busybox:2\nls\n");
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(f.image.as_deref(), Some("busybox:2"));
+    }
+
+    #[test]
+    fn data_mounts_are_source_target_and_an_optional_mode() {
+        let m = |s: &str| DataMountSpec::parse(s);
+        assert_eq!(
+            m("s3://bucket/dataset:/data").unwrap(),
+            DataMountSpec {
+                source: "s3://bucket/dataset".into(),
+                target: "/data".into(),
+                read_only: false
+            }
+        );
+        let ro = m("nfs://home/{user}:/home/{user}:ro").unwrap();
+        assert_eq!(
+            (ro.source.as_str(), ro.target.as_str(), ro.read_only),
+            ("nfs://home/{user}", "/home/{user}", true)
+        );
+        assert_eq!(ro.to_json()["access"], "read-only");
+        for bad in ["s3://bucket", "/data:/x", ":/x", "s3://b:data", ""] {
+            assert!(m(bad).is_err(), "{bad}");
+        }
+        let (f, warnings) =
+            parse_script("#!/bin/bash\n#LATTICE --data-mount=s3://d/in:/in:ro\n#LATTICE --data-mount=oops\nrun\n");
+        assert_eq!(f.data_mounts.len(), 1);
+        assert!(warnings.len() == 1 && warnings[0].contains("oops"), "{warnings:?}");
     }
 
     #[test]

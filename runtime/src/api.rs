@@ -12,6 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
+use lattice_adapters::logstore::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -841,9 +842,12 @@ struct ExitIn {
     kind: crate::control::ExitKind,
     #[serde(default)]
     exit_code: i32,
-    /// The newest output (at most 64 KiB are kept).
+    /// The newest stdout (at most 64 KiB are kept).
     #[serde(default)]
     log_tail: Option<String>,
+    /// The newest stderr (likewise).
+    #[serde(default)]
+    err_tail: Option<String>,
 }
 
 async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -851,7 +855,11 @@ async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: 
         Ok(x) => x,
         Err(e) => return body_error(e),
     };
-    match ops::agent_exit(&s, &p, &id, &x.node, x.kind, x.exit_code, x.log_tail.as_deref()).await {
+    let tails: Vec<(Stream, &str)> = [(Stream::Stdout, &x.log_tail), (Stream::Stderr, &x.err_tail)]
+        .into_iter()
+        .filter_map(|(s, t)| Some((s, t.as_deref()?)))
+        .collect();
+    match ops::agent_exit(&s, &p, &id, &x.node, x.kind, x.exit_code, &tails).await {
         Ok(ended) => Json(json!({"id": id, "ended": ended})).into_response(),
         Err(e) => e.into_response(),
     }
@@ -861,6 +869,8 @@ async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: 
 #[serde(deny_unknown_fields)]
 struct LogsIn {
     node: Option<String>,
+    /// `stdout` (the default) or `stderr`.
+    stream: Option<String>,
     offset: Option<u64>,
     limit: Option<u64>,
     since: Option<String>,
@@ -879,8 +889,12 @@ async fn logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): 
         since_ms,
         until_ms,
     };
-    match ops::logs(&s, &p, &id, q.node.as_deref(), &range).await {
-        Ok((source, l)) => Json(json!({"id": id, "source": source, "nodes": l})).into_response(),
+    let stream = match stream_of(q.stream.as_deref()) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match ops::logs(&s, &p, &id, (q.node.as_deref(), stream), &range).await {
+        Ok((source, l)) => Json(json!({"id": id, "source": source, "stream": stream, "nodes": l})).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -915,6 +929,23 @@ async fn network_domains(State(s): S, Extension(p): P) -> Response {
 struct LiveIn {
     /// `NODE:OFFSET,...`: what the follower already has.
     after: Option<String>,
+    /// `stdout` (the default) or `stderr`.
+    stream: Option<String>,
+}
+
+/// The `stream` query parameter: `stdout` when absent.
+#[allow(clippy::result_large_err)]
+fn stream_of(v: Option<&str>) -> Result<Stream, Response> {
+    match v {
+        None => Ok(Stream::Stdout),
+        Some(v) => Stream::parse(v).ok_or_else(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                Some("stream"),
+                format!("`{v}`: expected stdout or stderr"),
+            )
+        }),
+    }
 }
 
 async fn live_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LiveIn>) -> Response {
@@ -936,8 +967,12 @@ async fn live_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn
             }
         }
     }
-    match ops::live_logs(&s, &p, &id, &after).await {
-        Ok(l) => Json(json!({"id": id, "nodes": l})).into_response(),
+    let stream = match stream_of(q.stream.as_deref()) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match ops::live_logs(&s, &p, &id, stream, &after).await {
+        Ok(l) => Json(json!({"id": id, "stream": stream, "nodes": l})).into_response(),
         Err(e) => e.into_response(),
     }
 }

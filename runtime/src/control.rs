@@ -3,6 +3,7 @@
 //! shows. Node ownership itself is decided by the quorum; this side only proposes.
 
 use crate::world::{Action, Outbox};
+use lattice_adapters::logstore::Stream;
 use lattice_engine::PreemptHow;
 use lattice_engine::{
     AllocId, AllocSpec, AllocState, Constraints, Controller, Decision, Duration, EndReason, Input, Lifecycle,
@@ -221,12 +222,22 @@ pub struct TaskGroupView {
 pub struct DataIn {
     #[serde(default)]
     pub mounts: Vec<MountIn>,
+    /// Auto-mount home, create the output (and checkpoint) directory (book: "Sane Defaults"); on
+    /// unless `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MountIn {
     pub source: String,
+    /// Where its processes see it (absent: staged for the scheduler only, not mounted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// read-only | read-write (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
     #[serde(default)]
     pub size_gb: Option<f64>,
     /// Where the data is now: hot | warm | cold.
@@ -463,6 +474,7 @@ struct Meta {
     /// Reactive: the metric it scales on.
     metric: Option<String>,
     environment: Option<EnvironmentIn>,
+    data: Option<DataIn>,
 }
 
 impl Meta {
@@ -482,6 +494,7 @@ impl Meta {
             preempted_for: None,
             metric: None,
             environment: None,
+            data: None,
         }
     }
 }
@@ -596,7 +609,7 @@ pub struct Control {
     exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
     /// The output tails agents reported with exits: allocation → node → text (the newest
     /// [`LOGS_KEPT`] allocations).
-    logs: BTreeMap<AllocId, BTreeMap<String, String>>,
+    logs: BTreeMap<AllocId, BTreeMap<(String, Stream), String>>,
     /// Allocations that ended before this control plane took over: their final records (from the
     /// durable copy), by id.
     history: BTreeMap<String, AllocationView>,
@@ -640,7 +653,7 @@ pub struct Control {
     fingerprint_asked: std::collections::BTreeSet<u32>,
     /// Allocations someone follows (until when, ms) and the live output their agents sent.
     followed: BTreeMap<AllocId, u64>,
-    live: BTreeMap<AllocId, BTreeMap<String, std::collections::VecDeque<OutputIn>>>,
+    live: BTreeMap<AllocId, BTreeMap<(String, Stream), std::collections::VecDeque<OutputIn>>>,
     /// Per node: the last partition its agent replayed heartbeats for.
     partitions: BTreeMap<u32, Partition>,
     node_by_name: BTreeMap<String, u32>,
@@ -1160,6 +1173,22 @@ impl Control {
                 Some(t) => tier(&f("tier"), t)?,
                 None => hint,
             };
+            if let Some(t) = &m.target {
+                lattice_agent::data::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
+                if !m.source.contains("://") {
+                    return Err(bad(
+                        &f("source"),
+                        format!(
+                            "`{}`: a mounted source is SCHEME://PATH (nfs://home/alice, s3://bucket/key)",
+                            m.source
+                        ),
+                    ));
+                }
+            }
+            match m.access.as_deref() {
+                None | Some("read-only" | "read-write") => {}
+                Some(a) => return Err(bad(&f("access"), format!("`{a}`: read-only or read-write"))),
+            }
             let size_gb = m.size_gb.unwrap_or(0.0);
             if !(size_gb.is_finite() && size_gb >= 0.0) {
                 return Err(bad(&f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
@@ -1205,6 +1234,7 @@ impl Control {
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
             environment: req.environment.clone(),
+            data: req.data.clone(),
             metric: (lifecycle.walltime().is_none() && scale.is_some())
                 .then(|| lc.metric.clone())
                 .flatten(),
@@ -2633,6 +2663,20 @@ impl Control {
                         .iter()
                         .filter_map(|n| Some((self.node_names[n.index()].clone(), self.peer_addr.get(&n.0)?.clone())))
                         .collect(),
+                    mounts: m
+                        .data
+                        .iter()
+                        .flat_map(|d| d.mounts.iter())
+                        .filter_map(|x| {
+                            Some(lattice_agent::data::DataMount {
+                                source: x.source.clone(),
+                                target: x.target.clone()?,
+                                read_only: x.access.as_deref() == Some("read-only"),
+                            })
+                        })
+                        .collect(),
+                    data_defaults: m.data.as_ref().and_then(|d| d.defaults).unwrap_or(true),
+                    checkpoints: a.spec.checkpoint.kind != lattice_engine::CheckpointKind::None,
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -2785,8 +2829,8 @@ impl Control {
     /// An agent reports the end of an allocation's process on its node. The allocation ends when one
     /// node fails or is killed at walltime, or when every node exited 0; returns whether it ended now
     /// (so its nodes are released at the quorum).
-    /// Keeps the output tail an agent reported for `name` on `node`.
-    pub fn add_log(&mut self, name: &str, node: &str, tail: &str) {
+    /// Keeps the output tail (one stream) an agent reported for `name` on `node`.
+    pub fn add_log(&mut self, name: &str, node: &str, stream: Stream, tail: &str) {
         let Some(&id) = self.by_name.get(name) else { return };
         let start = tail.len().saturating_sub(LOG_TAIL_BYTES);
         let start = (start..=tail.len())
@@ -2795,20 +2839,32 @@ impl Control {
         self.logs
             .entry(id)
             .or_default()
-            .insert(node.to_string(), tail[start..].to_string());
+            .insert((node.to_string(), stream), tail[start..].to_string());
         while self.logs.len() > LOGS_KEPT {
             self.logs.pop_first();
         }
     }
 
     /// Someone follows `name`'s output: for the next [`FOLLOW_MS`] its agents stream it. Returns the
-    /// live output after `after` (node → offset; from the oldest kept when a node is absent).
-    pub fn follow(&mut self, name: &str, after: &BTreeMap<String, u64>) -> Option<BTreeMap<String, LiveOutput>> {
+    /// live output of `stream` after `after` (node → offset; from the oldest kept when a node is
+    /// absent).
+    pub fn follow(
+        &mut self,
+        name: &str,
+        stream: Stream,
+        after: &BTreeMap<String, u64>,
+    ) -> Option<BTreeMap<String, LiveOutput>> {
         let id = *self.by_name.get(name)?;
         let until = self.now().0 + FOLLOW_MS;
         self.followed.insert(id, until);
         let mut out = BTreeMap::new();
-        for (node, segs) in self.live.get(&id).into_iter().flatten() {
+        let of_stream = self
+            .live
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .filter(|((_, s), _)| *s == stream);
+        for ((node, _), segs) in of_stream {
             let from = after.get(node).copied().unwrap_or(0);
             let mut o = LiveOutput {
                 offset: u64::MAX,
@@ -2837,7 +2893,12 @@ impl Control {
     pub fn add_output(&mut self, node: &str, output: Vec<OutputIn>) {
         for o in output {
             let Some(&id) = self.by_name.get(&o.id) else { continue };
-            let segs = self.live.entry(id).or_default().entry(node.to_string()).or_default();
+            let segs = self
+                .live
+                .entry(id)
+                .or_default()
+                .entry((node.to_string(), o.stream))
+                .or_default();
             if segs.back().is_some_and(|last| o.offset < last.next) {
                 continue; // already have it (a resend)
             }
@@ -2859,10 +2920,18 @@ impl Control {
         Some((tenant, self.meta[id.index()].project.clone()))
     }
 
-    /// The output tails reported for `name`, by node.
-    pub fn logs(&self, name: &str) -> Option<BTreeMap<String, String>> {
+    /// The output tails (of `stream`) reported for `name`, by node.
+    pub fn logs(&self, name: &str, stream: Stream) -> Option<BTreeMap<String, String>> {
         let id = self.by_name.get(name)?;
-        Some(self.logs.get(id).cloned().unwrap_or_default())
+        Some(
+            self.logs
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter(|((_, s), _)| *s == stream)
+                .map(|((n, _), t)| (n.clone(), t.clone()))
+                .collect(),
+        )
     }
 
     pub fn agent_exit(&mut self, name: &str, node: &str, kind: ExitKind, code: i32) -> Result<bool, FieldError> {
@@ -3241,6 +3310,19 @@ pub struct Launch {
     /// The allocation's nodes' agent service addresses (`lattice-mpi-launcher` reaches them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub agents: BTreeMap<String, String>,
+    /// Its data mounts with a target (the agent binds them from the site's storage roots).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<lattice_agent::data::DataMount>,
+    /// Whether it gets the default mounts (home, output directory).
+    #[serde(default = "yes")]
+    pub data_defaults: bool,
+    /// It has a checkpoint strategy: its checkpoint directory is made.
+    #[serde(default)]
+    pub checkpoints: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// An agent's poll: what it runs now. The answer: what to start and what to stop.
@@ -3276,12 +3358,15 @@ pub struct Work {
     pub cache: Vec<crate::cache::CacheOrder>,
 }
 
-/// New output an agent sends for a followed allocation: bytes `offset..next` of its output on that
-/// node (as text, invalid UTF-8 replaced).
+/// New output an agent sends for a followed allocation: bytes `offset..next` of one of its output
+/// streams on that node (as text, invalid UTF-8 replaced).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct OutputIn {
     pub id: String,
+    /// Which stream (stdout when absent).
+    #[serde(default)]
+    pub stream: Stream,
     pub offset: u64,
     pub next: u64,
     pub data: String,

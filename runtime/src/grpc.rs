@@ -232,12 +232,15 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
         connectivity: none_if_empty(r.network_domain).map(|d| crate::control::ConnectivityIn {
             network_domain: Some(d),
         }),
-        data: (!r.data.is_empty()).then(|| crate::control::DataIn {
+        data: (!r.data.is_empty() || r.data_defaults.is_some()).then(|| crate::control::DataIn {
+            defaults: r.data_defaults,
             mounts: r
                 .data
                 .into_iter()
                 .map(|m| crate::control::MountIn {
                     source: m.source,
+                    target: none_if_empty(m.target),
+                    access: none_if_empty(m.access),
                     size_gb: m.size_gb,
                     tier: none_if_empty(m.tier),
                     tier_hint: none_if_empty(m.tier_hint),

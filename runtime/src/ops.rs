@@ -5,6 +5,7 @@ use crate::auth::Principal;
 use crate::control::{AllocationView, NodeOp, NodeView, SubmitRequest, UpdateRequest, Usage};
 use crate::mirror::MirrorOp;
 use crate::server::{Shared, execute};
+use lattice_adapters::logstore::Stream;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -1373,7 +1374,7 @@ pub async fn agent_exit(
     node: &str,
     kind: crate::control::ExitKind,
     code: i32,
-    log_tail: Option<&str>,
+    tails: &[(Stream, &str)],
 ) -> Result<bool, ApiError> {
     agent_allowed(p, node)?;
     writable(s).await?;
@@ -1381,8 +1382,8 @@ pub async fn agent_exit(
     // before a requeue, must not count for this one after a restart).
     let run = s.member.read(|q| q.assignments.get(id).map_or(0, |a| a.since_ms)).await;
     let mut c = s.control.lock().await;
-    if let Some(t) = log_tail {
-        c.add_log(id, node, t);
+    for (stream, t) in tails {
+        c.add_log(id, node, *stream, t);
     }
     let r = c.agent_exit(id, node, kind, code);
     let ended = r.map_err(|e| {
@@ -1424,20 +1425,20 @@ pub async fn agent_exit(
     Ok(ended)
 }
 
-/// `GET /v1/allocations/{id}/logs`: historical output by node (same visibility as the allocation
-/// itself) — from the log store when configured and the agents flushed there (`node`, `offset`,
-/// `limit`, `since`, `until` apply), else the tails the agents reported with each exit. Returns the
-/// source (`store` or `exit_tails`) too.
+/// `GET /v1/allocations/{id}/logs`: historical output of one stream by node (same visibility as the
+/// allocation itself) — from the log store when configured and the agents flushed there (`node`,
+/// `offset`, `limit`, `since`, `until` apply), else the tails the agents reported with each exit.
+/// Returns the source (`store` or `exit_tails`) too.
 pub async fn logs(
     s: &Shared,
     p: &Principal,
     id: &str,
-    node: Option<&str>,
+    (node, stream): (Option<&str>, Stream),
     range: &lattice_adapters::logstore::Range,
 ) -> Result<(&'static str, BTreeMap<String, String>), ApiError> {
     get(s, p, id).await?;
     let c = s.control.lock().await;
-    let tails = c.logs(id).ok_or_else(|| not_found("allocation", id))?;
+    let tails = c.logs(id, stream).ok_or_else(|| not_found("allocation", id))?;
     let owner = c.log_owner(id);
     drop(c);
     if let (Some(store), Some((tenant, project))) = (&s.log_store, owner) {
@@ -1445,8 +1446,15 @@ pub async fn logs(
         if !nodes.is_empty() {
             let mut out = BTreeMap::new();
             for n in nodes.iter().filter(|n| node.is_none_or(|x| x == n.as_str())) {
+                let src = lattice_adapters::logstore::Source {
+                    tenant: &tenant,
+                    project: project.as_deref(),
+                    alloc: id,
+                    node: n,
+                    stream,
+                };
                 let bytes = store
-                    .read(&tenant, project.as_deref(), id, n, range)
+                    .read(&src, range)
                     .map_err(|e| ApiError::Unavailable { message: e.to_string() })?;
                 out.insert(n.clone(), String::from_utf8_lossy(&bytes).into_owned());
             }
@@ -1466,9 +1474,10 @@ pub async fn live_logs(
     s: &Shared,
     p: &Principal,
     id: &str,
+    stream: Stream,
     after: &BTreeMap<String, u64>,
 ) -> Result<BTreeMap<String, crate::control::LiveOutput>, ApiError> {
     get(s, p, id).await?;
     let mut c = s.control.lock().await;
-    c.follow(id, after).ok_or_else(|| not_found("allocation", id))
+    c.follow(id, stream, after).ok_or_else(|| not_found("allocation", id))
 }

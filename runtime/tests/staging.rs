@@ -133,6 +133,43 @@ async fn data_is_looked_up_prefetched_and_staged_before_the_job_starts() {
     )
     .await;
     assert_eq!((s, v["field"].as_str()), (400, Some("data.mounts[0].tier_hint")), "{v}");
+    // Mount targets, sources and access modes are checked before anything is queued.
+    let before = http("GET", format!("{base}/v1/allocations"), None).await.1;
+    for (mount, field) in [
+        (
+            json!({"source": "nfs://home/alice", "target": "/etc"}),
+            "data.mounts[0].target",
+        ),
+        (
+            json!({"source": "nfs://home/alice", "target": "data/in"}),
+            "data.mounts[0].target",
+        ),
+        (
+            json!({"source": "nfs://home/alice", "target": "/data/../proc"}),
+            "data.mounts[0].target",
+        ),
+        (
+            json!({"source": "/home/alice", "target": "/data/in"}),
+            "data.mounts[0].source",
+        ),
+        (
+            json!({"source": "s3://d/x", "target": "/data/in", "access": "rw"}),
+            "data.mounts[0].access",
+        ),
+    ] {
+        let (s, v) = http(
+            "POST",
+            format!("{base}/v1/allocations"),
+            Some(
+                json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+                        "data": {"mounts": [mount]}}),
+            ),
+        )
+        .await;
+        assert_eq!((s, v["field"].as_str()), (400, Some(field)), "{mount}: {v}");
+    }
+    let after = http("GET", format!("{base}/v1/allocations"), None).await.1;
+    assert_eq!(before, after, "nothing queued by a refused submission");
     let _ = b;
     rt.shutdown().await;
 }

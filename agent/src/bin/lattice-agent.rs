@@ -59,7 +59,8 @@ struct Args {
     #[arg(long)]
     metrics_push: Option<String>,
     /// Flush allocations' output as zstd chunks to this log store (a directory laid out like the
-    /// seed's bucket: TENANT/PROJECT/ALLOC/logs/output/NODE/chunk_N.log.zst; local or a mounted bucket).
+    /// seed's bucket: TENANT/PROJECT/ALLOC/logs/{stdout,stderr}/NODE/chunk_N.log.zst; local or a
+    /// mounted bucket).
     #[arg(long)]
     log_store: Option<PathBuf>,
     /// How often output is flushed to the log store (and always when a process ends).
@@ -112,6 +113,12 @@ struct Args {
     /// ends on this node. `none` for no scratch.
     #[arg(long, default_value = "/scratch/local")]
     scratch_dir: String,
+    /// Where the site's storage is mounted on this node, by scheme: `nfs=/mnt/vast`, `s3=/mnt/s3`
+    /// (repeatable). Data mounts (`nfs://home/alice` → `/home/alice`) are bind mounts from there in
+    /// the allocation's own mount namespace; the default home (`nfs://home/USER`) and output
+    /// directory (`s3://TENANT/PROJECT/ALLOC/`, `LATTICE_OUTPUT_DIR`) come from there too.
+    #[arg(long = "data-root", value_parser = lattice_agent::data::parse_root)]
+    data_roots: Vec<(String, PathBuf)>,
     /// The agent's own gRPC service (task launches' PMI fences between agents, aborts, and `Exec` for
     /// `lattice-mpi-launcher`): `host:port` (port 0 picks a free one); `none` serves nothing.
     #[arg(long, default_value = "0.0.0.0:7010")]
@@ -224,6 +231,7 @@ fn run() -> Result<()> {
             },
         },
         scratch_dir: (a.scratch_dir != "none").then(|| PathBuf::from(&a.scratch_dir)),
+        data_roots: a.data_roots.into_iter().collect(),
         peer_listen: (a.peer_listen != "none").then_some(a.peer_listen),
         peer_advertise: a.peer_advertise,
         fence_timeout: a.pmi_fence_timeout.into(),

@@ -71,6 +71,10 @@ enum Cmd {
         /// An OCI image instead of a uenv, `NAME[:TAG]` from the nodes' image store (a container).
         #[arg(long)]
         image: Option<String>,
+        /// A data mount, `SOURCE:TARGET[:ro]` (`s3://bucket/dataset:/data`), repeatable: the agents
+        /// mount it from the site's storage for the job's processes alone.
+        #[arg(long = "data-mount", value_parser = lattice_cli::directives::DataMountSpec::parse)]
+        data_mount: Vec<lattice_cli::directives::DataMountSpec>,
         /// A batch script (its directives are read), or the command after `--`.
         #[arg(trailing_var_arg = true)]
         command: Vec<String>,
@@ -93,6 +97,7 @@ enum Cmd {
     /// The output of an allocation's processes: from the log store (or the tail each node's agent
     /// reported when it ended); `--follow` streams it live while it runs.
     Logs {
+        /// An allocation (`a-000012`) or a task launch in it (`a-000012.1`).
         id: String,
         /// Live tail: print new output as the agents send it, until the allocation ends.
         #[arg(short, long)]
@@ -103,7 +108,8 @@ enum Cmd {
         /// Only the last N lines (of each node's, or each rank's, output).
         #[arg(long)]
         tail: Option<usize>,
-        /// A task launch's ranks' stderr instead of their stdout (`ID` is the launch's, `a-000012.1`).
+        /// Only stderr (printed to stdout). Without it both streams are shown: the processes' stdout
+        /// on stdout, their stderr on stderr (a task launch, `a-000012.1`: each rank's stdout).
         #[arg(long)]
         stderr: bool,
         /// A task launch: only this rank's output.
@@ -448,6 +454,7 @@ fn run() -> Result<()> {
             uenv,
             view,
             image,
+            data_mount,
             command,
         } => {
             // A script file: its directives, then the flags on top.
@@ -483,6 +490,7 @@ fn run() -> Result<()> {
                 uenv,
                 view,
                 image,
+                data_mounts: data_mount,
             };
             let f = fields.overlay(&flags);
             let Some(tenant) = f.tenant.clone() else {
@@ -519,6 +527,9 @@ fn run() -> Result<()> {
             }
             if let Some(t) = f.task_group {
                 body["task_group"] = t.to_json();
+            }
+            if !f.data_mounts.is_empty() {
+                body["data"] = json!({"mounts": f.data_mounts.iter().map(|m| m.to_json()).collect::<Vec<_>>()});
             }
             let v = client.call("POST", "/v1/allocations", Some(&body))?;
             println!("{}", v["id"].as_str().unwrap_or_default());
@@ -570,34 +581,41 @@ fn run() -> Result<()> {
             let v = client.call("GET", &format!("/v1/allocations/{alloc}/tasks/{id}"), None)?;
             print!("{}", lattice_cli::launch::rank_logs(&v, stderr, rank, tail));
         }
-        Cmd::Logs { stderr: true, id, .. } => {
-            bail!(
-                "{id}: --stderr is for a task launch's ranks (`lattice logs {id}.1 --stderr`); an allocation's own output is one stream"
-            )
-        }
         Cmd::Logs {
-            id, follow: true, node, ..
+            id,
+            follow: true,
+            node,
+            stderr,
+            ..
         } => {
-            let mut after: std::collections::BTreeMap<String, u64> = Default::default();
+            // Each stream polled on its own (offsets are per stream); the job's stderr goes to ours.
+            let streams: &[&str] = if stderr { &["stderr"] } else { &["stdout", "stderr"] };
+            let mut after: std::collections::BTreeMap<(&str, String), u64> = Default::default();
             let mut quiet = 0;
             loop {
-                let q: Vec<String> = after.iter().map(|(n, o)| format!("{n}:{o}")).collect();
-                let v = client.call(
-                    "GET",
-                    &format!("/v1/allocations/{id}/logs/live?after={}", q.join(",")),
-                    None,
-                )?;
                 let mut printed = false;
-                for (n, o) in v["nodes"].as_object().cloned().unwrap_or_default() {
-                    if node.as_ref().is_some_and(|x| *x != n) {
-                        continue;
+                for &stream in streams {
+                    let q: Vec<String> = after
+                        .iter()
+                        .filter(|((s, _), _)| *s == stream)
+                        .map(|((_, n), o)| format!("{n}:{o}"))
+                        .collect();
+                    let v = client.call(
+                        "GET",
+                        &format!("/v1/allocations/{id}/logs/live?stream={stream}&after={}", q.join(",")),
+                        None,
+                    )?;
+                    for (n, o) in v["nodes"].as_object().cloned().unwrap_or_default() {
+                        if node.as_ref().is_some_and(|x| *x != n) {
+                            continue;
+                        }
+                        let data = o["data"].as_str().unwrap_or_default();
+                        if !data.is_empty() {
+                            print_stream(stream == "stderr" && !stderr, data);
+                            printed = true;
+                        }
+                        after.insert((stream, n), o["next"].as_u64().unwrap_or(0));
                     }
-                    let data = o["data"].as_str().unwrap_or_default();
-                    if !data.is_empty() {
-                        print!("{data}");
-                        printed = true;
-                    }
-                    after.insert(n, o["next"].as_u64().unwrap_or(0));
                 }
                 std::io::Write::flush(&mut std::io::stdout())?;
                 let state = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
@@ -614,26 +632,36 @@ fn run() -> Result<()> {
             follow: false,
             node,
             tail,
+            stderr,
             ..
         } => {
-            let path = match &node {
-                Some(n) => format!("/v1/allocations/{id}/logs?node={n}"),
-                None => format!("/v1/allocations/{id}/logs"),
-            };
-            let v = client.call("GET", &path, None)?;
-            let nodes = v["nodes"].as_object().cloned().unwrap_or_default();
-            if nodes.is_empty() {
-                eprintln!("{id}: no output reported yet (agents report it when the processes end)");
-            }
-            let many = nodes.len() > 1;
-            for (node, text) in nodes {
-                if many {
-                    println!("==> {node} <==");
+            // Both streams by default: the job's stdout to ours, its stderr to ours; `--stderr`: only
+            // its stderr, to our stdout (to page or grep it).
+            let streams: &[&str] = if stderr { &["stderr"] } else { &["stdout", "stderr"] };
+            let mut any = false;
+            for &stream in streams {
+                let mut path = format!("/v1/allocations/{id}/logs?stream={stream}");
+                if let Some(n) = &node {
+                    path.push_str(&format!("&node={n}"));
                 }
-                print!(
-                    "{}",
-                    lattice_cli::launch::last_lines(text.as_str().unwrap_or_default(), tail)
-                );
+                let v = client.call("GET", &path, None)?;
+                let nodes = v["nodes"].as_object().cloned().unwrap_or_default();
+                any |= !nodes.is_empty();
+                let many = nodes.len() > 1;
+                for (node, text) in nodes {
+                    let text = lattice_cli::launch::last_lines(text.as_str().unwrap_or_default(), tail);
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let to_stderr = stream == "stderr" && !stderr;
+                    if many {
+                        print_stream(to_stderr, &format!("==> {node} <==\n"));
+                    }
+                    print_stream(to_stderr, &text);
+                }
+            }
+            if !any {
+                eprintln!("{id}: no output reported yet (agents report it when the processes end)");
             }
         }
         Cmd::Launch {
@@ -1036,4 +1064,13 @@ fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Resul
         }
     }
     Ok(())
+}
+
+/// Writes a job's output to our stdout, or to our stderr when it is the job's stderr.
+fn print_stream(to_stderr: bool, text: &str) {
+    if to_stderr {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
 }

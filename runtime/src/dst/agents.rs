@@ -209,6 +209,7 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
                     kind,
                     code,
                     tail: String::new(),
+                    err_tail: String::new(),
                 });
             }
             o.exits[i] = s.unreported().to_vec();
