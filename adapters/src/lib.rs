@@ -261,6 +261,21 @@ impl Member {
         self.raft.metrics().borrow().state == ServerState::Leader
     }
 
+    /// Entries in this member's Raft log (after the last purge), its latest snapshot's size in bytes,
+    /// and how long the snapshots built since the last call took (seconds).
+    pub fn log_stats(&self) -> (u64, u64, Vec<f64>) {
+        let (last, purged) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (
+                m.last_log_index.map_or(0, |i| i + 1),
+                m.purged.map_or(0, |l| l.index + 1),
+            )
+        };
+        let mut st = self.sm.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        (last.saturating_sub(purged), st.bytes, std::mem::take(&mut st.build_s))
+    }
+
     pub fn status(&self) -> RaftStatus {
         let m = self.raft.metrics().borrow().clone();
         RaftStatus {

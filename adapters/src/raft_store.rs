@@ -257,12 +257,24 @@ pub static SNAPSHOTS_INSTALLED: std::sync::atomic::AtomicU64 = std::sync::atomic
 pub struct StateMachine {
     pub(crate) db: Arc<Database>,
     pub data: Arc<RwLock<SmData>>,
+    /// The latest snapshot's size (bytes), and how long the ones built since they were last taken
+    /// took (seconds, at most 256): `lattice_raft_snapshot_*`.
+    pub snapshots: Arc<std::sync::Mutex<SnapshotStats>>,
+}
+
+/// See [`StateMachine::snapshots`].
+#[derive(Clone, Debug, Default)]
+pub struct SnapshotStats {
+    pub bytes: u64,
+    pub build_s: Vec<f64>,
 }
 
 impl StateMachine {
     /// Loads the latest snapshot (if any) as the starting state.
     pub fn load(db: Arc<Database>) -> Result<StateMachine, SE> {
-        let data = match meta_get::<StoredSnapshot>(&db, "snapshot")? {
+        let stored = meta_get::<StoredSnapshot>(&db, "snapshot")?;
+        let bytes = stored.as_ref().map_or(0, |s| s.data.len() as u64);
+        let data = match stored {
             Some(s) => serde_json::from_slice(&s.data)
                 .map_err(|e| StorageIOError::read_snapshot(Some(s.meta.signature()), &e))?,
             None => SmData::default(),
@@ -270,12 +282,17 @@ impl StateMachine {
         Ok(StateMachine {
             db,
             data: Arc::new(RwLock::new(data)),
+            snapshots: Arc::new(std::sync::Mutex::new(SnapshotStats {
+                bytes,
+                build_s: Vec::new(),
+            })),
         })
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SE> {
+        let t0 = std::time::Instant::now();
         let sm = self.data.read().await.clone();
         SNAPSHOTS_BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let data = serde_json::to_vec(&sm).map_err(|e| StorageIOError::read_state_machine(&e))?;
@@ -295,6 +312,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 data: data.clone(),
             },
         )?;
+        {
+            let mut st = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+            st.bytes = data.len() as u64;
+            if st.build_s.len() < 256 {
+                st.build_s.push(t0.elapsed().as_secs_f64());
+            }
+        }
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -350,6 +374,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let data = snapshot.into_inner();
         let sm: SmData =
             serde_json::from_slice(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        self.snapshots.lock().unwrap_or_else(|p| p.into_inner()).bytes = data.len() as u64;
         meta_put(
             &self.db,
             "snapshot",

@@ -372,6 +372,9 @@ pub fn run_with(
     let mut telemetry = crate::telemetry::Telemetry::new(gpu, cfg.telemetry);
     eprintln!("lattice-agent {}: {}", cfg.node, telemetry.ebpf_status());
     let mut last_push = Instant::now();
+    let mut last_rtt: Option<Duration> = None;
+    // The last output of followed processes that ended, for the next poll.
+    let mut last_output: Vec<crate::client::Output> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         if session.must_register() {
             let answer = client.send(
@@ -387,11 +390,18 @@ pub fn run_with(
                 continue;
             }
         }
-        if let Some(req) = session.heartbeat_due(t0.elapsed(), cfg.heartbeat) {
+        if let Some(mut req) = session.heartbeat_due(t0.elapsed(), cfg.heartbeat) {
+            // The previous accepted heartbeat's round trip, for the control plane's metrics.
+            if let Some(rtt) = last_rtt.take() {
+                req.body["rtt_ms"] = serde_json::json!(rtt.as_secs_f64() * 1000.0);
+            }
+            let sent = Instant::now();
             let answer = client.send(session.target(), &req);
+            let took = sent.elapsed();
             let beat = answer.as_ref().map(protocol::beat).map_err(|e| e.failure());
             match session.heartbeat_answered(beat, crate::runner::wall_ms()) {
                 Beaten::Accepted { replayed, dropped } => {
+                    last_rtt = Some(took);
                     if let Some((sent, l)) = session.lease() {
                         fence.renewed(t0 + sent, l);
                         // Kept beside the state file: a restarted agent still fences on time.
@@ -449,6 +459,12 @@ pub fn run_with(
             {
                 eprintln!("lattice-agent {}: scratch {}: {e}", cfg.node, dir.display());
             }
+            // A follower still gets what it wrote after the last poll (then the store has it all).
+            for ((t, stream), from) in tailing.iter().filter(|((t, _), _)| *t == id) {
+                if let Some(o) = new_output((t, *stream), &rec, *from).filter(|o| o.next > o.offset) {
+                    last_output.push(o);
+                }
+            }
             tailing.retain(|(t, _), _| *t != id);
             if let Some((c, _)) = channels.remove(&id) {
                 c.remove();
@@ -505,11 +521,12 @@ pub fn run_with(
         }
         let running: Vec<String> = procs.keys().cloned().collect();
         // New output of the allocations someone follows.
-        let output: Vec<crate::client::Output> = tailing
+        let mut output: Vec<crate::client::Output> = tailing
             .iter()
             .filter_map(|((id, stream), from)| new_output((id, *stream), &procs.get(id)?.record, *from))
             .filter(|o| o.next > o.offset)
             .collect();
+        output.append(&mut last_output);
         while let Ok(o) = wiped_rx.try_recv() {
             reports.wiped.push(o);
         }

@@ -36,6 +36,12 @@ pub enum PreemptReason {
 }
 
 impl PreemptReason {
+    pub const ALL: [PreemptReason; 3] = [
+        PreemptReason::Priority,
+        PreemptReason::Reclaim,
+        PreemptReason::Sensitive,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PreemptReason::Priority => "priority",

@@ -65,7 +65,26 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/admin/members", axum::routing::post(add_member))
         .route("/api/v1/admin/members/{id}", axum::routing::delete(remove_member))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate));
-    open.merge(guarded).with_state(shared)
+    open.merge(guarded)
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), count_request))
+        .with_state(shared)
+}
+
+/// Every request: `lattice_api_requests_total{method, status}` and its latency by method (refusals
+/// of the authentication layer included; a WebSocket upgrade counts when it is answered).
+async fn count_request(State(s): S, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().as_str().to_string();
+    let t0 = std::time::Instant::now();
+    let r = next.run(req).await;
+    s.metrics
+        .api_requests
+        .with_label_values(&[method.as_str(), r.status().as_str()])
+        .inc();
+    s.metrics
+        .api_duration
+        .with_label_values(&[method.as_str()])
+        .observe(t0.elapsed().as_secs_f64());
+    r
 }
 
 /// Every `/v1` and `/api/v1` request: a valid bearer token (401 otherwise) within the user's rate limit
@@ -146,47 +165,91 @@ async fn healthz(State(s): S) -> Json<Value> {
 }
 
 async fn metrics(State(s): S) -> Response {
-    let (allocs, nodes, (vni_total, vni_used)) = {
-        let c = s.control.lock().await;
+    use crate::metrics::set_all;
+    let m = &s.metrics;
+    {
+        let mut c = s.control.lock().await;
+        m.add(&c.take_tally());
         let mut allocs: BTreeMap<String, f64> = BTreeMap::new();
+        let mut tenants: BTreeMap<(String, String), f64> = BTreeMap::new();
+        let mut queued: BTreeMap<String, f64> = c.vcluster_names().into_iter().map(|v| (v, 0.0)).collect();
+        let mut used: BTreeMap<String, f64> = BTreeMap::new();
         for a in c.list() {
-            *allocs.entry(a.state).or_default() += 1.0;
+            *allocs.entry(a.state.clone()).or_default() += 1.0;
+            if a.ended_ms.is_none() {
+                *tenants.entry((a.tenant.clone(), a.state.clone())).or_default() += 1.0;
+            }
+            match a.state.as_str() {
+                "pending" | "staging" => *queued.entry(a.vcluster.clone()).or_default() += 1.0,
+                "running" => *used.entry(a.tenant.clone()).or_default() += a.nodes.len() as f64,
+                _ => {}
+            }
         }
+        m.allocations_active
+            .set(allocs.get("running").copied().unwrap_or(0.0) as i64);
+        set_all(&m.allocations, allocs.iter().map(|(k, v)| (vec![k.as_str()], *v)));
+        set_all(
+            &m.tenant_allocations,
+            tenants.iter().map(|((t, st), v)| (vec![t.as_str(), st.as_str()], *v)),
+        );
+        set_all(&m.queue_depth, queued.iter().map(|(k, v)| (vec![k.as_str()], *v)));
         let mut nodes: BTreeMap<String, f64> = BTreeMap::new();
         for n in c.nodes() {
             *nodes.entry(n.state).or_default() += 1.0;
         }
-        (allocs, nodes, c.network.pool())
-    };
-    let labelled = |m: BTreeMap<String, f64>| -> Vec<(String, f64)> {
-        m.into_iter().map(|(k, v)| (format!("{{state=\"{k}\"}}"), v)).collect()
-    };
+        set_all(&m.nodes, nodes.iter().map(|(k, v)| (vec![k.as_str()], *v)));
+        let heard = c.last_heard();
+        let names: Vec<String> = heard.iter().map(|(n, _)| n.clone()).collect();
+        m.known(&c.vcluster_names(), &names, &s.member.id.to_string());
+        set_all(
+            &m.last_heartbeat,
+            heard.iter().map(|(n, at)| (vec![n.as_str()], *at as f64 / 1000.0)),
+        );
+        let quotas = c.node_quotas();
+        set_all(
+            &m.quota_max,
+            quotas.iter().map(|(t, q)| (vec![t.as_str()], f64::from(*q))),
+        );
+        set_all(
+            &m.quota_used,
+            quotas
+                .iter()
+                .map(|(t, _)| (vec![t.as_str()], used.get(t).copied().unwrap_or(0.0))),
+        );
+        let (vni_total, vni_used) = c.network.pool();
+        m.vni_total.set(vni_total as i64);
+        m.vni_available.set(vni_total.saturating_sub(vni_used) as i64);
+        m.checkpoint_storage_unavailable
+            .set(i64::from(!c.checkpoint_storage_available()));
+    }
+    let member = s.member.id.to_string();
+    let member = member.as_str();
     let st = s.member.status();
-    let text = s.metrics.render(&[
-        ("lattice_allocations", "Allocations by state.", labelled(allocs)),
-        ("lattice_nodes", "Nodes by state.", labelled(nodes)),
-        (
-            "lattice_network_vni_pool_total",
-            "VNIs in the pool.",
-            vec![(String::new(), vni_total as f64)],
-        ),
-        (
-            "lattice_network_vni_pool_available",
-            "VNIs not held by a network domain.",
-            vec![(String::new(), (vni_total - vni_used) as f64)],
-        ),
-        (
-            "lattice_raft_term",
-            "Current Raft term.",
-            vec![(String::new(), st.term as f64)],
-        ),
-        (
-            "lattice_raft_is_leader",
-            "1 on the quorum leader.",
-            vec![(String::new(), if s.member.is_leader() { 1.0 } else { 0.0 })],
-        ),
-    ]);
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    m.raft_term.set(st.term as i64);
+    m.raft_leader
+        .with_label_values(&[member])
+        .set(i64::from(s.member.is_leader()));
+    let (entries, snapshot_bytes, built) = s.member.log_stats();
+    m.raft_log_entries.with_label_values(&[member]).set(entries as i64);
+    m.raft_snapshot_size
+        .with_label_values(&[member])
+        .set(snapshot_bytes as f64);
+    for b in built {
+        m.snapshot_duration.with_label_values(&[member]).observe(b);
+    }
+    if let Some((used, total)) = crate::metrics::disk_usage(&s.data_dir) {
+        m.raft_disk_used.with_label_values(&[member]).set(used);
+        m.raft_disk_total.with_label_values(&[member]).set(total);
+    }
+    if let Some(entries) = s.member.try_read(|q| q.audit.len() as u64) {
+        let seen = m.audit_entries.get();
+        m.audit_entries.inc_by(entries.saturating_sub(seen));
+    }
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        m.render(),
+    )
+        .into_response()
 }
 
 async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
@@ -255,8 +318,20 @@ async fn cancel_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Res
     }
 }
 
-async fn nodes(State(s): S) -> Json<Value> {
-    Json(json!({ "nodes": ops::nodes(&s).await }))
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NodesIn {
+    /// Only nodes in this state (`ready`, `allocated`, `draining`, `down`, …).
+    state: Option<String>,
+}
+
+async fn nodes(State(s): S, QueryIn(q): QueryIn<NodesIn>) -> Json<Value> {
+    let all = ops::nodes(&s).await;
+    let nodes: Vec<_> = all
+        .into_iter()
+        .filter(|n| q.state.as_deref().is_none_or(|st| n.state == st))
+        .collect();
+    Json(json!({ "nodes": nodes }))
 }
 
 async fn node(State(s): S, Path(id): Path<String>) -> Response {
@@ -298,6 +373,9 @@ struct HeartbeatIn {
     /// Heartbeats buffered during a partition, replayed in order (book: "Network Partition").
     #[serde(default)]
     buffered: Vec<crate::control::BufferedBeat>,
+    /// The round trip of the agent's previous heartbeat (ms): `lattice_agent_heartbeat_latency_seconds`.
+    #[serde(default)]
+    rtt_ms: Option<f64>,
 }
 
 async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -305,7 +383,7 @@ async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, body: a
         Ok(h) => h,
         Err(e) => return body_error(e),
     };
-    match ops::heartbeat(&s, &p, &id, &h.buffered, h.seq).await {
+    match ops::heartbeat(&s, &p, &id, &h.buffered, (h.seq, h.rtt_ms)).await {
         Ok((state, lease_ms)) => Json(json!({
             "node": id, "state": state, "seq": h.seq, "buffered": h.buffered.len(), "lease_ms": lease_ms
         }))
@@ -697,6 +775,7 @@ async fn relay_terminal(
     use axum::extract::ws::Message;
     use futures_util::{SinkExt, StreamExt};
     use lattice_adapters::peer::{AttachInput, AttachOutput};
+    let _open = crate::metrics::StreamGuard::open(&s.metrics, "attach");
     let (mut sink, mut stream) = socket.split();
     let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
     let mut out = match lattice_adapters::peer::attach(&addr, start, in_rx).await {

@@ -455,6 +455,35 @@ pub struct Brief<'a> {
     pub holds_nodes: bool,
 }
 
+/// What happened since the metrics last took it ([`Control::take_tally`]): the events behind the
+/// seed's preemption, checkpoint and wipe metrics. Counts by label, durations (at most
+/// [`TALLY_SAMPLES`] between two takes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// (victim's vCluster, reason) → preemptions ordered.
+    pub preemptions: BTreeMap<(String, String), u64>,
+    pub victim_requeues: u64,
+    pub failed_checkpoints: u64,
+    pub wipe_failures: u64,
+    pub checkpoints_ok: u64,
+    pub checkpoints_failed: u64,
+    /// Preemption checkpoints: hint to the last node's report, seconds.
+    pub preemption_checkpoint_s: Vec<f64>,
+    /// Checkpoint hints to their completion, seconds.
+    pub checkpoint_s: Vec<f64>,
+    /// Heartbeat round trips the agents measured, seconds.
+    pub heartbeat_rtt_s: Vec<(String, f64)>,
+}
+
+/// See [`Tally`].
+pub const TALLY_SAMPLES: usize = 4096;
+
+fn sample<T>(v: &mut Vec<T>, x: T) {
+    if v.len() < TALLY_SAMPLES {
+        v.push(x);
+    }
+}
+
 /// Per-allocation details the engine does not keep.
 #[derive(Clone, Debug)]
 struct Meta {
@@ -654,6 +683,10 @@ pub struct Control {
     /// Allocations someone follows (until when, ms) and the live output their agents sent.
     followed: BTreeMap<AllocId, u64>,
     live: BTreeMap<AllocId, BTreeMap<(String, Stream), std::collections::VecDeque<OutputIn>>>,
+    /// Events for the metrics since they last took them.
+    tally: Tally,
+    /// When each allocation's last checkpoint hint went out (its duration ends at the report).
+    hinted_at: BTreeMap<AllocId, Time>,
     /// Per node: the last partition its agent replayed heartbeats for.
     partitions: BTreeMap<u32, Partition>,
     node_by_name: BTreeMap<String, u32>,
@@ -796,6 +829,8 @@ impl Control {
             partitions: BTreeMap::new(),
             followed: BTreeMap::new(),
             live: BTreeMap::new(),
+            tally: Tally::default(),
+            hinted_at: BTreeMap::new(),
             checkpoint_hints: BTreeMap::new(),
             logs: BTreeMap::new(),
             history: BTreeMap::new(),
@@ -1540,6 +1575,18 @@ impl Control {
                             o.how
                         );
                         let why = format!("{} for {}", o.reason.as_str(), self.name_of(o.for_alloc));
+                        let vcluster = self
+                            .ctl
+                            .engine
+                            .allocation(o.alloc)
+                            .and_then(|a| self.ctl.engine.vcluster(a.spec.vcluster))
+                            .map(|v| v.name)
+                            .unwrap_or_default();
+                        *self
+                            .tally
+                            .preemptions
+                            .entry((vcluster, o.reason.as_str().to_string()))
+                            .or_default() += 1;
                         if let Some(m) = self.meta.get_mut(o.alloc.index()) {
                             m.preempted_for = Some(why);
                         }
@@ -1563,6 +1610,7 @@ impl Control {
                         });
                     }
                     Decision::Checkpoint { alloc } => {
+                        self.hinted_at.insert(alloc, self.now());
                         // Real agents deliver it at their next poll, by the allocation's mechanism.
                         if let Some(a) = self.ctl.engine.allocation(alloc) {
                             let nodes = a.nodes.iter().map(|n| n.0).collect();
@@ -1776,11 +1824,20 @@ impl Control {
     /// waits again, and resumes from the checkpoint when it runs. Returns whether it was being
     /// preempted.
     pub fn suspended(&mut self, id: AllocId, checkpointed: bool) -> bool {
-        if self.preempting.remove(&id).is_none() {
+        let Some(p) = self.preempting.remove(&id) else {
             return false;
-        }
+        };
         match self.input(Input::Suspended(id, checkpointed)) {
-            Ok(()) => true,
+            Ok(()) => {
+                // The victim is back in the queue; with its checkpoint, which took this long.
+                self.tally.victim_requeues += 1;
+                if checkpointed {
+                    self.tally.checkpoints_ok += 1;
+                    let s = self.now().0.saturating_sub(p.at.0) as f64 / 1000.0;
+                    sample(&mut self.tally.preemption_checkpoint_s, s);
+                }
+                true
+            }
             Err(e) => {
                 tracing::warn!("{}: suspension not applied: {e}", self.name_of(id));
                 false
@@ -1790,12 +1847,35 @@ impl Control {
 
     /// A broker checkpoint was written (`ok`) or failed.
     pub fn checkpointed(&mut self, id: AllocId, ok: bool) {
+        if ok {
+            self.tally.checkpoints_ok += 1;
+            if let Some(at) = self.hinted_at.remove(&id) {
+                let s = self.now().0.saturating_sub(at.0) as f64 / 1000.0;
+                sample(&mut self.tally.checkpoint_s, s);
+            }
+        } else {
+            self.tally.checkpoints_failed += 1;
+            self.hinted_at.remove(&id);
+        }
         let _ = self.input(Input::Checkpointed(id, ok));
+    }
+
+    /// What happened since the last call (the metrics' events).
+    pub fn take_tally(&mut self) -> Tally {
+        std::mem::take(&mut self.tally)
+    }
+
+    /// A heartbeat round trip an agent measured (seconds).
+    pub fn heartbeat_rtt(&mut self, node: &str, secs: f64) {
+        sample(&mut self.tally.heartbeat_rtt_s, (node.to_string(), secs));
     }
 
     /// The secure wipe of a released claim's nodes ended (`ok`: they return to the pool, else they
     /// are quarantined).
     pub fn wiped(&mut self, id: AllocId, ok: bool) {
+        if !ok {
+            self.tally.wipe_failures += 1;
+        }
         if let Err(e) = self.input(Input::WipeDone(id, ok)) {
             tracing::warn!("{}: wipe result not applied: {e}", self.name_of(id));
         }
@@ -2984,6 +3064,10 @@ impl Control {
         };
         let wants_checkpoint = matches!(p.how, PreemptHow::CheckpointThenStop { .. });
         if matches!(p.how, PreemptHow::Kill { .. }) || (wants_checkpoint && !checkpointed) {
+            if wants_checkpoint {
+                self.tally.failed_checkpoints += 1;
+                self.tally.checkpoints_failed += 1;
+            }
             self.exits.remove(&id);
             return self.completed(id, EndReason::PreemptionKilled);
         }
@@ -3219,6 +3303,28 @@ impl Control {
 
     pub fn tenant_names(&self) -> Vec<String> {
         self.tenants.keys().cloned().collect()
+    }
+
+    /// Hard node quotas, by tenant name (tenants that have one).
+    pub fn node_quotas(&self) -> Vec<(String, u32)> {
+        self.tenants
+            .iter()
+            .filter_map(|(name, id)| Some((name.clone(), self.ctl.engine.tenant_quota(*id)?.max_nodes?)))
+            .collect()
+    }
+
+    /// When each registered node's agent was last heard from (ms since the epoch), by node name.
+    pub fn last_heard(&self) -> Vec<(String, u64)> {
+        self.agents
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((self.node_names.get(i)?.clone(), a.as_ref()?.1)))
+            .collect()
+    }
+
+    /// Whether checkpoint storage is up (as last reported).
+    pub fn checkpoint_storage_available(&self) -> bool {
+        self.ctl.engine.storage_available()
     }
 }
 

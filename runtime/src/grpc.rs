@@ -341,7 +341,9 @@ impl AllocationService for Api {
         }
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let shared = self.shared.clone();
+        let open = crate::metrics::StreamGuard::open(&shared.metrics, "attach");
         tokio::spawn(async move {
+            let _open = open;
             let mut how = "client left";
             loop {
                 tokio::select! {
@@ -531,7 +533,7 @@ impl NodeService for Api {
         let p = self.agent_principal(&req)?;
         let h = req.into_inner();
         // 1,000 heartbeats a second at 10,000 agents: answer with the node's state only.
-        let (state, _) = ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), h.seq).await?;
+        let (state, _) = ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), (h.seq, None)).await?;
         Ok(Response::new(pb::Node {
             name: h.id,
             state,
@@ -547,7 +549,7 @@ impl NodeService for Api {
         let mut stream = req.into_inner();
         let mut accepted = 0;
         while let Some(h) = stream.message().await? {
-            ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), h.seq).await?;
+            ops::heartbeat(&self.shared, &p, &h.id, &buffered(&h), (h.seq, None)).await?;
             accepted += 1;
         }
         Ok(Response::new(pb::HeartbeatSummary { accepted }))

@@ -282,7 +282,7 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
     .await;
     acked?;
     let n = answer.elements.len().max(1) as u64;
-    s.metrics.submitted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    s.metrics.submitted.inc_by(n);
     s.wake.notify_one();
     Ok(answer)
 }
@@ -1015,9 +1015,7 @@ pub async fn submit_dag(
     })
     .await;
     acked?;
-    s.metrics
-        .submitted
-        .fetch_add(members.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    s.metrics.submitted.inc_by(members.len() as u64);
     s.wake.notify_one();
     Ok((dag_id, members))
 }
@@ -1311,7 +1309,7 @@ pub async fn heartbeat(
     p: &Principal,
     node: &str,
     buffered: &[crate::control::BufferedBeat],
-    seq: u64,
+    (seq, rtt_ms): (u64, Option<f64>),
 ) -> Result<(String, u64), ApiError> {
     agent_allowed(p, node)?;
     // Only the leader's acceptance counts: it is the one that declares a silent node Down, so a
@@ -1321,6 +1319,13 @@ pub async fn heartbeat(
     let state = c
         .heartbeat_with(node, buffered, seq)
         .map_err(|e| field_error(node, e))?;
+    // The round trip of the agent's previous heartbeat, as it measured it.
+    if let Some(ms) = rtt_ms.filter(|ms| ms.is_finite() && *ms >= 0.0) {
+        s.metrics
+            .heartbeat_latency
+            .with_label_values(&[node])
+            .observe(ms / 1000.0);
+    }
     Ok((state, c.lease_ms(node)))
 }
 

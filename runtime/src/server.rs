@@ -484,6 +484,11 @@ async fn scheduling_loop(
             let (stats, took) = c.schedule();
             tracing::trace!("m{}: pass at {:?}: {stats:?}", shared.member.id, c.now());
             shared.metrics.cycle(took);
+            shared.metrics.backfilled.inc_by(u64::from(stats.backfilled));
+            shared
+                .metrics
+                .scheduling_preemptions
+                .inc_by(u64::from(stats.preemptions));
             c.take_actions()
         };
         if shared.vast.is_some() {
@@ -1128,17 +1133,12 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
     }
     match r {
         Ok(QuorumResponse::Applied) => {
-            shared
-                .metrics
-                .started
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.metrics.placements.inc();
+            shared.metrics.proposals.with_label_values(&["accepted"]).inc();
             c.committed(p.alloc);
         }
         Ok(QuorumResponse::Rejected { reason, message }) => {
-            shared
-                .metrics
-                .rejected
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.metrics.proposals.with_label_values(&["rejected"]).inc();
             tracing::info!("quorum rejected {} ({reason}): {message}", p.name);
             c.rejected(p.alloc, message);
             if reason == "duplicate" {
@@ -1164,10 +1164,7 @@ async fn prefetch(shared: Arc<Shared>, name: String, sources: Vec<String>) {
             let again = shared.control.lock().await.prefetch_failed(&name);
             let next = if again { "retrying" } else { "giving up (alert)" };
             tracing::warn!("{name}: VAST prefetch of {src}: {e}; {next}");
-            shared
-                .metrics
-                .staging_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.metrics.staging_failures.inc();
             return;
         }
     }
@@ -1188,10 +1185,7 @@ async fn setup_fabric(shared: Arc<Shared>, name: String, vni: u32, nodes: Vec<St
         Ok((service, key)) => shared.control.lock().await.cxi_ready(&name, service, key),
         Err(e) => {
             tracing::warn!("{name}: fabric manager: {e}; retrying the allocation elsewhere");
-            shared
-                .metrics
-                .fabric_errors
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.metrics.fabric_errors.inc();
             let actions = {
                 let mut c = shared.control.lock().await;
                 c.cxi_failed(&name);

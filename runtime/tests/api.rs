@@ -250,7 +250,7 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
     for name in [
         "lattice_scheduling_cycle_duration_seconds_count",
         "lattice_raft_commit_latency_seconds_bucket",
-        "lattice_allocations{state=\"completed\"} 4",
+        "lattice_allocations_total{state=\"completed\"} 4",
     ] {
         assert!(m.contains(name), "{name} missing from /metrics");
     }

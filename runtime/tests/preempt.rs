@@ -109,6 +109,16 @@ async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards(
             "{id}: {v}"
         );
     }
+    // The metrics saw it: two preemptions for priority in the victims' vCluster, each victim back in
+    // the queue once it stopped (a checkpointing one with its checkpoint's time).
+    wait_for("the victims to be requeued", Duration::from_secs(30), async || {
+        let (_, m) = http("GET", format!("{base}/metrics"), None).await;
+        let m = m.as_str().unwrap_or_default().to_string();
+        m.contains("lattice_preemptions_total{reason=\"priority\",vcluster=\"balanced\"} 2")
+            && m.contains("lattice_scheduling_preemptions_total 2")
+            && m.contains("lattice_preemption_victim_requeue_total 2")
+    })
+    .await;
     // Nothing else was touched.
     for id in &low {
         if victims.iter().all(|(v, _)| v != id) {

@@ -1,0 +1,333 @@
+"""The async client (httpx): one method per API call, answers as models, errors as exceptions."""
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Dict, List, Optional, Union
+from urllib.parse import quote
+
+import httpx
+
+from .errors import LatticeError, LatticeRateLimitError, from_response
+from .models import Allocation, AllocationSpec, Dag, Node, SubmitResult, TaskLaunch, Tenant, VCluster
+
+# States after which an allocation never changes again.
+ENDED = ("completed", "failed", "cancelled")
+
+
+@dataclass
+class WatchEvent:
+    """A change of an allocation's state seen by :meth:`LatticeClient.watch`."""
+
+    id: str
+    state: str
+    previous: Optional[str]
+    allocation: Allocation
+
+
+@dataclass
+class LogLine:
+    """One line of an allocation's output (:meth:`LatticeClient.stream_logs`)."""
+
+    node: str
+    stream: str
+    message: str
+
+
+class LatticeClient:
+    """A client of one Lattice control plane.
+
+    ``LatticeClient("lattice-api.example.com", 8080)`` or ``LatticeClient(base_url="https://...")``.
+    ``token``: a bearer token (OIDC access token); ``verify``: a CA bundle path (or False for no check,
+    never in production); ``cert``: a client certificate (``(cert, key)`` paths) for mTLS. A 429 is
+    retried after its ``Retry-After`` up to ``retries`` times; transport errors are not retried (a
+    submission could run twice — pass ``idempotency_key`` in the spec to make it safe to retry).
+    Use as ``async with`` (or call :meth:`aclose`).
+    """
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int = 8080,
+        token: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+        *,
+        base_url: Optional[str] = None,
+        tls: bool = False,
+        verify: Union[bool, str, ssl.SSLContext] = True,
+        cert: Optional[Any] = None,
+        timeout: float = 30.0,
+        retries: int = 3,
+        max_retry_wait: float = 60.0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ):
+        if base_url is None:
+            base_url = f"{'https' if tls else 'http'}://{host}:{port}"
+        h = dict(headers or {})
+        if token:
+            h["Authorization"] = f"Bearer {token}"
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.max_retry_wait = max_retry_wait
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=h, verify=verify, cert=cert, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> "LatticeClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- transport ---------------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, *, json: Any = None, params: Optional[Dict[str, Any]] = None):
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        attempt = 0
+        while True:
+            try:
+                r = await self._http.request(method, path, json=json, params=params)
+            except httpx.HTTPError as e:
+                raise LatticeError(f"{method} {self.base_url}{path}: {e}") from e
+            if r.status_code == 429 and attempt < self.retries:
+                attempt += 1
+                await asyncio.sleep(min(_retry_after(r), self.max_retry_wait))
+                continue
+            body = _body(r)
+            if r.status_code == 429:
+                raise LatticeRateLimitError(
+                    str(body.get("error", "rate limit exceeded") if isinstance(body, dict) else body),
+                    retry_after=_retry_after(r),
+                    status_code=429,
+                    body=body,
+                )
+            if r.status_code >= 400:
+                raise from_response(r.status_code, body)
+            return body
+
+    # -- allocations -------------------------------------------------------------------------
+
+    async def submit(self, spec: Union[AllocationSpec, Dict[str, Any]]) -> SubmitResult:
+        """Submits an allocation (or a task group): its id (and the group's ``elements``)."""
+        body = spec.to_json() if isinstance(spec, AllocationSpec) else spec
+        return SubmitResult.from_json(await self._call("POST", "/v1/allocations", json=body))
+
+    async def status(self, alloc_id: str) -> Allocation:
+        return Allocation.from_json(await self._call("GET", f"/v1/allocations/{_seg(alloc_id)}"))
+
+    get = status
+
+    async def list_allocations(
+        self,
+        state: Optional[str] = None,
+        tenant: Optional[str] = None,
+        user: Optional[str] = None,
+        vcluster: Optional[str] = None,
+    ) -> List[Allocation]:
+        v = await self._call(
+            "GET", "/v1/allocations", params={"state": state, "tenant": tenant, "user": user, "vcluster": vcluster}
+        )
+        return [Allocation.from_json(a) for a in v["allocations"]]
+
+    async def cancel(self, alloc_id: str) -> str:
+        """Cancels it; its state afterwards."""
+        return (await self._call("DELETE", f"/v1/allocations/{_seg(alloc_id)}"))["state"]
+
+    async def update(
+        self,
+        alloc_id: str,
+        walltime: Optional[str] = None,
+        tags: Optional[Dict[str, str]] = None,
+        telemetry: Optional[Dict[str, Any]] = None,
+    ) -> Allocation:
+        """Extends the walltime, sets tags (an empty value removes one), switches the telemetry mode."""
+        body: Dict[str, Any] = {}
+        if walltime is not None:
+            body["walltime"] = walltime
+        if tags:
+            body["tags"] = tags
+        if telemetry is not None:
+            body["telemetry"] = telemetry
+        return Allocation.from_json(await self._call("PATCH", f"/v1/allocations/{_seg(alloc_id)}", json=body))
+
+    async def checkpoint(self, alloc_id: str) -> int:
+        """Asks for a checkpoint: the number the allocation has been asked for."""
+        return (await self._call("POST", f"/v1/allocations/{_seg(alloc_id)}/checkpoint"))["checkpoints"]
+
+    async def watch(self, alloc_id: str, poll: float = 1.0) -> AsyncIterator[WatchEvent]:
+        """Its state changes, the current state first; ends after it ended."""
+        previous: Optional[str] = None
+        while True:
+            a = await self.status(alloc_id)
+            if a.state != previous:
+                yield WatchEvent(id=a.id, state=a.state, previous=previous, allocation=a)
+                previous = a.state
+            if a.ended:
+                return
+            await asyncio.sleep(poll)
+
+    async def wait(self, alloc_id: str, poll: float = 0.5, timeout: Optional[float] = None) -> Allocation:
+        """Waits until it ended."""
+
+        async def run() -> Allocation:
+            async for e in self.watch(alloc_id, poll=poll):
+                if e.allocation.ended:
+                    return e.allocation
+            raise AssertionError("unreachable")
+
+        return await asyncio.wait_for(run(), timeout)
+
+    # -- logs --------------------------------------------------------------------------------
+
+    async def logs(
+        self,
+        alloc_id: str,
+        stream: str = "stdout",
+        node: Optional[str] = None,
+        offset: Optional[int] = None,
+        limit: Optional[int] = None,
+        since: Optional[str] = None,
+        until: Optional[str] = None,
+    ) -> Dict[str, str]:
+        """Its stored output of ``stream`` (stdout or stderr), by node."""
+        v = await self._call(
+            "GET",
+            f"/v1/allocations/{_seg(alloc_id)}/logs",
+            params={"stream": stream, "node": node, "offset": offset, "limit": limit, "since": since, "until": until},
+        )
+        return v["nodes"]
+
+    async def stream_logs(
+        self, alloc_id: str, stream: str = "stdout", follow: bool = True, poll: float = 0.5
+    ) -> AsyncIterator[LogLine]:
+        """Its output line by line as the agents send it (live tail), until it ended and everything
+        its agents had has arrived (``follow=False``: what is there now)."""
+        after: Dict[str, int] = {}
+        partial: Dict[str, str] = {}
+        quiet = 0
+        while True:
+            q = ",".join(f"{n}:{o}" for n, o in sorted(after.items()))
+            v = await self._call(
+                "GET", f"/v1/allocations/{_seg(alloc_id)}/logs/live", params={"stream": stream, "after": q}
+            )
+            got = False
+            for node, o in sorted(v["nodes"].items()):
+                data = partial.pop(node, "") + o.get("data", "")
+                after[node] = o.get("next", after.get(node, 0))
+                if not data:
+                    continue
+                got = True
+                *lines, rest = data.split("\n")
+                if rest:
+                    partial[node] = rest
+                for line in lines:
+                    yield LogLine(node=node, stream=stream, message=line)
+            if not follow:
+                break
+            quiet = 0 if got else quiet + 1
+            if quiet >= 3 and (await self.status(alloc_id)).ended:
+                break
+            await asyncio.sleep(poll)
+        for node, rest in sorted(partial.items()):
+            yield LogLine(node=node, stream=stream, message=rest)
+
+    # -- task launches -----------------------------------------------------------------------
+
+    async def launch(
+        self,
+        alloc_id: str,
+        entrypoint: str,
+        ntasks: Optional[int] = None,
+        tasks_per_node: Optional[int] = None,
+        env: Optional[Dict[str, str]] = None,
+    ) -> TaskLaunch:
+        """Starts ranks in a running allocation (``lattice launch``)."""
+        body: Dict[str, Any] = {"entrypoint": entrypoint}
+        if ntasks is not None:
+            body["ntasks"] = ntasks
+        if tasks_per_node is not None:
+            body["tasks_per_node"] = tasks_per_node
+        if env:
+            body["env"] = env
+        return TaskLaunch.from_json(await self._call("POST", f"/v1/allocations/{_seg(alloc_id)}/tasks", json=body))
+
+    async def task_launch(self, alloc_id: str, launch_id: str) -> TaskLaunch:
+        v = await self._call("GET", f"/v1/allocations/{_seg(alloc_id)}/tasks/{_seg(launch_id)}")
+        return TaskLaunch.from_json(v)
+
+    # -- DAGs --------------------------------------------------------------------------------
+
+    async def submit_dag(self, dag: Union[str, Dict[str, Any]]) -> Dag:
+        """Submits a DAG: a dict (``{"allocations": [{"name", ..., "depends_on"}]}``) or the path of a
+        YAML file holding one."""
+        if isinstance(dag, str):
+            import yaml
+
+            with open(dag, encoding="utf-8") as f:
+                dag = yaml.safe_load(f)
+        return Dag.from_json(await self._call("POST", "/v1/dags", json=dag))
+
+    async def dag(self, dag_id: str) -> Dag:
+        return Dag.from_json(await self._call("GET", f"/v1/dags/{_seg(dag_id)}"))
+
+    async def list_dags(self) -> List[Dag]:
+        return [Dag.from_json(d) for d in (await self._call("GET", "/v1/dags"))["dags"]]
+
+    async def cancel_dag(self, dag_id: str) -> int:
+        """Cancels every allocation of the DAG: how many were cancelled."""
+        return (await self._call("DELETE", f"/v1/dags/{_seg(dag_id)}"))["cancelled"]
+
+    # -- nodes, tenants, vClusters, usage ----------------------------------------------------
+
+    async def list_nodes(self, state: Optional[str] = None) -> List[Node]:
+        v = await self._call("GET", "/v1/nodes", params={"state": state})
+        return [Node.from_json(n) for n in v["nodes"]]
+
+    async def node(self, name: str) -> Node:
+        return Node.from_json(await self._call("GET", f"/v1/nodes/{_seg(name)}"))
+
+    async def drain(self, name: str) -> Dict[str, Any]:
+        return await self._call("POST", f"/v1/nodes/{_seg(name)}/drain")
+
+    async def undrain(self, name: str) -> Dict[str, Any]:
+        return await self._call("POST", f"/v1/nodes/{_seg(name)}/undrain")
+
+    async def list_tenants(self) -> List[Tenant]:
+        return [Tenant(name=t) for t in (await self._call("GET", "/v1/tenants"))["tenants"]]
+
+    async def list_vclusters(self) -> List[VCluster]:
+        return [VCluster(name=v) for v in (await self._call("GET", "/v1/vclusters"))["vclusters"]]
+
+    async def queue(self, vcluster: str) -> List[Dict[str, Any]]:
+        return (await self._call("GET", f"/v1/vclusters/{_seg(vcluster)}/queue"))["queue"]
+
+    async def tenant_usage(self, tenant: str, **params: Any) -> Dict[str, Any]:
+        return await self._call("GET", f"/api/v1/tenants/{_seg(tenant)}/usage", params=params)
+
+    async def usage(self, **params: Any) -> Dict[str, Any]:
+        return await self._call("GET", "/api/v1/usage", params=params)
+
+    async def health(self) -> Dict[str, Any]:
+        return await self._call("GET", "/healthz")
+
+
+def _seg(s: str) -> str:
+    """``s`` as one URL path segment (an element id ``a-000001[3]`` included)."""
+    return quote(s, safe="")
+
+
+def _body(r: httpx.Response) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return r.text
+
+
+def _retry_after(r: httpx.Response) -> float:
+    try:
+        return max(0.0, float(r.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0

@@ -1,0 +1,226 @@
+"""The API's objects as dataclasses: what a request sends (``AllocationSpec``) and what answers hold.
+
+Each answer model keeps the fields the API documents and puts anything newer in ``extra``, so a newer
+server never breaks an older client.
+"""
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+
+def _from(cls, data: Dict[str, Any]):
+    names = {f.name for f in fields(cls)} - {"extra"}
+    known = {k: v for k, v in data.items() if k in names}
+    obj = cls(**known)
+    obj.extra = {k: v for k, v in data.items() if k not in names}
+    return obj
+
+
+@dataclass
+class DataMount:
+    """``source`` (``s3://bucket/key``, ``nfs://home/{user}``) mounted at ``target`` for the processes."""
+
+    source: str
+    target: Optional[str] = None
+    read_only: bool = False
+    tier_hint: Optional[str] = None
+    size_gb: Optional[float] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"source": self.source}
+        if self.target is not None:
+            out["target"] = self.target
+            out["access"] = "read-only" if self.read_only else "read-write"
+        if self.tier_hint is not None:
+            out["tier_hint"] = self.tier_hint
+        if self.size_gb is not None:
+            out["size_gb"] = self.size_gb
+        return out
+
+
+@dataclass
+class AllocationSpec:
+    """A submission (``POST /v1/allocations``). ``constraints``: ``gpu_type``, ``gpu_count``, ``features``.
+    ``task_group``: ``(start, end)`` or ``(start, end, concurrency)``. ``depends_on``: ``{id: condition}``
+    with ``success``, ``failure`` or ``any``."""
+
+    entrypoint: str
+    nodes: int = 1
+    walltime: Optional[str] = "1h"
+    tenant: Optional[str] = None
+    project: Optional[str] = None
+    user: Optional[str] = None
+    vcluster: Optional[str] = None
+    uenv: Optional[str] = None
+    view: Optional[str] = None
+    image: Optional[str] = None
+    constraints: Optional[Dict[str, Any]] = None
+    preemption_class: Optional[int] = None
+    tags: Dict[str, str] = field(default_factory=dict)
+    depends_on: Dict[str, str] = field(default_factory=dict)
+    task_group: Optional[tuple] = None
+    data_mounts: List[DataMount] = field(default_factory=list)
+    data_defaults: Optional[bool] = None
+    checkpoint: Optional[Dict[str, Any]] = None
+    lifecycle: str = "bounded"
+    min_nodes: Optional[int] = None
+    max_nodes: Optional[int] = None
+    sensitive: bool = False
+    network_domain: Optional[str] = None
+    idempotency_key: Optional[str] = None
+    duration: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        body: Dict[str, Any] = {
+            "entrypoint": self.entrypoint,
+            "resources": {"nodes": self.nodes},
+            "lifecycle": {"type": self.lifecycle},
+        }
+        if self.walltime is not None and self.lifecycle == "bounded":
+            body["lifecycle"]["walltime"] = self.walltime
+        for k in ("min_nodes", "max_nodes"):
+            if getattr(self, k) is not None:
+                body["lifecycle"][k] = getattr(self, k)
+        for k in ("tenant", "project", "user", "vcluster", "preemption_class", "idempotency_key", "duration"):
+            if getattr(self, k) is not None:
+                body[k] = getattr(self, k)
+        if self.constraints:
+            body["resources"]["constraints"] = dict(self.constraints)
+        env = {k: getattr(self, k) for k in ("uenv", "view", "image") if getattr(self, k) is not None}
+        if env:
+            body["environment"] = env
+        if self.tags:
+            body["tags"] = dict(self.tags)
+        if self.depends_on:
+            body["depends_on"] = [{"ref": r, "condition": c} for r, c in self.depends_on.items()]
+        if self.task_group is not None:
+            start, end, *rest = self.task_group
+            body["task_group"] = {"range": {"start": start, "end": end}}
+            if rest:
+                body["task_group"]["concurrency"] = rest[0]
+        if self.data_mounts or self.data_defaults is not None:
+            body["data"] = {"mounts": [m.to_json() for m in self.data_mounts]}
+            if self.data_defaults is not None:
+                body["data"]["defaults"] = self.data_defaults
+        if self.checkpoint:
+            body["checkpoint"] = dict(self.checkpoint)
+        if self.sensitive:
+            body["sensitive"] = True
+        if self.network_domain:
+            body["connectivity"] = {"network_domain": self.network_domain}
+        return body
+
+
+@dataclass
+class Allocation:
+    """An allocation as ``GET /v1/allocations/{id}`` shows it."""
+
+    id: str
+    state: str
+    tenant: str = ""
+    vcluster: str = ""
+    user: Optional[str] = None
+    nodes: List[str] = field(default_factory=list)
+    requested_nodes: int = 0
+    walltime_s: Optional[float] = None
+    preemption_class: int = 0
+    submitted_ms: Optional[int] = None
+    started_ms: Optional[int] = None
+    ended_ms: Optional[int] = None
+    end_reason: Optional[str] = None
+    entrypoint: Optional[str] = None
+    environment: Optional[Dict[str, Any]] = None
+    tags: Dict[str, str] = field(default_factory=dict)
+    last_rejection: Optional[str] = None
+    data_readiness: Optional[float] = None
+    vni: Optional[int] = None
+    telemetry: str = "prod"
+    checkpoints: int = 0
+    last_checkpoint_ms: Optional[int] = None
+    preempted: int = 0
+    preemption: Optional[str] = None
+    task_group: Optional[Dict[str, Any]] = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Allocation":
+        return _from(cls, data)
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_ms is not None
+
+
+@dataclass
+class SubmitResult:
+    """A submission's answer: the id (a task group's, with its ``elements``)."""
+
+    id: str
+    elements: List[str] = field(default_factory=list)
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "SubmitResult":
+        return _from(cls, data)
+
+
+@dataclass
+class Dag:
+    """A DAG: its id, overall state and members (``name`` → allocation id and state)."""
+
+    id: str
+    state: Optional[str] = None
+    allocations: Any = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Dag":
+        return _from(cls, data)
+
+
+@dataclass
+class Node:
+    name: str
+    state: str
+    owner: Optional[str] = None
+    gpu_type: Optional[str] = None
+    gpu_count: int = 0
+    group: int = 0
+    fingerprint: Optional[str] = None
+    agent_capabilities: Optional[Dict[str, Any]] = None
+    fingerprint_ms: Optional[int] = None
+    last_partition: Optional[Dict[str, Any]] = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Node":
+        return _from(cls, data)
+
+
+@dataclass
+class TaskLaunch:
+    """A task launch inside an allocation (``lattice launch``): its ranks' exit codes and output."""
+
+    launch_id: str
+    allocation: str = ""
+    state: Optional[str] = None
+    entrypoint: str = ""
+    ntasks: int = 0
+    exit_codes: List[Any] = field(default_factory=list)
+    reason: Optional[str] = None
+    output: List[Dict[str, Any]] = field(default_factory=list)
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "TaskLaunch":
+        return _from(cls, data)
+
+
+@dataclass
+class Tenant:
+    name: str
+
+
+@dataclass
+class VCluster:
+    name: str

@@ -1,0 +1,235 @@
+"""The SDK against a real runtime with real agents: every call, the models, errors carrying the API's
+field, watch and live log streaming, DAGs, task groups, the sync wrapper, 429 retries, token auth."""
+
+import asyncio
+import os
+import time
+
+import httpx
+import pytest
+
+from lattice_sdk import (
+    AllocationSpec,
+    LatticeAuthError,
+    LatticeClient,
+    LatticeNotFoundError,
+    LatticeRateLimitError,
+    LatticeValidationError,
+    SyncLatticeClient,
+)
+
+from conftest import token
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def spec(entrypoint: str, **kw) -> AllocationSpec:
+    kw.setdefault("tenant", "bio")
+    kw.setdefault("walltime", "10m")
+    return AllocationSpec(entrypoint=entrypoint, **kw)
+
+
+def test_submit_watch_and_logs_of_a_real_job(runtime):
+    async def main():
+        async with LatticeClient(runtime.host, runtime.port) as c:
+            r = await c.submit(spec("echo hello from $LATTICE_ALLOC_ID; echo oops >&2; sleep 1; echo bye", user="alice"))
+            assert r.id.startswith("a-")
+            states = []
+            lines = []
+
+            async def follow():
+                async for line in c.stream_logs(r.id):
+                    lines.append(line)
+
+            follower = asyncio.create_task(follow())
+            async for e in c.watch(r.id, poll=0.2):
+                states.append(e.state)
+                if e.allocation.ended:
+                    final = e.allocation
+            await asyncio.wait_for(follower, 30)
+            assert states[-1] == "completed" and "running" in states, states
+            assert final.end_reason == "success" and final.user == "alice" and len(final.nodes) == 1
+            assert [l.message for l in lines] == [f"hello from {r.id}", "bye"], lines
+            # History from the log store, each stream on its own.
+            node = final.nodes[0]
+            assert (await c.logs(r.id))[node] == f"hello from {r.id}\nbye\n"
+            assert (await c.logs(r.id, stream="stderr"))[node] == "oops\n"
+            done = await c.list_allocations(state="completed", tenant="bio")
+            assert r.id in [a.id for a in done]
+            assert all(a.state == "completed" for a in done)
+
+    run(main())
+
+
+def test_errors_carry_the_status_and_the_field(runtime):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            with pytest.raises(LatticeValidationError) as e:
+                await c.submit(spec("true", walltime="soon"))
+            assert e.value.status_code == 400 and e.value.field == "lifecycle.walltime", e.value
+            with pytest.raises(LatticeValidationError) as e:
+                await c.submit({"tenant": "bio", "resources": {"nodes": 1}, "entrypoint": "x", "colour": "red"})
+            assert e.value.status_code == 400
+            with pytest.raises(LatticeNotFoundError) as e:
+                await c.status("a-999999")
+            assert e.value.status_code == 404
+            with pytest.raises(LatticeValidationError) as e:
+                await c.logs("a-999999", stream="both")
+            assert e.value.field == "stream"
+
+    run(main())
+
+
+def test_update_checkpoint_and_cancel(runtime):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            r = await c.submit(spec("trap 'echo hint' USR1; sleep 600 & wait; sleep 600", nodes=1))
+            async for e in c.watch(r.id, poll=0.1):
+                if e.state == "running":
+                    break
+            a = await c.update(r.id, walltime="2h", tags={"purpose": "sdk-test"})
+            assert a.walltime_s == 7200 and a.tags["purpose"] == "sdk-test"
+            assert await c.checkpoint(r.id) >= 1
+            assert await c.cancel(r.id) == "cancelled"
+            a = await c.wait(r.id, timeout=20)
+            assert a.state == "cancelled" and a.ended
+
+    run(main())
+
+
+def test_task_groups_and_dags(runtime, tmp_path):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            g = await c.submit(spec("echo element ${INDEX}", task_group=(0, 2, 2)))
+            assert len(g.elements) == 3
+            for el in g.elements:
+                a = await c.wait(el, timeout=30)
+                assert a.end_reason == "success" and a.task_group["group"] == g.id
+            path = tmp_path / "workflow.yaml"
+            path.write_text(
+                "allocations:\n"
+                "  - {name: prep, tenant: bio, entrypoint: 'echo prep', resources: {nodes: 1}, lifecycle: {walltime: 5m}}\n"
+                "  - name: train\n"
+                "    tenant: bio\n"
+                "    entrypoint: echo train\n"
+                "    resources: {nodes: 1}\n"
+                "    lifecycle: {walltime: 5m}\n"
+                "    depends_on: [{ref: prep, condition: success}]\n"
+            )
+            d = await c.submit_dag(str(path))
+            assert set(d.allocations) == {"prep", "train"}
+            train = await c.wait(d.allocations["train"], timeout=30)
+            prep = await c.status(d.allocations["prep"])
+            assert train.end_reason == "success" and train.started_ms >= prep.ended_ms
+            st = await c.dag(d.id)
+            assert {m["name"]: m["state"] for m in st.allocations} == {"prep": "completed", "train": "completed"}
+            assert d.id in [x.id for x in await c.list_dags()]
+
+    run(main())
+
+
+def test_nodes_tenants_vclusters_and_launches(runtime):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            nodes = await c.list_nodes()
+            assert sorted(n.name for n in nodes) == ["sim-000", "sim-001"]
+            # The agents registered: their capabilities are on the node.
+            t0 = time.time()
+            while any(n.fingerprint is None for n in nodes):
+                assert time.time() - t0 < 10
+                await asyncio.sleep(0.2)
+                nodes = await c.list_nodes()
+            for n in await c.list_nodes(state="ready"):
+                assert n.state == "ready"
+            assert "physics" in [t.name for t in await c.list_tenants()]
+            assert "default" in [v.name for v in await c.list_vclusters()]
+            assert (await c.health())["raft_state"] == "Leader"
+            # A task launch in a running allocation: two ranks, their output.
+            r = await c.submit(spec("sleep 30", nodes=1))
+            async for e in c.watch(r.id, poll=0.1):
+                if e.state == "running":
+                    break
+            launch = await c.launch(r.id, "echo rank $LATTICE_RANK of $LATTICE_NPROCS", ntasks=2)
+            t0 = time.time()
+            while True:
+                t = await c.task_launch(r.id, launch.launch_id)
+                if t.state in ("completed", "failed"):
+                    break
+                assert time.time() - t0 < 20, t
+                await asyncio.sleep(0.2)
+            assert t.state == "completed", t
+            assert sorted(o["stdout"] for o in t.output) == ["rank 0 of 2\n", "rank 1 of 2\n"]
+            await c.cancel(r.id)
+
+    run(main())
+
+
+def test_the_sync_client(runtime):
+    with SyncLatticeClient(base_url=runtime.url) as c:
+        r = c.submit(spec("echo sync"))
+        states = [e.state for e in c.watch(r.id, poll=0.2)]
+        assert states[-1] == "completed"
+        a = c.status(r.id)
+        assert a.end_reason == "success"
+        assert c.logs(r.id)[a.nodes[0]] == "sync\n"
+
+
+def test_a_429_is_retried_after_retry_after_then_raised():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            return httpx.Response(429, headers={"Retry-After": "0.2"}, json={"error": "rate limit exceeded"})
+        return httpx.Response(200, json={"id": "a-000001", "state": "running"})
+
+    async def main():
+        async with LatticeClient(base_url="http://test", transport=httpx.MockTransport(handler)) as c:
+            a = await c.status("a-000001")
+            assert a.state == "running" and len(calls) == 3
+            assert calls[1] - calls[0] >= 0.19 and calls[2] - calls[1] >= 0.19
+        calls.clear()
+        always = httpx.MockTransport(
+            lambda r: httpx.Response(429, headers={"Retry-After": "7"}, json={"error": "rate limit exceeded"})
+        )
+        async with LatticeClient(base_url="http://test", transport=always, retries=0) as c:
+            with pytest.raises(LatticeRateLimitError) as e:
+                await c.status("a-000001")
+            assert e.value.retry_after == 7 and e.value.status_code == 429
+
+    run(main())
+
+
+def test_tokens(secured_runtime):
+    async def main():
+        async with LatticeClient(base_url=secured_runtime.url) as c:
+            with pytest.raises(LatticeAuthError) as e:
+                await c.list_allocations()
+            assert e.value.status_code == 401
+        async with LatticeClient(base_url=secured_runtime.url, token=token("alice")) as c:
+            r = await c.submit(spec("true", tenant="physics"))
+            a = await c.status(r.id)
+            assert a.tenant == "physics" and a.user == "alice"
+        async with LatticeClient(base_url=secured_runtime.url, token="not-a-jwt") as c:
+            with pytest.raises(LatticeAuthError):
+                await c.status(r.id)
+
+    run(main())
+
+
+@pytest.mark.parametrize("example", ["quickstart.py", "workflow.py"])
+def test_the_examples_run(runtime, example):
+    import subprocess
+    import sys
+
+    here = os.path.join(os.path.dirname(__file__), "..", "examples", example)
+    env = dict(os.environ, LATTICE_TENANT="bio")
+    out = subprocess.run([sys.executable, here, runtime.url], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    if example == "quickstart.py":
+        assert "State: completed (success)" in out.stdout and "stderr of sim-0" in out.stdout, out.stdout
+        assert "] hello from sim-0" in out.stdout, out.stdout
+    else:
+        assert "train: completed (success)" in out.stdout and out.stdout.count(": completed, output 'point") == 4, out.stdout
