@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python SDK's tests against a real lattice-runtime: a virtualenv with the SDK installed from this
-# directory (`pip install ./cli/python[test]`, as a user would), the runtime built by cargo, pytest.
+# directory (`pip install ./cli/python[test]`, as a user would), the runtime and agent built by cargo,
+# pytest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -17,6 +18,6 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$here[test]"
-(cd "$root" && cargo build -q --locked -p lattice-runtime --bin lattice-runtime)
+(cd "$root" && cargo build -q --locked -p lattice-runtime --bin lattice-runtime -p lattice-agent --bin lattice-agent)
 cd "$here"
 LATTICE_RUNTIME_BIN="$target/debug/lattice-runtime" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

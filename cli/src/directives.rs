@@ -28,6 +28,48 @@ pub struct SubmitFields {
     pub image: Option<String>,
     /// Data mounts: `--data-mount=s3://bucket/dataset:/data[:ro]` (repeatable).
     pub data_mounts: Vec<DataMountSpec>,
+    /// Dependencies: (allocation id, success | failure | any), from `--depends-on=ID:COND,...` or
+    /// Slurm's `--dependency=afterok:ID[:ID],afterany:ID`.
+    pub depends_on: Vec<(String, String)>,
+}
+
+/// `--depends-on=a-000012:success,a-000013:any` (the condition defaults to success).
+pub fn parse_depends_on(s: &str) -> Result<Vec<(String, String)>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (id, cond) = p.trim().split_once(':').unwrap_or((p.trim(), "success"));
+            match cond {
+                "success" | "failure" | "any" if !id.is_empty() => Ok((id.to_string(), cond.to_string())),
+                _ => Err(format!("`{p}`: expected ID[:success|failure|any]")),
+            }
+        })
+        .collect()
+}
+
+/// Slurm's `--dependency=afterok:123:124,afterany:125` (afterok → success, afternotok → failure,
+/// afterany → any; `?`-separated alternatives and `singleton` are not supported).
+pub fn parse_slurm_dependency(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let mut it = part.split(':');
+        let cond = match it.next().unwrap_or_default() {
+            "afterok" => "success",
+            "afternotok" => "failure",
+            "afterany" => "any",
+            other => {
+                return Err(format!(
+                    "`{other}`: only afterok, afternotok and afterany map to Lattice"
+                ));
+            }
+        };
+        let ids: Vec<&str> = it.collect();
+        if ids.is_empty() {
+            return Err(format!("`{part}`: no job id"));
+        }
+        out.extend(ids.into_iter().map(|id| (id.to_string(), cond.to_string())));
+    }
+    Ok(out)
 }
 
 /// One `--data-mount=SOURCE:TARGET[:ro|:rw]` (the seed's `lattice submit --data-mount`).
@@ -149,6 +191,7 @@ impl SubmitFields {
             self.features = other.features.clone();
         }
         self.data_mounts.extend(other.data_mounts.iter().cloned());
+        self.depends_on.extend(other.depends_on.iter().cloned());
         self.tags.extend(other.tags.clone());
         self
     }
@@ -305,9 +348,14 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                     Ok(m) => f.data_mounts.push(m),
                     Err(e) => warnings.push(format!("--data-mount: {e}; ignored")),
                 },
-                "dependency" => warnings.push(format!(
-                    "--{k}={val}: use `lattice submit --depends-on` or a DAG; ignored"
-                )),
+                "dependency" => match parse_slurm_dependency(&val) {
+                    Ok(d) => f.depends_on.extend(d),
+                    Err(e) => warnings.push(format!("--dependency={val}: {e}; ignored")),
+                },
+                "depends-on" => match parse_depends_on(&val) {
+                    Ok(d) => f.depends_on.extend(d),
+                    Err(e) => warnings.push(format!("--depends-on: {e}; ignored")),
+                },
                 other => warnings.push(format!("--{other}{} ignored (not supported)", v.map(|v| format!("={v}")).unwrap_or_default())),
             }
         }
@@ -397,6 +445,34 @@ mod tests {
             parse_script("#!/bin/bash\n#SBATCH --container-image=busybox:1\n#LATTICE --image=busybox:2\nls\n");
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(f.image.as_deref(), Some("busybox:2"));
+    }
+
+    #[test]
+    fn dependencies_from_flags_and_slurm_directives() {
+        assert_eq!(
+            parse_depends_on("a-1:success,a-2:any,a-3").unwrap(),
+            [
+                ("a-1".into(), "success".into()),
+                ("a-2".into(), "any".into()),
+                ("a-3".into(), "success".into())
+            ]
+        );
+        assert!(parse_depends_on("a-1:maybe").is_err());
+        let (f, warnings) = parse_script("#!/bin/bash\n#SBATCH --dependency=afterok:a-7:a-8,afterany:a-9\nrun\n");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            f.depends_on,
+            [
+                ("a-7".to_string(), "success".to_string()),
+                ("a-8".into(), "success".into()),
+                ("a-9".into(), "any".into())
+            ]
+        );
+        let (f, warnings) = parse_script("#!/bin/bash\n#SBATCH --dependency=singleton\nrun\n");
+        assert!(
+            f.depends_on.is_empty() && warnings[0].contains("singleton"),
+            "{warnings:?}"
+        );
     }
 
     #[test]

@@ -201,6 +201,106 @@ fn lattice_cli_drives_the_runtime() {
     // A usage error is clap's: exit 2.
     assert_eq!(run(&["submit", "--nodes=many"]).status.code(), Some(2));
 
+    // `watch` follows one to its end, a line per state; `--depends-on` waits for another.
+    let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "0.3"]);
+    let first = out(&o).trim().to_string();
+    let o = run(&[
+        "submit",
+        "--nodes=1",
+        "--walltime=10m",
+        &format!("--depends-on={first}:success"),
+        "--",
+        "sleep",
+        "0.1",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let second = out(&o).trim().to_string();
+    let o = run(&["watch", &second, "--interval", "0.05"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let lines: Vec<String> = out(&o).lines().map(str::to_string).collect();
+    assert!(
+        lines.first().is_some_and(|l| l.contains(&format!("{second} pending"))),
+        "{lines:?}"
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.contains(&format!("{second} completed"))),
+        "{lines:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&out(&run(&["status", &second, "-o", "json"]))).unwrap();
+    let w: serde_json::Value = serde_json::from_str(&out(&run(&["status", &first, "-o", "json"]))).unwrap();
+    assert!(v["started_ms"].as_u64() >= w["ended_ms"].as_u64(), "{v} {w}");
+    let o = run(&["submit", "--nodes=1", "--depends-on=a-1:maybe", "--", "true"]);
+    assert!(!o.status.success() && err(&o).contains("a-1:maybe"), "{}", err(&o));
+
+    // `node drain|undrain|disable|enable`.
+    for (op, state) in [
+        ("drain", "draining"),
+        ("undrain", "ready"),
+        ("disable", "down"),
+        ("enable", "ready"),
+    ] {
+        let o = run(&["node", op, "sim-003"]);
+        assert!(o.status.success(), "{op}: {}", err(&o));
+        let text = out(&o);
+        assert!(
+            text.starts_with("sim-003: ") && (text.contains(state) || op == "drain"),
+            "{op}: {text}"
+        );
+    }
+    // `telemetry`, `history`, `audit`, `config`, `completion`.
+    let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "30"]);
+    let long = out(&o).trim().to_string();
+    let o = run(&["telemetry", &long, "--mode", "debug", "--duration", "30m"]);
+    assert!(
+        o.status.success() && out(&o).contains("telemetry debug"),
+        "{}{}",
+        out(&o),
+        err(&o)
+    );
+    assert!(run(&["cancel", &long]).status.success());
+    let o = run(&["history", "-o", "json"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert!(v["allocations"].as_u64().unwrap_or(0) >= 3, "{v}");
+    let o = run(&["audit"]);
+    assert!(
+        o.status.success() && out(&o).contains("hash chain: valid"),
+        "{}{}",
+        out(&o),
+        err(&o)
+    );
+    let o = run(&["config"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        out(&o).contains(&format!("endpoint:    {ep} (LATTICE_ENDPOINT)")),
+        "{}",
+        out(&o)
+    );
+    assert!(out(&o).contains("tenant:      physics (LATTICE_TENANT)"), "{}", out(&o));
+    for shell in ["bash", "zsh", "fish"] {
+        let o = run(&["completion", shell]);
+        assert!(
+            o.status.success() && out(&o).contains("lattice") && out(&o).contains("submit"),
+            "{shell}"
+        );
+    }
+    let script = dir.join("complete.bash");
+    std::fs::write(&script, out(&run(&["completion", "bash"]))).unwrap();
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; COMP_WORDS=(lattice sub); COMP_CWORD=1; _lattice lattice sub lattice; echo \"${{COMPREPLY[@]}}\"",
+            script.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out(&o).split_whitespace().any(|w| w == "submit"),
+        "{}{}",
+        out(&o),
+        err(&o)
+    );
+
     rt.block_on(running.shutdown());
 }
 
@@ -257,5 +357,114 @@ fn lattice_cli_over_mtls() {
     let o = lattice(&ep, &dir, &["nodes"]);
     assert!(!o.status.success());
     assert!(err(&o).contains("config.yaml"), "{}", err(&o));
+    rt.block_on(running.shutdown());
+}
+
+/// `lattice top` in a real terminal (tmux): it shows the nodes and a running allocation, refreshes
+/// when the allocation ends, and Ctrl-C ends it.
+#[test]
+fn lattice_top_refreshes_in_a_real_terminal() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI must install tmux");
+        eprintln!("skipped: needs tmux");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lattice-cli-top-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = lattice_runtime::RuntimeConfig::parse(
+        "t.yaml",
+        &format!(
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 3\ncycle: 100ms\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let t0 = Instant::now();
+    while !running.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ep = format!("http://{}", running.rest_addr);
+    let o = lattice(
+        &ep,
+        &dir,
+        &["submit", "--nodes=2", "--walltime=10m", "--", "sleep", "2"],
+    );
+    let id = out(&o).trim().to_string();
+    let sock = format!("lattice-top-{}", std::process::id());
+    struct Tmux(String);
+    impl Drop for Tmux {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).status();
+        }
+    }
+    let _tmux = Tmux(sock.clone());
+    let cmd = format!(
+        "env LATTICE_ENDPOINT={ep} LATTICE_TENANT=physics HOME={} {} top --interval 0.2",
+        dir.display(),
+        env!("CARGO_BIN_EXE_lattice")
+    );
+    let ok = Command::new("tmux")
+        .args([
+            "-L",
+            &sock,
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "110",
+            "-y",
+            "30",
+            &cmd,
+        ])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "tmux new-session");
+    let screen = || {
+        let o = Command::new("tmux")
+            .args(["-L", &sock, "capture-pane", "-p", "-t", "t"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let shows = |want: &dyn Fn(&str) -> bool, what: &str| {
+        let t0 = Instant::now();
+        loop {
+            let s = screen();
+            if want(&s) {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(15), "{what} never showed:\n{s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let s = shows(
+        &|s| s.lines().any(|l| l.starts_with(&id) && l.contains("running")),
+        "the running allocation",
+    );
+    assert!(s.contains("nodes: 3 (3 ready), 2 in use"), "{s}");
+    assert!(s.contains("allocations: 1 running, 0 waiting"), "{s}");
+    // It ends (2 s): the screen refreshes by itself.
+    let s = shows(&|s| s.contains("0 running, 0 waiting, 1 ended"), "the allocation's end");
+    assert!(!s.lines().any(|l| l.starts_with(&id)), "{s}");
+    // Ctrl-C ends it (and with it the tmux session).
+    let ok = Command::new("tmux")
+        .args(["-L", &sock, "send-keys", "-t", "t", "C-c"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let t0 = Instant::now();
+    while Command::new("tmux")
+        .args(["-L", &sock, "has-session", "-t", "t"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(5), "top did not end on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     rt.block_on(running.shutdown());
 }

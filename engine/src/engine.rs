@@ -135,6 +135,8 @@ pub(crate) struct Meta {
     /// Nodes its prologue failed on: placed last (other nodes first) when it starts again.
     pub avoid: Vec<NodeId>,
     pub prologue_failures: u32,
+    /// Why its pool's last pass kept it waiting (cleared when it starts).
+    pub waiting: Option<crate::waiting::Waiting>,
 }
 
 /// One scheduler instance: a vCluster's nodes, queue and settings.
@@ -523,6 +525,23 @@ impl Engine {
     }
     pub fn allocation(&self, id: AllocId) -> Option<&Allocation> {
         self.allocs.get(id.index())
+    }
+
+    /// Why a pending allocation is not running, as far as the engine knows: its unmet dependencies, or
+    /// what its pool's last pass found (`None`: not pending, or no pass has looked at it yet).
+    pub fn waiting(&self, id: AllocId) -> Option<crate::waiting::Waiting> {
+        let a = self.allocs.get(id.index())?;
+        use crate::alloc::AllocState as S;
+        if !matches!(a.state, S::Pending | S::Staging | S::Suspended) {
+            return None;
+        }
+        let m = &self.meta[id.index()];
+        if m.unresolved_deps > 0 {
+            return Some(crate::waiting::Waiting::Dependencies {
+                unresolved: m.unresolved_deps,
+            });
+        }
+        m.waiting
     }
     pub fn allocations(&self) -> &[Allocation] {
         &self.allocs

@@ -43,6 +43,7 @@ mod running;
 pub mod staging;
 pub mod tenant;
 pub mod time;
+pub mod waiting;
 pub mod weights;
 pub mod world;
 

@@ -34,6 +34,7 @@ use crate::ids::{AllocId, NodeId};
 use crate::policy::{Depth, Policy};
 use crate::profile::{FitMemo, Picks, Profile};
 use crate::time::{Duration, Time};
+use crate::waiting::Waiting;
 use crate::weights::CostWeights;
 
 /// Preemption classes up to this are time-flexible for energy deferral.
@@ -220,17 +221,20 @@ impl Engine {
             let breakdown = scores.get(i).and_then(|s| s.1);
             // Data staging below 80 %: held in the queue (f5 already ranks it lower).
             if !self.staged_enough(id) {
+                self.meta[id.index()].waiting = Some(Waiting::Staging);
                 keep.push(id);
                 continue;
             }
             // Task-group concurrency and mutex (singleton) limits: wait without blocking others.
             if self.group_or_mutex_busy(id) {
+                self.meta[id.index()].waiting = Some(Waiting::GroupLimit);
                 keep.push(id);
                 continue;
             }
             // Just requeued: excluded from this cycle's pending set (TOCTOU prevention); the next cycle
             // considers it.
             if self.meta[id.index()].requeued_at == Some(now) {
+                self.meta[id.index()].waiting = Some(Waiting::Requeued);
                 keep.push(id);
                 let pool = self.pools.get_mut(&key).expect("pool");
                 let next = now + Duration(1);
@@ -240,12 +244,22 @@ impl Engine {
             if let Some(ctx) = ctx
                 && self.defer_for_energy(now, id, ctx)
             {
+                self.meta[id.index()].waiting = Some(Waiting::EnergyWindow);
                 stats.deferred += 1;
                 deferred_any = true;
                 keep.push(id);
                 continue;
             }
-            let budget_ok = self.budgets_allow(id) && self.quota_allows(id, key, k, ctx, &waiting);
+            let budget = self.budgets_allow(id);
+            let budget_ok = budget && self.quota_allows(id, key, k, ctx, &waiting);
+            // Why it waits if it does not start now (refined below where a reservation is made).
+            let held = if !budget {
+                Waiting::Budget
+            } else if !budget_ok {
+                Waiting::Quota
+            } else {
+                Waiting::Resources
+            };
             let claim = self.allocs[id.index()].spec.sensitive_claim;
             let start_rules = PickRules {
                 power_cap_w: self.power_headroom(),
@@ -265,6 +279,7 @@ impl Engine {
                         }
                     }
                     if self.defer_for_topology(now, id, placement.groups) {
+                        self.meta[id.index()].waiting = Some(Waiting::Topology);
                         stats.deferred_topology += 1;
                         keep.push(id);
                         continue;
@@ -294,6 +309,8 @@ impl Engine {
                 }
                 // FCFS: the head blocks everything behind it.
                 let Some(depth) = depth else {
+                    self.meta[id.index()].waiting = Some(held);
+                    self.behind(&queue[i + 1..], id);
                     keep.extend_from_slice(&queue[i..]);
                     break;
                 };
@@ -301,13 +318,20 @@ impl Engine {
                 suffix_min = self.suffix_min_nodes(&queue[i..]);
                 let p = profile.insert(self.build_profile(now, key));
                 blocked = true;
-                if budget_ok {
-                    self.reserve_if_allowed(p, id, k, walltime, depth, rules, &mut stats, key);
+                let mut why = held;
+                if budget_ok
+                    && let Some(start) = self.reserve_if_allowed(p, id, k, walltime, depth, rules, &mut stats, key)
+                {
+                    why = Waiting::Reserved { start };
                 }
+                self.meta[id.index()].waiting = Some(why);
                 keep.push(id);
                 continue;
             };
             if p.free_total_now() < suffix_min[i - base] as i64 {
+                for &rest in &queue[i..] {
+                    self.meta[rest.index()].waiting = Some(Waiting::Resources);
+                }
                 keep.extend_from_slice(&queue[i..]);
                 break;
             }
@@ -342,6 +366,7 @@ impl Engine {
                 }
             }
             if fit && self.defer_for_topology(now, id, placement.groups) {
+                self.meta[id.index()].waiting = Some(Waiting::Topology);
                 stats.deferred_topology += 1;
                 keep.push(id);
                 continue;
@@ -355,9 +380,13 @@ impl Engine {
                 stats.backfilled += blocked as u32;
             } else {
                 let depth = depth.expect("profile is only built for backfill");
-                if budget_ok {
-                    self.reserve_if_allowed(p, id, k, walltime, depth, rules, &mut stats, key);
+                let mut why = held;
+                if budget_ok
+                    && let Some(start) = self.reserve_if_allowed(p, id, k, walltime, depth, rules, &mut stats, key)
+                {
+                    why = Waiting::Reserved { start };
                 }
+                self.meta[id.index()].waiting = Some(why);
                 keep.push(id);
             }
         }
@@ -379,13 +408,13 @@ impl Engine {
         rules: PickRules,
         stats: &mut PassStats,
         key: u32,
-    ) {
+    ) -> Option<Time> {
         let allowed = match depth {
             Depth::Unlimited => true,
             Depth::Limited(d) => stats.reservations < d,
         };
         if !allowed {
-            return;
+            return None;
         }
         let mut out = Placement::default();
         let eligible = &self.meta[id.index()].eligible;
@@ -393,7 +422,7 @@ impl Engine {
             if start == p.now() {
                 // Its nodes are free now: only a per-cycle dimension (power, budgets) holds it back.
                 // Reservations cover nodes; the next cycle re-checks the rest, so no promise is made.
-                return;
+                return None;
             }
             p.reserve(start, walltime, &out.picks);
             self.pools.get_mut(&key).expect("pool").reservations.push(Reservation {
@@ -404,6 +433,15 @@ impl Engine {
                 picks: out.picks,
             });
             stats.reservations += 1;
+            return Some(start);
+        }
+        None
+    }
+
+    /// `queue` waits behind `head` (which blocks it).
+    fn behind(&mut self, queue: &[AllocId], head: AllocId) {
+        for &id in queue {
+            self.meta[id.index()].waiting = Some(Waiting::BehindHead { head });
         }
     }
 
@@ -436,6 +474,7 @@ impl Engine {
 
     /// Proposes `id` on concrete nodes: per class of the placement, the lowest free node ids.
     fn start(&mut self, now: Time, id: AllocId, pl: &Placement, backfilled: bool, score: Option<ScoreBreakdown>) {
+        self.meta[id.index()].waiting = None;
         let k: u32 = pl.picks.iter().map(|p| p.1).sum();
         let mut need = pl.picks.clone();
         let mut nodes: Vec<NodeId> = Vec::with_capacity(k as usize);

@@ -89,6 +89,54 @@ fn fcfs_head_blocks_and_easy_backfills() {
     }
 }
 
+/// `lattice diag`: each waiting allocation says why, as the pass found it, and the reason goes
+/// when it starts.
+#[test]
+fn waiting_allocations_say_why() {
+    use lattice_engine::waiting::Waiting;
+    for policy in [Policy::Fcfs, Policy::EASY] {
+        let (mut e, t, v) = engine(policy, 4);
+        let running = e.handle_submit(Time(0), spec(t, v, 3, 100)).unwrap();
+        pass(&mut e, Time(0));
+        let head = e.handle_submit(Time(1), spec(t, v, 4, 10)).unwrap();
+        let behind = e.handle_submit(Time(1), spec(t, v, 2, 10)).unwrap();
+        let mut after = spec(t, v, 1, 10);
+        after.depends_on = vec![Dependency {
+            on: head,
+            condition: DependencyCondition::Success,
+        }];
+        let dependent = e.handle_submit(Time(1), after).unwrap();
+        assert_eq!(e.waiting(head), None, "no pass has looked at it yet");
+        pass(&mut e, Time(1));
+        assert_eq!(e.waiting(running), None, "running: not waiting");
+        assert_eq!(e.waiting(dependent), Some(Waiting::Dependencies { unresolved: 1 }));
+        match policy {
+            // FCFS: the head waits for nodes, everything behind it for the head.
+            Policy::Fcfs => {
+                assert_eq!(e.waiting(head), Some(Waiting::Resources));
+                assert_eq!(e.waiting(behind), Some(Waiting::BehindHead { head }));
+            }
+            // EASY: the head's nodes are reserved from the running job's end; the 2-node job does not
+            // fit in the one free node.
+            _ => {
+                assert_eq!(
+                    e.waiting(head),
+                    Some(Waiting::Reserved {
+                        start: Time::from_secs(100)
+                    })
+                );
+                assert_eq!(e.waiting(behind), Some(Waiting::Resources));
+            }
+        }
+        // Once started, the reason is gone.
+        e.handle_completion(Time::from_secs(100), running, EndReason::Success)
+            .unwrap();
+        let started = pass(&mut e, Time::from_secs(100));
+        assert!(started.contains(&head), "{policy}");
+        assert_eq!(e.waiting(head), None);
+    }
+}
+
 #[test]
 fn constraints_pick_matching_nodes_lowest_id_first() {
     let mut ns = nodes(4);

@@ -20,10 +20,187 @@ use std::sync::Arc;
 
 type S = State<Arc<Shared>>;
 
+/// Every route [`router`] serves, documented: `GET /openapi.json` (a test checks that the two agree,
+/// both ways).
+pub fn documented() -> Vec<crate::openapi::Op> {
+    use crate::control::{AllocationView, NodeView, SubmitRequest, UpdateRequest};
+    use crate::openapi::Op;
+    use crate::tasks::{LaunchView, TaskRequest, TerminalRequest};
+    let a = "allocations";
+    let n = "nodes";
+    vec![
+        Op::get("/healthz", "meta", "Liveness and this member's Raft state").open(),
+        Op::get("/metrics", "meta", "Prometheus metrics (text exposition format)")
+            .open()
+            .text(),
+        Op::get("/openapi.json", "meta", "This document").open(),
+        Op::get("/v1/allocations", a, "List allocations (a user sees their tenant's)")
+            .query::<ops::ListFilter>()
+            .answer_list::<AllocationView>("allocations"),
+        Op::post(
+            "/v1/allocations",
+            a,
+            "Submit an allocation, or a task group (its elements in `elements`)",
+        )
+        .body::<SubmitRequest>()
+        .status(201),
+        Op::get("/v1/allocations/{id}", a, "An allocation").answer::<AllocationView>(),
+        Op::delete(
+            "/v1/allocations/{id}",
+            a,
+            "Cancel an allocation (a task group: every element)",
+        ),
+        Op::patch(
+            "/v1/allocations/{id}",
+            a,
+            "Extend the walltime, set tags, switch the telemetry mode",
+        )
+        .body::<UpdateRequest>()
+        .answer::<AllocationView>(),
+        Op::post(
+            "/v1/allocations/{id}/checkpoint",
+            a,
+            "Ask the application to checkpoint",
+        )
+        .status(202),
+        Op::get("/v1/allocations/{id}/tasks", a, "Its task launches").answer_list::<LaunchView>("launches"),
+        Op::post(
+            "/v1/allocations/{id}/tasks",
+            a,
+            "Launch tasks (ranks with a PMI server) in a running allocation",
+        )
+        .body::<TaskRequest>()
+        .answer::<LaunchView>()
+        .status(201),
+        Op::get(
+            "/v1/allocations/{id}/tasks/{launch}",
+            a,
+            "A task launch: its ranks' exit codes and output",
+        )
+        .answer::<LaunchView>(),
+        Op::get(
+            "/v1/allocations/{id}/attach",
+            a,
+            "A terminal in the allocation (WebSocket upgrade)",
+        )
+        .query::<TerminalRequest>()
+        .status(101),
+        Op::post(
+            "/v1/allocations/{id}/attach",
+            a,
+            "A terminal in the allocation (WebSocket upgrade)",
+        )
+        .query::<TerminalRequest>()
+        .status(101),
+        Op::post(
+            "/v1/allocations/{id}/exit",
+            "agents",
+            "An agent reports its process's end (agents only)",
+        ),
+        Op::get("/v1/allocations/{id}/logs", a, "Stored output of one stream, by node").query::<LogsIn>(),
+        Op::get(
+            "/v1/allocations/{id}/logs/live",
+            a,
+            "Live tail of one stream after the given offsets",
+        )
+        .query::<LiveIn>(),
+        Op::get("/v1/dags", "dags", "List DAGs"),
+        Op::post("/v1/dags", "dags", "Submit a DAG")
+            .body::<ops::DagRequest>()
+            .status(201),
+        Op::get("/v1/dags/{id}", "dags", "A DAG: its state and members"),
+        Op::delete("/v1/dags/{id}", "dags", "Cancel every allocation of a DAG"),
+        Op::get("/v1/nodes", n, "List nodes")
+            .query::<NodesIn>()
+            .answer_list::<NodeView>("nodes"),
+        Op::get("/v1/nodes/{id}", n, "A node").answer::<NodeView>(),
+        Op::post(
+            "/v1/nodes/{id}/register",
+            "agents",
+            "An agent registers its node (agents only)",
+        ),
+        Op::post(
+            "/v1/nodes/{id}/heartbeat",
+            "agents",
+            "An agent's heartbeat (agents only)",
+        ),
+        Op::post("/v1/nodes/{id}/work", "agents", "An agent polls for work (agents only)"),
+        Op::post("/v1/nodes/{id}/drain", n, "Drain a node (Operator)"),
+        Op::post("/v1/nodes/{id}/undrain", n, "Undrain a node (Operator)"),
+        Op::post("/v1/nodes/{id}/disable", n, "Take a node out of service (Operator)"),
+        Op::post("/v1/nodes/{id}/enable", n, "Return a node to service (Operator)"),
+        Op::post(
+            "/v1/nodes/{id}/fingerprint",
+            n,
+            "Ask the node's agent for a fresh conformance fingerprint",
+        )
+        .status(202),
+        Op::get("/v1/cache", "cache", "Each node's image cache (Operator)").query::<CacheQuery>(),
+        Op::post(
+            "/v1/cache/warm",
+            "cache",
+            "Pull an image into nodes' caches, sticky (Operator)",
+        )
+        .body::<crate::cache::CacheRequest>()
+        .status(202),
+        Op::post(
+            "/v1/cache/evict",
+            "cache",
+            "Remove an image from nodes' caches (Operator)",
+        )
+        .body::<crate::cache::CacheRequest>()
+        .status(202),
+        Op::get("/v1/network/domains", "network", "Network domains and the VNI pool"),
+        Op::get(
+            "/v1/audit/logs",
+            "audit",
+            "The sensitive audit log and whether its hash chain holds",
+        )
+        .query::<ops::AuditQuery>(),
+        Op::get("/api/v1/tenants/{id}/usage", "accounting", "A tenant's usage").query::<DaysIn>(),
+        Op::get("/api/v1/usage", "accounting", "Usage by tenant or user").query::<ops::UsageQuery>(),
+        Op::get("/v1/tenants", "tenants", "Tenant names"),
+        Op::get("/v1/vclusters", "vclusters", "vCluster names"),
+        Op::get(
+            "/v1/vclusters/{id}/queue",
+            "vclusters",
+            "A vCluster's queue in score order",
+        ),
+        Op::put(
+            "/v1/vclusters/{id}/weights",
+            "vclusters",
+            "Set a vCluster's cost-function weights (SystemAdmin)",
+        )
+        .body::<BTreeMap<String, f64>>(),
+        Op::get("/api/v1/raft/status", "quorum", "The quorum's Raft status"),
+        Op::get("/v1/admin/raft/status", "quorum", "The quorum's Raft status"),
+        Op::post(
+            "/api/v1/admin/backup",
+            "quorum",
+            "Write a backup of the quorum's state (SystemAdmin)",
+        ),
+        Op::get("/api/v1/admin/backup/verify", "quorum", "Verify a backup file").query::<PathQuery>(),
+        Op::post(
+            "/api/v1/admin/restore",
+            "quorum",
+            "Stage a backup for restore at the next start",
+        )
+        .body::<PathQuery>(),
+        Op::post("/api/v1/admin/members", "quorum", "Add a quorum member").body::<MemberIn>(),
+        Op::delete("/api/v1/admin/members/{id}", "quorum", "Remove a quorum member"),
+    ]
+}
+
+/// `GET /openapi.json`.
+async fn openapi() -> Json<Value> {
+    Json(crate::openapi::document(&documented()))
+}
+
 pub fn router(shared: Arc<Shared>) -> Router {
     let open = Router::new()
         .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics));
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi));
     let guarded = Router::new()
         .route("/v1/allocations", get(list).post(submit))
         .route("/v1/allocations/{id}", get(get_one).delete(cancel).patch(update))
@@ -318,7 +495,7 @@ async fn cancel_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Res
     }
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct NodesIn {
     /// Only nodes in this state (`ready`, `allocated`, `draining`, `down`, …).
@@ -455,7 +632,7 @@ async fn audit_logs(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::Audit
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct DaysIn {
     days: Option<u32>,
@@ -600,7 +777,7 @@ async fn backup(State(s): S, Extension(p): P) -> Response {
     }
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 struct PathQuery {
     path: Option<String>,
 }
@@ -640,7 +817,7 @@ async fn restore(State(s): S, Extension(p): P, JsonIn(q): JsonIn<PathQuery>) -> 
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 struct MemberIn {
     id: u64,
     addr: String,
@@ -847,7 +1024,7 @@ async fn relay_terminal(
     }
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CacheQuery {
     node: Option<String>,
@@ -944,7 +1121,7 @@ async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: 
     }
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct LogsIn {
     node: Option<String>,
@@ -1003,7 +1180,7 @@ async fn network_domains(State(s): S, Extension(p): P) -> Response {
     Json(json!({"domains": domains, "vni_pool": {"total": total, "in_use": used}})).into_response()
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct LiveIn {
     /// `NODE:OFFSET,...`: what the follower already has.

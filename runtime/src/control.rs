@@ -53,7 +53,7 @@ pub fn wall_now() -> Time {
 }
 
 /// `POST /v1/allocations`: the scheduling-relevant part of the Intent API request.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     pub tenant: String,
@@ -114,7 +114,7 @@ pub struct SubmitRequest {
 }
 
 /// The `environment` block of a submission.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvironmentIn {
     /// A uenv, `name/version:tag` (e.g. `prgenv-gnu/24.11:v1`).
@@ -176,7 +176,7 @@ fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
 pub const MAX_IDEMPOTENCY_KEY: usize = 128;
 
 /// A task group's indices and concurrency limit.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskGroupIn {
     pub range: IndexRange,
@@ -184,7 +184,7 @@ pub struct TaskGroupIn {
     pub concurrency: Option<u32>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IndexRange {
     pub start: u32,
@@ -209,7 +209,7 @@ fn node_op_event(op: NodeOp) -> lattice_engine::NodeEvent {
 const SEQ_UNKNOWN: u64 = u64::MAX;
 
 /// What a task group element's view and launch carry: its group's id and its index.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct TaskGroupView {
     pub group: String,
     pub index: u32,
@@ -217,7 +217,7 @@ pub struct TaskGroupView {
     pub concurrency: Option<u32>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataIn {
     #[serde(default)]
@@ -228,7 +228,7 @@ pub struct DataIn {
     pub defaults: Option<bool>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MountIn {
     pub source: String,
@@ -257,14 +257,14 @@ fn tier(field: &str, s: &str) -> Result<lattice_engine::Tier, FieldError> {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectivityIn {
     #[serde(default)]
     pub network_domain: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointIn {
     pub strategy: String,
@@ -274,7 +274,7 @@ pub struct CheckpointIn {
     pub mechanism: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DependsIn {
     #[serde(rename = "ref")]
@@ -287,7 +287,7 @@ fn success() -> String {
     "success".into()
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     pub nodes: NodesIn,
@@ -295,14 +295,14 @@ pub struct Resources {
     pub constraints: Option<ConstraintsIn>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum NodesIn {
     Exact(i64),
     Range { min: i64, max: i64 },
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConstraintsIn {
     pub gpu_type: Option<String>,
@@ -313,7 +313,7 @@ pub struct ConstraintsIn {
     pub topology: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LifecycleIn {
     #[serde(rename = "type", default = "bounded")]
@@ -369,7 +369,7 @@ fn bad(field: &str, message: impl Into<String>) -> FieldError {
 }
 
 /// What the API shows of an allocation (also the durable record of an ended one).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct AllocationView {
     pub id: String,
     pub tenant: String,
@@ -410,9 +410,14 @@ pub struct AllocationView {
     /// A task group element: its group's id and its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_group: Option<TaskGroupView>,
+    /// While it waits: why, as the scheduler's last pass found (`reason`: dependencies, staging,
+    /// group_limit, requeued, energy_window, budget, quota, topology, reserved (with `start`, ms),
+    /// resources, behind_head (with `head`)), and a `summary` for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<serde_json::Value>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct NodeView {
     pub name: String,
     pub state: String,
@@ -432,7 +437,7 @@ pub struct NodeView {
 
 /// A partition an agent lived through: from its first buffered heartbeat to its last (agent clock,
 /// ms since the epoch), and how many it replayed.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Partition {
     pub from_ms: u64,
     pub to_ms: u64,
@@ -529,7 +534,7 @@ impl Meta {
 }
 
 /// `PATCH /v1/allocations/{id}`: what may change after submission.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateRequest {
     /// A new walltime ("72h", "30m", "HH:MM:SS", seconds); not shorter than the time already run.
@@ -542,7 +547,7 @@ pub struct UpdateRequest {
     pub telemetry: Option<TelemetryIn>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryIn {
     /// prod | debug | audit (book: "Switching Telemetry Mode").
@@ -2528,7 +2533,19 @@ impl Control {
             preempted: a.preempted,
             preemption: m.preempted_for.clone(),
             task_group: self.group_view(a),
+            waiting: self.waiting_view(id),
         })
+    }
+
+    /// Why `id` waits (see [`AllocationView::waiting`]).
+    fn waiting_view(&self, id: AllocId) -> Option<serde_json::Value> {
+        let w = self.ctl.engine.waiting(id)?;
+        let mut v = serde_json::to_value(w).ok()?;
+        if let lattice_engine::waiting::Waiting::BehindHead { head } = w {
+            v["head"] = serde_json::json!(self.name_of(head));
+        }
+        v["summary"] = serde_json::json!(w.describe(|a| self.name_of(a), self.now()));
+        Some(v)
     }
 
     /// Every allocation: those that ended before this control plane took over first, then the live

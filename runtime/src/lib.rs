@@ -24,6 +24,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod mirror;
 pub mod network;
+pub mod openapi;
 pub mod ops;
 pub mod replay;
 pub mod server;

@@ -853,6 +853,7 @@ mod tests {
             preempted: 0,
             preemption: None,
             task_group: None,
+            waiting: None,
         }
     }
 

@@ -327,7 +327,7 @@ async fn absent_as(s: &Shared, kind: &str, id: &str) -> ApiError {
 }
 
 /// Filters of a listing (empty = any).
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 pub struct ListFilter {
     pub tenant: Option<String>,
     pub user: Option<String>,
@@ -684,7 +684,7 @@ pub async fn backup(s: &Shared, p: &Principal, name: Option<&str>) -> Result<Bac
 }
 
 /// `lattice audit query`: filters of the quorum's audit log (empty = any).
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     pub user: Option<String>,
@@ -761,7 +761,7 @@ pub async fn audit(
 }
 
 /// `GET /api/v1/tenants/{id}/usage?days=N` and `GET /api/v1/usage?user=U&days=N`.
-#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
     pub tenant: Option<String>,
@@ -795,7 +795,7 @@ pub async fn usage(s: &Shared, p: &Principal, q: &UsageQuery) -> Result<Usage, A
 }
 
 /// `POST /v1/dags`: allocations with edges between them by member name.
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DagRequest {
     #[serde(default)]
@@ -803,7 +803,7 @@ pub struct DagRequest {
     pub allocations: Vec<DagMember>,
 }
 
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
 pub struct DagMember {
     /// The member's name inside the DAG (what `depends_on.ref` of other members names).
     pub name: String,

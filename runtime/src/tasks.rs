@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a client asks for (`lattice launch`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRequest {
     /// The command each rank runs (`/bin/sh -c`).
@@ -33,7 +33,7 @@ pub struct TaskRequest {
 
 /// What a user's terminal asks for (`lattice attach`): the query of
 /// `GET /v1/allocations/{id}/attach` and the gRPC `AttachStart`.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TerminalRequest {
     /// The node (default: the allocation's first).
@@ -107,7 +107,7 @@ pub struct TaskEndIn {
     pub reason: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RankEndIn {
     pub rank: u32,
@@ -167,7 +167,7 @@ impl Launch {
 }
 
 /// A launch as clients see it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct LaunchView {
     pub launch_id: String,
     pub allocation: String,
@@ -187,7 +187,7 @@ pub struct LaunchView {
     pub ended_ms: Option<u64>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct LaunchNodeView {
     pub node: String,
     pub first_rank: u32,

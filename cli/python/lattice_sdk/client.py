@@ -70,7 +70,7 @@ class LatticeClient:
         self.retries = retries
         self.max_retry_wait = max_retry_wait
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=h, verify=verify, cert=cert, timeout=timeout, transport=transport
+            base_url=self.base_url, headers=h, verify=_tls(verify, cert), timeout=timeout, transport=transport
         )
 
     async def __aenter__(self) -> "LatticeClient":
@@ -90,7 +90,8 @@ class LatticeClient:
         while True:
             try:
                 r = await self._http.request(method, path, json=json, params=params)
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, ssl.SSLError, OSError) as e:
+                # (A TLS 1.3 server's refusal of the client certificate arrives as an SSLError.)
                 raise LatticeError(f"{method} {self.base_url}{path}: {e}") from e
             if r.status_code == 429 and attempt < self.retries:
                 attempt += 1
@@ -312,6 +313,27 @@ class LatticeClient:
 
     async def health(self) -> Dict[str, Any]:
         return await self._call("GET", "/healthz")
+
+
+def _tls(verify: Union[bool, str, ssl.SSLContext], cert: Optional[Any]) -> Union[bool, ssl.SSLContext]:
+    """The TLS context for ``verify`` (a CA bundle path, True for the system's CAs, False for none) and
+    ``cert`` (a client certificate: a PEM path holding the key too, or ``(cert, key)`` paths)."""
+    if isinstance(verify, ssl.SSLContext):
+        ctx = verify
+    elif verify is False:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif isinstance(verify, str):
+        ctx = ssl.create_default_context(cafile=verify)
+    else:
+        ctx = ssl.create_default_context()
+    if cert is not None:
+        if isinstance(cert, str):
+            ctx.load_cert_chain(cert)
+        else:
+            ctx.load_cert_chain(*cert)
+    return ctx
 
 
 def _seg(s: str) -> str:

@@ -140,6 +140,8 @@ class Allocation:
     preempted: int = 0
     preemption: Optional[str] = None
     task_group: Optional[Dict[str, Any]] = None
+    #: While it waits: ``reason`` (dependencies, quota, reserved, behind_head, ...) and ``summary``.
+    waiting: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

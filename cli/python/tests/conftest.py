@@ -30,7 +30,8 @@ def _bin(name: str) -> str:
 
 
 class Runtime:
-    def __init__(self, extra: str = "", nodes: int = 2, agents: bool = True):
+    def __init__(self, extra: str = "", nodes: int = 2, agents: bool = True, ssl_context=None):
+        self.ssl_context = ssl_context
         self.dir = tempfile.mkdtemp(prefix="lattice-sdk-")
         with open(os.path.join(self.dir, "tenants.yaml"), "w") as f:
             f.write("physics:\n  max_nodes: 2\n")
@@ -63,8 +64,8 @@ class Runtime:
             pytest.fail(f"lattice-runtime did not start: {''.join(seen)[-3000:]} {self.log()}")
         # Keep draining its stdout so it never blocks on a full pipe.
         threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-        self.url = m.group(1)
-        self.host, self.port = self.url[len("http://") :].rsplit(":", 1)
+        self.url = m.group(1).replace("http://", "https://" if ssl_context else "http://")
+        self.host, self.port = self.url.split("://", 1)[1].rsplit(":", 1)
         self.port = int(self.port)
         self._wait_leader()
         for i in range(nodes if agents else 0):
@@ -100,7 +101,7 @@ class Runtime:
         t0 = time.time()
         while time.time() - t0 < 20:
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2, context=self.ssl_context) as r:
                     if json.load(r).get("raft_state") == "Leader":
                         return
             except OSError:
@@ -145,5 +146,27 @@ def runtime():
 @pytest.fixture(scope="session")
 def secured_runtime():
     r = Runtime(extra=f"auth:\n  mode: jwt\n  hs256_secret: {SECRET}\n", nodes=1, agents=False)
+    yield r
+    r.stop()
+
+
+TLS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "runtime", "tests", "fixtures", "tls")
+
+
+def tls_file(name: str) -> str:
+    return os.path.abspath(os.path.join(TLS, name))
+
+
+@pytest.fixture(scope="session")
+def mtls_runtime():
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=tls_file("ca.pem"))
+    ctx.load_cert_chain(tls_file("client.pem"), tls_file("client.key"))
+    extra = (
+        f"tls:\n  cert: {tls_file('member.pem')}\n  key: {tls_file('member.key')}\n"
+        f"  ca: {tls_file('ca.pem')}\n  mtls: true\n"
+    )
+    r = Runtime(extra=extra, nodes=1, agents=False, ssl_context=ctx)
     yield r
     r.stop()

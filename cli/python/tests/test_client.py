@@ -233,3 +233,85 @@ def test_the_examples_run(runtime, example):
         assert "] hello from sim-0" in out.stdout, out.stdout
     else:
         assert "train: completed (success)" in out.stdout and out.stdout.count(": completed, output 'point") == 4, out.stdout
+
+
+def test_the_models_match_the_openapi_document(runtime):
+    """The SDK's models against the server's own document: the answer models hold exactly the
+    properties the API documents, and a fully populated spec sends only fields the API accepts."""
+    import dataclasses
+
+    import httpx as h
+
+    from lattice_sdk import Allocation, DataMount, Node, TaskLaunch
+
+    doc = h.get(runtime.url + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+
+    def props(name):
+        return set(schemas[name]["properties"])
+
+    def fields(cls):
+        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+
+    assert fields(Allocation) == props("AllocationView")
+    assert fields(Node) == props("NodeView")
+    assert fields(TaskLaunch) <= props("LaunchView")
+    full = AllocationSpec(
+        entrypoint="x",
+        tenant="t",
+        project="p",
+        user="u",
+        vcluster="v",
+        uenv="a/b:c",
+        view="default",
+        constraints={"gpu_type": "GH200", "gpu_count": 4, "features": ["nvme_scratch"]},
+        preemption_class=3,
+        tags={"k": "v"},
+        depends_on={"a-1": "success"},
+        task_group=(0, 9, 2),
+        data_mounts=[DataMount("s3://d/x", "/in", True, "hot", 1.0)],
+        data_defaults=False,
+        checkpoint={"strategy": "auto"},
+        min_nodes=1,
+        sensitive=True,
+        network_domain="n",
+        idempotency_key="k",
+        duration="1s",
+    ).to_json()
+    assert set(full) <= props("SubmitRequest"), set(full) - props("SubmitRequest")
+    assert set(full["lifecycle"]) <= props("LifecycleIn")
+    assert set(full["resources"]) <= props("Resources")
+    assert set(full["resources"]["constraints"]) <= props("ConstraintsIn")
+    assert set(full["data"]) <= props("DataIn")
+    assert set(full["data"]["mounts"][0]) <= props("MountIn")
+    assert set(full["task_group"]) <= props("TaskGroupIn")
+    assert set(full["depends_on"][0]) <= props("DependsIn")
+    assert set(full["connectivity"]) <= props("ConnectivityIn")
+    # And the routes the client calls are documented.
+    for path in ["/v1/allocations", "/v1/allocations/{id}", "/v1/allocations/{id}/logs", "/v1/allocations/{id}/logs/live",
+                 "/v1/allocations/{id}/tasks", "/v1/dags", "/v1/dags/{id}", "/v1/nodes", "/v1/tenants", "/v1/vclusters"]:
+        assert path in doc["paths"], path
+
+
+def test_tls_and_client_certificates(mtls_runtime):
+    from conftest import tls_file
+
+    from lattice_sdk import LatticeError
+
+    async def main():
+        ca = tls_file("ca.pem")
+        cert = (tls_file("client.pem"), tls_file("client.key"))
+        async with LatticeClient(base_url=mtls_runtime.url, verify=ca, cert=cert) as c:
+            r = await c.submit(spec("true"))
+            assert (await c.status(r.id)).id == r.id
+        # No client certificate: the member refuses the connection.
+        async with LatticeClient(base_url=mtls_runtime.url, verify=ca) as c:
+            with pytest.raises(LatticeError) as e:
+                await c.list_allocations()
+            assert e.value.status_code is None
+        # A server the client does not trust (the system's CAs only).
+        async with LatticeClient(base_url=mtls_runtime.url, cert=cert) as c:
+            with pytest.raises(LatticeError):
+                await c.list_allocations()
+
+    run(main())

@@ -75,6 +75,9 @@ enum Cmd {
         /// mount it from the site's storage for the job's processes alone.
         #[arg(long = "data-mount", value_parser = lattice_cli::directives::DataMountSpec::parse)]
         data_mount: Vec<lattice_cli::directives::DataMountSpec>,
+        /// Start only after these end: `ID:success|failure|any,...` (`#SBATCH --dependency=afterok:ID`).
+        #[arg(long = "depends-on")]
+        depends_on: Option<String>,
         /// A batch script (its directives are read), or the command after `--`.
         #[arg(trailing_var_arg = true)]
         command: Vec<String>,
@@ -199,6 +202,91 @@ enum Cmd {
         #[command(subcommand)]
         cmd: AdminCmd,
     },
+    /// Follow an allocation until it ends: a line for each change of state (time, state, nodes,
+    /// reason); exits 0 when it completed, 1 when it failed or was cancelled.
+    Watch {
+        id: String,
+        /// Seconds between looks.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+    },
+    /// Why an allocation is where it is: what the scheduler's last pass found (dependencies, staging,
+    /// quota, budget, energy window, topology, a reservation, the head of the queue), its place in
+    /// its vCluster's queue, a refused start.
+    Diag { id: String },
+    /// A live view of the cluster in the terminal: nodes by state, running allocations and the waiting
+    /// ones with why they wait; refreshes every `--interval` seconds until Ctrl-C (`--once`: print once).
+    Top {
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        #[arg(long)]
+        once: bool,
+        /// Every tenant's allocations (default: the configured tenant's).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Node administration (the Operator role): `drain|undrain|disable|enable NODE`.
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// The quorum's sensitive audit log, and whether its hash chain holds.
+    Audit {
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        allocation: Option<String>,
+        #[arg(long)]
+        node: Option<String>,
+        /// `YYYY-MM-DD` or ms since the epoch.
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Usage history: allocations, node-hours and GPU-hours of a tenant (`--tenant`) or a user
+    /// (`--user`) over the last `--days` (90).
+    History {
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        days: Option<u32>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Switch an allocation's telemetry mode: `lattice telemetry ID --mode debug --duration 30m`
+    /// (prod | debug | audit; debug reverts to prod after its duration).
+    Telemetry {
+        id: String,
+        #[arg(long)]
+        mode: String,
+        #[arg(long)]
+        duration: Option<String>,
+    },
+    /// The client's effective configuration: each setting and where it comes from.
+    Config,
+    /// A shell completion script: `lattice completion bash > /etc/bash_completion.d/lattice`.
+    Completion { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// No new work; what runs finishes.
+    Drain {
+        node: String,
+    },
+    Undrain {
+        node: String,
+    },
+    /// Out of service at once (its allocations are requeued or fail per their policy).
+    Disable {
+        node: String,
+    },
+    Enable {
+        node: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -311,6 +399,7 @@ impl Client {
                 ("POST", Some(b)) => authed!(self.agent.post(&url)).send_json(b),
                 ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
                 ("PUT", Some(b)) => authed!(self.agent.put(&url)).send_json(b),
+                ("PATCH", Some(b)) => authed!(self.agent.patch(&url)).send_json(b),
                 _ => bail!("unsupported request {method} {path}"),
             };
             let resp = resp.with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
@@ -347,6 +436,8 @@ impl Client {
 struct FileConfig {
     endpoint: Option<String>,
     tenant: Option<String>,
+    /// The vCluster submissions go to when `--vcluster` is not given.
+    vcluster: Option<String>,
     token: Option<String>,
     ca: Option<PathBuf>,
     client_cert: Option<PathBuf>,
@@ -434,6 +525,7 @@ fn run() -> Result<()> {
         .clone()
         .or_else(|| std::env::var("LATTICE_TENANT").ok())
         .or(fc.tenant);
+    let default_vcluster = fc.vcluster.clone();
     let client = Client {
         base: base.trim_end_matches('/').to_string(),
         agent,
@@ -455,6 +547,7 @@ fn run() -> Result<()> {
             view,
             image,
             data_mount,
+            depends_on,
             command,
         } => {
             // A script file: its directives, then the flags on top.
@@ -491,6 +584,10 @@ fn run() -> Result<()> {
                 view,
                 image,
                 data_mounts: data_mount,
+                depends_on: match &depends_on {
+                    Some(d) => lattice_cli::directives::parse_depends_on(d).map_err(anyhow::Error::msg)?,
+                    None => Vec::new(),
+                },
             };
             let f = fields.overlay(&flags);
             let Some(tenant) = f.tenant.clone() else {
@@ -507,7 +604,15 @@ fn run() -> Result<()> {
                 "lifecycle": {"type": "bounded", "walltime": f.walltime.clone().unwrap_or_else(|| "1h".into())},
                 "tags": f.tags,
             });
-            if let Some(v) = &f.vcluster {
+            if !f.depends_on.is_empty() {
+                body["depends_on"] = json!(
+                    f.depends_on
+                        .iter()
+                        .map(|(r, c)| json!({"ref": r, "condition": c}))
+                        .collect::<Vec<_>>()
+                );
+            }
+            if let Some(v) = f.vcluster.as_ref().or(default_vcluster.as_ref()) {
                 body["vcluster"] = json!(v);
             }
             if let Some(c) = f.preemption_class {
@@ -869,6 +974,164 @@ fn run() -> Result<()> {
                 println!("{id}: cancelled {}", v["cancelled"].as_u64().unwrap_or(0));
             }
         },
+        Cmd::Watch { id, interval } => {
+            let mut last: Option<String> = None;
+            loop {
+                let v = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
+                let state = v["state"].as_str().unwrap_or_default().to_string();
+                if last.as_deref() != Some(state.as_str()) {
+                    println!("{}", lattice_cli::status::watch_line(&v, lattice_cli::status::now_ms()));
+                    std::io::Write::flush(&mut std::io::stdout())?;
+                    last = Some(state.clone());
+                }
+                if v["ended_ms"].is_u64() {
+                    if state != "completed" {
+                        std::process::exit(1);
+                    }
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_secs_f64(interval.clamp(0.05, 3600.0)));
+            }
+        }
+        Cmd::Diag { id } => {
+            let v = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
+            let vc = v["vcluster"].as_str().unwrap_or("default").to_string();
+            let q = client.call("GET", &format!("/v1/vclusters/{vc}/queue"), None).ok();
+            print!("{}", lattice_cli::status::diagnose(&v, q.as_ref()));
+        }
+        Cmd::Top { interval, once, all } => loop {
+            let path = match (&tenant, all) {
+                (Some(t), false) => format!("/v1/allocations?tenant={t}"),
+                _ => "/v1/allocations".to_string(),
+            };
+            let allocs = client.call("GET", &path, None)?["allocations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let nodes = client.call("GET", "/v1/nodes", None)?["nodes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let rows = lattice_cli::terminal::size().map_or(40, |(r, _)| (r as usize).saturating_sub(6).max(5));
+            let screen = lattice_cli::status::top_screen(&allocs, &nodes, lattice_cli::status::now_ms(), rows);
+            if once {
+                print!("{screen}");
+                break;
+            }
+            // Home, clear, the screen.
+            print!("\x1b[H\x1b[2J{screen}");
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::thread::sleep(std::time::Duration::from_secs_f64(interval.clamp(0.1, 3600.0)));
+        },
+        Cmd::Node { cmd } => {
+            let (node, op) = match &cmd {
+                NodeCmd::Drain { node } => (node, "drain"),
+                NodeCmd::Undrain { node } => (node, "undrain"),
+                NodeCmd::Disable { node } => (node, "disable"),
+                NodeCmd::Enable { node } => (node, "enable"),
+            };
+            let v = client.call("POST", &format!("/v1/nodes/{node}/{op}"), None)?;
+            println!("{node}: {}", v["state"].as_str().unwrap_or_default());
+        }
+        Cmd::Audit {
+            user,
+            allocation,
+            node,
+            since,
+            until,
+            output,
+        } => {
+            let q = query(&[
+                ("user", &user),
+                ("allocation", &allocation),
+                ("node", &node),
+                ("since", &since),
+                ("until", &until),
+            ]);
+            let v = client.call("GET", &format!("/v1/audit/logs{q}"), None)?;
+            let rows = v["entries"].as_array().cloned().unwrap_or_default();
+            print_rows(&rows, output, false, "audit entry")?;
+            if matches!(output, Output::Table | Output::Wide) {
+                let valid = v["chain_valid"].as_bool().unwrap_or(false);
+                println!("hash chain: {}", if valid { "valid" } else { "BROKEN" });
+            }
+        }
+        Cmd::History { user, days, output } => {
+            let days = days.map(|d| d.to_string());
+            let path = match (&user, &tenant) {
+                (None, Some(t)) => format!("/api/v1/tenants/{t}/usage{}", query(&[("days", &days)])),
+                _ => format!("/api/v1/usage{}", query(&[("user", &user), ("days", &days)])),
+            };
+            let v = client.call("GET", &path, None)?;
+            print_rows(&[v], output, true, "usage")?;
+        }
+        Cmd::Telemetry { id, mode, duration } => {
+            let mut t = json!({"mode": mode});
+            if let Some(d) = duration {
+                t["duration"] = json!(d);
+            }
+            let v = client.call(
+                "PATCH",
+                &format!("/v1/allocations/{id}"),
+                Some(&json!({"telemetry": t})),
+            )?;
+            println!("{id}: telemetry {}", v["telemetry"].as_str().unwrap_or_default());
+        }
+        Cmd::Config => {
+            let file = std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".config/lattice/config.yaml"))
+                .filter(|p| p.exists());
+            let from = |env: &'static str, flag: bool, in_file: bool| -> &'static str {
+                if flag {
+                    "flag"
+                } else if std::env::var_os(env).is_some() {
+                    env
+                } else if in_file {
+                    "config file"
+                } else {
+                    "default"
+                }
+            };
+            let fc = file_config()?;
+            println!(
+                "config file: {}",
+                file.as_ref().map_or("(none)".into(), |p| p.display().to_string())
+            );
+            println!(
+                "endpoint:    {} ({})",
+                client.base,
+                from("LATTICE_ENDPOINT", cli.endpoint.is_some(), fc.endpoint.is_some())
+            );
+            println!(
+                "tenant:      {} ({})",
+                tenant.as_deref().unwrap_or("(none)"),
+                from("LATTICE_TENANT", cli.tenant.is_some(), fc.tenant.is_some())
+            );
+            println!(
+                "vcluster:    {}",
+                fc.vcluster.as_deref().unwrap_or("(the tenant's default)")
+            );
+            println!(
+                "token:       {} ({})",
+                if client.token.is_some() { "set" } else { "none" },
+                from("LATTICE_TOKEN", false, fc.token.is_some())
+            );
+            for (name, env, v) in [
+                ("ca", "LATTICE_CA", &fc.ca),
+                ("client_cert", "LATTICE_CLIENT_CERT", &fc.client_cert),
+                ("client_key", "LATTICE_CLIENT_KEY", &fc.client_key),
+            ] {
+                let shown = std::env::var_os(env)
+                    .map(PathBuf::from)
+                    .or(v.clone())
+                    .map_or("(none)".into(), |p| p.display().to_string());
+                println!("{name:<12} {shown}");
+            }
+        }
+        Cmd::Completion { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "lattice", &mut std::io::stdout());
+        }
         Cmd::Admin { cmd } => match cmd {
             AdminCmd::Drain { node } => {
                 let v = client.call("POST", &format!("/v1/nodes/{node}/drain"), None)?;
@@ -957,6 +1220,30 @@ fn run() -> Result<()> {
 
 /// Prints rows as a table (chosen columns), wide (more columns), JSON or YAML.
 /// Runs a task launch and waits for it; exits the process with its status.
+/// `?k=v&...` of the given (set) parameters, percent-encoded.
+fn query(params: &[(&str, &Option<String>)]) -> String {
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    };
+    let parts: Vec<String> = params
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", enc(v))))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
 fn launch(client: &Client, alloc: Option<String>, args: &lattice_cli::launch::LaunchArgs) -> Result<()> {
     let inside = std::env::var("LATTICE_ALLOC_ID").ok();
     let Some(alloc) = alloc.or(inside.clone()) else {
