@@ -4,7 +4,7 @@
 //! ownership with hard-quota validation at apply time, and the hash-chained sensitive audit log).
 //! [`Member`] starts one quorum member. The external services' REST clients: VAST storage
 //! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
-//! retries with backoff and typed errors ([`http`]). The client of the applications' gRPC checkpoint
+//! retries with backoff and typed errors ([`http`]); the TSDB's Prometheus query API ([`tsdb`]). The client of the applications' gRPC checkpoint
 //! callback the node agent calls ([`checkpoint`]), and the node agents' own service: the PMI fence
 //! between the agents of a task launch, aborts, and `Exec` for `lattice-mpi-launcher` ([`peer`]). The durable log store of zstd chunks agents write and the
 //! runtime reads ([`logstore`]). The control plane's durable record of acknowledged allocations, with
@@ -20,6 +20,7 @@ pub mod peer;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;
+pub mod tsdb;
 pub mod vast;
 
 /// openraft, for its `Config` (a simulation sets its own timings).

@@ -2043,3 +2043,230 @@ fn an_oci_job_runs_in_its_image_through_a_real_oci_runtime() {
     assert_eq!(v["end_reason"], "prologue_failure", "{v}");
     rt.block_on(running.shutdown());
 }
+
+/// `prometheus` on PATH; `None` (the test skips, saying so) where it is missing outside CI.
+fn prometheus_binary() -> Option<std::path::PathBuf> {
+    let found = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| std::path::Path::new(d).join("prometheus"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install `prometheus` (Debian package)"
+        );
+        eprintln!("skipped: `prometheus` is not installed (Debian package `prometheus`)");
+    }
+    found
+}
+
+/// The Server-Sent Events of `url` until an `end` event: (event, data) pairs.
+fn sse_events(url: &str) -> Vec<(String, Value)> {
+    use std::io::BufRead;
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let resp = agent.get(url).call().expect("the control plane answers");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"),
+        "{:?}",
+        resp.headers()
+    );
+    let reader = std::io::BufReader::new(resp.into_body().into_reader());
+    let mut out = Vec::new();
+    let mut event = String::new();
+    for line in reader.lines() {
+        let line = line.unwrap();
+        if let Some(e) = line.strip_prefix("event: ") {
+            event = e.to_string();
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            out.push((event.clone(), serde_json::from_str(d).unwrap()));
+            if event == "end" {
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparisons_and_diagnostics() {
+    let Some(prometheus) = prometheus_binary() else { return };
+    let dir = std::env::temp_dir().join(format!("lattice-agent-tsdb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Prometheus as the TSDB: the agents push to its remote-write receiver.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(dir.join("prometheus.yml"), "scrape_configs: []\n").unwrap();
+    let tsdb = format!("http://127.0.0.1:{port}");
+    let mut prom = Agents(vec![
+        Command::new(&prometheus)
+            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--web.enable-remote-write-receiver")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ]);
+    let t0 = Instant::now();
+    let ready = || ureq::get(&format!("{tsdb}/-/ready")).call().is_ok();
+    while !ready() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "prometheus did not start");
+        assert!(prom.0[0].try_wait().unwrap().is_none(), "prometheus exited");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (rt, running) = control_plane(
+        &dir.join("cp"),
+        1,
+        &format!("services:\n  tsdb:\n    url: {tsdb}\n    timeout: 5s\n"),
+    );
+    let base = format!("http://{}", running.rest_addr);
+    let _agent = Agents(vec![
+        agent_command("sim-000", &base, &dir)
+            .args(["--telemetry-mode", "debug", "--remote-write"])
+            .arg(format!("{tsdb}/api/v1/write"))
+            .spawn()
+            .unwrap(),
+    ]);
+    // A busy job (a writer pushing bytes as fast as it can for 4 s) and an idle one.
+    let submit = |cmd: &str| {
+        let (status, v) = call(
+            "POST",
+            &format!("{base}/v1/allocations"),
+            Some(
+                json!({"tenant": "physics", "resources": {"nodes": 1}, "entrypoint": cmd,
+                        "lifecycle": {"walltime": "1m"}}),
+            ),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let busy = submit("echo start; yes > /dev/null & p=$!; sleep 4; kill $p; echo one; echo two >&2; echo done");
+    // Its output pushed as Server-Sent Events, in order, then `end` with its state.
+    let events = sse_events(&format!("{base}/v1/allocations/{busy}/logs/stream"));
+    let text: String = events
+        .iter()
+        .filter(|(e, _)| e == "output")
+        .map(|(_, d)| d["data"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, "start\none\ndone\n", "{events:?}");
+    let (last, end) = events.last().unwrap();
+    assert_eq!((last.as_str(), end["state"].as_str()), ("end", Some("completed")));
+    let offsets: Vec<(u64, u64)> = events
+        .iter()
+        .filter(|(e, _)| e == "output")
+        .map(|(_, d)| (d["offset"].as_u64().unwrap(), d["next"].as_u64().unwrap()))
+        .collect();
+    assert!(offsets.windows(2).all(|w| w[0].1 == w[1].0), "contiguous: {offsets:?}");
+    let err = sse_events(&format!("{base}/v1/allocations/{busy}/logs/stream?stream=stderr"));
+    assert_eq!(err[0].1["data"], "two\n");
+    let (status, v) = call(
+        "GET",
+        &format!("{base}/v1/allocations/{busy}/logs/stream?stream=both"),
+        None,
+    );
+    assert_eq!((status, v["field"].as_str()), (400, Some("stream")));
+
+    let idle = submit("sleep 4");
+    wait_for(&base, &idle, |v| v["state"] == "completed", Duration::from_secs(30));
+
+    // The snapshot: what the agent measured, read back through PromQL (once remote-write landed).
+    let t0 = Instant::now();
+    let m = loop {
+        let (status, m) = call("GET", &format!("{base}/v1/allocations/{busy}/metrics"), None);
+        assert_eq!(status, 200, "{m}");
+        if m["summary"]["io_write_bytes"].as_f64().is_some_and(|w| w > 0.0) {
+            break m;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no metrics: {m}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(m["nodes"], json!(["sim-000"]), "{m}");
+    assert!(
+        m["summary"]["cpu_cores"].as_f64().unwrap() > 0.2,
+        "`yes` keeps a core busy: {m}"
+    );
+    assert!(m["summary"]["io_write_bytes"].as_f64().unwrap() > 1e7, "{m}");
+    let (_, per) = call(
+        "GET",
+        &format!("{base}/v1/allocations/{busy}/metrics?mode=per-node&metrics=cpu_cores"),
+        None,
+    );
+    assert_eq!(per["per_node"][0]["node"], "sim-000", "{per}");
+    assert!(per["per_node"][0]["cpu_cores"].as_f64().unwrap() > 0.2, "{per}");
+    assert!(
+        per["per_node"][0].get("io_write_bytes").is_none(),
+        "only what was asked: {per}"
+    );
+    let (status, v) = call(
+        "GET",
+        &format!("{base}/v1/allocations/{busy}/metrics?metrics=nope"),
+        None,
+    );
+    assert_eq!((status, v["field"].as_str()), (400, Some("metrics")), "{v}");
+    let (status, v) = call(
+        "GET",
+        &format!("{base}/v1/allocations/{busy}/metrics?duration=soon"),
+        None,
+    );
+    assert_eq!((status, v["field"].as_str()), (400, Some("duration")), "{v}");
+
+    // The comparison, aligned to each start: the busy run's writes dwarf the idle one's.
+    let (status, c) = call(
+        "GET",
+        &format!("{base}/v1/compare?ids={busy},{idle}&metrics=cpu_cores,io_write_bytes&step=1s"),
+        None,
+    );
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["align"], "relative");
+    let series = |i: usize, m: &str| -> Vec<(f64, f64)> {
+        c["allocations"][i]["series"][m]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|p| (p[0].as_f64().unwrap(), p[1].as_f64().unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let busy_w = series(0, "io_write_bytes");
+    assert!(!busy_w.is_empty(), "{c}");
+    assert!(
+        busy_w.iter().all(|(t, _)| (0.0..=30.0).contains(t)),
+        "relative times: {busy_w:?}"
+    );
+    let peak = |s: &[(f64, f64)]| s.iter().map(|p| p.1).fold(0.0, f64::max);
+    assert!(
+        peak(&busy_w) > 100.0 * peak(&series(1, "io_write_bytes")).max(1.0),
+        "{c}"
+    );
+    let (status, v) = call("GET", &format!("{base}/v1/compare?ids={busy},a-999999"), None);
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = call("GET", &format!("{base}/v1/compare?ids={busy}&align=wall"), None);
+    assert_eq!((status, v["field"].as_str()), (400, Some("align")), "{v}");
+
+    // Diagnostics: storage throughput measured; the network part knows its domain.
+    let (status, d) = call("GET", &format!("{base}/v1/allocations/{busy}/diagnostics"), None);
+    assert_eq!(status, 200, "{d}");
+    assert!(d["storage"]["io_write_bytes_per_s"].as_f64().unwrap() > 1e7, "{d}");
+    assert!(d["network"]["not_measured"].as_array().is_some(), "{d}");
+    let (_, n) = call(
+        "GET",
+        &format!("{base}/v1/allocations/{busy}/diagnostics/network"),
+        None,
+    );
+    assert!(n.get("network").is_some() && n.get("storage").is_none(), "{n}");
+    let (status, v) = call("GET", &format!("{base}/v1/allocations/{busy}/diagnostics/disks"), None);
+    assert_eq!((status, v["field"].as_str()), (404, Some("part")), "{v}");
+    drop(_agent);
+    rt.block_on(running.shutdown());
+}

@@ -34,6 +34,12 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             .open()
             .text(),
         Op::get("/openapi.json", "meta", "This document").open(),
+        Op::get(
+            "/api/v1/auth/discovery",
+            "meta",
+            "Where `lattice login` finds the IdP: mode, issuer, idp_url, client_id",
+        )
+        .open(),
         Op::get("/v1/allocations", a, "List allocations (a user sees their tenant's)")
             .query::<ops::ListFilter>()
             .answer_list::<AllocationView>("allocations"),
@@ -104,12 +110,56 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "Live tail of one stream after the given offsets",
         )
         .query::<LiveIn>(),
+        Op::get(
+            "/v1/allocations/{id}/logs/stream",
+            a,
+            "Live log tail as Server-Sent Events: `output` events ({node, offset, data, next}) until \
+             it ended and its agents' output has arrived, then one `end` event ({state})",
+        )
+        .query::<LiveIn>()
+        .text(),
+        Op::get(
+            "/v1/allocations/{id}/metrics",
+            a,
+            "Its metrics from the TSDB: summary, per node or per GPU, over `duration` (default 5m)",
+        )
+        .query::<MetricsIn>(),
+        Op::get(
+            "/v1/allocations/{id}/diagnostics",
+            a,
+            "Network (nodes, dragonfly groups, VNI) and storage (mounts, QoS floor vs measured) diagnostics",
+        )
+        .query::<MetricsIn>(),
+        Op::get(
+            "/v1/allocations/{id}/diagnostics/{part}",
+            a,
+            "One part of the diagnostics: `network` or `storage`",
+        )
+        .query::<MetricsIn>(),
+        Op::get(
+            "/v1/compare",
+            "allocations",
+            "Allocations' metric series side by side, aligned to their starts",
+        )
+        .query::<CompareIn>(),
         Op::get("/v1/dags", "dags", "List DAGs"),
         Op::post("/v1/dags", "dags", "Submit a DAG")
             .body::<ops::DagRequest>()
             .status(201),
         Op::get("/v1/dags/{id}", "dags", "A DAG: its state and members"),
         Op::delete("/v1/dags/{id}", "dags", "Cancel every allocation of a DAG"),
+        Op::get(
+            "/v1/dags/{id}/graph",
+            "dags",
+            "A DAG's structure: its allocations and the dependency edges between them",
+        ),
+        Op::get(
+            "/v1/accounting",
+            "accounting",
+            "Usage records (node-hours, GPU-hours) of each allocation in the window, and the totals",
+        )
+        .query::<ops::UsageQuery>()
+        .answer_list::<crate::control::UsageRecord>("records"),
         Op::get("/v1/nodes", n, "List nodes")
             .query::<NodesIn>()
             .answer_list::<NodeView>("nodes"),
@@ -200,7 +250,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
     let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi));
+        .route("/openapi.json", get(openapi))
+        .route("/api/v1/auth/discovery", get(auth_discovery));
     let guarded = Router::new()
         .route("/v1/allocations", get(list).post(submit))
         .route("/v1/allocations/{id}", get(get_one).delete(cancel).patch(update))
@@ -210,6 +261,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/attach", get(attach).post(attach))
         .route("/v1/dags", get(list_dags).post(submit_dag))
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
+        .route("/v1/dags/{id}/graph", get(dag_graph))
+        .route("/v1/accounting", get(accounting))
         .route("/v1/nodes", get(nodes))
         .route("/v1/cache", get(cache_list))
         .route("/v1/cache/warm", axum::routing::post(cache_warm))
@@ -223,6 +276,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/exit", axum::routing::post(agent_exit))
         .route("/v1/allocations/{id}/logs", get(logs))
         .route("/v1/allocations/{id}/logs/live", get(live_logs))
+        .route("/v1/allocations/{id}/logs/stream", get(stream_logs))
+        .route("/v1/allocations/{id}/metrics", get(alloc_metrics))
+        .route("/v1/allocations/{id}/diagnostics", get(diagnostics))
+        .route("/v1/allocations/{id}/diagnostics/{part}", get(diagnostics_part))
+        .route("/v1/compare", get(compare))
         .route("/v1/network/domains", get(network_domains))
         .route("/v1/nodes/{id}/fingerprint", axum::routing::post(ask_fingerprint))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
@@ -488,6 +546,35 @@ async fn get_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Respon
     }
 }
 
+/// `GET /v1/dags/{id}/graph`: the members (name, id, state) and one edge per dependency between
+/// two members, from the upstream to the dependent with its condition.
+async fn dag_graph(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::dag(&s, &p, &id).await {
+        Ok((state, members)) => {
+            let name_of: BTreeMap<&str, &str> = members.iter().map(|(n, v)| (v.id.as_str(), n.as_str())).collect();
+            let nodes: Vec<Value> = members
+                .iter()
+                .map(|(name, v)| json!({"name": name, "id": v.id, "state": v.state}))
+                .collect();
+            let mut edges = Vec::new();
+            for (name, v) in &members {
+                for d in &v.depends_on {
+                    if let Some(from) = name_of.get(d.reference.as_str()) {
+                        edges.push(json!({"from": from, "to": name, "condition": d.condition}));
+                    }
+                }
+            }
+            Json(json!({"id": id, "state": state, "allocations": nodes, "edges": edges})).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /api/v1/auth/discovery` (public).
+async fn auth_discovery(State(s): S) -> Json<Value> {
+    Json(s.auth.discovery())
+}
+
 async fn cancel_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::cancel_dag(&s, &p, &id).await {
         Ok(n) => Json(json!({"id": id, "cancelled": n})).into_response(),
@@ -653,6 +740,13 @@ async fn tenant_usage(State(s): S, Extension(p): P, Path(id): Path<String>, Quer
 async fn usage(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::UsageQuery>) -> Response {
     match ops::usage(&s, &p, &q).await {
         Ok(u) => Json(u).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn accounting(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::UsageQuery>) -> Response {
+    match ops::accounting(&s, &p, &q).await {
+        Ok((total, records)) => Json(json!({"total": total, "records": records})).into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -1204,31 +1298,268 @@ fn stream_of(v: Option<&str>) -> Result<Stream, Response> {
     }
 }
 
-async fn live_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LiveIn>) -> Response {
-    let mut after = BTreeMap::new();
-    for part in q.after.as_deref().unwrap_or("").split(',').filter(|p| !p.is_empty()) {
+/// The `after` query parameter (`NODE:OFFSET,...`).
+#[allow(clippy::result_large_err)]
+fn offsets(after: Option<&str>) -> Result<BTreeMap<String, u64>, Response> {
+    let mut out = BTreeMap::new();
+    for part in after.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
         match part
             .rsplit_once(':')
             .and_then(|(n, o)| Some((n, o.parse::<u64>().ok()?)))
         {
             Some((n, o)) => {
-                after.insert(n.to_string(), o);
+                out.insert(n.to_string(), o);
             }
             None => {
-                return error(
+                return Err(error(
                     StatusCode::BAD_REQUEST,
                     Some("after"),
                     format!("`{part}`: expected NODE:OFFSET"),
-                );
+                ));
             }
         }
     }
-    let stream = match stream_of(q.stream.as_deref()) {
-        Ok(s) => s,
-        Err(r) => return r,
+    Ok(out)
+}
+
+async fn live_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LiveIn>) -> Response {
+    let (after, stream) = match (offsets(q.after.as_deref()), stream_of(q.stream.as_deref())) {
+        (Ok(a), Ok(s)) => (a, s),
+        (Err(r), _) | (_, Err(r)) => return r,
     };
     match ops::live_logs(&s, &p, &id, stream, &after).await {
         Ok(l) => Json(json!({"id": id, "stream": stream, "nodes": l})).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+#[derive(Deserialize, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct MetricsIn {
+    /// `summary` (the default), `per-node` or `per-gpu`.
+    mode: Option<String>,
+    /// How far back to look, e.g. `5m` (the default), `30s`, `1h`.
+    duration: Option<String>,
+    /// Comma-separated metric names (default: all).
+    metrics: Option<String>,
+}
+
+#[derive(Deserialize, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CompareIn {
+    /// Comma-separated allocation ids (2 to 10).
+    ids: Option<String>,
+    /// Comma-separated metric names (default: all).
+    metrics: Option<String>,
+    /// `relative` (time from each allocation's start, the default) or `absolute` (unix seconds).
+    align: Option<String>,
+    /// Seconds between points, e.g. `5s` (default: a 120th of each run, at least 1 s).
+    step: Option<String>,
+}
+
+impl IntoResponse for crate::observe::ObserveError {
+    fn into_response(self) -> Response {
+        match self {
+            crate::observe::ObserveError::Bad(field, m) => error(StatusCode::BAD_REQUEST, Some(field), m),
+            crate::observe::ObserveError::Unavailable(m) => error(StatusCode::SERVICE_UNAVAILABLE, None, m),
+        }
+    }
+}
+
+/// A duration parameter in seconds (`default` when absent); 400 naming `field` when unreadable.
+#[allow(clippy::result_large_err)]
+fn seconds(field: &str, v: Option<&str>, default: f64) -> Result<f64, Response> {
+    match v {
+        None => Ok(default),
+        Some(v) => match lattice_traces::parse_duration(v) {
+            Ok(t) if t.0 > 0 => Ok(t.0 as f64 / 1000.0),
+            Ok(_) => Err(error(
+                StatusCode::BAD_REQUEST,
+                Some(field),
+                format!("`{v}`: must be positive"),
+            )),
+            Err(m) => Err(error(StatusCode::BAD_REQUEST, Some(field), format!("`{v}`: {m}"))),
+        },
+    }
+}
+
+/// The TSDB, or 503 saying how to configure one.
+#[allow(clippy::result_large_err)]
+fn tsdb(s: &Shared) -> Result<&lattice_adapters::tsdb::Tsdb, Response> {
+    s.tsdb.as_ref().ok_or_else(|| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            "no TSDB configured: set services.tsdb in the runtime's config (the agents' --remote-write target)",
+        )
+    })
+}
+
+async fn alloc_metrics(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    QueryIn(q): QueryIn<MetricsIn>,
+) -> Response {
+    let v = match ops::get(&s, &p, &id).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let (t, d) = match (tsdb(&s), seconds("duration", q.duration.as_deref(), 300.0)) {
+        (Ok(t), Ok(d)) => (t, d),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let now = s.control.lock().await.now().0;
+    let mode = q.mode.as_deref().unwrap_or("summary");
+    match crate::observe::snapshot(t, &v, now, mode, d, q.metrics.as_deref()).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn diagnostics(s: S, p: P, id: Path<String>, q: QueryIn<MetricsIn>) -> Response {
+    diagnose(s, p, id.0, None, q.0).await
+}
+
+async fn diagnostics_part(s: S, p: P, Path((id, part)): Path<(String, String)>, q: QueryIn<MetricsIn>) -> Response {
+    if part != "network" && part != "storage" {
+        return error(
+            StatusCode::NOT_FOUND,
+            Some("part"),
+            format!("`{part}`: expected network or storage"),
+        );
+    }
+    diagnose(s, p, id, Some(part), q.0).await
+}
+
+async fn diagnose(State(s): S, Extension(p): P, id: String, part: Option<String>, q: MetricsIn) -> Response {
+    let v = match ops::get(&s, &p, &id).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let d = match seconds("duration", q.duration.as_deref(), 300.0) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let (facts, now) = {
+        let c = s.control.lock().await;
+        (c.diagnostics_facts(&id), c.now().0)
+    };
+    match crate::observe::diagnostics(s.tsdb.as_ref(), &v, facts.as_ref(), now, d, part.as_deref()).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn compare(State(s): S, Extension(p): P, QueryIn(q): QueryIn<CompareIn>) -> Response {
+    let ids: Vec<&str> = q
+        .ids
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    if ids.is_empty() || ids.len() > crate::observe::COMPARE_MAX {
+        return error(
+            StatusCode::BAD_REQUEST,
+            Some("ids"),
+            format!(
+                "{} allocation(s): compare 1 to {}",
+                ids.len(),
+                crate::observe::COMPARE_MAX
+            ),
+        );
+    }
+    let relative = match crate::observe::parse_align(q.align.as_deref()) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let step = match &q.step {
+        None => None,
+        Some(v) => match seconds("step", Some(v), 0.0) {
+            Ok(s) => Some(s),
+            Err(r) => return r,
+        },
+    };
+    let t = match tsdb(&s) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let mut views = Vec::new();
+    for id in ids {
+        match ops::get(&s, &p, id).await {
+            Ok(v) => views.push(v),
+            Err(e) => return e.into_response(),
+        }
+    }
+    let now = s.control.lock().await.now().0;
+    match crate::observe::compare(t, &views, now, q.metrics.as_deref(), relative, step).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// How often the SSE log stream looks for new output.
+const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// `GET /v1/allocations/{id}/logs/stream`: the live tail pushed as Server-Sent Events. Each new piece
+/// of a node's output is an `output` event; once the allocation has ended and three looks in a row
+/// found nothing new (its agents' final output has arrived), one `end` event with its state closes
+/// the stream. A client that goes away ends the relay.
+async fn stream_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LiveIn>) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let (mut after, stream) = match (offsets(q.after.as_deref()), stream_of(q.stream.as_deref())) {
+        (Ok(a), Ok(s)) => (a, s),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    // Refusals (unknown id, another user's allocation) are answered as such, before the stream.
+    if let Err(e) = ops::live_logs(&s, &p, &id, stream, &BTreeMap::new()).await {
+        return e.into_response();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
+    tokio::spawn(async move {
+        let _open = crate::metrics::StreamGuard::open(&s.metrics, "logs");
+        let mut quiet = 0;
+        loop {
+            let Ok(nodes) = ops::live_logs(&s, &p, &id, stream, &after).await else {
+                break;
+            };
+            let mut got = false;
+            for (node, o) in nodes {
+                after.insert(node.clone(), o.next);
+                if o.data.is_empty() {
+                    continue;
+                }
+                got = true;
+                let ev = json!({"node": node, "offset": o.offset, "data": o.data, "next": o.next});
+                if tx
+                    .send(Ok(Event::default().event("output").data(ev.to_string())))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            quiet = if got { 0 } else { quiet + 1 };
+            if quiet >= 3 {
+                match ops::get(&s, &p, &id).await {
+                    Ok(v) if v.ended_ms.is_some() => {
+                        let _ = tx
+                            .send(Ok(Event::default()
+                                .event("end")
+                                .data(json!({"state": v.state}).to_string())))
+                            .await;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            tokio::time::sleep(STREAM_POLL).await;
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }

@@ -32,6 +32,11 @@ pub struct AuthConfig {
     pub hs256_secret: Option<String>,
     pub issuer: Option<String>,
     pub audience: Option<String>,
+    /// The client id `lattice login` asks the IdP for tokens as (default: `audience`); published by
+    /// the public `GET /api/v1/auth/discovery`.
+    pub client_id: Option<String>,
+    /// Where users' browsers and the CLI reach the IdP (default: `issuer`).
+    pub idp_url: Option<String>,
     /// Requests per user per minute before 429.
     #[serde(default = "default_rate")]
     pub rate_limit_per_minute: u32,
@@ -49,6 +54,8 @@ impl Default for AuthConfig {
             hs256_secret: None,
             issuer: None,
             audience: None,
+            client_id: None,
+            idp_url: None,
             rate_limit_per_minute: default_rate(),
         }
     }
@@ -191,6 +198,23 @@ impl Authenticator {
             keys,
             window: Mutex::new(BTreeMap::new()),
             started: tokio::time::Instant::now(),
+        })
+    }
+
+    /// What `GET /api/v1/auth/discovery` publishes so `lattice login` can find the IdP: `mode`
+    /// (`none` or `jwt`), and with JWTs `issuer`, `idp_url` (default: the issuer) and `client_id`
+    /// (default: the audience). Public: it holds no secret.
+    pub fn discovery(&self) -> serde_json::Value {
+        let c = &self.cfg;
+        let mode = match c.mode {
+            AuthMode::None => "none",
+            AuthMode::Jwt => "jwt",
+        };
+        serde_json::json!({
+            "mode": mode,
+            "issuer": c.issuer,
+            "idp_url": c.idp_url.as_ref().or(c.issuer.as_ref()),
+            "client_id": c.client_id.as_ref().or(c.audience.as_ref()),
         })
     }
 

@@ -66,6 +66,9 @@ pub struct ServicesConfig {
     /// VAST: each data mount's tier and size are looked up at submission (catalog/locality), and a
     /// staging allocation's mounts are prefetched to the hot tier (failures retried up to 3 times).
     pub vast: Option<ServiceConfig>,
+    /// The TSDB the agents push telemetry to (`--remote-write` on the agents): its Prometheus query
+    /// API (`/api/v1/query`) serves per-allocation metrics, comparisons and diagnostics.
+    pub tsdb: Option<ServiceConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

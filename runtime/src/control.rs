@@ -274,7 +274,7 @@ pub struct CheckpointIn {
     pub mechanism: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DependsIn {
     #[serde(rename = "ref")]
@@ -415,6 +415,9 @@ pub struct AllocationView {
     /// resources, behind_head (with `head`)), and a `summary` for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<serde_json::Value>,
+    /// What it waits for: each dependency's allocation id and condition (success, failure, any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<DependsIn>,
 }
 
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
@@ -565,6 +568,38 @@ pub enum NodeOp {
     Disable,
     /// Down → Ready.
     Enable,
+}
+
+/// See [`Control::diagnostics_facts`].
+#[derive(Clone, Debug)]
+pub struct DiagnosticsFacts {
+    /// (node, dragonfly group).
+    pub nodes: Vec<(String, u32)>,
+    pub network_domain: Option<String>,
+    pub vni: Option<u32>,
+    pub data: Option<DataIn>,
+    pub storage_gbps: Option<f64>,
+    pub data_readiness: Option<f64>,
+}
+
+/// One allocation's use of the machine inside a window (`GET /v1/accounting`): the book's usage
+/// record (node-hours, GPU-hours, by tenant, project and user).
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct UsageRecord {
+    pub id: String,
+    pub tenant: String,
+    pub project: String,
+    pub user: Option<String>,
+    pub vcluster: String,
+    pub state: String,
+    pub nodes: u32,
+    pub gpus: u32,
+    pub started_ms: u64,
+    /// Absent while it runs.
+    pub ended_ms: Option<u64>,
+    /// Inside the window only.
+    pub node_hours: f64,
+    pub gpu_hours: f64,
 }
 
 /// Node-hours and GPU-hours of finished and running allocations in a window (`usage` endpoints).
@@ -2349,6 +2384,32 @@ impl Control {
         }
     }
 
+    /// What the control plane knows for an allocation's diagnostics (`GET .../diagnostics`): its
+    /// nodes with their dragonfly groups, network domain and VNI, its declared data, the storage
+    /// bandwidth it asked for and its data readiness. `None` for an unknown or forgotten one.
+    pub fn diagnostics_facts(&self, name: &str) -> Option<DiagnosticsFacts> {
+        let id = *self.by_name.get(name)?;
+        let a = self.ctl.engine.allocation(id)?;
+        let m = self.meta.get(id.index())?;
+        Some(DiagnosticsFacts {
+            nodes: a
+                .nodes
+                .iter()
+                .filter_map(|n| {
+                    Some((
+                        self.node_names[n.index()].clone(),
+                        self.ctl.engine.node(*n)?.spec.group.0,
+                    ))
+                })
+                .collect(),
+            network_domain: m.network_domain.clone(),
+            vni: self.network.vni_of(name),
+            data: m.data.clone(),
+            storage_gbps: a.spec.storage_gbps,
+            data_readiness: self.ctl.engine.data_readiness(id),
+        })
+    }
+
     /// When `name` was submitted (ms since the epoch).
     pub fn submitted_ms(&self, name: &str) -> u64 {
         self.by_name
@@ -2534,6 +2595,20 @@ impl Control {
             preemption: m.preempted_for.clone(),
             task_group: self.group_view(a),
             waiting: self.waiting_view(id),
+            depends_on: a
+                .spec
+                .depends_on
+                .iter()
+                .map(|d| DependsIn {
+                    reference: self.name_of(d.on),
+                    condition: match d.condition {
+                        lattice_engine::DependencyCondition::Success => "success",
+                        lattice_engine::DependencyCondition::Failure => "failure",
+                        lattice_engine::DependencyCondition::Any => "any",
+                    }
+                    .to_string(),
+                })
+                .collect(),
         })
     }
 
@@ -3278,10 +3353,28 @@ impl Control {
             until_ms: until.0,
             ..Usage::default()
         };
+        for r in self.usage_records(tenant, user, since, until) {
+            u.allocations += 1;
+            u.node_hours += r.node_hours;
+            u.gpu_hours += r.gpu_hours;
+        }
+        u
+    }
+
+    /// Each allocation matching the filters that held nodes in `[since, until)`, in submission order,
+    /// with what it used inside the window.
+    pub fn usage_records(
+        &self,
+        tenant: Option<&str>,
+        user: Option<&str>,
+        since: Time,
+        until: Time,
+    ) -> Vec<UsageRecord> {
+        let mut out = Vec::new();
         for a in self.ctl.engine.allocations() {
-            let Some(start) = a.started else { continue };
+            let Some(started) = a.started else { continue };
             let end = a.ended.unwrap_or(until).min(until);
-            let start = start.max(since);
+            let start = started.max(since);
             if end <= start {
                 continue;
             }
@@ -3297,11 +3390,27 @@ impl Control {
                 .filter_map(|n| self.ctl.engine.node(*n))
                 .map(|n| n.spec.capabilities.gpu_count)
                 .sum();
-            u.allocations += 1;
-            u.node_hours += hours * a.nodes.len() as f64;
-            u.gpu_hours += hours * gpus as f64;
+            out.push(UsageRecord {
+                id: m.name.clone(),
+                tenant: t,
+                project: m.project.clone().unwrap_or_else(|| "default".into()),
+                user: m.user.clone(),
+                vcluster: self
+                    .ctl
+                    .engine
+                    .vcluster(a.spec.vcluster)
+                    .map(|v| v.name)
+                    .unwrap_or_default(),
+                state: self.state_name(a.id, a).to_string(),
+                nodes: a.nodes.len() as u32,
+                gpus,
+                started_ms: started.0,
+                ended_ms: a.ended.map(|t| t.0),
+                node_hours: hours * a.nodes.len() as f64,
+                gpu_hours: hours * gpus as f64,
+            });
         }
-        u
+        out
     }
 
     /// Hot-reloads a vCluster's weights: they take effect at its next pass.

@@ -12,6 +12,8 @@
 //! ports (and Raft between members) behind rustls TLS or mTLS. [`tasks`] lays out task launches
 //! within running allocations (`lattice launch`) and hands each node's ranks to its agent; [`cache`]
 //! keeps the operators' image cache orders (`lattice cache warm|evict`) and the nodes' caches.
+//! [`observe`] reads allocations' metrics back from the TSDB the agents push to (`lattice top ID`,
+//! `lattice compare`, diagnostics).
 
 pub mod api;
 pub mod auth;
@@ -24,6 +26,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod mirror;
 pub mod network;
+pub mod observe;
 pub mod openapi;
 pub mod ops;
 pub mod replay;

@@ -854,6 +854,7 @@ mod tests {
             preemption: None,
             task_group: None,
             waiting: None,
+            depends_on: vec![],
         }
     }
 

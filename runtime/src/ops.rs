@@ -772,6 +772,33 @@ pub struct UsageQuery {
 /// Usage over the last `days` (default 90, the book's budget period): a tenant's for its TenantAdmin,
 /// a user's for that user, anything for SystemAdmin, Operator and ReadOnly.
 pub async fn usage(s: &Shared, p: &Principal, q: &UsageQuery) -> Result<Usage, ApiError> {
+    let w = usage_window(s, p, q).await?;
+    let c = s.control.lock().await;
+    Ok(c.usage(w.tenant.as_deref(), w.user.as_deref(), w.since, w.until))
+}
+
+/// `GET /v1/accounting` (`lattice history`, sacct's equivalent): each allocation's usage record in
+/// the window, and the totals — under [`usage`]'s permissions.
+pub async fn accounting(
+    s: &Shared,
+    p: &Principal,
+    q: &UsageQuery,
+) -> Result<(Usage, Vec<crate::control::UsageRecord>), ApiError> {
+    let w = usage_window(s, p, q).await?;
+    let c = s.control.lock().await;
+    let (t, u) = (w.tenant.as_deref(), w.user.as_deref());
+    Ok((c.usage(t, u, w.since, w.until), c.usage_records(t, u, w.since, w.until)))
+}
+
+struct Window {
+    tenant: Option<String>,
+    user: Option<String>,
+    since: lattice_engine::Time,
+    until: lattice_engine::Time,
+}
+
+/// The filters and window of a usage query, once the caller may see them.
+async fn usage_window(s: &Shared, p: &Principal, q: &UsageQuery) -> Result<Window, ApiError> {
     let days = q.days.unwrap_or(90);
     if days == 0 || days > 3660 {
         return Err(ApiError::BadRequest {
@@ -788,10 +815,13 @@ pub async fn usage(s: &Shared, p: &Principal, q: &UsageQuery) -> Result<Usage, A
     if !(wide || own_tenant || own_user) {
         return Err(forbidden("usage of other tenants or users"));
     }
-    let c = s.control.lock().await;
-    let until = c.now();
-    let since = lattice_engine::Time(until.0.saturating_sub(days as u64 * 86_400_000));
-    Ok(c.usage(tenant, user, since, until))
+    let until = s.control.lock().await.now();
+    Ok(Window {
+        tenant: tenant.map(str::to_string),
+        user: user.map(str::to_string),
+        since: lattice_engine::Time(until.0.saturating_sub(days as u64 * 86_400_000)),
+        until,
+    })
 }
 
 /// `POST /v1/dags`: allocations with edges between them by member name.

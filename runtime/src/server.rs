@@ -65,6 +65,8 @@ pub struct Shared {
     pub data_dir: std::path::PathBuf,
     /// VAST, when configured (data locality at submission, prefetch while staging).
     pub vast: Option<lattice_adapters::vast::VastClient>,
+    /// The TSDB's query API, when configured (per-allocation metrics, compare, diagnostics).
+    pub tsdb: Option<lattice_adapters::tsdb::Tsdb>,
     /// The Slingshot fabric manager, when configured.
     pub fabric: Option<lattice_adapters::fabric::FabricClient>,
     /// The agents' log store, when configured (historical logs).
@@ -258,6 +260,12 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         ),
         None => None,
     };
+    let tsdb = match &cfg.services.tsdb {
+        Some(t) => {
+            Some(lattice_adapters::tsdb::Tsdb::new(t.http().map_err(anyhow::Error::msg)?).context("services.tsdb")?)
+        }
+        None => None,
+    };
     // The quorum member and its gRPC service.
     let grpc_addr = grpc.local_addr()?;
     // A restore staged through the API is installed before the member starts.
@@ -302,6 +310,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         log_store: cfg.log_store.clone().map(lattice_adapters::logstore::LogStore::new),
         fabric,
         vast,
+        tsdb,
         stopped: stopped.clone(),
         auth: crate::auth::Authenticator::new(cfg.auth.clone())?,
         mirror: std::sync::Mutex::new(

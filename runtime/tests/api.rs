@@ -459,6 +459,33 @@ async fn dags_run_in_dependency_order() {
     let at = |name: &str, key: &str| view[name][key].as_u64().unwrap();
     assert!(at("prep", "ended_ms") <= at("train", "started_ms"));
     assert!(at("train", "ended_ms") <= at("eval", "started_ms"));
+    // Each member says what it waits for; the graph gives the edges by member name.
+    assert_eq!(
+        view["train"]["depends_on"],
+        json!([{"ref": ids["prep"], "condition": "success"}])
+    );
+    let g = api.get(&format!("/v1/dags/{id}/graph")).await;
+    let mut edges: Vec<(String, String, String)> = g["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let f = |k: &str| e[k].as_str().unwrap().to_string();
+            (f("from"), f("to"), f("condition"))
+        })
+        .collect();
+    edges.sort();
+    assert_eq!(
+        edges,
+        [
+            ("prep".into(), "train".into(), "success".into()),
+            ("train".into(), "eval".into(), "success".into())
+        ],
+        "{g}"
+    );
+    assert_eq!(g["allocations"].as_array().unwrap().len(), 3, "{g}");
+    let (status, _) = api.call("GET", "/v1/dags/dag-999999/graph", None).await;
+    assert_eq!(status, 404);
 
     // Refused before anything is queued.
     let before = api.get("/v1/allocations").await["allocations"]
@@ -629,6 +656,39 @@ async fn update_checkpoint_disable_audit_and_usage() {
     );
     let (status, v) = api.call("GET", "/api/v1/tenants/bio/usage?days=0", None).await;
     assert_eq!((status, v["field"].as_str()), (400, Some("days")), "{v}");
+    // Accounting: one record per allocation, adding up to the totals.
+    let a = api.get("/v1/accounting?tenant=bio&days=1").await;
+    let records = a["records"].as_array().unwrap();
+    assert_eq!(records.len() as u64, a["total"]["allocations"].as_u64().unwrap(), "{a}");
+    let sum: f64 = records.iter().map(|r| r["node_hours"].as_f64().unwrap()).sum();
+    assert!((sum - a["total"]["node_hours"].as_f64().unwrap()).abs() < 1e-9, "{a}");
+    assert!(
+        records
+            .iter()
+            .all(|r| r["tenant"] == "bio" && r["nodes"].as_u64() >= Some(1)),
+        "{a}"
+    );
+    assert_eq!(api.get("/v1/accounting?user=nobody").await["records"], json!([]));
+    // Without a TSDB, metrics and comparisons say how to get one; diagnostics give what is known.
+    let first = records[0]["id"].as_str().unwrap();
+    let (status, v) = api.call("GET", &format!("/v1/allocations/{first}/metrics"), None).await;
+    assert_eq!(status, 503, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("services.tsdb"), "{v}");
+    let (status, v) = api.call("GET", &format!("/v1/compare?ids={first}"), None).await;
+    assert_eq!(status, 503, "{v}");
+    let (status, v) = api.call("GET", "/v1/compare?ids=", None).await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("ids")), "{v}");
+    let (status, d) = api
+        .call("GET", &format!("/v1/allocations/{first}/diagnostics"), None)
+        .await;
+    assert_eq!(status, 200, "{d}");
+    assert!(
+        d["note"].as_str().unwrap().contains("TSDB") && d["storage"].is_object(),
+        "{d}"
+    );
+    // Auth discovery is public: with `mode: none` it says so.
+    let disc = api.get("/api/v1/auth/discovery").await;
+    assert_eq!(disc["mode"], "none", "{disc}");
     rt.shutdown().await;
 }
 

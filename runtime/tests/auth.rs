@@ -93,7 +93,7 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     let dir = std::env::temp_dir().join(format!("lattice-auth-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nauth:\n  mode: jwt\n  jwks_file: {}\n  hs256_secret: {SECRET}\n  rate_limit_per_minute: 40\n",
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nauth:\n  mode: jwt\n  jwks_file: {}\n  hs256_secret: {SECRET}\n  rate_limit_per_minute: 40\n  idp_url: https://idp.example.org/realms/hpc\n  client_id: lattice\n",
         dir.display(),
         fixtures().join("test-jwks.json").display()
     );
@@ -124,6 +124,14 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     .unwrap();
     assert_eq!(call(&base, Some(&forged), "GET", "/v1/allocations", None).await.0, 401);
     assert_eq!(call(&base, None, "GET", "/healthz", None).await.0, 200);
+    // Auth discovery is public, for `lattice login` to find the IdP.
+    let (status, d, _) = call(&base, None, "GET", "/api/v1/auth/discovery", None).await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(
+        d,
+        json!({"mode": "jwt", "issuer": null,
+               "idp_url": "https://idp.example.org/realms/hpc", "client_id": "lattice"})
+    );
 
     // Submitting: own tenant only; the submitter is the token's subject.
     let (status, v, _) = call(&base, Some(&alice), "POST", "/v1/allocations", Some(job("physics"))).await;
