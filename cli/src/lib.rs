@@ -4,13 +4,15 @@
 //! (`summary.json`, `jobs.csv`), sweeps weights ([`sweep`]), runs the regression suite ([`regress`]) and
 //! measures itself ([`bench`]). The `lattice` client (`bin/lattice.rs`) talks to `lattice-runtime`'s REST API;
 //! [`directives`] reads its scripts' `#LATTICE`/`#SBATCH` lines; [`launch`] runs `lattice launch` and
-//! its `srun` form; [`terminal`] is `lattice attach`'s and `lattice session`'s terminal.
+//! its `srun` form; [`terminal`] is `lattice attach`'s and `lattice session`'s terminal; [`login`] is `lattice login`'s OIDC
+//! device flow and token cache.
 
 pub mod bench;
 pub mod compare;
 pub mod directives;
 pub mod fuzz;
 pub mod launch;
+pub mod login;
 pub mod reference;
 pub mod regress;
 pub mod replay;

@@ -468,3 +468,184 @@ fn lattice_top_refreshes_in_a_real_terminal() {
     }
     rt.block_on(running.shutdown());
 }
+
+/// A local OIDC IdP speaking the device authorization grant (RFC 8628), refresh and revocation
+/// (RFC 7009); its access tokens are HS256 JWTs the runtime checks with the shared dev secret.
+mod idp {
+    use axum::extract::{Form, State};
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use serde_json::{Value, json};
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    pub const SECRET: &str = "idp-test-secret";
+
+    #[derive(Default)]
+    pub struct Seen {
+        /// Token endpoint polls while the user had not approved yet.
+        pub pending: u32,
+        pub refreshes: u32,
+        pub revoked: Vec<String>,
+        pub scopes: Vec<String>,
+    }
+
+    type S = State<(String, Arc<Mutex<Seen>>)>;
+
+    fn jwt(sub: &str) -> String {
+        let claims = json!({"sub": sub, "tenant": "physics", "roles": ["User"],
+                            "exp": jsonwebtoken::get_current_timestamp() + 600});
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    async fn discovery(State((base, _)): S) -> Json<Value> {
+        Json(
+            json!({"issuer": base, "device_authorization_endpoint": format!("{base}/device"),
+                    "token_endpoint": format!("{base}/token"), "revocation_endpoint": format!("{base}/revoke")}),
+        )
+    }
+
+    async fn device(State((base, seen)): S, Form(f): Form<BTreeMap<String, String>>) -> Json<Value> {
+        assert_eq!(f["client_id"], "lattice");
+        seen.lock().unwrap().scopes.push(f["scope"].clone());
+        Json(
+            json!({"device_code": "dev-1", "user_code": "WDJB-MJHT", "verification_uri": format!("{base}/activate"),
+                    "expires_in": 60, "interval": 1}),
+        )
+    }
+
+    async fn token(
+        State((_, seen)): S,
+        Form(f): Form<BTreeMap<String, String>>,
+    ) -> (axum::http::StatusCode, Json<Value>) {
+        let mut s = seen.lock().unwrap();
+        match f["grant_type"].as_str() {
+            "urn:ietf:params:oauth:grant-type:device_code" => {
+                assert_eq!(f["device_code"], "dev-1");
+                // The user approves after the first poll.
+                if s.pending == 0 {
+                    s.pending += 1;
+                    return (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        Json(json!({"error": "authorization_pending"})),
+                    );
+                }
+                // Already expired by its `expires_in`: the client's next request must refresh first.
+                (
+                    axum::http::StatusCode::OK,
+                    Json(json!({"access_token": jwt("alice"), "refresh_token": "refresh-1",
+                                                      "token_type": "Bearer", "expires_in": 0})),
+                )
+            }
+            "refresh_token" => {
+                assert_eq!(f["refresh_token"], "refresh-1");
+                s.refreshes += 1;
+                (
+                    axum::http::StatusCode::OK,
+                    Json(json!({"access_token": jwt("alice"), "token_type": "Bearer",
+                                                      "expires_in": 3600})),
+                )
+            }
+            other => panic!("grant {other}"),
+        }
+    }
+
+    async fn revoke(State((_, seen)): S, Form(f): Form<BTreeMap<String, String>>) {
+        seen.lock().unwrap().revoked.push(f["token"].clone());
+    }
+
+    /// Starts the IdP on `rt`: its base URL and what it saw.
+    pub fn start(rt: &tokio::runtime::Runtime) -> (String, Arc<Mutex<Seen>>) {
+        let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let app = Router::new()
+            .route("/.well-known/openid-configuration", get(discovery))
+            .route("/device", post(device))
+            .route("/token", post(token))
+            .route("/revoke", post(revoke))
+            .with_state((base.clone(), seen.clone()));
+        rt.spawn(async move { axum::serve(l, app).await.unwrap() });
+        (base, seen)
+    }
+}
+
+#[test]
+fn lattice_login_uses_the_device_flow_caches_refreshes_and_logs_out() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("lattice-cli-login-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (idp_url, seen) = idp::start(&rt);
+    let cfg = lattice_runtime::RuntimeConfig::parse(
+        "t.yaml",
+        &format!(
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\ncycle: 100ms\nauth:\n  mode: jwt\n  hs256_secret: {}\n  idp_url: {idp_url}\n  client_id: lattice\n",
+            dir.display(),
+            idp::SECRET
+        ),
+    )
+    .unwrap();
+    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let ep = format!("http://{}", running.rest_addr);
+    let run = |args: &[&str]| lattice(&ep, &dir, args);
+    let tokens = dir.join(".config/lattice/tokens.json");
+
+    // Not logged in: the seed's message, and nothing cached.
+    let o = run(&["status"]);
+    assert!(!o.status.success());
+    assert!(
+        err(&o).contains("Not logged in. Run `lattice login` first."),
+        "{}",
+        err(&o)
+    );
+    assert!(!tokens.exists());
+
+    // The device flow: the code shown, one pending poll, then the tokens cached 0600 for this server.
+    let o = run(&["login"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        err(&o).contains("WDJB-MJHT") && err(&o).contains(&format!("{idp_url}/activate")),
+        "{}",
+        err(&o)
+    );
+    assert!(out(&o).contains(&format!("Logged in to {ep}")), "{}", out(&o));
+    assert_eq!(seen.lock().unwrap().pending, 1);
+    assert_eq!(seen.lock().unwrap().scopes, ["openid offline_access"]);
+    assert_eq!(std::fs::metadata(&tokens).unwrap().permissions().mode() & 0o777, 0o600);
+    let cached: serde_json::Value = serde_json::from_slice(&std::fs::read(&tokens).unwrap()).unwrap();
+    assert_eq!(cached[&ep]["refresh_token"], "refresh-1", "{cached}");
+
+    // The token came already expired: the next command refreshes it once, then uses the fresh one.
+    let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "0"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let id = out(&o).trim().to_string();
+    assert_eq!(seen.lock().unwrap().refreshes, 1);
+    let o = run(&["status", &id, "-o", "json"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["user"], "alice", "the token's subject submitted it: {v}");
+    assert_eq!(seen.lock().unwrap().refreshes, 1);
+
+    // A cache others can read is warned about and fixed (lenient mode).
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run(&["status"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(err(&o).contains("set to 600"), "{}", err(&o));
+    assert_eq!(std::fs::metadata(&tokens).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // Logout: forgotten here, revoked at the IdP; the next command is not logged in.
+    let o = run(&["logout"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(seen.lock().unwrap().revoked, ["refresh-1"]);
+    let cached: serde_json::Value = serde_json::from_slice(&std::fs::read(&tokens).unwrap()).unwrap();
+    assert!(cached.get(&ep).is_none(), "{cached}");
+    assert!(err(&run(&["status"])).contains("Not logged in"));
+    rt.block_on(running.shutdown());
+}

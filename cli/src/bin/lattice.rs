@@ -2,7 +2,8 @@
 //! `#LATTICE`/`#SBATCH` directives), status, cancel, nodes and admin. The endpoint and tenant come from
 //! `--endpoint`/`--tenant`, else `LATTICE_ENDPOINT`/`LATTICE_TENANT`, else
 //! `~/.config/lattice/config.yaml` (`endpoint:`, `tenant:`), else `http://127.0.0.1:8080`; the bearer
-//! token from `LATTICE_TOKEN` or the file's `token:`. For an `https://` endpoint the site CA comes from
+//! token from `LATTICE_TOKEN`, the file's `token:`, or what `lattice login` cached for the endpoint
+//! (`~/.config/lattice/tokens.json`, refreshed when it expires). For an `https://` endpoint the site CA comes from
 //! `LATTICE_CA` or `ca:` (PEM; default: the system's roots), and under mTLS the client certificate from
 //! `LATTICE_CLIENT_CERT`/`LATTICE_CLIENT_KEY` or `client_cert:`/`client_key:`.
 
@@ -265,10 +266,27 @@ enum Cmd {
         #[arg(long)]
         duration: Option<String>,
     },
+    /// Log in to the server (OIDC device code flow): the IdP comes from the server's auth discovery;
+    /// open the address shown, enter the code, and the token is cached for this server (0600).
+    Login {
+        /// `device` (the only flow: works over SSH, no browser on this machine needed).
+        #[arg(long, value_enum, default_value = "device")]
+        flow: Flow,
+        /// OAuth scopes to ask for.
+        #[arg(long, default_value = "openid offline_access")]
+        scope: String,
+    },
+    /// Forget this server's cached token and revoke it at the IdP (best effort).
+    Logout,
     /// The client's effective configuration: each setting and where it comes from.
     Config,
     /// A shell completion script: `lattice completion bash > /etc/bash_completion.d/lattice`.
     Completion { shell: clap_complete::Shell },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Flow {
+    Device,
 }
 
 #[derive(Subcommand)]
@@ -420,6 +438,9 @@ impl Client {
         };
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status == 401 && self.token.is_none() {
+            bail!("Not logged in. Run `lattice login` first.");
+        }
         if status >= 400 {
             let msg = v["error"].as_str().unwrap_or("request failed");
             match v["field"].as_str() {
@@ -526,12 +547,66 @@ fn run() -> Result<()> {
         .or_else(|| std::env::var("LATTICE_TENANT").ok())
         .or(fc.tenant);
     let default_vcluster = fc.vcluster.clone();
-    let client = Client {
-        base: base.trim_end_matches('/').to_string(),
-        agent,
-        token: std::env::var("LATTICE_TOKEN").ok().or(fc.token),
+    let base = base.trim_end_matches('/').to_string();
+    let store = lattice_cli::login::tokens_path().map(lattice_cli::login::Store::new);
+    match &cli.cmd {
+        Cmd::Login {
+            flow: Flow::Device,
+            scope,
+        } => {
+            let d = lattice_cli::login::discover(&agent, &base)?;
+            if d.mode == "none" {
+                println!("{base} does not ask for authentication: nothing to log in to");
+                return Ok(());
+            }
+            let (Some(idp), Some(client_id)) = (d.idp_url.or(d.issuer), d.client_id) else {
+                bail!("{base}'s auth discovery names no IdP or client id (auth.idp_url, auth.client_id)");
+            };
+            let ep = lattice_cli::login::endpoints(&agent, &idp)?;
+            let entry = lattice_cli::login::device_login(
+                &agent,
+                &ep,
+                &client_id,
+                scope,
+                |c| {
+                    eprintln!(
+                        "To log in, open {} and enter the code {}",
+                        c.verification_uri, c.user_code
+                    );
+                    if let Some(u) = &c.verification_uri_complete {
+                        eprintln!("(or open {u})");
+                    }
+                },
+                std::thread::sleep,
+            )?;
+            let store = store.context("HOME is not set: nowhere to keep the token")?;
+            let mut all = store.load()?;
+            all.insert(base.clone(), entry);
+            store.save(&all)?;
+            println!("Logged in to {base}");
+            return Ok(());
+        }
+        Cmd::Logout => {
+            let store = store.context("HOME is not set: no token cache")?;
+            if lattice_cli::login::logout(&agent, &store, &base)? {
+                println!("Logged out of {base}");
+            } else {
+                println!("Not logged in to {base}");
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
+    let token = match std::env::var("LATTICE_TOKEN").ok().or(fc.token.clone()) {
+        Some(t) => Some(t),
+        None => match &store {
+            Some(s) => lattice_cli::login::token_for(&agent, s, &base)?,
+            None => None,
+        },
     };
+    let client = Client { base, agent, token };
     match cli.cmd {
+        Cmd::Login { .. } | Cmd::Logout => unreachable!("handled above"),
         Cmd::Submit {
             nodes,
             walltime,
