@@ -2151,6 +2151,18 @@ fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparison
         v["id"].as_str().unwrap().to_string()
     };
     let busy = submit("echo start; yes > /dev/null & p=$!; sleep 4; kill $p; echo one; echo two >&2; echo done");
+    // `lattice logs --follow` (the same stream) at the same time: its stdout on ours, its stderr on ours.
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_lattice-agent"))
+        .parent()
+        .unwrap();
+    let follow = Command::new(bin_dir.join("lattice"))
+        .args(["logs", "--follow", &busy])
+        .env("LATTICE_ENDPOINT", &base)
+        .env("HOME", &dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the workspace builds `lattice` beside `lattice-agent`");
     // Its output pushed as Server-Sent Events, in order, then `end` with its state.
     let events = sse_events(&format!("{base}/v1/allocations/{busy}/logs/stream"));
     let text: String = events
@@ -2167,6 +2179,14 @@ fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparison
         .map(|(_, d)| (d["offset"].as_u64().unwrap(), d["next"].as_u64().unwrap()))
         .collect();
     assert!(offsets.windows(2).all(|w| w[0].1 == w[1].0), "contiguous: {offsets:?}");
+    let followed = follow.wait_with_output().unwrap();
+    assert!(
+        followed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&followed.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&followed.stdout), "start\none\ndone\n");
+    assert_eq!(String::from_utf8_lossy(&followed.stderr), "two\n");
     let err = sse_events(&format!("{base}/v1/allocations/{busy}/logs/stream?stream=stderr"));
     assert_eq!(err[0].1["data"], "two\n");
     let (status, v) = call(
@@ -2267,6 +2287,35 @@ fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparison
     assert!(n.get("network").is_some() && n.get("storage").is_none(), "{n}");
     let (status, v) = call("GET", &format!("{base}/v1/allocations/{busy}/diagnostics/disks"), None);
     assert_eq!((status, v["field"].as_str()), (404, Some("part")), "{v}");
+    // The same through `lattice`: top ID, compare, diag --storage.
+    let lattice = |args: &[&str]| {
+        let o = Command::new(bin_dir.join("lattice"))
+            .args(args)
+            .env("LATTICE_ENDPOINT", &base)
+            .env("HOME", &dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let top = lattice(&["top", &busy]);
+    assert!(
+        top.contains("on sim-000") && top.contains("cpu_cores") && top.contains("iB/s"),
+        "{top}"
+    );
+    let top = lattice(&["top", &busy, "--per-node"]);
+    assert!(top.contains("NODE") && top.contains("sim-000"), "{top}");
+    let cmp = lattice(&["compare", &busy, &idle, "--metric", "io_write_bytes"]);
+    assert!(
+        cmp.lines()
+            .any(|l| l.starts_with("io_write_bytes") && l.contains(&busy)),
+        "{cmp}"
+    );
+    let diag = lattice(&["diag", &busy, "--storage"]);
+    assert!(
+        diag.contains("Storage:") && diag.contains("write") && !diag.contains("Network:"),
+        "{diag}"
+    );
     drop(_agent);
     rt.block_on(running.shutdown());
 }

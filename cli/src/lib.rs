@@ -5,7 +5,7 @@
 //! measures itself ([`bench`]). The `lattice` client (`bin/lattice.rs`) talks to `lattice-runtime`'s REST API;
 //! [`directives`] reads its scripts' `#LATTICE`/`#SBATCH` lines; [`launch`] runs `lattice launch` and
 //! its `srun` form; [`terminal`] is `lattice attach`'s and `lattice session`'s terminal; [`login`] is `lattice login`'s OIDC
-//! device flow and token cache.
+//! device flow and token cache; [`observe`] renders `top ID`, `compare`, `diag`, `history` and `dag graph`.
 
 pub mod bench;
 pub mod compare;
@@ -13,6 +13,7 @@ pub mod directives;
 pub mod fuzz;
 pub mod launch;
 pub mod login;
+pub mod observe;
 pub mod reference;
 pub mod regress;
 pub mod replay;

@@ -156,6 +156,12 @@ fn lattice_cli_drives_the_runtime() {
         assert!(t0.elapsed() < Duration::from_secs(5), "{s}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    let g = out(&run(&["dag", "graph", &dag_id]));
+    assert!(
+        g.lines()
+            .any(|l| l.starts_with("train") && l.ends_with("prep (success)")),
+        "{g}"
+    );
 
     // Arguments after `--` are quoted for the agent's `/bin/sh -c`: the job runs them as typed.
     for (args, entry, printed) in [
@@ -261,7 +267,17 @@ fn lattice_cli_drives_the_runtime() {
     let o = run(&["history", "-o", "json"]);
     assert!(o.status.success(), "{}", err(&o));
     let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
-    assert!(v["allocations"].as_u64().unwrap_or(0) >= 3, "{v}");
+    assert!(v["total"]["allocations"].as_u64().unwrap_or(0) >= 3, "{v}");
+    assert_eq!(
+        v["records"].as_array().unwrap().len() as u64,
+        v["total"]["allocations"].as_u64().unwrap(),
+        "{v}"
+    );
+    let h = out(&run(&["history"]));
+    assert!(
+        h.starts_with("ID") && h.contains("NODE-H") && h.contains("node-hours"),
+        "{h}"
+    );
     let o = run(&["audit"]);
     assert!(
         o.status.success() && out(&o).contains("hash chain: valid"),

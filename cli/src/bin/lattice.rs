@@ -214,10 +214,51 @@ enum Cmd {
     /// Why an allocation is where it is: what the scheduler's last pass found (dependencies, staging,
     /// quota, budget, energy window, topology, a reservation, the head of the queue), its place in
     /// its vCluster's queue, a refused start.
-    Diag { id: String },
+    /// With `--network` / `--storage` (or once it runs): the network diagnostics (nodes, dragonfly
+    /// groups, network domain) and the storage ones (mounts, throughput against its QoS floor).
+    Diag {
+        id: String,
+        #[arg(long)]
+        network: bool,
+        #[arg(long)]
+        storage: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Allocations' metrics side by side, aligned to each one's start (from the TSDB):
+    /// `lattice compare ID ID [--metric gpu_utilization,io_write_bytes]`.
+    Compare {
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<String>,
+        /// Comma-separated metrics (default: all).
+        #[arg(long)]
+        metric: Option<String>,
+        /// `relative` (from each start) or `absolute` (unix seconds).
+        #[arg(long, default_value = "relative")]
+        align: String,
+        /// Seconds between points, e.g. `5s`.
+        #[arg(long)]
+        step: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// A live view of the cluster in the terminal: nodes by state, running allocations and the waiting
     /// ones with why they wait; refreshes every `--interval` seconds until Ctrl-C (`--once`: print once).
+    /// `lattice top ID`: that allocation's metrics from the TSDB (`--per-node`, `--per-gpu`,
+    /// `--duration 1h`).
     Top {
+        /// One allocation's metrics instead of the cluster view.
+        id: Option<String>,
+        #[arg(long)]
+        per_node: bool,
+        #[arg(long)]
+        per_gpu: bool,
+        /// Every metric, per node.
+        #[arg(long)]
+        wide: bool,
+        /// The window (default 5m).
+        #[arg(long)]
+        duration: Option<String>,
         #[arg(long, default_value_t = 2.0)]
         interval: f64,
         #[arg(long)]
@@ -247,8 +288,8 @@ enum Cmd {
         #[arg(short, long, value_enum, default_value = "table")]
         output: Output,
     },
-    /// Usage history: allocations, node-hours and GPU-hours of a tenant (`--tenant`) or a user
-    /// (`--user`) over the last `--days` (90).
+    /// Usage history (sacct): each allocation's node-hours and GPU-hours, and the totals, of a tenant
+    /// (`--tenant`) or a user (`--user`) over the last `--days` (90).
     History {
         #[arg(long)]
         user: Option<String>,
@@ -342,9 +383,21 @@ enum CacheCmd {
 
 #[derive(Subcommand)]
 enum DagCmd {
-    Submit { file: PathBuf },
-    Status { id: String },
-    Cancel { id: String },
+    Submit {
+        file: PathBuf,
+    },
+    Status {
+        id: String,
+    },
+    /// Its structure: each member and what it runs after.
+    Graph {
+        id: String,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    Cancel {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -449,6 +502,51 @@ impl Client {
             }
         }
         Ok(v)
+    }
+}
+
+impl Client {
+    /// Reads the Server-Sent Events of `GET path`, handing each (event, JSON data) to `each` until it
+    /// returns false or the server closes the stream.
+    fn events(&self, path: &str, mut each: impl FnMut(&str, &Value) -> bool) -> Result<()> {
+        use std::io::BufRead;
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.get(&url).header("Accept", "text/event-stream");
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let mut resp = req
+            .call()
+            .with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            if status == 401 && self.token.is_none() {
+                bail!("Not logged in. Run `lattice login` first.");
+            }
+            let msg = v["error"].as_str().unwrap_or("request failed");
+            match v["field"].as_str() {
+                Some(f) => bail!("{msg} (field `{f}`, HTTP {status})"),
+                None => bail!("{msg} (HTTP {status})"),
+            }
+        }
+        let reader = std::io::BufReader::new(resp.into_body().into_reader());
+        let mut event = String::from("message");
+        for line in reader.lines() {
+            let line = line.with_context(|| format!("reading the stream {url}"))?;
+            if let Some(e) = line.strip_prefix("event:") {
+                event = e.trim().to_string();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                let v: Value = serde_json::from_str(d.trim()).unwrap_or(Value::String(d.trim().to_string()));
+                if !each(&event, &v) {
+                    break;
+                }
+            } else if line.is_empty() {
+                event = "message".into();
+            }
+        }
+        Ok(())
     }
 }
 
@@ -768,44 +866,36 @@ fn run() -> Result<()> {
             stderr,
             ..
         } => {
-            // Each stream polled on its own (offsets are per stream); the job's stderr goes to ours.
+            // Each stream pushed on its own (Server-Sent Events; offsets are per stream) until the
+            // allocation ended and its agents' last output arrived; the job's stderr goes to ours.
             let streams: &[&str] = if stderr { &["stderr"] } else { &["stdout", "stderr"] };
-            let mut after: std::collections::BTreeMap<(&str, String), u64> = Default::default();
-            let mut quiet = 0;
-            loop {
-                let mut printed = false;
-                for &stream in streams {
-                    let q: Vec<String> = after
-                        .iter()
-                        .filter(|((s, _), _)| *s == stream)
-                        .map(|((_, n), o)| format!("{n}:{o}"))
-                        .collect();
-                    let v = client.call(
-                        "GET",
-                        &format!("/v1/allocations/{id}/logs/live?stream={stream}&after={}", q.join(",")),
-                        None,
-                    )?;
-                    for (n, o) in v["nodes"].as_object().cloned().unwrap_or_default() {
-                        if node.as_ref().is_some_and(|x| *x != n) {
-                            continue;
-                        }
-                        let data = o["data"].as_str().unwrap_or_default();
-                        if !data.is_empty() {
-                            print_stream(stream == "stderr" && !stderr, data);
-                            printed = true;
-                        }
-                        after.insert((stream, n), o["next"].as_u64().unwrap_or(0));
-                    }
+            let out = std::sync::Mutex::new(());
+            std::thread::scope(|scope| -> Result<()> {
+                let handles: Vec<_> = streams
+                    .iter()
+                    .map(|&stream| {
+                        let (client, node, out) = (&client, &node, &out);
+                        let path = format!("/v1/allocations/{id}/logs/stream?stream={stream}");
+                        scope.spawn(move || {
+                            client.events(&path, |event, data| {
+                                if event == "output" && node.as_ref().is_none_or(|n| data["node"].as_str() == Some(n)) {
+                                    let _held = out.lock();
+                                    print_stream(
+                                        stream == "stderr" && !stderr,
+                                        data["data"].as_str().unwrap_or_default(),
+                                    );
+                                }
+                                event != "end"
+                            })
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("a log stream's reader panicked"))??;
                 }
-                std::io::Write::flush(&mut std::io::stdout())?;
-                let state = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
-                quiet = if printed { 0 } else { quiet + 1 };
-                // Ended, and nothing more came for a few polls: what its agents had has arrived.
-                if state["ended_ms"].is_u64() && quiet >= 3 {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(500));
-            }
+                Ok(())
+            })?;
         }
         Cmd::Logs {
             id,
@@ -1044,6 +1134,10 @@ fn run() -> Result<()> {
                     );
                 }
             }
+            DagCmd::Graph { id, output } => {
+                let v = client.call("GET", &format!("/v1/dags/{id}/graph"), None)?;
+                print_value(&v, output, lattice_cli::observe::graph_view)?;
+            }
             DagCmd::Cancel { id } => {
                 let v = client.call("DELETE", &format!("/v1/dags/{id}"), None)?;
                 println!("{id}: cancelled {}", v["cancelled"].as_u64().unwrap_or(0));
@@ -1068,13 +1162,80 @@ fn run() -> Result<()> {
                 std::thread::sleep(std::time::Duration::from_secs_f64(interval.clamp(0.05, 3600.0)));
             }
         }
-        Cmd::Diag { id } => {
+        Cmd::Diag {
+            id,
+            network,
+            storage,
+            output,
+        } => {
+            let part = match (network, storage) {
+                (true, false) => "/network",
+                (false, true) => "/storage",
+                _ => "",
+            };
+            if network || storage {
+                let d = client.call("GET", &format!("/v1/allocations/{id}/diagnostics{part}"), None)?;
+                return print_value(&d, output, lattice_cli::observe::diagnostics_view);
+            }
             let v = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
             let vc = v["vcluster"].as_str().unwrap_or("default").to_string();
             let q = client.call("GET", &format!("/v1/vclusters/{vc}/queue"), None).ok();
-            print!("{}", lattice_cli::status::diagnose(&v, q.as_ref()));
+            // Once it runs (or ran), the network and storage diagnostics too.
+            let d = match v["started_ms"].is_u64() {
+                true => Some(client.call("GET", &format!("/v1/allocations/{id}/diagnostics"), None)?),
+                false => None,
+            };
+            print_value(&json!({"allocation": v, "diagnostics": d}), output, |_| {
+                let mut text = lattice_cli::status::diagnose(&v, q.as_ref());
+                if let Some(d) = &d {
+                    text.push_str(&lattice_cli::observe::diagnostics_view(d));
+                }
+                text
+            })?;
         }
-        Cmd::Top { interval, once, all } => loop {
+        Cmd::Compare {
+            ids,
+            metric,
+            align,
+            step,
+            output,
+        } => {
+            let joined = Some(ids.join(","));
+            let path = format!(
+                "/v1/compare{}",
+                query(&[
+                    ("ids", &joined),
+                    ("metrics", &metric),
+                    ("align", &Some(align)),
+                    ("step", &step)
+                ])
+            );
+            let v = client.call("GET", &path, None)?;
+            print_value(&v, output, lattice_cli::observe::compare_view)?;
+        }
+        Cmd::Top {
+            id: Some(id),
+            per_node,
+            per_gpu,
+            wide,
+            duration,
+            ..
+        } => {
+            let mode = match (per_node || wide, per_gpu) {
+                (_, true) => "per-gpu",
+                (true, false) => "per-node",
+                _ => "summary",
+            };
+            let path = format!(
+                "/v1/allocations/{id}/metrics{}",
+                query(&[("mode", &Some(mode.to_string())), ("duration", &duration)])
+            );
+            let v = client.call("GET", &path, None)?;
+            print!("{}", lattice_cli::observe::metrics_view(&v));
+        }
+        Cmd::Top {
+            interval, once, all, ..
+        } => loop {
             let path = match (&tenant, all) {
                 (Some(t), false) => format!("/v1/allocations?tenant={t}"),
                 _ => "/v1/allocations".to_string(),
@@ -1133,12 +1294,13 @@ fn run() -> Result<()> {
         }
         Cmd::History { user, days, output } => {
             let days = days.map(|d| d.to_string());
-            let path = match (&user, &tenant) {
-                (None, Some(t)) => format!("/api/v1/tenants/{t}/usage{}", query(&[("days", &days)])),
-                _ => format!("/api/v1/usage{}", query(&[("user", &user), ("days", &days)])),
+            let scope = match (&user, &tenant) {
+                (None, Some(t)) => ("tenant", Some(t.clone())),
+                _ => ("user", user.clone()),
             };
+            let path = format!("/v1/accounting{}", query(&[(scope.0, &scope.1), ("days", &days)]));
             let v = client.call("GET", &path, None)?;
-            print_rows(&[v], output, true, "usage")?;
+            print_value(&v, output, lattice_cli::observe::history_view)?;
         }
         Cmd::Telemetry { id, mode, duration } => {
             let mut t = json!({"mode": mode});
@@ -1424,6 +1586,16 @@ fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Resul
                 println!("{}", line(r));
             }
         }
+    }
+    Ok(())
+}
+
+/// An answer as JSON or YAML, or as `text` renders it for the table formats.
+fn print_value(v: &Value, output: Output, text: impl FnOnce(&Value) -> String) -> Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
+        Output::Yaml => print!("{}", yaml_serde::to_string(v)?),
+        Output::Table | Output::Wide => print!("{}", text(v)),
     }
     Ok(())
 }
