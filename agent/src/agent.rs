@@ -245,6 +245,8 @@ pub fn run_with(
     // Fencing by lease, on its own thread ([`crate::fence`]).
     let fence = Arc::new(crate::fence::Fence::default());
     fence.spawn(cfg.node.clone(), cfg.heartbeat, cfg.grace, stop.clone());
+    // Services' liveness probes, each on its own thread ([`crate::probe`]).
+    let probes = crate::probe::Probes::default();
     let mut procs: BTreeMap<String, runner::Running> = BTreeMap::new();
     // Slurm compatibility: an `srun` that runs `lattice srun` first on the allocations' PATH.
     let compat_path = cfg.slurm_env.then(|| compat_bin(&cfg.log_dir)).flatten();
@@ -342,6 +344,10 @@ pub fn run_with(
                         channels.insert(id.clone(), (c, false));
                     }
                     fence.watch(&id, r.stopper());
+                    if let Some(spec) = rec.liveness.clone() {
+                        let ran = crate::runner::wall_ms().saturating_sub(rec.started_ms);
+                        probes.watch(&id, spec, "127.0.0.1".into(), r.stopper(), Duration::from_millis(ran));
+                    }
                     procs.insert(id, r);
                 }
                 None => {
@@ -375,6 +381,8 @@ pub fn run_with(
     let mut last_rtt: Option<Duration> = None;
     // The last output of followed processes that ended, for the next poll.
     let mut last_output: Vec<crate::client::Output> = Vec::new();
+    // Exits held until the poll carrying their processes' final output has been sent.
+    let mut held_exits: Vec<Exit> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         if session.must_register() {
             let answer = client.send(
@@ -459,12 +467,22 @@ pub fn run_with(
             {
                 eprintln!("lattice-agent {}: scratch {}: {e}", cfg.node, dir.display());
             }
-            // A follower still gets what it wrote after the last poll (then the store has it all).
+            // A follower still gets what it wrote after the last poll (then the store has it all),
+            // and before the exit: the exit is held until the poll that carries that output.
+            let mut had_final = false;
             for ((t, stream), from) in tailing.iter().filter(|((t, _), _)| *t == id) {
                 if let Some(o) = new_output((t, *stream), &rec, *from).filter(|o| o.next > o.offset) {
                     last_output.push(o);
+                    had_final = true;
                 }
             }
+            let mut report = |session: &mut Session, x: Exit| {
+                if had_final {
+                    held_exits.push(x);
+                } else {
+                    session.ended(x);
+                }
+            };
             tailing.retain(|(t, _), _| *t != id);
             if let Some((c, _)) = channels.remove(&id) {
                 c.remove();
@@ -475,6 +493,7 @@ pub fn run_with(
                 _ => 143,
             };
             fence.forget(&id);
+            probes.forget(&id);
             let exit = |kind, code, (tail, err_tail): (String, String)| Exit {
                 id: id.clone(),
                 kind,
@@ -483,7 +502,22 @@ pub fn run_with(
                 err_tail,
             };
             if fence.take_fenced(&id) {
-                session.ended(exit(ExitKind::Fenced, code, tail));
+                report(&mut session, exit(ExitKind::Fenced, code, tail));
+                continue;
+            }
+            // Stopped by its liveness probe: said on its stderr too.
+            if let Some(why) = probes.take_failed(&id) {
+                eprintln!("lattice-agent {}: {id}: {why}", cfg.node);
+                let (out, err) = tail;
+                let err = format!(
+                    "{err}{}lattice: {why}\n",
+                    if err.is_empty() || err.ends_with('\n') {
+                        ""
+                    } else {
+                        "\n"
+                    }
+                );
+                report(&mut session, exit(ExitKind::Liveness, code, (out, err)));
                 continue;
             }
             // A preempted task: reported as stopped with or without its checkpoint (also when it
@@ -499,12 +533,12 @@ pub fn run_with(
                 } else {
                     ExitKind::Preempted
                 };
-                session.ended(exit(kind, code, tail));
+                report(&mut session, exit(kind, code, tail));
                 continue;
             }
             match out.ending {
-                Ending::Exited(code) => session.ended(exit(ExitKind::Exited, code, tail)),
-                Ending::Walltime => session.ended(exit(ExitKind::Walltime, 137, tail)),
+                Ending::Exited(code) => report(&mut session, exit(ExitKind::Exited, code, tail)),
+                Ending::Walltime => report(&mut session, exit(ExitKind::Walltime, 137, tail)),
                 // Stopped on the control plane's request: it already knows.
                 Ending::Stopped => {}
             }
@@ -565,6 +599,11 @@ pub fn run_with(
             && (e.failure() != Failure::Elsewhere || !session.partitioned())
         {
             eprintln!("lattice-agent {}: work: {e}", cfg.node);
+        }
+        // The final output went out with this poll: their exits follow (reported next round, also
+        // when the poll failed — an exit is never held back for long).
+        for x in held_exits.drain(..) {
+            session.ended(x);
         }
         if let Some(w) = session.work_answered(answer.map_err(|e| e.failure()), |id| procs.contains_key(id)) {
             if let Some(c) = reports.cache.take() {
@@ -793,6 +832,10 @@ pub fn run_with(
                     Ok(mut r) => {
                         r.record.launch_token = l.launch_token.clone();
                         r.record.container = container;
+                        r.record.liveness = l.liveness_probe.clone();
+                        if let Some(spec) = &l.liveness_probe {
+                            probes.watch(&l.id, spec.clone(), "127.0.0.1".into(), r.stopper(), Duration::ZERO);
+                        }
                         tasks.alloc_started(
                             &l.id,
                             crate::tasks::AllocInfo {
@@ -1173,6 +1216,7 @@ mod tests {
             mounts: Vec::new(),
             data_defaults: true,
             checkpoints: false,
+            liveness_probe: None,
         };
         let env: BTreeMap<String, String> = environment(&l, true).into_iter().collect();
         assert_eq!(env["LATTICE_ALLOC_ID"], "a-000007");

@@ -239,6 +239,9 @@ pub struct Launch {
     /// It has a checkpoint strategy (its checkpoint directory is made).
     #[serde(default)]
     pub checkpoints: bool,
+    /// Its service's liveness probe ([`crate::probe`]).
+    #[serde(default)]
+    pub liveness_probe: Option<crate::probe::ProbeSpec>,
 }
 
 fn yes() -> bool {
@@ -268,6 +271,8 @@ pub enum ExitKind {
     Fenced,
     /// Could not be prepared here (its uenv could not be pulled or read): retried on other nodes.
     Prologue,
+    /// Stopped by the agent after its liveness probe failed `failure_threshold` times in a row.
+    Liveness,
 }
 
 /// What a heartbeat answered: the node's state and the agent's lease — how long it may keep running

@@ -48,6 +48,7 @@ pub mod fence;
 pub mod gpu;
 pub mod oci;
 pub mod pmi;
+pub mod probe;
 pub mod protocol;
 pub mod remote_write;
 pub mod runner;

@@ -194,6 +194,9 @@ pub struct Record {
     /// that took it over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// Its liveness probe, kept for an agent that takes it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<crate::probe::ProbeSpec>,
 }
 
 impl Record {
@@ -347,6 +350,7 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         namespace: !spec.mounts.is_empty(),
         launch_token: None,
         container: None,
+        liveness: None,
     };
     Ok(watch(record, Some(child)))
 }

@@ -2319,3 +2319,102 @@ fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparison
     drop(_agent);
     rt.block_on(running.shutdown());
 }
+
+#[test]
+fn a_service_is_discoverable_while_it_runs_and_fails_when_its_liveness_probe_does() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-service-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "");
+    let base = format!("http://{}", running.rest_addr);
+    let _agent = Agents(vec![agent_command("sim-000", &base, &dir).spawn().unwrap()]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let service = |cmd: String, probe: Value| {
+        json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "5m"},
+               "entrypoint": cmd,
+               "connectivity": {"expose": [{"name": "web", "port": port, "protocol": "http"}]},
+               "liveness_probe": probe})
+    };
+    let probe = json!({"probe_type": "http", "port": port, "path": "/", "period_secs": 1,
+                       "initial_delay_secs": 1, "failure_threshold": 2, "timeout_secs": 1});
+    // Refused before anything is queued, naming the field.
+    let mut bad = service("true".into(), probe.clone());
+    bad["liveness_probe"]["probe_type"] = json!("udp");
+    let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(bad));
+    assert_eq!(
+        (status, v["field"].as_str()),
+        (400, Some("liveness_probe.probe_type")),
+        "{v}"
+    );
+    let mut bad = service("true".into(), probe.clone());
+    bad["connectivity"]["expose"][0]["port"] = json!(0);
+    let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(bad));
+    assert_eq!(
+        (status, v["field"].as_str()),
+        (400, Some("connectivity.expose[0].port")),
+        "{v}"
+    );
+    assert_eq!(
+        call("GET", &format!("{base}/v1/allocations"), None).1["allocations"],
+        json!([])
+    );
+
+    // A web server that answers for 6 s, then stops answering (its process lives on).
+    let cmd = format!("python3 -m http.server {port} --bind 127.0.0.1 & p=$!; sleep 6; kill $p; sleep 600");
+    let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(service(cmd, probe)));
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(20));
+    let (_, names) = call("GET", &format!("{base}/api/v1/services"), None);
+    assert_eq!(names["services"], json!(["web"]), "{names}");
+    let (_, web) = call("GET", &format!("{base}/api/v1/services/web"), None);
+    let e = &web["endpoints"][0];
+    assert_eq!(
+        (
+            e["allocation"].as_str(),
+            e["node"].as_str(),
+            e["port"].as_u64(),
+            e["protocol"].as_str()
+        ),
+        (Some(id.as_str()), Some("sim-000"), Some(u64::from(port)), Some("http")),
+        "{web}"
+    );
+    // The registry's address reaches the service.
+    let url = format!("http://{}:{}/", e["host"].as_str().unwrap(), port);
+    let t0 = Instant::now();
+    while ureq::get(&url).call().is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the service never answered at {url}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Probes pass while it answers: still running 3 s in.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        call("GET", &format!("{base}/v1/allocations/{id}"), None).1["state"],
+        "running"
+    );
+    // Then two failed probes in a row: the agent stops it and it fails, saying why on its stderr.
+    let v = wait_for(&base, &id, |v| v["state"] == "failed", Duration::from_secs(30));
+    assert!(
+        v["ended_ms"].as_u64().unwrap() - v["started_ms"].as_u64().unwrap() < 60_000,
+        "{v}"
+    );
+    let (_, logs) = call("GET", &format!("{base}/v1/allocations/{id}/logs?stream=stderr"), None);
+    assert!(
+        logs.to_string().contains("liveness probe failed 2 time(s) in a row"),
+        "{logs}"
+    );
+    // Gone from the registry with it.
+    assert_eq!(
+        call("GET", &format!("{base}/api/v1/services"), None).1["services"],
+        json!([])
+    );
+    let (status, v) = call("GET", &format!("{base}/api/v1/services/web"), None);
+    assert_eq!((status, v["field"].as_str()), (404, Some("name")), "{v}");
+    drop(_agent);
+    rt.block_on(running.shutdown());
+}

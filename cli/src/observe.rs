@@ -292,6 +292,58 @@ pub fn history_view(v: &Value) -> String {
     out
 }
 
+/// `lattice admin tenant show NAME`: its quotas (unset ones omitted), what it holds and its usage.
+pub fn tenant_view(v: &Value) -> String {
+    let mut out = format!("Tenant {}\n", v["name"].as_str().unwrap_or_default());
+    let q = &v["quota"];
+    let hard: Vec<String> = [
+        ("max_nodes", "nodes"),
+        ("max_concurrent_allocations", "running allocations"),
+    ]
+    .iter()
+    .filter_map(|(k, what)| Some(format!("{} {what}", q[*k].as_u64()?)))
+    .collect();
+    out.push_str(&format!(
+        "  Hard quotas: {}\n",
+        if hard.is_empty() {
+            "none".into()
+        } else {
+            hard.join(", ")
+        }
+    ));
+    let soft: Vec<String> = [
+        ("gpu_hours_budget", "GPU-hours budget"),
+        ("node_hours_budget", "node-hours budget"),
+        ("fair_share_target", "fair-share target"),
+        ("burst_allowance", "burst allowance"),
+    ]
+    .iter()
+    .filter_map(|(k, what)| Some(format!("{what} {}", q[*k].as_f64()?)))
+    .collect();
+    out.push_str(&format!(
+        "  Soft quotas: {}\n",
+        if soft.is_empty() {
+            "none".into()
+        } else {
+            soft.join(", ")
+        }
+    ));
+    out.push_str(&format!(
+        "  Now: {} node(s) held, {} running, {} pending\n",
+        v["nodes_held"].as_u64().unwrap_or(0),
+        v["running"].as_u64().unwrap_or(0),
+        v["pending"].as_u64().unwrap_or(0)
+    ));
+    let u = &v["usage_90d"];
+    out.push_str(&format!(
+        "  Last 90 days: {} allocation(s), {:.3} node-hours, {:.3} GPU-hours\n",
+        u["allocations"].as_u64().unwrap_or(0),
+        u["node_hours"].as_f64().unwrap_or(0.0),
+        u["gpu_hours"].as_f64().unwrap_or(0.0)
+    ));
+    out
+}
+
 /// `lattice dag graph ID`: the members and the edges between them.
 pub fn graph_view(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v["allocations"]

@@ -58,6 +58,29 @@ extern "C" fn on_winch(_: libc::c_int) {
 
 /// `ws://` or `wss://` for an `http(s)://` endpoint, with the terminal's query.
 pub fn url(base: &str, id: &str, node: Option<&str>, command: Option<&str>, rows: u16, cols: u16) -> Result<String> {
+    at(
+        base,
+        &format!("/v1/allocations/{}/attach", enc(id)),
+        node,
+        command,
+        rows,
+        cols,
+    )
+}
+
+/// A session's terminal (`GET /v1/sessions/{id}/terminal`).
+pub fn session_url(base: &str, id: &str, rows: u16, cols: u16) -> Result<String> {
+    at(
+        base,
+        &format!("/v1/sessions/{}/terminal", enc(id)),
+        None,
+        None,
+        rows,
+        cols,
+    )
+}
+
+fn at(base: &str, path: &str, node: Option<&str>, command: Option<&str>, rows: u16, cols: u16) -> Result<String> {
     let ws = if let Some(rest) = base.strip_prefix("http://") {
         format!("ws://{rest}")
     } else if let Some(rest) = base.strip_prefix("https://") {
@@ -75,7 +98,7 @@ pub fn url(base: &str, id: &str, node: Option<&str>, command: Option<&str>, rows
     if let Some(c) = command {
         q.push(format!("command={}", enc(c)));
     }
-    Ok(format!("{ws}/v1/allocations/{}/attach?{}", enc(id), q.join("&")))
+    Ok(format!("{ws}{path}?{}", q.join("&")))
 }
 
 /// Percent-encoding for a query value or path segment.

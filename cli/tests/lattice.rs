@@ -273,6 +273,22 @@ fn lattice_cli_drives_the_runtime() {
         v["total"]["allocations"].as_u64().unwrap(),
         "{v}"
     );
+    // Tenants: the list, and one tenant's quotas, holdings and usage.
+    assert!(out(&run(&["admin", "tenant"])).lines().any(|l| l == "physics"));
+    let t = out(&run(&["admin", "tenant", "show", "physics"]));
+    assert!(
+        t.starts_with("Tenant physics") && t.contains("Hard quotas: none") && t.contains("Last 90 days: "),
+        "{t}"
+    );
+    let o = run(&["admin", "tenant", "show", "physics", "-o", "json"]);
+    let tv: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert!(tv["usage_90d"]["allocations"].as_u64().unwrap() >= 3, "{tv}");
+    let o = run(&["admin", "tenant", "show", "nobody"]);
+    assert!(
+        !o.status.success() && err(&o).contains("no tenant nobody"),
+        "{}",
+        err(&o)
+    );
     let h = out(&run(&["history"]));
     assert!(
         h.starts_with("ID") && h.contains("NODE-H") && h.contains("node-hours"),

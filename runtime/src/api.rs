@@ -142,6 +142,26 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "Allocations' metric series side by side, aligned to their starts",
         )
         .query::<CompareIn>(),
+        Op::post(
+            "/v1/sessions",
+            "sessions",
+            "Create an interactive session: an allocation (default 1 node, 4 h) whose work is a terminal",
+        )
+        .body::<ops::SessionRequest>()
+        .status(201),
+        Op::get("/v1/sessions/{id}", "sessions", "A session: its allocation's state").answer::<AllocationView>(),
+        Op::delete(
+            "/v1/sessions/{id}",
+            "sessions",
+            "End a session (cancels its allocation)",
+        ),
+        Op::get(
+            "/v1/sessions/{id}/terminal",
+            "sessions",
+            "The session's terminal on its first node (WebSocket upgrade; as attach)",
+        )
+        .query::<TerminalRequest>()
+        .status(101),
         Op::get("/v1/dags", "dags", "List DAGs"),
         Op::post("/v1/dags", "dags", "Submit a DAG")
             .body::<ops::DagRequest>()
@@ -210,6 +230,11 @@ pub fn documented() -> Vec<crate::openapi::Op> {
         Op::get("/api/v1/tenants/{id}/usage", "accounting", "A tenant's usage").query::<DaysIn>(),
         Op::get("/api/v1/usage", "accounting", "Usage by tenant or user").query::<ops::UsageQuery>(),
         Op::get("/v1/tenants", "tenants", "Tenant names"),
+        Op::get(
+            "/v1/tenants/{id}",
+            "tenants",
+            "A tenant: its quotas, nodes held, running and pending allocations, 90-day usage",
+        ),
         Op::get("/v1/vclusters", "vclusters", "vCluster names"),
         Op::get(
             "/v1/vclusters/{id}/queue",
@@ -222,6 +247,17 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "Set a vCluster's cost-function weights (SystemAdmin)",
         )
         .body::<BTreeMap<String, f64>>(),
+        Op::get(
+            "/api/v1/services",
+            "services",
+            "Registered service names (a tenant's: `x-lattice-tenant`, or the caller's own)",
+        ),
+        Op::get(
+            "/api/v1/services/{name}",
+            "services",
+            "A service's endpoints: allocation, node, host, port, protocol",
+        )
+        .answer_list::<crate::control::ServiceEndpoint>("endpoints"),
         Op::get("/api/v1/raft/status", "quorum", "The quorum's Raft status"),
         Op::get("/v1/admin/raft/status", "quorum", "The quorum's Raft status"),
         Op::post(
@@ -259,6 +295,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/tasks", get(list_tasks).post(launch_tasks))
         .route("/v1/allocations/{id}/tasks/{launch}", get(get_task))
         .route("/v1/allocations/{id}/attach", get(attach).post(attach))
+        .route("/v1/sessions", axum::routing::post(create_session))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/terminal", get(session_terminal))
         .route("/v1/dags", get(list_dags).post(submit_dag))
         .route("/v1/dags/{id}", get(get_dag).delete(cancel_dag))
         .route("/v1/dags/{id}/graph", get(dag_graph))
@@ -289,9 +328,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/tenants/{id}/usage", get(tenant_usage))
         .route("/api/v1/usage", get(usage))
         .route("/v1/tenants", get(tenants))
+        .route("/v1/tenants/{id}", get(tenant))
         .route("/v1/vclusters", get(vclusters))
         .route("/v1/vclusters/{id}/queue", get(queue))
         .route("/v1/vclusters/{id}/weights", put(set_weights))
+        .route("/api/v1/services", get(services))
+        .route("/api/v1/services/{name}", get(service))
         .route("/api/v1/raft/status", get(raft_status))
         .route("/v1/admin/raft/status", get(raft_status))
         .route("/api/v1/admin/backup", axum::routing::post(backup))
@@ -570,9 +612,77 @@ async fn dag_graph(State(s): S, Extension(p): P, Path(id): Path<String>) -> Resp
     }
 }
 
+async fn services(State(s): S, Extension(p): P, headers: axum::http::HeaderMap) -> Response {
+    match ops::services(&s, &p, tenant_header(&headers)).await {
+        Ok(all) => Json(json!({"services": all.into_keys().collect::<Vec<_>>()})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn service(State(s): S, Extension(p): P, headers: axum::http::HeaderMap, Path(name): Path<String>) -> Response {
+    match ops::services(&s, &p, tenant_header(&headers)).await {
+        Ok(mut all) => match all.remove(&name) {
+            Some(endpoints) => Json(json!({"name": name, "endpoints": endpoints})).into_response(),
+            None => error(StatusCode::NOT_FOUND, Some("name"), format!("no service {name}")),
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The `x-lattice-tenant` header.
+fn tenant_header(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get("x-lattice-tenant").and_then(|v| v.to_str().ok())
+}
+
 /// `GET /api/v1/auth/discovery` (public).
 async fn auth_discovery(State(s): S) -> Json<Value> {
     Json(s.auth.discovery())
+}
+
+async fn create_session(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let req: ops::SessionRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return body_error(e),
+    };
+    match ops::create_session(&s, &p, req).await {
+        Ok(id) => (
+            StatusCode::CREATED,
+            Json(json!({"session_id": id, "allocation_id": id})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_session(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::session(&s, &p, &id).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn delete_session(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    if let Err(e) = ops::session(&s, &p, &id).await {
+        return e.into_response();
+    }
+    match ops::cancel(&s, &p, &id).await {
+        Ok(state) => Json(json!({"session_id": id, "state": state})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/sessions/{id}/terminal`: a session's terminal, as `attach` opens it.
+async fn session_terminal(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    q: QueryIn<crate::tasks::TerminalRequest>,
+    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    if let Err(e) = ops::session(&s, &p, &id).await {
+        return e.into_response();
+    }
+    attach(State(s), Extension(p), Path(id), q, ws).await
 }
 
 async fn cancel_dag(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
@@ -819,6 +929,18 @@ fn body_error(e: serde_json::Error) -> Response {
 
 async fn tenants(State(s): S) -> Json<Value> {
     Json(json!({ "tenants": s.control.lock().await.tenant_names() }))
+}
+
+/// `GET /v1/tenants/{id}`: for its own members, operators, read-only callers and administrators.
+async fn tenant(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
+    if !wide && p.tenant.as_deref() != Some(id.as_str()) {
+        return forbidden("another tenant's quotas and usage");
+    }
+    match s.control.lock().await.tenant_view(&id) {
+        Some(v) => Json(v).into_response(),
+        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no tenant {id}")),
+    }
 }
 
 async fn vclusters(State(s): S) -> Json<Value> {
@@ -1521,9 +1643,29 @@ async fn stream_logs(State(s): S, Extension(p): P, Path(id): Path<String>, Query
     tokio::spawn(async move {
         let _open = crate::metrics::StreamGuard::open(&s.metrics, "logs");
         let mut quiet = 0;
+        let mut trouble = 0;
         loop {
-            let Ok(nodes) = ops::live_logs(&s, &p, &id, stream, &after).await else {
-                break;
+            let nodes = match ops::live_logs(&s, &p, &id, stream, &after).await {
+                Ok(n) => {
+                    trouble = 0;
+                    n
+                }
+                // A leader still taking over, or a moment without one: looked at again a few times
+                // before the stream says why it ends (a client resumes with its offsets).
+                Err(e @ (ApiError::Unavailable { .. } | ApiError::NotLeader { .. })) if trouble < 20 => {
+                    trouble += 1;
+                    tracing::debug!("log stream {id}: {e:?}");
+                    tokio::time::sleep(STREAM_POLL).await;
+                    continue;
+                }
+                Err(e) => {
+                    let _ = tx
+                        .send(Ok(Event::default()
+                            .event("error")
+                            .data(json!({"error": format!("{e:?}")}).to_string())))
+                        .await;
+                    break;
+                }
             };
             let mut got = false;
             for (node, o) in nodes {

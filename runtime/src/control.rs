@@ -87,9 +87,14 @@ pub struct SubmitRequest {
     /// how the application checkpoints and takes hints.
     #[serde(default)]
     pub checkpoint: Option<CheckpointIn>,
-    /// `{"network_domain": NAME}`: allocations of a tenant naming the same domain share a Slingshot VNI.
+    /// `{"network_domain": NAME, "expose": [{"name", "port", "protocol"}]}`: allocations of a tenant
+    /// naming the same domain share a Slingshot VNI; exposed ports are registered services while it runs.
     #[serde(default)]
     pub connectivity: Option<ConnectivityIn>,
+    /// A service's liveness probe (`{"probe_type": "tcp|http", "port", "path", "period_secs",
+    /// "initial_delay_secs", "failure_threshold", "timeout_secs"}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<LivenessProbeIn>,
     /// `{"mounts": [{"source", "size_gb", "tier", "tier_hint"}]}`: input data. A mount hinted `hot`
     /// that is not there yet is pre-staged while the allocation waits (f5, data readiness). With a VAST
     /// service the control plane looks up each mount's tier and size (`tier`/`size_gb` may be left
@@ -262,6 +267,92 @@ fn tier(field: &str, s: &str) -> Result<lattice_engine::Tier, FieldError> {
 pub struct ConnectivityIn {
     #[serde(default)]
     pub network_domain: Option<String>,
+    /// Named service ports (book: "Service Exposure"): while it runs, each is an endpoint of the
+    /// service registry (`GET /api/v1/services/{name}`) on each of its nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose: Vec<ExposeIn>,
+}
+
+/// One exposed port.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExposeIn {
+    /// The service's name (lowercase letters, digits and `-`, at most 63).
+    pub name: String,
+    pub port: u32,
+    /// `tcp` (the default), `http`, `https` or `grpc`.
+    #[serde(default)]
+    pub protocol: Option<String>,
+}
+
+/// The seed's `LivenessProbeSpec`: the agents probe the service and fail the allocation after
+/// `failure_threshold` failures in a row (it is then requeued per its policy).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LivenessProbeIn {
+    /// `tcp` or `http`.
+    pub probe_type: String,
+    pub port: u32,
+    /// HTTP only (default `/`); a 2xx or 3xx answer is alive.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Default 30.
+    #[serde(default)]
+    pub period_secs: Option<u32>,
+    /// Default 10.
+    #[serde(default)]
+    pub initial_delay_secs: Option<u32>,
+    /// Default 3.
+    #[serde(default)]
+    pub failure_threshold: Option<u32>,
+    /// Default 5.
+    #[serde(default)]
+    pub timeout_secs: Option<u32>,
+}
+
+impl LivenessProbeIn {
+    /// The agents' probe, with the seed's defaults; a bad field is named.
+    pub fn spec(&self) -> Result<lattice_agent::probe::ProbeSpec, FieldError> {
+        let f = |x: &str| format!("liveness_probe.{x}");
+        if self.probe_type != "tcp" && self.probe_type != "http" {
+            return Err(bad(&f("probe_type"), format!("`{}`: tcp or http", self.probe_type)));
+        }
+        let port = u16::try_from(self.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad(&f("port"), format!("{}: 1-65535", self.port)))?;
+        if let Some(p) = &self.path
+            && (!p.starts_with('/') || p.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(bad(&f("path"), format!("`{p}`: an absolute path without spaces")));
+        }
+        let positive = |name: &str, v: Option<u32>, default: u32| match v.unwrap_or(default) {
+            0 => Err(bad(&f(name), "must be at least 1")),
+            x if x > 86_400 => Err(bad(&f(name), format!("{x}: at most 86400"))),
+            x => Ok(x),
+        };
+        Ok(lattice_agent::probe::ProbeSpec {
+            probe_type: self.probe_type.clone(),
+            port,
+            path: self.path.clone(),
+            period_secs: positive("period_secs", self.period_secs, 30)?,
+            initial_delay_secs: self.initial_delay_secs.unwrap_or(10).min(86_400),
+            failure_threshold: positive("failure_threshold", self.failure_threshold, 3)?,
+            timeout_secs: positive("timeout_secs", self.timeout_secs, 5)?,
+        })
+    }
+}
+
+/// One endpoint of a registered service (`GET /api/v1/services/{name}`).
+#[derive(Clone, Debug, Serialize, PartialEq, schemars::JsonSchema)]
+pub struct ServiceEndpoint {
+    pub allocation: String,
+    pub tenant: String,
+    pub node: String,
+    /// Where the node is reached: its agent's host, else the node's name.
+    pub host: String,
+    pub port: u16,
+    pub protocol: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
@@ -512,6 +603,9 @@ struct Meta {
     metric: Option<String>,
     environment: Option<EnvironmentIn>,
     data: Option<DataIn>,
+    /// Its exposed ports and its liveness probe.
+    expose: Vec<ExposeIn>,
+    liveness: Option<lattice_agent::probe::ProbeSpec>,
 }
 
 impl Meta {
@@ -532,6 +626,8 @@ impl Meta {
             metric: None,
             environment: None,
             data: None,
+            expose: Vec::new(),
+            liveness: None,
         }
     }
 }
@@ -1241,6 +1337,31 @@ impl Control {
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
         spec.task_group = group;
+        let expose = req.connectivity.as_ref().map(|c| c.expose.clone()).unwrap_or_default();
+        for (i, e) in expose.iter().enumerate() {
+            let f = |x: &str| format!("connectivity.expose[{i}].{x}");
+            if e.name.is_empty()
+                || e.name.len() > 63
+                || !e
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            {
+                return Err(bad(
+                    &f("name"),
+                    format!("`{}`: lowercase letters, digits and -, at most 63", e.name),
+                ));
+            }
+            if e.port == 0 || e.port > 65_535 {
+                return Err(bad(&f("port"), format!("{}: 1-65535", e.port)));
+            }
+            if let Some(p) = &e.protocol
+                && !["tcp", "http", "https", "grpc"].contains(&p.as_str())
+            {
+                return Err(bad(&f("protocol"), format!("`{p}`: tcp, http, https or grpc")));
+            }
+        }
+        let liveness = req.liveness_probe.as_ref().map(LivenessProbeIn::spec).transpose()?;
         for (i, m) in req.data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
             let f = |x: &str| format!("data.mounts[{i}].{x}");
             let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
@@ -1310,6 +1431,8 @@ impl Control {
             tags: req.tags.clone(),
             environment: req.environment.clone(),
             data: req.data.clone(),
+            expose,
+            liveness,
             metric: (lifecycle.walltime().is_none() && scale.is_some())
                 .then(|| lc.metric.clone())
                 .flatten(),
@@ -2410,6 +2533,43 @@ impl Control {
         })
     }
 
+    /// The service registry (book: "Service Discovery"): each exposed port of each running allocation
+    /// (of `tenant`, when given) on each of its nodes, by service name. Derived from the allocations'
+    /// specs and the nodes they hold, it has the same consistency as node ownership: an allocation that
+    /// ends or is requeued leaves it at once.
+    pub fn services(&self, tenant: Option<&str>) -> BTreeMap<String, Vec<ServiceEndpoint>> {
+        let mut out: BTreeMap<String, Vec<ServiceEndpoint>> = BTreeMap::new();
+        for a in self.ctl.engine.allocations() {
+            let Some(m) = self.meta.get(a.id.index()) else { continue };
+            if a.state != AllocState::Running || m.expose.is_empty() {
+                continue;
+            }
+            let t = self.tenant_name(a.spec.tenant);
+            if tenant.is_some_and(|w| w != t) {
+                continue;
+            }
+            for n in &a.nodes {
+                let node = self.node_names[n.index()].clone();
+                let host = self
+                    .peer_addr
+                    .get(&n.0)
+                    .and_then(|addr| addr.parse::<std::net::SocketAddr>().ok())
+                    .map_or_else(|| node.clone(), |sa| sa.ip().to_string());
+                for e in &m.expose {
+                    out.entry(e.name.clone()).or_default().push(ServiceEndpoint {
+                        allocation: m.name.clone(),
+                        tenant: t.clone(),
+                        node: node.clone(),
+                        host: host.clone(),
+                        port: e.port as u16,
+                        protocol: e.protocol.clone().unwrap_or_else(|| "tcp".into()),
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// When `name` was submitted (ms since the epoch).
     pub fn submitted_ms(&self, name: &str) -> u64 {
         self.by_name
@@ -2849,6 +3009,7 @@ impl Control {
                         .collect(),
                     data_defaults: m.data.as_ref().and_then(|d| d.defaults).unwrap_or(true),
                     checkpoints: a.spec.checkpoint.kind != lattice_engine::CheckpointKind::None,
+                    liveness_probe: m.liveness.clone(),
                 });
             }
             // Someone follows its output: the agent sends what is new with its next polls.
@@ -3134,6 +3295,8 @@ impl Control {
         e.insert(nid.0, code);
         let reason = match kind {
             ExitKind::Fenced => Some(EndReason::NodeFailure),
+            // The service stopped answering: an application failure (requeued per its policy).
+            ExitKind::Liveness => Some(EndReason::ExitFailure),
             ExitKind::Walltime => Some(EndReason::WalltimeExceeded),
             ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
             // Every node of this run exited (exits of other nodes are an earlier run's).
@@ -3431,6 +3594,31 @@ impl Control {
         self.tenants.keys().cloned().collect()
     }
 
+    /// One tenant (`GET /v1/tenants/{id}`): its contract (hard and soft quotas), what the hard quotas
+    /// count now (nodes held, running allocations), how many wait, and its usage over the last 90 days
+    /// (the budget period).
+    pub fn tenant_view(&self, name: &str) -> Option<serde_json::Value> {
+        let id = *self.tenants.get(name)?;
+        let (nodes, running) = self.ctl.engine.tenant_committed(id);
+        let pending = self
+            .ctl
+            .engine
+            .allocations()
+            .iter()
+            .filter(|a| a.spec.tenant == id && a.state == AllocState::Pending)
+            .count();
+        let until = self.now();
+        let since = Time(until.0.saturating_sub(90 * 86_400_000));
+        Some(serde_json::json!({
+            "name": name,
+            "quota": self.ctl.engine.tenant_quota(id).copied().unwrap_or_default(),
+            "nodes_held": nodes,
+            "running": running,
+            "pending": pending,
+            "usage_90d": self.usage(Some(name), None, since, until),
+        }))
+    }
+
     /// Hard node quotas, by tenant name (tenants that have one).
     pub fn node_quotas(&self) -> Vec<(String, u32)> {
         self.tenants
@@ -3551,6 +3739,9 @@ pub struct Launch {
     /// It has a checkpoint strategy: its checkpoint directory is made.
     #[serde(default)]
     pub checkpoints: bool,
+    /// Its service's liveness probe, run by the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<lattice_agent::probe::ProbeSpec>,
 }
 
 fn yes() -> bool {
@@ -3639,6 +3830,8 @@ pub enum ExitKind {
     /// The agent could not prepare the run on its node (its software environment could not be
     /// pulled or read): a prologue failure, retried on other nodes first up to the engine's limit.
     Prologue,
+    /// Its agent stopped it after its liveness probe failed `failure_threshold` times in a row.
+    Liveness,
 }
 
 /// A victim's preemption in progress.

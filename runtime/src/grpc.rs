@@ -229,8 +229,29 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             estimated_minutes: c.estimated_minutes,
             mechanism: none_if_empty(c.mechanism),
         }),
-        connectivity: none_if_empty(r.network_domain).map(|d| crate::control::ConnectivityIn {
-            network_domain: Some(d),
+        connectivity: (!r.network_domain.is_empty() || !r.expose.is_empty()).then(|| crate::control::ConnectivityIn {
+            network_domain: none_if_empty(r.network_domain),
+            expose: r
+                .expose
+                .into_iter()
+                .map(|e| crate::control::ExposeIn {
+                    name: e.name,
+                    port: e.port,
+                    protocol: none_if_empty(e.protocol),
+                })
+                .collect(),
+        }),
+        liveness_probe: r.liveness_probe.map(|l| {
+            let some = |v: u32| (v > 0).then_some(v);
+            crate::control::LivenessProbeIn {
+                probe_type: l.probe_type,
+                port: l.port,
+                path: none_if_empty(l.path),
+                period_secs: some(l.period_secs),
+                initial_delay_secs: some(l.initial_delay_secs),
+                failure_threshold: some(l.failure_threshold),
+                timeout_secs: some(l.timeout_secs),
+            }
         }),
         data: (!r.data.is_empty() || r.data_defaults.is_some()).then(|| crate::control::DataIn {
             defaults: r.data_defaults,
@@ -720,6 +741,49 @@ impl AdminService for Api {
                 })
                 .collect(),
             chain_valid,
+        }))
+    }
+
+    async fn list_services(
+        &self,
+        req: Request<pb::ListServicesRequest>,
+    ) -> Result<Response<pb::ListServicesResponse>, Status> {
+        let p = self.principal(&req)?;
+        let asked = req.metadata().get("x-lattice-tenant").and_then(|v| v.to_str().ok());
+        let all = ops::services(&self.shared, &p, asked).await?;
+        Ok(Response::new(pb::ListServicesResponse {
+            names: all.into_keys().collect(),
+        }))
+    }
+
+    async fn lookup_service(
+        &self,
+        req: Request<pb::LookupServiceRequest>,
+    ) -> Result<Response<pb::LookupServiceResponse>, Status> {
+        let p = self.principal(&req)?;
+        let asked = req
+            .metadata()
+            .get("x-lattice-tenant")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let name = req.into_inner().name;
+        let mut all = ops::services(&self.shared, &p, asked.as_deref()).await?;
+        let endpoints = all
+            .remove(&name)
+            .ok_or_else(|| Status::not_found(format!("no service {name}")))?;
+        Ok(Response::new(pb::LookupServiceResponse {
+            name,
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| pb::ServiceEndpoint {
+                    allocation: e.allocation,
+                    tenant: e.tenant,
+                    node: e.node,
+                    host: e.host,
+                    port: u32::from(e.port),
+                    protocol: e.protocol,
+                })
+                .collect(),
         }))
     }
 

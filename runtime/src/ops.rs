@@ -824,6 +824,108 @@ async fn usage_window(s: &Shared, p: &Principal, q: &UsageQuery) -> Result<Windo
     })
 }
 
+/// `POST /v1/sessions` (book: "Interactive Sessions"): an allocation whose work is a terminal. Its
+/// nodes are held by a process that waits; the terminal (`GET /v1/sessions/{id}/terminal`) is opened
+/// once it runs, and deleting the session ends the allocation.
+#[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    pub tenant: String,
+    #[serde(default)]
+    pub project: Option<String>,
+    /// Typically the site's interactive vCluster.
+    #[serde(default)]
+    pub vcluster: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Default: one node.
+    #[serde(default)]
+    pub resources: Option<crate::control::Resources>,
+    /// Default: bounded, walltime 4 h.
+    #[serde(default)]
+    pub lifecycle: Option<crate::control::LifecycleIn>,
+    #[serde(default)]
+    pub environment: Option<crate::control::EnvironmentIn>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// The service registry as the caller may see it (book: "Service Discovery Isolation"): `asked` is
+/// the `x-lattice-tenant` header — an administrator, operator or read-only caller may name any tenant
+/// (and sees every tenant's without one), others only their own (and see their own without one).
+pub async fn services(
+    s: &Shared,
+    p: &Principal,
+    asked: Option<&str>,
+) -> Result<BTreeMap<String, Vec<crate::control::ServiceEndpoint>>, ApiError> {
+    readable(s).await?;
+    let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
+    let scope = match (asked.filter(|t| !t.is_empty()), wide) {
+        (Some(t), true) => Some(t.to_string()),
+        (Some(t), false) if p.tenant.as_deref() == Some(t) => Some(t.to_string()),
+        (Some(t), false) => {
+            return Err(ApiError::Forbidden {
+                field: Some("x-lattice-tenant".into()),
+                message: format!("{} may not see tenant {t}'s services", p.user),
+            });
+        }
+        (None, true) => None,
+        (None, false) => Some(p.tenant.clone().unwrap_or_default()),
+    };
+    Ok(s.control.lock().await.services(scope.as_deref()))
+}
+
+/// The tag that marks an allocation as a session.
+pub const SESSION_TAG: &str = "session";
+
+/// Creates a session: its allocation's id (also the session's).
+pub async fn create_session(s: &Arc<Shared>, p: &Principal, r: SessionRequest) -> Result<String, ApiError> {
+    let mut tags = r.tags;
+    tags.insert(SESSION_TAG.into(), "true".into());
+    let req = SubmitRequest {
+        tenant: r.tenant,
+        project: r.project,
+        vcluster: r.vcluster,
+        user: r.user,
+        entrypoint: Some("exec sleep infinity".into()),
+        resources: r.resources.unwrap_or(crate::control::Resources {
+            nodes: crate::control::NodesIn::Exact(1),
+            constraints: None,
+        }),
+        lifecycle: Some(r.lifecycle.unwrap_or(crate::control::LifecycleIn {
+            kind: "bounded".into(),
+            walltime: Some("4h".into()),
+            min_nodes: None,
+            max_nodes: None,
+            metric: None,
+            target: None,
+            scale_policy: None,
+        })),
+        preemption_class: None,
+        tags,
+        duration: None,
+        depends_on: Vec::new(),
+        sensitive: false,
+        checkpoint: None,
+        connectivity: None,
+        data: None,
+        task_group: None,
+        idempotency_key: None,
+        liveness_probe: None,
+        environment: r.environment,
+    };
+    Ok(submit(s, p, req).await?.id)
+}
+
+/// A session the caller may see (an allocation tagged as one; anything else is not a session).
+pub async fn session(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
+    let v = get(s, p, id).await?;
+    if v.tags.get(SESSION_TAG).map(String::as_str) != Some("true") {
+        return Err(not_found("session", id));
+    }
+    Ok(v)
+}
+
 /// `POST /v1/dags`: allocations with edges between them by member name.
 #[derive(Clone, Debug, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -686,6 +686,39 @@ async fn update_checkpoint_disable_audit_and_usage() {
         d["note"].as_str().unwrap().contains("TSDB") && d["storage"].is_object(),
         "{d}"
     );
+    // Sessions: allocations whose work is a terminal; only those are sessions.
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"tenant": "bio", "lifecycle": {"walltime": "1h"}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let sid = v["session_id"].as_str().unwrap().to_string();
+    assert_eq!(v["allocation_id"], sid.as_str());
+    let sv = api.get(&format!("/v1/sessions/{sid}")).await;
+    assert_eq!(
+        (
+            sv["tags"]["session"].as_str(),
+            sv["requested_nodes"].as_u64(),
+            sv["walltime_s"].as_f64()
+        ),
+        (Some("true"), Some(1), Some(3600.0)),
+        "{sv}"
+    );
+    let (status, v) = api.call("GET", &format!("/v1/sessions/{first}"), None).await;
+    assert_eq!((status, v["field"].as_str()), (404, Some("id")), "not a session: {v}");
+    let (status, v) = api.call("DELETE", &format!("/v1/sessions/{first}"), None).await;
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = api
+        .call("POST", "/v1/sessions", Some(json!({"tenant": "bio", "nodes": 2})))
+        .await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("nodes")), "{v}");
+    let (status, v) = api.call("DELETE", &format!("/v1/sessions/{sid}"), None).await;
+    assert_eq!(status, 200, "{v}");
+    let ended = api.get(&format!("/v1/sessions/{sid}")).await;
+    assert!(ended["ended_ms"].is_u64(), "{ended}");
     // Auth discovery is public: with `mode: none` it says so.
     let disc = api.get("/api/v1/auth/discovery").await;
     assert_eq!(disc["mode"], "none", "{disc}");

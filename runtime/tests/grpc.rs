@@ -498,6 +498,80 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
         .into_inner();
     assert_eq!(n.state, "ready");
 
+    // Service discovery: a running allocation's exposed port, tenant-filtered by metadata.
+    let mut svc = request("physics", 1, "10m", None);
+    svc.entrypoint = "sleep 30".into();
+    svc.expose = vec![pb::Expose {
+        name: "api".into(),
+        port: 8080,
+        protocol: "http".into(),
+    }];
+    svc.liveness_probe = Some(pb::LivenessProbeSpec {
+        probe_type: "tcp".into(),
+        port: 8080,
+        ..Default::default()
+    });
+    let sid = allocs.submit(authed(svc, &alice)).await.unwrap().into_inner().id;
+    let t0 = Instant::now();
+    loop {
+        let a = allocs
+            .get(authed(pb::GetAllocationRequest { id: sid.clone() }, &alice))
+            .await
+            .unwrap()
+            .into_inner();
+        if a.state == "running" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{a:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let names = admin
+        .list_services(authed(pb::ListServicesRequest {}, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(names.names, ["api"]);
+    let found = admin
+        .lookup_service(authed(pb::LookupServiceRequest { name: "api".into() }, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(found.endpoints.len(), 1, "{found:?}");
+    assert_eq!(
+        (
+            found.endpoints[0].allocation.as_str(),
+            found.endpoints[0].port,
+            found.endpoints[0].tenant.as_str()
+        ),
+        (sid.as_str(), 8080, "physics")
+    );
+    let mut other = authed(pb::ListServicesRequest {}, &root);
+    other.metadata_mut().insert("x-lattice-tenant", "bio".parse().unwrap());
+    assert!(admin.list_services(other).await.unwrap().into_inner().names.is_empty());
+    let mut nosy = authed(pb::ListServicesRequest {}, &alice);
+    nosy.metadata_mut().insert("x-lattice-tenant", "bio".parse().unwrap());
+    assert_eq!(
+        admin.list_services(nosy).await.unwrap_err().code(),
+        tonic::Code::PermissionDenied
+    );
+    let mut bad = request("physics", 1, "10m", None);
+    bad.liveness_probe = Some(pb::LivenessProbeSpec {
+        probe_type: "udp".into(),
+        port: 1,
+        ..Default::default()
+    });
+    let e = allocs.submit(authed(bad, &alice)).await.unwrap_err();
+    assert!(e.message().contains("liveness_probe.probe_type"), "{e:?}");
+    allocs
+        .cancel(authed(pb::CancelRequest { id: sid.clone() }, &alice))
+        .await
+        .unwrap();
+    let gone = admin
+        .lookup_service(authed(pb::LookupServiceRequest { name: "api".into() }, &root))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+
     // Admin: tenants, vClusters, queue, weights.
     let t = admin
         .list_tenants(authed(pb::ListTenantsRequest {}, &root))

@@ -19,6 +19,10 @@ struct Cli {
     /// Runtime REST endpoint (default: LATTICE_ENDPOINT, the config file, http://127.0.0.1:8080).
     #[arg(long, global = true)]
     endpoint: Option<String>,
+    /// Output format: table (the default), wide, json or yaml — for every command (json and yaml
+    /// print the API's answer).
+    #[arg(short, long, global = true, value_enum)]
+    output: Option<Output>,
     /// Tenant to submit as (default: LATTICE_TENANT or the config file).
     #[arg(long, global = true)]
     tenant: Option<String>,
@@ -86,8 +90,6 @@ enum Cmd {
     /// Allocations (all of the tenant's, or one): `-o table|wide|json|yaml`, `--watch` to refresh.
     Status {
         id: Option<String>,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
         #[arg(long)]
         watch: bool,
         #[arg(long)]
@@ -188,10 +190,7 @@ enum Cmd {
         cmd: CacheCmd,
     },
     /// Nodes and their state.
-    Nodes {
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
-    },
+    Nodes,
     /// DAGs of allocations: `submit FILE` (YAML or JSON: `allocations:` with `name` and `depends_on`),
     /// `status ID`, `cancel ID`.
     Dag {
@@ -222,8 +221,6 @@ enum Cmd {
         network: bool,
         #[arg(long)]
         storage: bool,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
     },
     /// Allocations' metrics side by side, aligned to each one's start (from the TSDB):
     /// `lattice compare ID ID [--metric gpu_utilization,io_write_bytes]`.
@@ -239,8 +236,6 @@ enum Cmd {
         /// Seconds between points, e.g. `5s`.
         #[arg(long)]
         step: Option<String>,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
     },
     /// A live view of the cluster in the terminal: nodes by state, running allocations and the waiting
     /// ones with why they wait; refreshes every `--interval` seconds until Ctrl-C (`--once`: print once).
@@ -285,8 +280,6 @@ enum Cmd {
         since: Option<String>,
         #[arg(long)]
         until: Option<String>,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
     },
     /// Usage history (sacct): each allocation's node-hours and GPU-hours, and the totals, of a tenant
     /// (`--tenant`) or a user (`--user`) over the last `--days` (90).
@@ -295,8 +288,6 @@ enum Cmd {
         user: Option<String>,
         #[arg(long)]
         days: Option<u32>,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
     },
     /// Switch an allocation's telemetry mode: `lattice telemetry ID --mode debug --duration 30m`
     /// (prod | debug | audit; debug reverts to prod after its duration).
@@ -367,8 +358,6 @@ enum CacheCmd {
     List {
         #[arg(long)]
         node: Option<String>,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
     },
     /// Remove a uenv from the nodes' caches (not while a running allocation has it mounted).
     Evict {
@@ -392,8 +381,6 @@ enum DagCmd {
     /// Its structure: each member and what it runs after.
     Graph {
         id: String,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: Output,
     },
     Cancel {
         id: String,
@@ -410,8 +397,11 @@ enum AdminCmd {
     },
     /// The quorum's status (leader, term, members, commits, audit chain).
     RaftStatus,
-    /// Tenants known to the scheduler.
-    Tenant,
+    /// Tenants: `list` (the default), or `show NAME`: its quotas, what it holds, its 90-day usage.
+    Tenant {
+        #[command(subcommand)]
+        cmd: Option<TenantCmd>,
+    },
     /// Back up the quorum's state (written on the server, under its data folder), or `--verify` the
     /// latest backup (or `--path`).
     Backup {
@@ -425,6 +415,12 @@ enum AdminCmd {
         #[command(subcommand)]
         cmd: VclusterCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum TenantCmd {
+    List,
+    Show { name: String },
 }
 
 #[derive(Subcommand)]
@@ -703,6 +699,7 @@ fn run() -> Result<()> {
         },
     };
     let client = Client { base, agent, token };
+    let output = cli.output.unwrap_or(Output::Table);
     match cli.cmd {
         Cmd::Login { .. } | Cmd::Logout => unreachable!("handled above"),
         Cmd::Submit {
@@ -810,15 +807,9 @@ fn run() -> Result<()> {
                 body["data"] = json!({"mounts": f.data_mounts.iter().map(|m| m.to_json()).collect::<Vec<_>>()});
             }
             let v = client.call("POST", "/v1/allocations", Some(&body))?;
-            println!("{}", v["id"].as_str().unwrap_or_default());
+            print_value(&v, output, |v| format!("{}\n", v["id"].as_str().unwrap_or_default()))?;
         }
-        Cmd::Status {
-            id,
-            output,
-            watch,
-            user,
-            all,
-        } => loop {
+        Cmd::Status { id, watch, user, all } => loop {
             let mut rows: Vec<Value> = match &id {
                 Some(id) => vec![client.call("GET", &format!("/v1/allocations/{id}"), None)?],
                 None => {
@@ -874,19 +865,44 @@ fn run() -> Result<()> {
                 let handles: Vec<_> = streams
                     .iter()
                     .map(|&stream| {
-                        let (client, node, out) = (&client, &node, &out);
-                        let path = format!("/v1/allocations/{id}/logs/stream?stream={stream}");
-                        scope.spawn(move || {
-                            client.events(&path, |event, data| {
-                                if event == "output" && node.as_ref().is_none_or(|n| data["node"].as_str() == Some(n)) {
-                                    let _held = out.lock();
-                                    print_stream(
-                                        stream == "stderr" && !stderr,
-                                        data["data"].as_str().unwrap_or_default(),
-                                    );
+                        let (client, node, out, id) = (&client, &node, &out, &id);
+                        scope.spawn(move || -> Result<()> {
+                            // Where each node's output is up to: a stream that closes before its
+                            // `end` is opened again from there (nothing twice, nothing lost).
+                            let mut after: std::collections::BTreeMap<String, u64> = Default::default();
+                            for _ in 0..20 {
+                                let q: Vec<String> = after.iter().map(|(n, o)| format!("{n}:{o}")).collect();
+                                let path =
+                                    format!("/v1/allocations/{id}/logs/stream?stream={stream}&after={}", q.join(","));
+                                let (mut ended, mut failed) = (false, None);
+                                client.events(&path, |event, data| {
+                                    match event {
+                                        "output" => {
+                                            let n = data["node"].as_str().unwrap_or_default().to_string();
+                                            if node.as_ref().is_none_or(|x| *x == n) {
+                                                let _held = out.lock();
+                                                print_stream(
+                                                    stream == "stderr" && !stderr,
+                                                    data["data"].as_str().unwrap_or_default(),
+                                                );
+                                            }
+                                            after.insert(n, data["next"].as_u64().unwrap_or(0));
+                                        }
+                                        "end" => ended = true,
+                                        "error" => failed = data["error"].as_str().map(str::to_string),
+                                        _ => {}
+                                    }
+                                    !ended && failed.is_none()
+                                })?;
+                                if let Some(f) = failed {
+                                    bail!("{id}: the log stream ended: {f}");
                                 }
-                                event != "end"
-                            })
+                                if ended {
+                                    return Ok(());
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(500));
+                            }
+                            bail!("{id}: the log stream kept closing before the allocation's end")
                         })
                     })
                     .collect();
@@ -976,9 +992,6 @@ fn run() -> Result<()> {
             let mut body = json!({
                 "resources": {"nodes": nodes},
                 "lifecycle": {"type": "bounded", "walltime": walltime},
-                // The session's nodes are held by a process that waits; the terminal is the work.
-                "entrypoint": "exec sleep infinity",
-                "tags": {"session": "true"},
             });
             if let Some(t) = &tenant {
                 body["tenant"] = json!(t);
@@ -995,15 +1008,15 @@ fn run() -> Result<()> {
                     body["environment"]["view"] = json!(v);
                 }
             }
-            let v = client.call("POST", "/v1/allocations", Some(&body))?;
-            let id = v["id"].as_str().unwrap_or_default().to_string();
+            let v = client.call("POST", "/v1/sessions", Some(&body))?;
+            let id = v["session_id"].as_str().unwrap_or_default().to_string();
             eprintln!("lattice session: {id} waiting for its nodes…");
             let code = loop {
-                let a = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
+                let a = client.call("GET", &format!("/v1/sessions/{id}"), None)?;
                 match a["state"].as_str() {
                     Some("running") => {
                         let (rows, cols) = lattice_cli::terminal::size().unwrap_or((24, 80));
-                        let url = lattice_cli::terminal::url(&client.base, &id, None, None, rows, cols)?;
+                        let url = lattice_cli::terminal::session_url(&client.base, &id, rows, cols)?;
                         break lattice_cli::terminal::run(&url, client.token.as_deref());
                     }
                     Some("completed" | "failed" | "cancelled") => {
@@ -1012,8 +1025,8 @@ fn run() -> Result<()> {
                     _ => std::thread::sleep(std::time::Duration::from_millis(250)),
                 }
             };
-            // Leaving the terminal ends the session's allocation.
-            let _ = client.call("DELETE", &format!("/v1/allocations/{id}"), None);
+            // Leaving the terminal ends the session.
+            let _ = client.call("DELETE", &format!("/v1/sessions/{id}"), None);
             eprintln!("lattice session: {id} ended");
             std::process::exit(code?.clamp(0, 255));
         }
@@ -1026,14 +1039,18 @@ fn run() -> Result<()> {
             } => {
                 let body = json!({"image": image, "nodes": nodes, "group": group, "sticky": sticky});
                 let v = client.call("POST", "/v1/cache/warm", Some(&body))?;
-                println!("warming {image} on {}", v["nodes"].as_array().map_or(0, Vec::len));
+                print_value(&v, output, |v| {
+                    format!("warming {image} on {}\n", v["nodes"].as_array().map_or(0, Vec::len))
+                })?;
             }
             CacheCmd::Evict { image, nodes, group } => {
                 let body = json!({"image": image, "nodes": nodes, "group": group});
                 let v = client.call("POST", "/v1/cache/evict", Some(&body))?;
-                println!("evicting {image} on {}", v["nodes"].as_array().map_or(0, Vec::len));
+                print_value(&v, output, |v| {
+                    format!("evicting {image} on {}\n", v["nodes"].as_array().map_or(0, Vec::len))
+                })?;
             }
-            CacheCmd::List { node, output } => {
+            CacheCmd::List { node } => {
                 let path = match &node {
                     Some(n) => format!("/v1/cache?node={n}"),
                     None => "/v1/cache".to_string(),
@@ -1088,11 +1105,11 @@ fn run() -> Result<()> {
                 bail!("which allocation? `lattice cancel ID...`");
             }
             for id in ids {
-                client.call("DELETE", &format!("/v1/allocations/{id}"), None)?;
-                println!("cancelled {id}");
+                let v = client.call("DELETE", &format!("/v1/allocations/{id}"), None)?;
+                print_value(&v, output, |_| format!("cancelled {id}\n"))?;
             }
         }
-        Cmd::Nodes { output } => {
+        Cmd::Nodes => {
             let v = client.call("GET", "/v1/nodes", None)?;
             print_rows(
                 v["nodes"].as_array().map(Vec::as_slice).unwrap_or(&[]),
@@ -1115,8 +1132,8 @@ fn run() -> Result<()> {
                     }
                 }
                 let v = client.call("POST", "/v1/dags", Some(&body))?;
-                println!("{}", v["id"].as_str().unwrap_or_default());
-                if let Some(m) = v["allocations"].as_object() {
+                print_value(&v, output, |v| format!("{}\n", v["id"].as_str().unwrap_or_default()))?;
+                if let (Some(m), Output::Table | Output::Wide) = (v["allocations"].as_object(), output) {
                     for (name, id) in m {
                         eprintln!("  {name}: {}", id.as_str().unwrap_or_default());
                     }
@@ -1124,23 +1141,28 @@ fn run() -> Result<()> {
             }
             DagCmd::Status { id } => {
                 let v = client.call("GET", &format!("/v1/dags/{id}"), None)?;
-                println!("{id}: {}", v["state"].as_str().unwrap_or_default());
-                for m in v["allocations"].as_array().cloned().unwrap_or_default() {
-                    println!(
-                        "  {:<16} {:<10} {}",
-                        m["name"].as_str().unwrap_or_default(),
-                        m["id"].as_str().unwrap_or_default(),
-                        m["state"].as_str().unwrap_or_default()
-                    );
-                }
+                print_value(&v, output, |v| {
+                    let mut s = format!("{id}: {}\n", v["state"].as_str().unwrap_or_default());
+                    for m in v["allocations"].as_array().cloned().unwrap_or_default() {
+                        s.push_str(&format!(
+                            "  {:<16} {:<10} {}\n",
+                            m["name"].as_str().unwrap_or_default(),
+                            m["id"].as_str().unwrap_or_default(),
+                            m["state"].as_str().unwrap_or_default()
+                        ));
+                    }
+                    s
+                })?;
             }
-            DagCmd::Graph { id, output } => {
+            DagCmd::Graph { id } => {
                 let v = client.call("GET", &format!("/v1/dags/{id}/graph"), None)?;
                 print_value(&v, output, lattice_cli::observe::graph_view)?;
             }
             DagCmd::Cancel { id } => {
                 let v = client.call("DELETE", &format!("/v1/dags/{id}"), None)?;
-                println!("{id}: cancelled {}", v["cancelled"].as_u64().unwrap_or(0));
+                print_value(&v, output, |v| {
+                    format!("{id}: cancelled {}\n", v["cancelled"].as_u64().unwrap_or(0))
+                })?;
             }
         },
         Cmd::Watch { id, interval } => {
@@ -1149,7 +1171,12 @@ fn run() -> Result<()> {
                 let v = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
                 let state = v["state"].as_str().unwrap_or_default().to_string();
                 if last.as_deref() != Some(state.as_str()) {
-                    println!("{}", lattice_cli::status::watch_line(&v, lattice_cli::status::now_ms()));
+                    // json/yaml: one document per change (JSON lines; YAML documents).
+                    match output {
+                        Output::Json => println!("{}", serde_json::to_string(&v)?),
+                        Output::Yaml => print!("---\n{}", yaml_serde::to_string(&v)?),
+                        _ => println!("{}", lattice_cli::status::watch_line(&v, lattice_cli::status::now_ms())),
+                    }
                     std::io::Write::flush(&mut std::io::stdout())?;
                     last = Some(state.clone());
                 }
@@ -1162,12 +1189,7 @@ fn run() -> Result<()> {
                 std::thread::sleep(std::time::Duration::from_secs_f64(interval.clamp(0.05, 3600.0)));
             }
         }
-        Cmd::Diag {
-            id,
-            network,
-            storage,
-            output,
-        } => {
+        Cmd::Diag { id, network, storage } => {
             let part = match (network, storage) {
                 (true, false) => "/network",
                 (false, true) => "/storage",
@@ -1198,7 +1220,6 @@ fn run() -> Result<()> {
             metric,
             align,
             step,
-            output,
         } => {
             let joined = Some(ids.join(","));
             let path = format!(
@@ -1267,7 +1288,9 @@ fn run() -> Result<()> {
                 NodeCmd::Enable { node } => (node, "enable"),
             };
             let v = client.call("POST", &format!("/v1/nodes/{node}/{op}"), None)?;
-            println!("{node}: {}", v["state"].as_str().unwrap_or_default());
+            print_value(&v, output, |v| {
+                format!("{node}: {}\n", v["state"].as_str().unwrap_or_default())
+            })?;
         }
         Cmd::Audit {
             user,
@@ -1275,7 +1298,6 @@ fn run() -> Result<()> {
             node,
             since,
             until,
-            output,
         } => {
             let q = query(&[
                 ("user", &user),
@@ -1292,7 +1314,7 @@ fn run() -> Result<()> {
                 println!("hash chain: {}", if valid { "valid" } else { "BROKEN" });
             }
         }
-        Cmd::History { user, days, output } => {
+        Cmd::History { user, days } => {
             let days = days.map(|d| d.to_string());
             let scope = match (&user, &tenant) {
                 (None, Some(t)) => ("tenant", Some(t.clone())),
@@ -1312,7 +1334,9 @@ fn run() -> Result<()> {
                 &format!("/v1/allocations/{id}"),
                 Some(&json!({"telemetry": t})),
             )?;
-            println!("{id}: telemetry {}", v["telemetry"].as_str().unwrap_or_default());
+            print_value(&v, output, |v| {
+                format!("{id}: telemetry {}\n", v["telemetry"].as_str().unwrap_or_default())
+            })?;
         }
         Cmd::Config => {
             let file = std::env::var_os("HOME")
@@ -1372,17 +1396,21 @@ fn run() -> Result<()> {
         Cmd::Admin { cmd } => match cmd {
             AdminCmd::Drain { node } => {
                 let v = client.call("POST", &format!("/v1/nodes/{node}/drain"), None)?;
-                println!("{node}: {}", v["state"].as_str().unwrap_or_default());
+                print_value(&v, output, |v| {
+                    format!("{node}: {}\n", v["state"].as_str().unwrap_or_default())
+                })?;
             }
             AdminCmd::Undrain { node } => {
                 let v = client.call("POST", &format!("/v1/nodes/{node}/undrain"), None)?;
-                println!("{node}: {}", v["state"].as_str().unwrap_or_default());
+                print_value(&v, output, |v| {
+                    format!("{node}: {}\n", v["state"].as_str().unwrap_or_default())
+                })?;
             }
             AdminCmd::RaftStatus => {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&client.call("GET", "/api/v1/raft/status", None)?)?
-                );
+                // Structured either way: JSON unless YAML is asked for.
+                let v = client.call("GET", "/api/v1/raft/status", None)?;
+                let as_json = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
+                print_value(&v, output, as_json)?;
             }
             AdminCmd::Backup { verify, path } => {
                 let v = if verify {
@@ -1391,13 +1419,27 @@ fn run() -> Result<()> {
                 } else {
                     client.call("POST", "/api/v1/admin/backup", None)?
                 };
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                let as_json = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
+                print_value(&v, output, as_json)?;
             }
-            AdminCmd::Tenant => {
+            AdminCmd::Tenant {
+                cmd: None | Some(TenantCmd::List),
+            } => {
                 let v = client.call("GET", "/v1/tenants", None)?;
-                for t in v["tenants"].as_array().cloned().unwrap_or_default() {
-                    println!("{}", t.as_str().unwrap_or_default());
-                }
+                print_value(&v, output, |v| {
+                    v["tenants"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|t| format!("{}\n", t.as_str().unwrap_or_default()))
+                        .collect()
+                })?;
+            }
+            AdminCmd::Tenant {
+                cmd: Some(TenantCmd::Show { name }),
+            } => {
+                let v = client.call("GET", &format!("/v1/tenants/{name}"), None)?;
+                print_value(&v, output, lattice_cli::observe::tenant_view)?;
             }
             AdminCmd::Vcluster {
                 cmd:
@@ -1443,12 +1485,14 @@ fn run() -> Result<()> {
                     }
                     _ => bail!("give exactly one of --weights NAME=VALUE,... and --profile FILE"),
                 };
-                client.call(
+                let v = client.call(
                     "PUT",
                     &format!("/v1/vclusters/{vcluster}/weights"),
                     Some(&Value::Object(body)),
                 )?;
-                println!("weights of {vcluster} set; they apply from its next cycle");
+                print_value(&v, output, |_| {
+                    format!("weights of {vcluster} set; they apply from its next cycle\n")
+                })?;
             }
         },
     }
