@@ -522,6 +522,7 @@ pub fn run_with(
             }
             // A preempted task: reported as stopped with or without its checkpoint (also when it
             // exited by itself once its checkpoint was written, as signal handlers often do).
+            let checkpointing = in_flight.contains_key(&id);
             let preempted = match (stopping.remove(&id), in_flight.remove(&id)) {
                 (Some(done), _) => Some(done),
                 (None, Some(f)) if f.preempt => Some(false),
@@ -538,6 +539,9 @@ pub fn run_with(
             }
             match out.ending {
                 Ending::Exited(code) => report(&mut session, exit(ExitKind::Exited, code, tail)),
+                Ending::Walltime if checkpointing => {
+                    report(&mut session, exit(ExitKind::WalltimeCheckpoint, 137, tail))
+                }
                 Ending::Walltime => report(&mut session, exit(ExitKind::Walltime, 137, tail)),
                 // Stopped on the control plane's request: it already knows.
                 Ending::Stopped => {}
@@ -678,6 +682,7 @@ pub fn run_with(
                     let _ = tx.send(Outcome { id, ok });
                 });
             }
+            let assigned = Instant::now();
             for l in w.launch {
                 // Its software environment first: a uenv that cannot be pulled or read is a prologue
                 // failure (the control plane retries it on other nodes), the reason as its output.
@@ -846,6 +851,10 @@ pub fn run_with(
                             },
                         );
                         fence.watch(&l.id, r.stopper());
+                        reports.startups.push(crate::client::Startup {
+                            id: l.id.clone(),
+                            seconds: assigned.elapsed().as_secs_f64(),
+                        });
                         procs.insert(l.id.clone(), r);
                         if let Some(c) = channel {
                             channels.insert(l.id.clone(), (c, false));

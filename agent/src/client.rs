@@ -152,6 +152,16 @@ pub struct Reports {
     /// Outcomes of cache orders, and the cache's contents when they changed.
     pub cache_done: Vec<CacheOutcome>,
     pub cache: Option<Vec<CachedImage>>,
+    /// Allocations started here since the last poll: seconds from the work answer that assigned
+    /// them to their processes' start (uenv pull and mount included).
+    pub startups: Vec<Startup>,
+}
+
+/// How long one allocation took to start on this node.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Startup {
+    pub id: String,
+    pub seconds: f64,
 }
 
 /// One scaling-metric sample of an allocation on this node.
@@ -273,6 +283,9 @@ pub enum ExitKind {
     Prologue,
     /// Stopped by the agent after its liveness probe failed `failure_threshold` times in a row.
     Liveness,
+    /// Killed at its walltime while a checkpoint it was asked for was still in progress (the book's
+    /// walltime/checkpoint race: walltime wins).
+    WalltimeCheckpoint,
 }
 
 /// What a heartbeat answered: the node's state and the agent's lease — how long it may keep running

@@ -143,6 +143,9 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
     if let Some(c) = &reports.cache {
         body["cache"] = json!(c);
     }
+    if !reports.startups.is_empty() {
+        body["startups"] = json!(reports.startups);
+    }
     Request {
         path: format!("/v1/nodes/{node}/work"),
         body,

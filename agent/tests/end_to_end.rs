@@ -2316,6 +2316,33 @@ fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparison
         diag.contains("Storage:") && diag.contains("write") && !diag.contains("Network:"),
         "{diag}"
     );
+    // The live metrics stream at debug resolution: `lattice watch ID --metrics` prints a line a
+    // second while it runs and exits 0 when it completed.
+    let live = submit("yes > /dev/null & p=$!; sleep 5; kill $p");
+    let (status, v) = {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let mut r = agent
+            .patch(&format!("{base}/v1/allocations/{live}"))
+            .send_json(json!({"telemetry": {"mode": "debug"}}))
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    assert_eq!(status, 200, "{v}");
+    let watched = lattice(&["watch", &live, "--metrics", "cpu_cores"]);
+    let lines: Vec<&str> = watched.lines().filter(|l| l.contains("cpu_cores=")).collect();
+    assert!(lines.len() >= 2, "{watched}");
+    assert!(!watched.contains("io_write_bytes"), "only what was asked: {watched}");
+    // Both starts were measured by the agent and reported: the seed's startup histogram.
+    let metrics = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.contains("lattice_agent_allocation_startup_seconds_count{node_id=\"sim-000\"} 3"),
+        "{metrics}"
+    );
     drop(_agent);
     rt.block_on(running.shutdown());
 }
@@ -2415,6 +2442,38 @@ fn a_service_is_discoverable_while_it_runs_and_fails_when_its_liveness_probe_doe
     );
     let (status, v) = call("GET", &format!("{base}/api/v1/services/web"), None);
     assert_eq!((status, v["field"].as_str()), (404, Some("name")), "{v}");
+
+    // The walltime/checkpoint race: asked to checkpoint, never done, killed at its walltime — walltime
+    // wins and the race is counted.
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "3s"},
+                    "entrypoint": "trap 'echo hint' USR1; while :; do sleep 1; done",
+                    "checkpoint": {"strategy": "manual", "mechanism": "signal"}}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let slow = v["id"].as_str().unwrap().to_string();
+    wait_for(&base, &slow, |v| v["state"] == "running", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        call("POST", &format!("{base}/v1/allocations/{slow}/checkpoint"), None).0,
+        202
+    );
+    let v = wait_for(&base, &slow, |v| v["ended_ms"].is_u64(), Duration::from_secs(40));
+    assert_eq!(v["end_reason"], "walltime_exceeded", "{v}");
+    let metrics = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        metrics.contains("lattice_checkpoint_walltime_conflict_total 1"),
+        "{metrics}"
+    );
     drop(_agent);
     rt.block_on(running.shutdown());
 }

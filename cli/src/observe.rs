@@ -138,6 +138,19 @@ pub fn metrics_view(v: &Value) -> String {
     out
 }
 
+/// One `metrics` event of the live stream as a line: the time, then each metric in its unit.
+pub fn metrics_line(v: &Value) -> String {
+    let mut parts = vec![v["at_ms"].as_u64().map_or("-".into(), |ms| utc(ms)[11..].to_string())];
+    if let Some(s) = v["summary"].as_object() {
+        for (k, x) in s {
+            if let Some(x) = x.as_f64() {
+                parts.push(format!("{k}={}", human(x, &unit_of(v, k))));
+            }
+        }
+    }
+    parts.join(" ")
+}
+
 /// `lattice compare A B`: per metric, each allocation's mean, peak and last value and how long its
 /// series runs (relative to its start).
 pub fn compare_view(v: &Value) -> String {
@@ -401,6 +414,9 @@ mod tests {
         let m = json!({"id": "a-1", "state": "running", "window_s": 30.0, "nodes": ["n1"],
             "units": {"cpu_cores": "cores", "io_write_bytes": "bytes/s"},
             "summary": {"cpu_cores": 1.5, "io_write_bytes": 2048.0}});
+        let line =
+            metrics_line(&json!({"at_ms": 3_723_000, "summary": {"cpu_cores": 1.0}, "units": {"cpu_cores": "cores"}}));
+        assert_eq!(line, "01:02:03 cpu_cores=1.00");
         let s = metrics_view(&m);
         assert!(s.contains("cpu_cores       1.50") && s.contains("2.0 KiB/s"), "{s}");
         let c = json!({"metrics": ["cpu_cores"], "units": {"cpu_cores": "cores"}, "allocations": [

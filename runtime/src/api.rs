@@ -125,6 +125,14 @@ pub fn documented() -> Vec<crate::openapi::Op> {
         )
         .query::<MetricsIn>(),
         Op::get(
+            "/v1/allocations/{id}/metrics/stream",
+            a,
+            "Live metrics as Server-Sent Events at its telemetry mode's resolution (prod 30 s, debug \
+             1 s): `metrics` events (per node), `alert` events, then `end` ({state}) once it ended",
+        )
+        .query::<MetricsIn>()
+        .text(),
+        Op::get(
             "/v1/allocations/{id}/diagnostics",
             a,
             "Network (nodes, dragonfly groups, VNI) and storage (mounts, QoS floor vs measured) diagnostics",
@@ -317,6 +325,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/allocations/{id}/logs/live", get(live_logs))
         .route("/v1/allocations/{id}/logs/stream", get(stream_logs))
         .route("/v1/allocations/{id}/metrics", get(alloc_metrics))
+        .route("/v1/allocations/{id}/metrics/stream", get(stream_metrics))
         .route("/v1/allocations/{id}/diagnostics", get(diagnostics))
         .route("/v1/allocations/{id}/diagnostics/{part}", get(diagnostics_part))
         .route("/v1/compare", get(compare))
@@ -1106,6 +1115,16 @@ struct WorkIn {
     cache_done: Vec<crate::cache::CacheOutcome>,
     #[serde(default)]
     cache: Option<Vec<crate::cache::CachedImage>>,
+    /// Allocations started on this node since its last poll, and how long each took to start.
+    #[serde(default)]
+    startups: Vec<StartupIn>,
+}
+
+#[derive(Deserialize)]
+struct StartupIn {
+    #[allow(dead_code)]
+    id: String,
+    seconds: f64,
 }
 
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
@@ -1113,6 +1132,14 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         Ok(w) => w,
         Err(e) => return body_error(e),
     };
+    for st in &w.startups {
+        if st.seconds.is_finite() && st.seconds >= 0.0 {
+            s.metrics
+                .agent_startup
+                .with_label_values(&[id.as_str()])
+                .observe(st.seconds);
+        }
+    }
     let reports = crate::control::AgentReports {
         checkpointed: w.checkpointed,
         wiped: w.wiped,
@@ -1537,6 +1564,86 @@ async fn alloc_metrics(
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `GET /v1/allocations/{id}/metrics/stream`: every period of its telemetry mode (read again each
+/// time, so `lattice telemetry ID --mode debug` takes effect on open streams) a `metrics` event with
+/// each node's values over the last two periods, an `alert` event per local alert rule firing on its
+/// nodes (`--alerts-only` clients keep only those), and `end` once it has ended.
+async fn stream_metrics(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    QueryIn(q): QueryIn<MetricsIn>,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    if let Err(e) = ops::get(&s, &p, &id).await {
+        return e.into_response();
+    }
+    if let Err(r) = tsdb(&s) {
+        return r;
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
+    tokio::spawn(async move {
+        let _open = crate::metrics::StreamGuard::open(&s.metrics, "metrics");
+        let Some(t) = s.tsdb.as_ref() else { return };
+        let mut last: Option<tokio::time::Instant> = None;
+        loop {
+            let v = match ops::get(&s, &p, &id).await {
+                Ok(v) => v,
+                Err(_) => break,
+            };
+            let period = if v.telemetry == "debug" { 1.0 } else { 30.0 };
+            let now = s.control.lock().await.now().0;
+            // Looked at every second (an end, or a switch of mode, is seen soon); sent every period.
+            let every = std::time::Duration::from_secs_f64(period);
+            let due = last.is_none_or(|l| l.elapsed() >= every) || v.ended_ms.is_some();
+            if due {
+                last = Some(tokio::time::Instant::now());
+            }
+            if due && v.started_ms.is_some() {
+                let snap = crate::observe::snapshot(t, &v, now, "per-node", 2.0 * period, q.metrics.as_deref()).await;
+                let ev = match snap {
+                    Ok(m) => Event::default().event("metrics").data(
+                        json!({"at_ms": m["at_ms"], "mode": v.telemetry, "summary": m["summary"],
+                               "per_node": m["per_node"], "units": m["units"]})
+                        .to_string(),
+                    ),
+                    Err(e) => Event::default()
+                        .event("error")
+                        .data(json!({"error": format!("{e:?}")}).to_string()),
+                };
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+                if let Ok(alerts) = crate::observe::alerts(t, &v.nodes, now as f64 / 1000.0).await {
+                    for a in alerts {
+                        if tx
+                            .send(Ok(Event::default().event("alert").data(a.to_string())))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+            if v.ended_ms.is_some() {
+                let _ = tx
+                    .send(Ok(Event::default()
+                        .event("end")
+                        .data(json!({"state": v.state}).to_string())))
+                    .await;
+                break;
+            }
+            let wait = last.map_or(every, |l| every.saturating_sub(l.elapsed()));
+            tokio::time::sleep(wait.clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(1)))
+                .await;
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 async fn diagnostics(s: S, p: P, id: Path<String>, q: QueryIn<MetricsIn>) -> Response {

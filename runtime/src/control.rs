@@ -572,6 +572,8 @@ pub struct Tally {
     pub checkpoint_s: Vec<f64>,
     /// Heartbeat round trips the agents measured, seconds.
     pub heartbeat_rtt_s: Vec<(String, f64)>,
+    /// Runs killed at their walltime with a checkpoint in progress.
+    pub walltime_conflicts: u64,
 }
 
 /// See [`Tally`].
@@ -3298,6 +3300,10 @@ impl Control {
             // The service stopped answering: an application failure (requeued per its policy).
             ExitKind::Liveness => Some(EndReason::ExitFailure),
             ExitKind::Walltime => Some(EndReason::WalltimeExceeded),
+            ExitKind::WalltimeCheckpoint => {
+                self.tally.walltime_conflicts += 1;
+                Some(EndReason::WalltimeExceeded)
+            }
             ExitKind::Exited if code != 0 => Some(EndReason::ExitFailure),
             // Every node of this run exited (exits of other nodes are an earlier run's).
             ExitKind::Exited if nodes.iter().all(|x| e.contains_key(x)) => Some(EndReason::Success),
@@ -3832,6 +3838,9 @@ pub enum ExitKind {
     Prologue,
     /// Its agent stopped it after its liveness probe failed `failure_threshold` times in a row.
     Liveness,
+    /// Killed at its walltime while a checkpoint was in progress (walltime wins; counted in
+    /// `lattice_checkpoint_walltime_conflict_total`).
+    WalltimeCheckpoint,
 }
 
 /// A victim's preemption in progress.

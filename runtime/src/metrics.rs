@@ -37,9 +37,11 @@ pub struct Metrics {
     pub checkpoint_outcomes: IntCounterVec,
     pub checkpoint_duration: Histogram,
     pub wipe_failures: IntCounter,
+    pub walltime_conflicts: IntCounter,
     pub fabric_errors: IntCounter,
     pub staging_failures: IntCounter,
     pub heartbeat_latency: HistogramVec,
+    pub agent_startup: HistogramVec,
     pub snapshot_duration: HistogramVec,
     pub audit_entries: IntCounter,
     // State, set at each scrape.
@@ -160,6 +162,10 @@ impl Metrics {
                 "lattice_checkpoint_duration_seconds",
                 "From a checkpoint hint to its completion."
             )),
+            walltime_conflicts: reg!(counter(
+                "lattice_checkpoint_walltime_conflict_total",
+                "Runs killed at their walltime while a checkpoint was in progress (walltime wins)."
+            )),
             wipe_failures: reg!(counter(
                 "lattice_sensitive_wipe_failure_total",
                 "Secure wipes of released sensitive nodes that failed (the node is quarantined)."
@@ -175,6 +181,11 @@ impl Metrics {
             heartbeat_latency: reg!(histograms(
                 "lattice_agent_heartbeat_latency_seconds",
                 "Heartbeat round trip as the agent measured its previous one.",
+                &["node_id"]
+            )),
+            agent_startup: reg!(histograms(
+                "lattice_agent_allocation_startup_seconds",
+                "Time from an allocation's assignment to its process start on a node (uenv pull and mount included).",
                 &["node_id"]
             )),
             snapshot_duration: reg!(histograms(
@@ -281,6 +292,7 @@ impl Metrics {
         }
         for n in nodes {
             self.heartbeat_latency.with_label_values(&[n.as_str()]);
+            self.agent_startup.with_label_values(&[n.as_str()]);
         }
         self.snapshot_duration.with_label_values(&[member]);
     }
@@ -303,6 +315,7 @@ impl Metrics {
         self.victim_requeues.inc_by(t.victim_requeues);
         self.failed_checkpoints.inc_by(t.failed_checkpoints);
         self.wipe_failures.inc_by(t.wipe_failures);
+        self.walltime_conflicts.inc_by(t.walltime_conflicts);
         for s in &t.preemption_checkpoint_s {
             self.preemption_checkpoint.observe(*s);
         }

@@ -298,6 +298,24 @@ pub async fn snapshot(
     Ok(out)
 }
 
+/// The local alert rules firing on `nodes` at `at` (the agents' `lattice_gpu_alert{gpu,node,rule}`).
+pub async fn alerts(tsdb: &Tsdb, nodes: &[String], at: f64) -> Result<Vec<Value>, ObserveError> {
+    if nodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let q = format!("lattice_gpu_alert{{node=~\"{}\"}} == 1", quoted(&one_of(nodes)));
+    Ok(tsdb
+        .instant(&q, at)
+        .await
+        .map_err(unavailable)?
+        .into_iter()
+        .map(|s| {
+            let l = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+            json!({"node": l("node"), "gpu": l("gpu"), "rule": l("rule")})
+        })
+        .collect())
+}
+
 /// `align=` of a comparison.
 pub fn parse_align(a: Option<&str>) -> Result<bool, ObserveError> {
     match a.unwrap_or("relative") {

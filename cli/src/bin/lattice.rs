@@ -206,6 +206,13 @@ enum Cmd {
     /// reason); exits 0 when it completed, 1 when it failed or was cancelled.
     Watch {
         id: String,
+        /// The live metrics instead (all, or these, comma-separated): a line per period of its
+        /// telemetry mode (30 s prod, 1 s debug), from the TSDB.
+        #[arg(long, num_args = 0..=1, default_missing_value = "")]
+        metrics: Option<String>,
+        /// Only the alerts of the live metrics stream.
+        #[arg(long)]
+        alerts_only: bool,
         /// Seconds between looks.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
@@ -1165,7 +1172,51 @@ fn run() -> Result<()> {
                 })?;
             }
         },
-        Cmd::Watch { id, interval } => {
+        Cmd::Watch {
+            id,
+            metrics,
+            alerts_only,
+            ..
+        } if metrics.is_some() || alerts_only => {
+            // The live metrics stream: a line per period (and per alert) until it ends.
+            let mut path = format!("/v1/allocations/{id}/metrics/stream");
+            if let Some(m) = metrics.as_ref().filter(|m| !m.is_empty()) {
+                path.push_str(&query(&[("metrics", &Some(m.clone()))]));
+            }
+            let mut state = String::new();
+            client.events(&path, |event, data| {
+                let text = match (event, output) {
+                    ("end", _) => {
+                        state = data["state"].as_str().unwrap_or_default().to_string();
+                        None
+                    }
+                    (_, Output::Json) => Some(json!({"event": event, "data": data}).to_string()),
+                    ("metrics", _) if alerts_only => None,
+                    ("metrics", _) => Some(lattice_cli::observe::metrics_line(data)),
+                    ("alert", _) => Some(format!(
+                        "ALERT {} on {} gpu {}",
+                        data["rule"].as_str().unwrap_or_default(),
+                        data["node"].as_str().unwrap_or_default(),
+                        data["gpu"].as_str().unwrap_or_default()
+                    )),
+                    ("error", _) => Some(format!("error: {}", data["error"].as_str().unwrap_or_default())),
+                    _ => None,
+                };
+                if let Some(t) = text {
+                    println!("{t}");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                }
+                event != "end"
+            })?;
+            if state.is_empty() {
+                bail!("{id}: the metrics stream closed before the allocation ended");
+            }
+            eprintln!("{id}: {state}");
+            if state != "completed" {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Watch { id, interval, .. } => {
             let mut last: Option<String> = None;
             loop {
                 let v = client.call("GET", &format!("/v1/allocations/{id}"), None)?;
