@@ -25,7 +25,7 @@ pub mod vast;
 
 /// openraft, for its `Config` (a simulation sets its own timings).
 pub use openraft;
-pub use quorum_state::{AuditEntry, NodeAdmin, QuorumCommand, QuorumResponse, QuorumState};
+pub use quorum_state::{AdminEntry, AuditEntry, NodeAdmin, QuorumCommand, QuorumResponse, QuorumState, TenantWrite};
 pub use raft_store::{NodeId, Raft, TypeConfig};
 
 use openraft::{BasicNode, ServerState};

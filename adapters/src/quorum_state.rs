@@ -6,6 +6,10 @@
 //!    the scheduler retries next cycle.
 //! 2. **The sensitive audit log**: append-only, every entry carrying the SHA-256 of the previous one.
 //!
+//! Tenants' contracts live here too (book: "Quota Update Flow"): created, updated and deleted through
+//! the API as Raft-committed commands, so a hard-quota change takes effect at once on every member and
+//! survives fail-overs; each change is recorded in the administrative log ([`AdminEntry`]).
+//!
 //! Queues, capacity and telemetry are eventually consistent and stay out of Raft. The state is a pure
 //! value ([`QuorumState::apply`] is deterministic), so every member that applies the same log reaches
 //! the same state, and snapshots are its serialised form.
@@ -60,6 +64,47 @@ pub enum QuorumCommand {
         action: String,
         detail: String,
     },
+    /// A tenant's contract (hard and soft quotas): created, replaced, or — `Seed`, the runtime's
+    /// tenants file at start — created only when the quorum does not know the tenant yet.
+    PutTenant {
+        name: String,
+        quota: TenantQuota,
+        write: TenantWrite,
+        at_ms: u64,
+        by: String,
+    },
+    /// Removes a tenant that holds no nodes.
+    DeleteTenant { name: String, at_ms: u64, by: String },
+}
+
+/// How [`QuorumCommand::PutTenant`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TenantWrite {
+    /// A new tenant (rejected when it exists).
+    Create,
+    /// An existing tenant's contract, replaced (rejected when it does not exist).
+    Update,
+    /// Created when absent, else nothing (the tenants file never overrides the API's changes).
+    Seed,
+}
+
+/// One administrative change, as committed (who, when, what, to what).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdminEntry {
+    pub at_ms: u64,
+    pub user: String,
+    /// `tenant.create`, `tenant.update`, `tenant.seed`, `tenant.delete`.
+    pub action: String,
+    pub target: String,
+    pub detail: String,
+}
+
+/// A rejection that does not count as a refused assignment.
+fn rejected(reason: &str, message: String) -> QuorumResponse {
+    QuorumResponse::Rejected {
+        reason: reason.to_string(),
+        message,
+    }
 }
 
 /// What applying a command did.
@@ -109,6 +154,12 @@ pub struct QuorumState {
     /// Assignments committed and rejected so far (for `/metrics` and raft status).
     pub commits: u64,
     pub rejections: u64,
+    /// Tenants' contracts ([`QuorumCommand::PutTenant`]); their hard part is also in `quotas`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, TenantQuota>,
+    /// The administrative log: every tenant change, in commit order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admin_log: Vec<AdminEntry>,
 }
 
 impl QuorumState {
@@ -122,6 +173,35 @@ impl QuorumState {
             } => {
                 self.quotas
                     .insert(tenant.clone(), (*max_nodes, *max_concurrent_allocations));
+                QuorumResponse::Applied
+            }
+            QuorumCommand::PutTenant {
+                name,
+                quota,
+                write,
+                at_ms,
+                by,
+            } => self.put_tenant(name, quota, *write, *at_ms, by),
+            QuorumCommand::DeleteTenant { name, at_ms, by } => {
+                if !self.tenants.contains_key(name) {
+                    return rejected("no_tenant", format!("no tenant {name}"));
+                }
+                let holding = self.assignments.values().filter(|a| a.tenant == *name).count();
+                if holding > 0 {
+                    return rejected(
+                        "tenant_in_use",
+                        format!("tenant {name} holds nodes for {holding} allocation(s); delete it once they end"),
+                    );
+                }
+                self.tenants.remove(name);
+                self.quotas.remove(name);
+                self.admin_log.push(AdminEntry {
+                    at_ms: *at_ms,
+                    user: by.clone(),
+                    action: "tenant.delete".into(),
+                    target: name.clone(),
+                    detail: String::new(),
+                });
                 QuorumResponse::Applied
             }
             QuorumCommand::SetSensitivePool { size } => {
@@ -221,6 +301,50 @@ impl QuorumState {
         if let Some(a) = self.assignments.get_mut(alloc) {
             a.nodes.push(node.to_string());
         }
+        QuorumResponse::Applied
+    }
+
+    /// [`QuorumCommand::PutTenant`]. A hard quota below what the tenant holds now is accepted: its
+    /// running allocations go on, and its new assignments are rejected until it is back under.
+    fn put_tenant(
+        &mut self,
+        name: &str,
+        quota: &TenantQuota,
+        write: TenantWrite,
+        at_ms: u64,
+        by: &str,
+    ) -> QuorumResponse {
+        let exists = self.tenants.contains_key(name);
+        let action = match (write, exists) {
+            (TenantWrite::Create, true) => return rejected("tenant_exists", format!("tenant {name} exists")),
+            (TenantWrite::Update, false) => return rejected("no_tenant", format!("no tenant {name}")),
+            (TenantWrite::Seed, true) => return QuorumResponse::Applied,
+            (TenantWrite::Create, false) => "tenant.create",
+            (TenantWrite::Update, true) => "tenant.update",
+            (TenantWrite::Seed, false) => "tenant.seed",
+        };
+        let held: usize = self
+            .assignments
+            .values()
+            .filter(|a| a.tenant == name)
+            .map(|a| a.nodes.len())
+            .sum();
+        let mut detail = serde_json::to_string(quota).unwrap_or_default();
+        if let Some(max) = quota.max_nodes.filter(|m| held > *m as usize) {
+            detail.push_str(&format!(
+                "; holds {held} nodes, above the new limit {max}: new assignments wait until it is under"
+            ));
+        }
+        self.tenants.insert(name.to_string(), *quota);
+        self.quotas
+            .insert(name.to_string(), (quota.max_nodes, quota.max_concurrent_allocations));
+        self.admin_log.push(AdminEntry {
+            at_ms,
+            user: by.to_string(),
+            action: action.into(),
+            target: name.to_string(),
+            detail,
+        });
         QuorumResponse::Applied
     }
 
@@ -442,6 +566,82 @@ mod tests {
         let mut t = s.clone();
         t.audit.remove(1);
         assert!(t.verify_audit().is_err());
+    }
+
+    #[test]
+    fn tenants_are_created_updated_seeded_and_deleted_with_their_log() {
+        let mut s = QuorumState::default();
+        let put = |name: &str, max: Option<u32>, write| QuorumCommand::PutTenant {
+            name: name.into(),
+            quota: TenantQuota {
+                max_nodes: max,
+                gpu_hours_budget: Some(100.0),
+                ..TenantQuota::default()
+            },
+            write,
+            at_ms: 5,
+            by: "root".into(),
+        };
+        assert_eq!(
+            s.apply(&put("physics", Some(2), TenantWrite::Update)),
+            rejected("no_tenant", "no tenant physics".into())
+        );
+        assert_eq!(
+            s.apply(&put("physics", Some(2), TenantWrite::Create)),
+            QuorumResponse::Applied
+        );
+        assert!(
+            matches!(s.apply(&put("physics", Some(9), TenantWrite::Create)), QuorumResponse::Rejected { ref reason, .. } if reason == "tenant_exists")
+        );
+        // The tenants file never overrides what the API set.
+        assert_eq!(
+            s.apply(&put("physics", Some(9), TenantWrite::Seed)),
+            QuorumResponse::Applied
+        );
+        assert_eq!(s.tenants["physics"].max_nodes, Some(2));
+        // The hard quota is enforced at assignment.
+        assert_eq!(s.apply(&assign("a", "physics", &["n1", "n2"])), QuorumResponse::Applied);
+        assert!(
+            matches!(s.apply(&assign("b", "physics", &["n3"])), QuorumResponse::Rejected { ref reason, .. } if reason == "max_nodes")
+        );
+        // Lowered below what it holds: accepted, said in the log; raised: the next assignment fits.
+        assert_eq!(
+            s.apply(&put("physics", Some(1), TenantWrite::Update)),
+            QuorumResponse::Applied
+        );
+        assert!(
+            s.admin_log
+                .last()
+                .unwrap()
+                .detail
+                .contains("holds 2 nodes, above the new limit 1")
+        );
+        assert_eq!(
+            s.apply(&put("physics", Some(3), TenantWrite::Update)),
+            QuorumResponse::Applied
+        );
+        assert_eq!(s.apply(&assign("b", "physics", &["n3"])), QuorumResponse::Applied);
+        // Not deleted while it holds nodes.
+        let del = QuorumCommand::DeleteTenant {
+            name: "physics".into(),
+            at_ms: 6,
+            by: "root".into(),
+        };
+        assert!(matches!(s.apply(&del), QuorumResponse::Rejected { ref reason, .. } if reason == "tenant_in_use"));
+        s.apply(&QuorumCommand::Release { alloc: "a".into() });
+        s.apply(&QuorumCommand::Release { alloc: "b".into() });
+        assert_eq!(s.apply(&del), QuorumResponse::Applied);
+        assert!(!s.tenants.contains_key("physics") && !s.quotas.contains_key("physics"));
+        let actions: Vec<&str> = s.admin_log.iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            ["tenant.create", "tenant.update", "tenant.update", "tenant.delete"]
+        );
+        // Refused tenant writes are not refused assignments.
+        assert_eq!(s.rejections, 1);
+        // A state from before tenants were replicated still reads.
+        let old: QuorumState = serde_json::from_str(r#"{"owners":{},"assignments":{},"quotas":{},"sensitive_pool_size":null,"audit":[],"commits":0,"rejections":0}"#).unwrap();
+        assert!(old.tenants.is_empty() && old.admin_log.is_empty());
     }
 
     #[test]

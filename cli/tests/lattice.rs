@@ -283,6 +283,52 @@ fn lattice_cli_drives_the_runtime() {
     let o = run(&["admin", "tenant", "show", "physics", "-o", "json"]);
     let tv: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
     assert!(tv["usage_90d"]["allocations"].as_u64().unwrap() >= 3, "{tv}");
+    let o = run(&[
+        "admin",
+        "tenant",
+        "create",
+        "--name",
+        "chem",
+        "--max-nodes",
+        "2",
+        "--gpu-hours-budget",
+        "10",
+    ]);
+    assert!(
+        o.status.success() && out(&o).contains("Hard quotas: 2 nodes"),
+        "{}{}",
+        out(&o),
+        err(&o)
+    );
+    let o = run(&[
+        "admin",
+        "tenant",
+        "update",
+        "chem",
+        "--max-nodes",
+        "3",
+        "--clear",
+        "gpu_hours_budget",
+        "-o",
+        "json",
+    ]);
+    let tv: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(
+        (
+            tv["quota"]["max_nodes"].as_u64(),
+            tv["quota"]["gpu_hours_budget"].is_null()
+        ),
+        (Some(3), true),
+        "{tv}"
+    );
+    let o = run(&["admin", "tenant", "create", "--name", "chem"]);
+    assert!(!o.status.success() && err(&o).contains("exists"), "{}", err(&o));
+    let o = run(&["admin", "tenant", "delete", "chem"]);
+    assert!(
+        o.status.success() && out(&o).contains("deleted tenant chem"),
+        "{}",
+        err(&o)
+    );
     let o = run(&["admin", "tenant", "show", "nobody"]);
     assert!(
         !o.status.success() && err(&o).contains("no tenant nobody"),

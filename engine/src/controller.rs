@@ -58,6 +58,9 @@ pub enum Input {
     StagingFailed(AllocId),
     /// An administrator set a vCluster's cost weights (hot reload).
     Weights(VClusterId, CostWeights),
+    /// A tenant's contract changed (committed at the quorum): every pool runs a pass, since a raised
+    /// hard quota may let the tenant's waiting work start anywhere.
+    TenantQuota(crate::ids::TenantId, crate::quota::TenantQuota),
 }
 
 /// Why an input or output was refused.
@@ -326,6 +329,10 @@ impl Controller {
                     .ok_or(EngineError::UnknownVCluster(vc))?;
                 cfg.weights = Some(weights);
                 self.engine.configure_vcluster(vc, cfg)?;
+            }
+            Input::TenantQuota(tenant, quota) => {
+                self.engine.set_tenant_quota(tenant, quota);
+                self.engine.mark_all_due(now);
             }
         }
         Ok(())

@@ -1099,6 +1099,14 @@ impl Engine {
     }
 
     /// An input arrived for `key`'s pool: its next pass is due at the next cycle tick.
+    /// Every pool runs a pass at its next chance (a change that may affect them all).
+    pub(crate) fn mark_all_due(&mut self, now: Time) {
+        let keys: Vec<u32> = self.pools.keys().copied().collect();
+        for k in keys {
+            self.mark_due(k, now);
+        }
+    }
+
     pub(crate) fn mark_due(&mut self, key: u32, now: Time) {
         if let Some(p) = self.pools.get_mut(&key) {
             let interval = p.config.cycle_interval.as_millis();

@@ -243,6 +243,30 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "tenants",
             "A tenant: its quotas, nodes held, running and pending allocations, 90-day usage",
         ),
+        Op::post(
+            "/api/v1/tenants",
+            "tenants",
+            "Create a tenant with its quotas, committed through the quorum (SystemAdmin)",
+        )
+        .body::<TenantIn>()
+        .status(201),
+        Op::get("/api/v1/tenants/{id}", "tenants", "A tenant (as GET /v1/tenants/{id})"),
+        Op::put(
+            "/api/v1/tenants/{id}",
+            "tenants",
+            "Change a tenant's quotas: only the keys given, null clears one (SystemAdmin; Raft-committed)",
+        )
+        .body::<TenantIn>(),
+        Op::delete(
+            "/api/v1/tenants/{id}",
+            "tenants",
+            "Delete a tenant with nothing queued or running (SystemAdmin)",
+        ),
+        Op::get(
+            "/api/v1/admin/log",
+            "quorum",
+            "The administrative log: every tenant change, who made it and when",
+        ),
         Op::get("/v1/vclusters", "vclusters", "vCluster names"),
         Op::get(
             "/v1/vclusters/{id}/queue",
@@ -338,6 +362,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/usage", get(usage))
         .route("/v1/tenants", get(tenants))
         .route("/v1/tenants/{id}", get(tenant))
+        .route("/api/v1/tenants", axum::routing::post(create_tenant))
+        .route(
+            "/api/v1/tenants/{id}",
+            get(tenant).put(update_tenant).delete(delete_tenant),
+        )
+        .route("/api/v1/admin/log", get(admin_log))
         .route("/v1/vclusters", get(vclusters))
         .route("/v1/vclusters/{id}/queue", get(queue))
         .route("/v1/vclusters/{id}/weights", put(set_weights))
@@ -432,6 +462,7 @@ impl IntoResponse for ApiError {
             ApiError::Forbidden { field, message } => error(StatusCode::FORBIDDEN, field.as_deref(), message.clone()),
             ApiError::NotFound { field, message } => error(StatusCode::NOT_FOUND, Some(field), message.clone()),
             ApiError::Unavailable { message } => error(StatusCode::SERVICE_UNAVAILABLE, None, message.clone()),
+            ApiError::Conflict { message } => error(StatusCode::CONFLICT, None, message.clone()),
             ApiError::NotLeader { leader_id, leader } => (
                 StatusCode::MISDIRECTED_REQUEST,
                 Json(json!({"error": "not the quorum leader", "leader_id": leader_id, "leader_grpc": leader})),
@@ -950,6 +981,93 @@ async fn tenant(State(s): S, Extension(p): P, Path(id): Path<String>) -> Respons
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, Some("id"), format!("no tenant {id}")),
     }
+}
+
+/// A tenant's quotas in a request (documentation of the accepted keys; the handlers read the body as
+/// a map so that a key given as `null` clears it and a key left out is kept).
+#[derive(Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)]
+struct TenantIn {
+    /// `POST` only: the tenant's name (lowercase letters, digits, - and _).
+    name: Option<String>,
+    /// Hard: nodes held at once (quorum-enforced).
+    max_nodes: Option<u32>,
+    /// Hard: running allocations at once.
+    max_concurrent_allocations: Option<u32>,
+    /// Soft: GPU-hours per budget period.
+    gpu_hours_budget: Option<f64>,
+    /// Soft: node-hours per budget period.
+    node_hours_budget: Option<f64>,
+    /// Soft: target share of the system (0-1).
+    fair_share_target: Option<f64>,
+    /// Soft: multiple of its share it may hold while others wait (>= 1).
+    burst_allowance: Option<f64>,
+    /// KAI-style deserved quota (nodes).
+    deserved_nodes: Option<f64>,
+    /// KAI over-quota weight.
+    over_quota_weight: Option<f64>,
+}
+
+/// A JSON object body, or 400 naming `body`.
+#[allow(clippy::result_large_err)]
+fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Response> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(error(StatusCode::BAD_REQUEST, Some("body"), "expected a JSON object")),
+        Err(e) => Err(body_error(e)),
+    }
+}
+
+fn tenant_written(status: StatusCode, w: ops::TenantWritten) -> Response {
+    let mut v = w.view;
+    if let Some(warning) = w.warning {
+        v["warning"] = json!(warning);
+    }
+    (status, Json(v)).into_response()
+}
+
+async fn create_tenant(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let m = match object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let Some(name) = m.get("name").and_then(Value::as_str).map(str::to_string) else {
+        return error(StatusCode::BAD_REQUEST, Some("name"), "a tenant needs a `name`");
+    };
+    match ops::put_tenant(&s, &p, &name, &m, true).await {
+        Ok(w) => tenant_written(StatusCode::CREATED, w),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn update_tenant(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let m = match object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    if m.contains_key("name") {
+        return error(StatusCode::BAD_REQUEST, Some("name"), "a tenant is not renamed");
+    }
+    match ops::put_tenant(&s, &p, &id, &m, false).await {
+        Ok(w) => tenant_written(StatusCode::OK, w),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn delete_tenant(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::delete_tenant(&s, &p, &id).await {
+        Ok(()) => Json(json!({"name": id, "deleted": true})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /api/v1/admin/log` (SystemAdmin, Operator, ReadOnly).
+async fn admin_log(State(s): S, Extension(p): P) -> Response {
+    if !(p.can_operate() || p.has(crate::auth::Role::ReadOnly)) {
+        return forbidden("the administrative log");
+    }
+    let entries = s.member.read(|q| q.admin_log.clone()).await;
+    Json(json!({ "entries": entries })).into_response()
 }
 
 async fn vclusters(State(s): S) -> Json<Value> {

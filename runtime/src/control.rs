@@ -3600,6 +3600,36 @@ impl Control {
         self.tenants.keys().cloned().collect()
     }
 
+    /// A tenant's contract as the quorum committed it: the engine scores and admits with it from its
+    /// next pass (a new tenant is known from now on).
+    pub fn set_tenant(&mut self, name: &str, quota: lattice_engine::TenantQuota) {
+        let id = self.tenant_id(name);
+        if let Err(e) = self.input(Input::TenantQuota(id, quota)) {
+            tracing::warn!("tenant {name}: quota not applied: {e}");
+        }
+    }
+
+    /// A deleted tenant: its quotas are gone and it is no longer listed (its past allocations keep
+    /// their tenant's name; a tenant created again under the name starts afresh).
+    pub fn remove_tenant(&mut self, name: &str) {
+        let Some(&id) = self.tenants.get(name) else { return };
+        if let Err(e) = self.input(Input::TenantQuota(id, lattice_engine::TenantQuota::default())) {
+            tracing::warn!("tenant {name}: quota not cleared: {e}");
+        }
+        self.tenants.remove(name);
+    }
+
+    /// Allocations of `name` still queued or running (a tenant is deleted only when there are none).
+    pub fn tenant_live_allocations(&self, name: &str) -> usize {
+        let Some(&id) = self.tenants.get(name) else { return 0 };
+        self.ctl
+            .engine
+            .allocations()
+            .iter()
+            .filter(|a| a.spec.tenant == id && !a.state.is_terminal())
+            .count()
+    }
+
     /// One tenant (`GET /v1/tenants/{id}`): its contract (hard and soft quotas), what the hard quotas
     /// count now (nodes held, running allocations), how many wait, and its usage over the last 90 days
     /// (the budget period).

@@ -24,6 +24,52 @@ use pb::allocation_service_server::AllocationService;
 use pb::node_service_server::NodeService;
 
 /// gRPC status codes for the API's refusals; the field travels in the message.
+/// A tenant write's quota fields as the REST body's keys (set ones, and `clear`ed ones as null).
+fn tenant_body(r: &pb::TenantWriteRequest) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::json;
+    let mut m = serde_json::Map::new();
+    if let Some(q) = &r.quota {
+        let mut put = |k: &str, v: Option<serde_json::Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put("max_nodes", q.max_nodes.map(|x| json!(x)));
+        put(
+            "max_concurrent_allocations",
+            q.max_concurrent_allocations.map(|x| json!(x)),
+        );
+        put("gpu_hours_budget", q.gpu_hours_budget.map(|x| json!(x)));
+        put("node_hours_budget", q.node_hours_budget.map(|x| json!(x)));
+        put("fair_share_target", q.fair_share_target.map(|x| json!(x)));
+        put("burst_allowance", q.burst_allowance.map(|x| json!(x)));
+    }
+    for k in &r.clear {
+        m.insert(k.clone(), serde_json::Value::Null);
+    }
+    m
+}
+
+fn tenant_answer(name: &str, w: ops::TenantWritten) -> pb::TenantResponse {
+    let v = &w.view;
+    let q = &v["quota"];
+    pb::TenantResponse {
+        name: name.to_string(),
+        quota: Some(pb::TenantQuota {
+            max_nodes: q["max_nodes"].as_u64().map(|x| x as u32),
+            max_concurrent_allocations: q["max_concurrent_allocations"].as_u64().map(|x| x as u32),
+            gpu_hours_budget: q["gpu_hours_budget"].as_f64(),
+            node_hours_budget: q["node_hours_budget"].as_f64(),
+            fair_share_target: q["fair_share_target"].as_f64(),
+            burst_allowance: q["burst_allowance"].as_f64(),
+        }),
+        nodes_held: v["nodes_held"].as_u64().unwrap_or(0),
+        running: v["running"].as_u64().unwrap_or(0),
+        pending: v["pending"].as_u64().unwrap_or(0),
+        warning: w.warning.unwrap_or_default(),
+    }
+}
+
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
         let msg = match e.field() {
@@ -35,6 +81,7 @@ impl From<ApiError> for Status {
             ApiError::Forbidden { .. } => Status::permission_denied(msg),
             ApiError::NotFound { .. } => Status::not_found(msg),
             ApiError::Unavailable { .. } => Status::unavailable(msg),
+            ApiError::Conflict { .. } => Status::already_exists(msg),
             ApiError::NotLeader { leader_id, leader } => Status::failed_precondition(format!(
                 "not the quorum leader (leader {}, {})",
                 leader_id.map_or("unknown".into(), |l| l.to_string()),
@@ -742,6 +789,36 @@ impl AdminService for Api {
                 .collect(),
             chain_valid,
         }))
+    }
+
+    async fn create_tenant(
+        &self,
+        req: Request<pb::TenantWriteRequest>,
+    ) -> Result<Response<pb::TenantResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let w = ops::put_tenant(&self.shared, &p, &r.name, &tenant_body(&r), true).await?;
+        Ok(Response::new(tenant_answer(&r.name, w)))
+    }
+
+    async fn update_tenant(
+        &self,
+        req: Request<pb::TenantWriteRequest>,
+    ) -> Result<Response<pb::TenantResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let w = ops::put_tenant(&self.shared, &p, &r.name, &tenant_body(&r), false).await?;
+        Ok(Response::new(tenant_answer(&r.name, w)))
+    }
+
+    async fn delete_tenant(
+        &self,
+        req: Request<pb::TenantRequest>,
+    ) -> Result<Response<pb::DeleteTenantResponse>, Status> {
+        let p = self.principal(&req)?;
+        let name = req.into_inner().name;
+        ops::delete_tenant(&self.shared, &p, &name).await?;
+        Ok(Response::new(pb::DeleteTenantResponse { name }))
     }
 
     async fn list_services(

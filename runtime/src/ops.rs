@@ -34,6 +34,10 @@ pub enum ApiError {
         leader_id: Option<u64>,
         leader: Option<String>,
     },
+    /// The request conflicts with the current state (a tenant that exists, or is still in use).
+    Conflict {
+        message: String,
+    },
 }
 
 impl ApiError {
@@ -43,7 +47,7 @@ impl ApiError {
             | ApiError::Forbidden { message, .. }
             | ApiError::NotFound { message, .. } => message.clone(),
             ApiError::NotLeader { .. } => "not the quorum leader".into(),
-            ApiError::Unavailable { message } => message.clone(),
+            ApiError::Unavailable { message } | ApiError::Conflict { message } => message.clone(),
         }
     }
 
@@ -51,7 +55,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { field, .. } | ApiError::NotFound { field, .. } => Some(field),
             ApiError::Forbidden { field, .. } => field.as_deref(),
-            ApiError::NotLeader { .. } | ApiError::Unavailable { .. } => None,
+            ApiError::NotLeader { .. } | ApiError::Unavailable { .. } | ApiError::Conflict { .. } => None,
         }
     }
 }
@@ -873,6 +877,192 @@ pub async fn services(
         (None, false) => Some(p.tenant.clone().unwrap_or_default()),
     };
     Ok(s.control.lock().await.services(scope.as_deref()))
+}
+
+/// A tenant's quota fields in a request (`POST /api/v1/tenants`, `PUT /api/v1/tenants/{id}`): the
+/// seed's keys; on an update only the keys given change, `null` clears one.
+pub const TENANT_KEYS: [&str; 8] = [
+    "max_nodes",
+    "max_concurrent_allocations",
+    "gpu_hours_budget",
+    "node_hours_budget",
+    "fair_share_target",
+    "burst_allowance",
+    "deserved_nodes",
+    "over_quota_weight",
+];
+
+/// `quota` with the request's fields applied; a bad field is named.
+pub fn tenant_fields(
+    mut quota: lattice_engine::TenantQuota,
+    body: &serde_json::Map<String, serde_json::Value>,
+    skip: &[&str],
+) -> Result<lattice_engine::TenantQuota, ApiError> {
+    let bad = |k: &str, m: String| ApiError::BadRequest {
+        field: k.to_string(),
+        message: m,
+    };
+    for (k, v) in body {
+        if skip.contains(&k.as_str()) {
+            continue;
+        }
+        if !TENANT_KEYS.contains(&k.as_str()) {
+            return Err(bad(
+                k,
+                format!("unknown field `{k}` (known: {})", TENANT_KEYS.join(", ")),
+            ));
+        }
+        let count = |v: &serde_json::Value| -> Result<Option<u32>, ApiError> {
+            match v {
+                serde_json::Value::Null => Ok(None),
+                v => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n <= 1_000_000)
+                    .map(Some)
+                    .ok_or_else(|| bad(k, format!("{v}: a whole number from 0 to 1000000"))),
+            }
+        };
+        let real = |v: &serde_json::Value, lo: f64, hi: f64| -> Result<Option<f64>, ApiError> {
+            match v {
+                serde_json::Value::Null => Ok(None),
+                v => v
+                    .as_f64()
+                    .filter(|x| x.is_finite() && *x >= lo && *x <= hi)
+                    .map(Some)
+                    .ok_or_else(|| bad(k, format!("{v}: a number from {lo} to {hi}"))),
+            }
+        };
+        match k.as_str() {
+            "max_nodes" => quota.max_nodes = count(v)?,
+            "max_concurrent_allocations" => quota.max_concurrent_allocations = count(v)?,
+            "gpu_hours_budget" => quota.gpu_hours_budget = real(v, 0.0, 1e12)?,
+            "node_hours_budget" => quota.node_hours_budget = real(v, 0.0, 1e12)?,
+            "fair_share_target" => quota.fair_share_target = real(v, 0.0, 1.0)?,
+            "burst_allowance" => quota.burst_allowance = real(v, 1.0, 100.0)?,
+            "deserved_nodes" => quota.deserved_nodes = real(v, 0.0, 1e6)?,
+            _ => quota.over_quota_weight = real(v, 0.0, 1e6)?,
+        }
+    }
+    Ok(quota)
+}
+
+/// A valid tenant name: lowercase letters, digits, `-` and `_`, 1 to 63 characters.
+fn valid_tenant_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 63
+        && n.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+/// What a tenant write did: the tenant's view, and a warning when its new `max_nodes` is below what
+/// it holds.
+pub struct TenantWritten {
+    pub view: serde_json::Value,
+    pub warning: Option<String>,
+}
+
+/// Creates (`create`) or updates a tenant through the quorum (SystemAdmin): committed first, then the
+/// engine uses it from its next pass. Hard quotas below current use are accepted: running work goes
+/// on, new work for the tenant waits until it is under (the book's update flow).
+pub async fn put_tenant(
+    s: &Shared,
+    p: &Principal,
+    name: &str,
+    body: &serde_json::Map<String, serde_json::Value>,
+    create: bool,
+) -> Result<TenantWritten, ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("tenant administration (SystemAdmin)"));
+    }
+    writable(s).await?;
+    if create && !valid_tenant_name(name) {
+        return Err(ApiError::BadRequest {
+            field: "name".into(),
+            message: format!("`{name}`: lowercase letters, digits, - and _, at most 63"),
+        });
+    }
+    let current = s.member.read(|q| q.tenants.get(name).copied()).await;
+    let base = match (create, current) {
+        (true, _) => lattice_engine::TenantQuota::default(),
+        (false, Some(q)) => q,
+        // Known from the tenants file of a member that has not seeded the quorum yet, or only from
+        // its allocations: updating it registers it.
+        (false, None) => {
+            if !s.control.lock().await.tenant_names().iter().any(|t| t == name) {
+                return Err(not_found("tenant", name));
+            }
+            lattice_engine::TenantQuota::default()
+        }
+    };
+    let quota = tenant_fields(base, body, &["name"])?;
+    let write = match (create, current) {
+        (true, _) => lattice_adapters::TenantWrite::Create,
+        (false, Some(_)) => lattice_adapters::TenantWrite::Update,
+        (false, None) => lattice_adapters::TenantWrite::Seed,
+    };
+    let at_ms = s.control.lock().await.now().0;
+    let cmd = lattice_adapters::QuorumCommand::PutTenant {
+        name: name.to_string(),
+        quota,
+        write,
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, name).await?;
+    let mut c = s.control.lock().await;
+    c.set_tenant(name, quota);
+    let view = c.tenant_view(name).unwrap_or_default();
+    let held = view["nodes_held"].as_u64().unwrap_or(0);
+    let warning = quota.max_nodes.filter(|m| held > u64::from(*m)).map(|m| {
+        format!(
+            "tenant {name} holds {held} nodes, above its new limit of {m}: its running allocations go on; new ones wait until it is under"
+        )
+    });
+    Ok(TenantWritten { view, warning })
+}
+
+/// Deletes a tenant with nothing queued or running (SystemAdmin), through the quorum.
+pub async fn delete_tenant(s: &Shared, p: &Principal, name: &str) -> Result<(), ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("tenant administration (SystemAdmin)"));
+    }
+    writable(s).await?;
+    if s.member.read(|q| !q.tenants.contains_key(name)).await {
+        return Err(not_found("tenant", name));
+    }
+    let live = s.control.lock().await.tenant_live_allocations(name);
+    if live > 0 {
+        return Err(ApiError::Conflict {
+            message: format!("tenant {name} has {live} allocation(s) queued or running; delete it once they end"),
+        });
+    }
+    let at_ms = s.control.lock().await.now().0;
+    let cmd = lattice_adapters::QuorumCommand::DeleteTenant {
+        name: name.to_string(),
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, name).await?;
+    s.control.lock().await.remove_tenant(name);
+    Ok(())
+}
+
+/// Proposes `cmd` and waits for its commit; a rejection at apply time is the caller's error.
+async fn committed(s: &Shared, cmd: lattice_adapters::QuorumCommand, what: &str) -> Result<(), ApiError> {
+    match s.member.propose(cmd).await {
+        Ok(lattice_adapters::QuorumResponse::Applied) => Ok(()),
+        Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => Err(match reason.as_str() {
+            "no_tenant" => not_found("tenant", what),
+            _ => ApiError::Conflict { message },
+        }),
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
+            Err(ApiError::NotLeader { leader_id, leader })
+        }
+        Err(e) => Err(ApiError::Unavailable {
+            message: format!("{what}: the change could not be committed at the quorum ({e}); retry"),
+        }),
+    }
 }
 
 /// The tag that marks an allocation as a session.

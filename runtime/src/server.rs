@@ -412,13 +412,18 @@ async fn push_quotas(
     sensitive_pool: Option<u32>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
+    // The tenants file seeds the quorum: a tenant it does not know yet is created with the file's
+    // contract; one it knows keeps what the API set.
     let mut cmds: Vec<QuorumCommand> = tenants
         .iter()
-        .filter(|(_, q)| q.max_nodes.is_some() || q.max_concurrent_allocations.is_some())
-        .map(|(t, q)| QuorumCommand::SetQuota {
-            tenant: t.clone(),
-            max_nodes: q.max_nodes,
-            max_concurrent_allocations: q.max_concurrent_allocations,
+        .map(|(t, q)| QuorumCommand::PutTenant {
+            name: t.clone(),
+            quota: *q,
+            write: lattice_adapters::TenantWrite::Seed,
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            by: "tenants file".into(),
         })
         .collect();
     if sensitive_pool.is_some() {
@@ -860,6 +865,12 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     tracing::trace!("m{}: standing orders at adoption: {orders:?}", shared.member.id);
     for (node, o) in &orders {
         control.set_admin(node, o.drained, o.disabled);
+    }
+    // Tenants' contracts as the quorum committed them (the API's changes outlive fail-overs and
+    // restarts; the tenants file only seeds the quorum).
+    let tenants = shared.member.read(|q| q.tenants.clone()).await;
+    for (name, quota) in &tenants {
+        control.set_tenant(name, *quota);
     }
     control.enforce_admin();
     control.adopted_term = Some(term);

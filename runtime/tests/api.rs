@@ -830,3 +830,165 @@ async fn task_groups_run_at_most_their_concurrency_at_once() {
     assert_eq!((tg.index, tg.concurrency), (10, Some(2)));
     rt.shutdown().await;
 }
+
+/// Tenant administration through the quorum (issue 22): create, update and delete over REST with
+/// the quota fields validated; the engine uses a new hard quota from its next pass (a lowered one
+/// leaves running work alone and holds new work back); every change in the administrative log; the
+/// quorum's contract, not the tenants file, is what a restarted control plane uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tenants_and_quotas_are_administered_through_the_quorum() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-tenants-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tenants.yaml"), "physics:\n  max_nodes: 3\n").unwrap();
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\ntenants: {d}/tenants.yaml\n",
+        d = dir.display()
+    );
+    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Refusals name the field and change nothing.
+    for (body, field) in [
+        (json!({"max_nodes": 2}), "name"),
+        (json!({"name": "Chem!", "max_nodes": 2}), "name"),
+        (json!({"name": "chem", "max_nodes": -1}), "max_nodes"),
+        (json!({"name": "chem", "burst_allowance": 0.5}), "burst_allowance"),
+        (json!({"name": "chem", "max_gpus": 2}), "max_gpus"),
+    ] {
+        let (status, v) = api.call("POST", "/api/v1/tenants", Some(body)).await;
+        assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");
+    }
+    assert!(!api.get("/v1/tenants").await["tenants"].to_string().contains("chem"));
+    let (status, v) = api
+        .call(
+            "POST",
+            "/api/v1/tenants",
+            Some(json!({"name": "chem", "max_nodes": 2, "gpu_hours_budget": 500.0})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(
+        (
+            v["quota"]["max_nodes"].as_u64(),
+            v["quota"]["gpu_hours_budget"].as_f64()
+        ),
+        (Some(2), Some(500.0))
+    );
+    let (status, _) = api.call("POST", "/api/v1/tenants", Some(json!({"name": "chem"}))).await;
+    assert_eq!(status, 409);
+
+    // The new hard quota holds: two of three one-node jobs run, the third waits.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(api.submit(job("chem", 1, 600.0)).await);
+    }
+    api.wait_state(&ids[0], "running", Duration::from_secs(10)).await;
+    api.wait_state(&ids[1], "running", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        api.get(&format!("/v1/allocations/{}", ids[2])).await["state"],
+        "pending"
+    );
+    // Lowered below what it holds: accepted with a warning; the running ones go on.
+    let (status, v) = api
+        .call("PUT", "/api/v1/tenants/chem", Some(json!({"max_nodes": 1})))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["warning"].as_str().unwrap().contains("holds 2 nodes"), "{v}");
+    assert_eq!(
+        v["quota"]["gpu_hours_budget"].as_f64(),
+        Some(500.0),
+        "only the keys given change: {v}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in &ids[..2] {
+        assert_eq!(api.get(&format!("/v1/allocations/{id}")).await["state"], "running");
+    }
+    // Raised: the waiting one starts at the next pass. `null` clears a key.
+    let (status, v) = api
+        .call(
+            "PUT",
+            "/api/v1/tenants/chem",
+            Some(json!({"max_nodes": 3, "gpu_hours_budget": null})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        v["quota"]["gpu_hours_budget"].is_null() && v.get("warning").is_none(),
+        "{v}"
+    );
+    api.wait_state(&ids[2], "running", Duration::from_secs(10)).await;
+    let (status, v) = api
+        .call("PUT", "/api/v1/tenants/nobody", Some(json!({"max_nodes": 1})))
+        .await;
+    assert_eq!(status, 404, "{v}");
+
+    // Not deleted while it has work; deleted once it has none.
+    let (status, v) = api.call("DELETE", "/api/v1/tenants/chem", None).await;
+    assert_eq!(status, 409, "{v}");
+    for id in &ids {
+        api.call("DELETE", &format!("/v1/allocations/{id}"), None).await;
+    }
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = api.call("DELETE", "/api/v1/tenants/chem", None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{status} {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(api.call("GET", "/api/v1/tenants/chem", None).await.0, 404);
+
+    // The API's change to a tenant of the file outlives a restart with the same file.
+    let (status, v) = api
+        .call("PUT", "/api/v1/tenants/physics", Some(json!({"max_nodes": 1})))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let log = api.get("/api/v1/admin/log").await;
+    let actions: Vec<(&str, &str)> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["target"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("tenant.seed", "physics"),
+            ("tenant.create", "chem"),
+            ("tenant.update", "chem"),
+            ("tenant.update", "chem"),
+            ("tenant.delete", "chem"),
+            ("tenant.update", "physics"),
+        ],
+        "{log}"
+    );
+    assert_eq!(log["entries"][1]["user"], "dev");
+    rt.shutdown().await;
+    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), false)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = api.call("GET", "/api/v1/tenants/physics", None).await;
+        if status == 200 && v["quota"]["max_nodes"] == 1 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "{status} {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rt.shutdown().await;
+}

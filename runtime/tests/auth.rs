@@ -124,6 +124,27 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     .unwrap();
     assert_eq!(call(&base, Some(&forged), "GET", "/v1/allocations", None).await.0, 401);
     assert_eq!(call(&base, None, "GET", "/healthz", None).await.0, 200);
+    // Tenant administration is SystemAdmin's: a tenant admin's attempt changes nothing.
+    let (status, _, _) = call(
+        &base,
+        Some(&carol),
+        "POST",
+        "/api/v1/tenants",
+        Some(json!({"name": "rogue"})),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (_, list, _) = call(&base, Some(&admin), "GET", "/v1/tenants", None).await;
+    assert!(!list.to_string().contains("rogue"), "{list}");
+    let (status, v, _) = call(
+        &base,
+        Some(&admin),
+        "POST",
+        "/api/v1/tenants",
+        Some(json!({"name": "chem", "max_nodes": 1})),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
     // Auth discovery is public, for `lattice login` to find the IdP.
     let (status, d, _) = call(&base, None, "GET", "/api/v1/auth/discovery", None).await;
     assert_eq!(status, 200, "{d}");

@@ -13,9 +13,28 @@ use std::time::{Duration, Instant};
 fn routed() -> BTreeSet<(String, String)> {
     let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.rs")).unwrap();
     let mut out = BTreeSet::new();
-    for line in src.lines().map(str::trim).filter(|l| l.starts_with(".route(\"")) {
-        let rest = &line[".route(\"".len()..];
-        let (path, handlers) = rest.split_once('"').unwrap();
+    // Each `.route(` call up to its closing parenthesis, on one line or as rustfmt wraps it.
+    let mut calls = Vec::new();
+    let mut from = 0;
+    while let Some(i) = src[from..].find(".route(") {
+        let start = from + i + ".route(".len();
+        let mut depth = 1;
+        let end = src[start..]
+            .char_indices()
+            .find(|(_, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .map_or(src.len(), |(j, _)| start + j);
+        calls.push(src[start..end].split_whitespace().collect::<Vec<_>>().join(" "));
+        from = end;
+    }
+    for call in calls.iter().filter(|c| c.starts_with('"')) {
+        let (path, handlers) = call[1..].split_once('"').unwrap();
         for m in ["get", "post", "put", "patch", "delete"] {
             // `get(h)`, `.post(h)`, `axum::routing::post(h)`: the method name right before a `(`.
             let mut from = 0;

@@ -84,12 +84,20 @@ class LatticeClient:
 
     # -- transport ---------------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, *, json: Any = None, params: Optional[Dict[str, Any]] = None):
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Optional[Dict[str, Any]] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ):
         params = {k: v for k, v in (params or {}).items() if v is not None}
         attempt = 0
         while True:
             try:
-                r = await self._http.request(method, path, json=json, params=params)
+                r = await self._http.request(method, path, json=json, params=params, headers=headers)
             except (httpx.HTTPError, ssl.SSLError, OSError) as e:
                 # (A TLS 1.3 server's refusal of the client certificate arrives as an SSLError.)
                 raise LatticeError(f"{method} {self.base_url}{path}: {e}") from e
@@ -281,6 +289,56 @@ class LatticeClient:
         """Cancels every allocation of the DAG: how many were cancelled."""
         return (await self._call("DELETE", f"/v1/dags/{_seg(dag_id)}"))["cancelled"]
 
+    async def dag_graph(self, dag_id: str) -> Dict[str, Any]:
+        """The DAG's structure: ``allocations`` (name, id, state) and ``edges`` (from, to, condition)."""
+        return await self._call("GET", f"/v1/dags/{_seg(dag_id)}/graph")
+
+    # -- sessions, services, observability ---------------------------------------------------
+
+    async def create_session(self, tenant: str, **fields: Any) -> str:
+        """An interactive session (an allocation whose work is a terminal; default 1 node, 4 h):
+        its id. ``fields``: vcluster, resources, lifecycle, environment, tags."""
+        body = {"tenant": tenant, **fields}
+        return (await self._call("POST", "/v1/sessions", json=body))["session_id"]
+
+    async def session(self, session_id: str) -> Allocation:
+        return Allocation.from_json(await self._call("GET", f"/v1/sessions/{_seg(session_id)}"))
+
+    async def end_session(self, session_id: str) -> str:
+        return (await self._call("DELETE", f"/v1/sessions/{_seg(session_id)}"))["state"]
+
+    async def services(self, tenant: Optional[str] = None) -> List[str]:
+        """Registered service names (``tenant``: another tenant's, for those allowed to look)."""
+        headers = {"x-lattice-tenant": tenant} if tenant else None
+        return (await self._call("GET", "/api/v1/services", headers=headers))["services"]
+
+    async def service(self, name: str, tenant: Optional[str] = None) -> List[Dict[str, Any]]:
+        """A service's endpoints: allocation, tenant, node, host, port, protocol."""
+        headers = {"x-lattice-tenant": tenant} if tenant else None
+        return (await self._call("GET", f"/api/v1/services/{_seg(name)}", headers=headers))["endpoints"]
+
+    async def metrics(self, alloc_id: str, mode: str = "summary", duration: Optional[str] = None,
+                      metrics: Optional[List[str]] = None) -> Dict[str, Any]:
+        """Its metrics from the TSDB (``mode``: summary, per-node, per-gpu)."""
+        params = {"mode": mode, "duration": duration, "metrics": ",".join(metrics) if metrics else None}
+        return await self._call("GET", f"/v1/allocations/{_seg(alloc_id)}/metrics", params=params)
+
+    async def compare(self, ids: List[str], metrics: Optional[List[str]] = None, align: str = "relative",
+                      step: Optional[str] = None) -> Dict[str, Any]:
+        """Allocations' metric series side by side, aligned to each start."""
+        params = {"ids": ",".join(ids), "metrics": ",".join(metrics) if metrics else None, "align": align,
+                  "step": step}
+        return await self._call("GET", "/v1/compare", params=params)
+
+    async def diagnostics(self, alloc_id: str, part: Optional[str] = None) -> Dict[str, Any]:
+        """Network and storage diagnostics (``part``: network or storage)."""
+        tail = f"/{part}" if part else ""
+        return await self._call("GET", f"/v1/allocations/{_seg(alloc_id)}/diagnostics{tail}")
+
+    async def accounting(self, **params: Any) -> Dict[str, Any]:
+        """Usage records (``tenant``, ``user``, ``days``): ``records`` and ``total``."""
+        return await self._call("GET", "/v1/accounting", params=params)
+
     # -- nodes, tenants, vClusters, usage ----------------------------------------------------
 
     async def list_nodes(self, state: Optional[str] = None) -> List[Node]:
@@ -298,6 +356,10 @@ class LatticeClient:
 
     async def list_tenants(self) -> List[Tenant]:
         return [Tenant(name=t) for t in (await self._call("GET", "/v1/tenants"))["tenants"]]
+
+    async def tenant(self, name: str) -> Dict[str, Any]:
+        """One tenant: its quotas, nodes held, running and pending allocations, 90-day usage."""
+        return await self._call("GET", f"/v1/tenants/{_seg(name)}")
 
     async def list_vclusters(self) -> List[VCluster]:
         return [VCluster(name=v) for v in (await self._call("GET", "/v1/vclusters"))["vclusters"]]

@@ -67,6 +67,10 @@ class AllocationSpec:
     max_nodes: Optional[int] = None
     sensitive: bool = False
     network_domain: Optional[str] = None
+    #: Named service ports: ``[{"name": "api", "port": 8080, "protocol": "http"}]``.
+    expose: List[Dict[str, Any]] = field(default_factory=list)
+    #: The service's liveness probe: ``{"probe_type": "http", "port": 8080, "path": "/healthz", ...}``.
+    liveness_probe: Optional[Dict[str, Any]] = None
     idempotency_key: Optional[str] = None
     duration: Optional[str] = None
 
@@ -106,8 +110,14 @@ class AllocationSpec:
             body["checkpoint"] = dict(self.checkpoint)
         if self.sensitive:
             body["sensitive"] = True
-        if self.network_domain:
-            body["connectivity"] = {"network_domain": self.network_domain}
+        if self.network_domain or self.expose:
+            body["connectivity"] = {}
+            if self.network_domain:
+                body["connectivity"]["network_domain"] = self.network_domain
+            if self.expose:
+                body["connectivity"]["expose"] = [dict(e) for e in self.expose]
+        if self.liveness_probe:
+            body["liveness_probe"] = dict(self.liveness_probe)
         return body
 
 
@@ -142,6 +152,8 @@ class Allocation:
     task_group: Optional[Dict[str, Any]] = None
     #: While it waits: ``reason`` (dependencies, quota, reserved, behind_head, ...) and ``summary``.
     waiting: Optional[Dict[str, Any]] = None
+    #: What it waits for: ``[{"ref": allocation id, "condition": success|failure|any}]``.
+    depends_on: List[Dict[str, str]] = field(default_factory=list)
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -11,6 +11,7 @@ import pytest
 from lattice_sdk import (
     AllocationSpec,
     LatticeAuthError,
+    LatticeError,
     LatticeClient,
     LatticeNotFoundError,
     LatticeRateLimitError,
@@ -126,6 +127,53 @@ def test_task_groups_and_dags(runtime, tmp_path):
             st = await c.dag(d.id)
             assert {m["name"]: m["state"] for m in st.allocations} == {"prep": "completed", "train": "completed"}
             assert d.id in [x.id for x in await c.list_dags()]
+
+    run(main())
+
+
+def test_sessions_services_graphs_accounting_and_observability(runtime):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            # A service: in the registry while it runs, with its node and port.
+            r = await c.submit({"tenant": "bio", "entrypoint": "sleep 3", "resources": {"nodes": 1},
+                                "lifecycle": {"walltime": "5m"},
+                                "connectivity": {"expose": [{"name": "api", "port": 18080, "protocol": "http"}]}})
+            for _ in range(100):
+                if (await c.status(r.id)).state == "running":
+                    break
+                await asyncio.sleep(0.1)
+            assert await c.services() == ["api"]
+            [e] = await c.service("api")
+            assert (e["allocation"], e["port"], e["protocol"]) == (r.id, 18080, "http")
+            assert await c.services(tenant="physics") == []
+            with pytest.raises(LatticeNotFoundError) as nf:
+                await c.service("nope")
+            assert nf.value.field == "name"
+            # Diagnostics know its nodes; metrics need a TSDB this runtime does not have (503).
+            d = await c.diagnostics(r.id)
+            assert d["network"]["group_span"] == 1 and "TSDB" in d["note"]
+            assert set(await c.diagnostics(r.id, "storage")) >= {"id", "storage"}
+            with pytest.raises(LatticeError) as no_tsdb:
+                await c.metrics(r.id)
+            assert no_tsdb.value.status_code == 503
+            await c.wait(r.id, timeout=30)
+            assert await c.services() == []
+            # A session: an allocation tagged as one; ending it cancels it.
+            sid = await c.create_session("bio", lifecycle={"walltime": "1h"})
+            s = await c.session(sid)
+            assert s.tags.get("session") == "true" and s.walltime_s == 3600
+            await c.end_session(sid)
+            assert (await c.session(sid)).ended_ms is not None
+            # A DAG's graph, usage records and a tenant's view.
+            dag = await c.submit_dag({"allocations": [
+                {"name": "a", "tenant": "bio", "entrypoint": "true", "resources": {"nodes": 1}, "lifecycle": {"walltime": "5m"}},
+                {"name": "b", "tenant": "bio", "entrypoint": "true", "resources": {"nodes": 1}, "lifecycle": {"walltime": "5m"},
+                 "depends_on": [{"ref": "a", "condition": "any"}]}]})
+            g = await c.dag_graph(dag.id)
+            assert g["edges"] == [{"from": "a", "to": "b", "condition": "any"}]
+            acct = await c.accounting(tenant="bio", days=1)
+            assert len(acct["records"]) == acct["total"]["allocations"] >= 1
+            assert (await c.tenant("bio"))["name"] == "bio"
 
     run(main())
 
@@ -275,6 +323,8 @@ def test_the_models_match_the_openapi_document(runtime):
         min_nodes=1,
         sensitive=True,
         network_domain="n",
+        expose=[{"name": "api", "port": 8080, "protocol": "http"}],
+        liveness_probe={"probe_type": "http", "port": 8080, "path": "/healthz"},
         idempotency_key="k",
         duration="1s",
     ).to_json()
@@ -287,9 +337,14 @@ def test_the_models_match_the_openapi_document(runtime):
     assert set(full["task_group"]) <= props("TaskGroupIn")
     assert set(full["depends_on"][0]) <= props("DependsIn")
     assert set(full["connectivity"]) <= props("ConnectivityIn")
+    assert set(full["connectivity"]["expose"][0]) <= props("ExposeIn")
+    assert set(full["liveness_probe"]) <= props("LivenessProbeIn")
     # And the routes the client calls are documented.
     for path in ["/v1/allocations", "/v1/allocations/{id}", "/v1/allocations/{id}/logs", "/v1/allocations/{id}/logs/live",
-                 "/v1/allocations/{id}/tasks", "/v1/dags", "/v1/dags/{id}", "/v1/nodes", "/v1/tenants", "/v1/vclusters"]:
+                 "/v1/allocations/{id}/tasks", "/v1/dags", "/v1/dags/{id}", "/v1/nodes", "/v1/tenants", "/v1/vclusters",
+                 "/v1/dags/{id}/graph", "/v1/sessions", "/v1/sessions/{id}", "/api/v1/services", "/api/v1/services/{name}",
+                 "/v1/allocations/{id}/metrics", "/v1/compare", "/v1/allocations/{id}/diagnostics", "/v1/accounting",
+                 "/v1/tenants/{id}"]:
         assert path in doc["paths"], path
 
 

@@ -427,7 +427,77 @@ enum AdminCmd {
 #[derive(Subcommand)]
 enum TenantCmd {
     List,
-    Show { name: String },
+    Show {
+        name: String,
+    },
+    /// Create a tenant (SystemAdmin): `--name physics --max-nodes 100 …`.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        quota: QuotaFlags,
+    },
+    /// Change a tenant's quotas (only those given; `--clear max_nodes` removes one).
+    Update {
+        name: String,
+        #[command(flatten)]
+        quota: QuotaFlags,
+    },
+    /// `update` with the tenant as `--name` (the seed's other spelling).
+    SetQuota {
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        quota: QuotaFlags,
+    },
+    /// Delete a tenant with nothing queued or running.
+    Delete {
+        name: String,
+    },
+}
+
+/// A tenant's quota flags (hard: nodes, running allocations; soft: budgets, share, burst).
+#[derive(clap::Args)]
+struct QuotaFlags {
+    #[arg(long)]
+    max_nodes: Option<u32>,
+    #[arg(long)]
+    max_concurrent_allocations: Option<u32>,
+    #[arg(long)]
+    gpu_hours_budget: Option<f64>,
+    #[arg(long)]
+    node_hours_budget: Option<f64>,
+    #[arg(long)]
+    fair_share_target: Option<f64>,
+    #[arg(long)]
+    burst_allowance: Option<f64>,
+    /// Quota keys to remove (e.g. `--clear max_nodes`).
+    #[arg(long, value_delimiter = ',')]
+    clear: Vec<String>,
+}
+
+impl QuotaFlags {
+    fn body(&self) -> serde_json::Map<String, Value> {
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put("max_nodes", self.max_nodes.map(|x| json!(x)));
+        put(
+            "max_concurrent_allocations",
+            self.max_concurrent_allocations.map(|x| json!(x)),
+        );
+        put("gpu_hours_budget", self.gpu_hours_budget.map(|x| json!(x)));
+        put("node_hours_budget", self.node_hours_budget.map(|x| json!(x)));
+        put("fair_share_target", self.fair_share_target.map(|x| json!(x)));
+        put("burst_allowance", self.burst_allowance.map(|x| json!(x)));
+        for k in &self.clear {
+            m.insert(k.clone(), Value::Null);
+        }
+        m
+    }
 }
 
 #[derive(Subcommand)]
@@ -1485,6 +1555,34 @@ fn run() -> Result<()> {
                         .map(|t| format!("{}\n", t.as_str().unwrap_or_default()))
                         .collect()
                 })?;
+            }
+            AdminCmd::Tenant {
+                cmd: Some(TenantCmd::Create { name, quota }),
+            } => {
+                let mut body = quota.body();
+                body.insert("name".into(), json!(name));
+                let v = client.call("POST", "/api/v1/tenants", Some(&Value::Object(body)))?;
+                print_value(&v, output, |v| {
+                    format!("created tenant {name}\n{}", lattice_cli::observe::tenant_view(v))
+                })?;
+            }
+            AdminCmd::Tenant {
+                cmd: Some(TenantCmd::Update { name, quota } | TenantCmd::SetQuota { name, quota }),
+            } => {
+                let body = Value::Object(quota.body());
+                let v = client.call("PUT", &format!("/api/v1/tenants/{name}"), Some(&body))?;
+                if let Some(w) = v["warning"].as_str() {
+                    eprintln!("warning: {w}");
+                }
+                print_value(&v, output, |v| {
+                    format!("updated tenant {name}\n{}", lattice_cli::observe::tenant_view(v))
+                })?;
+            }
+            AdminCmd::Tenant {
+                cmd: Some(TenantCmd::Delete { name }),
+            } => {
+                let v = client.call("DELETE", &format!("/api/v1/tenants/{name}"), None)?;
+                print_value(&v, output, |_| format!("deleted tenant {name}\n"))?;
             }
             AdminCmd::Tenant {
                 cmd: Some(TenantCmd::Show { name }),
