@@ -55,6 +55,9 @@ pub struct ScaleStats {
     pub oscillation_alerts: u32,
     /// Scale-ups that a quota or a lack of free nodes turned into a no-op.
     pub blocked: u32,
+    /// Evaluations of a reactive allocation that had no fresh metric (none, or older than three
+    /// intervals): nothing was decided for it.
+    pub metric_unavailable: u32,
 }
 
 impl Engine {
@@ -119,7 +122,11 @@ impl Engine {
             let fresh = st
                 .metric
                 .is_some_and(|(t, _)| now.since(t) <= Duration(policy.evaluation_interval.0 * 3));
-            if !fresh || st.last_scale.is_some_and(|t| now.since(t) < policy.cooldown) {
+            if !fresh {
+                stats.metric_unavailable += 1;
+                continue;
+            }
+            if st.last_scale.is_some_and(|t| now.since(t) < policy.cooldown) {
                 continue;
             }
             let up = st.above_since.is_some_and(|t| now.since(t) >= policy.scale_up_window) && n < max;

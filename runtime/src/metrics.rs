@@ -38,6 +38,7 @@ pub struct Metrics {
     pub checkpoint_duration: Histogram,
     pub wipe_failures: IntCounter,
     pub walltime_conflicts: IntCounter,
+    pub autoscaling_query_failures: IntCounter,
     pub fabric_errors: IntCounter,
     pub staging_failures: IntCounter,
     pub heartbeat_latency: HistogramVec,
@@ -161,6 +162,10 @@ impl Metrics {
             checkpoint_duration: reg!(histogram(
                 "lattice_checkpoint_duration_seconds",
                 "From a checkpoint hint to its completion."
+            )),
+            autoscaling_query_failures: reg!(counter(
+                "lattice_autoscaling_metric_query_failures_total",
+                "Evaluations of a reactive allocation without a fresh scaling metric (nothing decided)."
             )),
             walltime_conflicts: reg!(counter(
                 "lattice_checkpoint_walltime_conflict_total",

@@ -498,6 +498,11 @@ async fn scheduling_loop(
             let (stats, took) = c.schedule();
             tracing::trace!("m{}: pass at {:?}: {stats:?}", shared.member.id, c.now());
             shared.metrics.cycle(took);
+            let scaled = c.ctl.engine.scale_stats();
+            shared
+                .metrics
+                .autoscaling_query_failures
+                .inc_by(u64::from(scaled.metric_unavailable));
             shared.metrics.backfilled.inc_by(u64::from(stats.backfilled));
             shared
                 .metrics

@@ -729,6 +729,7 @@ pub fn simulate_with<H: Host>(
         scaling.downs += sc.downs;
         scaling.oscillation_alerts += sc.oscillation_alerts;
         scaling.blocked += sc.blocked;
+        scaling.metric_unavailable += sc.metric_unavailable;
         if stats.ran {
             pass_ns.push(elapsed.as_nanos() as u64);
             deferred += stats.deferred as u64;
@@ -817,6 +818,7 @@ pub fn simulate_with<H: Host>(
     summary.scale_ups = scaling.ups as u64;
     summary.scale_downs = scaling.downs as u64;
     summary.scale_blocked = scaling.blocked as u64;
+    summary.scale_metric_unavailable = scaling.metric_unavailable as u64;
     summary.oscillation_alerts = scaling.oscillation_alerts as u64;
     let services: Vec<f64> = engine
         .allocations()
@@ -1310,6 +1312,7 @@ fn summarize(
         scale_ups: 0,
         scale_downs: 0,
         scale_blocked: 0,
+        scale_metric_unavailable: 0,
         oscillation_alerts: 0,
         services: 0,
         service_availability: 1.0,

@@ -256,6 +256,9 @@ pub struct Summary {
     pub scale_ups: u64,
     pub scale_downs: u64,
     pub scale_blocked: u64,
+    /// Evaluations of a reactive allocation without a fresh metric (nothing was decided for it;
+    /// production counts them in `lattice_autoscaling_metric_query_failures_total`).
+    pub scale_metric_unavailable: u64,
     pub oscillation_alerts: u64,
     pub services: u64,
     pub service_availability: f64,

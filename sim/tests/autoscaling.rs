@@ -89,6 +89,31 @@ fn no_metric_no_scaling() {
     assert_eq!(r.summary.service_availability, 1.0);
 }
 
+/// A metric that stops coming (the TSDB down): the evaluations after it went stale decide nothing and
+/// are counted (production's `lattice_autoscaling_metric_query_failures_total`); while it was fresh,
+/// none were.
+#[test]
+fn a_metric_that_stops_is_counted_and_decides_nothing() {
+    let samples: Vec<(u64, f64)> = (0..10).map(|i| (i * 30, 0.5)).collect();
+    let text = format!(
+        "{SERVICE}{}{{\"ts\": 3600, \"type\": \"submit\", \"alloc\": {{\"id\": \"x\", \"nodes\": 1, \"walltime\": 10}}}}\n",
+        metrics(&samples)
+    );
+    let r = replay(&text, 8, checked());
+    assert_eq!((r.summary.scale_ups, r.summary.scale_downs), (0, 0));
+    // Samples to 270 s, stale 3 intervals (180 s) later: evaluations every 60 s from then to the end.
+    assert!(
+        (40..=60).contains(&r.summary.scale_metric_unavailable),
+        "{}",
+        r.summary.scale_metric_unavailable
+    );
+    let fresh = replay(&format!("{SERVICE}{}", metrics(&samples)), 8, checked());
+    assert_eq!(
+        fresh.summary.scale_metric_unavailable, 0,
+        "a trace that ends with its metric"
+    );
+}
+
 /// Scale-up respects the tenant's hard max_nodes: a no-op, not an error.
 #[test]
 fn scale_up_respects_tenant_max_nodes() {
