@@ -936,7 +936,12 @@ pub fn run_with(
         if last_push.elapsed() >= cfg.telemetry.period() {
             last_push = Instant::now();
             let groups: BTreeMap<String, u32> = procs.iter().map(|(id, r)| (id.clone(), r.pid)).collect();
+            // What collecting costs: this thread's CPU time for the tick, over the period.
+            let cpu0 = crate::telemetry::thread_cpu_ns();
             let mut tick = telemetry.tick(&cfg.node, std::path::Path::new("/proc"), &groups);
+            let spent = crate::telemetry::thread_cpu_ns().saturating_sub(cpu0);
+            reports.collection_overhead_pct =
+                Some(spent as f64 / cfg.telemetry.period().as_nanos().max(1) as f64 * 100.0);
             if let Some(c) = &images {
                 tick.series
                     .extend(crate::telemetry::cache_series(&cfg.node, &c.stats, c.used()));

@@ -155,6 +155,8 @@ pub struct Reports {
     /// Allocations started here since the last poll: seconds from the work answer that assigned
     /// them to their processes' start (uenv pull and mount included).
     pub startups: Vec<Startup>,
+    /// The last telemetry collection's CPU time over its period, percent of one core.
+    pub collection_overhead_pct: Option<f64>,
 }
 
 /// How long one allocation took to start on this node.

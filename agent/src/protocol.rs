@@ -146,6 +146,9 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
     if !reports.startups.is_empty() {
         body["startups"] = json!(reports.startups);
     }
+    if let Some(p) = reports.collection_overhead_pct {
+        body["collection_overhead_pct"] = json!(p);
+    }
     Request {
         path: format!("/v1/nodes/{node}/work"),
         body,

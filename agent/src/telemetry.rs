@@ -43,6 +43,16 @@ pub fn ebpf_status() -> String {
     "eBPF unavailable: this build has no `ebpf` feature; per-allocation counters come from /proc".into()
 }
 
+/// CPU time of the calling thread (ns): what the agent's collection costs, measured around it.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-parameter; CLOCK_THREAD_CPUTIME_ID needs no other precondition.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The processes (tgids) of process group `pgid` under `proc_root`.
 pub fn group_members(proc_root: &Path, pgid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir(proc_root) else {

@@ -2044,6 +2044,11 @@ fn an_oci_job_runs_in_its_image_through_a_real_oci_runtime() {
     rt.block_on(running.shutdown());
 }
 
+/// The body of `GET url` as text.
+fn text_of(url: &str) -> String {
+    ureq::get(url).call().unwrap().body_mut().read_to_string().unwrap()
+}
+
 /// `prometheus` on PATH; `None` (the test skips, saying so) where it is missing outside CI.
 fn prometheus_binary() -> Option<std::path::PathBuf> {
     let found = std::env::var("PATH")
@@ -2333,16 +2338,18 @@ fn telemetry_goes_through_a_real_prometheus_and_comes_back_as_metrics_comparison
     assert!(lines.len() >= 2, "{watched}");
     assert!(!watched.contains("io_write_bytes"), "only what was asked: {watched}");
     // Both starts were measured by the agent and reported: the seed's startup histogram.
-    let metrics = ureq::get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = text_of(&format!("{base}/metrics"));
     assert!(
         metrics.contains("lattice_agent_allocation_startup_seconds_count{node_id=\"sim-000\"} 3"),
         "{metrics}"
     );
+    // And what its collection costs it.
+    let overhead = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("lattice_agent_ebpf_overhead_percent{node_id=\"sim-000\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("the agent's collection overhead");
+    assert!((0.0..100.0).contains(&overhead), "{overhead}");
     drop(_agent);
     rt.block_on(running.shutdown());
 }
@@ -2464,12 +2471,7 @@ fn a_service_is_discoverable_while_it_runs_and_fails_when_its_liveness_probe_doe
     );
     let v = wait_for(&base, &slow, |v| v["ended_ms"].is_u64(), Duration::from_secs(40));
     assert_eq!(v["end_reason"], "walltime_exceeded", "{v}");
-    let metrics = ureq::get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
+    let metrics = text_of(&format!("{base}/metrics"));
     assert!(
         metrics.contains("lattice_checkpoint_walltime_conflict_total 1"),
         "{metrics}"

@@ -189,6 +189,11 @@ pub struct Engine {
     pub(crate) scale_log: Vec<(AllocId, NodeId, bool)>,
     /// What the autoscaler did in the last `schedule` call.
     pub(crate) last_scale_stats: crate::autoscale::ScaleStats,
+    /// A monotonic nanosecond counter the caller lends for measuring the cost function (never
+    /// read by a decision; `None`: nothing is measured).
+    pub(crate) stopwatch: Option<fn() -> u64>,
+    /// (pool, nanoseconds) of each scored pass's cost-function evaluation since the last take.
+    pub(crate) cost_ns: Vec<(u32, u64)>,
     pub(crate) staging: BTreeMap<AllocId, crate::staging::StagingState>,
     pub(crate) staging_last: Time,
     pub(crate) staging_next: Option<Time>,
@@ -321,6 +326,8 @@ impl Engine {
             autoscale_until: None,
             scale_log: Vec::new(),
             last_scale_stats: Default::default(),
+            stopwatch: None,
+            cost_ns: Vec::new(),
             staging: BTreeMap::new(),
             staging_last: Time::ZERO,
             staging_next: None,
@@ -596,6 +603,32 @@ impl Engine {
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// Lends the engine a monotonic nanosecond counter to time its cost-function evaluations with
+    /// (`lattice_scheduling_cost_function_duration_seconds`). The engine has no clock of its own; the
+    /// timings are written for the caller and no decision reads them.
+    pub fn set_stopwatch(&mut self, stopwatch: Option<fn() -> u64>) {
+        self.stopwatch = stopwatch;
+    }
+
+    /// The cost-function timings since the last take: for each scored pass, the vClusters its pool
+    /// serves and the seconds it took to score every candidate.
+    pub fn take_cost_timings(&mut self) -> Vec<(Vec<crate::ids::VClusterId>, f64)> {
+        let taken = std::mem::take(&mut self.cost_ns);
+        taken
+            .into_iter()
+            .map(|(key, ns)| {
+                let vcs = self
+                    .pool_of_vc
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| **k == key)
+                    .map(|(i, _)| crate::ids::VClusterId(i as u32))
+                    .collect();
+                (vcs, ns as f64 / 1e9)
+            })
+            .collect()
     }
 
     /// What the autoscaler did in the last `schedule` call.

@@ -124,10 +124,14 @@ impl Engine {
         let ctx = scored.then(|| self.score_context(now, key));
         let mut scores: Vec<(AllocId, Option<ScoreBreakdown>)> = Vec::new();
         if let Some(ctx) = &ctx {
+            let t0 = self.stopwatch.map(|f| f());
             scores.reserve(queue.len());
             for &id in &queue {
                 let w = self.vc_config[self.allocs[id.index()].spec.vcluster.index()].weights;
                 scores.push((id, w.map(|w| self.score_of(id, &w, ctx))));
+            }
+            if let (Some(f), Some(t0)) = (self.stopwatch, t0) {
+                self.cost_ns.push((key, f().saturating_sub(t0)));
             }
             // Highest score first; ties by arrival.
             scores.sort_by(|a, b| {

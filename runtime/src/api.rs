@@ -1236,6 +1236,9 @@ struct WorkIn {
     /// Allocations started on this node since its last poll, and how long each took to start.
     #[serde(default)]
     startups: Vec<StartupIn>,
+    /// The agent's last telemetry collection: CPU time over its period, percent of one core.
+    #[serde(default)]
+    collection_overhead_pct: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -1250,6 +1253,9 @@ async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::
         Ok(w) => w,
         Err(e) => return body_error(e),
     };
+    if let Some(p) = w.collection_overhead_pct.filter(|p| p.is_finite() && *p >= 0.0) {
+        s.metrics.agent_overhead.with_label_values(&[id.as_str()]).set(p);
+    }
     for st in &w.startups {
         if st.seconds.is_finite() && st.seconds >= 0.0 {
             s.metrics
@@ -1694,15 +1700,14 @@ async fn stream_metrics(
     Path(id): Path<String>,
     QueryIn(q): QueryIn<MetricsIn>,
 ) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+    use axum::response::sse::Event;
     if let Err(e) = ops::get(&s, &p, &id).await {
         return e.into_response();
     }
     if let Err(r) = tsdb(&s) {
         return r;
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
-    tokio::spawn(async move {
+    sse(move |tx| async move {
         let _open = crate::metrics::StreamGuard::open(&s.metrics, "metrics");
         let Some(t) = s.tsdb.as_ref() else { return };
         let mut last: Option<tokio::time::Instant> = None;
@@ -1758,10 +1763,7 @@ async fn stream_metrics(
             tokio::time::sleep(wait.clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(1)))
                 .await;
         }
-    });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    })
 }
 
 async fn diagnostics(s: S, p: P, id: Path<String>, q: QueryIn<MetricsIn>) -> Response {
@@ -1847,6 +1849,24 @@ async fn compare(State(s): S, Extension(p): P, QueryIn(q): QueryIn<CompareIn>) -
     }
 }
 
+/// What a Server-Sent Events relay sends on.
+type EventTx = tokio::sync::mpsc::Sender<Result<axum::response::sse::Event, std::convert::Infallible>>;
+
+/// A Server-Sent Events answer fed by `relay`, which runs on a task of its own until it returns or
+/// the client goes away (its sends fail); comments keep an idle connection alive.
+fn sse<F, Fut>(relay: F) -> Response
+where
+    F: FnOnce(EventTx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use axum::response::sse::{KeepAlive, Sse};
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(relay(tx));
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
 /// How often the SSE log stream looks for new output.
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(300);
 
@@ -1855,7 +1875,7 @@ const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(300);
 /// found nothing new (its agents' final output has arrived), one `end` event with its state closes
 /// the stream. A client that goes away ends the relay.
 async fn stream_logs(State(s): S, Extension(p): P, Path(id): Path<String>, QueryIn(q): QueryIn<LiveIn>) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+    use axum::response::sse::Event;
     let (mut after, stream) = match (offsets(q.after.as_deref()), stream_of(q.stream.as_deref())) {
         (Ok(a), Ok(s)) => (a, s),
         (Err(r), _) | (_, Err(r)) => return r,
@@ -1864,8 +1884,7 @@ async fn stream_logs(State(s): S, Extension(p): P, Path(id): Path<String>, Query
     if let Err(e) = ops::live_logs(&s, &p, &id, stream, &BTreeMap::new()).await {
         return e.into_response();
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
-    tokio::spawn(async move {
+    sse(move |tx| async move {
         let _open = crate::metrics::StreamGuard::open(&s.metrics, "logs");
         let mut quiet = 0;
         let mut trouble = 0;
@@ -1925,8 +1944,5 @@ async fn stream_logs(State(s): S, Extension(p): P, Path(id): Path<String>, Query
             }
             tokio::time::sleep(STREAM_POLL).await;
         }
-    });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    })
 }

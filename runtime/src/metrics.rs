@@ -39,6 +39,8 @@ pub struct Metrics {
     pub wipe_failures: IntCounter,
     pub walltime_conflicts: IntCounter,
     pub autoscaling_query_failures: IntCounter,
+    pub cost_function: HistogramVec,
+    pub agent_overhead: GaugeVec,
     pub fabric_errors: IntCounter,
     pub staging_failures: IntCounter,
     pub heartbeat_latency: HistogramVec,
@@ -162,6 +164,16 @@ impl Metrics {
             checkpoint_duration: reg!(histogram(
                 "lattice_checkpoint_duration_seconds",
                 "From a checkpoint hint to its completion."
+            )),
+            agent_overhead: reg!(gauges(
+                "lattice_agent_ebpf_overhead_percent",
+                "Each agent's telemetry collection (eBPF map reads, or /proc sampling without eBPF): its CPU time over the period, percent of one core.",
+                &["node_id"]
+            )),
+            cost_function: reg!(histograms(
+                "lattice_scheduling_cost_function_duration_seconds",
+                "Time to evaluate the cost function for all candidates of a vCluster's pool in one pass.",
+                &["vcluster"]
             )),
             autoscaling_query_failures: reg!(counter(
                 "lattice_autoscaling_metric_query_failures_total",
@@ -291,6 +303,7 @@ impl Metrics {
     /// heartbeat latency, this member's snapshot durations (at zero until something happens).
     pub fn known(&self, vclusters: &[String], nodes: &[String], member: &str) {
         for v in vclusters {
+            self.cost_function.with_label_values(&[v.as_str()]);
             for r in lattice_engine::PreemptReason::ALL {
                 self.preemptions.with_label_values(&[v.as_str(), r.as_str()]);
             }

@@ -406,6 +406,12 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     })
 }
 
+/// Nanoseconds on this process's monotonic clock (the engine's cost-function stopwatch).
+fn mono_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
 async fn push_quotas(
     shared: Arc<Shared>,
     tenants: BTreeMap<String, lattice_engine::TenantQuota>,
@@ -495,7 +501,19 @@ async fn scheduling_loop(
         }
         let actions = {
             let mut c = shared.control.lock().await;
+            // The engine times its cost function with this member's monotonic clock.
+            c.ctl.engine.set_stopwatch(Some(mono_ns));
             let (stats, took) = c.schedule();
+            for (vcs, secs) in c.ctl.engine.take_cost_timings() {
+                for vc in vcs {
+                    let name = c.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default();
+                    shared
+                        .metrics
+                        .cost_function
+                        .with_label_values(&[name.as_str()])
+                        .observe(secs);
+                }
+            }
             tracing::trace!("m{}: pass at {:?}: {stats:?}", shared.member.id, c.now());
             shared.metrics.cycle(took);
             let scaled = c.ctl.engine.scale_stats();

@@ -892,6 +892,15 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
     let (status, _) = api.call("POST", "/api/v1/tenants", Some(json!({"name": "chem"}))).await;
     assert_eq!(status, 409);
 
+    // Weights make the pool scored: its passes evaluate the cost function (and time it).
+    let (status, v) = api
+        .call(
+            "PUT",
+            "/v1/vclusters/default/weights",
+            Some(json!({"priority": 0.5, "wait_time": 0.5})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
     // The new hard quota holds: two of three one-node jobs run, the third waits.
     let mut ids = Vec::new();
     for _ in 0..3 {
@@ -980,6 +989,16 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
         "{log}"
     );
     assert_eq!(log["entries"][1]["user"], "dev");
+    // The passes that placed chem's jobs timed their cost function.
+    let exposition = api.get("/metrics").await;
+    let count = exposition
+        .as_str()
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("lattice_scheduling_cost_function_duration_seconds_count{vcluster=\"default\"} "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(count >= 1, "{exposition}");
     rt.shutdown().await;
     // Started again on the same data once the stopped member's last tasks let go of its files.
     let t0 = Instant::now();

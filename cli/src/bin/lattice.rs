@@ -1759,25 +1759,7 @@ fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Resul
                 .iter()
                 .map(|r| cols.iter().map(|c| cell(&r[*c])).collect())
                 .collect();
-            let widths: Vec<usize> = cols
-                .iter()
-                .enumerate()
-                .map(|(i, c)| table.iter().map(|r| r[i].len()).chain([c.len()]).max().unwrap_or(0))
-                .collect();
-            let line = |cells: Vec<String>| {
-                cells
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:<w$}"))
-                    .collect::<Vec<_>>()
-                    .join("  ")
-                    .trim_end()
-                    .to_string()
-            };
-            println!("{}", line(cols.iter().map(|c| c.to_uppercase()).collect()));
-            for r in table {
-                println!("{}", line(r));
-            }
+            print!("{}", lattice_cli::observe::table(cols, &table));
         }
     }
     Ok(())
