@@ -12,6 +12,8 @@ pub struct HttpConfig {
     pub base: String,
     /// Bearer token (from the secrets manager), if the service wants one.
     pub token: Option<String>,
+    /// The `Authorization` scheme the token goes with: `Bearer` (default), or `Token` (Waldur).
+    pub auth_scheme: String,
     pub timeout: Duration,
     /// Attempts after the first.
     pub retries: u32,
@@ -24,6 +26,7 @@ impl HttpConfig {
         HttpConfig {
             base: base.trim_end_matches('/').to_string(),
             token: None,
+            auth_scheme: "Bearer".into(),
             timeout: Duration::from_secs(10),
             retries: 3,
             backoff: Duration::from_millis(200),
@@ -102,14 +105,30 @@ impl Http {
 
     /// `method path` with an optional JSON body; the JSON answer (`null` for an empty one).
     pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<Value, HttpError> {
+        self.call_with(method, path, body, &[], self.cfg.token.as_deref()).await
+    }
+
+    /// [`Http::call`] with extra headers (e.g. an `Idempotency-Key`, sent on every attempt) and the
+    /// token to send (a rotated secret read just before the call).
+    pub async fn call_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+        token: Option<&str>,
+    ) -> Result<Value, HttpError> {
         let url = format!("{}{path}", self.cfg.base);
         let m = method.to_string();
         let mut attempt = 0;
         loop {
             attempt += 1;
             let mut req = self.client.request(method.clone(), &url);
-            if let Some(t) = &self.cfg.token {
-                req = req.bearer_auth(t);
+            if let Some(t) = token {
+                req = req.header(reqwest::header::AUTHORIZATION, format!("{} {t}", self.cfg.auth_scheme));
+            }
+            for (k, v) in headers {
+                req = req.header(*k, *v);
             }
             if let Some(b) = body {
                 req = req.json(b);

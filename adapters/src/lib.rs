@@ -20,8 +20,10 @@ pub mod peer;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;
+pub mod spool;
 pub mod tsdb;
 pub mod vast;
+pub mod waldur;
 
 /// openraft, for its `Config` (a simulation sets its own timings).
 pub use openraft;

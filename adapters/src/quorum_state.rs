@@ -75,6 +75,9 @@ pub enum QuorumCommand {
     },
     /// Removes a tenant that holds no nodes.
     DeleteTenant { name: String, at_ms: u64, by: String },
+    /// The accounting pipeline delivered every event that happened before `ms` (ms since the
+    /// epoch): a new leader's pipeline regenerates events from there (it never moves back).
+    AccountingMark { ms: u64 },
 }
 
 /// How [`QuorumCommand::PutTenant`] writes.
@@ -160,6 +163,13 @@ pub struct QuorumState {
     /// The administrative log: every tenant change, in commit order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub admin_log: Vec<AdminEntry>,
+    /// [`QuorumCommand::AccountingMark`] (0: none yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accounting_mark: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 impl QuorumState {
@@ -253,6 +263,10 @@ impl QuorumState {
                 detail,
             } => {
                 lattice_engine::audit::append(&mut self.audit, *at_ms, user, alloc, action, detail);
+                QuorumResponse::Applied
+            }
+            QuorumCommand::AccountingMark { ms } => {
+                self.accounting_mark = self.accounting_mark.max(*ms);
                 QuorumResponse::Applied
             }
         }

@@ -305,6 +305,45 @@ pub fn history_view(v: &Value) -> String {
     out
 }
 
+/// `lattice admin accounting status`: whether Waldur takes the events, what waits, what was lost.
+pub fn accounting_status(v: &Value) -> String {
+    if v["enabled"] != true {
+        return "Accounting: off (accounting.enabled in the runtime's config)\n".into();
+    }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let mut out = format!(
+        "Accounting: {} at {}, every {} s\n",
+        v["provider"].as_str().unwrap_or("?"),
+        v["api_url"].as_str().unwrap_or("?"),
+        n("push_interval_seconds")
+    );
+    out.push_str(&match v["reachable"].as_bool() {
+        Some(true) => "  Reachable: yes\n".to_string(),
+        Some(false) => format!("  Reachable: NO — {}\n", v["last_error"].as_str().unwrap_or("")),
+        None => "  Reachable: not tried yet\n".to_string(),
+    });
+    if let Some(t) = v["last_success_ms"].as_u64() {
+        out.push_str(&format!("  Last delivery: {}\n", utc(t)));
+    }
+    out.push_str(&format!(
+        "  Buffered: {} in memory, {} on disk\n  Delivered: {} ({} already known to the service)\n",
+        n("buffered"),
+        n("on_disk"),
+        n("delivered_total"),
+        n("duplicates_total")
+    ));
+    if n("dropped_total") > 0 {
+        out.push_str(&format!(
+            "  DROPPED: {} (buffers full) — recover with `lattice admin accounting reconcile --since … --until …`\n",
+            n("dropped_total")
+        ));
+    }
+    if n("mark_ms") > 0 {
+        out.push_str(&format!("  Delivered up to: {}\n", utc(n("mark_ms"))));
+    }
+    out
+}
+
 /// `lattice admin tenant show NAME`: its quotas (unset ones omitted), what it holds and its usage.
 pub fn tenant_view(v: &Value) -> String {
     let mut out = format!("Tenant {}\n", v["name"].as_str().unwrap_or_default());
@@ -398,6 +437,21 @@ pub fn graph_view(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn accounting_status_says_what_waits_and_what_was_lost() {
+        assert!(accounting_status(&json!({"enabled": false})).contains("off"));
+        let down = json!({"enabled": true, "provider": "waldur", "api_url": "https://w/api/",
+            "push_interval_seconds": 60, "reachable": false, "last_error": "HTTP 503",
+            "buffered": 10000, "on_disk": 250, "dropped_total": 3, "delivered_total": 7,
+            "duplicates_total": 1, "mark_ms": 0});
+        let t = accounting_status(&down);
+        assert!(t.contains("Reachable: NO — HTTP 503"), "{t}");
+        assert!(t.contains("10000 in memory, 250 on disk"), "{t}");
+        assert!(t.contains("DROPPED: 3") && t.contains("reconcile"), "{t}");
+        let up = json!({"enabled": true, "reachable": true, "buffered": 0, "on_disk": 0, "dropped_total": 0});
+        assert!(!accounting_status(&up).contains("DROPPED"));
+    }
 
     #[test]
     fn units_read_as_people_read_them() {

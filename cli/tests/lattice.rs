@@ -120,6 +120,23 @@ fn lattice_cli_drives_the_runtime() {
     assert!(out(&o).contains("\"valid\": true"), "{}{}", out(&o), err(&o));
     let o = run(&["admin", "raft-status"]);
     assert!(out(&o).contains("\"audit_chain_valid\": true"), "{}", out(&o));
+    // Accounting is off by default; a reconcile says so and queues nothing.
+    let o = run(&["admin", "accounting", "status"]);
+    assert!(out(&o).contains("Accounting: off"), "{}{}", out(&o), err(&o));
+    let o = run(&[
+        "admin",
+        "accounting",
+        "reconcile",
+        "--since",
+        "2026-03-01",
+        "--until",
+        "2026-03-02",
+    ]);
+    assert!(
+        !o.status.success() && err(&o).contains("accounting is not enabled"),
+        "{}",
+        err(&o)
+    );
     let o = run(&[
         "admin",
         "vcluster",

@@ -267,6 +267,19 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "quorum",
             "The administrative log: every tenant change, who made it and when",
         ),
+        Op::get(
+            "/api/v1/admin/accounting",
+            "accounting",
+            "The accounting pipeline: Waldur reachable, events buffered in memory and on disk, dropped, the mark",
+        )
+        .answer::<crate::accounting::AccountingStatus>(),
+        Op::post(
+            "/api/v1/admin/accounting/reconcile",
+            "accounting",
+            "Regenerate a window's accounting events from the allocation records and the audit log (SystemAdmin)",
+        )
+        .body::<crate::accounting::ReconcileIn>()
+        .answer::<crate::accounting::Reconciled>(),
         Op::get("/v1/vclusters", "vclusters", "vCluster names"),
         Op::get(
             "/v1/vclusters/{id}/queue",
@@ -368,6 +381,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
             get(tenant).put(update_tenant).delete(delete_tenant),
         )
         .route("/api/v1/admin/log", get(admin_log))
+        .route("/api/v1/admin/accounting", get(accounting_status))
+        .route(
+            "/api/v1/admin/accounting/reconcile",
+            axum::routing::post(accounting_reconcile),
+        )
         .route("/v1/vclusters", get(vclusters))
         .route("/v1/vclusters/{id}/queue", get(queue))
         .route("/v1/vclusters/{id}/weights", put(set_weights))
@@ -557,6 +575,15 @@ async fn metrics(State(s): S) -> Response {
     if let Some((used, total)) = crate::metrics::disk_usage(&s.data_dir) {
         m.raft_disk_used.with_label_values(&[member]).set(used);
         m.raft_disk_total.with_label_values(&[member]).set(total);
+    }
+    if let Some(a) = &s.accounting {
+        let st = a.status();
+        m.accounting_buffered.set(st.buffered as i64);
+        m.accounting_on_disk.set(st.on_disk as i64);
+        m.accounting_dropped
+            .inc_by(st.dropped_total.saturating_sub(m.accounting_dropped.get()));
+        m.accounting_delivered
+            .inc_by(st.delivered_total.saturating_sub(m.accounting_delivered.get()));
     }
     if let Some(entries) = s.member.try_read(|q| q.audit.len() as u64) {
         let seen = m.audit_entries.get();
@@ -1068,6 +1095,24 @@ async fn admin_log(State(s): S, Extension(p): P) -> Response {
     }
     let entries = s.member.read(|q| q.admin_log.clone()).await;
     Json(json!({ "entries": entries })).into_response()
+}
+
+async fn accounting_status(State(s): S, Extension(p): P) -> Response {
+    match crate::accounting::status(&s, &p).await {
+        Ok(st) => Json(st).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn accounting_reconcile(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let w: crate::accounting::ReconcileIn = match serde_json::from_slice(&body) {
+        Ok(w) => w,
+        Err(e) => return body_error(e),
+    };
+    match crate::accounting::reconcile_window(&s, &p, &w).await {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn vclusters(State(s): S) -> Json<Value> {

@@ -54,6 +54,9 @@ pub struct RuntimeConfig {
     /// `services:` — external services the control plane calls.
     #[serde(default)]
     pub services: ServicesConfig,
+    /// `accounting:` — usage pushed to Waldur (off by default).
+    #[serde(default)]
+    pub accounting: crate::accounting::AccountingConfig,
 }
 
 /// `services:` in the config.
@@ -241,6 +244,7 @@ impl RuntimeConfig {
             &mut c.scheduler.trace_capture,
             &mut c.auth.jwks_file,
             &mut c.log_store,
+            &mut c.accounting.disk_buffer_path,
         ]
         .into_iter()
         .flatten()
@@ -283,6 +287,7 @@ impl RuntimeConfig {
                 return Err(err("services.vast.write_gbps: a bandwidth in GB/s above 0".into()));
             }
         }
+        c.accounting.validate().map_err(err)?;
         if c.inventory.is_none() && c.simulated_nodes == 0 {
             return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));
         }

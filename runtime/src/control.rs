@@ -466,6 +466,9 @@ pub struct AllocationView {
     pub tenant: String,
     pub vcluster: String,
     pub user: Option<String>,
+    /// Its project within the tenant (as submitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     pub state: String,
     pub nodes: Vec<String>,
     pub requested_nodes: u32,
@@ -698,6 +701,15 @@ pub struct UsageRecord {
     /// Inside the window only.
     pub node_hours: f64,
     pub gpu_hours: f64,
+}
+
+/// One allocation as the accounting pipeline sees it ([`Control::accounting_rows`]).
+#[derive(Clone, Debug)]
+pub struct AccountingRow {
+    pub view: AllocationView,
+    pub gpus: u32,
+    pub gpu_type: Option<String>,
+    pub sensitive: bool,
 }
 
 /// Node-hours and GPU-hours of finished and running allocations in a window (`usage` endpoints).
@@ -2735,6 +2747,7 @@ impl Control {
                 .map(|v| v.name)
                 .unwrap_or_default(),
             user: m.user.clone(),
+            project: m.project.clone(),
             state: self.state_name(id, a).to_string(),
             nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
             requested_nodes: a.spec.nodes.min,
@@ -3580,6 +3593,37 @@ impl Control {
             });
         }
         out
+    }
+
+    /// What the accounting pipeline reports ([`crate::accounting`]): every allocation that ran and has
+    /// something at or after `since_ms` (its start, end or last checkpoint, or it still runs), with
+    /// its GPUs and their type.
+    pub fn accounting_rows(&self, since_ms: u64) -> Vec<AccountingRow> {
+        let live = self.ctl.engine.allocations().iter().filter(|a| {
+            a.started.is_some() && a.ended.is_none_or(|e| e.0 >= since_ms)
+                || self.meta[a.id.index()]
+                    .last_checkpoint_ms
+                    .is_some_and(|c| c >= since_ms)
+        });
+        let live = live.filter_map(|a| self.view(a.id).map(|v| (v, a.spec.sensitive_claim)));
+        let ended = self
+            .history
+            .values()
+            .filter(|v| v.started_ms.is_some() && v.ended_ms.is_none_or(|e| e >= since_ms))
+            .map(|v| (v.clone(), false));
+        ended
+            .chain(live)
+            .map(|(view, sensitive)| {
+                let nodes = view.nodes.iter().filter_map(|n| self.node_index(n));
+                let specs: Vec<_> = nodes.filter_map(|n| self.ctl.engine.node(n)).collect();
+                AccountingRow {
+                    gpus: specs.iter().map(|n| n.spec.capabilities.gpu_count).sum(),
+                    gpu_type: specs.iter().find_map(|n| n.spec.capabilities.gpu_type.clone()),
+                    sensitive,
+                    view,
+                }
+            })
+            .collect()
     }
 
     /// Hot-reloads a vCluster's weights: they take effect at its next pass.

@@ -15,6 +15,7 @@
 //! [`observe`] reads allocations' metrics back from the TSDB the agents push to (`lattice top ID`,
 //! `lattice compare`, diagnostics).
 
+pub mod accounting;
 pub mod api;
 pub mod auth;
 pub mod bench;

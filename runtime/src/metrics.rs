@@ -61,6 +61,10 @@ pub struct Metrics {
     pub checkpoint_storage_unavailable: IntGauge,
     pub raft_leader: IntGaugeVec,
     pub raft_term: IntGauge,
+    pub accounting_buffered: IntGauge,
+    pub accounting_on_disk: IntGauge,
+    pub accounting_dropped: IntCounter,
+    pub accounting_delivered: IntCounter,
     pub raft_log_entries: IntGaugeVec,
     pub raft_disk_used: GaugeVec,
     pub raft_disk_total: GaugeVec,
@@ -261,6 +265,22 @@ impl Metrics {
                 &["member_id"]
             )),
             raft_term: reg!(IntGauge::new("lattice_raft_term", "Current Raft term.")),
+            accounting_buffered: reg!(IntGauge::new(
+                "lattice_accounting_events_buffered",
+                "Events in the in-memory accounting buffer."
+            )),
+            accounting_on_disk: reg!(IntGauge::new(
+                "lattice_accounting_events_disk_buffered",
+                "Accounting events in the disk buffer not yet delivered."
+            )),
+            accounting_dropped: reg!(counter(
+                "lattice_accounting_events_dropped_total",
+                "Accounting events dropped because the memory and disk buffers were full."
+            )),
+            accounting_delivered: reg!(counter(
+                "lattice_accounting_events_delivered_total",
+                "Accounting events the accounting service took."
+            )),
             raft_log_entries: reg!(int_gauges(
                 "lattice_raft_log_entries",
                 "Entries in this member's Raft log (since its last compaction).",

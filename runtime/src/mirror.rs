@@ -832,6 +832,7 @@ mod tests {
             tenant: "physics".into(),
             vcluster: "default".into(),
             user: None,
+            project: None,
             state: "completed".into(),
             nodes: vec![],
             requested_nodes: 1,

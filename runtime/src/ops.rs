@@ -649,7 +649,7 @@ pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap
     Ok(())
 }
 
-fn forbidden(message: &str) -> ApiError {
+pub fn forbidden(message: &str) -> ApiError {
     ApiError::Forbidden {
         field: None,
         message: format!("forbidden: {message}"),

@@ -91,6 +91,8 @@ pub struct Shared {
     pub dial: Option<lattice_adapters::raft_net::Dialer>,
     /// Test-only injected bugs (the simulation shows it catches them); all off in production.
     pub bugs: crate::dst::Bugs,
+    /// The accounting pipeline (`accounting.enabled`).
+    pub accounting: Option<Arc<crate::accounting::Accountant>>,
 }
 
 /// A port to serve on: a TCP listener, or one on a deterministic simulation's network.
@@ -299,6 +301,14 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         }
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let accounting = match (cfg.accounting.enabled, &disk) {
+        (true, lattice_adapters::disk::Disk::Dir(_)) => Some(Arc::new(crate::accounting::Accountant::new(
+            &cfg.accounting,
+            &cfg.data_dir,
+        )?)),
+        (true, _) => anyhow::bail!("accounting: not available on a simulated disk"),
+        (false, _) => None,
+    };
     let shared = Arc::new(Shared {
         control: ControlLock::new(control),
         member,
@@ -323,6 +333,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         clock,
         dial,
         bugs,
+        accounting: accounting.clone(),
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -335,6 +346,9 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             stopped.clone(),
         )),
     ];
+    if let Some(a) = accounting {
+        tasks.push(tokio::spawn(crate::accounting::run(shared.clone(), a, stopped.clone())));
+    }
     // One gRPC port: the quorum's Raft service and the public API.
     let api = crate::grpc::Api { shared: shared.clone() };
     let mut grpc_stop = stopped.clone();

@@ -151,17 +151,9 @@ fn a_real_prometheus_scrapes_the_seeds_metrics_and_evaluates_the_rules() {
     // The runtime's own exposition: every name the dashboards and rules use is there.
     let text = http("GET", &format!("{base}/metrics"), None).1;
     let exported = |name: &str| text.contains(&format!("# TYPE {name} "));
-    // The accounting buffer's metrics come with the accounting service (issue 22).
-    let later = [
-        "lattice_accounting_events_buffered",
-        "lattice_accounting_events_dropped_total",
-    ];
     let rules = std::fs::read_to_string(monitoring().join("alerts.yml")).unwrap();
     for name in names_in(&rules) {
-        assert!(
-            exported(&name) || later.contains(&name.as_str()),
-            "alerts.yml uses {name}, not exported"
-        );
+        assert!(exported(&name), "alerts.yml uses {name}, not exported");
     }
     for d in std::fs::read_dir(monitoring().join("dashboards")).unwrap().flatten() {
         let v: Value = serde_json::from_slice(&std::fs::read(d.path()).unwrap()).unwrap();

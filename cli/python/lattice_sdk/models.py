@@ -130,6 +130,7 @@ class Allocation:
     tenant: str = ""
     vcluster: str = ""
     user: Optional[str] = None
+    project: Optional[str] = None
     nodes: List[str] = field(default_factory=list)
     requested_nodes: int = 0
     walltime_s: Optional[float] = None

@@ -422,6 +422,24 @@ enum AdminCmd {
         #[command(subcommand)]
         cmd: VclusterCmd,
     },
+    /// The accounting pipeline (Waldur): `status`, or `reconcile --since 2026-03-01 --until
+    /// 2026-03-02` to send a window's events again from the allocation records (after drops).
+    Accounting {
+        #[command(subcommand)]
+        cmd: AccountingCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum AccountingCmd {
+    Status,
+    Reconcile {
+        /// A date (midnight UTC) or an RFC 3339 time.
+        #[arg(long)]
+        since: String,
+        #[arg(long)]
+        until: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -1542,6 +1560,24 @@ fn run() -> Result<()> {
                 };
                 let as_json = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
                 print_value(&v, output, as_json)?;
+            }
+            AdminCmd::Accounting {
+                cmd: AccountingCmd::Status,
+            } => {
+                let v = client.call("GET", "/api/v1/admin/accounting", None)?;
+                print_value(&v, output, lattice_cli::observe::accounting_status)?;
+            }
+            AdminCmd::Accounting {
+                cmd: AccountingCmd::Reconcile { since, until },
+            } => {
+                let body = json!({"since": since, "until": until});
+                let v = client.call("POST", "/api/v1/admin/accounting/reconcile", Some(&body))?;
+                print_value(&v, output, |v| {
+                    format!(
+                        "queued {} event(s) from {since} to {until} ({} dropped: buffers full)\n",
+                        v["queued"], v["dropped"]
+                    )
+                })?;
             }
             AdminCmd::Tenant {
                 cmd: None | Some(TenantCmd::List),
