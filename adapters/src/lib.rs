@@ -16,6 +16,7 @@ pub mod disk;
 pub mod fabric;
 pub mod http;
 pub mod logstore;
+pub mod openchami;
 pub mod peer;
 pub mod quorum_state;
 pub mod raft_net;

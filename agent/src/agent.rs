@@ -48,6 +48,9 @@ pub struct AgentConfig {
     pub log_flush: Duration,
     /// How often the conformance fingerprint is recomputed (the book: every 6 h).
     pub fingerprint_every: Duration,
+    /// Where the host's `/proc`, `/sys` and `/etc` are seen (`/`; `/host` for an agent in a
+    /// container with the host's root mounted there): the fingerprint and capabilities are read there.
+    pub host_root: PathBuf,
     /// Where shmem checkpoint flags and gRPC endpoint files live (`/dev/shm`).
     pub shm_dir: PathBuf,
     pub callback: crate::checkpoint::CallbackTimeouts,
@@ -236,7 +239,7 @@ pub fn run_with(
     stop: Arc<AtomicBool>,
     gpu: Box<dyn crate::gpu::GpuProvider>,
 ) -> anyhow::Result<()> {
-    let sources = Sources::default();
+    let sources = Sources { root: &cfg.host_root };
     let (mut caps, mut fp) = discover(&sources, &*gpu);
     let mut last_fingerprint = Instant::now();
     // The protocol ([`protocol::Session`]) on this agent's monotonic clock.

@@ -61,6 +61,9 @@ pub enum Input {
     /// A tenant's contract changed (committed at the quorum): every pool runs a pass, since a raised
     /// hard quota may let the tenant's waiting work start anywhere.
     TenantQuota(crate::ids::TenantId, crate::quota::TenantQuota),
+    /// The node's agent reported a conformance fingerprint that differs from its baseline (`true`),
+    /// or one that matches it again (`false`) (book: "Drift Response").
+    Conformance(NodeId, bool),
 }
 
 /// Why an input or output was refused.
@@ -111,6 +114,8 @@ pub struct ControlStats {
     /// Wipes that returned nodes to the pool (a claim's, or one node's when agents report each).
     pub wipes: u64,
     pub quarantined_nodes: u64,
+    /// Nodes found drifted from their conformance baseline.
+    pub drifts: u64,
 }
 
 /// The checkpoint bookkeeping of one allocation.
@@ -144,6 +149,8 @@ pub struct Controller {
     log: Option<Vec<String>>,
     /// The last wake-up asked of the world (it is not asked twice).
     last_wake: Option<Time>,
+    /// Nodes drifted from their conformance baseline (drained by the drift).
+    drifted: std::collections::BTreeSet<NodeId>,
 }
 
 impl Controller {
@@ -156,6 +163,7 @@ impl Controller {
             runs: Vec::new(),
             log: None,
             last_wake: None,
+            drifted: Default::default(),
         }
     }
 
@@ -334,7 +342,58 @@ impl Controller {
                 self.engine.set_tenant_quota(tenant, quota);
                 self.engine.mark_all_due(now);
             }
+            Input::Conformance(node, drifted) => self.conformance(now, node, drifted, world)?,
         }
+        Ok(())
+    }
+
+    /// Is the node drifted from its conformance baseline (and drained for it)?
+    pub fn is_drifted(&self, node: NodeId) -> bool {
+        self.drifted.contains(&node)
+    }
+
+    /// The book's drift response: running work goes on; the node takes no new work (it drains) and
+    /// the infrastructure is told to remediate it; a sensitive node's drift is audited. When the
+    /// node conforms again a standard node is back in the pool at once; a sensitive one stays
+    /// drained until an operator undrains it (re-verified conformance and an administrator's
+    /// approval).
+    fn conformance(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        drifted: bool,
+        world: &mut dyn World,
+    ) -> Result<(), ControlError> {
+        if self.engine.node(node).is_none() {
+            return Err(EngineError::UnknownNode(node).into());
+        }
+        if drifted == self.drifted.contains(&node) {
+            return Ok(());
+        }
+        let sensitive = self.engine.is_sensitive_node(node);
+        let state = self.engine.node(node).map(|n| n.state);
+        use crate::node::NodeState as S;
+        if drifted {
+            self.drifted.insert(node);
+            self.stats.drifts += 1;
+            if matches!(state, Some(S::Ready | S::Degraded)) {
+                self.engine.handle_node_event(now, node, NodeEvent::Drain)?;
+            }
+        } else {
+            self.drifted.remove(&node);
+            if !sensitive && matches!(state, Some(S::Draining | S::Drained)) {
+                self.engine.handle_node_event(now, node, NodeEvent::Undrain)?;
+            }
+        }
+        self.emit(
+            world,
+            now,
+            Decision::Drift {
+                node,
+                drifted,
+                sensitive,
+            },
+        );
         Ok(())
     }
 

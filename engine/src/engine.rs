@@ -437,6 +437,19 @@ impl Engine {
             .count() as u32
     }
 
+    /// Is this a sensitive node: held by a sensitive allocation, or at home in a sensitive
+    /// (`reservation`) vCluster?
+    pub fn is_sensitive_node(&self, node: NodeId) -> bool {
+        let Some(n) = self.node(node) else { return false };
+        n.owner.is_some_and(|o| self.is_sensitive(o.alloc))
+            || n.spec.home_vcluster.is_some_and(|vc| {
+                self.pool_of_vc
+                    .get(vc.index())
+                    .and_then(|p| self.pools.get(p))
+                    .is_some_and(|p| p.config.policy == Policy::Reservation)
+            })
+    }
+
     /// Does this allocation belong to a sensitive (`reservation`) vCluster?
     pub fn is_sensitive(&self, id: AllocId) -> bool {
         self.allocs.get(id.index()).is_some_and(|a| {

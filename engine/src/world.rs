@@ -110,6 +110,14 @@ pub enum Decision {
     Checkpoint { alloc: AllocId },
     /// Fleet: securely wipe the nodes a sensitive claim released.
     Wipe { alloc: AllocId, nodes: Vec<NodeId> },
+    /// Fleet: the node's conformance fingerprint drifted from its baseline (`drifted`), or conforms
+    /// again. The world signals the infrastructure (OpenCHAMI flags the node for remediation); for a
+    /// `sensitive` node it also appends a `drift` / `conformant` entry to the audit log.
+    Drift {
+        node: NodeId,
+        drifted: bool,
+        sensitive: bool,
+    },
     /// Fleet: the node missed a heartbeat; report [`Input::GraceExpired`](crate::controller::Input)
     /// if it is still silent after `grace`.
     Watch { node: NodeId, grace: Duration },
@@ -145,6 +153,7 @@ pub trait Fleet {
     /// outcome comes later as an input.
     fn checkpoint(&mut self, view: &Engine, now: Time, alloc: AllocId) -> Option<bool>;
     fn wipe(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
+    fn drift(&mut self, view: &Engine, now: Time, node: NodeId, drifted: bool, sensitive: bool);
     fn watch(&mut self, view: &Engine, now: Time, node: NodeId, grace: Duration);
 }
 
@@ -195,6 +204,14 @@ impl Decision {
             Decision::Checkpoint { alloc } => world.checkpoint(view, now, *alloc),
             Decision::Wipe { alloc, nodes } => {
                 world.wipe(view, now, *alloc, nodes);
+                None
+            }
+            Decision::Drift {
+                node,
+                drifted,
+                sensitive,
+            } => {
+                world.drift(view, now, *node, *drifted, *sensitive);
                 None
             }
             Decision::Watch { node, grace } => {
@@ -255,6 +272,17 @@ impl std::fmt::Display for Decision {
             }
             Decision::Checkpoint { alloc } => write!(f, "checkpoint {alloc}"),
             Decision::Wipe { alloc, nodes } => write!(f, "wipe {alloc} [{}]", list(nodes)),
+            Decision::Drift {
+                node,
+                drifted,
+                sensitive,
+            } => write!(
+                f,
+                "{} node {}{}",
+                if *drifted { "drift" } else { "conformant" },
+                node.0,
+                if *sensitive { " sensitive" } else { "" }
+            ),
             Decision::Watch { node, grace } => write!(f, "watch node {} {}ms", node.0, grace.0),
             Decision::WakeAt(t) => write!(f, "wake at {}", t.0),
         }

@@ -75,6 +75,13 @@ impl lattice_engine::Fleet for Recorder {
     fn watch(&mut self, _: &Engine, _: Time, node: NodeId, grace: Duration) {
         self.0.push(Decision::Watch { node, grace });
     }
+    fn drift(&mut self, _: &Engine, _: Time, node: NodeId, drifted: bool, sensitive: bool) {
+        self.0.push(Decision::Drift {
+            node,
+            drifted,
+            sensitive,
+        });
+    }
 }
 
 impl lattice_engine::Timer for Recorder {
@@ -227,4 +234,94 @@ fn heartbeat_grace_depends_on_what_the_node_runs() {
     w.0.clear();
     c.apply(Time(310_010), Input::GraceExpired(busy), &mut w).unwrap();
     assert!(matches!(w.0.first(), Some(Decision::Stop { .. })), "{:?}", w.0);
+}
+
+/// Book, "Drift Response": the drifted node's running work goes on, it takes no new work, the
+/// world is told (remediation); once it conforms again a standard node is back in the pool.
+#[test]
+fn a_drifted_node_drains_keeps_its_work_and_returns_when_it_conforms() {
+    let (mut c, t, v) = controller(2);
+    let mut w = Recorder::default();
+    let running = c
+        .submit(Time(0), AllocSpec::simple(t, v, 1, Duration::from_hours(1)))
+        .unwrap();
+    pass(&mut c, Time(0), &mut w);
+    let node = c.engine.allocation(running).unwrap().nodes[0];
+    let other = NodeId(1 - node.0);
+    c.apply(Time(10), Input::Conformance(node, true), &mut w).unwrap();
+    assert!(c.is_drifted(node));
+    assert_eq!(c.engine.node(node).unwrap().state, lattice_engine::NodeState::Draining);
+    assert_eq!(
+        c.engine.allocation(running).unwrap().state,
+        lattice_engine::AllocState::Running
+    );
+    assert!(w.0.contains(&Decision::Drift {
+        node,
+        drifted: true,
+        sensitive: false
+    }));
+    // Reported again: nothing new.
+    let before = w.0.len();
+    c.apply(Time(11), Input::Conformance(node, true), &mut w).unwrap();
+    assert_eq!(w.0.len(), before);
+    // New work goes to the other node only; a 2-node job waits.
+    let one = c
+        .submit(Time(20), AllocSpec::simple(t, v, 1, Duration::from_hours(1)))
+        .unwrap();
+    let two = c
+        .submit(Time(20), AllocSpec::simple(t, v, 2, Duration::from_hours(1)))
+        .unwrap();
+    pass(&mut c, Time(20), &mut w);
+    assert_eq!(c.engine.allocation(one).unwrap().nodes, vec![other]);
+    assert_eq!(
+        c.engine.allocation(two).unwrap().state,
+        lattice_engine::AllocState::Pending
+    );
+    // Remediated: it conforms, it is back (draining → ready), the world is told.
+    c.apply(Time(30), Input::Conformance(node, false), &mut w).unwrap();
+    assert!(!c.is_drifted(node));
+    assert_eq!(c.engine.node(node).unwrap().state, lattice_engine::NodeState::Ready);
+    assert_eq!(
+        w.0.last(),
+        Some(&Decision::Drift {
+            node,
+            drifted: false,
+            sensitive: false
+        })
+    );
+    assert_eq!(c.stats.drifts, 1);
+}
+
+/// A sensitive node (at home in a sensitive vCluster) drains on drift and says so (the world audits
+/// it); conforming again does not return it: an operator undrains it.
+#[test]
+fn a_drifted_sensitive_node_stays_drained_until_an_operator_undrains_it() {
+    // The first vCluster added is id 0: the nodes' home.
+    let home = lattice_engine::VClusterId(0);
+    let nodes: Vec<NodeSpec> = (0..2)
+        .map(|i| NodeSpec {
+            home_vcluster: Some(home),
+            ..NodeSpec::plain(format!("n{i}"))
+        })
+        .collect();
+    let mut e = Engine::new(EngineConfig::new(Policy::EASY), nodes).unwrap();
+    e.add_tenant("t");
+    let sv = e.add_vcluster("sensitive");
+    assert_eq!(sv, home);
+    e.configure_vcluster(sv, VClusterConfig::new(Policy::Reservation))
+        .unwrap();
+    let mut c = Controller::new(e);
+    let mut w = Recorder::default();
+    let n = NodeId(0);
+    c.apply(Time(5), Input::Conformance(n, true), &mut w).unwrap();
+    assert_eq!(c.engine.node(n).unwrap().state, lattice_engine::NodeState::Drained);
+    assert!(w.0.contains(&Decision::Drift {
+        node: n,
+        drifted: true,
+        sensitive: true
+    }));
+    c.apply(Time(6), Input::Conformance(n, false), &mut w).unwrap();
+    assert_eq!(c.engine.node(n).unwrap().state, lattice_engine::NodeState::Drained);
+    c.apply(Time(7), Input::Node(n, NodeEvent::Undrain), &mut w).unwrap();
+    assert_eq!(c.engine.node(n).unwrap().state, lattice_engine::NodeState::Ready);
 }

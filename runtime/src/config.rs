@@ -72,6 +72,9 @@ pub struct ServicesConfig {
     /// The TSDB the agents push telemetry to (`--remote-write` on the agents): its Prometheus query
     /// API (`/api/v1/query`) serves per-allocation metrics, comparisons and diagnostics.
     pub tsdb: Option<ServiceConfig>,
+    /// OpenCHAMI: the node inventory from SMD (when no `inventory` is given), kept in step with it;
+    /// drifted nodes flagged there.
+    pub openchami: Option<crate::openchami::OpenChamiConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -288,7 +291,10 @@ impl RuntimeConfig {
             }
         }
         c.accounting.validate().map_err(err)?;
-        if c.inventory.is_none() && c.simulated_nodes == 0 {
+        if let Some(o) = &c.services.openchami {
+            o.validate().map_err(|m| err(format!("services.openchami.{m}")))?;
+        }
+        if c.inventory.is_none() && c.simulated_nodes == 0 && c.services.openchami.is_none() {
             return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));
         }
         if !c.members.is_empty() && !c.members.contains_key(&c.node_id) {

@@ -527,6 +527,8 @@ pub struct NodeView {
     pub agent_capabilities: Option<serde_json::Value>,
     /// When the fingerprint was last reported (ms since the epoch).
     pub fingerprint_ms: Option<u64>,
+    /// Its fingerprint is off its conformance baseline (it drains; OpenCHAMI is asked to remediate).
+    pub drifted: bool,
     /// The last time its agent lost the control plane and replayed the heartbeats it buffered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_partition: Option<Partition>,
@@ -830,6 +832,12 @@ pub struct Control {
     /// Per node: when its agent last reported the fingerprint (ms), and whether a fresh one is asked.
     fingerprint_ms: BTreeMap<u32, u64>,
     fingerprint_asked: std::collections::BTreeSet<u32>,
+    /// Per node: the conformance baseline it must match (from the inventory: OpenCHAMI's groups).
+    baselines: BTreeMap<u32, String>,
+    /// Per node: the first fingerprint this control plane saw (the baseline when nothing else says).
+    first_fingerprint: BTreeMap<u32, String>,
+    /// Per drifted node: (expected, actual) fingerprints.
+    drift_seen: BTreeMap<u32, (String, String)>,
     /// Allocations someone follows (until when, ms) and the live output their agents sent.
     followed: BTreeMap<AllocId, u64>,
     live: BTreeMap<AllocId, BTreeMap<(String, Stream), std::collections::VecDeque<OutputIn>>>,
@@ -976,6 +984,9 @@ impl Control {
             caches: Default::default(),
             fingerprint_ms: BTreeMap::new(),
             fingerprint_asked: Default::default(),
+            baselines: BTreeMap::new(),
+            first_fingerprint: BTreeMap::new(),
+            drift_seen: BTreeMap::new(),
             partitions: BTreeMap::new(),
             followed: BTreeMap::new(),
             live: BTreeMap::new(),
@@ -1818,6 +1829,27 @@ impl Control {
                         self.grace_until.insert(node.0, t.0 + grace.0);
                         out.push(Action::Watch { node, grace });
                     }
+                    Decision::Drift {
+                        node,
+                        drifted,
+                        sensitive,
+                    } => {
+                        let claim = self
+                            .ctl
+                            .engine
+                            .node(node)
+                            .and_then(|n| n.owner)
+                            .filter(|o| self.ctl.engine.is_sensitive(o.alloc))
+                            .map(|o| self.name_of(o.alloc));
+                        out.push(Action::Drift {
+                            node,
+                            name: self.node_names[node.index()].clone(),
+                            drifted,
+                            sensitive,
+                            message: self.drift_message(node.0),
+                            claim,
+                        })
+                    }
                     // Asked again after every input ([`Control::next_wakeup`]): the quorum commits
                     // after the pass decided, and what it commits moves the engine's next wake-up.
                     Decision::WakeAt(_) => {}
@@ -2100,7 +2132,7 @@ impl Control {
         if fingerprint.is_some() {
             self.fingerprint_ms.insert(id.0, now.0);
         }
-        self.agent_info.insert(id.0, (fingerprint, capabilities));
+        self.agent_info.insert(id.0, (fingerprint.clone(), capabilities));
         if self
             .ctl
             .engine
@@ -2111,7 +2143,82 @@ impl Control {
             // Up again, but an operator's drain still stands.
             self.enforce_admin();
         }
+        if let Some(f) = fingerprint {
+            self.first_fingerprint.entry(id.0).or_insert_with(|| f.clone());
+            self.check_conformance(id, &f);
+        }
         Ok(self.node_state(id))
+    }
+
+    /// Sets the conformance baselines (node name → SHA-256); a node without one is held to the
+    /// majority of its node class's reported fingerprints, or else to its first.
+    pub fn set_baselines(&mut self, baselines: &BTreeMap<String, String>) {
+        self.baselines = baselines
+            .iter()
+            .filter_map(|(n, f)| Some((self.node_index(n)?.0, f.to_ascii_lowercase())))
+            .collect();
+    }
+
+    /// What `node`'s fingerprint should be (book: "Drift Response": changed, or diverged from the
+    /// majority of its group): its configured baseline; else the fingerprint more than half of the
+    /// other reporting nodes of its class share (at least two of them); else the first it reported.
+    fn expected_fingerprint(&self, node: lattice_engine::NodeId) -> Option<String> {
+        if let Some(b) = self.baselines.get(&node.0) {
+            return Some(b.clone());
+        }
+        let class = self.ctl.engine.class_of(node);
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut reporting = 0;
+        for (n, (f, _)) in &self.agent_info {
+            if *n == node.0 || self.ctl.engine.class_of(lattice_engine::NodeId(*n)) != class {
+                continue;
+            }
+            if let Some(f) = f {
+                reporting += 1;
+                *counts.entry(f.as_str()).or_default() += 1;
+            }
+        }
+        let top = counts.iter().max_by_key(|(_, c)| **c);
+        match top {
+            Some((f, c)) if reporting >= 2 && 2 * c > reporting => Some(f.to_string()),
+            _ => self.first_fingerprint.get(&node.0).cloned(),
+        }
+    }
+
+    /// Compares a reported fingerprint with the node's expected one: a change of verdict is the
+    /// controller's `Conformance` input (drain and remediation, or back to the pool).
+    fn check_conformance(&mut self, node: lattice_engine::NodeId, actual: &str) {
+        let Some(expected) = self.expected_fingerprint(node) else {
+            return;
+        };
+        let drifted = expected != actual;
+        if drifted {
+            self.drift_seen.insert(node.0, (expected, actual.to_string()));
+        }
+        if drifted == self.ctl.is_drifted(node) {
+            return;
+        }
+        let name = self.node_names[node.index()].clone();
+        if let Err(e) = self.input(Input::Conformance(node, drifted)) {
+            tracing::warn!("node {name}: conformance not applied: {e}");
+            return;
+        }
+        let ts = self.now().0 as f64 / 1000.0;
+        let kind = if drifted { "drift" } else { "conform" };
+        self.capture_line(serde_json::json!({"ts": ts, "type": kind, "node": name}));
+    }
+
+    /// `expected=…, actual=…` for a node's last drift (empty if none).
+    pub fn drift_message(&self, node: u32) -> String {
+        self.drift_seen
+            .get(&node)
+            .map(|(e, a)| format!("conformance_drift: expected={e}, actual={a}"))
+            .unwrap_or_default()
+    }
+
+    /// Is the node drifted from its conformance baseline?
+    pub fn drifted(&self, node: &str) -> bool {
+        self.node_index(node).is_some_and(|n| self.ctl.is_drifted(n))
     }
 
     /// Where `node`'s agent serves the agents' service (reported at registration).
@@ -2825,6 +2932,7 @@ impl Control {
             fingerprint: self.agent_info.get(&id.0).and_then(|a| a.0.clone()),
             agent_capabilities: self.agent_info.get(&id.0).and_then(|a| a.1.clone()),
             fingerprint_ms: self.fingerprint_ms.get(&id.0).copied(),
+            drifted: self.ctl.is_drifted(id),
             last_partition: self.partitions.get(&id.0).copied(),
         })
     }

@@ -29,6 +29,7 @@ pub mod mirror;
 pub mod network;
 pub mod observe;
 pub mod openapi;
+pub mod openchami;
 pub mod ops;
 pub mod replay;
 pub mod server;

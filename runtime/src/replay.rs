@@ -120,6 +120,16 @@ impl ReplayHost {
                 node: *node,
                 grace: *grace,
             },
+            Action::Drift {
+                node,
+                drifted,
+                sensitive,
+                ..
+            } => Decision::Drift {
+                node: *node,
+                drifted: *drifted,
+                sensitive: *sensitive,
+            },
         }
     }
 }

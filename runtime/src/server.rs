@@ -93,6 +93,8 @@ pub struct Shared {
     pub bugs: crate::dst::Bugs,
     /// The accounting pipeline (`accounting.enabled`).
     pub accounting: Option<Arc<crate::accounting::Accountant>>,
+    /// OpenCHAMI (`services.openchami`): SMD, BSS and PCS.
+    pub openchami: Option<Arc<lattice_adapters::openchami::OpenChami>>,
 }
 
 /// A port to serve on: a TCP listener, or one on a deterministic simulation's network.
@@ -210,7 +212,21 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         raft,
         bugs,
     } = wiring;
-    let inventory = inventory_of(&cfg)?;
+    // Nodes from OpenCHAMI's SMD when it is configured and no inventory file is given.
+    let mut smd_down = std::collections::BTreeSet::new();
+    let (inventory, baselines) = match (&cfg.services.openchami, &cfg.inventory) {
+        (Some(oc), None) => {
+            let smd = crate::openchami::read_smd(oc, &cfg.data_dir).await?;
+            smd_down = smd
+                .components
+                .iter()
+                .filter(|c| !c.usable())
+                .map(|c| c.id.clone())
+                .collect();
+            crate::openchami::inventory(oc, &smd).map_err(|m| anyhow::anyhow!("services.openchami: {m}"))?
+        }
+        _ => (inventory_of(&cfg)?, BTreeMap::new()),
+    };
     let sensitive_pool = inventory.sensitive_pool_size;
     let tenants = match &cfg.tenants {
         Some(p) => lattice_traces::read_tenants(p)?,
@@ -240,6 +256,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
             c.fabric = fabric_on;
             c.real_agents = !simulate_agents;
+            c.set_baselines(&baselines);
             if let Some(g) = vast_gbps {
                 c.ctl.engine.set_vast_bandwidth(g);
             }
@@ -301,6 +318,12 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         }
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let openchami = match &cfg.services.openchami {
+        Some(oc) => Some(Arc::new(
+            oc.client().map_err(|m| anyhow::anyhow!("services.openchami: {m}"))?,
+        )),
+        None => None,
+    };
     let accounting = match (cfg.accounting.enabled, &disk) {
         (true, lattice_adapters::disk::Disk::Dir(_)) => Some(Arc::new(crate::accounting::Accountant::new(
             &cfg.accounting,
@@ -334,6 +357,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         dial,
         bugs,
         accounting: accounting.clone(),
+        openchami: openchami.clone(),
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -348,6 +372,11 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     ];
     if let Some(a) = accounting {
         tasks.push(tokio::spawn(crate::accounting::run(shared.clone(), a, stopped.clone())));
+    }
+    if let (Some(oc), Some(c)) = (openchami, &cfg.services.openchami) {
+        let period = c.refresh_period();
+        let refresh = crate::openchami::refresh(shared.clone(), oc, period, smd_down, stopped.clone());
+        tasks.push(tokio::spawn(refresh));
     }
     // One gRPC port: the quorum's Raft service and the public API.
     let api = crate::grpc::Api { shared: shared.clone() };
@@ -610,6 +639,29 @@ pub fn execute(
                 Action::Stop { name, why, .. } => tracing::debug!("{name}: its agents stop it ({why:?})"),
                 // The deadline is kept by the control plane (`check_agents` applies it).
                 Action::Watch { .. } => {}
+                Action::Drift {
+                    name,
+                    drifted,
+                    sensitive,
+                    message,
+                    claim,
+                    ..
+                } => {
+                    if drifted {
+                        tracing::warn!("{name}: conformance drift ({message}): drained, remediation asked");
+                    } else {
+                        tracing::info!("{name}: conforms to its baseline again");
+                    }
+                    if sensitive {
+                        let action = if drifted { "drift" } else { "conformant" };
+                        let detail = format!("{name} {message}");
+                        audit(&shared, "lattice", claim.as_deref().unwrap_or(""), action, detail).await;
+                    }
+                    if let Some(oc) = &shared.openchami {
+                        let flag = crate::openchami::flag_drift(shared.clone(), oc.clone(), name, drifted, message);
+                        tokio::spawn(flag);
+                    }
+                }
                 Action::Preempt { name, order } => {
                     let (alloc, how, at) = (order.alloc, order.how, order.at);
                     if shared.simulate_agents {

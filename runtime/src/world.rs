@@ -86,6 +86,16 @@ impl Fleet for Outbox {
     fn watch(&mut self, _view: &Engine, now: Time, node: NodeId, grace: Duration) {
         self.0.push((now, Decision::Watch { node, grace }));
     }
+    fn drift(&mut self, _view: &Engine, now: Time, node: NodeId, drifted: bool, sensitive: bool) {
+        self.0.push((
+            now,
+            Decision::Drift {
+                node,
+                drifted,
+                sensitive,
+            },
+        ));
+    }
 }
 
 impl Timer for Outbox {
@@ -152,4 +162,16 @@ pub enum Action {
     /// A node's heartbeats stopped: it goes Down if none arrives within `grace` (the control plane
     /// keeps the deadline; its agent watch applies it).
     Watch { node: NodeId, grace: Duration },
+    /// A node drifted from its conformance baseline (or conforms again): OpenCHAMI flags it for
+    /// remediation (`Warning` with the fingerprints) or clears the flag; a sensitive node's change
+    /// is audited (`claim`: the sensitive claim holding it, if any).
+    Drift {
+        node: NodeId,
+        name: String,
+        drifted: bool,
+        sensitive: bool,
+        /// `expected=…, actual=…` as the agent's report showed it.
+        message: String,
+        claim: Option<String>,
+    },
 }

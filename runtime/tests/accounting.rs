@@ -9,13 +9,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::free_port;
+use common::{call, free_port, runtime_process as runtime, wait_until};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -138,71 +137,7 @@ fn router(f: Arc<Fake>) -> Router {
 
 /// Serves the fake on its own thread (the runtime under test is a separate process).
 fn serve(f: Arc<Fake>) -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    l.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            axum::serve(l, router(f)).await.unwrap();
-        });
-    });
-    url
-}
-
-fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(5)))
-        .build()
-        .into();
-    let r = match (method, body) {
-        ("POST", Some(b)) => agent.post(url).send_json(b),
-        _ => agent.get(url).call(),
-    };
-    match r {
-        Ok(mut resp) => {
-            let status = resp.status().as_u16();
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
-            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-        }
-        Err(e) => (0, Value::String(e.to_string())),
-    }
-}
-
-fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < within, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The runtime process, killed (SIGKILL) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn runtime(config: &std::path::Path, log: &std::path::Path) -> Proc {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
-            .arg("--config")
-            .arg(config)
-            .arg("--bootstrap")
-            .env("RUST_LOG", "info,openraft=warn")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("lattice-runtime starts"),
-    )
+    common::serve_on_thread(router(f))
 }
 
 fn status(base: &str) -> Value {

@@ -564,6 +564,16 @@ pub fn simulate_with<H: Host>(
                         K::NodeRecover { node } => node_change(node, NodeEvent::Enable),
                         K::Drain { node } => node_change(node, NodeEvent::Drain),
                         K::Undrain { node } => node_change(node, NodeEvent::Undrain),
+                        K::Drift { node, drifted } => {
+                            match node_of(node) {
+                                Some(n) => {
+                                    let input = Input::Conformance(n, *drifted);
+                                    ctl.apply(now, input, &mut world).map_err(|e| refused(now, input, e))?;
+                                }
+                                None => *rejected.entry("unknown_node".into()).or_default() += 1,
+                            }
+                            None
+                        }
                         K::EnergyPrice { .. } => None, // merged into the price series up front
                         K::Metric { alloc, value } => {
                             match job_index.get(alloc.as_str()).and_then(|&i| alloc_of[i]) {

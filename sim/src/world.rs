@@ -172,6 +172,22 @@ impl Fleet for FakeWorld<'_> {
     fn watch(&mut self, _view: &Engine, now: Time, node: NodeId, grace: Duration) {
         self.q.push(now + grace, RANK_NODE, EventKind::Grace(node.0));
     }
+
+    /// The fake infrastructure takes the flag (a drifted node stays drifted until the trace says it
+    /// conforms); a sensitive node's drift is audited with the claim holding it, if any.
+    fn drift(&mut self, view: &Engine, now: Time, node: NodeId, drifted: bool, sensitive: bool) {
+        self.fake.drift_flags += u64::from(drifted);
+        if !sensitive {
+            return;
+        }
+        let action = if drifted { "drift" } else { "conformant" };
+        let name = self.node_names.get(node.index()).map_or("", String::as_str);
+        let claim = view.node(node).and_then(|n| n.owner).map(|o| o.alloc);
+        let alloc = claim.map_or_else(String::new, |a| self.workload.jobs[self.trace_of[a.index()]].id.clone());
+        self.quorum
+            .audit
+            .append(now.as_millis(), action, &alloc, "lattice", name);
+    }
 }
 
 impl Timer for FakeWorld<'_> {
@@ -295,6 +311,8 @@ fn draw_wipe(rng: &mut rand_chacha::ChaCha8Rng, m: &WipeModel) -> (Duration, boo
 #[derive(Debug, Default)]
 pub(crate) struct FakeNodes {
     epoch: Vec<u32>,
+    /// Drifted nodes flagged to the (fake) infrastructure.
+    pub drift_flags: u64,
     pub defaulted_runtime: u64,
     /// I/O stalls of allocations started before their staging finished.
     pub stall_ms: u64,

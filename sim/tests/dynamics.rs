@@ -139,6 +139,31 @@ fn drain_then_undrain() {
     assert_eq!(start_of(&r, "B"), 500.0);
 }
 
+/// Conformance drift (book: "Drift Response"): the drifted node keeps its running work and takes no
+/// new work until its agent's fingerprint conforms again; then it is back at once.
+#[test]
+fn a_drifted_node_drains_until_it_conforms() {
+    let drift = |at, drifted| {
+        ev(
+            at,
+            TraceEventKind::Drift {
+                node: node("n00000"),
+                drifted,
+            },
+        )
+    };
+    let r = run_events(
+        vec![job("A", 0, 1, 100, 100), job("B", 10, 2, 10, 10)],
+        vec![drift(5, true), drift(300, false)],
+        2,
+    );
+    assert_eq!(r.jobs[0].end_s, Some(100.0));
+    assert_eq!(start_of(&r, "B"), 300.0);
+    // Without the drift, B starts when A ends.
+    let plain = run_events(vec![job("A", 0, 1, 100, 100), job("B", 10, 2, 10, 10)], vec![], 2);
+    assert_eq!(start_of(&plain, "B"), 100.0);
+}
+
 /// The seeded failure injector: deterministic for a seed, different across seeds, and everything still
 /// finishes (requeue) with invariants checked throughout.
 #[test]

@@ -31,6 +31,8 @@ pub const EVENT_TYPES: &[&str] = &[
     "node_recover",
     "drain",
     "undrain",
+    "drift",
+    "conform",
     "energy_price",
     "storage_outage",
     "storage_recover",
@@ -634,7 +636,7 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                     )),
                 }
             }
-            "node_fail" | "node_recover" | "drain" | "undrain" | "prologue_fail" => {
+            "node_fail" | "node_recover" | "drain" | "undrain" | "prologue_fail" | "drift" | "conform" => {
                 match serde_json::from_str::<NodeEventIn>(t) {
                     Ok(e) => {
                         let heartbeat = match e.mode.as_deref() {
@@ -655,6 +657,10 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                             "node_recover" => TraceEventKind::NodeRecover { node },
                             "drain" => TraceEventKind::Drain { node },
                             "prologue_fail" => TraceEventKind::PrologueFail { node },
+                            "drift" | "conform" => TraceEventKind::Drift {
+                                node,
+                                drifted: e.kind == "drift",
+                            },
                             _ => TraceEventKind::Undrain { node },
                         };
                         others.push((ts_ms, line_no, kind));
@@ -1445,6 +1451,31 @@ mod claim_tests {
 #[cfg(test)]
 mod event_tests {
     use super::*;
+
+    #[test]
+    fn drift_and_conform_events() {
+        let text = r#"{"ts": 5, "type": "drift", "node": "gh0002"}
+{"ts": 9, "type": "conform", "node": "gh0002"}
+{"ts": 10, "type": "drift"}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        let kinds: Vec<_> = w.events.iter().map(|e| e.kind.clone()).collect();
+        let node = || "gh0002".to_string();
+        assert_eq!(
+            kinds,
+            [
+                TraceEventKind::Drift {
+                    node: node(),
+                    drifted: true
+                },
+                TraceEventKind::Drift {
+                    node: node(),
+                    drifted: false
+                }
+            ]
+        );
+        assert_eq!(w.skipped_total(), 1, "a drift without its node is reported");
+    }
 
     #[test]
     fn cluster_events_and_requeue_fields() {

@@ -52,6 +52,12 @@ pub enum TraceEventKind {
     Undrain {
         node: String,
     },
+    /// The node's agent reports a conformance fingerprint off its baseline (`drifted`), or back on it
+    /// (`conform` in the event log).
+    Drift {
+        node: String,
+        drifted: bool,
+    },
     /// The electricity price from this time on.
     EnergyPrice {
         price: f64,

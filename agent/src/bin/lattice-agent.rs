@@ -69,6 +69,10 @@ struct Args {
     /// How often the conformance fingerprint is recomputed (also at start and when asked).
     #[arg(long, default_value = "6h")]
     fingerprint_every: humantime::Duration,
+    /// Where the host's `/proc`, `/sys` and `/etc` are seen: `/`, or where a containerised agent has
+    /// the host's root mounted (`/host`). The conformance fingerprint and capabilities are read there.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
     /// Where checkpoint hints' shared-memory flags and callback endpoint files live.
     #[arg(long, default_value = "/dev/shm")]
     shm_dir: PathBuf,
@@ -213,6 +217,7 @@ fn run() -> Result<()> {
         log_store: a.log_store.map(lattice_adapters::logstore::LogStore::new),
         log_flush: a.log_flush.into(),
         fingerprint_every: a.fingerprint_every.into(),
+        host_root: a.host_root,
         shm_dir: a.shm_dir,
         callback: lattice_agent::checkpoint::CallbackTimeouts {
             answer: a.checkpoint_answer_timeout.into(),

@@ -1,0 +1,225 @@
+//! OpenCHAMI against a local fake SMD speaking its REST shapes (`/hsm/v2/State/Components`,
+//! `/hsm/v2/groups`, `PATCH /hsm/v2/State/Components/{xname}`): the runtime's nodes come from SMD
+//! (groups give capabilities and dragonfly groups), follow SMD's states, and a real agent whose
+//! conformance fingerprint is off its group's baseline is drained and flagged in SMD until it
+//! conforms again.
+
+mod common;
+use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use common::{agent_process, call, free_port, runtime_process, wait_until};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Default)]
+struct Smd {
+    /// xname → component.
+    components: Mutex<BTreeMap<String, Value>>,
+    groups: Mutex<Vec<Value>>,
+    /// Every PATCH: (xname, body).
+    patches: Mutex<Vec<(String, Value)>>,
+}
+
+type S = State<Arc<Smd>>;
+
+async fn components(State(s): S) -> Json<Value> {
+    let c: Vec<Value> = s.components.lock().unwrap().values().cloned().collect();
+    Json(json!({ "Components": c }))
+}
+
+async fn groups(State(s): S) -> Json<Value> {
+    Json(Value::Array(s.groups.lock().unwrap().clone()))
+}
+
+async fn patch(State(s): S, Path(x): Path<String>, Json(b): Json<Value>) -> Json<Value> {
+    if let Some(c) = s.components.lock().unwrap().get_mut(&x) {
+        for (k, v) in b.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+    }
+    s.patches.lock().unwrap().push((x, b));
+    Json(json!({}))
+}
+
+fn node(x: &str, state: &str) -> Value {
+    json!({"ID": x, "Type": "Node", "State": state, "Flag": "OK", "Enabled": true, "Role": "Compute", "NID": 1})
+}
+
+fn nodes(base: &str) -> BTreeMap<String, Value> {
+    let (code, v) = call("GET", &format!("{base}/v1/nodes"), None);
+    assert_eq!(code, 200, "{v}");
+    v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap().to_string(), n.clone()))
+        .collect()
+}
+
+fn state(base: &str, x: &str) -> String {
+    nodes(base)[x]["state"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn nodes_come_from_smd_follow_it_and_drift_drains_and_flags() {
+    let dir = std::env::temp_dir().join(format!("lattice-openchami-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // This machine's fingerprint is the compute group's baseline.
+    let host = lattice_agent::discovery::Sources {
+        root: std::path::Path::new("/"),
+    };
+    let baseline = lattice_agent::discovery::fingerprint(&host.components());
+    let smd = Arc::new(Smd::default());
+    {
+        let mut c = smd.components.lock().unwrap();
+        for (x, st) in [
+            ("x1000c0s0b0n0", "Ready"),
+            ("x1000c0s0b0n1", "Ready"),
+            ("x1000c0s1b0n0", "Ready"),
+            ("x1000c0s1b0n1", "Off"),
+        ] {
+            c.insert(x.into(), node(x, st));
+        }
+        // Not a compute node: not the scheduler's.
+        c.insert(
+            "x1000c0s9b0".into(),
+            json!({"ID": "x1000c0s9b0", "Type": "NodeBMC", "State": "Ready", "Flag": "OK"}),
+        );
+        let all = ["x1000c0s0b0n0", "x1000c0s0b0n1", "x1000c0s1b0n0", "x1000c0s1b0n1"];
+        *smd.groups.lock().unwrap() = vec![
+            json!({"label": "compute", "members": {"ids": all}}),
+            json!({"label": "gpu-h100", "members": {"ids": ["x1000c0s0b0n0", "x1000c0s0b0n1"]}}),
+            json!({"label": "dragonfly-1", "members": {"ids": ["x1000c0s1b0n0", "x1000c0s1b0n1"]}}),
+        ];
+    }
+    let app = Router::new()
+        .route("/hsm/v2/State/Components", get(components))
+        .route("/hsm/v2/State/Components/{x}", axum::routing::patch(patch))
+        .route("/hsm/v2/groups", get(groups))
+        .with_state(smd.clone());
+    let smd_url = common::serve_on_thread(app);
+
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let config = dir.join("runtime.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "rest_listen: 127.0.0.1:{port}\ngrpc_listen: 127.0.0.1:{grpc}\ndata_dir: data\nsimulate_agents: false\ncycle: 100ms
+services:
+  openchami:
+    smd_url: {smd_url}
+    refresh: 1s
+    timeout: 2s
+    groups:
+      compute: {{cpu_cores: 64, memory_gb: 256, conformance: base, baseline: {baseline}}}
+      gpu-h100: {{gpu_type: H100, gpu_count: 4, features: [nvme_scratch]}}
+",
+            grpc = free_port()
+        ),
+    )
+    .unwrap();
+    let _rt = runtime_process(&config, &dir.join("runtime.log"));
+    wait_until("the runtime to serve", Duration::from_secs(20), || {
+        call("GET", &format!("{base}/v1/nodes"), None).0 == 200
+    });
+
+    // The inventory is SMD's compute nodes, with their groups' capabilities and dragonfly groups.
+    let n = nodes(&base);
+    assert_eq!(
+        n.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["x1000c0s0b0n0", "x1000c0s0b0n1", "x1000c0s1b0n0", "x1000c0s1b0n1"]
+    );
+    assert_eq!(
+        (
+            n["x1000c0s0b0n0"]["gpu_type"].as_str(),
+            n["x1000c0s0b0n0"]["gpu_count"].as_u64()
+        ),
+        (Some("H100"), Some(4))
+    );
+    assert_eq!(n["x1000c0s1b0n0"]["gpu_count"], 0);
+    assert_eq!(
+        (
+            n["x1000c0s0b0n1"]["group"].as_u64(),
+            n["x1000c0s1b0n0"]["group"].as_u64()
+        ),
+        (Some(0), Some(1))
+    );
+    assert_eq!(n["x1000c0s1b0n1"]["state"], "down", "SMD says it is off");
+
+    // Three real agents; the third reads a host whose kernel differs from the baseline's.
+    let odd = dir.join("odd-root");
+    std::fs::create_dir_all(odd.join("proc/sys/kernel")).unwrap();
+    std::fs::write(odd.join("proc/sys/kernel/osrelease"), "6.1.0-drifted\n").unwrap();
+    let _a0 = agent_process(&base, "x1000c0s0b0n0", &dir, &[]);
+    let _a1 = agent_process(&base, "x1000c0s0b0n1", &dir, &[]);
+    let drifted = agent_process(&base, "x1000c0s1b0n0", &dir, &["--host-root", odd.to_str().unwrap()]);
+    wait_until("the agents to register", Duration::from_secs(20), || {
+        let n = nodes(&base);
+        ["x1000c0s0b0n0", "x1000c0s0b0n1", "x1000c0s1b0n0"]
+            .iter()
+            .all(|x| n[*x]["fingerprint"].is_string())
+    });
+    let n = nodes(&base);
+    assert_eq!(n["x1000c0s0b0n0"]["state"], "ready");
+    assert_eq!(n["x1000c0s0b0n0"]["drifted"], false);
+    assert_eq!(n["x1000c0s1b0n0"]["drifted"], true);
+    assert_eq!(n["x1000c0s1b0n0"]["state"], "drained", "no new work on a drifted node");
+    // SMD is asked to remediate it, with both fingerprints.
+    wait_until("the drift flagged in SMD", Duration::from_secs(10), || {
+        smd.components.lock().unwrap()["x1000c0s1b0n0"]["Flag"] == "Warning"
+    });
+    let msg = smd.components.lock().unwrap()["x1000c0s1b0n0"]["FlagMsg"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains(&format!("expected={baseline}")) && msg.contains("actual="),
+        "{msg}"
+    );
+
+    // A 3-node job cannot run: one node is off, one drifted.
+    let (code, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "entrypoint": "sleep 1", "resources": {"nodes": 3},
+                    "lifecycle": {"walltime": "10m"}}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    let job = v["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(500));
+    let job_state = |b: &str| call("GET", &format!("{b}/v1/allocations/{job}"), None).1["state"].clone();
+    assert_eq!(job_state(&base), "pending");
+
+    // Remediated (the node rebooted into the right image): its agent reports the baseline again.
+    drop(drifted);
+    let _fixed = agent_process(&base, "x1000c0s1b0n0", &dir, &[]);
+    wait_until("the node back after remediation", Duration::from_secs(20), || {
+        state(&base, "x1000c0s1b0n0") != "drained" && nodes(&base)["x1000c0s1b0n0"]["drifted"] == false
+    });
+    wait_until("the flag cleared in SMD", Duration::from_secs(10), || {
+        smd.components.lock().unwrap()["x1000c0s1b0n0"]["Flag"] == "OK"
+    });
+    wait_until("the 3-node job to run and end", Duration::from_secs(30), || {
+        job_state(&base) == "completed"
+    });
+
+    // SMD's states are followed: a node it halts goes down; when it is ready again, so is the node;
+    // the one it powers on comes up.
+    smd.components.lock().unwrap().get_mut("x1000c0s0b0n1").unwrap()["State"] = json!("Halt");
+    wait_until("the halted node down", Duration::from_secs(10), || {
+        state(&base, "x1000c0s0b0n1") == "down"
+    });
+    smd.components.lock().unwrap().get_mut("x1000c0s0b0n1").unwrap()["State"] = json!("Ready");
+    smd.components.lock().unwrap().get_mut("x1000c0s1b0n1").unwrap()["State"] = json!("Ready");
+    wait_until("both back", Duration::from_secs(10), || {
+        state(&base, "x1000c0s0b0n1") != "down" && state(&base, "x1000c0s1b0n1") != "down"
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
