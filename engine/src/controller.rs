@@ -538,6 +538,11 @@ impl Controller {
             self.emit(world, now, Decision::Release { alloc: id, nodes });
             self.stats.lost_node_s += lost;
             self.lost_run(id);
+            // A sensitive claim is never requeued (book: "Down → requeue: operator intervention");
+            // it failed, and its nodes are released and wiped like any ended claim's.
+            if self.engine.allocation(id).is_some_and(|a| a.state.is_terminal()) {
+                self.after_end(now, id, world);
+            }
         }
         Ok(())
     }

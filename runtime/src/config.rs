@@ -54,6 +54,9 @@ pub struct RuntimeConfig {
     /// `services:` — external services the control plane calls.
     #[serde(default)]
     pub services: ServicesConfig,
+    /// `sensitive:` — the sensitive node lifecycle.
+    #[serde(default)]
+    pub sensitive: SensitiveConfig,
     /// `accounting:` — usage pushed to Waldur (off by default).
     #[serde(default)]
     pub accounting: crate::accounting::AccountingConfig,
@@ -107,6 +110,33 @@ impl ServiceConfig {
         h.retries = self.retries;
         h.token = self.token_env.as_ref().and_then(|v| std::env::var(v).ok());
         Ok(h)
+    }
+}
+
+/// `sensitive:` (book: "Wipe Failure Handling").
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SensitiveConfig {
+    /// A released node's secure wipe not confirmed within this fails: the node is quarantined.
+    #[serde(default = "wipe_timeout_default")]
+    pub wipe_timeout: String,
+}
+
+fn wipe_timeout_default() -> String {
+    "30m".into()
+}
+
+impl Default for SensitiveConfig {
+    fn default() -> Self {
+        SensitiveConfig {
+            wipe_timeout: wipe_timeout_default(),
+        }
+    }
+}
+
+impl SensitiveConfig {
+    pub fn wipe_timeout_ms(&self) -> u64 {
+        lattice_traces::parse_duration(&self.wipe_timeout).map_or(30 * 60_000, |d| d.0)
     }
 }
 
@@ -291,6 +321,8 @@ impl RuntimeConfig {
             }
         }
         c.accounting.validate().map_err(err)?;
+        lattice_traces::parse_duration(&c.sensitive.wipe_timeout)
+            .map_err(|m| err(format!("sensitive.wipe_timeout: {m}")))?;
         if let Some(o) = &c.services.openchami {
             o.validate().map_err(|m| err(format!("services.openchami.{m}")))?;
         }

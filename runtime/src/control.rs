@@ -749,6 +749,14 @@ pub struct Control {
     /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
     /// each node's outcome.
     wiping: BTreeMap<AllocId, Wiping>,
+    /// Cancels that came while the allocation's start was at the quorum ([`Control::cancel`]).
+    cancel_after_answer: std::collections::BTreeSet<AllocId>,
+    /// OpenCHAMI wipes released claims' nodes (agents are not told to).
+    pub wipe_by_openchami: bool,
+    /// A wipe not confirmed within this is a failure (`sensitive.wipe_timeout`).
+    pub wipe_timeout_ms: u64,
+    /// Per (claim, node): when its wipe started and why it failed, for the audit entry.
+    wipe_notes: BTreeMap<(AllocId, u32), String>,
     /// Per node: when its heartbeat grace runs out (ms), once it missed one.
     grace_until: BTreeMap<u32, u64>,
     /// When the engine asked to be woken next.
@@ -959,6 +967,10 @@ impl Control {
             hint_reports: BTreeMap::new(),
             metric_samples: BTreeMap::new(),
             wiping: BTreeMap::new(),
+            cancel_after_answer: Default::default(),
+            wipe_by_openchami: false,
+            wipe_timeout_ms: 30 * 60_000,
+            wipe_notes: BTreeMap::new(),
             network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
             fabric: false,
             prefetched: BTreeMap::new(),
@@ -1718,6 +1730,11 @@ impl Control {
                             .unwrap_or_default(),
                         name: self.name_of(alloc),
                         event,
+                        note: nodes
+                            .iter()
+                            .filter_map(|n| self.wipe_notes.remove(&(alloc, n.0)))
+                            .collect::<Vec<_>>()
+                            .join("; "),
                         nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                     }),
                     Decision::Launch {
@@ -1811,12 +1828,19 @@ impl Control {
                         });
                     }
                     Decision::Wipe { alloc, nodes } => {
-                        // Real agents run the site's wipe command at their next poll.
+                        // Real agents run the site's wipe command at their next poll, unless
+                        // OpenCHAMI wipes the nodes.
+                        let to_tell = if self.wipe_by_openchami {
+                            Default::default()
+                        } else {
+                            nodes.iter().map(|n| n.0).collect()
+                        };
                         self.wiping.insert(
                             alloc,
                             Wiping {
-                                to_tell: nodes.iter().map(|n| n.0).collect(),
+                                to_tell,
                                 waiting: nodes.iter().map(|n| n.0).collect(),
+                                started_ms: t.0,
                             },
                         );
                         out.push(Action::Wipe {
@@ -1973,6 +1997,7 @@ impl Control {
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = None;
         }
+        self.cancel_deferred(id);
     }
 
     /// How long a simulated agent runs the allocation from `resume_from` (its duration less the work a
@@ -1987,6 +2012,18 @@ impl Control {
         let _ = self.input(Input::Rejected(id));
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = Some(why);
+        }
+        self.cancel_deferred(id);
+    }
+
+    /// A cancel that came while the allocation's start was being proposed: carried out now that
+    /// the quorum answered (a committed start is stopped and its nodes released).
+    fn cancel_deferred(&mut self, id: AllocId) {
+        if self.cancel_after_answer.remove(&id) {
+            let name = self.name_of(id);
+            if let Err(e) = self.input(Input::Cancel(id)) {
+                tracing::warn!("{name}: deferred cancel not applied: {e}");
+            }
         }
     }
 
@@ -2102,7 +2139,19 @@ impl Control {
             .engine
             .allocation(id)
             .is_some_and(|a| matches!(a.state, AllocState::Running | AllocState::Staging));
-        let _ = self.input(Input::Cancel(id));
+        let proposed = self
+            .ctl
+            .engine
+            .allocation(id)
+            .is_some_and(|a| matches!(a.state, AllocState::Pending | AllocState::Staging) && !a.nodes.is_empty());
+        if let Err(e) = self.input(Input::Cancel(id)) {
+            if proposed {
+                // Its start is at the quorum: cancelled once the quorum answers.
+                self.cancel_after_answer.insert(id);
+            } else {
+                tracing::warn!("{name}: cancel not applied: {e}");
+            }
+        }
         self.preempting.remove(&id);
         Some(held)
     }
@@ -3268,18 +3317,81 @@ impl Control {
         // Each node's own outcome: a wiped node returns to the pool, a failed one is quarantined.
         for o in wiped {
             let Some(id) = self.id_of(&o.id) else { continue };
-            let Some(w) = self.wiping.get_mut(&id) else { continue };
-            if !w.waiting.remove(&nid.0) {
-                continue; // not this node's wipe, or already reported
-            }
-            if w.waiting.is_empty() && w.to_tell.is_empty() {
-                self.wiping.remove(&id);
-            }
-            if let Err(e) = self.input(Input::NodeWiped(id, nid, o.ok)) {
-                tracing::warn!("{}: wipe result of {node} not applied: {e}", o.id);
-            }
+            let reason = (!o.ok).then(|| "the site's wipe command failed".to_string());
+            self.wipe_outcome(id, nid, o.ok, reason);
         }
         Ok(())
+    }
+
+    /// OpenCHAMI's wipe of `node` for the released claim `name` ended (`reason`: why it failed).
+    /// Returns whether that outcome was still awaited.
+    pub fn node_wiped(&mut self, name: &str, node: &str, ok: bool, reason: Option<String>) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.wipe_outcome(id, nid, ok, reason)
+    }
+
+    /// Is `node`'s wipe for claim `name` still awaited?
+    pub fn wipe_awaited(&self, name: &str, node: &str) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.wiping.get(&id).is_some_and(|w| w.waiting.contains(&nid.0))
+    }
+
+    /// One node's wipe outcome: the controller returns it to the pool or quarantines it (audited,
+    /// with when the wipe started and why it failed).
+    fn wipe_outcome(&mut self, id: AllocId, nid: lattice_engine::NodeId, ok: bool, reason: Option<String>) -> bool {
+        let Some(w) = self.wiping.get_mut(&id) else {
+            return false;
+        };
+        if !w.waiting.remove(&nid.0) {
+            return false; // not this node's wipe, or already reported
+        }
+        let started_ms = w.started_ms;
+        if w.waiting.is_empty() && w.to_tell.is_empty() {
+            self.wiping.remove(&id);
+        }
+        if !ok {
+            self.tally.wipe_failures += 1;
+        }
+        let mut note = format!("{} started_ms={started_ms}", self.node_names[nid.index()]);
+        if let Some(r) = &reason {
+            note.push_str(&format!(" reason={r}"));
+        }
+        self.wipe_notes.insert((id, nid.0), note);
+        if let Err(e) = self.input(Input::NodeWiped(id, nid, ok)) {
+            tracing::warn!(
+                "{}: wipe result of {} not applied: {e}",
+                self.name_of(id),
+                self.node_names[nid.index()]
+            );
+        }
+        true
+    }
+
+    /// Wipes without an outcome after `timeout_ms` (book: "Wipe Failure Handling", default 30 min):
+    /// their nodes are quarantined.
+    pub fn expire_wipes(&mut self) {
+        let timeout_ms = self.wipe_timeout_ms;
+        let now = self.now().0;
+        let late: Vec<(AllocId, Vec<u32>)> = self
+            .wiping
+            .iter()
+            .filter(|(_, w)| now.saturating_sub(w.started_ms) >= timeout_ms)
+            .map(|(id, w)| (*id, w.waiting.iter().copied().collect()))
+            .collect();
+        for (id, nodes) in late {
+            for n in nodes {
+                let why = format!("no wipe confirmation within {} s", timeout_ms / 1000);
+                self.wipe_outcome(id, lattice_engine::NodeId(n), false, Some(why));
+            }
+            if let Some(w) = self.wiping.get_mut(&id) {
+                w.to_tell.clear();
+            }
+            self.wiping.remove(&id);
+        }
     }
 
     /// An agent reports the end of an allocation's process on its node. The allocation ends when one
@@ -4041,6 +4153,8 @@ struct Wiping {
     to_tell: std::collections::BTreeSet<u32>,
     /// Nodes whose outcome has not been reported yet.
     waiting: std::collections::BTreeSet<u32>,
+    /// When the wipe started (ms since the epoch).
+    started_ms: u64,
 }
 
 /// A preemption for one node's agent.

@@ -49,6 +49,29 @@ pub struct OpenChamiConfig {
     /// Groups named `<prefix>N` put their members in dragonfly group N.
     #[serde(default = "dragonfly_default")]
     pub dragonfly_prefix: String,
+    /// The secure-wipe image: with it, OpenCHAMI wipes released sensitive nodes (instead of the
+    /// agents' `--wipe-command`).
+    pub wipe: Option<WipeImage>,
+}
+
+/// What a node boots to wipe itself (book: "Sensitive Release Sequence": GPU memory clear, NVMe
+/// secure erase, RAM scrub); the image sets the node's SMD `SoftwareStatus` to `Wiped` or
+/// `WipeFailed` when done.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WipeImage {
+    pub kernel: String,
+    #[serde(default)]
+    pub initrd: String,
+    #[serde(default)]
+    pub params: String,
+    /// How often SMD is asked for the outcome.
+    #[serde(default = "poll_default")]
+    pub poll: String,
+}
+
+fn poll_default() -> String {
+    "5s".into()
 }
 
 /// What an SMD group says of its members (fields a node's groups do not set keep their defaults;
@@ -99,6 +122,12 @@ impl OpenChamiConfig {
         }
         lattice_traces::parse_duration(&self.timeout).map_err(|m| format!("timeout: {m}"))?;
         lattice_traces::parse_duration(&self.refresh).map_err(|m| format!("refresh: {m}"))?;
+        if let Some(w) = &self.wipe {
+            lattice_traces::parse_duration(&w.poll).map_err(|m| format!("wipe.poll: {m}"))?;
+            if w.kernel.is_empty() {
+                return Err("wipe.kernel: the wipe image's kernel".into());
+            }
+        }
         for (label, g) in &self.groups {
             if let Some(b) = &g.baseline
                 && (b.len() != 64 || !b.bytes().all(|c| c.is_ascii_hexdigit()))
@@ -335,4 +364,92 @@ pub async fn flag_drift(s: Arc<Shared>, oc: Arc<OpenChami>, node: String, drifte
         }
         wait = (wait * 2).min(std::time::Duration::from_secs(60));
     }
+}
+
+/// The secure wipe of one released sensitive node through OpenCHAMI (book: "Sensitive Release
+/// Sequence"): its SMD software status set to `WipePending`, BSS pointed at the wipe image, a PCS
+/// reboot; then SMD is polled until the image reports `Wiped` or `WipeFailed`, and the node's
+/// previous boot parameters are restored with another reboot (into the clean image). The outcome
+/// goes to the control plane (a wiped node returns to the pool, a failed one is quarantined);
+/// OpenCHAMI being down is retried until the control plane's `sensitive.wipe_timeout` gives up on
+/// the node (quarantined, "no wipe confirmation").
+pub async fn wipe(s: Arc<Shared>, oc: Arc<OpenChami>, image: WipeImage, claim: String, node: String) {
+    let poll = std::time::Duration::from_millis(lattice_traces::parse_duration(&image.poll).map_or(5_000, |d| d.0));
+    let awaited = || async { s.control.lock().await.wipe_awaited(&claim, &node) };
+    let stopped = s.stopped.clone();
+    let pause = |d| {
+        let mut st = stopped.clone();
+        async move {
+            tokio::select! {
+                _ = tokio::time::sleep(d) => true,
+                _ = st.changed() => false,
+            }
+        }
+    };
+    // Start it (retried while OpenCHAMI does not answer).
+    let wipe_params = lattice_adapters::openchami::BootParams {
+        kernel: image.kernel.clone(),
+        initrd: image.initrd.clone(),
+        params: image.params.clone(),
+    };
+    let previous = loop {
+        let started = async {
+            let prev = oc.boot_params(&node).await?;
+            oc.software_status(&node, "WipePending").await?;
+            oc.set_boot_params(&node, &wipe_params).await?;
+            oc.restart(&node).await?;
+            Ok::<_, lattice_adapters::http::HttpError>(prev)
+        }
+        .await;
+        match started {
+            Ok(prev) => break prev,
+            Err(e) => tracing::warn!("{node}: starting the OpenCHAMI wipe for {claim}: {e} (retrying)"),
+        }
+        if !pause(poll).await || !awaited().await {
+            return;
+        }
+    };
+    tracing::info!("{node}: OpenCHAMI wipes it for {claim}");
+    // Wait for the wipe image's verdict.
+    let ok = loop {
+        if !pause(poll).await || !awaited().await {
+            break None;
+        }
+        match oc.component(&node).await {
+            Ok(c) => match c.software_status.as_deref() {
+                Some("Wiped") => break Some(true),
+                Some("WipeFailed") => break Some(false),
+                _ => {}
+            },
+            Err(e) => tracing::warn!("{node}: asking SMD for the wipe's outcome: {e}"),
+        }
+    };
+    // Back to the node's own image, whatever happened (a quarantined node reboots into it too).
+    if let Some(p) = previous {
+        for _ in 0..5 {
+            let restored = async {
+                oc.set_boot_params(&node, &p).await?;
+                oc.restart(&node).await
+            }
+            .await;
+            match restored {
+                Ok(_) => break,
+                Err(e) => tracing::warn!("{node}: restoring its boot parameters: {e} (retrying)"),
+            }
+            if !pause(poll).await {
+                break;
+            }
+        }
+    }
+    let Some(ok) = ok else {
+        // Given up by the control plane (timeout): already quarantined.
+        return;
+    };
+    let reason = (!ok).then(|| "the OpenCHAMI wipe image reported WipeFailed".to_string());
+    let actions = {
+        let mut c = s.control.lock().await;
+        c.node_wiped(&claim, &node, ok, reason);
+        c.take_actions()
+    };
+    crate::server::execute(s.clone(), actions).await;
 }

@@ -95,6 +95,8 @@ pub struct Shared {
     pub accounting: Option<Arc<crate::accounting::Accountant>>,
     /// OpenCHAMI (`services.openchami`): SMD, BSS and PCS.
     pub openchami: Option<Arc<lattice_adapters::openchami::OpenChami>>,
+    /// `services.openchami.wipe`: OpenCHAMI wipes released sensitive nodes.
+    pub openchami_wipe: Option<crate::openchami::WipeImage>,
 }
 
 /// A port to serve on: a TCP listener, or one on a deterministic simulation's network.
@@ -238,7 +240,12 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
     let fabric_on = cfg.services.fabric.is_some();
     let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
-    let simulate_agents = cfg.simulate_agents.unwrap_or(cfg.inventory.is_none());
+    // Simulated agents by default only for simulated nodes (not for an inventory file or SMD's).
+    let simulate_agents = cfg
+        .simulate_agents
+        .unwrap_or(cfg.inventory.is_none() && cfg.services.openchami.is_none());
+    let wipe_timeout_ms = cfg.sensitive.wipe_timeout_ms();
+    let wipe_by_openchami = cfg.services.openchami.as_ref().is_some_and(|o| o.wipe.is_some()) && !simulate_agents;
     let heartbeat_grace = cfg.agents.grace();
     let heartbeat_timeout_ms = cfg.agents.durations().0;
     // Allocations' launch tokens derive from a secret of this process (a simulation's is fixed).
@@ -257,6 +264,8 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             c.fabric = fabric_on;
             c.real_agents = !simulate_agents;
             c.set_baselines(&baselines);
+            c.wipe_by_openchami = wipe_by_openchami;
+            c.wipe_timeout_ms = wipe_timeout_ms;
             if let Some(g) = vast_gbps {
                 c.ctl.engine.set_vast_bandwidth(g);
             }
@@ -358,6 +367,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         bugs,
         accounting: accounting.clone(),
         openchami: openchami.clone(),
+        openchami_wipe: cfg.services.openchami.as_ref().and_then(|o| o.wipe.clone()),
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -535,6 +545,7 @@ async fn scheduling_loop(
         let actions = {
             let mut c = shared.control.lock().await;
             c.check_agents(agent_timeout);
+            c.expire_wipes();
             c.expire_preemptions(preemption_slack);
             c.take_actions()
         };
@@ -615,8 +626,15 @@ pub fn execute(
                     name,
                     event,
                     nodes,
+                    note,
                     ..
-                } => audit(&shared, &user, &name, event.as_str(), nodes.join(",")).await,
+                } => {
+                    let mut detail = nodes.join(",");
+                    if !note.is_empty() {
+                        detail = format!("{detail}; {note}");
+                    }
+                    audit(&shared, &user, &name, event.as_str(), detail).await
+                }
                 Action::Launch {
                     alloc,
                     name,
@@ -683,7 +701,15 @@ pub fn execute(
                     }
                 }
                 Action::Wipe { alloc, name, nodes } => {
-                    if shared.simulate_agents {
+                    if let (Some(oc), Some(w), false) =
+                        (&shared.openchami, &shared.openchami_wipe, shared.simulate_agents)
+                    {
+                        for node in nodes {
+                            let wipe =
+                                crate::openchami::wipe(shared.clone(), oc.clone(), w.clone(), name.clone(), node);
+                            tokio::spawn(wipe);
+                        }
+                    } else if shared.simulate_agents {
                         tokio::spawn(simulated_wipe(shared.clone(), alloc, shared.wipe_time));
                     } else {
                         // Each node's agent runs the site's wipe command at its next poll and reports.

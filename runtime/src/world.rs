@@ -130,6 +130,8 @@ pub enum Action {
         name: String,
         event: AuditEvent,
         nodes: Vec<String>,
+        /// For a wipe or quarantine: each node's wipe start and failure reason.
+        note: String,
     },
     /// The allocation runs on its nodes from `resume_from` (simulated agents run the rest of its
     /// duration; real agents get it at their next poll, with `LATTICE_RESTART_FROM`).

@@ -717,8 +717,17 @@ async fn update_checkpoint_disable_audit_and_usage() {
     assert_eq!((status, v["field"].as_str()), (400, Some("nodes")), "{v}");
     let (status, v) = api.call("DELETE", &format!("/v1/sessions/{sid}"), None).await;
     assert_eq!(status, 200, "{v}");
-    let ended = api.get(&format!("/v1/sessions/{sid}")).await;
-    assert!(ended["ended_ms"].is_u64(), "{ended}");
+    // Ended at once, or — when its start was at the quorum just then — once the quorum answered.
+    let t0 = std::time::Instant::now();
+    loop {
+        let ended = api.get(&format!("/v1/sessions/{sid}")).await;
+        if ended["ended_ms"].is_u64() {
+            assert_eq!(ended["state"], "cancelled", "{ended}");
+            break;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{ended}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     // Auth discovery is public: with `mode: none` it says so.
     let disc = api.get("/api/v1/auth/discovery").await;
     assert_eq!(disc["mode"], "none", "{disc}");
