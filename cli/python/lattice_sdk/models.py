@@ -204,6 +204,8 @@ class Node:
     fingerprint: Optional[str] = None
     agent_capabilities: Optional[Dict[str, Any]] = None
     fingerprint_ms: Optional[int] = None
+    #: Off its conformance baseline: drained until it conforms (OpenCHAMI remediates it).
+    drifted: bool = False
     last_partition: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
