@@ -148,12 +148,18 @@ impl Drop for Proc {
 /// A `lattice-runtime` process on `config` (it bootstraps); its output goes to `log`.
 #[allow(dead_code)]
 pub fn runtime_process(config: &std::path::Path, log: &std::path::Path) -> Proc {
+    runtime_process_with(config, log, true)
+}
+
+/// [`runtime_process`], bootstrapping the quorum or not.
+#[allow(dead_code)]
+pub fn runtime_process_with(config: &std::path::Path, log: &std::path::Path, bootstrap: bool) -> Proc {
     let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
     Proc(
         std::process::Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
             .arg("--config")
             .arg(config)
-            .arg("--bootstrap")
+            .args(bootstrap.then_some("--bootstrap"))
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(std::process::Stdio::null())
             .stdout(out.try_clone().unwrap())

@@ -1,0 +1,250 @@
+//! The rolling upgrade (docs/operators.md "Upgrades"): a 3-member quorum and two real agents, a
+//! 2-node allocation running. Each member is stopped and started again in turn (followers first,
+//! the leader last — a fail-over), waiting for it to catch up before the next; then each agent is
+//! restarted. The allocation runs throughout, keeps its start, and each node started it once.
+
+mod common;
+use common::{Proc, agent_process, call, free_port, runtime_process_with, wait_until};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The REST base of the member that serves reads now (the leader), if any.
+fn leader(bases: &[String]) -> Option<String> {
+    bases
+        .iter()
+        .find(|b| call("GET", &format!("{b}/v1/allocations"), None).0 == 200)
+        .cloned()
+}
+
+fn raft(base: &str) -> Value {
+    call("GET", &format!("{base}/api/v1/raft/status"), None).1
+}
+
+fn get(bases: &[String], id: &str) -> Value {
+    let t0 = std::time::Instant::now();
+    loop {
+        let mut last = Vec::new();
+        for b in bases {
+            let (code, v) = call("GET", &format!("{b}/v1/allocations/{id}"), None);
+            if code == 200 {
+                return v;
+            }
+            last.push((code, v));
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no member answers for {id}: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn stop(p: Proc) {
+    // A planned restart: SIGTERM, as `systemctl restart` sends.
+    let mut p = p;
+    assert_eq!(unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) }, 0);
+    let _ = p.0.wait();
+}
+
+#[test]
+fn members_then_agents_are_replaced_one_at_a_time_while_an_allocation_runs() {
+    let dir = std::env::temp_dir().join(format!("lattice-upgrade-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("nodes.yaml"), "nodes:\n  - name: node-a\n  - name: node-b\n").unwrap();
+    let grpc: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let rest: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let bases: Vec<String> = rest.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let members: String = grpc
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("  {}: 127.0.0.1:{p}\n", i + 1))
+        .collect();
+    let configs: Vec<std::path::PathBuf> = (0..3)
+        .map(|i| {
+            let c = dir.join(format!("member-{}.yaml", i + 1));
+            std::fs::write(
+                &c,
+                format!(
+                    "node_id: {id}\nrest_listen: 127.0.0.1:{r}\ngrpc_listen: 127.0.0.1:{g}\ndata_dir: data-{id}\ninventory: nodes.yaml\ncycle: 100ms\nmembers:\n{members}",
+                    id = i + 1,
+                    r = rest[i],
+                    g = grpc[i]
+                ),
+            )
+            .unwrap();
+            c
+        })
+        .collect();
+    let log = |i: usize| dir.join(format!("member-{}.log", i + 1));
+    let mut procs: Vec<Option<Proc>> = (0..3)
+        .map(|i| Some(runtime_process_with(&configs[i], &log(i), i == 0)))
+        .collect();
+    wait_until("a leader", Duration::from_secs(30), || leader(&bases).is_some());
+    let endpoints = bases.join(",");
+    let mut agents: Vec<Option<Proc>> = ["node-a", "node-b"]
+        .iter()
+        .map(|n| Some(agent_process(&endpoints, n, &dir, &[])))
+        .collect();
+    wait_until("both agents registered", Duration::from_secs(30), || {
+        leader(&bases).is_some_and(|b| {
+            let v = call("GET", &format!("{b}/v1/nodes"), None).1;
+            v["nodes"]
+                .as_array()
+                .is_some_and(|n| n.iter().all(|n| n["state"] == "ready"))
+        })
+    });
+    let starts = dir.join("starts");
+    let lead = leader(&bases).unwrap();
+    let (code, v) = call(
+        "POST",
+        &format!("{lead}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "resources": {"nodes": 2}, "lifecycle": {"walltime": "10m"},
+                    "entrypoint": format!("echo \"$LATTICE_TASK_INDEX\" >> {}; sleep 40", starts.display())}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_until("it runs on both nodes", Duration::from_secs(20), || {
+        std::fs::read_to_string(&starts).is_ok_and(|s| s.lines().count() == 2)
+    });
+    let before = get(&bases, &id);
+    assert_eq!(before["state"], "running", "{before}");
+    let started = before["started_ms"].as_u64().unwrap();
+    let still_running = |when: &str| {
+        let v = get(&bases, &id);
+        assert_eq!(v["state"], "running", "{when}: {v}");
+        let s = v["started_ms"].as_u64().unwrap();
+        assert!(s.abs_diff(started) < 500, "{when}: started at {started}, now {s}");
+        assert_eq!(v["nodes"], before["nodes"], "{when}");
+    };
+
+    // The members, followers first and the leader last.
+    let lead_i = bases.iter().position(|b| *b == lead).unwrap();
+    let order: Vec<usize> = (0..3).filter(|i| *i != lead_i).chain([lead_i]).collect();
+    for i in order {
+        stop(procs[i].take().unwrap());
+        procs[i] = Some(runtime_process_with(&configs[i], &log(i), false));
+        // Caught up: it applied what the leader has (a new one, after the leader's restart).
+        wait_until(
+            &format!("member {} back and caught up", i + 1),
+            Duration::from_secs(30),
+            || {
+                let Some(l) = leader(&bases) else { return false };
+                let want = raft(&l)["status"]["last_log_index"].as_u64().unwrap_or(u64::MAX);
+                raft(&bases[i])["status"]["last_applied"]
+                    .as_u64()
+                    .is_some_and(|a| a >= want)
+            },
+        );
+        still_running(&format!("after member {}", i + 1));
+    }
+
+    // The agents, one at a time: each takes its running process over from its state file.
+    for (k, node) in ["node-a", "node-b"].iter().enumerate() {
+        stop(agents[k].take().unwrap());
+        agents[k] = Some(agent_process(&endpoints, node, &dir, &[]));
+        std::thread::sleep(Duration::from_secs(1));
+        still_running(&format!("after the agent of {node}"));
+    }
+
+    // It ends once, having started once on each node.
+    wait_until("the allocation to end", Duration::from_secs(60), || {
+        get(&bases, &id)["ended_ms"].is_u64()
+    });
+    let end = get(&bases, &id);
+    assert_eq!(end["state"], "completed", "{end}");
+    let mut lines: Vec<String> = std::fs::read_to_string(&starts)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    assert_eq!(lines, ["0", "1"], "each node started it once");
+    drop(agents);
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A member's data folder as the previous version left it (`fixtures/previous-format`, written by
+/// that version's binary and killed with SIGKILL; `make.sh` says how): this version starts on it and
+/// keeps everything — every allocation under its id and state (the running one re-attached with its
+/// start), the tenant created through the API, the audit chain — and hands out the next id.
+#[test]
+fn this_version_starts_on_the_previous_versions_data_folder() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/previous-format");
+    let dir = std::env::temp_dir().join(format!("lattice-previous-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let untar = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(fixtures.join("data.tar.gz"))
+        .arg("-C")
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(untar.success());
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    std::fs::write(
+        dir.join("runtime.yaml"),
+        format!(
+            "node_id: 1\nrest_listen: 127.0.0.1:{port}\ngrpc_listen: 127.0.0.1:{}\ndata_dir: data\nsimulated_nodes: 4\ncycle: 100ms\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let _rt = runtime_process_with(&dir.join("runtime.yaml"), &dir.join("runtime.log"), true);
+    wait_until("the runtime to serve", Duration::from_secs(30), || {
+        call("GET", &format!("{base}/v1/allocations"), None).0 == 200
+    });
+    let before: Value = serde_json::from_slice(&std::fs::read(fixtures.join("allocations.json")).unwrap()).unwrap();
+    let (_, now) = call("GET", &format!("{base}/v1/allocations"), None);
+    let by_id = |v: &Value| -> std::collections::BTreeMap<String, Value> {
+        v["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| (a["id"].as_str().unwrap().to_string(), a.clone()))
+            .collect()
+    };
+    let (before, now) = (by_id(&before), by_id(&now));
+    assert_eq!(before.keys().collect::<Vec<_>>(), now.keys().collect::<Vec<_>>());
+    for (id, b) in &before {
+        let n = &now[id];
+        for k in [
+            "tenant",
+            "user",
+            "state",
+            "submitted_ms",
+            "ended_ms",
+            "end_reason",
+            "nodes",
+        ] {
+            assert_eq!(b[k], n[k], "{id}.{k}");
+        }
+        // A re-attached run's start is the quorum's record of it: within the commit's latency.
+        let (x, y) = (b["started_ms"].as_u64(), n["started_ms"].as_u64());
+        assert!(
+            x.zip(y).is_some_and(|(x, y)| x.abs_diff(y) < 500) || x == y,
+            "{id}: {x:?} {y:?}"
+        );
+    }
+    assert_eq!(now["a-000003"]["state"], "running", "re-attached, not run again");
+    let (_, chem) = call("GET", &format!("{base}/v1/tenants/chem"), None);
+    assert_eq!(chem["quota"]["max_nodes"], 3, "{chem}");
+    let raft_before: Value = serde_json::from_slice(&std::fs::read(fixtures.join("raft.json")).unwrap()).unwrap();
+    let raft_now = raft(&base);
+    assert_eq!(raft_now["audit_entries"], raft_before["audit_entries"], "{raft_now}");
+    assert_eq!(raft_now["audit_chain_valid"], true);
+    let (code, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "entrypoint": "sleep 0", "resources": {"nodes": 1}, "lifecycle": {"walltime": "10m"}}),
+        ),
+    );
+    assert_eq!((code, v["id"].as_str()), (201, Some("a-000005")), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
