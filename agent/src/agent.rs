@@ -309,6 +309,8 @@ pub fn run_with(
     // What the exits file holds: what a previous agent had not got taken (written again when the
     // session's unreported exits differ, e.g. with those a take-over adds).
     let mut recorded_exits: Vec<Exit> = Vec::new();
+    // Whether a too-short lease was reported (once).
+    let mut lease_warned = false;
     // Take over what a previous agent started: live processes are watched again, ended ones reported.
     if let Some(path) = &cfg.state_file {
         // The lease of the last heartbeat the previous agent had accepted.
@@ -415,6 +417,15 @@ pub fn run_with(
                     last_rtt = Some(took);
                     if let Some((sent, l)) = session.lease() {
                         fence.renewed(t0 + sent, l);
+                        if !lease_warned && protocol::lease_too_short(l, cfg.heartbeat, cfg.grace) {
+                            lease_warned = true;
+                            eprintln!(
+                                "lattice-agent {}: warning: the control plane's lease ({:.0} s) does not cover this agent's stop grace ({:.0} s) and two heartbeats: a leader election will stop running work. Raise agents.heartbeat_timeout/agents.grace or lower --grace",
+                                cfg.node,
+                                l.as_secs_f64(),
+                                cfg.grace.as_secs_f64()
+                            );
+                        }
                         // Kept beside the state file: a restarted agent still fences on time.
                         if let Some(path) = &cfg.state_file {
                             let ago = t0.elapsed().saturating_sub(sent).as_millis() as u64;

@@ -183,6 +183,13 @@ pub fn lease_over(quiet: Duration, lease: Duration, heartbeat: Duration, grace: 
     quiet > 2 * heartbeat && quiet + grace + 2 * heartbeat >= lease
 }
 
+/// A lease too short for this agent's stop `grace`: [`lease_over`] is true as soon as two heartbeats
+/// are missed, so any leader election stops the work. The control plane's lease is its
+/// `agents.heartbeat_timeout` plus `agents.grace`.
+pub fn lease_too_short(lease: Duration, heartbeat: Duration, grace: Duration) -> bool {
+    lease <= grace + 4 * heartbeat
+}
+
 /// What became of a heartbeat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Beaten {
@@ -394,6 +401,19 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_lease_shorter_than_the_stop_grace_is_told_apart() {
+        use super::{lease_over, lease_too_short};
+        let s = std::time::Duration::from_secs;
+        let (hb, grace) = (std::time::Duration::from_millis(200), s(30));
+        // The defaults: a 90 s lease rides out a 10 s election.
+        assert!(!lease_too_short(s(90), hb, grace));
+        assert!(!lease_over(s(10), s(90), hb, grace));
+        // 5 s + 10 s: any two missed heartbeats stop the work.
+        assert!(lease_too_short(s(15), hb, grace));
+        assert!(lease_over(std::time::Duration::from_millis(500), s(15), hb, grace));
+    }
+
     use super::*;
 
     const S: Duration = Duration::from_secs(1);

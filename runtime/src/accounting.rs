@@ -478,14 +478,7 @@ pub async fn reconcile(s: &Shared, a: &Accountant, since_ms: u64, until_ms: u64)
 /// the quorum's mark), every member delivers what its buffer holds, and the leader moves the mark.
 pub async fn run(s: Arc<Shared>, a: Arc<Accountant>, mut stopped: tokio::sync::watch::Receiver<bool>) {
     let period = std::time::Duration::from_secs(a.cfg.push_interval_seconds);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = stopped.changed() => {}
-        }
-        if *stopped.borrow() {
-            return;
-        }
+    while crate::server::sleep_unless_stopped(&mut stopped, period).await {
         let term = *s.leading.lock().await;
         let mark = s.member.read(|q| q.accounting_mark).await;
         a.state.lock().unwrap().mark_ms = mark;

@@ -287,14 +287,7 @@ pub async fn refresh(
     // Nodes out of service because of SMD (only those are brought back by it).
     let mut taken: BTreeSet<String> = down_at_start;
     let mut unknown_seen: BTreeSet<String> = BTreeSet::new();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = stopped.changed() => {}
-        }
-        if *stopped.borrow() {
-            return;
-        }
+    while crate::server::sleep_unless_stopped(&mut stopped, period).await {
         if s.leading.lock().await.is_none() {
             continue;
         }
@@ -358,9 +351,8 @@ pub async fn flag_drift(s: Arc<Shared>, oc: Arc<OpenChami>, node: String, drifte
             Ok(()) => return,
             Err(e) => tracing::warn!("{node}: flagging the drift in SMD: {e} (retrying)"),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stopped.changed() => return,
+        if !crate::server::sleep_unless_stopped(&mut stopped, wait).await {
+            return;
         }
         wait = (wait * 2).min(std::time::Duration::from_secs(60));
     }
@@ -376,15 +368,9 @@ pub async fn flag_drift(s: Arc<Shared>, oc: Arc<OpenChami>, node: String, drifte
 pub async fn wipe(s: Arc<Shared>, oc: Arc<OpenChami>, image: WipeImage, claim: String, node: String) {
     let poll = std::time::Duration::from_millis(lattice_traces::parse_duration(&image.poll).map_or(5_000, |d| d.0));
     let awaited = || async { s.control.lock().await.wipe_awaited(&claim, &node) };
-    let stopped = s.stopped.clone();
     let pause = |d| {
-        let mut st = stopped.clone();
-        async move {
-            tokio::select! {
-                _ = tokio::time::sleep(d) => true,
-                _ = st.changed() => false,
-            }
-        }
+        let mut st = s.stopped.clone();
+        async move { crate::server::sleep_unless_stopped(&mut st, d).await }
     };
     // Start it (retried while OpenCHAMI does not answer).
     let wipe_params = lattice_adapters::openchami::BootParams {

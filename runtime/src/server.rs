@@ -1485,6 +1485,18 @@ pub(crate) async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action:
     }
 }
 
+/// Waits `d`, or until the runtime stops: whether it still runs.
+pub(crate) async fn sleep_unless_stopped(
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+    d: std::time::Duration,
+) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stopped.changed() => {}
+    }
+    !*stopped.borrow()
+}
+
 async fn propose_retried(shared: &Shared, cmd: QuorumCommand) -> bool {
     for _ in 0..50 {
         if shared.member.propose(cmd.clone()).await.is_ok() {

@@ -6,31 +6,11 @@
 //! User errors of the binary print `error: …` and no backtrace.
 
 mod common;
-use common::free_port;
+use common::{agent_binary, call, free_port, wait_until};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(5)))
-        .build()
-        .into();
-    let r = match (method, body) {
-        ("POST", Some(b)) => agent.post(url).send_json(b),
-        _ => agent.get(url).call(),
-    };
-    match r {
-        Ok(mut resp) => {
-            let status = resp.status().as_u16();
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
-            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-        }
-        Err(e) => (0, Value::String(e.to_string())),
-    }
-}
 
 /// Processes killed (SIGKILL) when the test ends, however it ends.
 struct Procs(Vec<Child>);
@@ -56,14 +36,6 @@ fn runtime(config: &Path, log: &Path) -> Child {
         .stderr(out)
         .spawn()
         .expect("lattice-runtime starts")
-}
-
-fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !ok() {
-        assert!(t0.elapsed() < within, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn healthy(base: &str) -> bool {
@@ -217,17 +189,6 @@ fn a_killed_runtime_keeps_every_acknowledged_allocation_and_never_reuses_ids() {
     assert_eq!(submit(&base, job(0)), "a-000015");
     drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The `lattice-agent` binary: built beside `lattice-runtime` by `cargo test --workspace`.
-fn agent_binary() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_lattice-runtime")).with_file_name("lattice-agent");
-    assert!(
-        p.exists(),
-        "{} is missing: build it with `cargo build --bin lattice-agent` (cargo test --workspace does)",
-        p.display()
-    );
-    p
 }
 
 #[test]
