@@ -78,6 +78,31 @@ pub enum QuorumCommand {
     /// The accounting pipeline delivered every event that happened before `ms` (ms since the
     /// epoch): a new leader's pipeline regenerates events from there (it never moves back).
     AccountingMark { ms: u64 },
+    /// Federation (book: "Adding a Federation Peer"): a peer site's broker endpoints and the shared
+    /// workspace its requests are signed under (replaces the peer's earlier entry). The workspace's
+    /// key is exchanged out of band and stays in each member's config, never in the log.
+    PutFederationPeer {
+        name: String,
+        endpoints: Vec<String>,
+        workspace: String,
+        at_ms: u64,
+        by: String,
+    },
+    /// Removes a federation peer: no new requests to or from it.
+    RemoveFederationPeer { name: String, at_ms: u64, by: String },
+    /// Revokes a shared workspace: every request signed under it is refused from now on (instant
+    /// defederation of every peer in it).
+    RevokeWorkspace { workspace: String, at_ms: u64, by: String },
+}
+
+/// A federation peer as the quorum holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FederationPeer {
+    /// The peer broker's base URLs (its members' REST addresses; tried in order).
+    pub endpoints: Vec<String>,
+    /// The shared workspace both sites sign with.
+    pub workspace: String,
+    pub added_ms: u64,
 }
 
 /// How [`QuorumCommand::PutTenant`] writes.
@@ -166,6 +191,12 @@ pub struct QuorumState {
     /// [`QuorumCommand::AccountingMark`] (0: none yet).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accounting_mark: u64,
+    /// Federation peers by site name ([`QuorumCommand::PutFederationPeer`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub federation_peers: BTreeMap<String, FederationPeer>,
+    /// Shared workspaces revoked ([`QuorumCommand::RevokeWorkspace`]): never trusted again.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub revoked_workspaces: std::collections::BTreeSet<String>,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -205,13 +236,7 @@ impl QuorumState {
                 }
                 self.tenants.remove(name);
                 self.quotas.remove(name);
-                self.admin_log.push(AdminEntry {
-                    at_ms: *at_ms,
-                    user: by.clone(),
-                    action: "tenant.delete".into(),
-                    target: name.clone(),
-                    detail: String::new(),
-                });
+                self.admin(*at_ms, by, "tenant.delete", name, "");
                 QuorumResponse::Applied
             }
             QuorumCommand::SetSensitivePool { size } => {
@@ -267,6 +292,52 @@ impl QuorumState {
             }
             QuorumCommand::AccountingMark { ms } => {
                 self.accounting_mark = self.accounting_mark.max(*ms);
+                QuorumResponse::Applied
+            }
+            QuorumCommand::PutFederationPeer {
+                name,
+                endpoints,
+                workspace,
+                at_ms,
+                by,
+            } => {
+                if self.revoked_workspaces.contains(workspace) {
+                    return rejected("revoked", format!("workspace {workspace} is revoked"));
+                }
+                self.federation_peers.insert(
+                    name.clone(),
+                    FederationPeer {
+                        endpoints: endpoints.clone(),
+                        workspace: workspace.clone(),
+                        added_ms: *at_ms,
+                    },
+                );
+                self.admin(
+                    *at_ms,
+                    by,
+                    "federation.add_peer",
+                    name,
+                    &format!("{endpoints:?} workspace={workspace}"),
+                );
+                QuorumResponse::Applied
+            }
+            QuorumCommand::RemoveFederationPeer { name, at_ms, by } => {
+                if self.federation_peers.remove(name).is_none() {
+                    return rejected("no_peer", format!("no federation peer {name}"));
+                }
+                self.admin(*at_ms, by, "federation.remove_peer", name, "");
+                QuorumResponse::Applied
+            }
+            QuorumCommand::RevokeWorkspace { workspace, at_ms, by } => {
+                self.revoked_workspaces.insert(workspace.clone());
+                let peers: Vec<&String> = self
+                    .federation_peers
+                    .iter()
+                    .filter(|(_, p)| p.workspace == *workspace)
+                    .map(|(n, _)| n)
+                    .collect();
+                let detail = format!("peers {peers:?}");
+                self.admin(*at_ms, by, "federation.revoke_workspace", workspace, &detail);
                 QuorumResponse::Applied
             }
         }
@@ -352,14 +423,19 @@ impl QuorumState {
         self.tenants.insert(name.to_string(), *quota);
         self.quotas
             .insert(name.to_string(), (quota.max_nodes, quota.max_concurrent_allocations));
+        self.admin(at_ms, by, action, name, &detail);
+        QuorumResponse::Applied
+    }
+
+    /// An entry in the administrative log.
+    fn admin(&mut self, at_ms: u64, by: &str, action: &str, target: &str, detail: &str) {
         self.admin_log.push(AdminEntry {
             at_ms,
             user: by.to_string(),
             action: action.into(),
-            target: name.to_string(),
-            detail,
+            target: target.to_string(),
+            detail: detail.to_string(),
         });
-        QuorumResponse::Applied
     }
 
     fn reject(&mut self, reason: &str, message: String) -> QuorumResponse {

@@ -306,6 +306,81 @@ pub fn history_view(v: &Value) -> String {
 }
 
 /// `lattice admin accounting status`: whether Waldur takes the events, what waits, what was lost.
+/// `lattice submit --site=…`: where it went (`SITE/ID`) and why, one line per site's score.
+pub fn federated_submit(v: &Value) -> String {
+    let mut out = format!(
+        "{}/{}\n",
+        v["site"].as_str().unwrap_or("?"),
+        v["id"].as_str().unwrap_or("?")
+    );
+    for s in v["routing"]["scores"].as_array().into_iter().flatten() {
+        let line = match s["excluded"].as_str() {
+            Some(why) => format!("  {:<12} excluded: {why}\n", s["site"].as_str().unwrap_or("?")),
+            None => format!(
+                "  {:<12} score {:.2} (data {:.2}, capacity {:.2}, energy {:.2}; {})\n",
+                s["site"].as_str().unwrap_or("?"),
+                s["total"].as_f64().unwrap_or(0.0),
+                s["data_gravity"].as_f64().unwrap_or(0.0),
+                s["capacity"].as_f64().unwrap_or(0.0),
+                s["energy"].as_f64().unwrap_or(0.0),
+                s["status"].as_str().unwrap_or("?"),
+            ),
+        };
+        out.push_str(&line);
+    }
+    out
+}
+
+/// `lattice admin federation status` (and the answers of its changes).
+pub fn federation_status(v: &Value) -> String {
+    if let Some(ok) = v["ok"].as_str() {
+        return format!("{ok}\n");
+    }
+    let l = &v["local"];
+    let mut out = format!(
+        "Site {}: {} nodes ({} free), energy price {}, catalog every {}\n",
+        v["site"].as_str().unwrap_or("?"),
+        l["nodes"],
+        l["available_nodes"],
+        l["energy_price"],
+        v["sync_interval"].as_str().unwrap_or("?")
+    );
+    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    if peers.is_empty() {
+        out.push_str("  no peers (lattice admin federation add-peer --name … --endpoint … --workspace …)\n");
+    }
+    for p in peers {
+        let c = &p["catalog"];
+        out.push_str(&format!(
+            "  {:<12} {:<11} workspace {}{}  {}\n",
+            p["name"].as_str().unwrap_or("?"),
+            p["status"].as_str().unwrap_or("?"),
+            p["workspace"].as_str().unwrap_or("?"),
+            if p["revoked"] == true { " (REVOKED)" } else { "" },
+            p["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        if c.is_object() {
+            out.push_str(&format!(
+                "               {} nodes ({} free), energy price {}, synced {}\n",
+                c["nodes"],
+                c["available_nodes"],
+                c["energy_price"],
+                p["synced_ms"].as_u64().map(utc).unwrap_or_else(|| "never".into())
+            ));
+        }
+        if let Some(e) = p["last_error"].as_str() {
+            out.push_str(&format!("               last error: {e}\n"));
+        }
+    }
+    out
+}
+
 pub fn accounting_status(v: &Value) -> String {
     if v["enabled"] != true {
         return "Accounting: off (accounting.enabled in the runtime's config)\n".into();

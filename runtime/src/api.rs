@@ -397,8 +397,13 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/admin/backup/verify", get(verify_backup))
         .route("/api/v1/admin/restore", axum::routing::post(restore))
         .route("/api/v1/admin/members", axum::routing::post(add_member))
-        .route("/api/v1/admin/members/{id}", axum::routing::delete(remove_member))
-        .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate));
+        .route("/api/v1/admin/members/{id}", axum::routing::delete(remove_member));
+    #[cfg(feature = "federation")]
+    let (open, guarded) = (
+        open.merge(crate::federation::api::peer_routes()),
+        crate::federation::api::user_routes(guarded),
+    );
+    let guarded = guarded.layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate));
     open.merge(guarded)
         .layer(axum::middleware::from_fn_with_state(shared.clone(), count_request))
         .with_state(shared)

@@ -60,6 +60,12 @@ pub struct RuntimeConfig {
     /// `accounting:` — usage pushed to Waldur (off by default).
     #[serde(default)]
     pub accounting: crate::accounting::AccountingConfig,
+    /// `federation:` — the broker between sites (needs the `federation` cargo feature).
+    #[cfg(feature = "federation")]
+    pub federation: Option<crate::federation::FederationConfig>,
+    /// Without the `federation` feature: refused at start when enabled (never silently ignored).
+    #[cfg(not(feature = "federation"))]
+    pub federation: Option<yaml_serde::Value>,
 }
 
 /// `services:` in the config.
@@ -284,6 +290,10 @@ impl RuntimeConfig {
         {
             fix(p);
         }
+        #[cfg(feature = "federation")]
+        if let Some(p) = c.federation.as_mut().and_then(|f| f.ca.as_mut()) {
+            fix(p);
+        }
         if let Some(t) = &mut c.tls {
             fix(&mut t.cert);
             fix(&mut t.key);
@@ -325,6 +335,22 @@ impl RuntimeConfig {
             .map_err(|m| err(format!("sensitive.wipe_timeout: {m}")))?;
         if let Some(o) = &c.services.openchami {
             o.validate().map_err(|m| err(format!("services.openchami.{m}")))?;
+        }
+        #[cfg(feature = "federation")]
+        if let Some(f) = c.federation.as_ref().filter(|f| f.enabled) {
+            f.validate().map_err(err)?;
+        }
+        #[cfg(not(feature = "federation"))]
+        if c.federation
+            .as_ref()
+            .and_then(|f| f.get("enabled"))
+            .and_then(|e| e.as_bool())
+            == Some(true)
+        {
+            return Err(err(
+                "federation.enabled: this build has no federation (build lattice-runtime with `--features federation`)"
+                    .into(),
+            ));
         }
         if c.inventory.is_none() && c.simulated_nodes == 0 && c.services.openchami.is_none() {
             return Err(err("no nodes: give `inventory` or `simulated_nodes`".into()));

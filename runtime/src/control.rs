@@ -3937,6 +3937,20 @@ impl Control {
     }
 
     /// Whether checkpoint storage is up (as last reported).
+    /// The electricity price now, from the profile's price series (f7); `None` without one.
+    pub fn energy_price_now(&self) -> Option<f64> {
+        let now = self.now();
+        self.ctl
+            .engine
+            .config()
+            .energy_prices
+            .iter()
+            .take_while(|(from, _)| *from <= now)
+            .last()
+            .or(self.ctl.engine.config().energy_prices.first())
+            .map(|(_, p)| *p)
+    }
+
     pub fn checkpoint_storage_available(&self) -> bool {
         self.ctl.engine.storage_available()
     }

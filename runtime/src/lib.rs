@@ -23,6 +23,8 @@ pub mod cache;
 pub mod config;
 pub mod control;
 pub mod dst;
+#[cfg(feature = "federation")]
+pub mod federation;
 pub mod grpc;
 pub mod metrics;
 pub mod mirror;

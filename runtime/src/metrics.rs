@@ -372,6 +372,13 @@ impl Metrics {
     }
 
     /// The exposition text.
+    /// Adds an optional component's metrics (e.g. federation's) to the same `/metrics`.
+    pub fn register(&self, c: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(c) {
+            tracing::warn!("metrics: {e}");
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {

@@ -97,6 +97,9 @@ pub struct Shared {
     pub openchami: Option<Arc<lattice_adapters::openchami::OpenChami>>,
     /// `services.openchami.wipe`: OpenCHAMI wipes released sensitive nodes.
     pub openchami_wipe: Option<crate::openchami::WipeImage>,
+    /// The federation broker (`federation.enabled`, built with the `federation` feature).
+    #[cfg(feature = "federation")]
+    pub federation: Option<Arc<crate::federation::broker::Broker>>,
 }
 
 /// A port to serve on: a TCP listener, or one on a deterministic simulation's network.
@@ -341,10 +344,16 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         (true, _) => anyhow::bail!("accounting: not available on a simulated disk"),
         (false, _) => None,
     };
+    let metrics = Metrics::default();
+    #[cfg(feature = "federation")]
+    let federation = match &cfg.federation {
+        Some(f) if f.enabled => Some(Arc::new(crate::federation::broker::Broker::new(f.clone(), &metrics)?)),
+        _ => None,
+    };
     let shared = Arc::new(Shared {
         control: ControlLock::new(control),
         member,
-        metrics: Metrics::default(),
+        metrics,
         wake: Notify::new(),
         simulate_agents,
         wipe_time: cfg.agents.wipe_time(),
@@ -368,6 +377,8 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         accounting: accounting.clone(),
         openchami: openchami.clone(),
         openchami_wipe: cfg.services.openchami.as_ref().and_then(|o| o.wipe.clone()),
+        #[cfg(feature = "federation")]
+        federation,
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -382,6 +393,19 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     ];
     if let Some(a) = accounting {
         tasks.push(tokio::spawn(crate::accounting::run(shared.clone(), a, stopped.clone())));
+    }
+    #[cfg(feature = "federation")]
+    if let Some(b) = shared.federation.clone() {
+        tracing::info!(
+            "federation: site {} (catalog every {})",
+            b.cfg.site,
+            b.cfg.sync_interval
+        );
+        tasks.push(tokio::spawn(crate::federation::broker::run(
+            shared.clone(),
+            b,
+            stopped.clone(),
+        )));
     }
     if let (Some(oc), Some(c)) = (openchami, &cfg.services.openchami) {
         let period = c.refresh_period();

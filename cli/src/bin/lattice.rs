@@ -38,7 +38,9 @@ enum Output {
     Yaml,
 }
 
+/// (Parsed once per run: the size of its largest variant does not matter.)
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum Cmd {
     /// Submit an allocation: `lattice submit --nodes=2 --walltime=1h -- CMD ARGS` or
     /// `lattice submit job.sh` (directives in the script; flags override them). Prints its id.
@@ -83,6 +85,11 @@ enum Cmd {
         /// Start only after these end: `ID:success|failure|any,...` (`#SBATCH --dependency=afterok:ID`).
         #[arg(long = "depends-on")]
         depends_on: Option<String>,
+        /// Federation: run it at this peer site, or `auto` (the federation broker picks by data
+        /// gravity, capacity, energy price and authorization; sensitive work never leaves). Prints
+        /// `SITE/ID` when it went elsewhere.
+        #[arg(long)]
+        site: Option<String>,
         /// A batch script (its directives are read), or the command after `--`.
         #[arg(trailing_var_arg = true)]
         command: Vec<String>,
@@ -97,9 +104,16 @@ enum Cmd {
         /// Every tenant's allocations.
         #[arg(long)]
         all: bool,
+        /// Federation: allocations this site forwarded to that peer (`all`: to every peer).
+        #[arg(long)]
+        site: Option<String>,
     },
-    /// Cancel allocations.
-    Cancel { ids: Vec<String> },
+    /// Cancel allocations (`--site`: ones forwarded to that peer).
+    Cancel {
+        ids: Vec<String>,
+        #[arg(long)]
+        site: Option<String>,
+    },
     /// The output of an allocation's processes: from the log store (or the tail each node's agent
     /// reported when it ended); `--follow` streams it live while it runs.
     Logs {
@@ -121,6 +135,9 @@ enum Cmd {
         /// A task launch: only this rank's output.
         #[arg(long)]
         rank: Option<u32>,
+        /// Federation: an allocation forwarded to that peer (its stdout, as the peer has it).
+        #[arg(long)]
+        site: Option<String>,
     },
     /// Run tasks within a running allocation (srun's counterpart): `lattice launch --alloc=ID -n 4
     /// [--tasks-per-node=K] [--env K=V] -- PROG ARGS`. The ranks get a PMI server (MPI without SSH or
@@ -427,6 +444,34 @@ enum AdminCmd {
     Accounting {
         #[command(subcommand)]
         cmd: AccountingCmd,
+    },
+    /// Federation (SystemAdmin): `status`, `add-peer --name B --endpoint URL --workspace WS`,
+    /// `remove-peer NAME`, `revoke-workspace WS` (every peer in it defederated at once).
+    Federation {
+        #[command(subcommand)]
+        cmd: FederationCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum FederationCmd {
+    Status,
+    AddPeer {
+        /// The peer's site name.
+        #[arg(long)]
+        name: String,
+        /// Its broker's URL (each of its members: repeat).
+        #[arg(long, required = true)]
+        endpoint: Vec<String>,
+        /// The shared workspace (its key in both sites' `federation.workspaces`).
+        #[arg(long)]
+        workspace: String,
+    },
+    RemovePeer {
+        name: String,
+    },
+    RevokeWorkspace {
+        workspace: String,
     },
 }
 
@@ -813,6 +858,7 @@ fn run() -> Result<()> {
             image,
             data_mount,
             depends_on,
+            site,
             command,
         } => {
             // A script file: its directives, then the flags on top.
@@ -901,10 +947,44 @@ fn run() -> Result<()> {
             if !f.data_mounts.is_empty() {
                 body["data"] = json!({"mounts": f.data_mounts.iter().map(|m| m.to_json()).collect::<Vec<_>>()});
             }
+            if let Some(site) = site {
+                let v = client.call(
+                    "POST",
+                    "/api/v1/federation/allocations",
+                    Some(&json!({"site": site, "request": body})),
+                )?;
+                for w in v["routing"]["warnings"].as_array().into_iter().flatten() {
+                    eprintln!("warning: {}", w.as_str().unwrap_or_default());
+                }
+                print_value(&v, output, lattice_cli::observe::federated_submit)?;
+                return Ok(());
+            }
             let v = client.call("POST", "/v1/allocations", Some(&body))?;
             print_value(&v, output, |v| format!("{}\n", v["id"].as_str().unwrap_or_default()))?;
         }
-        Cmd::Status { id, watch, user, all } => loop {
+        Cmd::Status {
+            id, site: Some(site), ..
+        } => {
+            let rows: Vec<Value> = match &id {
+                Some(id) => vec![client.call("GET", &format!("/api/v1/federation/allocations/{site}/{id}"), None)?],
+                None => {
+                    let q = if site == "all" {
+                        String::new()
+                    } else {
+                        format!("?site={site}")
+                    };
+                    let v = client.call("GET", &format!("/api/v1/federation/allocations{q}"), None)?;
+                    for (peer, why) in v["unreachable"].as_object().into_iter().flatten() {
+                        eprintln!("{peer}: not reachable: {}", why.as_str().unwrap_or_default());
+                    }
+                    v["allocations"].as_array().cloned().unwrap_or_default()
+                }
+            };
+            print_rows(&rows, output, id.is_some(), "allocation")?;
+        }
+        Cmd::Status {
+            id, watch, user, all, ..
+        } => loop {
             let mut rows: Vec<Value> = match &id {
                 Some(id) => vec![client.call("GET", &format!("/v1/allocations/{id}"), None)?],
                 None => {
@@ -932,6 +1012,28 @@ fn run() -> Result<()> {
             std::thread::sleep(std::time::Duration::from_secs(2));
             println!();
         },
+        Cmd::Logs {
+            id,
+            site: Some(site),
+            tail,
+            ..
+        } => {
+            let v = client.call("GET", &format!("/api/v1/federation/allocations/{site}/{id}/logs"), None)?;
+            let nodes = v["nodes"].as_object().cloned().unwrap_or_default();
+            let many = nodes.len() > 1;
+            for (node, text) in &nodes {
+                if many {
+                    println!("==> {node} <==");
+                }
+                print!(
+                    "{}",
+                    lattice_cli::launch::last_lines(text.as_str().unwrap_or_default(), tail)
+                );
+            }
+            if nodes.is_empty() {
+                eprintln!("{site}/{id}: no output reported yet");
+            }
+        }
         Cmd::Logs {
             id,
             follow: false,
@@ -1195,12 +1297,16 @@ fn run() -> Result<()> {
                 }
             }
         },
-        Cmd::Cancel { ids } => {
+        Cmd::Cancel { ids, site } => {
             if ids.is_empty() {
                 bail!("which allocation? `lattice cancel ID...`");
             }
             for id in ids {
-                let v = client.call("DELETE", &format!("/v1/allocations/{id}"), None)?;
+                let path = match &site {
+                    Some(s) => format!("/api/v1/federation/allocations/{s}/{id}"),
+                    None => format!("/v1/allocations/{id}"),
+                };
+                let v = client.call("DELETE", &path, None)?;
                 print_value(&v, output, |_| format!("cancelled {id}\n"))?;
             }
         }
@@ -1560,6 +1666,29 @@ fn run() -> Result<()> {
                 };
                 let as_json = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
                 print_value(&v, output, as_json)?;
+            }
+            AdminCmd::Federation { cmd } => {
+                let v = match cmd {
+                    FederationCmd::Status => client.call("GET", "/api/v1/admin/federation", None)?,
+                    FederationCmd::AddPeer {
+                        name,
+                        endpoint,
+                        workspace,
+                    } => client.call(
+                        "POST",
+                        "/api/v1/admin/federation/peers",
+                        Some(&json!({"name": name, "endpoints": endpoint, "workspace": workspace})),
+                    )?,
+                    FederationCmd::RemovePeer { name } => {
+                        client.call("DELETE", &format!("/api/v1/admin/federation/peers/{name}"), None)?
+                    }
+                    FederationCmd::RevokeWorkspace { workspace } => client.call(
+                        "POST",
+                        &format!("/api/v1/admin/federation/workspaces/{workspace}/revoke"),
+                        None,
+                    )?,
+                };
+                print_value(&v, output, lattice_cli::observe::federation_status)?;
             }
             AdminCmd::Accounting {
                 cmd: AccountingCmd::Status,

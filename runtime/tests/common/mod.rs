@@ -98,7 +98,7 @@ pub fn balanced_control(nodes: u32) -> lattice_runtime::control::Control {
     lattice_runtime::control::Control::new(&inv, vcs, &Default::default(), None).unwrap()
 }
 
-/// A blocking REST call with a 5 s limit: POST with a body, else GET; (status, JSON body or the text
+/// A blocking REST call with a 5 s limit: GET, POST (with a body or none) or DELETE; (status, JSON body or the text
 /// as a string; status 0 when no answer came).
 #[allow(dead_code)]
 pub fn call(method: &'static str, url: &str, body: Option<serde_json::Value>) -> (u16, serde_json::Value) {
@@ -109,6 +109,8 @@ pub fn call(method: &'static str, url: &str, body: Option<serde_json::Value>) ->
         .into();
     let r = match (method, body) {
         ("POST", Some(b)) => agent.post(url).send_json(b),
+        ("POST", None) => agent.post(url).send_empty(),
+        ("DELETE", _) => agent.delete(url).call(),
         _ => agent.get(url).call(),
     };
     match r {

@@ -1,0 +1,846 @@
+//! Federation's HTTP surface. Two parts:
+//!
+//! - **Between sites** (`/federation/v1/...`, signed, outside the bearer-token layer): the catalog,
+//!   inbound submissions, and the calling site's allocations here (status, logs, cancel).
+//! - **For this site's users and operators** (`/api/v1/federation/...`, `/api/v1/admin/federation`,
+//!   bearer tokens as everywhere): submit with a site (`auto` or a name), follow the allocations
+//!   forwarded to peers, and manage peers and workspaces.
+
+use super::broker::{Broker, CallError};
+use super::route::{self, Decision, PeerStatus, Target};
+use super::{FederationStatus, PeerStatusView, now_ms};
+use crate::auth::{Principal, Role};
+use crate::control::{NodesIn, SubmitRequest};
+use crate::ops::{self, ApiError};
+use crate::server::Shared;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Extension, Json, Router};
+use lattice_adapters::QuorumCommand;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+type S = State<Arc<Shared>>;
+type P = Extension<Principal>;
+
+/// Tags an allocation submitted from a peer carries here.
+pub const ORIGIN_TAG: &str = "federation.origin";
+pub const USER_TAG: &str = "federation.user";
+pub const TENANT_TAG: &str = "federation.tenant";
+
+/// What a peer sends to submit here.
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct FederatedSubmit {
+    /// The user at the sending site.
+    pub user: String,
+    pub request: SubmitRequest,
+}
+
+/// `POST /api/v1/federation/allocations`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteSubmit {
+    /// `auto` (the broker's recommendation) or a site's name (this one's included).
+    pub site: String,
+    pub request: SubmitRequest,
+}
+
+fn err(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+#[allow(clippy::result_large_err)]
+fn broker(s: &Shared) -> Result<Arc<Broker>, Response> {
+    s.federation
+        .clone()
+        .ok_or_else(|| err(StatusCode::NOT_FOUND, "federation is not enabled on this site"))
+}
+
+/// Routes between sites (no bearer token: the signature is the credential).
+pub fn peer_routes() -> Router<Arc<Shared>> {
+    Router::new().route("/federation/v1/{*rest}", any(inbound))
+}
+
+/// Routes for this site's users and operators (behind the bearer-token layer).
+pub fn user_routes(r: Router<Arc<Shared>>) -> Router<Arc<Shared>> {
+    r.route("/api/v1/federation/allocations", get(list_remote).post(submit))
+        .route(
+            "/api/v1/federation/allocations/{site}/{id}",
+            get(get_remote).delete(cancel_remote),
+        )
+        .route("/api/v1/federation/allocations/{site}/{id}/logs", get(logs_remote))
+        .route("/api/v1/admin/federation", get(status))
+        .route("/api/v1/admin/federation/peers", post(add_peer))
+        .route(
+            "/api/v1/admin/federation/peers/{name}",
+            axum::routing::delete(remove_peer),
+        )
+        .route("/api/v1/admin/federation/workspaces/{ws}/revoke", post(revoke))
+}
+
+// ---- between sites ------------------------------------------------------------------------------
+
+/// Every signed request from a peer: verified, carried out, its answer signed.
+async fn inbound(State(s): S, req: axum::extract::Request) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if s.member.status().leader.is_none() {
+        // Not queued, not even read: the peer's retries resubmit (book: "Federation Requests During
+        // Leader Election"). Unsigned: a member without a leader cannot tell who its peers are.
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "5")],
+            Json(json!({"error": "the quorum is electing a leader; retry"})),
+        )
+            .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, 4 << 20).await else {
+        return err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "a federation request's body is at most 4 MiB",
+        );
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let method = parts.method.as_str().to_string();
+    let (site, key, nonce) = match b.verify_inbound(&s, &method, &path, &parts.headers, &body).await {
+        Ok(v) => v,
+        Err((code, why)) => {
+            tracing::warn!("federation: refused {method} {path}: {why}");
+            return err(StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN), why);
+        }
+    };
+    let workspace = parts
+        .headers
+        .get(super::sign::WORKSPACE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let q: BTreeMap<String, String> = parts.uri.query().map(serde_urlencoded_pairs).unwrap_or_default();
+    let answer = serve_peer(&s, &b, &site, &parts.method, parts.uri.path(), &q, &body).await;
+    let (mut head, body) = answer.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    if head.status == StatusCode::SERVICE_UNAVAILABLE {
+        head.headers
+            .insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("5"));
+    }
+    for (k, v) in b.sign_answer(&key, &workspace, &nonce, head.status.as_u16(), &bytes) {
+        if let (Ok(k), Ok(v)) = (
+            axum::http::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(&v),
+        ) {
+            head.headers.insert(k, v);
+        }
+    }
+    Response::from_parts(head, axum::body::Body::from(bytes))
+}
+
+/// `a=b&c=d` (percent-decoded).
+fn serde_urlencoded_pairs(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                match std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(x) => {
+                        out.push(x);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A peer's principal here: `user@site`, a plain user of the tenant the policy maps to.
+fn peer_principal(site: &str, user: &str, tenant: &str) -> Principal {
+    Principal {
+        user: format!("{user}@{site}"),
+        tenant: Some(tenant.to_string()),
+        roles: vec![Role::User],
+        node: None,
+    }
+}
+
+/// Sees every allocation (what a peer may see is filtered by origin below).
+fn site_reader() -> Principal {
+    Principal {
+        user: "federation".into(),
+        tenant: None,
+        roles: vec![Role::ReadOnly],
+        node: None,
+    }
+}
+
+async fn serve_peer(
+    s: &Arc<Shared>,
+    b: &Broker,
+    site: &str,
+    method: &axum::http::Method,
+    path: &str,
+    q: &BTreeMap<String, String>,
+    body: &[u8],
+) -> Response {
+    let rest: Vec<&str> = path
+        .trim_start_matches("/federation/v1/")
+        .split('/')
+        .filter(|x| !x.is_empty())
+        .collect();
+    use axum::http::Method;
+    match (method, rest.as_slice()) {
+        (&Method::GET, ["catalog"]) => Json(b.local_catalog(s, Some(site)).await).into_response(),
+        (&Method::POST, ["allocations"]) => inbound_submit(s, b, site, body).await,
+        (&Method::GET, ["allocations"]) => match ops::list(s, &site_reader(), &ops::ListFilter::default()).await {
+            Ok(all) => {
+                let mine: Vec<_> = all
+                    .into_iter()
+                    .filter(|v| v.tags.get(ORIGIN_TAG).map(String::as_str) == Some(site))
+                    .filter(|v| q.get("user").is_none_or(|u| v.tags.get(USER_TAG) == Some(u)))
+                    .collect();
+                Json(json!({ "allocations": mine })).into_response()
+            }
+            Err(e) => e.into_response(),
+        },
+        (m, ["allocations", id, tail @ ..]) => {
+            let view = match ops::get(s, &site_reader(), id).await {
+                Ok(v) if v.tags.get(ORIGIN_TAG).map(String::as_str) == Some(site) => v,
+                Ok(_) => return err(StatusCode::NOT_FOUND, format!("{id} was not submitted from {site}")),
+                Err(e) => return e.into_response(),
+            };
+            match (m, tail) {
+                (&Method::GET, []) => Json(view).into_response(),
+                (&Method::DELETE, []) => {
+                    let user = view.tags.get(USER_TAG).cloned().unwrap_or_default();
+                    let p = peer_principal(site, &user, &view.tenant);
+                    match ops::cancel(s, &p, id).await {
+                        Ok(state) => Json(json!({"id": id, "state": state})).into_response(),
+                        Err(e) => e.into_response(),
+                    }
+                }
+                (&Method::GET, ["logs"]) => {
+                    let stream = lattice_adapters::logstore::Stream::Stdout;
+                    let range = lattice_adapters::logstore::Range::default();
+                    match ops::logs(s, &site_reader(), id, (None, stream), &range).await {
+                        Ok((source, l)) => Json(json!({"id": id, "source": source, "nodes": l})).into_response(),
+                        Err(e) => e.into_response(),
+                    }
+                }
+                _ => err(StatusCode::NOT_FOUND, format!("no federation route {method} {path}")),
+            }
+        }
+        _ => err(StatusCode::NOT_FOUND, format!("no federation route {method} {path}")),
+    }
+}
+
+fn nodes_asked(r: &SubmitRequest) -> u32 {
+    match r.resources.nodes {
+        NodesIn::Exact(n) => n.max(0) as u32,
+        NodesIn::Range { max, .. } => max.max(0) as u32,
+    }
+}
+
+/// A peer's submission: its policy checked, then submitted into this site's quorum as `user@site`.
+async fn inbound_submit(s: &Arc<Shared>, b: &Broker, site: &str, body: &[u8]) -> Response {
+    let refuse = |status: StatusCode, why: String| {
+        b.metrics.proposals.with_label_values(&[site, "rejected"]).inc();
+        tracing::info!("federation: refused a submission from {site}: {why}");
+        err(status, why)
+    };
+    let mut f: FederatedSubmit = match serde_json::from_slice(body) {
+        Ok(f) => f,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    };
+    let Some(policy) = b.cfg.accept.get(site) else {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!("{} accepts no submissions from {site}", b.cfg.site),
+        );
+    };
+    if f.request.sensitive {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "sensitive workloads do not federate: they run where their data is".into(),
+        );
+    }
+    let Some(tenant) = policy.tenants.get(&f.request.tenant).cloned() else {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "tenant {} of {site} is not authorized at {}",
+                f.request.tenant, b.cfg.site
+            ),
+        );
+    };
+    let asked = nodes_asked(&f.request);
+    if let Some(max) = policy.max_nodes.filter(|m| asked > *m) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!("{asked} nodes asked; {site}'s requests may have at most {max} here"),
+        );
+    }
+    if f.user.trim().is_empty() {
+        return refuse(StatusCode::BAD_REQUEST, "user: required".into());
+    }
+    let p = peer_principal(site, &f.user, &tenant);
+    let remote_tenant = std::mem::replace(&mut f.request.tenant, tenant);
+    f.request.user = None;
+    f.request.tags.insert(ORIGIN_TAG.into(), site.to_string());
+    f.request.tags.insert(USER_TAG.into(), f.user.clone());
+    f.request.tags.insert(TENANT_TAG.into(), remote_tenant);
+    match ops::submit(s, &p, f.request).await {
+        Ok(a) => {
+            b.metrics.proposals.with_label_values(&[site, "accepted"]).inc();
+            tracing::info!("federation: {} from {site} ({}) accepted", a.id, f.user);
+            (
+                StatusCode::CREATED,
+                Json(json!({"site": b.cfg.site, "id": a.id, "elements": a.elements})),
+            )
+                .into_response()
+        }
+        Err(e @ (ApiError::Unavailable { .. } | ApiError::NotLeader { .. })) => e.into_response(),
+        Err(e) => {
+            b.metrics.proposals.with_label_values(&[site, "rejected"]).inc();
+            e.into_response()
+        }
+    }
+}
+
+// ---- this site's users --------------------------------------------------------------------------
+
+fn forbidden(why: String) -> Response {
+    err(StatusCode::FORBIDDEN, format!("forbidden: {why}"))
+}
+
+/// What routing needs from a submission.
+fn routing_request(r: &SubmitRequest) -> route::Request {
+    route::Request {
+        nodes: nodes_asked(r),
+        gpu_type: r.resources.constraints.as_ref().and_then(|c| c.gpu_type.clone()),
+        sensitive: r.sensitive,
+        data: r
+            .data
+            .as_ref()
+            .map(|d| d.mounts.iter().map(|m| (m.source.clone(), m.size_gb)).collect())
+            .unwrap_or_default(),
+        uenv: r.environment.as_ref().and_then(|e| e.uenv.clone()),
+    }
+}
+
+/// Every site as routing sees it: this one first, then each peer from the catalog.
+async fn sites(s: &Shared, b: &Broker, tenant: &str) -> Vec<route::Site> {
+    let local = b.local_catalog(s, None).await;
+    let mut out = vec![site_of(&local, true, PeerStatus::Healthy, true)];
+    let (peers, revoked) = s
+        .member
+        .read(|q| (q.federation_peers.clone(), q.revoked_workspaces.clone()))
+        .await;
+    let views = b.views.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let now = now_ms();
+    for (name, p) in &peers {
+        if revoked.contains(&p.workspace) {
+            continue;
+        }
+        let v = views.get(name).cloned().unwrap_or_default();
+        let status = v.status(&b.cfg, p.added_ms, now);
+        match &v.catalog {
+            Some(c) => out.push(site_of(c, false, status, c.tenants.iter().any(|t| t == tenant))),
+            None => out.push(route::Site {
+                name: name.clone(),
+                local: false,
+                status,
+                nodes: 0,
+                available_nodes: 0,
+                gpu_types: Vec::new(),
+                energy_price: None,
+                datasets: Vec::new(),
+                authorized: false,
+                uenvs: Vec::new(),
+            }),
+        }
+    }
+    out
+}
+
+fn site_of(c: &super::Catalog, local: bool, status: PeerStatus, authorized: bool) -> route::Site {
+    route::Site {
+        name: c.site.clone(),
+        local,
+        status,
+        nodes: c.nodes,
+        available_nodes: c.available_nodes,
+        gpu_types: c.gpu_types.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        energy_price: c.energy_price,
+        datasets: c.datasets.clone(),
+        authorized,
+        uenvs: c.uenvs.clone(),
+    }
+}
+
+/// `POST /api/v1/federation/allocations`: routed, then submitted here or forwarded.
+async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let SiteSubmit { site, mut request } = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    };
+    if !p.can_submit_for(&request.tenant) {
+        return forbidden(format!("{} may not submit for tenant {}", p.user, request.tenant));
+    }
+    let target = if site == "auto" {
+        Target::Auto
+    } else {
+        Target::Site(site.clone())
+    };
+    // A peer asked for by name whose catalog has not come yet: fetch it now.
+    if let Target::Site(name) = &target
+        && *name != b.cfg.site
+    {
+        let known = b
+            .views
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .is_some_and(|v| v.catalog.is_some());
+        if !known && let Err(e) = b.sync_peer(&s, name).await {
+            tracing::info!("federation: catalog of {name} before routing: {e}");
+        }
+    }
+    let rr = routing_request(&request);
+    let known = sites(&s, &b, &request.tenant).await;
+    let mut routing = route::route(&rr, &known, &target, &b.cfg.weights);
+    for peer in known.iter().filter(|x| !x.local) {
+        for (source, _) in &rr.data {
+            let held = peer.datasets.iter().any(|d| source.starts_with(d.name.as_str()));
+            b.metrics
+                .data_gravity
+                .with_label_values(&[&peer.name, source])
+                .set(f64::from(u8::from(held)));
+        }
+    }
+    let local = |s: Arc<Shared>, p: Principal, request: SubmitRequest, routing: route::Routing, site: String| async move {
+        match ops::submit(&s, &p, request).await {
+            Ok(a) => (
+                StatusCode::CREATED,
+                Json(json!({"site": site, "id": a.id, "elements": a.elements, "routing": routing})),
+            )
+                .into_response(),
+            Err(e) => e.into_response(),
+        }
+    };
+    match routing.decision.clone() {
+        Decision::Local => local(s.clone(), p, request, routing, b.cfg.site.clone()).await,
+        Decision::Reject(why) => (
+            StatusCode::CONFLICT,
+            Json(json!({"error": format!("no site can take it: {why}"), "routing": routing})),
+        )
+            .into_response(),
+        Decision::Remote(peer) => {
+            // One key for every retry: the peer queues it once however often it arrives.
+            if request.idempotency_key.is_none() {
+                request.idempotency_key = Some(format!("fed-{}-{}", b.cfg.site, super::sign::hex(&rand_bytes())));
+            }
+            let user = if p.is_admin() {
+                request.user.clone().unwrap_or_else(|| p.user.clone())
+            } else {
+                p.user.clone()
+            };
+            let body = json!({"user": user, "request": request});
+            let t0 = std::time::Instant::now();
+            let answer = b
+                .call(
+                    &s,
+                    &peer,
+                    reqwest::Method::POST,
+                    "/federation/v1/allocations",
+                    Some(&body),
+                )
+                .await;
+            b.metrics
+                .latency
+                .with_label_values(&[&peer])
+                .observe(t0.elapsed().as_secs_f64());
+            let fall_back = |why: String, routing: &mut route::Routing| {
+                routing
+                    .warnings
+                    .push(format!("{why}; scheduled at {} instead", b.cfg.site));
+                routing.decision = Decision::Local;
+            };
+            match answer {
+                Ok(a) if a.status == 201 => {
+                    b.metrics.proposals.with_label_values(&[&peer, "accepted"]).inc();
+                    (
+                        StatusCode::CREATED,
+                        Json(json!({
+                            "site": peer,
+                            "id": a.body.get("id"),
+                            "elements": a.body.get("elements"),
+                            "routing": routing,
+                        })),
+                    )
+                        .into_response()
+                }
+                Ok(a) => {
+                    b.metrics.proposals.with_label_values(&[&peer, "rejected"]).inc();
+                    let why = format!(
+                        "{peer} refused it ({}): {}",
+                        a.status,
+                        a.body.get("error").and_then(Value::as_str).unwrap_or("")
+                    );
+                    if target == Target::Auto {
+                        fall_back(why, &mut routing);
+                        local(s.clone(), p, request, routing, b.cfg.site.clone()).await
+                    } else {
+                        let status = StatusCode::from_u16(a.status)
+                            .ok()
+                            .filter(|c| c.is_client_error())
+                            .unwrap_or(StatusCode::BAD_GATEWAY);
+                        (status, Json(json!({"error": why, "routing": routing}))).into_response()
+                    }
+                }
+                Err(e) => {
+                    if matches!(e, CallError::Unreachable(_)) {
+                        b.metrics.proposals.with_label_values(&[&peer, "timeout"]).inc();
+                    }
+                    if target == Target::Auto {
+                        fall_back(e.to_string(), &mut routing);
+                        local(s.clone(), p, request, routing, b.cfg.site.clone()).await
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            Json(json!({"error": e.to_string(), "routing": routing})),
+                        )
+                            .into_response()
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rand_bytes() -> [u8; 12] {
+    let mut b = [0u8; 12];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system's random source");
+    b
+}
+
+/// Whether `p` may see a forwarded allocation's view (its own, or any for readers of everything).
+fn may_see(p: &Principal, view: &Value) -> bool {
+    p.is_admin()
+        || p.has(Role::Operator)
+        || p.has(Role::ReadOnly)
+        || view["tags"][USER_TAG].as_str() == Some(p.user.as_str())
+}
+
+/// A peer's answer, passed on (its status kept); an unreachable peer is a 503 naming it.
+#[allow(clippy::result_large_err)]
+fn relay(site: &str, a: Result<super::broker::Answer, CallError>) -> Result<(StatusCode, Value), Response> {
+    match a {
+        Ok(a) => Ok((
+            StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY),
+            a.body,
+        )),
+        Err(CallError::Setup(m)) => Err(err(StatusCode::NOT_FOUND, m)),
+        Err(CallError::Unreachable(m)) => Err(err(StatusCode::SERVICE_UNAVAILABLE, format!("{site}: {m}"))),
+    }
+}
+
+async fn fetch_view(s: &Shared, b: &Broker, p: &Principal, site: &str, id: &str) -> Result<Value, Response> {
+    let path = format!("/federation/v1/allocations/{id}");
+    let (status, mut v) = relay(site, b.call(s, site, reqwest::Method::GET, &path, None).await)?;
+    if !status.is_success() {
+        return Err((status, Json(v)).into_response());
+    }
+    if !may_see(p, &v) {
+        return Err(err(
+            StatusCode::NOT_FOUND,
+            format!("no allocation {id} of yours at {site}"),
+        ));
+    }
+    v["site"] = json!(site);
+    Ok(v)
+}
+
+/// `GET /api/v1/federation/allocations/{site}/{id}`: the allocation's state at the peer.
+async fn get_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match fetch_view(&s, &b, &p, &site, &id).await {
+        Ok(v) => Json(v).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn cancel_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let view = match fetch_view(&s, &b, &p, &site, &id).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if !(p.is_admin() || view["tags"][USER_TAG].as_str() == Some(p.user.as_str())) {
+        return forbidden(format!("{} may not cancel {id} at {site}", p.user));
+    }
+    let path = format!("/federation/v1/allocations/{id}");
+    match relay(&site, b.call(&s, &site, reqwest::Method::DELETE, &path, None).await) {
+        Ok((status, v)) => (status, Json(v)).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn logs_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if let Err(r) = fetch_view(&s, &b, &p, &site, &id).await {
+        return r;
+    }
+    let path = format!("/federation/v1/allocations/{id}/logs");
+    match relay(&site, b.call(&s, &site, reqwest::Method::GET, &path, None).await) {
+        Ok((status, mut v)) => {
+            v["site"] = json!(site);
+            (status, Json(v)).into_response()
+        }
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+struct ListIn {
+    site: Option<String>,
+}
+
+/// `GET /api/v1/federation/allocations`: the caller's allocations at every peer (each peer asked
+/// now; one that does not answer is listed under `unreachable`).
+async fn list_remote(State(s): S, Extension(p): P, Query(q): Query<ListIn>) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let peers = s.member.read(|q| q.federation_peers.clone()).await;
+    let sees_all = p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly);
+    let mut all = Vec::new();
+    let mut unreachable = BTreeMap::new();
+    for name in peers.keys().filter(|n| q.site.as_ref().is_none_or(|s| s == *n)) {
+        let path = if sees_all {
+            "/federation/v1/allocations".to_string()
+        } else {
+            format!("/federation/v1/allocations?user={}", encode(&p.user))
+        };
+        match b.call(&s, name, reqwest::Method::GET, &path, None).await {
+            Ok(a) if a.status == 200 => {
+                for mut v in a.body["allocations"].as_array().cloned().unwrap_or_default() {
+                    if may_see(&p, &v) {
+                        v["site"] = json!(name);
+                        all.push(v);
+                    }
+                }
+            }
+            Ok(a) => {
+                unreachable.insert(name.clone(), format!("{}: {}", a.status, a.body));
+            }
+            Err(e) => {
+                unreachable.insert(name.clone(), e.to_string());
+            }
+        }
+    }
+    Json(json!({"allocations": all, "unreachable": unreachable})).into_response()
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|c| match c {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (c as char).to_string(),
+            _ => format!("%{c:02X}"),
+        })
+        .collect()
+}
+
+/// `GET /api/v1/admin/federation`: this site's catalog and every peer's status and catalog.
+async fn status(State(s): S, Extension(p): P) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if !(p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly)) {
+        return forbidden(format!("{} may not read the federation's status", p.user));
+    }
+    let (peers, revoked) = s
+        .member
+        .read(|q| (q.federation_peers.clone(), q.revoked_workspaces.clone()))
+        .await;
+    let views = b.views.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let now = now_ms();
+    let peers = peers
+        .into_iter()
+        .map(|(name, pe)| {
+            let v = views.get(&name).cloned().unwrap_or_default();
+            PeerStatusView {
+                status: v.status(&b.cfg, pe.added_ms, now),
+                revoked: revoked.contains(&pe.workspace),
+                name,
+                endpoints: pe.endpoints,
+                workspace: pe.workspace,
+                synced_ms: v.synced_ms,
+                last_error: v.failing,
+                catalog: v.catalog,
+            }
+        })
+        .collect();
+    Json(FederationStatus {
+        site: b.cfg.site.clone(),
+        sync_interval: b.cfg.sync_interval.clone(),
+        local: b.local_catalog(&s, None).await,
+        peers,
+        revoked_workspaces: revoked.into_iter().collect(),
+    })
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerIn {
+    name: String,
+    /// One endpoint or several (the peer's members).
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    endpoints: Vec<String>,
+    workspace: String,
+}
+
+/// Proposes a federation change (SystemAdmin only: the book's operators cannot manage federation).
+async fn commit(s: &Shared, p: &Principal, cmd: QuorumCommand, what: &str) -> Response {
+    if !p.is_admin() {
+        return forbidden(format!("{} may not manage federation (SystemAdmin)", p.user));
+    }
+    match s.member.propose(cmd).await {
+        Ok(lattice_adapters::QuorumResponse::Applied) => Json(json!({"ok": what})).into_response(),
+        Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => {
+            let status = if reason == "no_peer" {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::CONFLICT
+            };
+            err(status, message)
+        }
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
+            ApiError::NotLeader { leader_id, leader }.into_response()
+        }
+        Err(e) => err(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{what}: not committed at the quorum ({e}); retry"),
+        ),
+    }
+}
+
+async fn add_peer(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let b = match broker(&s) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let r: PeerIn = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    };
+    let mut endpoints = r.endpoints.clone();
+    endpoints.extend(r.endpoint.clone());
+    let bad =
+        |field: &str, m: String| (StatusCode::BAD_REQUEST, Json(json!({"error": m, "field": field}))).into_response();
+    if r.name.trim().is_empty() || r.name == b.cfg.site {
+        return bad("name", format!("`{}`: a peer's site name (not this site's)", r.name));
+    }
+    if endpoints.is_empty() {
+        return bad("endpoint", "at least one endpoint (http[s]://host:port)".into());
+    }
+    if let Some(e) = endpoints
+        .iter()
+        .find(|e| !(e.starts_with("http://") || e.starts_with("https://")))
+    {
+        return bad("endpoint", format!("`{e}`: http[s]://host:port"));
+    }
+    if let Err(e) = b.cfg.key(&r.workspace) {
+        return bad("workspace", e);
+    }
+    let cmd = QuorumCommand::PutFederationPeer {
+        name: r.name.clone(),
+        endpoints,
+        workspace: r.workspace,
+        at_ms: now_ms(),
+        by: p.user.clone(),
+    };
+    commit(&s, &p, cmd, &format!("peer {} added", r.name)).await
+}
+
+async fn remove_peer(State(s): S, Extension(p): P, Path(name): Path<String>) -> Response {
+    if let Err(r) = broker(&s) {
+        return r;
+    }
+    let cmd = QuorumCommand::RemoveFederationPeer {
+        name: name.clone(),
+        at_ms: now_ms(),
+        by: p.user.clone(),
+    };
+    commit(&s, &p, cmd, &format!("peer {name} removed")).await
+}
+
+async fn revoke(State(s): S, Extension(p): P, Path(ws): Path<String>) -> Response {
+    if let Err(r) = broker(&s) {
+        return r;
+    }
+    let cmd = QuorumCommand::RevokeWorkspace {
+        workspace: ws.clone(),
+        at_ms: now_ms(),
+        by: p.user.clone(),
+    };
+    commit(&s, &p, cmd, &format!("workspace {ws} revoked")).await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn query_strings_decode() {
+        let q = super::serde_urlencoded_pairs("user=alice%40x&b=c+d&bad=%zz");
+        assert_eq!(q["user"], "alice@x");
+        assert_eq!(q["b"], "c d");
+        assert_eq!(q["bad"], "%zz");
+        assert_eq!(super::encode("a@b c"), "a%40b%20c");
+    }
+}
