@@ -568,6 +568,56 @@ mod tests {
     }
 
     #[test]
+    fn federation_peers_are_kept_and_a_revoked_workspace_is_never_trusted_again() {
+        let mut s = QuorumState::default();
+        let peer = |name: &str, ws: &str| QuorumCommand::PutFederationPeer {
+            name: name.into(),
+            endpoints: vec![format!("https://{name}.example")],
+            workspace: ws.into(),
+            at_ms: 1,
+            by: "admin".into(),
+        };
+        assert_eq!(s.apply(&peer("site-b", "hpc")), QuorumResponse::Applied);
+        assert_eq!(s.apply(&peer("site-c", "hpc")), QuorumResponse::Applied);
+        let revoke = QuorumCommand::RevokeWorkspace {
+            workspace: "hpc".into(),
+            at_ms: 2,
+            by: "admin".into(),
+        };
+        assert_eq!(s.apply(&revoke), QuorumResponse::Applied);
+        assert!(s.revoked_workspaces.contains("hpc"));
+        // Re-adding a peer under the revoked workspace is refused.
+        assert!(
+            matches!(s.apply(&peer("site-d", "hpc")), QuorumResponse::Rejected { ref reason, .. } if reason == "revoked")
+        );
+        let remove = |name: &str| QuorumCommand::RemoveFederationPeer {
+            name: name.into(),
+            at_ms: 3,
+            by: "admin".into(),
+        };
+        assert_eq!(s.apply(&remove("site-b")), QuorumResponse::Applied);
+        assert!(
+            matches!(s.apply(&remove("site-b")), QuorumResponse::Rejected { ref reason, .. } if reason == "no_peer")
+        );
+        assert_eq!(s.federation_peers.keys().collect::<Vec<_>>(), vec!["site-c"]);
+        let actions: Vec<&str> = s.admin_log.iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            vec![
+                "federation.add_peer",
+                "federation.add_peer",
+                "federation.revoke_workspace",
+                "federation.remove_peer"
+            ]
+        );
+        // A snapshot keeps them; a state without them reads as before (empty).
+        let back: QuorumState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        let old: QuorumState = serde_json::from_str(&serde_json::to_string(&QuorumState::default()).unwrap()).unwrap();
+        assert!(old.federation_peers.is_empty() && old.revoked_workspaces.is_empty());
+    }
+
+    #[test]
     fn one_owner_per_node_and_release() {
         let mut s = QuorumState::default();
         assert_eq!(s.apply(&assign("a", "t", &["n1", "n2"])), QuorumResponse::Applied);

@@ -28,7 +28,7 @@ pub fn documented() -> Vec<crate::openapi::Op> {
     use crate::tasks::{LaunchView, TaskRequest, TerminalRequest};
     let a = "allocations";
     let n = "nodes";
-    vec![
+    let mut ops = vec![
         Op::get("/healthz", "meta", "Liveness and this member's Raft state").open(),
         Op::get("/metrics", "meta", "Prometheus metrics (text exposition format)")
             .open()
@@ -319,7 +319,10 @@ pub fn documented() -> Vec<crate::openapi::Op> {
         .body::<PathQuery>(),
         Op::post("/api/v1/admin/members", "quorum", "Add a quorum member").body::<MemberIn>(),
         Op::delete("/api/v1/admin/members/{id}", "quorum", "Remove a quorum member"),
-    ]
+    ];
+    #[cfg(feature = "federation")]
+    ops.extend(crate::federation::api::documented());
+    ops
 }
 
 /// `GET /openapi.json`.

@@ -152,6 +152,14 @@ fn a_job_submitted_at_a_runs_at_b_and_is_followed_from_a() {
     );
     serving(&a.base);
     serving(&b.base);
+    let doc = call("GET", &format!("{}/openapi.json", a.base), None).1;
+    for p in [
+        "/api/v1/federation/allocations",
+        "/api/v1/admin/federation",
+        "/federation/v1/catalog",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} documented");
+    }
 
     // Without a peer, a site routes nothing away.
     let (code, v) = submit(&a.base, "site-b", job("physics", 2));

@@ -83,6 +83,95 @@ pub fn user_routes(r: Router<Arc<Shared>>) -> Router<Arc<Shared>> {
         .route("/api/v1/admin/federation/workspaces/{ws}/revoke", post(revoke))
 }
 
+/// The federation routes, for `/openapi.json` (the peer-facing ones are listed as open: they carry
+/// a workspace signature instead of a bearer token).
+pub fn documented() -> Vec<crate::openapi::Op> {
+    use crate::openapi::Op;
+    let f = "federation";
+    vec![
+        Op::get(
+            "/federation/v1/catalog",
+            f,
+            "Between sites (signed): this site's catalog entry",
+        )
+        .open(),
+        Op::post(
+            "/federation/v1/allocations",
+            f,
+            "Between sites (signed): a peer's submission",
+        )
+        .open()
+        .status(201),
+        Op::get(
+            "/federation/v1/allocations",
+            f,
+            "Between sites (signed): the asking site's allocations here",
+        )
+        .open(),
+        Op::get(
+            "/federation/v1/allocations/{id}",
+            f,
+            "Between sites (signed): one of them",
+        )
+        .open(),
+        Op::delete(
+            "/federation/v1/allocations/{id}",
+            f,
+            "Between sites (signed): cancel one",
+        )
+        .open(),
+        Op::get(
+            "/federation/v1/allocations/{id}/logs",
+            f,
+            "Between sites (signed): its output",
+        )
+        .open(),
+        Op::post(
+            "/api/v1/federation/allocations",
+            f,
+            "Submit at a site: `{\"site\": \"auto\"|NAME, \"request\": {...}}`; answers the site, id and routing",
+        )
+        .status(201),
+        Op::get(
+            "/api/v1/federation/allocations",
+            f,
+            "The caller's allocations at every peer (`?site=`)",
+        ),
+        Op::get(
+            "/api/v1/federation/allocations/{site}/{id}",
+            f,
+            "An allocation forwarded to a peer",
+        ),
+        Op::delete(
+            "/api/v1/federation/allocations/{site}/{id}",
+            f,
+            "Cancel an allocation forwarded to a peer",
+        ),
+        Op::get(
+            "/api/v1/federation/allocations/{site}/{id}/logs",
+            f,
+            "Its output, from the peer",
+        ),
+        Op::get(
+            "/api/v1/admin/federation",
+            f,
+            "This site's catalog and every peer's status",
+        )
+        .answer::<FederationStatus>(),
+        Op::post(
+            "/api/v1/admin/federation/peers",
+            f,
+            "Add (or replace) a peer: name, endpoint(s), workspace",
+        ),
+        Op::delete("/api/v1/admin/federation/peers/{name}", f, "Remove a peer"),
+        Op::post(
+            "/api/v1/admin/federation/workspaces/{ws}/revoke",
+            f,
+            "Revoke a shared workspace (every peer in it defederated)",
+        ),
+    ]
+}
+
 // ---- between sites ------------------------------------------------------------------------------
 
 /// Every signed request from a peer: verified, carried out, its answer signed.
