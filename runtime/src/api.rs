@@ -28,7 +28,7 @@ pub fn documented() -> Vec<crate::openapi::Op> {
     use crate::tasks::{LaunchView, TaskRequest, TerminalRequest};
     let a = "allocations";
     let n = "nodes";
-    let mut ops = vec![
+    let ops = vec![
         Op::get("/healthz", "meta", "Liveness and this member's Raft state").open(),
         Op::get("/metrics", "meta", "Prometheus metrics (text exposition format)")
             .open()
@@ -321,7 +321,7 @@ pub fn documented() -> Vec<crate::openapi::Op> {
         Op::delete("/api/v1/admin/members/{id}", "quorum", "Remove a quorum member"),
     ];
     #[cfg(feature = "federation")]
-    ops.extend(crate::federation::api::documented());
+    let ops = [ops, crate::federation::api::documented()].concat();
     ops
 }
 

@@ -74,7 +74,11 @@ fn names_in(expr: &str) -> Vec<String> {
 #[test]
 fn promtool_checks_the_rules_and_runs_their_unit_tests() {
     let Some(promtool) = tool("promtool") else { return };
-    for args in [["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]] {
+    for args in [
+        ["check", "rules", "alerts.yml"],
+        ["check", "rules", "federation-alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ] {
         let out = Command::new(&promtool)
             .args(args)
             .current_dir(monitoring())
@@ -88,7 +92,9 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() {
         );
     }
     // Every rule has a firing case in the unit tests.
-    let rules = std::fs::read_to_string(monitoring().join("alerts.yml")).unwrap();
+    let rules = ["alerts.yml", "federation-alerts.yml"]
+        .map(|f| std::fs::read_to_string(monitoring().join(f)).unwrap())
+        .concat();
     let tests = std::fs::read_to_string(monitoring().join("alerts_test.yml")).unwrap();
     for line in rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")) {
         assert!(

@@ -180,16 +180,17 @@ async fn inbound(State(s): S, req: axum::extract::Request) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    if s.member.status().leader.is_none() {
-        // Not queued, not even read: the peer's retries resubmit (book: "Federation Requests During
-        // Leader Election"). Unsigned: a member without a leader cannot tell who its peers are.
-        return (
+    // During an election nothing is queued: the peer's retries resubmit (book: "Federation Requests
+    // During Leader Election"). The catalog is still served (saying `degraded` after 10 s).
+    let electing = || {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
             [(axum::http::header::RETRY_AFTER, "5")],
             Json(json!({"error": "the quorum is electing a leader; retry"})),
         )
-            .into_response();
-    }
+            .into_response()
+    };
+    let leaderless = s.member.status().leader.is_none();
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, 4 << 20).await else {
         return err(
@@ -206,6 +207,8 @@ async fn inbound(State(s): S, req: axum::extract::Request) -> Response {
     let method = parts.method.as_str().to_string();
     let (site, key, nonce) = match b.verify_inbound(&s, &method, &path, &parts.headers, &body).await {
         Ok(v) => v,
+        // A member that has not applied the peers yet cannot tell: retry after the election.
+        Err(_) if leaderless => return electing(),
         Err((code, why)) => {
             tracing::warn!("federation: refused {method} {path}: {why}");
             return err(StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN), why);
@@ -218,7 +221,11 @@ async fn inbound(State(s): S, req: axum::extract::Request) -> Response {
         .unwrap_or_default()
         .to_string();
     let q: BTreeMap<String, String> = parts.uri.query().map(serde_urlencoded_pairs).unwrap_or_default();
-    let answer = serve_peer(&s, &b, &site, &parts.method, parts.uri.path(), &q, &body).await;
+    let answer = if leaderless && parts.uri.path() != "/federation/v1/catalog" {
+        electing()
+    } else {
+        serve_peer(&s, &b, &site, &parts.method, parts.uri.path(), &q, &body).await
+    };
     let (mut head, body) = answer.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
     if head.status == StatusCode::SERVICE_UNAVAILABLE {
