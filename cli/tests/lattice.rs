@@ -137,6 +137,24 @@ fn lattice_cli_drives_the_runtime() {
         "{}",
         err(&o)
     );
+    // Federation is not built into this runtime: the CLI says so, nothing is submitted.
+    for args in [
+        &["admin", "federation", "status"][..],
+        &["submit", "--site=site-b", "--nodes=1", "--", "echo", "federated-probe"][..],
+    ] {
+        let o = run(args);
+        assert!(
+            !o.status.success() && err(&o).contains("has no federation"),
+            "{}",
+            err(&o)
+        );
+    }
+    let o = run(&["status", "-o", "json"]);
+    assert!(
+        o.status.success() && !out(&o).contains("federated-probe"),
+        "nothing submitted: {}",
+        out(&o)
+    );
     let o = run(&[
         "admin",
         "vcluster",

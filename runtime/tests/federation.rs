@@ -368,3 +368,100 @@ fn a_site_without_a_leader_answers_503_with_retry_after() {
     assert_eq!(v["retry_after"], "5", "{v}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The federation block for an in-process site (the workspace key file under `d`).
+fn federation_yaml(d: &Path, name: &str, more: &str) -> String {
+    std::fs::write(d.join("workspace.key"), format!("{SECRET}\n")).unwrap();
+    format!(
+        "federation:\n  enabled: true\n  site: {name}\n  workspaces:\n    hpc-general: file://{}\n  \
+         sync_interval: 1s\n  retries: 1\n  backoff: 100ms\n  timeout: 2s\n{more}",
+        d.join("workspace.key").display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_election_lasts_over_10_s_is_degraded_and_takes_nothing() {
+    let d = dir("long-election");
+    let b_yaml = federation_yaml(
+        &d,
+        "site-b",
+        "  accept:\n    site-a:\n      tenants: {physics: physics}\n",
+    );
+    let mut b = common::start_quorum(&d, 3, 4, &b_yaml).await;
+    let a_yaml = format!(
+        "node_id: 1\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{}\ndata_dir: {}/a\nsimulated_nodes: 4\ncycle: 100ms\n{}",
+        free_port(),
+        d.display(),
+        federation_yaml(&d, "site-a", "")
+    );
+    let a = common::start_leader(&a_yaml).await;
+    let a_base = format!("http://{}", a.rest_addr);
+    let b_leader = loop {
+        if let Some(i) = b.iter().position(|m| m.shared.member.is_leader()) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let endpoints: Vec<String> = b.iter().map(|m| format!("http://{}", m.rest_addr)).collect();
+    let (code, v) = common::http(
+        "POST",
+        format!("{a_base}/api/v1/admin/federation/peers"),
+        Some(json!({"name": "site-b", "endpoints": endpoints, "workspace": "hpc-general"})),
+    )
+    .await;
+    ok(code, &v, 200);
+    let b_base = format!("http://{}", b[b_leader].rest_addr);
+    let (code, v) = common::http(
+        "POST",
+        format!("{b_base}/api/v1/admin/federation/peers"),
+        Some(json!({"name": "site-a", "endpoint": a_base, "workspace": "hpc-general"})),
+    )
+    .await;
+    ok(code, &v, 200);
+    let status = |a_base: String| async move {
+        common::http("GET", format!("{a_base}/api/v1/admin/federation"), None)
+            .await
+            .1["peers"][0]
+            .clone()
+    };
+    let t0 = std::time::Instant::now();
+    while status(a_base.clone()).await["status"] != "healthy" {
+        assert!(t0.elapsed() < Duration::from_secs(20), "B healthy at A");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // B's leader and one follower stop: the last member cannot elect anyone.
+    let survivor = (b_leader + 1) % 3;
+    let mut stopped = Vec::new();
+    for i in (0..3).rev().filter(|i| *i != survivor) {
+        stopped.push(b.remove(i));
+    }
+    for m in stopped {
+        m.shutdown().await;
+    }
+    // Its catalog, still served, says degraded once the election has lasted 10 s; A marks B degraded.
+    let t0 = std::time::Instant::now();
+    loop {
+        let p = status(a_base.clone()).await;
+        if p["catalog"]["status"] == "degraded" && p["status"] == "degraded" {
+            assert!(t0.elapsed() >= Duration::from_secs(5), "not at once (after 10 s): {p}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(25), "B degraded at A: {p}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A submission gets the survivor's 503 (Retry-After: 5) until A's retries are spent: nothing queued.
+    let (code, v) = common::http(
+        "POST",
+        format!("{a_base}/api/v1/federation/allocations"),
+        Some(json!({"site": "site-b", "request": job("physics", 1)})),
+    )
+    .await;
+    ok(code, &v, 503);
+    assert!(v["error"].as_str().unwrap().contains("electing a leader"), "{v}");
+    assert!(b[0].shared.control.lock().await.list().is_empty());
+    for m in b {
+        m.shutdown().await;
+    }
+    a.shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -630,6 +630,11 @@ impl Client {
         if status == 401 && self.token.is_none() {
             bail!("Not logged in. Run `lattice login` first.");
         }
+        if status == 404 && v.as_str() == Some("") && path.contains("/federation") {
+            bail!(
+                "this site has no federation: its lattice-runtime is built without the `federation` feature (HTTP 404)"
+            );
+        }
         if status >= 400 {
             let msg = v["error"].as_str().unwrap_or("request failed");
             match v["field"].as_str() {

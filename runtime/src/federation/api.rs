@@ -481,6 +481,7 @@ async fn sites(s: &Shared, b: &Broker, tenant: &str) -> Vec<route::Site> {
                 datasets: Vec::new(),
                 authorized: false,
                 uenvs: Vec::new(),
+                known: false,
             }),
         }
     }
@@ -499,6 +500,7 @@ fn site_of(c: &super::Catalog, local: bool, status: PeerStatus, authorized: bool
         datasets: c.datasets.clone(),
         authorized,
         uenvs: c.uenvs.clone(),
+        known: true,
     }
 }
 

@@ -213,22 +213,33 @@ impl Broker {
             .map(|b| serde_json::to_vec(b).unwrap_or_default())
             .unwrap_or_default();
         let mut wait = self.cfg.first_backoff();
-        let mut last = String::from("no endpoint");
+        let mut last = String::new();
         for attempt in 0..=retries {
             let mut retry_after = None;
+            let mut failures = Vec::new();
             for endpoint in &p.endpoints {
                 match self.attempt(&key, &p, peer, endpoint, &method, path, &bytes).await {
                     Ok(a) if matches!(a.status, 421 | 429) || a.status >= 500 => {
                         retry_after = retry_after.max(a.body.get("retry_after_s").and_then(|v| v.as_u64()));
-                        last = format!("{endpoint}: {} {}", a.status, a.body.get("error").unwrap_or(&a.body));
+                        failures.push(format!(
+                            "{endpoint}: {} {}",
+                            a.status,
+                            a.body.get("error").unwrap_or(&a.body)
+                        ));
                     }
                     Ok(a) => {
                         self.outcome(peer, None);
                         return Ok(a);
                     }
-                    Err(e) => last = e,
+                    Err(e) => failures.push(e),
                 }
             }
+            // What every endpoint said in the last round.
+            last = if failures.is_empty() {
+                "the peer has no endpoint".to_string()
+            } else {
+                failures.join("; ")
+            };
             if attempt == retries {
                 break;
             }
@@ -237,7 +248,7 @@ impl Broker {
             tokio::time::sleep(pause).await;
             wait = (wait * 2).min(MAX_BACKOFF);
         }
-        let msg = format!("{peer}: no answer after {} attempt(s): {last}", retries + 1);
+        let msg = format!("{peer}: failed after {} attempt(s): {last}", retries + 1);
         self.outcome(peer, Some(msg.clone()));
         Err(CallError::Unreachable(msg))
     }
@@ -305,19 +316,20 @@ impl Broker {
             _ => false,
         };
         if !signed {
+            let said = value
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or_default()
+                .to_string();
             let why = format!(
-                "{url}: {status}: the answer is not signed by {peer} (workspace {})",
+                "{url}: {status} `{said}`: the answer is not signed by {peer} (workspace {})",
                 p.workspace
             );
             // An unsigned refusal (the peer does not trust this request: unknown site, revoked
             // workspace, bad signature) is final; anything else unsigned (a proxy, a rogue
-            // endpoint) is a failure to retry. Its content is not trusted either way.
+            // endpoint, a member still electing that cannot tell) is a failure to retry. Its
+            // content is not trusted either way.
             if (400..500).contains(&status) && !matches!(status, 421 | 429) {
-                let said = value
-                    .get("error")
-                    .and_then(|e| e.as_str())
-                    .unwrap_or_default()
-                    .to_string();
                 return Ok(Answer {
                     status,
                     body: serde_json::json!({"error": format!("{said} (an unsigned refusal: {why})")}),

@@ -81,6 +81,8 @@ pub struct Site {
     /// Its policy accepts the request's tenant.
     pub authorized: bool,
     pub uenvs: Vec<String>,
+    /// Its catalog has come (a peer just added may not have sent one yet).
+    pub known: bool,
 }
 
 /// What is being routed.
@@ -210,6 +212,8 @@ pub fn route(req: &Request, sites: &[Site], target: &Target, w: &Weights) -> Rou
             Some("sensitive workloads run at their home site (data sovereignty)".to_string())
         } else if let Some((home, d)) = pinned.iter().find(|(home, _)| *home != s.name) {
             Some(format!("sensitive data {} stays at {home}", d.join(", ")))
+        } else if !s.known {
+            Some("no catalog from it yet".to_string())
         } else if !s.authorized {
             Some("the site's policy does not accept this tenant".to_string())
         } else if s.status == PeerStatus::Unreachable {
@@ -319,6 +323,7 @@ mod tests {
             datasets: Vec::new(),
             authorized: true,
             uenvs: Vec::new(),
+            known: true,
         }
     }
 
