@@ -96,6 +96,24 @@ impl Default for HeartbeatGrace {
     }
 }
 
+/// How long a node may stay drifted before it is taken out of service (book: "Drift Response":
+/// `drift_remediation_timeout`, 24 h; 4 h for sensitive nodes): it goes Down and an operator must
+/// investigate and bring it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriftTimeout {
+    pub standard: Duration,
+    pub sensitive: Duration,
+}
+
+impl Default for DriftTimeout {
+    fn default() -> Self {
+        DriftTimeout {
+            standard: Duration::from_hours(24),
+            sensitive: Duration::from_hours(4),
+        }
+    }
+}
+
 /// SIGTERM → SIGKILL grace of a preempted allocation that does not checkpoint.
 pub const PREEMPT_GRACE: Duration = Duration(30_000);
 
@@ -116,6 +134,8 @@ pub struct ControlStats {
     pub quarantined_nodes: u64,
     /// Nodes found drifted from their conformance baseline.
     pub drifts: u64,
+    /// Drifted nodes not remediated within the drift remediation timeout (taken Down).
+    pub drift_timeouts: u64,
 }
 
 /// The checkpoint bookkeeping of one allocation.
@@ -142,6 +162,7 @@ impl Run {
 pub struct Controller {
     pub engine: Engine,
     pub grace: HeartbeatGrace,
+    pub drift_timeout: DriftTimeout,
     /// Check every preemption decision against the rules (only down, never a sensitive victim).
     pub check_preemptions: bool,
     pub stats: ControlStats,
@@ -149,8 +170,10 @@ pub struct Controller {
     log: Option<Vec<String>>,
     /// The last wake-up asked of the world (it is not asked twice).
     last_wake: Option<Time>,
-    /// Nodes drifted from their conformance baseline (drained by the drift).
-    drifted: std::collections::BTreeSet<NodeId>,
+    /// Nodes drifted from their conformance baseline (drained by the drift), since when.
+    drifted: BTreeMap<NodeId, Time>,
+    /// Drifted nodes already taken Down for not being remediated in time.
+    drift_expired: std::collections::BTreeSet<NodeId>,
 }
 
 impl Controller {
@@ -158,12 +181,14 @@ impl Controller {
         Controller {
             engine,
             grace: HeartbeatGrace::default(),
+            drift_timeout: DriftTimeout::default(),
             check_preemptions: false,
             stats: ControlStats::default(),
             runs: Vec::new(),
             log: None,
             last_wake: None,
             drifted: Default::default(),
+            drift_expired: Default::default(),
         }
     }
 
@@ -349,7 +374,55 @@ impl Controller {
 
     /// Is the node drifted from its conformance baseline (and drained for it)?
     pub fn is_drifted(&self, node: NodeId) -> bool {
-        self.drifted.contains(&node)
+        self.drifted.contains_key(&node)
+    }
+
+    /// When the controller wants its next pass: the engine's next wake-up (a cycle tick, an energy
+    /// window, a staging end) or the next drift remediation deadline, whichever is first.
+    pub fn next_wakeup(&self) -> Option<Time> {
+        let drift_due = self.drifted.keys().filter_map(|n| self.drift_deadline(*n)).min();
+        match (self.engine.next_wakeup(), drift_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When a drifted node's remediation time runs out (`None`: not drifted, or already out).
+    pub fn drift_deadline(&self, node: NodeId) -> Option<Time> {
+        if self.drift_expired.contains(&node) {
+            return None;
+        }
+        let since = *self.drifted.get(&node)?;
+        let limit = if self.engine.is_sensitive_node(node) {
+            self.drift_timeout.sensitive
+        } else {
+            self.drift_timeout.standard
+        };
+        Some(since + limit)
+    }
+
+    /// Drifted nodes whose remediation time ran out go Down (their work is stopped and requeued or
+    /// failed, as for a lost node); they stay out until an operator brings them back. Whether any did.
+    fn expire_drifts(&mut self, now: Time, world: &mut dyn World) -> Result<bool, ControlError> {
+        let due: Vec<NodeId> = self
+            .drifted
+            .keys()
+            .copied()
+            .filter(|n| self.drift_deadline(*n).is_some_and(|t| t <= now))
+            .collect();
+        let any = !due.is_empty();
+        for n in due {
+            self.drift_expired.insert(n);
+            self.stats.drift_timeouts += 1;
+            let down = self
+                .engine
+                .node(n)
+                .is_some_and(|x| matches!(x.state, crate::node::NodeState::Down | crate::node::NodeState::Failed));
+            if !down {
+                self.node_event(now, n, NodeEvent::HardwareFailure, world)?;
+            }
+        }
+        Ok(any)
     }
 
     /// The book's drift response: running work goes on; the node takes no new work (it drains) and
@@ -367,20 +440,21 @@ impl Controller {
         if self.engine.node(node).is_none() {
             return Err(EngineError::UnknownNode(node).into());
         }
-        if drifted == self.drifted.contains(&node) {
+        if drifted == self.drifted.contains_key(&node) {
             return Ok(());
         }
         let sensitive = self.engine.is_sensitive_node(node);
         let state = self.engine.node(node).map(|n| n.state);
         use crate::node::NodeState as S;
         if drifted {
-            self.drifted.insert(node);
+            self.drifted.insert(node, now);
             self.stats.drifts += 1;
             if matches!(state, Some(S::Ready | S::Degraded)) {
                 self.engine.handle_node_event(now, node, NodeEvent::Drain)?;
             }
         } else {
             self.drifted.remove(&node);
+            self.drift_expired.remove(&node);
             if !sensitive && matches!(state, Some(S::Draining | S::Drained)) {
                 self.engine.handle_node_event(now, node, NodeEvent::Undrain)?;
             }
@@ -555,6 +629,11 @@ impl Controller {
     /// Carries out everything the pass decided: scale changes, proposals (and the commits a world
     /// decides at once), preemptions and checkpoint hints, and the next wake-up.
     pub fn dispatch(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError> {
+        // A drift whose remediation time ran out takes its node Down, as a node event would before
+        // the pass: the pass runs again with the node out (its work requeued).
+        if self.expire_drifts(now, world)? {
+            self.engine.schedule(now);
+        }
         for (alloc, node, added) in self.engine.drain_scale_log() {
             self.emit(world, now, Decision::Scale { alloc, node, added });
         }
@@ -588,8 +667,8 @@ impl Controller {
                 }
             }
         }
-        // Cycle ticks, energy windows, staging ends: the engine asks to be woken (once per time).
-        if let Some(t) = self.engine.next_wakeup()
+        // Cycle ticks, energy windows, staging ends, drift deadlines: woken once per time.
+        if let Some(t) = self.next_wakeup()
             && t > now
             && self.last_wake != Some(t)
         {

@@ -292,6 +292,95 @@ fn a_drifted_node_drains_keeps_its_work_and_returns_when_it_conforms() {
     assert_eq!(c.stats.drifts, 1);
 }
 
+/// A drifted node not remediated within the drift remediation timeout (24 h) goes Down: the work
+/// still on it is stopped and requeued like a lost node's, the world is asked to wake at the
+/// deadline, and it stays Down when it conforms later (an operator brings it back). One remediated
+/// in time never goes Down.
+#[test]
+fn a_node_drifted_past_the_remediation_timeout_goes_down() {
+    let (mut c, t, v) = controller(3);
+    let mut w = Recorder::default();
+    let day = Duration::from_hours(24);
+    let long = c
+        .submit(Time(0), AllocSpec::simple(t, v, 1, Duration::from_hours(48)))
+        .unwrap();
+    pass(&mut c, Time(0), &mut w);
+    let node = c.engine.allocation(long).unwrap().nodes[0];
+    let quick = NodeId((node.0 + 1) % 3);
+    c.apply(Time(1000), Input::Conformance(node, true), &mut w).unwrap();
+    c.apply(Time(2000), Input::Conformance(quick, true), &mut w).unwrap();
+    pass(&mut c, Time(2000), &mut w);
+    let deadline = Time(1000) + day;
+    assert!(
+        w.0.contains(&Decision::WakeAt(deadline)),
+        "woken at the deadline: {:?}",
+        w.0
+    );
+    assert_eq!(c.drift_deadline(node), Some(deadline));
+    // `quick` is remediated in time.
+    c.apply(Time(3_600_000), Input::Conformance(quick, false), &mut w)
+        .unwrap();
+    assert_eq!(c.drift_deadline(quick), None);
+    // Just before: still draining, its work running.
+    pass(&mut c, Time(deadline.0 - 1), &mut w);
+    assert_eq!(c.engine.node(node).unwrap().state, lattice_engine::NodeState::Draining);
+    assert_eq!(c.stats.drift_timeouts, 0);
+    // At the deadline: Down, the run stopped and released, the allocation requeued.
+    let before = w.0.len();
+    pass(&mut c, deadline, &mut w);
+    assert_eq!(c.engine.node(node).unwrap().state, lattice_engine::NodeState::Down);
+    assert_eq!(c.stats.drift_timeouts, 1);
+    let after = &w.0[before..];
+    assert!(
+        after
+            .iter()
+            .any(|d| matches!(d, Decision::Stop { alloc, .. } if *alloc == long)),
+        "{after:?}"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|d| matches!(d, Decision::Release { alloc, .. } if *alloc == long)),
+        "{after:?}"
+    );
+    assert_ne!(
+        c.engine.allocation(long).unwrap().nodes,
+        vec![node],
+        "not on the Down node"
+    );
+    assert_eq!(c.engine.node(quick).unwrap().state, lattice_engine::NodeState::Ready);
+    // Once only; conforming later does not bring it back.
+    pass(&mut c, Time(deadline.0 + 5000), &mut w);
+    assert_eq!(c.stats.drift_timeouts, 1);
+    c.apply(Time(deadline.0 + 6000), Input::Conformance(node, false), &mut w)
+        .unwrap();
+    assert_eq!(c.engine.node(node).unwrap().state, lattice_engine::NodeState::Down);
+}
+
+/// A sensitive node's remediation time is 4 hours.
+#[test]
+fn a_sensitive_node_has_four_hours_to_be_remediated() {
+    let home = lattice_engine::VClusterId(0);
+    let nodes: Vec<NodeSpec> = (0..1)
+        .map(|i| NodeSpec {
+            home_vcluster: Some(home),
+            ..NodeSpec::plain(format!("n{i}"))
+        })
+        .collect();
+    let mut e = Engine::new(EngineConfig::new(Policy::EASY), nodes).unwrap();
+    e.add_tenant("t");
+    let sv = e.add_vcluster("sensitive");
+    e.configure_vcluster(sv, VClusterConfig::new(Policy::Reservation))
+        .unwrap();
+    let mut c = Controller::new(e);
+    let mut w = Recorder::default();
+    let n = NodeId(0);
+    c.apply(Time(0), Input::Conformance(n, true), &mut w).unwrap();
+    assert_eq!(c.drift_deadline(n), Some(Time(0) + Duration::from_hours(4)));
+    pass(&mut c, Time(0) + Duration::from_hours(4), &mut w);
+    assert_eq!(c.engine.node(n).unwrap().state, lattice_engine::NodeState::Down);
+}
+
 /// A sensitive node (at home in a sensitive vCluster) drains on drift and says so (the world audits
 /// it); conforming again does not return it: an operator undrains it.
 #[test]

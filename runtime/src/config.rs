@@ -177,6 +177,13 @@ pub struct AgentsConfig {
     /// checkpoint and its nodes are released. Default 60 s.
     #[serde(default = "preemption_report_grace")]
     pub preemption_report_grace: String,
+    /// A node still drifted from its conformance baseline this long after the drift goes Down
+    /// (its work requeued; an operator brings it back). Default 24 h (book: "Drift Response").
+    #[serde(default = "drift_remediation_timeout")]
+    pub drift_remediation_timeout: String,
+    /// The same for a sensitive node. Default 4 h.
+    #[serde(default = "sensitive_drift_remediation_timeout")]
+    pub sensitive_drift_remediation_timeout: String,
 }
 
 impl Default for AgentsConfig {
@@ -187,8 +194,17 @@ impl Default for AgentsConfig {
             sensitive_grace: hb_sensitive_grace(),
             simulated_wipe: simulated_wipe(),
             preemption_report_grace: preemption_report_grace(),
+            drift_remediation_timeout: drift_remediation_timeout(),
+            sensitive_drift_remediation_timeout: sensitive_drift_remediation_timeout(),
         }
     }
+}
+
+fn drift_remediation_timeout() -> String {
+    "24h".into()
+}
+fn sensitive_drift_remediation_timeout() -> String {
+    "4h".into()
 }
 
 fn hb_sensitive_grace() -> String {
@@ -218,6 +234,15 @@ impl AgentsConfig {
             sensitive: lattice_engine::Duration(ms(&self.sensitive_grace, 300_000)),
             borrowed: lattice_engine::Duration(default.0.min(30_000)),
             default,
+        }
+    }
+
+    /// The controller's drift remediation timeouts.
+    pub fn drift_timeout(&self) -> lattice_engine::DriftTimeout {
+        let ms = |s: &str, d: u64| lattice_traces::parse_duration(s).map_or(d, |x| x.0);
+        lattice_engine::DriftTimeout {
+            standard: lattice_engine::Duration(ms(&self.drift_remediation_timeout, 86_400_000)),
+            sensitive: lattice_engine::Duration(ms(&self.sensitive_drift_remediation_timeout, 14_400_000)),
         }
     }
 
@@ -314,6 +339,10 @@ impl RuntimeConfig {
         lattice_traces::parse_duration(&c.agents.grace).map_err(|m| err(format!("agents.grace: {m}")))?;
         lattice_traces::parse_duration(&c.agents.sensitive_grace)
             .map_err(|m| err(format!("agents.sensitive_grace: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.drift_remediation_timeout)
+            .map_err(|m| err(format!("agents.drift_remediation_timeout: {m}")))?;
+        lattice_traces::parse_duration(&c.agents.sensitive_drift_remediation_timeout)
+            .map_err(|m| err(format!("agents.sensitive_drift_remediation_timeout: {m}")))?;
         lattice_traces::parse_duration(&c.agents.preemption_report_grace)
             .map_err(|m| err(format!("agents.preemption_report_grace: {m}")))?;
         lattice_traces::parse_duration(&c.agents.simulated_wipe)

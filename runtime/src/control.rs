@@ -569,6 +569,8 @@ pub struct Tally {
     pub victim_requeues: u64,
     pub failed_checkpoints: u64,
     pub wipe_failures: u64,
+    /// Drifted nodes taken Down for not being remediated in time.
+    pub drift_timeouts: u64,
     pub checkpoints_ok: u64,
     pub checkpoints_failed: u64,
     /// Preemption checkpoints: hint to the last node's report, seconds.
@@ -1576,8 +1578,17 @@ impl Control {
         let t0 = std::time::Instant::now();
         let stats = self.ctl.schedule(now);
         let took = t0.elapsed();
+        let expired = self.ctl.stats.drift_timeouts;
         if let Err(e) = self.ctl.dispatch(now, &mut self.outbox) {
             tracing::error!("carrying out the pass's decisions: {e}");
+        }
+        let expired = self.ctl.stats.drift_timeouts - expired;
+        if expired > 0 {
+            self.tally.drift_timeouts += expired;
+            tracing::error!(
+                "{expired} drifted node(s) not remediated within the drift remediation timeout: taken Down \
+                 (an operator must investigate and bring them back)"
+            );
         }
         (stats, took)
     }
@@ -1641,6 +1652,9 @@ impl Control {
                 }
                 v
             }
+            Input::Conformance(n, drifted) => serde_json::json!({
+                "ts": ts, "type": if drifted { "drift" } else { "conform" }, "node": node(n)
+            }),
             _ => return,
         };
         self.capture_line(line);
@@ -1651,7 +1665,7 @@ impl Control {
     /// since (their runs, their ends) move it.
     pub fn next_wakeup(&self) -> Option<Time> {
         let now = self.now();
-        self.ctl.engine.next_wakeup().filter(|t| *t > now)
+        self.ctl.next_wakeup().filter(|t| *t > now)
     }
 
     /// The controller's decisions since the last call, as actions for the server (in order). Watches
@@ -2248,13 +2262,10 @@ impl Control {
             return;
         }
         let name = self.node_names[node.index()].clone();
+        // (The trace capture writes it as a `drift` or `conform` event.)
         if let Err(e) = self.input(Input::Conformance(node, drifted)) {
             tracing::warn!("node {name}: conformance not applied: {e}");
-            return;
         }
-        let ts = self.now().0 as f64 / 1000.0;
-        let kind = if drifted { "drift" } else { "conform" };
-        self.capture_line(serde_json::json!({"ts": ts, "type": kind, "node": name}));
     }
 
     /// `expected=…, actual=…` for a node's last drift (empty if none).

@@ -37,6 +37,7 @@ pub struct Metrics {
     pub checkpoint_outcomes: IntCounterVec,
     pub checkpoint_duration: Histogram,
     pub wipe_failures: IntCounter,
+    pub drift_timeouts: IntCounter,
     pub walltime_conflicts: IntCounter,
     pub autoscaling_query_failures: IntCounter,
     pub cost_function: HistogramVec,
@@ -190,6 +191,10 @@ impl Metrics {
             wipe_failures: reg!(counter(
                 "lattice_sensitive_wipe_failure_total",
                 "Secure wipes of released sensitive nodes that failed (the node is quarantined)."
+            )),
+            drift_timeouts: reg!(counter(
+                "lattice_node_drift_timeouts_total",
+                "Drifted nodes not remediated within the drift remediation timeout (taken Down)."
             )),
             fabric_errors: reg!(counter(
                 "lattice_fabric_errors_total",
@@ -353,6 +358,7 @@ impl Metrics {
         self.victim_requeues.inc_by(t.victim_requeues);
         self.failed_checkpoints.inc_by(t.failed_checkpoints);
         self.wipe_failures.inc_by(t.wipe_failures);
+        self.drift_timeouts.inc_by(t.drift_timeouts);
         self.walltime_conflicts.inc_by(t.walltime_conflicts);
         for s in &t.preemption_checkpoint_s {
             self.preemption_checkpoint.observe(*s);

@@ -250,6 +250,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let wipe_timeout_ms = cfg.sensitive.wipe_timeout_ms();
     let wipe_by_openchami = cfg.services.openchami.as_ref().is_some_and(|o| o.wipe.is_some()) && !simulate_agents;
     let heartbeat_grace = cfg.agents.grace();
+    let drift_timeout = cfg.agents.drift_timeout();
     let heartbeat_timeout_ms = cfg.agents.durations().0;
     // Allocations' launch tokens derive from a secret of this process (a simulation's is fixed).
     let launch_secret = match &disk {
@@ -261,6 +262,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             let mut c = Control::new(inv, vcs, quotas, capture)?;
             c.wall = clock;
             c.ctl.grace = heartbeat_grace;
+            c.ctl.drift_timeout = drift_timeout;
             c.heartbeat_timeout_ms = heartbeat_timeout_ms;
             c.launch_secret = launch_secret;
             c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;

@@ -890,6 +890,8 @@ pub fn simulate_with<H: Host>(
     summary.audit_chain_valid = audit::AuditLog::verify(quorum.audit.entries()).is_ok();
     summary.wipes = ctl.controller().stats.wipes;
     summary.quarantined_nodes = ctl.controller().stats.quarantined_nodes;
+    summary.drifts = ctl.controller().stats.drifts;
+    summary.drift_timeouts = ctl.controller().stats.drift_timeouts;
     let claim_waits: Vec<f64> = engine
         .allocations()
         .iter()
@@ -1339,6 +1341,8 @@ fn summarize(
         sensitive_wait_max_s: 0.0,
         wipes: 0,
         quarantined_nodes: 0,
+        drifts: 0,
+        drift_timeouts: 0,
         audit_entries: 0,
         audit_chain_valid: true,
         power_budget_kw: None,

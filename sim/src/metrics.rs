@@ -286,6 +286,10 @@ pub struct Summary {
     pub sensitive_wait_max_s: f64,
     pub wipes: u64,
     pub quarantined_nodes: u64,
+    /// Conformance drifts (trace `drift` events that drained a node) and drifted nodes taken Down
+    /// for not being remediated within the drift remediation timeout (24 h; 4 h sensitive).
+    pub drifts: u64,
+    pub drift_timeouts: u64,
     pub audit_entries: u64,
     pub audit_chain_valid: bool,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.

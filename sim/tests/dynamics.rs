@@ -164,6 +164,39 @@ fn a_drifted_node_drains_until_it_conforms() {
     assert_eq!(start_of(&plain, "B"), 100.0);
 }
 
+/// A node still drifted 24 h after its drift (book: "drift_remediation_timeout") goes Down: the long
+/// job on it is requeued and restarts elsewhere; a node that conforms in time never goes Down.
+#[test]
+fn a_node_not_remediated_within_a_day_goes_down() {
+    let drift = |at, n: &str, drifted| ev(at, TraceEventKind::Drift { node: node(n), drifted });
+    let day = 86_400;
+    let r = run_events(
+        vec![job("A", 0, 1, 3 * day, 2 * day)],
+        vec![
+            drift(10, "n00000", true),
+            drift(10, "n00001", true),
+            drift(3600, "n00001", false),
+        ],
+        2,
+    );
+    assert_eq!(r.summary.drifts, 2);
+    assert_eq!(r.summary.drift_timeouts, 1);
+    assert_eq!(r.summary.requeues, 1);
+    // A ran on n00000 from 0; at 10 + 24 h it was stopped and started again on n00001 (at the next
+    // pass, a millisecond on).
+    let end = r.jobs[0].end_s.unwrap();
+    assert!((end - (10 + day + 2 * day) as f64).abs() < 0.01, "{end}");
+    // Remediated in time: nothing goes Down.
+    let ok = run_events(
+        vec![job("A", 0, 1, 3 * day, 2 * day)],
+        vec![drift(10, "n00000", true), drift(day, "n00000", false)],
+        2,
+    );
+    assert_eq!(ok.summary.drift_timeouts, 0);
+    assert_eq!(ok.summary.requeues, 0);
+    assert_eq!(ok.jobs[0].end_s, Some((2 * day) as f64));
+}
+
 /// The seeded failure injector: deterministic for a seed, different across seeds, and everything still
 /// finishes (requeue) with invariants checked throughout.
 #[test]
