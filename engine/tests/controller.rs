@@ -357,11 +357,10 @@ fn a_node_drifted_past_the_remediation_timeout_goes_down() {
     assert_eq!(c.engine.node(node).unwrap().state, lattice_engine::NodeState::Down);
 }
 
-/// A sensitive node's remediation time is 4 hours.
-#[test]
-fn a_sensitive_node_has_four_hours_to_be_remediated() {
+/// `n` nodes at home in a sensitive vCluster (the first added: id 0).
+fn sensitive_controller(n: u32) -> Controller {
     let home = lattice_engine::VClusterId(0);
-    let nodes: Vec<NodeSpec> = (0..1)
+    let nodes: Vec<NodeSpec> = (0..n)
         .map(|i| NodeSpec {
             home_vcluster: Some(home),
             ..NodeSpec::plain(format!("n{i}"))
@@ -370,9 +369,16 @@ fn a_sensitive_node_has_four_hours_to_be_remediated() {
     let mut e = Engine::new(EngineConfig::new(Policy::EASY), nodes).unwrap();
     e.add_tenant("t");
     let sv = e.add_vcluster("sensitive");
+    assert_eq!(sv, home);
     e.configure_vcluster(sv, VClusterConfig::new(Policy::Reservation))
         .unwrap();
-    let mut c = Controller::new(e);
+    Controller::new(e)
+}
+
+/// A sensitive node's remediation time is 4 hours.
+#[test]
+fn a_sensitive_node_has_four_hours_to_be_remediated() {
+    let mut c = sensitive_controller(1);
     let mut w = Recorder::default();
     let n = NodeId(0);
     c.apply(Time(0), Input::Conformance(n, true), &mut w).unwrap();
@@ -385,21 +391,7 @@ fn a_sensitive_node_has_four_hours_to_be_remediated() {
 /// it); conforming again does not return it: an operator undrains it.
 #[test]
 fn a_drifted_sensitive_node_stays_drained_until_an_operator_undrains_it() {
-    // The first vCluster added is id 0: the nodes' home.
-    let home = lattice_engine::VClusterId(0);
-    let nodes: Vec<NodeSpec> = (0..2)
-        .map(|i| NodeSpec {
-            home_vcluster: Some(home),
-            ..NodeSpec::plain(format!("n{i}"))
-        })
-        .collect();
-    let mut e = Engine::new(EngineConfig::new(Policy::EASY), nodes).unwrap();
-    e.add_tenant("t");
-    let sv = e.add_vcluster("sensitive");
-    assert_eq!(sv, home);
-    e.configure_vcluster(sv, VClusterConfig::new(Policy::Reservation))
-        .unwrap();
-    let mut c = Controller::new(e);
+    let mut c = sensitive_controller(2);
     let mut w = Recorder::default();
     let n = NodeId(0);
     c.apply(Time(5), Input::Conformance(n, true), &mut w).unwrap();

@@ -243,39 +243,9 @@ async fn inbound(State(s): S, req: axum::extract::Request) -> Response {
     Response::from_parts(head, axum::body::Body::from(bytes))
 }
 
-/// `a=b&c=d` (percent-decoded).
+/// `a=b&c=d` (percent-decoded; a malformed query is an empty one).
 fn serde_urlencoded_pairs(q: &str) -> BTreeMap<String, String> {
-    q.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (decode(k), decode(v)))
-        .collect()
-}
-
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(x) => {
-                        out.push(x);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    serde_urlencoded::from_str(q).unwrap_or_default()
 }
 
 /// A peer's principal here: `user@site`, a plain user of the tenant the policy maps to.
@@ -783,12 +753,7 @@ async fn list_remote(State(s): S, Extension(p): P, Query(q): Query<ListIn>) -> R
 }
 
 fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|c| match c {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (c as char).to_string(),
-            _ => format!("%{c:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// `GET /api/v1/admin/federation`: this site's catalog and every peer's status and catalog.
@@ -908,37 +873,38 @@ async fn add_peer(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Resp
 }
 
 async fn remove_peer(State(s): S, Extension(p): P, Path(name): Path<String>) -> Response {
-    if let Err(r) = broker(&s) {
-        return r;
-    }
-    let cmd = QuorumCommand::RemoveFederationPeer {
-        name: name.clone(),
-        at_ms: now_ms(),
-        by: p.user.clone(),
-    };
-    commit(&s, &p, cmd, &format!("peer {name} removed")).await
+    let (at_ms, by) = (now_ms(), p.user.clone());
+    let what = format!("peer {name} removed");
+    change(&s, &p, QuorumCommand::RemoveFederationPeer { name, at_ms, by }, &what).await
 }
 
-async fn revoke(State(s): S, Extension(p): P, Path(ws): Path<String>) -> Response {
-    if let Err(r) = broker(&s) {
-        return r;
+async fn revoke(State(s): S, Extension(p): P, Path(workspace): Path<String>) -> Response {
+    let (at_ms, by) = (now_ms(), p.user.clone());
+    let what = format!("workspace {workspace} revoked");
+    change(&s, &p, QuorumCommand::RevokeWorkspace { workspace, at_ms, by }, &what).await
+}
+
+/// [`commit`] on a site with federation.
+async fn change(s: &Shared, p: &Principal, cmd: QuorumCommand, what: &str) -> Response {
+    match broker(s) {
+        Ok(_) => commit(s, p, cmd, what).await,
+        Err(r) => r,
     }
-    let cmd = QuorumCommand::RevokeWorkspace {
-        workspace: ws.clone(),
-        at_ms: now_ms(),
-        by: p.user.clone(),
-    };
-    commit(&s, &p, cmd, &format!("workspace {ws} revoked")).await
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn query_strings_decode() {
-        let q = super::serde_urlencoded_pairs("user=alice%40x&b=c+d&bad=%zz");
+        let q = super::serde_urlencoded_pairs("user=alice%40x&b=c+d");
         assert_eq!(q["user"], "alice@x");
         assert_eq!(q["b"], "c d");
-        assert_eq!(q["bad"], "%zz");
         assert_eq!(super::encode("a@b c"), "a%40b%20c");
+        assert_eq!(
+            super::serde_urlencoded_pairs(&format!("user={}", super::encode("ü@x")))
+                .get("user")
+                .unwrap(),
+            "ü@x"
+        );
     }
 }
