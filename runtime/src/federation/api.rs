@@ -422,26 +422,49 @@ fn routing_request(r: &SubmitRequest) -> route::Request {
     }
 }
 
-/// Every site as routing sees it: this one first, then each peer from the catalog.
-async fn sites(s: &Shared, b: &Broker, tenant: &str) -> Vec<route::Site> {
-    let local = b.local_catalog(s, None).await;
-    let mut out = vec![site_of(&local, true, PeerStatus::Healthy, true)];
+/// A peer the quorum knows, with what this member knows of it now.
+struct PeerNow {
+    name: String,
+    peer: lattice_adapters::FederationPeer,
+    revoked: bool,
+    view: super::PeerView,
+    status: PeerStatus,
+}
+
+/// Every peer now, and the revoked workspaces.
+async fn peers_now(s: &Shared, b: &Broker) -> (Vec<PeerNow>, std::collections::BTreeSet<String>) {
     let (peers, revoked) = s
         .member
         .read(|q| (q.federation_peers.clone(), q.revoked_workspaces.clone()))
         .await;
     let views = b.views.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let now = now_ms();
-    for (name, p) in &peers {
-        if revoked.contains(&p.workspace) {
-            continue;
-        }
-        let v = views.get(name).cloned().unwrap_or_default();
-        let status = v.status(&b.cfg, p.added_ms, now);
-        match &v.catalog {
+    let all = peers
+        .into_iter()
+        .map(|(name, peer)| {
+            let view = views.get(&name).cloned().unwrap_or_default();
+            PeerNow {
+                status: view.status(&b.cfg, peer.added_ms, now),
+                revoked: revoked.contains(&peer.workspace),
+                name,
+                peer,
+                view,
+            }
+        })
+        .collect();
+    (all, revoked)
+}
+
+/// Every site as routing sees it: this one first, then each peer from the catalog.
+async fn sites(s: &Shared, b: &Broker, tenant: &str) -> Vec<route::Site> {
+    let local = b.local_catalog(s, None).await;
+    let mut out = vec![site_of(&local, true, PeerStatus::Healthy, true)];
+    for p in peers_now(s, b).await.0.into_iter().filter(|p| !p.revoked) {
+        let status = p.status;
+        match &p.view.catalog {
             Some(c) => out.push(site_of(c, false, status, c.tenants.iter().any(|t| t == tenant))),
             None => out.push(route::Site {
-                name: name.clone(),
+                name: p.name,
                 local: false,
                 status,
                 nodes: 0,
@@ -626,10 +649,12 @@ fn rand_bytes() -> [u8; 12] {
 
 /// Whether `p` may see a forwarded allocation's view (its own, or any for readers of everything).
 fn may_see(p: &Principal, view: &Value) -> bool {
-    p.is_admin()
-        || p.has(Role::Operator)
-        || p.has(Role::ReadOnly)
-        || view["tags"][USER_TAG].as_str() == Some(p.user.as_str())
+    reads_all(p) || view["tags"][USER_TAG].as_str() == Some(p.user.as_str())
+}
+
+/// SystemAdmin, Operator and ReadOnly read everything.
+fn reads_all(p: &Principal) -> bool {
+    p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly)
 }
 
 /// A peer's answer, passed on (its status kept); an unreachable peer is a 503 naming it.
@@ -723,7 +748,7 @@ async fn list_remote(State(s): S, Extension(p): P, Query(q): Query<ListIn>) -> R
         Err(r) => return r,
     };
     let peers = s.member.read(|q| q.federation_peers.clone()).await;
-    let sees_all = p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly);
+    let sees_all = reads_all(&p);
     let mut all = Vec::new();
     let mut unreachable = BTreeMap::new();
     for name in peers.keys().filter(|n| q.site.as_ref().is_none_or(|s| s == *n)) {
@@ -762,29 +787,21 @@ async fn status(State(s): S, Extension(p): P) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    if !(p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly)) {
+    if !reads_all(&p) {
         return forbidden(format!("{} may not read the federation's status", p.user));
     }
-    let (peers, revoked) = s
-        .member
-        .read(|q| (q.federation_peers.clone(), q.revoked_workspaces.clone()))
-        .await;
-    let views = b.views.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let now = now_ms();
+    let (peers, revoked) = peers_now(&s, &b).await;
     let peers = peers
         .into_iter()
-        .map(|(name, pe)| {
-            let v = views.get(&name).cloned().unwrap_or_default();
-            PeerStatusView {
-                status: v.status(&b.cfg, pe.added_ms, now),
-                revoked: revoked.contains(&pe.workspace),
-                name,
-                endpoints: pe.endpoints,
-                workspace: pe.workspace,
-                synced_ms: v.synced_ms,
-                last_error: v.failing,
-                catalog: v.catalog,
-            }
+        .map(|p| PeerStatusView {
+            status: p.status,
+            revoked: p.revoked,
+            name: p.name,
+            endpoints: p.peer.endpoints,
+            workspace: p.peer.workspace,
+            synced_ms: p.view.synced_ms,
+            last_error: p.view.failing,
+            catalog: p.view.catalog,
         })
         .collect();
     Json(FederationStatus {
