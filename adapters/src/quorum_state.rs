@@ -1,12 +1,12 @@
 //! The replicated state of the quorum — exactly the seed's two strong-consistency domains:
 //!
 //! 1. **Node ownership**: which allocation holds which node, validated at apply time: a node has one
-//!    owner, and hard quotas (`max_nodes`, `max_concurrent_allocations` per tenant, `sensitive_pool_size`
-//!    system-wide) are never exceeded — a violating assignment is rejected with the seed's message and
+//!    owner, and hard quotas (`max_nodes`, `max_concurrent_allocations` per tenant and per project,
+//!    `sensitive_pool_size` system-wide) are never exceeded — a violating assignment is rejected with the seed's message and
 //!    the scheduler retries next cycle.
 //! 2. **The sensitive audit log**: append-only, every entry carrying the SHA-256 of the previous one.
 //!
-//! Tenants' contracts live here too (book: "Quota Update Flow"): created, updated and deleted through
+//! Tenants' and their projects' contracts live here too (book: "Quota Update Flow"): created, updated and deleted through
 //! the API as Raft-committed commands, so a hard-quota change takes effect at once on every member and
 //! survives fail-overs; each change is recorded in the administrative log ([`AdminEntry`]).
 //!
@@ -14,7 +14,9 @@
 //! value ([`QuorumState::apply`] is deterministic), so every member that applies the same log reaches
 //! the same state, and snapshots are its serialised form.
 
-use lattice_engine::{HardQuota, QuotaViolation, TenantQuota, quota::check_hard};
+use lattice_engine::{
+    HardQuota, ProjectQuota, QuotaScope, QuotaViolation, TenantQuota, quota::check_hard, quota::check_project,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -39,6 +41,10 @@ pub enum QuorumCommand {
         /// re-attaches a running allocation with its original start.
         #[serde(default)]
         at_ms: u64,
+        /// Its project within the tenant (`None`: `default`); a project's hard quotas are checked
+        /// with the tenant's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        project: Option<String>,
     },
     /// The allocation ended, was cancelled or preempted: its nodes are free again.
     Release { alloc: String },
@@ -73,8 +79,25 @@ pub enum QuorumCommand {
         at_ms: u64,
         by: String,
     },
-    /// Removes a tenant that holds no nodes.
+    /// Removes a tenant that holds no nodes (and its projects).
     DeleteTenant { name: String, at_ms: u64, by: String },
+    /// A project's contract within its tenant (which must exist): created, replaced, or seeded, as
+    /// [`QuorumCommand::PutTenant`].
+    PutProject {
+        tenant: String,
+        name: String,
+        quota: ProjectQuota,
+        write: TenantWrite,
+        at_ms: u64,
+        by: String,
+    },
+    /// Removes a project that holds no nodes (its allocations' names stay in their records).
+    DeleteProject {
+        tenant: String,
+        name: String,
+        at_ms: u64,
+        by: String,
+    },
     /// The accounting pipeline delivered every event that happened before `ms` (ms since the
     /// epoch): a new leader's pipeline regenerates events from there (it never moves back).
     AccountingMark { ms: u64 },
@@ -121,7 +144,7 @@ pub enum TenantWrite {
 pub struct AdminEntry {
     pub at_ms: u64,
     pub user: String,
-    /// `tenant.create`, `tenant.update`, `tenant.seed`, `tenant.delete`.
+    /// `tenant.create`, `tenant.update`, `tenant.seed`, `tenant.delete`, `project.*`, `federation.*`.
     pub action: String,
     pub target: String,
     pub detail: String,
@@ -166,6 +189,16 @@ pub struct Assignment {
     /// When it started (ms since the epoch; 0 when not recorded).
     #[serde(default)]
     pub since_ms: u64,
+    /// Its project (`None`: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+}
+
+impl Assignment {
+    /// Its project's name (`default` when none was given).
+    pub fn project(&self) -> &str {
+        self.project.as_deref().unwrap_or("default")
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -185,6 +218,9 @@ pub struct QuorumState {
     /// Tenants' contracts ([`QuorumCommand::PutTenant`]); their hard part is also in `quotas`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, TenantQuota>,
+    /// Projects' contracts ([`QuorumCommand::PutProject`]) by tenant, then project name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub projects: BTreeMap<String, BTreeMap<String, ProjectQuota>>,
     /// The administrative log: every tenant change, in commit order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub admin_log: Vec<AdminEntry>,
@@ -236,7 +272,48 @@ impl QuorumState {
                 }
                 self.tenants.remove(name);
                 self.quotas.remove(name);
-                self.admin(*at_ms, by, "tenant.delete", name, "");
+                let projects = self.projects.remove(name).map(|p| p.into_keys().collect::<Vec<_>>());
+                let detail = projects.map(|p| format!("with its projects {p:?}")).unwrap_or_default();
+                self.admin(*at_ms, by, "tenant.delete", name, &detail);
+                QuorumResponse::Applied
+            }
+            QuorumCommand::PutProject {
+                tenant,
+                name,
+                quota,
+                write,
+                at_ms,
+                by,
+            } => self.put_project(tenant, name, quota, *write, *at_ms, by),
+            QuorumCommand::DeleteProject {
+                tenant,
+                name,
+                at_ms,
+                by,
+            } => {
+                if !self.projects.get(tenant).is_some_and(|p| p.contains_key(name)) {
+                    return rejected("no_project", format!("no project {name} in tenant {tenant}"));
+                }
+                let holding = self
+                    .assignments
+                    .values()
+                    .filter(|a| a.tenant == *tenant && a.project() == name)
+                    .count();
+                if holding > 0 {
+                    return rejected(
+                        "project_in_use",
+                        format!(
+                            "project {tenant}/{name} holds nodes for {holding} allocation(s); delete it once they end"
+                        ),
+                    );
+                }
+                if let Some(p) = self.projects.get_mut(tenant) {
+                    p.remove(name);
+                    if p.is_empty() {
+                        self.projects.remove(tenant);
+                    }
+                }
+                self.admin(*at_ms, by, "project.delete", &format!("{tenant}/{name}"), "");
                 QuorumResponse::Applied
             }
             QuorumCommand::SetSensitivePool { size } => {
@@ -249,7 +326,8 @@ impl QuorumState {
                 nodes,
                 sensitive,
                 at_ms,
-            } => self.assign(alloc, tenant, nodes, *sensitive, *at_ms),
+                project,
+            } => self.assign(alloc, tenant, project.as_deref(), nodes, *sensitive, *at_ms),
             QuorumCommand::Release { alloc } => {
                 if let Some(a) = self.assignments.remove(alloc) {
                     for n in &a.nodes {
@@ -362,7 +440,7 @@ impl QuorumState {
                 format!("scale rejected: node {node} is already owned or not available"),
             );
         }
-        let tenant = a.tenant.clone();
+        let (tenant, project) = (a.tenant.clone(), a.project().to_string());
         let held: u64 = self
             .assignments
             .values()
@@ -375,12 +453,24 @@ impl QuorumState {
         {
             let v = QuotaViolation {
                 quota: HardQuota::MaxNodes,
+                scope: QuotaScope::Tenant,
                 tenant,
                 current: held,
                 requested: 1,
                 limit: m as u64,
             };
             return self.reject(v.quota.as_str(), v.to_string());
+        }
+        if let Some(q) = self.project_quota(&tenant, &project) {
+            let (held, _) = self.project_usage(&tenant, &project);
+            // Scaling adds a node, not an allocation: only max_nodes applies.
+            let nodes_only = ProjectQuota {
+                max_concurrent_allocations: None,
+                ..q
+            };
+            if let Err(v) = check_project(&tenant, &project, &nodes_only, held, 0, 1) {
+                return self.reject(v.quota.as_str(), v.to_string());
+            }
         }
         self.owners.insert(node.to_string(), alloc.to_string());
         if let Some(a) = self.assignments.get_mut(alloc) {
@@ -427,6 +517,57 @@ impl QuorumState {
         QuorumResponse::Applied
     }
 
+    /// [`QuorumCommand::PutProject`]: as a tenant's (a limit below the project's use is accepted).
+    fn put_project(
+        &mut self,
+        tenant: &str,
+        name: &str,
+        quota: &ProjectQuota,
+        write: TenantWrite,
+        at_ms: u64,
+        by: &str,
+    ) -> QuorumResponse {
+        if !self.tenants.contains_key(tenant) {
+            return rejected("no_tenant", format!("no tenant {tenant}"));
+        }
+        let exists = self.project_quota(tenant, name).is_some();
+        let target = format!("{tenant}/{name}");
+        let action = match (write, exists) {
+            (TenantWrite::Create, true) => return rejected("project_exists", format!("project {target} exists")),
+            (TenantWrite::Update, false) => return rejected("no_project", format!("no project {target}")),
+            (TenantWrite::Seed, true) => return QuorumResponse::Applied,
+            (TenantWrite::Create, false) => "project.create",
+            (TenantWrite::Update, true) => "project.update",
+            (TenantWrite::Seed, false) => "project.seed",
+        };
+        let (held, _) = self.project_usage(tenant, name);
+        let mut detail = serde_json::to_string(quota).unwrap_or_default();
+        if let Some(max) = quota.max_nodes.filter(|m| held > u64::from(*m)) {
+            detail.push_str(&format!(
+                "; holds {held} nodes, above the new limit {max}: new assignments wait until it is under"
+            ));
+        }
+        self.projects
+            .entry(tenant.to_string())
+            .or_default()
+            .insert(name.to_string(), *quota);
+        self.admin(at_ms, by, action, &target, &detail);
+        QuorumResponse::Applied
+    }
+
+    /// A project's contract, if it has one.
+    pub fn project_quota(&self, tenant: &str, project: &str) -> Option<ProjectQuota> {
+        self.projects.get(tenant)?.get(project).copied()
+    }
+
+    /// Nodes held and allocations running of a tenant's project.
+    pub fn project_usage(&self, tenant: &str, project: &str) -> (u64, u64) {
+        self.assignments
+            .values()
+            .filter(|a| a.tenant == tenant && a.project() == project)
+            .fold((0, 0), |(h, r), a| (h + a.nodes.len() as u64, r + 1))
+    }
+
     /// An entry in the administrative log.
     fn admin(&mut self, at_ms: u64, by: &str, action: &str, target: &str, detail: &str) {
         self.admin_log.push(AdminEntry {
@@ -450,6 +591,7 @@ impl QuorumState {
         &mut self,
         alloc: &str,
         tenant: &str,
+        project: Option<&str>,
         nodes: &[String],
         sensitive: bool,
         since_ms: u64,
@@ -478,6 +620,13 @@ impl QuorumState {
         if let Err(v) = check_hard(tenant, &quota, held, running, k) {
             return self.reject(v.quota.as_str(), v.to_string());
         }
+        let project_name = project.unwrap_or("default");
+        if let Some(q) = self.project_quota(tenant, project_name) {
+            let (held, running) = self.project_usage(tenant, project_name);
+            if let Err(v) = check_project(tenant, project_name, &q, held, running, k) {
+                return self.reject(v.quota.as_str(), v.to_string());
+            }
+        }
         if sensitive && let Some(size) = self.sensitive_pool_size {
             let held: u64 = self
                 .assignments
@@ -488,6 +637,7 @@ impl QuorumState {
             if held + k > size as u64 {
                 let v = QuotaViolation {
                     quota: HardQuota::SensitivePoolSize,
+                    scope: QuotaScope::Tenant,
                     tenant: tenant.to_string(),
                     current: held,
                     requested: k,
@@ -506,6 +656,7 @@ impl QuorumState {
                 nodes: nodes.to_vec(),
                 sensitive,
                 since_ms,
+                project: project.map(str::to_string),
             },
         );
         self.commits += 1;
@@ -529,7 +680,155 @@ mod tests {
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             sensitive: false,
             at_ms: 7,
+            project: None,
         }
+    }
+
+    fn assign_in(alloc: &str, tenant: &str, project: &str, nodes: &[&str]) -> QuorumCommand {
+        QuorumCommand::Assign {
+            alloc: alloc.into(),
+            tenant: tenant.into(),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            sensitive: false,
+            at_ms: 7,
+            project: Some(project.into()),
+        }
+    }
+
+    fn put_project(tenant: &str, name: &str, quota: ProjectQuota, write: TenantWrite) -> QuorumCommand {
+        QuorumCommand::PutProject {
+            tenant: tenant.into(),
+            name: name.into(),
+            quota,
+            write,
+            at_ms: 9,
+            by: "root".into(),
+        }
+    }
+
+    fn reason(r: QuorumResponse) -> String {
+        match r {
+            QuorumResponse::Rejected { reason, .. } => reason,
+            QuorumResponse::Applied => "applied".into(),
+        }
+    }
+
+    /// A project's hard limits apply with its tenant's, counted over the project's assignments only;
+    /// a lowered limit blocks new work without touching what runs; a project in use is not deleted.
+    #[test]
+    fn project_quotas_are_enforced_at_apply_within_the_tenants() {
+        let mut s = QuorumState::default();
+        let two = ProjectQuota {
+            max_nodes: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            reason(s.apply(&put_project("physics", "qcd", two, TenantWrite::Create))),
+            "no_tenant",
+            "a project needs its tenant"
+        );
+        let tenant = QuorumCommand::PutTenant {
+            name: "physics".into(),
+            quota: TenantQuota {
+                max_nodes: Some(4),
+                ..TenantQuota::default()
+            },
+            write: TenantWrite::Create,
+            at_ms: 1,
+            by: "root".into(),
+        };
+        s.apply(&tenant);
+        assert_eq!(
+            s.apply(&put_project("physics", "qcd", two, TenantWrite::Create)),
+            QuorumResponse::Applied
+        );
+        assert_eq!(
+            reason(s.apply(&put_project("physics", "qcd", two, TenantWrite::Create))),
+            "project_exists"
+        );
+        assert_eq!(
+            reason(s.apply(&put_project("physics", "astro", two, TenantWrite::Update))),
+            "no_project"
+        );
+        assert_eq!(
+            s.apply(&assign_in("a", "physics", "qcd", &["n1", "n2"])),
+            QuorumResponse::Applied
+        );
+        let QuorumResponse::Rejected { reason: r, message } = s.apply(&assign_in("b", "physics", "qcd", &["n3"]))
+        else {
+            panic!("the project is full")
+        };
+        assert_eq!(r, "max_nodes");
+        assert_eq!(
+            message,
+            "allocation rejected: project \"physics/qcd\" would exceed max_nodes quota (current: 2, requested: 1, limit: 2)"
+        );
+        assert!(
+            !s.owners.contains_key("n3"),
+            "nothing recorded for a rejected assignment"
+        );
+        // Another project of the tenant (and its default project) only meet the tenant's limit.
+        assert_eq!(s.apply(&assign("c", "physics", &["n3"])), QuorumResponse::Applied);
+        assert_eq!(
+            reason(s.apply(&assign_in("d", "physics", "astro", &["n4", "n5"]))),
+            "max_nodes"
+        );
+        // Scaling a project's allocation past its max_nodes is refused.
+        assert_eq!(
+            reason(s.apply(&QuorumCommand::Scale {
+                alloc: "a".into(),
+                node: "n9".into(),
+                added: true
+            })),
+            "max_nodes"
+        );
+        // Lowered below use: accepted and noted; the running allocation keeps its nodes.
+        let one = ProjectQuota {
+            max_nodes: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(
+            s.apply(&put_project("physics", "qcd", one, TenantWrite::Update)),
+            QuorumResponse::Applied
+        );
+        assert!(s.admin_log.last().unwrap().detail.contains("above the new limit 1"));
+        assert_eq!(s.assignments["a"].nodes.len(), 2);
+        assert_eq!(
+            reason(s.apply(&QuorumCommand::DeleteProject {
+                tenant: "physics".into(),
+                name: "qcd".into(),
+                at_ms: 10,
+                by: "root".into()
+            })),
+            "project_in_use"
+        );
+        s.apply(&QuorumCommand::Release { alloc: "a".into() });
+        assert_eq!(
+            s.apply(&QuorumCommand::DeleteProject {
+                tenant: "physics".into(),
+                name: "qcd".into(),
+                at_ms: 10,
+                by: "root".into()
+            }),
+            QuorumResponse::Applied
+        );
+        assert!(s.projects.is_empty());
+        let actions: Vec<&str> = s.admin_log.iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            ["tenant.create", "project.create", "project.update", "project.delete"]
+        );
+        // A snapshot keeps projects; a deleted tenant takes its projects along.
+        s.apply(&put_project("physics", "astro", one, TenantWrite::Seed));
+        let again: QuorumState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(again, s);
+        s.apply(&QuorumCommand::Release { alloc: "c".into() });
+        s.apply(&QuorumCommand::DeleteTenant {
+            name: "physics".into(),
+            at_ms: 11,
+            by: "root".into(),
+        });
+        assert!(s.projects.is_empty());
     }
 
     #[test]
@@ -678,6 +977,7 @@ mod tests {
             nodes: vec![n.into()],
             sensitive: true,
             at_ms: 0,
+            project: None,
         };
         assert_eq!(s.apply(&claim("c1", "n1")), QuorumResponse::Applied);
         assert_eq!(s.apply(&claim("c2", "n2")), QuorumResponse::Applied);

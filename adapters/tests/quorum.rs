@@ -50,6 +50,7 @@ fn assign(alloc: &str, tenant: &str, nodes: &[&str]) -> QuorumCommand {
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
         sensitive: false,
         at_ms: 0,
+        project: None,
     }
 }
 

@@ -422,6 +422,34 @@ pub fn accounting_status(v: &Value) -> String {
 /// `lattice admin tenant show NAME`: its quotas (unset ones omitted), what it holds and its usage.
 pub fn tenant_view(v: &Value) -> String {
     let mut out = format!("Tenant {}\n", v["name"].as_str().unwrap_or_default());
+    out.push_str(&quota_and_use(v));
+    let u = &v["usage_90d"];
+    out.push_str(&format!(
+        "  Last 90 days: {} allocation(s), {:.3} node-hours, {:.3} GPU-hours\n",
+        u["allocations"].as_u64().unwrap_or(0),
+        u["node_hours"].as_f64().unwrap_or(0.0),
+        u["gpu_hours"].as_f64().unwrap_or(0.0)
+    ));
+    for p in v["projects"].as_array().into_iter().flatten() {
+        out.push_str(project_view(p).replace('\n', "\n  ").trim_end_matches(' '));
+    }
+    out
+}
+
+/// `lattice admin project show`: a project's quotas and what it holds (indented under its tenant's).
+pub fn project_view(v: &Value) -> String {
+    let mut out = format!(
+        "  Project {}/{}\n",
+        v["tenant"].as_str().unwrap_or_default(),
+        v["name"].as_str().unwrap_or_default()
+    );
+    out.push_str(&quota_and_use(v));
+    out
+}
+
+/// A view's hard and soft quotas (unset ones omitted) and what it holds now.
+fn quota_and_use(v: &Value) -> String {
+    let mut out = String::new();
     let q = &v["quota"];
     let hard: Vec<String> = [
         ("max_nodes", "nodes"),
@@ -460,13 +488,6 @@ pub fn tenant_view(v: &Value) -> String {
         v["nodes_held"].as_u64().unwrap_or(0),
         v["running"].as_u64().unwrap_or(0),
         v["pending"].as_u64().unwrap_or(0)
-    ));
-    let u = &v["usage_90d"];
-    out.push_str(&format!(
-        "  Last 90 days: {} allocation(s), {:.3} node-hours, {:.3} GPU-hours\n",
-        u["allocations"].as_u64().unwrap_or(0),
-        u["node_hours"].as_f64().unwrap_or(0.0),
-        u["gpu_hours"].as_f64().unwrap_or(0.0)
     ));
     out
 }

@@ -169,6 +169,10 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
     };
     let vclusters = vcluster_configs(o, &mut workload, default_policy, &mut notes)?;
     notes.extend(workload.notes.iter().cloned());
+    let contracts = match &o.tenants {
+        Some(p) => lattice_traces::read_tenants(p)?,
+        None => lattice_traces::Contracts::default(),
+    };
     let config = SimConfig {
         policy: default_policy.unwrap_or(Policy::EASY),
         vclusters,
@@ -184,10 +188,8 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             None => lattice_engine::FairShareConfig::default(),
         },
         horizon: o.horizon,
-        tenants: match &o.tenants {
-            Some(p) => lattice_traces::read_tenants(p)?,
-            None => BTreeMap::new(),
-        },
+        tenants: contracts.tenants,
+        projects: contracts.projects,
         sensitive_pool_size: inventory.sensitive_pool_size,
         wipe: lattice_sim::WipeModel::default(),
         storage_outages: Vec::new(),

@@ -165,13 +165,15 @@ impl Engine {
     }
 
     /// Adds one free node of the allocation's pool (fewest groups first: the picker), if the tenant's
-    /// hard max_nodes allows. Returns false (a no-op) otherwise.
+    /// and the project's hard max_nodes allow. Returns false (a no-op) otherwise.
     fn scale_up(&mut self, now: Time, id: AllocId) -> bool {
         let a = &self.allocs[id.index()];
         let t = a.spec.tenant.index();
+        let p = &self.projects[a.spec.project.index()];
         if self.tenant_quota[t]
             .max_nodes
             .is_some_and(|m| self.committed_nodes[t] + 1 > m as u64)
+            || p.quota.max_nodes.is_some_and(|m| p.committed_nodes + 1 > m as u64)
         {
             return false;
         }
@@ -205,6 +207,7 @@ impl Engine {
         self.nodes[node.index()].owner = Some(owner);
         self.power_used_w += self.class_info[c as usize].power_w as u64;
         self.committed_nodes[t] += 1;
+        self.projects[a.spec.project.index()].committed_nodes += 1;
         let m = &mut self.meta[id.index()];
         match m.held.iter_mut().find(|h| h.0 == c) {
             Some(h) => h.1 += 1,
@@ -226,6 +229,7 @@ impl Engine {
         }
         self.power_used_w -= self.class_info[c as usize].power_w as u64;
         self.committed_nodes[t] -= 1;
+        self.projects[a.spec.project.index()].committed_nodes -= 1;
         let m = &mut self.meta[id.index()];
         if let Some(h) = m.held.iter_mut().find(|h| h.0 == c) {
             h.1 -= 1;

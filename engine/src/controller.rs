@@ -61,6 +61,8 @@ pub enum Input {
     /// A tenant's contract changed (committed at the quorum): every pool runs a pass, since a raised
     /// hard quota may let the tenant's waiting work start anywhere.
     TenantQuota(crate::ids::TenantId, crate::quota::TenantQuota),
+    /// A project's contract changed (committed at the quorum): as for a tenant's.
+    ProjectQuota(crate::ids::ProjectId, crate::ids::TenantId, crate::quota::ProjectQuota),
     /// The node's agent reported a conformance fingerprint that differs from its baseline (`true`),
     /// or one that matches it again (`false`) (book: "Drift Response").
     Conformance(NodeId, bool),
@@ -365,6 +367,10 @@ impl Controller {
             }
             Input::TenantQuota(tenant, quota) => {
                 self.engine.set_tenant_quota(tenant, quota);
+                self.engine.mark_all_due(now);
+            }
+            Input::ProjectQuota(project, tenant, quota) => {
+                self.engine.set_project_quota(project, tenant, quota);
                 self.engine.mark_all_due(now);
             }
             Input::Conformance(node, drifted) => self.conformance(now, node, drifted, world)?,

@@ -14,13 +14,13 @@ use crate::broker::BrokerConfig;
 use crate::classes::{ClassInfo, ClassKey};
 use crate::error::{EngineError, SubmitError};
 use crate::fairshare::{FairShareConfig, UsageLedger};
-use crate::ids::{AllocId, NodeId, TenantId, VClusterId};
+use crate::ids::{AllocId, NodeId, ProjectId, TenantId, VClusterId};
 use crate::node::{Node, NodeEvent, NodeSpec, NodeState, Owner, next_node_state};
 use crate::nodeset::NodeSet;
 use crate::policy::{Policy, VClusterConfig};
 use crate::preempt::{Command, PreemptionConfig};
 use crate::profile::Picks;
-use crate::quota::TenantQuota;
+use crate::quota::{ProjectQuota, TenantQuota};
 use crate::tenant::{Registry, Tenant, VCluster};
 use crate::time::{Clock, Time};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -152,6 +152,19 @@ pub(crate) struct Pool {
     pub has_gpus: bool,
 }
 
+/// A project's contract and what its quotas count (committed nodes and allocations, node- and
+/// GPU-seconds of its ended allocations).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ProjectBook {
+    /// Its tenant (set by its first submission or its quota).
+    pub(crate) tenant: Option<usize>,
+    pub(crate) quota: ProjectQuota,
+    pub(crate) committed_nodes: u64,
+    pub(crate) committed_allocs: u64,
+    pub(crate) consumed_node_s: f64,
+    pub(crate) consumed_gpu_s: f64,
+}
+
 /// The scheduling engine. See the crate docs for the contract.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -209,8 +222,8 @@ pub struct Engine {
     /// Decayed fair-share usage per tenant, and per project (the hierarchy's second level).
     pub(crate) ledger: UsageLedger,
     pub(crate) project_ledger: UsageLedger,
-    /// Tenant of every project seen (projects are global ids), in project order.
-    pub(crate) project_tenant: Vec<Option<usize>>,
+    /// Every project seen or given a quota (projects are global ids, each in one tenant), in id order.
+    pub(crate) projects: Vec<ProjectBook>,
     /// Some vCluster orders by score: only then does the fair-share ledger (read by f3) need updates.
     pub(crate) scored_any: bool,
     pub(crate) tenant_quota: Vec<TenantQuota>,
@@ -341,7 +354,7 @@ impl Engine {
             tenants: Registry::default(),
             tenant_target: Vec::new(),
             project_ledger: UsageLedger::new(config_fair_share),
-            project_tenant: Vec::new(),
+            projects: Vec::new(),
             ledger,
             scored_any: false,
             tenant_quota: Vec::new(),
@@ -410,6 +423,33 @@ impl Engine {
                 self.tenant_target[tenant.index()] = Some(t.clamp(0.0, 1.0));
             }
         }
+    }
+
+    /// Sets a project's quotas (its hard limits apply with its tenant's; its budgets' penalty with
+    /// the tenant's, the worse of the two).
+    pub fn set_project_quota(&mut self, project: ProjectId, tenant: TenantId, quota: ProjectQuota) {
+        let p = self.project_book(project);
+        p.tenant = Some(tenant.index());
+        p.quota = quota;
+    }
+
+    pub fn project_quota(&self, project: ProjectId) -> Option<&ProjectQuota> {
+        self.projects.get(project.index()).map(|p| &p.quota)
+    }
+
+    /// Committed nodes and running allocations of a project (what its hard quotas count).
+    pub fn project_committed(&self, project: ProjectId) -> (u64, u64) {
+        self.projects
+            .get(project.index())
+            .map_or((0, 0), |p| (p.committed_nodes, p.committed_allocs))
+    }
+
+    fn project_book(&mut self, project: ProjectId) -> &mut ProjectBook {
+        let p = project.index();
+        if self.projects.len() <= p {
+            self.projects.resize(p + 1, ProjectBook::default());
+        }
+        &mut self.projects[p]
     }
 
     pub fn tenant_quota(&self, tenant: TenantId) -> Option<&TenantQuota> {
@@ -709,11 +749,7 @@ impl Engine {
         if let Some(d) = spec.depends_on.iter().find(|d| d.on.index() >= self.allocs.len()) {
             return Err(SubmitError::UnknownDependency(d.on));
         }
-        let p = spec.project.index();
-        if self.project_tenant.len() <= p {
-            self.project_tenant.resize(p + 1, None);
-        }
-        self.project_tenant[p] = Some(spec.tenant.index());
+        self.project_book(spec.project).tenant = Some(spec.tenant.index());
         let id = AllocId(self.allocs.len() as u64);
         let mut unresolved = 0;
         let mut broken = false;
@@ -806,6 +842,9 @@ impl Engine {
         let held = self.allocs[id.index()].nodes.len() as u64;
         self.committed_nodes[tenant] += held;
         self.committed_allocs[tenant] += 1;
+        let p = &mut self.projects[self.allocs[id.index()].spec.project.index()];
+        p.committed_nodes += held;
+        p.committed_allocs += 1;
         if self.is_sensitive(id) {
             self.sensitive_nodes += held;
         }
@@ -963,9 +1002,13 @@ impl Engine {
         // pyss: a termination always runs a pass.
         let key = self.pool_key_of(id);
         self.mark_due(key, now);
-        // Hard quotas span pools: the tenant's jobs waiting elsewhere may fit now.
-        let q = self.tenant_quota[self.allocs[id.index()].spec.tenant.index()];
-        if q.max_nodes.is_some() || q.max_concurrent_allocations.is_some() {
+        // Hard quotas span pools: the tenant's (or project's) jobs waiting elsewhere may fit now.
+        let spec = &self.allocs[id.index()].spec;
+        let q = self.tenant_quota[spec.tenant.index()];
+        if q.max_nodes.is_some()
+            || q.max_concurrent_allocations.is_some()
+            || self.projects[spec.project.index()].quota.is_hard()
+        {
             let keys: Vec<u32> = self.pools.keys().copied().collect();
             for k in keys {
                 self.mark_due(k, now);
@@ -1361,6 +1404,11 @@ impl Engine {
                 .map(|n| self.class_info[self.class_of[n.index()] as usize].gpus as u64)
                 .sum();
             self.consumed_gpu_s[t] += gpus as f64 * secs;
+            let p = &mut self.projects[a.spec.project.index()];
+            p.committed_nodes -= held;
+            p.committed_allocs -= 1;
+            p.consumed_node_s += held as f64 * secs;
+            p.consumed_gpu_s += gpus as f64 * secs;
             if self.is_sensitive(id) {
                 self.sensitive_nodes -= held;
             }

@@ -65,7 +65,7 @@ pub use nodeset::NodeSet;
 pub use policy::{Depth, Policy, VClusterConfig};
 pub use preempt::{Command, PreemptReason, PreemptionConfig};
 pub use profile::{Picks, Profile};
-pub use quota::{HardQuota, QuotaViolation, TenantQuota};
+pub use quota::{HardQuota, ProjectQuota, QuotaScope, QuotaViolation, TenantQuota};
 pub use staging::{DataMount, STAGING_RETRIES, Tier};
 pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};

@@ -545,7 +545,9 @@ impl Engine {
         let a = &self.allocs[id.index()];
         let t = a.spec.tenant.index();
         let q = &self.tenant_quota[t];
+        let project = &self.projects[a.spec.project.index()];
         let (mut nodes, mut allocs) = (self.committed_nodes[t], self.committed_allocs[t]);
+        let (mut p_nodes, mut p_allocs) = (project.committed_nodes, project.committed_allocs);
         let mut sensitive_pending = 0;
         for &o in &self.outstanding {
             if self.pool_key_of(o) != key {
@@ -556,9 +558,15 @@ impl Engine {
                 nodes += oa.nodes.len() as u64;
                 allocs += 1;
             }
+            if oa.spec.project == a.spec.project {
+                p_nodes += oa.nodes.len() as u64;
+                p_allocs += 1;
+            }
             sensitive_pending += oa.nodes.len() as u64;
         }
-        if crate::quota::check_hard("", q, nodes, allocs, k as u64).is_err() {
+        if crate::quota::check_hard("", q, nodes, allocs, k as u64).is_err()
+            || crate::quota::check_project("", "", &project.quota, p_nodes, p_allocs, k as u64).is_err()
+        {
             return false;
         }
         if let Some(size) = self.config.sensitive_pool_size
@@ -679,11 +687,18 @@ impl Engine {
         let budgets = self
             .tenant_quota
             .iter()
-            .any(|q| q.gpu_hours_budget.is_some() || q.node_hours_budget.is_some());
-        let budget_penalty = if budgets {
+            .any(|q| q.gpu_hours_budget.is_some() || q.node_hours_budget.is_some())
+            || self
+                .projects
+                .iter()
+                .any(|p| p.quota.gpu_hours_budget.is_some() || p.quota.node_hours_budget.is_some());
+        let (budget_penalty, project_penalty) = if budgets {
             self.budget_penalties(now)
         } else {
-            vec![crate::quota::budget_penalty(0.0); self.tenant_quota.len()]
+            (
+                vec![crate::quota::budget_penalty(0.0); self.tenant_quota.len()],
+                Vec::new(),
+            )
         };
         let mut targets = self.tenant_targets();
         if self.tenant_quota.iter().any(|q| q.deserved_nodes.is_some()) {
@@ -691,6 +706,7 @@ impl Engine {
         }
         ScoreContext {
             budget_penalty,
+            project_penalty,
             shares: usage
                 .iter()
                 .map(|u| if total_usage > 0.0 { u / total_usage } else { 0.0 })
@@ -703,37 +719,55 @@ impl Engine {
         }
     }
 
-    /// Each tenant's soft-budget penalty now: the worse of its GPU-hours and node-hours use.
-    fn budget_penalties(&self, now: Time) -> Vec<f64> {
+    /// Each tenant's and each project's soft-budget penalty now: the worse of its GPU-hours and
+    /// node-hours use.
+    fn budget_penalties(&self, now: Time) -> (Vec<f64>, Vec<f64>) {
         let mut node_s = self.consumed_node_s.clone();
         let mut gpu_s = self.consumed_gpu_s.clone();
+        let mut p_node_s: Vec<f64> = self.projects.iter().map(|p| p.consumed_node_s).collect();
+        let mut p_gpu_s: Vec<f64> = self.projects.iter().map(|p| p.consumed_gpu_s).collect();
         for &(_, id) in &self.running {
             let a = &self.allocs[id.index()];
             if let Some(st) = a.started {
                 let secs = now.since(st).as_secs_f64();
-                let t = a.spec.tenant.index();
-                node_s[t] += a.nodes.len() as f64 * secs;
+                let (t, p) = (a.spec.tenant.index(), a.spec.project.index());
                 let gpus: u64 = a
                     .nodes
                     .iter()
                     .map(|n| self.class_info[self.class_of[n.index()] as usize].gpus as u64)
                     .sum();
+                node_s[t] += a.nodes.len() as f64 * secs;
                 gpu_s[t] += gpus as f64 * secs;
+                p_node_s[p] += a.nodes.len() as f64 * secs;
+                p_gpu_s[p] += gpus as f64 * secs;
             }
         }
-        self.tenant_quota
+        let penalty = |gpu_budget: Option<f64>, node_budget: Option<f64>, gpu_s: f64, node_s: f64| {
+            let used = |b: f64, s: f64| if b > 0.0 { s / 3600.0 / b } else { f64::INFINITY };
+            let g = gpu_budget.map_or(0.0, |b| used(b, gpu_s));
+            let n = node_budget.map_or(0.0, |b| used(b, node_s));
+            crate::quota::budget_penalty(g.max(n))
+        };
+        let tenants = self
+            .tenant_quota
             .iter()
             .enumerate()
-            .map(|(t, q)| {
-                let g = q
-                    .gpu_hours_budget
-                    .map_or(0.0, |b| if b > 0.0 { gpu_s[t] / 3600.0 / b } else { f64::INFINITY });
-                let n = q
-                    .node_hours_budget
-                    .map_or(0.0, |b| if b > 0.0 { node_s[t] / 3600.0 / b } else { f64::INFINITY });
-                crate::quota::budget_penalty(g.max(n))
+            .map(|(t, q)| penalty(q.gpu_hours_budget, q.node_hours_budget, gpu_s[t], node_s[t]))
+            .collect();
+        let projects = self
+            .projects
+            .iter()
+            .enumerate()
+            .map(|(p, b)| {
+                penalty(
+                    b.quota.gpu_hours_budget,
+                    b.quota.node_hours_budget,
+                    p_gpu_s[p],
+                    p_node_s[p],
+                )
             })
-            .collect()
+            .collect();
+        (tenants, projects)
     }
 
     /// f3 targets from KAI fair shares of the pool: demand = running + waiting nodes per tenant.
@@ -842,11 +876,11 @@ impl Engine {
         let mut s = score(w, &inputs);
         // The hierarchy's second level: within its tenant, a project below its (equal) share of the
         // tenant's usage gets the average of both levels' deficits.
-        let siblings = self.project_tenant.iter().filter(|x| **x == Some(t)).count();
+        let siblings = self.projects.iter().filter(|x| x.tenant == Some(t)).count();
         if siblings > 1 {
             let p = a.spec.project.index();
-            let tenant_usage: f64 = (0..self.project_tenant.len())
-                .filter(|&q| self.project_tenant[q] == Some(t))
+            let tenant_usage: f64 = (0..self.projects.len())
+                .filter(|&q| self.projects[q].tenant == Some(t))
                 .map(|q| self.project_ledger.decayed(q))
                 .sum();
             let actual = if tenant_usage > 0.0 {
@@ -861,8 +895,11 @@ impl Engine {
         // f6 is the pool's backlog (the same for every job this cycle).
         s.components[5] = ctx.backlog;
         s.weighted[5] = w.backlog * ctx.backlog;
-        // Soft budgets: the worse of GPU-hours and node-hours used drives the penalty ramp.
-        s.penalty = ctx.budget_penalty.get(t).copied().unwrap_or(0.0);
+        // Soft budgets: the worse of GPU-hours and node-hours used drives the penalty ramp; the
+        // worse of the tenant's and the project's.
+        let tenant_penalty = ctx.budget_penalty.get(t).copied().unwrap_or(0.0);
+        let project_penalty = ctx.project_penalty.get(a.spec.project.index()).copied().unwrap_or(0.0);
+        s.penalty = tenant_penalty.max(project_penalty);
         s.total = s.weighted.iter().sum::<f64>() - s.penalty;
         s
     }
@@ -1048,6 +1085,8 @@ fn normalise(x: f64, lo: f64, hi: f64) -> f64 {
 /// Per-pool, per-cycle inputs of the score.
 pub(crate) struct ScoreContext {
     budget_penalty: Vec<f64>,
+    /// By project id (empty when no tenant or project has a budget).
+    project_penalty: Vec<f64>,
     shares: Vec<f64>,
     targets: Vec<f64>,
     backlog: f64,

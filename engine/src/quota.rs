@@ -26,6 +26,37 @@ pub struct TenantQuota {
     pub over_quota_weight: Option<f64>,
 }
 
+/// A project's contract within its tenant (book: "Entity Mapping": a Waldur project is a Lattice
+/// project): its own hard limits, enforced with its tenant's (an allocation must fit both), and its own
+/// soft budgets (the worse of the tenant's and the project's penalty applies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProjectQuota {
+    /// Hard: nodes the project may hold at once (quorum-enforced).
+    pub max_nodes: Option<u32>,
+    /// Hard: running allocations of the project at once (quorum-enforced).
+    pub max_concurrent_allocations: Option<u32>,
+    /// Soft: GPU-hours per budget period.
+    pub gpu_hours_budget: Option<f64>,
+    /// Soft: node-hours per budget period.
+    pub node_hours_budget: Option<f64>,
+}
+
+impl ProjectQuota {
+    /// Whether it sets a hard limit.
+    pub fn is_hard(&self) -> bool {
+        self.max_nodes.is_some() || self.max_concurrent_allocations.is_some()
+    }
+}
+
+/// Whose quota a rejection names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaScope {
+    #[default]
+    Tenant,
+    Project,
+}
+
 /// Which hard quota a proposal would break.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -49,6 +80,8 @@ impl HardQuota {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct QuotaViolation {
     pub quota: HardQuota,
+    /// Whose quota: the tenant's, or a project's (then `tenant` reads `tenant/project`).
+    pub scope: QuotaScope,
     pub tenant: String,
     pub current: u64,
     pub requested: u64,
@@ -65,7 +98,11 @@ impl std::fmt::Display for QuotaViolation {
             ),
             q => write!(
                 f,
-                "allocation rejected: tenant \"{}\" would exceed {} quota (current: {}, requested: {}, limit: {})",
+                "allocation rejected: {} \"{}\" would exceed {} quota (current: {}, requested: {}, limit: {})",
+                match self.scope {
+                    QuotaScope::Tenant => "tenant",
+                    QuotaScope::Project => "project",
+                },
                 self.tenant,
                 q.as_str(),
                 self.current,
@@ -84,23 +121,66 @@ pub fn check_hard(
     allocs_running: u64,
     requested_nodes: u64,
 ) -> Result<(), QuotaViolation> {
-    if let Some(limit) = quota.max_nodes
+    let limits = (quota.max_nodes, quota.max_concurrent_allocations);
+    check_limits(
+        QuotaScope::Tenant,
+        tenant,
+        limits,
+        nodes_held,
+        allocs_running,
+        requested_nodes,
+    )
+}
+
+/// Checks one proposal against a project's hard quotas given the project's committed usage; the
+/// rejection names `tenant/project`.
+pub fn check_project(
+    tenant: &str,
+    project: &str,
+    quota: &ProjectQuota,
+    nodes_held: u64,
+    allocs_running: u64,
+    requested_nodes: u64,
+) -> Result<(), QuotaViolation> {
+    let limits = (quota.max_nodes, quota.max_concurrent_allocations);
+    let name = format!("{tenant}/{project}");
+    check_limits(
+        QuotaScope::Project,
+        &name,
+        limits,
+        nodes_held,
+        allocs_running,
+        requested_nodes,
+    )
+}
+
+fn check_limits(
+    scope: QuotaScope,
+    name: &str,
+    (max_nodes, max_allocs): (Option<u32>, Option<u32>),
+    nodes_held: u64,
+    allocs_running: u64,
+    requested_nodes: u64,
+) -> Result<(), QuotaViolation> {
+    if let Some(limit) = max_nodes
         && nodes_held + requested_nodes > limit as u64
     {
         return Err(QuotaViolation {
             quota: HardQuota::MaxNodes,
-            tenant: tenant.to_string(),
+            scope,
+            tenant: name.to_string(),
             current: nodes_held,
             requested: requested_nodes,
             limit: limit as u64,
         });
     }
-    if let Some(limit) = quota.max_concurrent_allocations
+    if let Some(limit) = max_allocs
         && allocs_running + 1 > limit as u64
     {
         return Err(QuotaViolation {
             quota: HardQuota::MaxConcurrentAllocations,
-            tenant: tenant.to_string(),
+            scope,
+            tenant: name.to_string(),
             current: allocs_running,
             requested: 1,
             limit: limit as u64,
@@ -145,6 +225,15 @@ mod tests {
             check_hard("bio", &c, 0, 3, 1).unwrap_err().quota,
             HardQuota::MaxConcurrentAllocations
         );
+        let p = ProjectQuota {
+            max_nodes: Some(8),
+            ..Default::default()
+        };
+        assert_eq!(
+            check_project("physics", "qcd", &p, 6, 1, 4).unwrap_err().to_string(),
+            "allocation rejected: project \"physics/qcd\" would exceed max_nodes quota (current: 6, requested: 4, limit: 8)"
+        );
+        assert!(check_project("physics", "qcd", &p, 4, 1, 4).is_ok());
     }
 
     #[test]

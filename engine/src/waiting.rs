@@ -21,7 +21,8 @@ pub enum Waiting {
     EnergyWindow,
     /// Its tenant's soft budget (GPU- or node-hours) is spent.
     Budget,
-    /// Starting it would exceed a hard quota of its tenant (nodes, concurrent allocations).
+    /// Starting it would exceed a hard quota of its tenant or its project (nodes, concurrent
+    /// allocations).
     Quota,
     /// Waiting for a placement in fewer dragonfly groups (f4, tight topology).
     Topology,
@@ -43,7 +44,7 @@ impl Waiting {
             Waiting::Requeued => "requeued, starts no earlier than the next cycle".into(),
             Waiting::EnergyWindow => "deferred to a cheaper energy window".into(),
             Waiting::Budget => "tenant budget exhausted".into(),
-            Waiting::Quota => "tenant hard quota reached".into(),
+            Waiting::Quota => "waiting for quota headroom (tenant or project hard quota)".into(),
             Waiting::Topology => "waiting for a tighter placement (topology)".into(),
             Waiting::Reserved { start } => {
                 let s = start.0.saturating_sub(now.0) / 1000;

@@ -263,6 +263,34 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "Delete a tenant with nothing queued or running (SystemAdmin)",
         ),
         Op::get(
+            "/api/v1/tenants/{id}/projects",
+            "tenants",
+            "A tenant's projects: each one's quotas, nodes held, running and pending allocations",
+        ),
+        Op::post(
+            "/api/v1/tenants/{id}/projects",
+            "tenants",
+            "Create a project in a tenant with its own hard quotas and soft budgets (SystemAdmin; Raft-committed)",
+        )
+        .body::<ProjectIn>()
+        .status(201),
+        Op::get(
+            "/api/v1/tenants/{id}/projects/{project}",
+            "tenants",
+            "A project of a tenant",
+        ),
+        Op::put(
+            "/api/v1/tenants/{id}/projects/{project}",
+            "tenants",
+            "Change a project's quotas: only the keys given, null clears one (SystemAdmin; Raft-committed)",
+        )
+        .body::<ProjectIn>(),
+        Op::delete(
+            "/api/v1/tenants/{id}/projects/{project}",
+            "tenants",
+            "Delete a project with nothing queued or running (SystemAdmin)",
+        ),
+        Op::get(
             "/api/v1/admin/log",
             "quorum",
             "The administrative log: every tenant change, who made it and when",
@@ -382,6 +410,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route(
             "/api/v1/tenants/{id}",
             get(tenant).put(update_tenant).delete(delete_tenant),
+        )
+        .route("/api/v1/tenants/{id}/projects", get(projects).post(create_project))
+        .route(
+            "/api/v1/tenants/{id}/projects/{project}",
+            get(project).put(update_project).delete(delete_project),
         )
         .route("/api/v1/admin/log", get(admin_log))
         .route("/api/v1/admin/accounting", get(accounting_status))
@@ -1008,9 +1041,8 @@ async fn tenants(State(s): S) -> Json<Value> {
 
 /// `GET /v1/tenants/{id}`: for its own members, operators, read-only callers and administrators.
 async fn tenant(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
-    if !wide && p.tenant.as_deref() != Some(id.as_str()) {
-        return forbidden("another tenant's quotas and usage");
+    if let Err(r) = may_read_tenant(&p, &id) {
+        return r;
     }
     match s.control.lock().await.tenant_view(&id) {
         Some(v) => Json(v).into_response(),
@@ -1041,6 +1073,22 @@ struct TenantIn {
     deserved_nodes: Option<f64>,
     /// KAI over-quota weight.
     over_quota_weight: Option<f64>,
+}
+
+/// A project's quotas in a request (as [`TenantIn`]; a project has hard limits and budgets only).
+#[derive(Deserialize, schemars::JsonSchema)]
+#[allow(dead_code)]
+struct ProjectIn {
+    /// `POST` only: the project's name (lowercase letters, digits, - and _).
+    name: Option<String>,
+    /// Hard: nodes the project holds at once (with the tenant's limit).
+    max_nodes: Option<u32>,
+    /// Hard: running allocations of the project at once.
+    max_concurrent_allocations: Option<u32>,
+    /// Soft: GPU-hours per budget period.
+    gpu_hours_budget: Option<f64>,
+    /// Soft: node-hours per budget period.
+    node_hours_budget: Option<f64>,
 }
 
 /// A JSON object body, or 400 naming `body`.
@@ -1092,6 +1140,82 @@ async fn update_tenant(State(s): S, Extension(p): P, Path(id): Path<String>, bod
 async fn delete_tenant(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::delete_tenant(&s, &p, &id).await {
         Ok(()) => Json(json!({"name": id, "deleted": true})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Who may read a tenant's quotas and usage: its members, operators, read-only callers, administrators.
+#[allow(clippy::result_large_err)]
+fn may_read_tenant(p: &crate::auth::Principal, tenant: &str) -> Result<(), Response> {
+    let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
+    if !wide && p.tenant.as_deref() != Some(tenant) {
+        return Err(forbidden("another tenant's quotas and usage"));
+    }
+    Ok(())
+}
+
+/// `GET /api/v1/tenants/{id}/projects`.
+async fn projects(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    if let Err(r) = may_read_tenant(&p, &id) {
+        return r;
+    }
+    match s.control.lock().await.tenant_view(&id) {
+        Some(v) => Json(json!({ "tenant": id, "projects": v["projects"] })).into_response(),
+        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no tenant {id}")),
+    }
+}
+
+/// `GET /api/v1/tenants/{id}/projects/{project}`.
+async fn project(State(s): S, Extension(p): P, Path((id, project)): Path<(String, String)>) -> Response {
+    if let Err(r) = may_read_tenant(&p, &id) {
+        return r;
+    }
+    match s.control.lock().await.project_view(&id, &project) {
+        Some(v) => Json(v).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            Some("project"),
+            format!("no project {id}/{project}"),
+        ),
+    }
+}
+
+async fn create_project(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let m = match object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let Some(name) = m.get("name").and_then(Value::as_str).map(str::to_string) else {
+        return error(StatusCode::BAD_REQUEST, Some("name"), "a project needs a `name`");
+    };
+    match ops::put_project(&s, &p, &id, &name, &m, true).await {
+        Ok(w) => tenant_written(StatusCode::CREATED, w),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn update_project(
+    State(s): S,
+    Extension(p): P,
+    Path((id, project)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let m = match object(&body) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    if m.contains_key("name") {
+        return error(StatusCode::BAD_REQUEST, Some("name"), "a project is not renamed");
+    }
+    match ops::put_project(&s, &p, &id, &project, &m, false).await {
+        Ok(w) => tenant_written(StatusCode::OK, w),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn delete_project(State(s): S, Extension(p): P, Path((id, project)): Path<(String, String)>) -> Response {
+    match ops::delete_project(&s, &p, &id, &project).await {
+        Ok(()) => Json(json!({"tenant": id, "name": project, "deleted": true})).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -771,6 +771,10 @@ pub struct Control {
     /// CXI services created for running allocations: name → (service id, auth key).
     cxi: BTreeMap<String, (String, String)>,
     tenants: BTreeMap<String, TenantId>,
+    /// (tenant, project) → the engine's project id (a project belongs to one tenant).
+    projects: BTreeMap<(String, String), lattice_engine::ProjectId>,
+    /// Project names by id (the inverse of `projects`).
+    project_of_id: Vec<String>,
     vclusters: BTreeMap<String, VClusterId>,
     default_vcluster: String,
     /// A replay's virtual clock (`None`: [`Control::wall`]).
@@ -883,6 +887,8 @@ pub struct PendingProposal {
     pub sensitive: bool,
     /// Started ahead of an earlier-queued allocation that still waits.
     pub backfilled: bool,
+    /// Its project within the tenant (as submitted; `None`: `default`).
+    pub project: Option<String>,
 }
 
 impl Control {
@@ -891,7 +897,7 @@ impl Control {
     pub fn new(
         inventory: &lattice_traces::Inventory,
         vclusters: BTreeMap<String, VClusterConfig>,
-        tenants: &BTreeMap<String, lattice_engine::TenantQuota>,
+        contracts: &lattice_traces::Contracts,
         capture: Option<&std::path::Path>,
     ) -> anyhow::Result<Control> {
         let node_names = inventory.nodes.iter().map(|n| n.name.clone()).collect();
@@ -930,9 +936,13 @@ impl Control {
             vcs.insert("default".to_string(), engine.add_vcluster("default"));
         }
         let mut c = Control::with_controller(Controller::new(engine), node_names, vcs, default_vcluster)?;
-        for (t, q) in tenants {
+        for (t, q) in &contracts.tenants {
             let id = c.tenant_id(t);
             c.ctl.engine.set_tenant_quota(id, *q);
+        }
+        for (t, p, q) in contracts.project_list() {
+            let (tenant, project) = (c.tenant_id(t), c.project_id(t, p));
+            c.ctl.engine.set_project_quota(project, tenant, *q);
         }
         if let Some(path) = capture {
             if let Some(dir) = path.parent() {
@@ -978,6 +988,8 @@ impl Control {
             prefetched: BTreeMap::new(),
             cxi: BTreeMap::new(),
             tenants: BTreeMap::new(),
+            projects: BTreeMap::new(),
+            project_of_id: Vec::new(),
             vclusters: vcs,
             default_vcluster,
             meta: Vec::new(),
@@ -1034,6 +1046,32 @@ impl Control {
     /// Tenants the engine already has (a replay registers the trace's up front).
     pub fn known_tenants(&mut self, tenants: &[(String, TenantId)]) {
         self.tenants.extend(tenants.iter().cloned());
+    }
+
+    /// Projects the engine already has: (tenant, project, id) (a replay's, up front).
+    pub fn known_projects(&mut self, projects: &[(String, String, lattice_engine::ProjectId)]) {
+        for (t, p, id) in projects {
+            self.name_project(t, p, *id);
+        }
+    }
+
+    fn name_project(&mut self, tenant: &str, project: &str, id: lattice_engine::ProjectId) {
+        self.projects.insert((tenant.to_string(), project.to_string()), id);
+        if self.project_of_id.len() <= id.index() {
+            self.project_of_id.resize(id.index() + 1, String::new());
+        }
+        self.project_of_id[id.index()] = project.to_string();
+    }
+
+    /// The engine's id of `tenant`'s project `project`, registering it if new.
+    fn project_id(&mut self, tenant: &str, project: &str) -> lattice_engine::ProjectId {
+        let key = (tenant.to_string(), project.to_string());
+        if let Some(id) = self.projects.get(&key) {
+            return *id;
+        }
+        let id = lattice_engine::ProjectId(self.project_of_id.len() as u32);
+        self.name_project(tenant, project, id);
+        id
     }
 
     fn tenant_id(&mut self, name: &str) -> TenantId {
@@ -1369,6 +1407,7 @@ impl Control {
         }
         let tenant = self.tenant_id(&req.tenant);
         let mut spec = AllocSpec::simple(tenant, vcluster, nodes.min, Duration::from_secs(1));
+        spec.project = self.project_id(&req.tenant, req.project.as_deref().unwrap_or("default"));
         spec.depends_on = deps;
         spec.nodes = nodes;
         spec.lifecycle = lifecycle;
@@ -1494,12 +1533,18 @@ impl Control {
         run: std::time::Duration,
     ) -> Result<AllocId, lattice_engine::SubmitError> {
         let now = self.now();
+        let project = self
+            .project_of_id
+            .get(spec.project.index())
+            .filter(|p| !p.is_empty() && *p != "default")
+            .cloned();
         let id = self.ctl.submit(now, spec)?;
         self.next = self.next.max(id_number(name).map_or(0, |k| k + 1));
         self.enqueued(
             id,
             Meta {
                 user,
+                project,
                 ..Meta::new(name.to_string(), run)
             },
         );
@@ -1710,6 +1755,7 @@ impl Control {
                             nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                             sensitive,
                             backfilled: p.backfilled,
+                            project: m.and_then(|m| m.project.clone()),
                         }));
                     }
                     Decision::Release { alloc, nodes } => {
@@ -3888,10 +3934,76 @@ impl Control {
     /// their tenant's name; a tenant created again under the name starts afresh).
     pub fn remove_tenant(&mut self, name: &str) {
         let Some(&id) = self.tenants.get(name) else { return };
+        for p in self.project_names(name) {
+            self.remove_project(name, &p);
+        }
         if let Err(e) = self.input(Input::TenantQuota(id, lattice_engine::TenantQuota::default())) {
             tracing::warn!("tenant {name}: quota not cleared: {e}");
         }
         self.tenants.remove(name);
+    }
+
+    /// A project's contract as the quorum committed it (as a tenant's: from the next pass).
+    pub fn set_project(&mut self, tenant: &str, project: &str, quota: lattice_engine::ProjectQuota) {
+        let (t, p) = (self.tenant_id(tenant), self.project_id(tenant, project));
+        if let Err(e) = self.input(Input::ProjectQuota(p, t, quota)) {
+            tracing::warn!("project {tenant}/{project}: quota not applied: {e}");
+        }
+    }
+
+    /// A deleted project: its quotas are gone (its allocations keep their project's name).
+    pub fn remove_project(&mut self, tenant: &str, project: &str) {
+        let key = (tenant.to_string(), project.to_string());
+        let (Some(&t), Some(&p)) = (self.tenants.get(tenant), self.projects.get(&key)) else {
+            return;
+        };
+        if let Err(e) = self.input(Input::ProjectQuota(p, t, lattice_engine::ProjectQuota::default())) {
+            tracing::warn!("project {tenant}/{project}: quota not cleared: {e}");
+        }
+    }
+
+    /// Allocations of `tenant`'s project still queued or running.
+    pub fn project_live_allocations(&self, tenant: &str, project: &str) -> usize {
+        let Some(&id) = self.projects.get(&(tenant.to_string(), project.to_string())) else {
+            return 0;
+        };
+        self.ctl
+            .engine
+            .allocations()
+            .iter()
+            .filter(|a| a.spec.project == id && !a.state.is_terminal())
+            .count()
+    }
+
+    /// One project of a tenant: its contract, what its hard quotas count now, how many of its
+    /// allocations wait. `None` when the tenant has never used it and it has no contract.
+    pub fn project_view(&self, tenant: &str, project: &str) -> Option<serde_json::Value> {
+        let id = *self.projects.get(&(tenant.to_string(), project.to_string()))?;
+        let (nodes, running) = self.ctl.engine.project_committed(id);
+        let pending = self
+            .ctl
+            .engine
+            .allocations()
+            .iter()
+            .filter(|a| a.spec.project == id && a.state == AllocState::Pending)
+            .count();
+        Some(serde_json::json!({
+            "tenant": tenant,
+            "name": project,
+            "quota": self.ctl.engine.project_quota(id).copied().unwrap_or_default(),
+            "nodes_held": nodes,
+            "running": running,
+            "pending": pending,
+        }))
+    }
+
+    /// The projects a tenant has used or given a contract, by name.
+    pub fn project_names(&self, tenant: &str) -> Vec<String> {
+        self.projects
+            .keys()
+            .filter(|(t, _)| t == tenant)
+            .map(|(_, p)| p.clone())
+            .collect()
     }
 
     /// Allocations of `name` still queued or running (a tenant is deleted only when there are none).
@@ -3927,6 +4039,11 @@ impl Control {
             "running": running,
             "pending": pending,
             "usage_90d": self.usage(Some(name), None, since, until),
+            "projects": self
+                .project_names(name)
+                .iter()
+                .filter_map(|p| self.project_view(name, p))
+                .collect::<Vec<_>>(),
         }))
     }
 

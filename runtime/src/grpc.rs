@@ -26,9 +26,13 @@ use pb::node_service_server::NodeService;
 /// gRPC status codes for the API's refusals; the field travels in the message.
 /// A tenant write's quota fields as the REST body's keys (set ones, and `clear`ed ones as null).
 fn tenant_body(r: &pb::TenantWriteRequest) -> serde_json::Map<String, serde_json::Value> {
+    quota_body(r.quota.as_ref(), &r.clear)
+}
+
+fn quota_body(quota: Option<&pb::TenantQuota>, clear: &[String]) -> serde_json::Map<String, serde_json::Value> {
     use serde_json::json;
     let mut m = serde_json::Map::new();
-    if let Some(q) = &r.quota {
+    if let Some(q) = quota {
         let mut put = |k: &str, v: Option<serde_json::Value>| {
             if let Some(v) = v {
                 m.insert(k.to_string(), v);
@@ -44,25 +48,42 @@ fn tenant_body(r: &pb::TenantWriteRequest) -> serde_json::Map<String, serde_json
         put("fair_share_target", q.fair_share_target.map(|x| json!(x)));
         put("burst_allowance", q.burst_allowance.map(|x| json!(x)));
     }
-    for k in &r.clear {
+    for k in clear {
         m.insert(k.clone(), serde_json::Value::Null);
     }
     m
 }
 
+/// A view's `quota` object as the message.
+fn quota_message(q: &serde_json::Value) -> pb::TenantQuota {
+    pb::TenantQuota {
+        max_nodes: q["max_nodes"].as_u64().map(|x| x as u32),
+        max_concurrent_allocations: q["max_concurrent_allocations"].as_u64().map(|x| x as u32),
+        gpu_hours_budget: q["gpu_hours_budget"].as_f64(),
+        node_hours_budget: q["node_hours_budget"].as_f64(),
+        fair_share_target: q["fair_share_target"].as_f64(),
+        burst_allowance: q["burst_allowance"].as_f64(),
+    }
+}
+
+/// A project's view (`Control::project_view`) as the message.
+fn project_answer(v: &serde_json::Value, warning: Option<String>) -> pb::ProjectResponse {
+    pb::ProjectResponse {
+        tenant: v["tenant"].as_str().unwrap_or_default().to_string(),
+        name: v["name"].as_str().unwrap_or_default().to_string(),
+        quota: Some(quota_message(&v["quota"])),
+        nodes_held: v["nodes_held"].as_u64().unwrap_or(0),
+        running: v["running"].as_u64().unwrap_or(0),
+        pending: v["pending"].as_u64().unwrap_or(0),
+        warning: warning.unwrap_or_default(),
+    }
+}
+
 fn tenant_answer(name: &str, w: ops::TenantWritten) -> pb::TenantResponse {
     let v = &w.view;
-    let q = &v["quota"];
     pb::TenantResponse {
         name: name.to_string(),
-        quota: Some(pb::TenantQuota {
-            max_nodes: q["max_nodes"].as_u64().map(|x| x as u32),
-            max_concurrent_allocations: q["max_concurrent_allocations"].as_u64().map(|x| x as u32),
-            gpu_hours_budget: q["gpu_hours_budget"].as_f64(),
-            node_hours_budget: q["node_hours_budget"].as_f64(),
-            fair_share_target: q["fair_share_target"].as_f64(),
-            burst_allowance: q["burst_allowance"].as_f64(),
-        }),
+        quota: Some(quota_message(&v["quota"])),
         nodes_held: v["nodes_held"].as_u64().unwrap_or(0),
         running: v["running"].as_u64().unwrap_or(0),
         pending: v["pending"].as_u64().unwrap_or(0),
@@ -819,6 +840,64 @@ impl AdminService for Api {
         let name = req.into_inner().name;
         ops::delete_tenant(&self.shared, &p, &name).await?;
         Ok(Response::new(pb::DeleteTenantResponse { name }))
+    }
+
+    async fn list_projects(
+        &self,
+        req: Request<pb::TenantRequest>,
+    ) -> Result<Response<pb::ListProjectsResponse>, Status> {
+        let p = self.principal(&req)?;
+        let tenant = req.into_inner().name;
+        let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
+        if !wide && p.tenant.as_deref() != Some(tenant.as_str()) {
+            return Err(ops::forbidden("another tenant's quotas and usage").into());
+        }
+        let view = self.shared.control.lock().await.tenant_view(&tenant);
+        let Some(v) = view else {
+            return Err(Status::not_found(format!("name: no tenant {tenant}")));
+        };
+        let projects = v["projects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| project_answer(p, None))
+            .collect();
+        Ok(Response::new(pb::ListProjectsResponse { projects }))
+    }
+
+    async fn create_project(
+        &self,
+        req: Request<pb::ProjectWriteRequest>,
+    ) -> Result<Response<pb::ProjectResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let body = quota_body(r.quota.as_ref(), &r.clear);
+        let w = ops::put_project(&self.shared, &p, &r.tenant, &r.name, &body, true).await?;
+        Ok(Response::new(project_answer(&w.view, w.warning)))
+    }
+
+    async fn update_project(
+        &self,
+        req: Request<pb::ProjectWriteRequest>,
+    ) -> Result<Response<pb::ProjectResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let body = quota_body(r.quota.as_ref(), &r.clear);
+        let w = ops::put_project(&self.shared, &p, &r.tenant, &r.name, &body, false).await?;
+        Ok(Response::new(project_answer(&w.view, w.warning)))
+    }
+
+    async fn delete_project(
+        &self,
+        req: Request<pb::ProjectRequest>,
+    ) -> Result<Response<pb::DeleteProjectResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        ops::delete_project(&self.shared, &p, &r.tenant, &r.name).await?;
+        Ok(Response::new(pb::DeleteProjectResponse {
+            tenant: r.tenant,
+            name: r.name,
+        }))
     }
 
     async fn list_services(

@@ -947,7 +947,46 @@ pub fn tenant_fields(
     Ok(quota)
 }
 
-/// A valid tenant name: lowercase letters, digits, `-` and `_`, 1 to 63 characters.
+/// A project's quota fields in a request: the tenant keys that apply to a project.
+pub const PROJECT_KEYS: [&str; 4] = [
+    "max_nodes",
+    "max_concurrent_allocations",
+    "gpu_hours_budget",
+    "node_hours_budget",
+];
+
+/// `quota` with the request's fields applied (as [`tenant_fields`], over [`PROJECT_KEYS`]).
+pub fn project_fields(
+    quota: lattice_engine::ProjectQuota,
+    body: &serde_json::Map<String, serde_json::Value>,
+    skip: &[&str],
+) -> Result<lattice_engine::ProjectQuota, ApiError> {
+    if let Some(k) = body
+        .keys()
+        .find(|k| !skip.contains(&k.as_str()) && !PROJECT_KEYS.contains(&k.as_str()))
+    {
+        return Err(ApiError::BadRequest {
+            field: k.clone(),
+            message: format!("unknown field `{k}` for a project (known: {})", PROJECT_KEYS.join(", ")),
+        });
+    }
+    let as_tenant = lattice_engine::TenantQuota {
+        max_nodes: quota.max_nodes,
+        max_concurrent_allocations: quota.max_concurrent_allocations,
+        gpu_hours_budget: quota.gpu_hours_budget,
+        node_hours_budget: quota.node_hours_budget,
+        ..Default::default()
+    };
+    let t = tenant_fields(as_tenant, body, skip)?;
+    Ok(lattice_engine::ProjectQuota {
+        max_nodes: t.max_nodes,
+        max_concurrent_allocations: t.max_concurrent_allocations,
+        gpu_hours_budget: t.gpu_hours_budget,
+        node_hours_budget: t.node_hours_budget,
+    })
+}
+
+/// A valid tenant (or project) name: lowercase letters, digits, `-` and `_`, 1 to 63 characters.
 fn valid_tenant_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 63
@@ -1022,6 +1061,94 @@ pub async fn put_tenant(
     Ok(TenantWritten { view, warning })
 }
 
+/// Creates (`create`) or updates a tenant's project through the quorum (SystemAdmin), as a tenant
+/// ([`put_tenant`]): its hard limits apply with the tenant's from the next pass, and a limit below
+/// the project's current use lets running work go on.
+pub async fn put_project(
+    s: &Shared,
+    p: &Principal,
+    tenant: &str,
+    name: &str,
+    body: &serde_json::Map<String, serde_json::Value>,
+    create: bool,
+) -> Result<TenantWritten, ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("project administration (SystemAdmin)"));
+    }
+    writable(s).await?;
+    if create && !valid_tenant_name(name) {
+        return Err(ApiError::BadRequest {
+            field: "name".into(),
+            message: format!("`{name}`: lowercase letters, digits, - and _, at most 63"),
+        });
+    }
+    let (known, current) = s
+        .member
+        .read(|q| (q.tenants.contains_key(tenant), q.project_quota(tenant, name)))
+        .await;
+    if !known {
+        return Err(not_found("tenant", tenant));
+    }
+    let base = match (create, current) {
+        (false, None) => return Err(not_found("project", &format!("{tenant}/{name}"))),
+        (true, _) => lattice_engine::ProjectQuota::default(),
+        (false, Some(q)) => q,
+    };
+    let quota = project_fields(base, body, &["name"])?;
+    let at_ms = s.control.lock().await.now().0;
+    let cmd = lattice_adapters::QuorumCommand::PutProject {
+        tenant: tenant.to_string(),
+        name: name.to_string(),
+        quota,
+        write: if create {
+            lattice_adapters::TenantWrite::Create
+        } else {
+            lattice_adapters::TenantWrite::Update
+        },
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, &format!("{tenant}/{name}")).await?;
+    let mut c = s.control.lock().await;
+    c.set_project(tenant, name, quota);
+    let view = c.project_view(tenant, name).unwrap_or_default();
+    let held = view["nodes_held"].as_u64().unwrap_or(0);
+    let warning = quota.max_nodes.filter(|m| held > u64::from(*m)).map(|m| {
+        format!(
+            "project {tenant}/{name} holds {held} nodes, above its new limit of {m}: its running allocations go on; new ones wait until it is under"
+        )
+    });
+    Ok(TenantWritten { view, warning })
+}
+
+/// Deletes a tenant's project with nothing queued or running (SystemAdmin), through the quorum.
+pub async fn delete_project(s: &Shared, p: &Principal, tenant: &str, name: &str) -> Result<(), ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("project administration (SystemAdmin)"));
+    }
+    writable(s).await?;
+    let what = format!("{tenant}/{name}");
+    if s.member.read(|q| q.project_quota(tenant, name).is_none()).await {
+        return Err(not_found("project", &what));
+    }
+    let live = s.control.lock().await.project_live_allocations(tenant, name);
+    if live > 0 {
+        return Err(ApiError::Conflict {
+            message: format!("project {what} has {live} allocation(s) queued or running; delete it once they end"),
+        });
+    }
+    let at_ms = s.control.lock().await.now().0;
+    let cmd = lattice_adapters::QuorumCommand::DeleteProject {
+        tenant: tenant.to_string(),
+        name: name.to_string(),
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, &what).await?;
+    s.control.lock().await.remove_project(tenant, name);
+    Ok(())
+}
+
 /// Deletes a tenant with nothing queued or running (SystemAdmin), through the quorum.
 pub async fn delete_tenant(s: &Shared, p: &Principal, name: &str) -> Result<(), ApiError> {
     if !p.is_admin() {
@@ -1054,6 +1181,7 @@ async fn committed(s: &Shared, cmd: lattice_adapters::QuorumCommand, what: &str)
         Ok(lattice_adapters::QuorumResponse::Applied) => Ok(()),
         Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => Err(match reason.as_str() {
             "no_tenant" => not_found("tenant", what),
+            "no_project" => not_found("project", what),
             _ => ApiError::Conflict { message },
         }),
         Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {

@@ -29,6 +29,7 @@ impl ReplayHost {
         let default = names.vclusters.first().map(|v| v.0.clone()).unwrap_or_default();
         let mut control = Control::with_controller(ctl, names.nodes.clone(), vclusters, default)?;
         control.known_tenants(&names.tenants);
+        control.known_projects(&names.projects);
         Ok(ReplayHost {
             control,
             log: Vec::new(),

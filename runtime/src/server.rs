@@ -235,7 +235,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let sensitive_pool = inventory.sensitive_pool_size;
     let tenants = match &cfg.tenants {
         Some(p) => lattice_traces::read_tenants(p)?,
-        None => BTreeMap::new(),
+        None => lattice_traces::Contracts::default(),
     };
     let vcs = vcluster_configs(&cfg)?;
     let capture = cfg.scheduler.trace_capture.clone();
@@ -257,25 +257,27 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         lattice_adapters::disk::Disk::Dir(_) => crate::ops::random_secret(),
         _ => [0; 32],
     };
-    let make =
-        move |inv: &lattice_traces::Inventory, vcs, quotas: &BTreeMap<_, _>, capture: Option<&std::path::Path>| {
-            let mut c = Control::new(inv, vcs, quotas, capture)?;
-            c.wall = clock;
-            c.ctl.grace = heartbeat_grace;
-            c.ctl.drift_timeout = drift_timeout;
-            c.heartbeat_timeout_ms = heartbeat_timeout_ms;
-            c.launch_secret = launch_secret;
-            c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
-            c.fabric = fabric_on;
-            c.real_agents = !simulate_agents;
-            c.set_baselines(&baselines);
-            c.wipe_by_openchami = wipe_by_openchami;
-            c.wipe_timeout_ms = wipe_timeout_ms;
-            if let Some(g) = vast_gbps {
-                c.ctl.engine.set_vast_bandwidth(g);
-            }
-            Ok::<_, anyhow::Error>(c)
-        };
+    let make = move |inv: &lattice_traces::Inventory,
+                     vcs,
+                     quotas: &lattice_traces::Contracts,
+                     capture: Option<&std::path::Path>| {
+        let mut c = Control::new(inv, vcs, quotas, capture)?;
+        c.wall = clock;
+        c.ctl.grace = heartbeat_grace;
+        c.ctl.drift_timeout = drift_timeout;
+        c.heartbeat_timeout_ms = heartbeat_timeout_ms;
+        c.launch_secret = launch_secret;
+        c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
+        c.fabric = fabric_on;
+        c.real_agents = !simulate_agents;
+        c.set_baselines(&baselines);
+        c.wipe_by_openchami = wipe_by_openchami;
+        c.wipe_timeout_ms = wipe_timeout_ms;
+        if let Some(g) = vast_gbps {
+            c.ctl.engine.set_vast_bandwidth(g);
+        }
+        Ok::<_, anyhow::Error>(c)
+    };
     let control = make(&inventory, vcs.clone(), &tenants, capture.as_deref())?;
     let quotas = tenants.clone();
     let fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync> =
@@ -493,24 +495,36 @@ fn mono_ns() -> u64 {
 
 async fn push_quotas(
     shared: Arc<Shared>,
-    tenants: BTreeMap<String, lattice_engine::TenantQuota>,
+    contracts: lattice_traces::Contracts,
     sensitive_pool: Option<u32>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
-    // The tenants file seeds the quorum: a tenant it does not know yet is created with the file's
-    // contract; one it knows keeps what the API set.
-    let mut cmds: Vec<QuorumCommand> = tenants
+    // The tenants file seeds the quorum: a tenant (or project) it does not know yet is created with
+    // the file's contract; one it knows keeps what the API set.
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let write = lattice_adapters::TenantWrite::Seed;
+    let by = "tenants file".to_string();
+    let mut cmds: Vec<QuorumCommand> = contracts
+        .tenants
         .iter()
         .map(|(t, q)| QuorumCommand::PutTenant {
             name: t.clone(),
             quota: *q,
-            write: lattice_adapters::TenantWrite::Seed,
-            at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            by: "tenants file".into(),
+            write,
+            at_ms,
+            by: by.clone(),
         })
         .collect();
+    cmds.extend(contracts.project_list().map(|(t, p, q)| QuorumCommand::PutProject {
+        tenant: t.to_string(),
+        name: p.to_string(),
+        quota: *q,
+        write,
+        at_ms,
+        by: by.clone(),
+    }));
     if sensitive_pool.is_some() {
         cmds.push(QuorumCommand::SetSensitivePool { size: sensitive_pool });
     }
@@ -1013,6 +1027,12 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     for (name, quota) in &tenants {
         control.set_tenant(name, *quota);
     }
+    let projects = shared.member.read(|q| q.projects.clone()).await;
+    for (tenant, ps) in &projects {
+        for (name, quota) in ps {
+            control.set_project(tenant, name, *quota);
+        }
+    }
     control.enforce_admin();
     control.adopted_term = Some(term);
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
@@ -1267,6 +1287,7 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
         nodes: p.nodes.clone(),
         sensitive: p.sensitive,
         at_ms: shared.control.lock().await.now().0,
+        project: p.project.clone(),
     };
     let t0 = std::time::Instant::now();
     let r = shared.member.propose(cmd).await;

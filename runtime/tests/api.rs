@@ -1034,3 +1034,173 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
     }
     rt.shutdown().await;
 }
+
+/// Projects as entities (issue 22): the tenants file seeds a project's contract at the quorum; a
+/// project's hard max_nodes holds back only its own work (the waiting job says why), is raised and
+/// lowered over REST (Raft-committed, logged), and a project with work is not deleted; refusals name
+/// the field and create nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn projects_and_their_quotas_are_administered_through_the_quorum() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-projects-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("tenants.yaml"),
+        "physics:\n  max_nodes: 4\n  projects:\n    qcd:\n      max_nodes: 1\n",
+    )
+    .unwrap();
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\ntenants: {d}/tenants.yaml\n",
+        d = dir.display()
+    );
+    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while !api.get("/api/v1/admin/log").await.to_string().contains("project.seed") {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Refusals name the field and create nothing.
+    for (path, body, status, field) in [
+        ("/api/v1/tenants/physics/projects", json!({"max_nodes": 2}), 400, "name"),
+        ("/api/v1/tenants/physics/projects", json!({"name": "X!"}), 400, "name"),
+        (
+            "/api/v1/tenants/physics/projects",
+            json!({"name": "x", "fair_share_target": 0.2}),
+            400,
+            "fair_share_target",
+        ),
+        (
+            "/api/v1/tenants/physics/projects",
+            json!({"name": "x", "max_nodes": -1}),
+            400,
+            "max_nodes",
+        ),
+        ("/api/v1/tenants/nobody/projects", json!({"name": "x"}), 404, "id"),
+    ] {
+        let (s, v) = api.call("POST", path, Some(body)).await;
+        assert_eq!(s, status, "{v}");
+        if s == 400 {
+            assert_eq!(v["field"].as_str(), Some(field), "{v}");
+        }
+    }
+    let listed = api.get("/api/v1/tenants/physics/projects").await;
+    let names: Vec<&str> = listed["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["qcd"], "{listed}");
+    assert!(!api.get("/api/v1/admin/log").await.to_string().contains("physics/x"));
+
+    // qcd may hold 1 node: its second job waits, saying why, while astro's runs beside it.
+    let in_project = |p: &str| {
+        let mut j = job("physics", 1, 600.0);
+        j["project"] = json!(p);
+        j
+    };
+    let q1 = api.submit(in_project("qcd")).await;
+    let q2 = api.submit(in_project("qcd")).await;
+    let a1 = api.submit(in_project("astro")).await;
+    api.wait_state(&q1, "running", Duration::from_secs(10)).await;
+    api.wait_state(&a1, "running", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let v = api.get(&format!("/v1/allocations/{q2}")).await;
+    assert_eq!(v["state"], "pending", "{v}");
+    assert!(v.to_string().contains("quota headroom"), "{v}");
+    let view = api.get("/api/v1/tenants/physics/projects/qcd").await;
+    assert_eq!(
+        (view["nodes_held"].as_u64(), view["pending"].as_u64()),
+        (Some(1), Some(1)),
+        "{view}"
+    );
+
+    // Raised: the waiting one starts at the next pass. Lowered below use: a warning; both go on.
+    let (s, v) = api
+        .call(
+            "PUT",
+            "/api/v1/tenants/physics/projects/qcd",
+            Some(json!({"max_nodes": 2, "gpu_hours_budget": 10.0})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    api.wait_state(&q2, "running", Duration::from_secs(10)).await;
+    let (s, v) = api
+        .call(
+            "PUT",
+            "/api/v1/tenants/physics/projects/qcd",
+            Some(json!({"max_nodes": 1})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["warning"].as_str().unwrap().contains("holds 2 nodes"), "{v}");
+    assert_eq!(
+        v["quota"]["gpu_hours_budget"].as_f64(),
+        Some(10.0),
+        "only the keys given change: {v}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in [&q1, &q2] {
+        assert_eq!(api.get(&format!("/v1/allocations/{id}")).await["state"], "running");
+    }
+    let tenant = api.get("/v1/tenants/physics").await;
+    assert_eq!(
+        tenant["projects"].as_array().unwrap().len(),
+        2,
+        "qcd and astro: {tenant}"
+    );
+
+    // A project with work is not deleted; without, it is, and its contract is gone.
+    let (s, v) = api.call("DELETE", "/api/v1/tenants/physics/projects/qcd", None).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        api.get("/api/v1/admin/log")
+            .await
+            .to_string()
+            .contains("project.update")
+    );
+    for id in [&q1, &q2] {
+        api.call("DELETE", &format!("/v1/allocations/{id}"), None).await;
+    }
+    let t0 = Instant::now();
+    loop {
+        let (s, v) = api.call("DELETE", "/api/v1/tenants/physics/projects/qcd", None).await;
+        if s == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{s} {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _) = api
+        .call(
+            "PUT",
+            "/api/v1/tenants/physics/projects/qcd",
+            Some(json!({"max_nodes": 3})),
+        )
+        .await;
+    assert_eq!(s, 404, "a deleted project is not updated");
+    let log = api.get("/api/v1/admin/log").await;
+    let actions: Vec<(&str, &str)> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["target"].as_str().unwrap()))
+        .filter(|(a, _)| a.starts_with("project."))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("project.seed", "physics/qcd"),
+            ("project.update", "physics/qcd"),
+            ("project.update", "physics/qcd"),
+            ("project.delete", "physics/qcd"),
+        ],
+        "{log}"
+    );
+    rt.shutdown().await;
+}

@@ -579,6 +579,89 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
         .unwrap()
         .into_inner();
     assert!(t.tenants.contains(&"physics".to_string()), "{t:?}");
+    // Tenant and project administration (SystemAdmin): committed through the quorum.
+    let quota = |max_nodes| pb::TenantQuota {
+        max_nodes: Some(max_nodes),
+        ..Default::default()
+    };
+    let created = admin
+        .create_tenant(authed(
+            pb::TenantWriteRequest {
+                name: "chem".into(),
+                quota: Some(quota(4)),
+                clear: Vec::new(),
+            },
+            &root,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(created.quota.unwrap().max_nodes, Some(4));
+    let write = |name: &str, q: Option<pb::TenantQuota>, clear: &[&str]| pb::ProjectWriteRequest {
+        tenant: "chem".into(),
+        name: name.into(),
+        quota: q,
+        clear: clear.iter().map(|c| c.to_string()).collect(),
+    };
+    let p = admin
+        .create_project(authed(write("qcd", Some(quota(2)), &[]), &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (p.tenant.as_str(), p.name.as_str(), p.quota.unwrap().max_nodes),
+        ("chem", "qcd", Some(2))
+    );
+    let e = admin
+        .create_project(authed(write("qcd", Some(quota(2)), &[]), &alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let e = admin
+        .create_project(authed(
+            write(
+                "astro",
+                Some(pb::TenantQuota {
+                    fair_share_target: Some(0.2),
+                    ..Default::default()
+                }),
+                &[],
+            ),
+            &root,
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("fair_share_target"), "{e:?}");
+    let p = admin
+        .update_project(authed(write("qcd", None, &["max_nodes"]), &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(p.quota.unwrap().max_nodes, None);
+    let listed = admin
+        .list_projects(authed(pb::TenantRequest { name: "chem".into() }, &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        listed.projects.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+        ["qcd"]
+    );
+    admin
+        .delete_project(authed(
+            pb::ProjectRequest {
+                tenant: "chem".into(),
+                name: "qcd".into(),
+            },
+            &root,
+        ))
+        .await
+        .unwrap();
+    let e = admin
+        .update_project(authed(write("qcd", Some(quota(1)), &[]), &root))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     let v = admin
         .list_v_clusters(authed(pb::ListVClustersRequest {}, &root))
         .await

@@ -40,7 +40,7 @@ fn load(trace: &str, inventory: &str, weights: &Path) -> (Workload, Inventory, S
     }
     let cfg = SimConfig {
         vclusters,
-        tenants: lattice_traces::read_tenants(&library("tenants.yaml")).unwrap(),
+        tenants: lattice_traces::read_tenants(&library("tenants.yaml")).unwrap().tenants,
         sensitive_pool_size: inv.sensitive_pool_size,
         decision_log: true,
         ..SimConfig::default()
@@ -209,9 +209,11 @@ fn workload() -> impl Strategy<Value = String> {
         for (i, (ts, nodes, run, wt, class, ckpt, special)) in jobs.into_iter().enumerate() {
             let walltime = (run as f64 * wt).max(60.0);
             let tenant = ["a", "b", "c"][i % 3];
+            let project = ["x", "y"][(i / 3) % 2];
             let mut a = serde_json::json!({
                 "id": format!("j{i}"),
                 "tenant": tenant,
+                "project": project,
                 "nodes": nodes,
                 "duration": run,
                 "walltime": walltime,
@@ -276,8 +278,38 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
         "default:\n  priority: 0.3\n  wait_time: 0.2\n  fair_share: 0.2\n  topology: 0.05\n  data_readiness: 0.05\n  backlog: 0.05\n  energy: 0.0\n  checkpoint: 0.1\n  conformance: 0.05\n  policy: backfill\n  backfill_depth: 10\n  cycle_interval: 30s\n",
     )
     .unwrap();
+    // Projects with contracts of their own (those the workload uses): a hard node limit, and a
+    // budget with an allocation limit.
+    let mut projects = std::collections::BTreeMap::<String, std::collections::BTreeMap<_, _>>::new();
+    for (tenant, project, quota) in [
+        (
+            "a",
+            "x",
+            lattice_engine::ProjectQuota {
+                max_nodes: Some(6),
+                ..Default::default()
+            },
+        ),
+        (
+            "b",
+            "y",
+            lattice_engine::ProjectQuota {
+                max_concurrent_allocations: Some(2),
+                node_hours_budget: Some(30.0),
+                ..Default::default()
+            },
+        ),
+    ] {
+        if w.project_id(tenant, project).is_some() {
+            projects
+                .entry(tenant.to_string())
+                .or_default()
+                .insert(project.to_string(), quota);
+        }
+    }
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
+        projects,
         decision_log: true,
         seed,
         failures: fail.then_some(FailureModel {

@@ -12,6 +12,8 @@ use lattice_traces::TraceJob;
 pub struct SiteNames {
     pub nodes: Vec<String>,
     pub tenants: Vec<(String, TenantId)>,
+    /// (tenant, project within it, id), for every project the trace uses.
+    pub projects: Vec<(String, String, lattice_engine::ProjectId)>,
     pub vclusters: Vec<(String, VClusterId)>,
 }
 

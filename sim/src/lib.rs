@@ -57,6 +57,8 @@ pub struct SimConfig {
     pub fair_share: lattice_engine::FairShareConfig,
     /// Tenant quotas by tenant name.
     pub tenants: BTreeMap<String, lattice_engine::TenantQuota>,
+    /// Project quotas by tenant, then project name.
+    pub projects: BTreeMap<String, BTreeMap<String, lattice_engine::ProjectQuota>>,
     /// Hard, system-wide limit on nodes held by sensitive (`reservation`) allocations.
     pub sensitive_pool_size: Option<u32>,
     /// Secure wipe of nodes released by sensitive claims.
@@ -96,6 +98,7 @@ impl Default for SimConfig {
             seed: 0,
             fair_share: lattice_engine::FairShareConfig::default(),
             tenants: BTreeMap::new(),
+            projects: BTreeMap::new(),
             sensitive_pool_size: None,
             wipe: WipeModel::default(),
             storage_outages: Vec::new(),
@@ -121,6 +124,8 @@ pub enum SimError {
     UnusedVCluster(String),
     #[error("tenant `{0}` has quotas configured but the trace never uses it")]
     UnusedTenant(String),
+    #[error("project `{1}` of tenant `{0}` has quotas configured but the trace never uses it")]
+    UnusedProject(String, String),
 }
 
 /// The simulated OpenCHAMI secure wipe: a uniform duration, and a failure probability (a failed or timed
@@ -180,6 +185,19 @@ const PYSS_RANK_END: u8 = 1;
 pub(crate) const RANK_WAKEUP: u8 = 3;
 /// Node changes come after completions and before arrivals (DESIGN.md §3 "Event order").
 pub(crate) const RANK_NODE: u8 = 1;
+
+/// Every project the trace's jobs use: (tenant, project within it, id), in id order.
+fn project_names(w: &Workload) -> Vec<(String, String, lattice_engine::ProjectId)> {
+    let mut out = vec![None; w.projects.len()];
+    for j in &w.jobs {
+        let p = j.spec.project;
+        if let Some(slot @ None) = out.get_mut(p.index()) {
+            let tenant = w.tenants.get(j.spec.tenant.0).unwrap_or_default().to_string();
+            *slot = Some((tenant, w.project_name(&j.spec).to_string(), p));
+        }
+    }
+    out.into_iter().flatten().collect()
+}
 
 fn engine_vclusters(e: &Engine) -> usize {
     (0..).take_while(|&i| e.vcluster(VClusterId(i)).is_some()).count()
@@ -246,6 +264,14 @@ pub fn simulate_with<H: Host>(
         };
         engine.set_tenant_quota(tenant_map[i as usize], *q);
     }
+    for (tenant, projects) in &cfg.projects {
+        for (name, q) in projects {
+            let (Some(t), Some(p)) = (workload.tenants.lookup(tenant), workload.project_id(tenant, name)) else {
+                return Err(SimError::UnusedProject(tenant.clone(), name.clone()));
+            };
+            engine.set_project_quota(p, tenant_map[t as usize], *q);
+        }
+    }
     let vc_map: Vec<VClusterId> = workload
         .vclusters
         .names()
@@ -274,6 +300,7 @@ pub fn simulate_with<H: Host>(
             .tenants
             .values()
             .any(|q| q.max_nodes.is_some() || q.max_concurrent_allocations.is_some())
+            || cfg.projects.values().flat_map(|p| p.values()).any(|q| q.is_hard())
             || cfg.sensitive_pool_size.is_some()
             || inventory.power_budget_w.is_some()
             || inventory.storage_bandwidth_gbps.is_some()
@@ -304,6 +331,7 @@ pub fn simulate_with<H: Host>(
             .cloned()
             .zip(tenant_map.iter().copied())
             .collect(),
+        projects: project_names(workload),
         vclusters: (0..engine_vclusters(&ctl.controller().engine))
             .map(|i| VClusterId(i as u32))
             .filter_map(|v| Some((ctl.controller().engine.vcluster(v)?.name, v)))
@@ -342,6 +370,10 @@ pub fn simulate_with<H: Host>(
         checkpoint_attempts: 0,
         checkpoint_ok: 0,
     };
+    world.quorum.project_names = vec![String::new(); workload.projects.len()];
+    for (_, name, p) in &names.projects {
+        world.quorum.project_names[p.index()] = name.clone();
+    }
     for (i, e) in workload.events.iter().enumerate() {
         world.q.push(e.time, RANK_NODE, EventKind::Trace(i));
     }

@@ -1,23 +1,37 @@
 //! The fake quorum: commits the engine's proposals after a configurable latency and validates them the way
 //! the Raft state machine does — a node has one owner, and hard quotas (`max_nodes`,
-//! `max_concurrent_allocations` per tenant, `sensitive_pool_size` system-wide) can never be exceeded.
+//! `max_concurrent_allocations` per tenant and per project, `sensitive_pool_size` system-wide) can never
+//! be exceeded.
 //! The first proposal to commit wins; a later conflicting one is rejected (the engine requeues it and its
 //! scheduler retries next cycle).
 
-use lattice_engine::{AllocId, Engine, NodeId, Proposal, TenantQuota, quota::check_hard};
+use lattice_engine::{AllocId, Engine, NodeId, Proposal, TenantQuota, quota::check_hard, quota::check_project};
 use std::collections::BTreeMap;
 
 /// At most this many rejection messages are kept (all are counted).
 const EXAMPLES_KEPT: usize = 20;
 
+/// A committed allocation: whose, how many nodes, sensitive or not, and the nodes themselves.
+#[derive(Debug)]
+struct Held {
+    tenant: usize,
+    project: usize,
+    count: u64,
+    sensitive: bool,
+    nodes: Vec<NodeId>,
+}
+
 #[derive(Debug)]
 pub struct FakeQuorum {
     owner: Vec<Option<AllocId>>,
     pending: Vec<(AllocId, Vec<NodeId>)>,
-    /// Committed allocations: (tenant, nodes, sensitive, the nodes themselves).
-    committed: BTreeMap<AllocId, (usize, u64, bool, Vec<NodeId>)>,
+    committed: BTreeMap<AllocId, Held>,
     nodes_held: Vec<u64>,
     allocs_running: Vec<u64>,
+    /// Per project: (nodes held, allocations running).
+    project_held: Vec<(u64, u64)>,
+    /// Projects' names by id (`tenant/project` reads better in a rejection than an id).
+    pub project_names: Vec<String>,
     sensitive_held: u64,
     sensitive_pool_size: Option<u32>,
     pub commits: u64,
@@ -36,6 +50,8 @@ impl FakeQuorum {
             committed: BTreeMap::new(),
             nodes_held: Vec::new(),
             allocs_running: Vec::new(),
+            project_held: Vec::new(),
+            project_names: Vec::new(),
             sensitive_held: 0,
             sensitive_pool_size,
             commits: 0,
@@ -87,6 +103,17 @@ impl FakeQuorum {
         if let Err(v) = check_hard(&name, &quota, self.nodes_held[t], self.allocs_running[t], k) {
             return self.reject(v.quota.as_str(), v.to_string());
         }
+        let p = a.spec.project.index();
+        if self.project_held.len() <= p {
+            self.project_held.resize(p + 1, (0, 0));
+        }
+        if let Some(pq) = engine.project_quota(a.spec.project).filter(|q| q.is_hard()) {
+            let project = self.project_names.get(p).map_or_else(|| p.to_string(), Clone::clone);
+            let (held, running) = self.project_held[p];
+            if let Err(v) = check_project(&name, &project, pq, held, running, k) {
+                return self.reject(v.quota.as_str(), v.to_string());
+            }
+        }
         let sensitive = engine.is_sensitive(alloc);
         if sensitive
             && let Some(size) = self.sensitive_pool_size
@@ -94,6 +121,7 @@ impl FakeQuorum {
         {
             let v = lattice_engine::QuotaViolation {
                 quota: lattice_engine::HardQuota::SensitivePoolSize,
+                scope: lattice_engine::QuotaScope::Tenant,
                 tenant: name,
                 current: self.sensitive_held,
                 requested: k,
@@ -106,10 +134,19 @@ impl FakeQuorum {
         }
         self.nodes_held[t] += k;
         self.allocs_running[t] += 1;
+        self.project_held[p].0 += k;
+        self.project_held[p].1 += 1;
         if sensitive {
             self.sensitive_held += k;
         }
-        self.committed.insert(alloc, (t, k, sensitive, nodes.clone()));
+        let held = Held {
+            tenant: t,
+            project: p,
+            count: k,
+            sensitive,
+            nodes: nodes.clone(),
+        };
+        self.committed.insert(alloc, held);
         self.commits += 1;
         true
     }
@@ -119,34 +156,38 @@ impl FakeQuorum {
         let Some(entry) = self.committed.get_mut(&alloc) else {
             return;
         };
-        let t = entry.0;
+        let (t, p) = (entry.tenant, entry.project);
         if added {
             self.owner[node.index()] = Some(alloc);
-            entry.1 += 1;
-            entry.3.push(node);
+            entry.count += 1;
+            entry.nodes.push(node);
             self.nodes_held[t] += 1;
+            self.project_held[p].0 += 1;
         } else {
             if self.owner[node.index()] == Some(alloc) {
                 self.owner[node.index()] = None;
             }
-            entry.1 -= 1;
-            entry.3.retain(|&n| n != node);
+            entry.count -= 1;
+            entry.nodes.retain(|&n| n != node);
             self.nodes_held[t] -= 1;
+            self.project_held[p].0 -= 1;
         }
     }
 
     /// The allocation ended (or, under pyss, reached its estimated end): its nodes are released.
     pub fn release(&mut self, _engine: &Engine, alloc: AllocId) {
-        if let Some((t, k, sensitive, nodes)) = self.committed.remove(&alloc) {
-            for n in &nodes {
+        if let Some(h) = self.committed.remove(&alloc) {
+            for n in &h.nodes {
                 if self.owner[n.index()] == Some(alloc) {
                     self.owner[n.index()] = None;
                 }
             }
-            self.nodes_held[t] -= k;
-            self.allocs_running[t] -= 1;
-            if sensitive {
-                self.sensitive_held -= k;
+            self.nodes_held[h.tenant] -= h.count;
+            self.allocs_running[h.tenant] -= 1;
+            self.project_held[h.project].0 -= h.count;
+            self.project_held[h.project].1 -= 1;
+            if h.sensitive {
+                self.sensitive_held -= h.count;
             }
         }
     }

@@ -32,7 +32,7 @@ pub fn workload(jobs: Vec<TraceJob>) -> Workload {
         ..Workload::default()
     };
     w.tenants.intern("t");
-    w.projects.intern("default");
+    w.intern_project("t", "default");
     w.vclusters.intern("default");
     w
 }

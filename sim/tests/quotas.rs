@@ -186,3 +186,98 @@ fn burst_allowance_caps_a_tenant_while_others_wait() {
     let free = run_with(100.0);
     assert_eq!(start_of(&free, "a2"), 10.0);
 }
+
+/// Projects from a trace and a tenants file: physics/qcd may hold 2 nodes, so its third one-node job
+/// waits for a qcd job to end although nodes are free; bio's project of the same name, and physics's
+/// other project, are not held back by it. Nothing reaches the quorum to be rejected.
+#[test]
+fn a_project_max_nodes_from_the_tenants_file_holds_only_that_project() {
+    let text = [
+        ("q1", "physics", "qcd"),
+        ("q2", "physics", "qcd"),
+        ("q3", "physics", "qcd"),
+        ("a1", "physics", "astro"),
+        ("b1", "bio", "qcd"),
+        ("b2", "bio", "qcd"),
+    ]
+    .iter()
+    .map(|(id, t, p)| {
+        format!(
+            r#"{{"ts": 0, "type": "submit", "alloc": {{"id": "{id}", "tenant": "{t}", "project": "{p}", "nodes": 1, "walltime": 100, "duration": 100}}}}"#
+        )
+    })
+    .collect::<Vec<_>>()
+    .join("\n");
+    let w = lattice_traces::parse_jsonl("p.jsonl", &text);
+    assert_eq!(w.skipped_total(), 0, "{:?}", w.problems);
+    let contracts = lattice_traces::parse_tenants(
+        "t.yaml",
+        "physics:\n  projects:\n    qcd:\n      max_nodes: 2\nbio: {}\n",
+    )
+    .unwrap();
+    let cfg = SimConfig {
+        tenants: contracts.tenants,
+        projects: contracts.projects,
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    let r = simulate(&w, &nodes(16), &cfg, &mut |_, _| {}).unwrap();
+    for (id, start) in [
+        ("q1", 0.0),
+        ("q2", 0.0),
+        ("q3", 100.0),
+        ("a1", 0.0),
+        ("b1", 0.0),
+        ("b2", 0.0),
+    ] {
+        assert_eq!(start_of(&r, id), start, "{id}");
+    }
+    assert_eq!(r.summary.quorum_rejections, 0);
+    // A contract for a project the trace never uses is an error, as for a tenant.
+    let cfg = SimConfig {
+        projects: [(
+            "physics".to_string(),
+            [("nope".to_string(), lattice_engine::ProjectQuota::default())].into(),
+        )]
+        .into(),
+        ..SimConfig::default()
+    };
+    let e = simulate(&w, &nodes(16), &cfg, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("project `nope` of tenant `physics`"), "{e}");
+}
+
+/// Two vCluster schedulers propose two jobs of one project in the same cycle; together they would
+/// exceed the project's max_nodes (the tenant has no limit). The quorum commits the first and rejects
+/// the second naming the project; the loser runs after the first ends.
+#[test]
+fn the_quorum_rejects_a_proposal_past_a_project_limit() {
+    let mut inv = nodes(8);
+    inv.vclusters.intern("a");
+    inv.vclusters.intern("b");
+    for (i, n) in inv.nodes.iter_mut().enumerate() {
+        n.home_vcluster = Some(VClusterId((i / 4) as u32));
+    }
+    let mut w = workload(vec![job("x", 0, 3, 10, 10), job("y", 0, 3, 10, 10)]);
+    w.vclusters = lattice_engine::Registry::default();
+    w.vclusters.intern("a");
+    w.vclusters.intern("b");
+    w.jobs[1].spec.vcluster = VClusterId(1);
+    let quota = lattice_engine::ProjectQuota {
+        max_nodes: Some(4),
+        ..Default::default()
+    };
+    let cfg = SimConfig {
+        projects: [("t".to_string(), [("default".to_string(), quota)].into())].into(),
+        commit_latency: Duration::from_secs(5),
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    let r = simulate(&w, &inv, &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!(r.summary.quota_rejections.get("max_nodes"), Some(&1));
+    assert_eq!(
+        r.summary.rejection_examples[0],
+        "allocation rejected: project \"t/default\" would exceed max_nodes quota (current: 3, requested: 3, limit: 4)"
+    );
+    assert_eq!(start_of(&r, "x"), 5.0);
+    assert_eq!(start_of(&r, "y"), 20.0);
+}

@@ -331,7 +331,7 @@ mod tests {
             let j = &w.jobs[0];
             prop_assert_eq!(&j.spec, &spec, "{}", line);
             prop_assert_eq!(j.user.as_deref(), Some("u"));
-            prop_assert_eq!(w.projects.names()[j.spec.project.0 as usize].as_str(), names.project);
+            prop_assert_eq!(w.project_name(&j.spec), names.project);
         }
     }
 

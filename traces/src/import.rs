@@ -612,7 +612,7 @@ pub fn workload_to_jsonl(w: &Workload) -> String {
         let s = &j.spec;
         let (tenant, project, vcluster) = (
             name(&w.tenants, s.tenant.0),
-            name(&w.projects, s.project.0),
+            w.project_name(s).to_string(),
             name(&w.vclusters, s.vcluster.0),
         );
         let names = crate::export::SpecNames {

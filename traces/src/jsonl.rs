@@ -14,7 +14,7 @@ use crate::error::{Problem, TraceError};
 use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 use lattice_engine::{
     AllocSpec, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, DependencyCondition, Duration,
-    Lifecycle, NodeRange, PreemptionClass, ProjectId, TaskGroupRef, TenantId, Time, VClusterId,
+    Lifecycle, NodeRange, PreemptionClass, TaskGroupRef, TenantId, Time, VClusterId,
 };
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -1138,12 +1138,13 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
         .map(duration_value)
         .transpose()
         .map_err(|m| f("duration", m))?;
-    let tenant = w.tenants.intern(a.tenant.as_deref().unwrap_or("default"));
-    let project = w.projects.intern(a.project.as_deref().unwrap_or("default"));
+    let tenant_name = a.tenant.as_deref().unwrap_or("default");
+    let tenant = w.tenants.intern(tenant_name);
+    let project = w.intern_project(tenant_name, a.project.as_deref().unwrap_or("default"));
     let vcluster = w.vclusters.intern(a.vcluster.as_deref().unwrap_or("default"));
     let spec = AllocSpec {
         tenant: TenantId(tenant),
-        project: ProjectId(project),
+        project,
         vcluster: VClusterId(vcluster),
         nodes,
         constraints,

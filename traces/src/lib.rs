@@ -38,7 +38,7 @@ pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory, sit
 pub use jsonl::{checkpoint_spec, parse_jsonl, reactive_lifecycle, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
-pub use tenants::{parse_tenants, read_tenants};
+pub use tenants::{Contracts, parse_tenants, read_tenants};
 pub use workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 
 use std::path::Path;

@@ -6,7 +6,7 @@
 
 use crate::error::{Problem, TraceError};
 use crate::workload::{TraceJob, Workload};
-use lattice_engine::{AllocSpec, Duration, ProjectId, TenantId, Time, VClusterId};
+use lattice_engine::{AllocSpec, Duration, TenantId, Time, VClusterId};
 use std::io::Read;
 use std::path::Path;
 
@@ -107,7 +107,6 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
     let mut header_done = false;
     let mut cluster = opts.cluster_nodes;
     let default_vc = w.vclusters.intern("default");
-    let default_project = w.projects.intern("default");
     let mut fields = [0i64; 18];
     for (ln, line) in text.lines().enumerate() {
         let line_no = ln as u64 + 1;
@@ -265,6 +264,8 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
             TenantField::User => w.tenants.intern(&owner_name('u', user)),
             TenantField::Group => w.tenants.intern(&owner_name('g', group)),
         };
+        let tenant_name = w.tenants.get(tenant).unwrap_or_default().to_string();
+        let project = w.intern_project(&tenant_name, "default");
         let vcluster = if opts.vcluster_by_queue {
             w.vclusters.intern(&owner_name('q', queue))
         } else {
@@ -276,7 +277,7 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
             nodes,
             Duration::from_secs(walltime as u64),
         );
-        spec.project = ProjectId(default_project);
+        spec.project = project;
         w.jobs.push(TraceJob {
             id: id.to_string(),
             submit: Time::from_secs(submit as u64),

@@ -109,6 +109,11 @@ pub struct TraceEvent {
     pub line: u64,
 }
 
+/// The key of a tenant's project in [`Workload::projects`].
+fn project_key(tenant: &str, project: &str) -> String {
+    format!("{tenant}/{project}")
+}
+
 /// A parsed trace.
 #[derive(Clone, Debug, Default)]
 pub struct Workload {
@@ -133,6 +138,29 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// The id of `tenant`'s project `project` (a project belongs to one tenant: two tenants'
+    /// `default` projects are two projects), registering it if new.
+    pub fn intern_project(&mut self, tenant: &str, project: &str) -> lattice_engine::ProjectId {
+        lattice_engine::ProjectId(self.projects.intern(&project_key(tenant, project)))
+    }
+
+    /// The id of `tenant`'s project `project`, if the trace has it.
+    pub fn project_id(&self, tenant: &str, project: &str) -> Option<lattice_engine::ProjectId> {
+        self.projects
+            .lookup(&project_key(tenant, project))
+            .map(lattice_engine::ProjectId)
+    }
+
+    /// A job's project name within its tenant (`default` when it has none).
+    pub fn project_name(&self, spec: &lattice_engine::AllocSpec) -> &str {
+        let tenant = self.tenants.get(spec.tenant.0).unwrap_or_default();
+        self.projects
+            .get(spec.project.0)
+            .and_then(|k| k.strip_prefix(tenant)?.strip_prefix('/'))
+            .filter(|p| !p.is_empty())
+            .unwrap_or("default")
+    }
+
     pub fn skipped_total(&self) -> u64 {
         self.skipped.values().sum()
     }

@@ -361,6 +361,32 @@ class LatticeClient:
         """One tenant: its quotas, nodes held, running and pending allocations, 90-day usage."""
         return await self._call("GET", f"/v1/tenants/{_seg(name)}")
 
+    async def create_tenant(self, name: str, quota: Dict[str, Any]) -> Dict[str, Any]:
+        """Creates a tenant with its quotas (SystemAdmin; committed through the quorum)."""
+        return await self._call("POST", "/api/v1/tenants", json={"name": name, **quota})
+
+    async def update_tenant(self, name: str, quota: Dict[str, Any]) -> Dict[str, Any]:
+        """Changes only the quota keys given (``None`` clears one); a ``warning`` when ``max_nodes``
+        is below what the tenant holds."""
+        return await self._call("PUT", f"/api/v1/tenants/{_seg(name)}", json=quota)
+
+    async def delete_tenant(self, name: str) -> None:
+        await self._call("DELETE", f"/api/v1/tenants/{_seg(name)}")
+
+    async def projects(self, tenant: str) -> List[Dict[str, Any]]:
+        """A tenant's projects: each one's quotas, nodes held, running and pending allocations."""
+        return (await self._call("GET", f"/api/v1/tenants/{_seg(tenant)}/projects"))["projects"]
+
+    async def create_project(self, tenant: str, name: str, quota: Dict[str, Any]) -> Dict[str, Any]:
+        """A project's own hard quotas and soft budgets within its tenant (SystemAdmin)."""
+        return await self._call("POST", f"/api/v1/tenants/{_seg(tenant)}/projects", json={"name": name, **quota})
+
+    async def update_project(self, tenant: str, name: str, quota: Dict[str, Any]) -> Dict[str, Any]:
+        return await self._call("PUT", f"/api/v1/tenants/{_seg(tenant)}/projects/{_seg(name)}", json=quota)
+
+    async def delete_project(self, tenant: str, name: str) -> None:
+        await self._call("DELETE", f"/api/v1/tenants/{_seg(tenant)}/projects/{_seg(name)}")
+
     async def list_vclusters(self) -> List[VCluster]:
         return [VCluster(name=v) for v in (await self._call("GET", "/v1/vclusters"))["vclusters"]]
 

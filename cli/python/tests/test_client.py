@@ -214,6 +214,30 @@ def test_nodes_tenants_vclusters_and_launches(runtime):
     run(main())
 
 
+def test_tenant_and_project_administration(runtime):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            t = await c.create_tenant("chem", {"max_nodes": 2, "gpu_hours_budget": 100.0})
+            assert t["quota"]["max_nodes"] == 2
+            t = await c.update_tenant("chem", {"max_nodes": 3, "gpu_hours_budget": None})
+            assert t["quota"]["max_nodes"] == 3 and t["quota"]["gpu_hours_budget"] is None
+            p = await c.create_project("chem", "qcd", {"max_nodes": 1})
+            assert (p["tenant"], p["name"], p["quota"]["max_nodes"]) == ("chem", "qcd", 1)
+            with pytest.raises(LatticeValidationError) as e:
+                await c.create_project("chem", "astro", {"fair_share_target": 0.1})
+            assert e.value.field == "fair_share_target"
+            p = await c.update_project("chem", "qcd", {"max_concurrent_allocations": 4})
+            assert (p["quota"]["max_nodes"], p["quota"]["max_concurrent_allocations"]) == (1, 4)
+            assert [x["name"] for x in await c.projects("chem")] == ["qcd"]
+            await c.delete_project("chem", "qcd")
+            with pytest.raises(LatticeNotFoundError):
+                await c.update_project("chem", "qcd", {"max_nodes": 2})
+            await c.delete_tenant("chem")
+            assert "chem" not in [x.name for x in await c.list_tenants()]
+
+    run(main())
+
+
 def test_the_sync_client(runtime):
     with SyncLatticeClient(base_url=runtime.url) as c:
         r = c.submit(spec("echo sync"))

@@ -445,6 +445,13 @@ enum AdminCmd {
         #[command(subcommand)]
         cmd: AccountingCmd,
     },
+    /// A tenant's projects (Waldur's projects): `list --tenant T`, `show --tenant T NAME`, `create
+    /// --tenant T --name N --max-nodes 50 …`, `update --tenant T NAME …`, `delete --tenant T NAME`.
+    /// A project's hard quotas apply with its tenant's; the worse budget penalty of the two applies.
+    Project {
+        #[command(subcommand)]
+        cmd: ProjectCmd,
+    },
     /// Federation (SystemAdmin): `status`, `add-peer --name B --endpoint URL --workspace WS`,
     /// `remove-peer NAME`, `revoke-workspace WS` (every peer in it defederated at once).
     Federation {
@@ -472,6 +479,42 @@ enum FederationCmd {
     },
     RevokeWorkspace {
         workspace: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProjectCmd {
+    List {
+        #[arg(long)]
+        tenant: String,
+    },
+    Show {
+        #[arg(long)]
+        tenant: String,
+        name: String,
+    },
+    /// Create a project (SystemAdmin): `--tenant physics --name qcd --max-nodes 50 …`.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        quota: QuotaFlags,
+    },
+    /// Change a project's quotas (only those given; `--clear max_nodes` removes one).
+    Update {
+        #[arg(long)]
+        tenant: String,
+        name: String,
+        #[command(flatten)]
+        quota: QuotaFlags,
+    },
+    /// Delete a project with nothing queued or running.
+    Delete {
+        #[arg(long)]
+        tenant: String,
+        name: String,
     },
 }
 
@@ -1759,6 +1802,61 @@ fn run() -> Result<()> {
             } => {
                 let v = client.call("GET", &format!("/v1/tenants/{name}"), None)?;
                 print_value(&v, output, lattice_cli::observe::tenant_view)?;
+            }
+            AdminCmd::Project {
+                cmd: ProjectCmd::List { tenant },
+            } => {
+                let v = client.call("GET", &format!("/api/v1/tenants/{tenant}/projects"), None)?;
+                print_value(&v, output, |v| {
+                    v["projects"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(lattice_cli::observe::project_view)
+                        .collect()
+                })?;
+            }
+            AdminCmd::Project {
+                cmd: ProjectCmd::Show { tenant, name },
+            } => {
+                let v = client.call("GET", &format!("/api/v1/tenants/{tenant}/projects/{name}"), None)?;
+                print_value(&v, output, lattice_cli::observe::project_view)?;
+            }
+            AdminCmd::Project {
+                cmd: ProjectCmd::Create { tenant, name, quota },
+            } => {
+                let mut body = quota.body();
+                body.insert("name".into(), json!(name));
+                let path = format!("/api/v1/tenants/{tenant}/projects");
+                let v = client.call("POST", &path, Some(&Value::Object(body)))?;
+                print_value(&v, output, |v| {
+                    format!(
+                        "created project {tenant}/{name}\n{}",
+                        lattice_cli::observe::project_view(v)
+                    )
+                })?;
+            }
+            AdminCmd::Project {
+                cmd: ProjectCmd::Update { tenant, name, quota },
+            } => {
+                let body = Value::Object(quota.body());
+                let path = format!("/api/v1/tenants/{tenant}/projects/{name}");
+                let v = client.call("PUT", &path, Some(&body))?;
+                if let Some(w) = v["warning"].as_str() {
+                    eprintln!("warning: {w}");
+                }
+                print_value(&v, output, |v| {
+                    format!(
+                        "updated project {tenant}/{name}\n{}",
+                        lattice_cli::observe::project_view(v)
+                    )
+                })?;
+            }
+            AdminCmd::Project {
+                cmd: ProjectCmd::Delete { tenant, name },
+            } => {
+                let v = client.call("DELETE", &format!("/api/v1/tenants/{tenant}/projects/{name}"), None)?;
+                print_value(&v, output, |_| format!("deleted project {tenant}/{name}\n"))?;
             }
             AdminCmd::Vcluster {
                 cmd:
