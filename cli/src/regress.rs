@@ -262,6 +262,7 @@ fn options(e: &Entry, dir: &Path, scratch: &Path) -> Result<ReplayOptions> {
         mtbf: None,
         repair: None,
         walltime_grace: None,
+        hardened_boot: None,
         slo_wait: Vec::new(),
     })
 }

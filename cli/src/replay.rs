@@ -36,6 +36,8 @@ pub struct ReplayOptions {
     pub repair: Option<lattice_engine::Duration>,
     /// SIGTERM→SIGKILL grace for allocations past their walltime (default 0: killed at walltime).
     pub walltime_grace: Option<lattice_engine::Duration>,
+    /// Claims boot their nodes into the hardened image first, this long per node.
+    pub hardened_boot: Option<lattice_engine::Duration>,
     /// Target waits per class range for SLO compliance (`--slo-wait 7-10=15m`).
     pub slo_wait: Vec<(u8, u8, lattice_engine::Duration)>,
 }
@@ -199,6 +201,11 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             repair: o.repair.unwrap_or(lattice_engine::Duration::from_hours(4)),
         }),
         walltime_grace: o.walltime_grace.unwrap_or(lattice_engine::Duration::ZERO),
+        hardened_boot: o.hardened_boot.map(|d| lattice_sim::BootModel {
+            min: d,
+            max: d,
+            ..lattice_sim::BootModel::default()
+        }),
         decision_log: false,
         slo_wait: o.slo_wait.clone(),
     };

@@ -66,6 +66,9 @@ pub enum Input {
     /// The node's agent reported a conformance fingerprint that differs from its baseline (`true`),
     /// or one that matches it again (`false`) (book: "Drift Response").
     Conformance(NodeId, bool),
+    /// A node of a committed sensitive claim finished booting the hardened image (`true`), or its
+    /// boot failed (book: "Booting → Failed").
+    Booted(AllocId, NodeId, bool),
 }
 
 /// Why an input or output was refused.
@@ -138,6 +141,20 @@ pub struct ControlStats {
     pub drifts: u64,
     /// Drifted nodes not remediated within the drift remediation timeout (taken Down).
     pub drift_timeouts: u64,
+    /// Nodes booted into the hardened image for a sensitive claim.
+    pub hardened_boots: u64,
+    /// Hardened boots that failed or timed out (the node Down, the claim failed).
+    pub boot_failures: u64,
+}
+
+/// A sensitive claim committed but not launched: its nodes boot the hardened image.
+#[derive(Clone, Debug)]
+struct Booting {
+    /// Nodes still booting.
+    waiting: std::collections::BTreeSet<NodeId>,
+    /// When the boot fails for the nodes still booting.
+    deadline: Time,
+    staging_remaining_s: f64,
 }
 
 /// The checkpoint bookkeeping of one allocation.
@@ -165,6 +182,10 @@ pub struct Controller {
     pub engine: Engine,
     pub grace: HeartbeatGrace,
     pub drift_timeout: DriftTimeout,
+    /// Sensitive claims boot their nodes into the hardened image before they launch (book:
+    /// "OpenCHAMI boots N1-N4 with hardened sensitive image (if not already)"), each boot given this
+    /// long (the book's boot timeout, 10 min); `None`: claims launch at once (no hardened image).
+    pub hardened_boot: Option<Duration>,
     /// Check every preemption decision against the rules (only down, never a sensitive victim).
     pub check_preemptions: bool,
     pub stats: ControlStats,
@@ -176,6 +197,10 @@ pub struct Controller {
     drifted: BTreeMap<NodeId, Time>,
     /// Drifted nodes already taken Down for not being remediated in time.
     drift_expired: std::collections::BTreeSet<NodeId>,
+    /// Nodes running the hardened image (booted for a claim; a wipe keeps the image).
+    hardened: std::collections::BTreeSet<NodeId>,
+    /// Claims whose nodes boot the hardened image before they launch.
+    booting: BTreeMap<AllocId, Booting>,
 }
 
 impl Controller {
@@ -191,7 +216,20 @@ impl Controller {
             last_wake: None,
             drifted: Default::default(),
             drift_expired: Default::default(),
+            hardened_boot: None,
+            hardened: Default::default(),
+            booting: Default::default(),
         }
+    }
+
+    /// Whether the node runs the hardened image (as far as the controller knows).
+    pub fn is_hardened(&self, node: NodeId) -> bool {
+        self.hardened.contains(&node)
+    }
+
+    /// Whether the claim's nodes are still booting the hardened image (committed, not launched).
+    pub fn is_booting(&self, id: AllocId) -> bool {
+        self.booting.contains_key(&id)
     }
 
     /// Keeps a log of every decision from now on (`"<ms> <decision>"` lines).
@@ -319,6 +357,10 @@ impl Controller {
                 }
                 self.wiped(now, id, vec![node], ok, world);
             }
+            // A node rebooting into the hardened image is silent until its agent is back: the boot's
+            // own timeout governs it, not the heartbeat grace.
+            Input::Node(node, NodeEvent::HeartbeatMiss) if self.booting.values().any(|b| b.waiting.contains(&node)) => {
+            }
             Input::Node(node, event) => self.node_event(now, node, event, world)?,
             Input::GraceExpired(node) => {
                 if self
@@ -374,6 +416,7 @@ impl Controller {
                 self.engine.mark_all_due(now);
             }
             Input::Conformance(node, drifted) => self.conformance(now, node, drifted, world)?,
+            Input::Booted(id, node, ok) => self.booted(now, id, node, ok, world)?,
         }
         Ok(())
     }
@@ -387,10 +430,94 @@ impl Controller {
     /// window, a staging end) or the next drift remediation deadline, whichever is first.
     pub fn next_wakeup(&self) -> Option<Time> {
         let drift_due = self.drifted.keys().filter_map(|n| self.drift_deadline(*n)).min();
-        match (self.engine.next_wakeup(), drift_due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let boot_due = self.booting.values().map(|b| b.deadline).min();
+        [self.engine.next_wakeup(), drift_due, boot_due]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// A node of a booting claim reported: booted, it runs the hardened image (once every node
+    /// has, the claim's boot is audited and it launches); failed, the node goes Down (Booting →
+    /// Failed) and the claim fails — a sensitive claim is never requeued — its nodes released and
+    /// wiped. A late report (the claim ended, or the boot already timed out) changes nothing.
+    fn booted(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        node: NodeId,
+        ok: bool,
+        world: &mut dyn World,
+    ) -> Result<(), ControlError> {
+        let Some(b) = self.booting.get_mut(&id) else {
+            return Ok(());
+        };
+        if !b.waiting.remove(&node) {
+            return Ok(());
         }
+        if !ok {
+            return self.boot_failed(now, id, vec![node], world);
+        }
+        self.hardened.insert(node);
+        self.stats.hardened_boots += 1;
+        if !b.waiting.is_empty() {
+            return Ok(());
+        }
+        let staging_remaining_s = b.staging_remaining_s;
+        self.booting.remove(&id);
+        let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+        self.emit(
+            world,
+            now,
+            Decision::Audit {
+                alloc: id,
+                event: AuditEvent::Boot,
+                nodes: nodes.clone(),
+            },
+        );
+        self.launch(now, id, nodes, staging_remaining_s, world);
+        Ok(())
+    }
+
+    /// Hardened boots that failed (or ran out of time): each node Down; the first ends the claim.
+    fn boot_failed(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        nodes: Vec<NodeId>,
+        world: &mut dyn World,
+    ) -> Result<(), ControlError> {
+        self.booting.remove(&id);
+        for n in nodes {
+            self.stats.boot_failures += 1;
+            let down = self
+                .engine
+                .node(n)
+                .is_some_and(|x| matches!(x.state, crate::node::NodeState::Down | crate::node::NodeState::Failed));
+            if !down {
+                self.node_event(now, n, NodeEvent::HardwareFailure, world)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims whose hardened boot ran out of time: the nodes still booting fail. Whether any did.
+    fn expire_boots(&mut self, now: Time, world: &mut dyn World) -> Result<bool, ControlError> {
+        let due: Vec<AllocId> = self
+            .booting
+            .iter()
+            .filter(|(_, b)| b.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &due {
+            let nodes = self
+                .booting
+                .get(id)
+                .map(|b| b.waiting.iter().copied().collect())
+                .unwrap_or_default();
+            self.boot_failed(now, *id, nodes, world)?;
+        }
+        Ok(!due.is_empty())
     }
 
     /// When a drifted node's remediation time runs out (`None`: not drifted, or already out).
@@ -511,6 +638,8 @@ impl Controller {
         if !a.spec.sensitive_claim {
             return;
         }
+        // Ended while its nodes booted (cancelled, or a boot failed): later reports are stale.
+        self.booting.remove(&id);
         let nodes = a.nodes.clone();
         self.emit(
             world,
@@ -543,7 +672,8 @@ impl Controller {
             return Ok(());
         };
         let nodes = a.nodes.clone();
-        if a.spec.sensitive_claim {
+        let claim = a.spec.sensitive_claim;
+        if claim {
             self.emit(
                 world,
                 now,
@@ -554,6 +684,28 @@ impl Controller {
                 },
             );
         }
+        if claim && let Some(timeout) = self.hardened_boot {
+            // Its nodes boot the hardened image first (those not running it already).
+            let boot: Vec<NodeId> = nodes.iter().copied().filter(|n| !self.hardened.contains(n)).collect();
+            if !boot.is_empty() {
+                self.booting.insert(
+                    id,
+                    Booting {
+                        waiting: boot.iter().copied().collect(),
+                        deadline: now + timeout,
+                        staging_remaining_s,
+                    },
+                );
+                self.emit(world, now, Decision::Boot { alloc: id, nodes: boot });
+                return Ok(());
+            }
+        }
+        self.launch(now, id, nodes, staging_remaining_s, world);
+        Ok(())
+    }
+
+    /// The committed allocation runs from its resume point.
+    fn launch(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, staging_remaining_s: f64, world: &mut dyn World) {
         let r = self.run(id);
         r.start = now;
         r.base = r.saved;
@@ -569,7 +721,6 @@ impl Controller {
                 staging_remaining_s,
             },
         );
-        Ok(())
     }
 
     /// The grace a node that stops heartbeating gets before it is Down and its allocation is
@@ -637,7 +788,8 @@ impl Controller {
     pub fn dispatch(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError> {
         // A drift whose remediation time ran out takes its node Down, as a node event would before
         // the pass: the pass runs again with the node out (its work requeued).
-        if self.expire_drifts(now, world)? {
+        let drifts = self.expire_drifts(now, world)?;
+        if self.expire_boots(now, world)? || drifts {
             self.engine.schedule(now);
         }
         for (alloc, node, added) in self.engine.drain_scale_log() {

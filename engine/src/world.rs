@@ -28,6 +28,8 @@ pub enum AuditEvent {
     Wipe,
     /// The wipe failed: the nodes are quarantined (Down).
     Quarantine,
+    /// The claim's nodes booted the hardened image; it launches.
+    Boot,
 }
 
 impl AuditEvent {
@@ -37,6 +39,7 @@ impl AuditEvent {
             AuditEvent::Release => "release",
             AuditEvent::Wipe => "wipe",
             AuditEvent::Quarantine => "quarantine",
+            AuditEvent::Boot => "boot",
         }
     }
 }
@@ -110,6 +113,9 @@ pub enum Decision {
     Checkpoint { alloc: AllocId },
     /// Fleet: securely wipe the nodes a sensitive claim released.
     Wipe { alloc: AllocId, nodes: Vec<NodeId> },
+    /// Fleet: boot a committed sensitive claim's nodes into the hardened image (OpenCHAMI BSS)
+    /// before it launches; the world reports each node with `Input::Booted`.
+    Boot { alloc: AllocId, nodes: Vec<NodeId> },
     /// Fleet: the node's conformance fingerprint drifted from its baseline (`drifted`), or conforms
     /// again. The world signals the infrastructure (OpenCHAMI flags the node for remediation); for a
     /// `sensitive` node it also appends a `drift` / `conformant` entry to the audit log.
@@ -153,6 +159,8 @@ pub trait Fleet {
     /// outcome comes later as an input.
     fn checkpoint(&mut self, view: &Engine, now: Time, alloc: AllocId) -> Option<bool>;
     fn wipe(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
+    /// Boots the nodes into the hardened image; each node's outcome comes later as an input.
+    fn boot(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
     fn drift(&mut self, view: &Engine, now: Time, node: NodeId, drifted: bool, sensitive: bool);
     fn watch(&mut self, view: &Engine, now: Time, node: NodeId, grace: Duration);
 }
@@ -204,6 +212,10 @@ impl Decision {
             Decision::Checkpoint { alloc } => world.checkpoint(view, now, *alloc),
             Decision::Wipe { alloc, nodes } => {
                 world.wipe(view, now, *alloc, nodes);
+                None
+            }
+            Decision::Boot { alloc, nodes } => {
+                world.boot(view, now, *alloc, nodes);
                 None
             }
             Decision::Drift {
@@ -272,6 +284,7 @@ impl std::fmt::Display for Decision {
             }
             Decision::Checkpoint { alloc } => write!(f, "checkpoint {alloc}"),
             Decision::Wipe { alloc, nodes } => write!(f, "wipe {alloc} [{}]", list(nodes)),
+            Decision::Boot { alloc, nodes } => write!(f, "boot {alloc} [{}]", list(nodes)),
             Decision::Drift {
                 node,
                 drifted,

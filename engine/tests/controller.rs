@@ -72,6 +72,12 @@ impl lattice_engine::Fleet for Recorder {
             nodes: nodes.to_vec(),
         });
     }
+    fn boot(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, nodes: &[NodeId]) {
+        self.0.push(Decision::Boot {
+            alloc,
+            nodes: nodes.to_vec(),
+        });
+    }
     fn watch(&mut self, _: &Engine, _: Time, node: NodeId, grace: Duration) {
         self.0.push(Decision::Watch { node, grace });
     }
@@ -405,4 +411,146 @@ fn a_drifted_sensitive_node_stays_drained_until_an_operator_undrains_it() {
     assert_eq!(c.engine.node(n).unwrap().state, lattice_engine::NodeState::Drained);
     c.apply(Time(7), Input::Node(n, NodeEvent::Undrain), &mut w).unwrap();
     assert_eq!(c.engine.node(n).unwrap().state, lattice_engine::NodeState::Ready);
+}
+
+/// A claim of `k` nodes in the sensitive controller's vCluster.
+fn claim(c: &mut Controller, now: Time, k: u32) -> lattice_engine::AllocId {
+    let mut spec = AllocSpec::simple(
+        lattice_engine::TenantId(0),
+        lattice_engine::VClusterId(0),
+        k,
+        Duration::from_hours(1),
+    );
+    spec.sensitive_claim = true;
+    c.submit(now, spec).unwrap()
+}
+
+fn launched(w: &Recorder, id: lattice_engine::AllocId) -> bool {
+    w.0.iter()
+        .any(|d| matches!(d, Decision::Launch { alloc, .. } if *alloc == id))
+}
+
+fn audited(w: &Recorder, id: lattice_engine::AllocId) -> Vec<&'static str> {
+    w.0.iter()
+        .filter_map(|d| match d {
+            Decision::Audit { alloc, event, .. } if *alloc == id => Some(event.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With a hardened image, a committed claim first boots its nodes into it (book: "OpenCHAMI boots
+/// N1-N4 with hardened sensitive image (if not already)"): it launches only once every node has
+/// booted, the boot audited between claim and launch; a later claim on the same nodes launches at
+/// once (they still run the hardened image after the wipe).
+#[test]
+fn a_claim_boots_its_nodes_into_the_hardened_image_before_it_launches() {
+    let mut c = sensitive_controller(2);
+    c.hardened_boot = Some(Duration::from_mins(10));
+    let mut w = Recorder::default();
+    let id = claim(&mut c, Time(0), 2);
+    pass(&mut c, Time(0), &mut w);
+    assert!(
+        w.0.contains(&Decision::Boot {
+            alloc: id,
+            nodes: vec![NodeId(0), NodeId(1)]
+        }),
+        "{:?}",
+        w.0
+    );
+    assert!(!launched(&w, id), "not before its nodes booted");
+    assert!(c.is_booting(id));
+    assert_eq!(
+        c.next_wakeup(),
+        Some(Time(0) + Duration::from_mins(10)),
+        "woken at the boot deadline"
+    );
+    // A node rebooting is silent: no heartbeat watch while it boots.
+    c.apply(Time(500), Input::Node(NodeId(1), NodeEvent::HeartbeatMiss), &mut w)
+        .unwrap();
+    assert!(!w.0.iter().any(|d| matches!(d, Decision::Watch { .. })), "{:?}", w.0);
+    c.apply(Time(1000), Input::Booted(id, NodeId(0), true), &mut w).unwrap();
+    assert!(!launched(&w, id), "one node is still booting");
+    // A duplicate report changes nothing.
+    c.apply(Time(1500), Input::Booted(id, NodeId(0), true), &mut w).unwrap();
+    c.apply(Time(2000), Input::Booted(id, NodeId(1), true), &mut w).unwrap();
+    assert!(launched(&w, id));
+    assert_eq!(audited(&w, id), ["claim", "boot"]);
+    assert!(c.is_hardened(NodeId(0)) && c.is_hardened(NodeId(1)));
+    assert_eq!(c.stats.hardened_boots, 2);
+    // It ends, its nodes are wiped; the next claim launches without booting.
+    c.apply(
+        Time(9000),
+        Input::Exited(id, lattice_engine::EndReason::Success),
+        &mut w,
+    )
+    .unwrap();
+    c.apply(Time(10_000), Input::WipeDone(id, true), &mut w).unwrap();
+    let before = w.0.len();
+    let next = claim(&mut c, Time(11_000), 2);
+    pass(&mut c, Time(11_000), &mut w);
+    assert!(launched(&w, next));
+    assert!(
+        !w.0[before..].iter().any(|d| matches!(d, Decision::Boot { .. })),
+        "{:?}",
+        &w.0[before..]
+    );
+}
+
+/// A node whose hardened boot fails goes Down (Booting → Failed) and the claim fails — never
+/// requeued — its nodes released and wiped; a boot that does not finish within the timeout fails the
+/// same way; nothing launches in either case.
+#[test]
+fn a_failed_or_timed_out_hardened_boot_fails_the_claim() {
+    let mut c = sensitive_controller(4);
+    c.hardened_boot = Some(Duration::from_mins(10));
+    let mut w = Recorder::default();
+    let failed = claim(&mut c, Time(0), 2);
+    pass(&mut c, Time(0), &mut w);
+    let nodes = c.engine.allocation(failed).unwrap().nodes.clone();
+    c.apply(Time(500), Input::Booted(failed, nodes[0], true), &mut w)
+        .unwrap();
+    c.apply(Time(900), Input::Booted(failed, nodes[1], false), &mut w)
+        .unwrap();
+    assert!(!launched(&w, failed));
+    assert_eq!(
+        c.engine.allocation(failed).unwrap().state,
+        lattice_engine::AllocState::Failed
+    );
+    assert_eq!(c.engine.node(nodes[1]).unwrap().state, lattice_engine::NodeState::Down);
+    assert!(
+        w.0.contains(&Decision::Wipe {
+            alloc: failed,
+            nodes: nodes.clone()
+        }),
+        "{:?}",
+        w.0
+    );
+    assert_eq!(audited(&w, failed), ["claim", "release"]);
+    assert_eq!(c.stats.boot_failures, 1);
+    // Timed out: the two other nodes never report; ten minutes on, both are Down, the claim failed.
+    let slow = claim(&mut c, Time(1000), 2);
+    pass(&mut c, Time(1000), &mut w);
+    let slow_nodes = c.engine.allocation(slow).unwrap().nodes.clone();
+    assert!(
+        slow_nodes.iter().all(|n| !nodes.contains(n) || *n == nodes[0]),
+        "{slow_nodes:?}"
+    );
+    let deadline = Time(1000) + Duration::from_mins(10);
+    assert_eq!(c.next_wakeup(), Some(deadline));
+    pass(&mut c, deadline, &mut w);
+    assert!(!launched(&w, slow));
+    assert_eq!(
+        c.engine.allocation(slow).unwrap().state,
+        lattice_engine::AllocState::Failed
+    );
+    let booting: Vec<NodeId> = slow_nodes.iter().copied().filter(|n| !c.is_hardened(*n)).collect();
+    for n in &booting {
+        assert_eq!(c.engine.node(*n).unwrap().state, lattice_engine::NodeState::Down);
+    }
+    // A late report changes nothing.
+    c.apply(Time(deadline.0 + 10), Input::Booted(slow, booting[0], true), &mut w)
+        .unwrap();
+    assert!(!launched(&w, slow));
+    assert!(!c.is_booting(slow));
 }

@@ -126,6 +126,14 @@ pub struct SensitiveConfig {
     /// A released node's secure wipe not confirmed within this fails: the node is quarantined.
     #[serde(default = "wipe_timeout_default")]
     pub wipe_timeout: String,
+    /// A claim's node not booted into the hardened image within this (`services.openchami.hardened`)
+    /// fails: the node is out (Failed) and the claim fails (the book's boot timeout).
+    #[serde(default = "boot_timeout_default")]
+    pub boot_timeout: String,
+}
+
+fn boot_timeout_default() -> String {
+    "10m".into()
 }
 
 fn wipe_timeout_default() -> String {
@@ -136,6 +144,7 @@ impl Default for SensitiveConfig {
     fn default() -> Self {
         SensitiveConfig {
             wipe_timeout: wipe_timeout_default(),
+            boot_timeout: boot_timeout_default(),
         }
     }
 }
@@ -143,6 +152,10 @@ impl Default for SensitiveConfig {
 impl SensitiveConfig {
     pub fn wipe_timeout_ms(&self) -> u64 {
         lattice_traces::parse_duration(&self.wipe_timeout).map_or(30 * 60_000, |d| d.0)
+    }
+
+    pub fn boot_timeout(&self) -> lattice_engine::Duration {
+        lattice_traces::parse_duration(&self.boot_timeout).unwrap_or(lattice_engine::Duration::from_mins(10))
     }
 }
 
@@ -362,6 +375,8 @@ impl RuntimeConfig {
         c.accounting.validate().map_err(err)?;
         lattice_traces::parse_duration(&c.sensitive.wipe_timeout)
             .map_err(|m| err(format!("sensitive.wipe_timeout: {m}")))?;
+        lattice_traces::parse_duration(&c.sensitive.boot_timeout)
+            .map_err(|m| err(format!("sensitive.boot_timeout: {m}")))?;
         if let Some(o) = &c.services.openchami {
             o.validate().map_err(|m| err(format!("services.openchami.{m}")))?;
         }

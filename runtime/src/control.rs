@@ -571,6 +571,8 @@ pub struct Tally {
     pub wipe_failures: u64,
     /// Drifted nodes taken Down for not being remediated in time.
     pub drift_timeouts: u64,
+    /// Hardened boots of claimed nodes that failed or timed out (the node out, the claim failed).
+    pub boot_failures: u64,
     pub checkpoints_ok: u64,
     pub checkpoints_failed: u64,
     /// Preemption checkpoints: hint to the last node's report, seconds.
@@ -1624,8 +1626,17 @@ impl Control {
         let stats = self.ctl.schedule(now);
         let took = t0.elapsed();
         let expired = self.ctl.stats.drift_timeouts;
+        let boot_failures = self.ctl.stats.boot_failures;
         if let Err(e) = self.ctl.dispatch(now, &mut self.outbox) {
             tracing::error!("carrying out the pass's decisions: {e}");
+        }
+        let timed_out = self.ctl.stats.boot_failures - boot_failures;
+        if timed_out > 0 {
+            self.tally.boot_failures += timed_out;
+            tracing::error!(
+                "{timed_out} claimed node(s) not booted into the hardened image within sensitive.boot_timeout: \
+                 out of service, their claims failed (an operator must investigate)"
+            );
         }
         let expired = self.ctl.stats.drift_timeouts - expired;
         if expired > 0 {
@@ -1904,6 +1915,17 @@ impl Control {
                             },
                         );
                         out.push(Action::Wipe {
+                            alloc,
+                            name: self.name_of(alloc),
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                        })
+                    }
+                    Decision::Boot { alloc, nodes } => {
+                        tracing::info!(
+                            "{}: its nodes boot the hardened image before it starts",
+                            self.name_of(alloc)
+                        );
+                        out.push(Action::Boot {
                             alloc,
                             name: self.name_of(alloc),
                             nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
@@ -3163,8 +3185,9 @@ impl Control {
             // With a fabric manager, a job on a VNI starts once its CXI service exists.
             let fabric_ready = !self.fabric || vni.is_none() || self.cxi.contains_key(&name);
             let cxi_auth_key = self.cxi.get(&name).map(|c| c.1.clone());
-            // A victim being preempted is not started where it does not run yet.
-            let stopping = self.preempting.contains_key(&id);
+            // A victim being preempted is not started where it does not run yet; a claim whose nodes
+            // boot the hardened image starts once they all have.
+            let stopping = self.preempting.contains_key(&id) || self.ctl.is_booting(id);
             if self.fresh_starts.contains(&(nid.0, id)) {
                 if running.contains(&name) {
                     // An earlier start's process: stopped before this start runs here (else the
@@ -3387,6 +3410,55 @@ impl Control {
             return false;
         };
         self.wipe_outcome(id, nid, ok, reason)
+    }
+
+    /// One node of claim `name` booted the hardened image (`ok`) or failed to: the controller
+    /// launches the claim once every node booted, or fails it (the node Down). Whether it was
+    /// awaited.
+    pub fn node_booted(&mut self, name: &str, node: &str, ok: bool) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.booted(id, nid, ok)
+    }
+
+    /// [`Control::node_booted`] by ids (a replay's fake world reports so).
+    pub fn booted(&mut self, id: AllocId, node: lattice_engine::NodeId, ok: bool) -> bool {
+        if !self.boot_awaited_id(id, node) {
+            return false;
+        }
+        if !ok {
+            tracing::warn!(
+                "{}: {} failed to boot the hardened image; the node is out (Failed) and the claim fails",
+                self.name_of(id),
+                self.node_names[node.index()]
+            );
+        }
+        if let Err(e) = self.input(Input::Booted(id, node, ok)) {
+            tracing::warn!("{}: boot result not applied: {e}", self.name_of(id));
+        }
+        if !ok {
+            self.tally.boot_failures += 1;
+        }
+        true
+    }
+
+    /// Is `node`'s hardened boot for claim `name` still awaited (not reported, not timed out, the
+    /// claim not ended)?
+    pub fn boot_awaited(&self, name: &str, node: &str) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.boot_awaited_id(id, nid)
+    }
+
+    fn boot_awaited_id(&self, id: AllocId, node: lattice_engine::NodeId) -> bool {
+        self.ctl.is_booting(id)
+            && self
+                .ctl
+                .engine
+                .allocation(id)
+                .is_some_and(|a| a.nodes.contains(&node) && !self.ctl.is_hardened(node))
     }
 
     /// Is `node`'s wipe for claim `name` still awaited?

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub checkpoint_duration: Histogram,
     pub wipe_failures: IntCounter,
     pub drift_timeouts: IntCounter,
+    pub boot_failures: IntCounter,
     pub walltime_conflicts: IntCounter,
     pub autoscaling_query_failures: IntCounter,
     pub cost_function: HistogramVec,
@@ -195,6 +196,10 @@ impl Metrics {
             drift_timeouts: reg!(counter(
                 "lattice_node_drift_timeouts_total",
                 "Drifted nodes not remediated within the drift remediation timeout (taken Down)."
+            )),
+            boot_failures: reg!(counter(
+                "lattice_sensitive_boot_failures_total",
+                "Claimed sensitive nodes whose hardened-image boot failed or timed out (the node is out, the claim failed)."
             )),
             fabric_errors: reg!(counter(
                 "lattice_fabric_errors_total",
@@ -359,6 +364,7 @@ impl Metrics {
         self.failed_checkpoints.inc_by(t.failed_checkpoints);
         self.wipe_failures.inc_by(t.wipe_failures);
         self.drift_timeouts.inc_by(t.drift_timeouts);
+        self.boot_failures.inc_by(t.boot_failures);
         self.walltime_conflicts.inc_by(t.walltime_conflicts);
         for s in &t.preemption_checkpoint_s {
             self.preemption_checkpoint.observe(*s);

@@ -51,15 +51,21 @@ pub struct OpenChamiConfig {
     pub dragonfly_prefix: String,
     /// The secure-wipe image: with it, OpenCHAMI wipes released sensitive nodes (instead of the
     /// agents' `--wipe-command`).
-    pub wipe: Option<WipeImage>,
+    pub wipe: Option<BootImage>,
+    /// The hardened image (book: "OS Image": minimal kernel, SELinux enforcing, no SSH, auditd):
+    /// with it, a committed sensitive claim's nodes boot it before the claim starts (those already
+    /// running it do not boot again); its boot sets the node's SMD `SoftwareStatus` to `Hardened`
+    /// (or `BootFailed`).
+    pub hardened: Option<BootImage>,
 }
 
-/// What a node boots to wipe itself (book: "Sensitive Release Sequence": GPU memory clear, NVMe
-/// secure erase, RAM scrub); the image sets the node's SMD `SoftwareStatus` to `Wiped` or
-/// `WipeFailed` when done.
+/// An image OpenCHAMI boots a node into through BSS for a step of the sensitive lifecycle: the
+/// wipe (book: "Sensitive Release Sequence": GPU memory clear, NVMe secure erase, RAM scrub; it sets
+/// SMD's `SoftwareStatus` to `Wiped` or `WipeFailed` when done) or the hardened OS (`Hardened` or
+/// `BootFailed`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WipeImage {
+pub struct BootImage {
     pub kernel: String,
     #[serde(default)]
     pub initrd: String,
@@ -122,10 +128,12 @@ impl OpenChamiConfig {
         }
         lattice_traces::parse_duration(&self.timeout).map_err(|m| format!("timeout: {m}"))?;
         lattice_traces::parse_duration(&self.refresh).map_err(|m| format!("refresh: {m}"))?;
-        if let Some(w) = &self.wipe {
-            lattice_traces::parse_duration(&w.poll).map_err(|m| format!("wipe.poll: {m}"))?;
-            if w.kernel.is_empty() {
-                return Err("wipe.kernel: the wipe image's kernel".into());
+        for (key, image) in [("wipe", &self.wipe), ("hardened", &self.hardened)] {
+            if let Some(w) = image {
+                lattice_traces::parse_duration(&w.poll).map_err(|m| format!("{key}.poll: {m}"))?;
+                if w.kernel.is_empty() {
+                    return Err(format!("{key}.kernel: the {key} image's kernel"));
+                }
             }
         }
         for (label, g) in &self.groups {
@@ -358,6 +366,72 @@ pub async fn flag_drift(s: Arc<Shared>, oc: Arc<OpenChami>, node: String, drifte
     }
 }
 
+/// Boots one node of a committed sensitive claim into the hardened image through OpenCHAMI (book:
+/// "OpenCHAMI boots N1-N4 with hardened sensitive image (if not already)"): a node whose BSS
+/// parameters already name the image is done at once; otherwise its SMD software status is set to
+/// `BootPending`, BSS pointed at the image and the node rebooted through PCS, then SMD is polled
+/// until the image reports `Hardened` (booted) or `BootFailed`. OpenCHAMI being down is retried
+/// until the control plane stops waiting (the claim ended, or `sensitive.boot_timeout` ran out:
+/// the node is then out and the claim failed).
+pub async fn harden(s: Arc<Shared>, oc: Arc<OpenChami>, image: BootImage, claim: String, node: String) {
+    let poll = std::time::Duration::from_millis(lattice_traces::parse_duration(&image.poll).map_or(5_000, |d| d.0));
+    let awaited = || async { s.control.lock().await.boot_awaited(&claim, &node) };
+    let pause = |d| {
+        let mut st = s.stopped.clone();
+        async move { crate::server::sleep_unless_stopped(&mut st, d).await }
+    };
+    let params = lattice_adapters::openchami::BootParams {
+        kernel: image.kernel.clone(),
+        initrd: image.initrd.clone(),
+        params: image.params.clone(),
+    };
+    let ok = loop {
+        let started = async {
+            if oc.boot_params(&node).await?.as_ref() == Some(&params) {
+                return Ok::<_, lattice_adapters::http::HttpError>(true);
+            }
+            oc.software_status(&node, "BootPending").await?;
+            oc.set_boot_params(&node, &params).await?;
+            oc.restart(&node).await?;
+            Ok(false)
+        }
+        .await;
+        match started {
+            Ok(true) => break Some(true),
+            Ok(false) => break None,
+            Err(e) => tracing::warn!("{node}: booting the hardened image for {claim}: {e} (retrying)"),
+        }
+        if !pause(poll).await || !awaited().await {
+            return;
+        }
+    };
+    let ok = match ok {
+        Some(ok) => ok,
+        None => {
+            tracing::info!("{node}: OpenCHAMI boots the hardened image for {claim}");
+            loop {
+                if !pause(poll).await || !awaited().await {
+                    return;
+                }
+                match oc.component(&node).await {
+                    Ok(c) => match c.software_status.as_deref() {
+                        Some("Hardened") => break true,
+                        Some("BootFailed") => break false,
+                        _ => {}
+                    },
+                    Err(e) => tracing::warn!("{node}: asking SMD for the hardened boot's outcome: {e}"),
+                }
+            }
+        }
+    };
+    let actions = {
+        let mut c = s.control.lock().await;
+        c.node_booted(&claim, &node, ok);
+        c.take_actions()
+    };
+    crate::server::execute(s.clone(), actions).await;
+}
+
 /// The secure wipe of one released sensitive node through OpenCHAMI (book: "Sensitive Release
 /// Sequence"): its SMD software status set to `WipePending`, BSS pointed at the wipe image, a PCS
 /// reboot; then SMD is polled until the image reports `Wiped` or `WipeFailed`, and the node's
@@ -365,7 +439,7 @@ pub async fn flag_drift(s: Arc<Shared>, oc: Arc<OpenChami>, node: String, drifte
 /// goes to the control plane (a wiped node returns to the pool, a failed one is quarantined);
 /// OpenCHAMI being down is retried until the control plane's `sensitive.wipe_timeout` gives up on
 /// the node (quarantined, "no wipe confirmation").
-pub async fn wipe(s: Arc<Shared>, oc: Arc<OpenChami>, image: WipeImage, claim: String, node: String) {
+pub async fn wipe(s: Arc<Shared>, oc: Arc<OpenChami>, image: BootImage, claim: String, node: String) {
     let poll = std::time::Duration::from_millis(lattice_traces::parse_duration(&image.poll).map_or(5_000, |d| d.0));
     let awaited = || async { s.control.lock().await.wipe_awaited(&claim, &node) };
     let pause = |d| {

@@ -117,6 +117,10 @@ impl ReplayHost {
                 alloc: *alloc,
                 nodes: self.nodes(nodes),
             },
+            Action::Boot { alloc, nodes, .. } => Decision::Boot {
+                alloc: *alloc,
+                nodes: self.nodes(nodes),
+            },
             Action::Watch { node, grace } => Decision::Watch {
                 node: *node,
                 grace: *grace,
@@ -167,6 +171,9 @@ impl Host for ReplayHost {
             }
             Input::Checkpointed(id, ok) => self.control.checkpointed(id, ok),
             Input::WipeDone(id, ok) => self.control.wiped(id, ok),
+            Input::Booted(id, node, ok) => {
+                self.control.booted(id, node, ok);
+            }
             Input::Cancel(id) => {
                 let name = self.control.name_of(id);
                 self.control.cancel(&name);

@@ -96,7 +96,9 @@ pub struct Shared {
     /// OpenCHAMI (`services.openchami`): SMD, BSS and PCS.
     pub openchami: Option<Arc<lattice_adapters::openchami::OpenChami>>,
     /// `services.openchami.wipe`: OpenCHAMI wipes released sensitive nodes.
-    pub openchami_wipe: Option<crate::openchami::WipeImage>,
+    pub openchami_wipe: Option<crate::openchami::BootImage>,
+    /// `services.openchami.hardened`: claimed nodes boot the hardened image first.
+    pub openchami_hardened: Option<crate::openchami::BootImage>,
     /// The federation broker (`federation.enabled`, built with the `federation` feature).
     #[cfg(feature = "federation")]
     pub federation: Option<Arc<crate::federation::broker::Broker>>,
@@ -251,6 +253,13 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let wipe_by_openchami = cfg.services.openchami.as_ref().is_some_and(|o| o.wipe.is_some()) && !simulate_agents;
     let heartbeat_grace = cfg.agents.grace();
     let drift_timeout = cfg.agents.drift_timeout();
+    // Claims boot the hardened image first only where OpenCHAMI has one to boot.
+    let hardened_boot = cfg
+        .services
+        .openchami
+        .as_ref()
+        .and_then(|o| o.hardened.as_ref())
+        .map(|_| cfg.sensitive.boot_timeout());
     let heartbeat_timeout_ms = cfg.agents.durations().0;
     // Allocations' launch tokens derive from a secret of this process (a simulation's is fixed).
     let launch_secret = match &disk {
@@ -265,6 +274,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         c.wall = clock;
         c.ctl.grace = heartbeat_grace;
         c.ctl.drift_timeout = drift_timeout;
+        c.ctl.hardened_boot = hardened_boot;
         c.heartbeat_timeout_ms = heartbeat_timeout_ms;
         c.launch_secret = launch_secret;
         c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
@@ -381,6 +391,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         accounting: accounting.clone(),
         openchami: openchami.clone(),
         openchami_wipe: cfg.services.openchami.as_ref().and_then(|o| o.wipe.clone()),
+        openchami_hardened: cfg.services.openchami.as_ref().and_then(|o| o.hardened.clone()),
         #[cfg(feature = "federation")]
         federation,
     });
@@ -756,6 +767,17 @@ pub fn execute(
                         tracing::info!("{name}: its agents wipe {}", nodes.join(","));
                     }
                 }
+                Action::Boot { name, nodes, .. } => match (&shared.openchami, &shared.openchami_hardened) {
+                    (Some(oc), Some(image)) => {
+                        for node in nodes {
+                            let boot =
+                                crate::openchami::harden(shared.clone(), oc.clone(), image.clone(), name.clone(), node);
+                            tokio::spawn(boot);
+                        }
+                    }
+                    // The controller only boots with a hardened image configured.
+                    _ => tracing::warn!("{name}: a hardened boot without OpenCHAMI's hardened image"),
+                },
             }
         }
     })

@@ -83,6 +83,15 @@ impl Fleet for Outbox {
             },
         ));
     }
+    fn boot(&mut self, _view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {
+        self.0.push((
+            now,
+            Decision::Boot {
+                alloc,
+                nodes: nodes.to_vec(),
+            },
+        ));
+    }
     fn watch(&mut self, _view: &Engine, now: Time, node: NodeId, grace: Duration) {
         self.0.push((now, Decision::Watch { node, grace }));
     }
@@ -157,6 +166,13 @@ pub enum Action {
     Checkpoint { alloc: AllocId, name: String },
     /// Securely wipe the nodes a sensitive claim released.
     Wipe {
+        alloc: AllocId,
+        name: String,
+        nodes: Vec<String>,
+    },
+    /// Boot a committed sensitive claim's nodes into the hardened image through OpenCHAMI (BSS, a
+    /// PCS reboot); each node's outcome goes back to the control plane.
+    Boot {
         alloc: AllocId,
         name: String,
         nodes: Vec<String>,

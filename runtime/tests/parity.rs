@@ -307,9 +307,17 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
                 .insert(project.to_string(), quota);
         }
     }
+    // Some seeds boot claims into the hardened image first: boots that succeed, fail or time out.
+    let hardened_boot = seed.is_multiple_of(3).then_some(lattice_sim::BootModel {
+        min: Duration::from_mins(1),
+        max: Duration::from_mins(12),
+        failure_probability: 0.2,
+        timeout: Duration::from_mins(10),
+    });
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
         projects,
+        hardened_boot,
         decision_log: true,
         seed,
         failures: fail.then_some(FailureModel {
@@ -344,6 +352,27 @@ fn an_unremediated_drift_decides_the_same_in_both_worlds() {
         "{:?}",
         r.decisions
     );
+}
+
+/// Claims whose nodes boot the hardened image first (seed 3: boots of 1-12 minutes, one in five
+/// failing, a 10-minute timeout) decide the same in both worlds, and the capture replays the same.
+#[test]
+fn hardened_boots_decide_the_same_in_both_worlds() {
+    let text = (0..6)
+        .map(|i| {
+            let a = serde_json::json!({"id": format!("c{i}"), "tenant": "a", "user": "dr-who", "nodes": 3, "duration": 600, "walltime": 1200});
+            let j = serde_json::json!({"id": format!("j{i}"), "tenant": "b", "nodes": 4, "duration": 900, "walltime": 1800});
+            format!(
+                "{}\n{}",
+                serde_json::json!({"ts": i * 2000, "type": "claim", "claim": a}),
+                serde_json::json!({"ts": i * 2000 + 5, "type": "submit", "alloc": j})
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let r = generated_case(&text, 3, false);
+    assert!(decisions_of(&r, "boot") > 0, "{:?}", r.decisions);
+    assert!(r.summary.hardened_boots > 0, "{:?}", r.summary);
 }
 
 /// Cases the property test once found, kept as fixed tests.

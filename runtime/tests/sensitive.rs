@@ -1,5 +1,8 @@
 //! The sensitive node lifecycle in production, with four real agents and a local fake OpenCHAMI
-//! (SMD, BSS, PCS) whose "wipe image" sets each node's SMD `SoftwareStatus` after a reboot:
+//! (SMD, BSS, PCS) whose "hardened" and "wipe" images set each node's SMD `SoftwareStatus` after a
+//! reboot:
+//! - a committed claim's nodes boot the hardened image (BSS, a PCS reboot, `Hardened` at SMD)
+//!   before it starts, audited between claim and release; nodes still running it do not boot again;
 //! - a released claim's nodes are wiped through OpenCHAMI (BSS pointed at the wipe image, a PCS
 //!   reboot, then the previous boot parameters restored); a wiped node returns to the pool, one whose
 //!   wipe fails or is never confirmed within `sensitive.wipe_timeout` is quarantined; every step is in
@@ -69,14 +72,22 @@ async fn put_boot(State(f): S, Json(b): Json<Value>) -> Json<Value> {
     Json(json!({}))
 }
 
-/// A reboot: into the wipe image, the node "wipes" and reports after 300 ms — x2's wipe fails, x3's
-/// image never reports.
+/// A reboot: into the hardened image, the node reports `Hardened` after 200 ms; into the wipe
+/// image, it "wipes" and reports after 300 ms — x2's wipe fails, x3's image never reports.
 async fn transition(State(f): S, Json(b): Json<Value>) -> Json<Value> {
     let x = b["location"][0]["xname"].as_str().unwrap().to_string();
     f.log
         .lock()
         .unwrap()
         .push(("pcs".into(), x.clone(), b["operation"].as_str().unwrap().into()));
+    if f.boot.lock().unwrap()[&x]["kernel"] == "hardened-kernel" {
+        let f = f.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            f.components.lock().unwrap().get_mut(&x).unwrap()["SoftwareStatus"] = json!("Hardened");
+        });
+        return Json(json!({"transitionID": "t-hardened"}));
+    }
     let wiping = f.boot.lock().unwrap()[&x]["kernel"] == "wipe-kernel";
     if wiping && x != "x3" {
         let f = f.clone();
@@ -159,6 +170,7 @@ services:
     refresh: 1s
     timeout: 2s
     wipe: {{kernel: wipe-kernel, initrd: wipe-initrd, params: lattice.wipe=1, poll: 200ms}}
+    hardened: {{kernel: hardened-kernel, initrd: hardened-initrd, params: selinux=1, poll: 200ms}}
 ",
             grpc = free_port()
         ),
@@ -186,7 +198,7 @@ services:
         v["id"].as_str().unwrap().to_string()
     };
 
-    // A claim of all four nodes ends: OpenCHAMI wipes each one.
+    // A claim of all four nodes boots them into the hardened image, runs, ends: OpenCHAMI wipes each.
     let first = claim(4, "true");
     wait_until("the claim to end", Duration::from_secs(20), || {
         alloc(&base, &first)["ended_ms"].is_u64()
@@ -197,11 +209,11 @@ services:
             && ["x2", "x3"].iter().all(|n| node_state(&base, n) == "down")
     });
     wait_until("the audit entries", Duration::from_secs(10), || {
-        audit(&base, &first).len() >= 6
+        audit(&base, &first).len() >= 7
     });
     let entries = audit(&base, &first);
     let actions: Vec<&str> = entries.iter().map(|e| e["action"].as_str().unwrap()).collect();
-    assert_eq!(actions[..2], ["claim", "release"], "{entries:?}");
+    assert_eq!(actions[..3], ["claim", "boot", "release"], "{entries:?}");
     let detail = |action: &str, node: &str| {
         entries
             .iter()
@@ -219,10 +231,11 @@ services:
     let silent = detail("quarantine", "x3").expect("x3 quarantined");
     assert!(silent.contains("no wipe confirmation within 4 s"), "{silent}");
     assert!(entries.iter().all(|e| e["user"] == "dr-x"), "{entries:?}");
-    // Each node booted the wipe image, then its own again (x3 too: restored once given up on).
+    // Each node booted the hardened image for the claim, then the wipe image, then the hardened
+    // one again (x3 too: restored once given up on).
     wait_until("x3's own image restored", Duration::from_secs(5), || {
         let log = fake.log.lock().unwrap();
-        log.iter().filter(|(k, x, _)| k == "pcs" && x == "x3").count() == 2
+        log.iter().filter(|(k, x, _)| k == "pcs" && x == "x3").count() == 3
     });
     let log = fake.log.lock().unwrap().clone();
     for n in NODES {
@@ -231,9 +244,13 @@ services:
             .filter(|(k, x, _)| k == "bss" && x == n)
             .map(|(_, _, v)| v.as_str())
             .collect();
-        assert_eq!(kernels, ["wipe-kernel", "compute-kernel"], "{n}: {log:?}");
+        assert_eq!(
+            kernels,
+            ["hardened-kernel", "wipe-kernel", "hardened-kernel"],
+            "{n}: {log:?}"
+        );
         let reboots = log.iter().filter(|(k, x, _)| k == "pcs" && x == n).count();
-        assert_eq!(reboots, 2, "{n}: {log:?}");
+        assert_eq!(reboots, 3, "{n}: {log:?}");
     }
     // The agents were not asked to wipe (OpenCHAMI did): no agent-side wipe outcome was awaited.
     let (_, m) = call("GET", &format!("{base}/metrics"), None);
@@ -248,6 +265,13 @@ services:
     wait_until("the second claim to run", Duration::from_secs(20), || {
         alloc(&base, &second)["state"] == "running"
     });
+    // Its nodes still run the hardened image: no boot this time.
+    assert!(
+        !audit(&base, &second).iter().any(|e| e["action"] == "boot"),
+        "{:?}",
+        audit(&base, &second)
+    );
+    assert_eq!(fake.log.lock().unwrap().len(), log.len(), "no BSS change, no reboot");
     let killed_at = Instant::now();
     drop(agents.remove("x4"));
     wait_until("x4 degraded", Duration::from_secs(5), || {

@@ -63,6 +63,9 @@ pub struct SimConfig {
     pub sensitive_pool_size: Option<u32>,
     /// Secure wipe of nodes released by sensitive claims.
     pub wipe: WipeModel,
+    /// Sensitive claims boot their nodes into the hardened image before they launch (`None`: they
+    /// launch at once).
+    pub hardened_boot: Option<BootModel>,
     /// Checkpoint storage outages `[down, up)`.
     pub storage_outages: Vec<(Time, Time)>,
     /// Window length for the windowed fairness metrics.
@@ -101,6 +104,7 @@ impl Default for SimConfig {
             projects: BTreeMap::new(),
             sensitive_pool_size: None,
             wipe: WipeModel::default(),
+            hardened_boot: None,
             storage_outages: Vec::new(),
             fairness_window: Duration::from_hours(24),
             failures: None,
@@ -143,6 +147,28 @@ impl Default for WipeModel {
             min: Duration::from_mins(10),
             max: Duration::from_mins(30),
             failure_probability: 0.02,
+        }
+    }
+}
+
+/// The simulated OpenCHAMI boot of a claim's nodes into the hardened image: a uniform duration per
+/// node and a failure probability (seeded draws); a boot not done within `timeout` fails (the
+/// controller's deadline: the book's 10-minute boot timeout).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BootModel {
+    pub min: Duration,
+    pub max: Duration,
+    pub failure_probability: f64,
+    pub timeout: Duration,
+}
+
+impl Default for BootModel {
+    fn default() -> Self {
+        BootModel {
+            min: Duration::from_mins(3),
+            max: Duration::from_mins(6),
+            failure_probability: 0.0,
+            timeout: Duration::from_mins(10),
         }
     }
 }
@@ -318,6 +344,7 @@ pub fn simulate_with<H: Host>(
         )
     });
     let mut ctl = Controller::new(engine);
+    ctl.hardened_boot = cfg.hardened_boot.map(|b| b.timeout);
     ctl.check_preemptions = checker.is_some();
     if cfg.decision_log {
         ctl.enable_log();
@@ -360,6 +387,7 @@ pub fn simulate_with<H: Host>(
         trace_of: Vec::with_capacity(workload.jobs.len()),
         walltime_grace: cfg.walltime_grace,
         wipe: cfg.wipe,
+        boot: cfg.hardened_boot,
         wipe_rng: {
             use rand_chacha::rand_core::SeedableRng;
             rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED_5E45_u64)
@@ -743,6 +771,7 @@ pub fn simulate_with<H: Host>(
                     input
                 }
                 EventKind::WipeDone(id, ok) => Some(Input::WipeDone(id, ok)),
+                EventKind::Booted(id, node, ok) => Some(Input::Booted(id, node, ok)),
                 // The allocation may have ended first (walltime beats checkpoint).
                 EventKind::Suspend(id, epoch, checkpointed) => (epoch == world.fake.epoch(id)).then(|| {
                     world.fake.bump(id, now);
@@ -924,6 +953,8 @@ pub fn simulate_with<H: Host>(
     summary.quarantined_nodes = ctl.controller().stats.quarantined_nodes;
     summary.drifts = ctl.controller().stats.drifts;
     summary.drift_timeouts = ctl.controller().stats.drift_timeouts;
+    summary.hardened_boots = ctl.controller().stats.hardened_boots;
+    summary.boot_failures = ctl.controller().stats.boot_failures;
     let claim_waits: Vec<f64> = engine
         .allocations()
         .iter()
@@ -1375,6 +1406,8 @@ fn summarize(
         quarantined_nodes: 0,
         drifts: 0,
         drift_timeouts: 0,
+        hardened_boots: 0,
+        boot_failures: 0,
         audit_entries: 0,
         audit_chain_valid: true,
         power_budget_kw: None,

@@ -290,6 +290,10 @@ pub struct Summary {
     /// for not being remediated within the drift remediation timeout (24 h; 4 h sensitive).
     pub drifts: u64,
     pub drift_timeouts: u64,
+    /// Nodes booted into the hardened image for sensitive claims, and hardened boots that failed or
+    /// timed out (the node Down, its claim failed).
+    pub hardened_boots: u64,
+    pub boot_failures: u64,
     pub audit_entries: u64,
     pub audit_chain_valid: bool,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.

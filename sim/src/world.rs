@@ -34,6 +34,7 @@ pub(crate) struct FakeWorld<'a> {
     /// SIGTERM → SIGKILL grace at the walltime.
     pub walltime_grace: Duration,
     pub wipe: WipeModel,
+    pub boot: Option<crate::BootModel>,
     pub wipe_rng: rand_chacha::ChaCha8Rng,
     pub wakeups: BTreeSet<Time>,
     /// pyss: allocations by estimated end, to release their nodes in the quorum at that time.
@@ -169,6 +170,19 @@ impl Fleet for FakeWorld<'_> {
         self.q.push(now + took, self.rank_end, EventKind::WipeDone(alloc, ok));
     }
 
+    fn boot(&mut self, _view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {
+        let m = self.boot.unwrap_or_default();
+        let model = WipeModel {
+            min: m.min,
+            max: m.max,
+            failure_probability: m.failure_probability,
+        };
+        for &n in nodes {
+            let (took, ok) = draw_wipe(&mut self.wipe_rng, &model);
+            self.q.push(now + took, self.rank_end, EventKind::Booted(alloc, n, ok));
+        }
+    }
+
     fn watch(&mut self, _view: &Engine, now: Time, node: NodeId, grace: Duration) {
         self.q.push(now + grace, RANK_NODE, EventKind::Grace(node.0));
     }
@@ -297,7 +311,7 @@ fn audit_claim(
     log.append(now.as_millis(), event, &job.id, &user, &names.join(","));
 }
 
-/// Draws a wipe: its duration, uniform in the model's range, and whether it succeeds.
+/// Draws a wipe (or a boot): its duration, uniform in the model's range, and whether it succeeds.
 fn draw_wipe(rng: &mut rand_chacha::ChaCha8Rng, m: &WipeModel) -> (Duration, bool) {
     use rand_chacha::rand_core::Rng;
     let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;

@@ -128,3 +128,83 @@ fn claims_do_not_wait_for_the_cycle_tick() {
     assert_eq!(start_of(&r, "C"), 22.0);
     assert_eq!(r.summary.sensitive_wait_max_s, 0.0);
 }
+
+fn hardened(minutes: u64, failure_probability: f64) -> lattice_sim::BootModel {
+    lattice_sim::BootModel {
+        min: Duration::from_mins(minutes),
+        max: Duration::from_mins(minutes),
+        failure_probability,
+        timeout: Duration::from_mins(10),
+    }
+}
+
+fn run_hardened(w: &lattice_traces::Workload, n: u32, boot: lattice_sim::BootModel) -> SimResult {
+    let cfg = SimConfig {
+        policy: Policy::EASY,
+        wipe: fixed_wipe(20, 0.0),
+        hardened_boot: Some(boot),
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    simulate(w, &nodes(n), &cfg, &mut |_, _| {}).unwrap()
+}
+
+/// With a hardened image the claim's nodes boot it first (5 min here): the claim's work runs from
+/// 300 to 600 s, then the 20-minute wipe; the boot is audited between claim and release. A later
+/// claim on the same (still hardened) nodes does not boot again.
+#[test]
+fn a_claim_boots_the_hardened_image_before_its_work_runs() {
+    let w = workload(vec![
+        claim("C", 0, 2, 300),
+        job("J", 10, 2, 100, 100),
+        claim("D", 5000, 2, 300),
+    ]);
+    let r = run_hardened(&w, 2, hardened(5, 0.0));
+    // J needs both nodes: back at 300 (boot) + 300 (work) + 1200 (wipe).
+    assert_eq!(start_of(&r, "J"), 1800.0);
+    let events: Vec<(&str, &str)> = r
+        .audit
+        .entries()
+        .iter()
+        .map(|e| (e.alloc.as_str(), e.action.as_str()))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("C", "claim"),
+            ("C", "boot"),
+            ("C", "release"),
+            ("C", "wipe"),
+            ("D", "claim"),
+            ("D", "release"),
+            ("D", "wipe")
+        ]
+    );
+    assert_eq!((r.summary.hardened_boots, r.summary.boot_failures), (2, 0));
+}
+
+/// A hardened boot that fails (or exceeds the 10-minute boot timeout) fails the claim: its work never
+/// runs, it is not requeued, the nodes that did not boot stay Down (out for an operator) and the
+/// others are wiped and return. Failed: the first node's failure ends the claim at 300 s; the other
+/// node is wiped (20 min) and J runs on it. Timed out: both nodes are out at 600 s; J never runs.
+#[test]
+fn a_failed_or_slow_hardened_boot_fails_the_claim() {
+    for (boot, what, failures, j_start) in [
+        (hardened(5, 1.0), "failed", 1, Some(1500.0)),
+        (hardened(15, 0.0), "timed out", 2, None),
+    ] {
+        let w = workload(vec![claim("C", 0, 2, 300), job("J", 10, 1, 100, 100)]);
+        let r = run_hardened(&w, 2, boot);
+        let c = r.jobs.iter().find(|j| j.id == "C").unwrap();
+        assert_eq!((c.state, c.run_s), ("failed", Some(0.0)), "{what}: {c:?}");
+        assert_eq!(
+            (r.summary.hardened_boots, r.summary.boot_failures),
+            (0, failures),
+            "{what}"
+        );
+        let events: Vec<&str> = r.audit.entries().iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(events[..2], ["claim", "release"], "{what}: {events:?}");
+        let j = r.jobs.iter().find(|j| j.id == "J").unwrap();
+        assert_eq!(j.start_s, j_start, "{what}");
+    }
+}

@@ -378,6 +378,10 @@ struct ReplayArgs {
     /// Grace between the walltime SIGTERM and the SIGKILL (e.g. `30s`; default 0 = killed at walltime).
     #[arg(long)]
     walltime_grace: Option<String>,
+    /// Sensitive claims first boot their nodes into the hardened image, taking this long per node
+    /// (e.g. `5m`; nodes already running it do not boot again; a boot over 10 minutes fails the claim).
+    #[arg(long)]
+    hardened_boot: Option<String>,
     /// Target wait of a class range for SLO compliance, `CLASSES=DURATION` (`7-10=15m`, `0=1d`);
     /// repeat for several, the first match wins; other classes: 1 h (the seed's reference wait).
     #[arg(long, value_parser = slo_wait_flag)]
@@ -646,6 +650,7 @@ fn options(a: &ReplayArgs) -> Result<replay::ReplayOptions> {
         mtbf: duration_flag(&a.mtbf, "--mtbf")?,
         repair: duration_flag(&a.repair, "--repair")?,
         walltime_grace: duration_flag(&a.walltime_grace, "--walltime-grace")?,
+        hardened_boot: duration_flag(&a.hardened_boot, "--hardened-boot")?,
         slo_wait: a.slo_wait.clone(),
     })
 }
