@@ -150,6 +150,35 @@ pub struct AdminEntry {
     pub detail: String,
 }
 
+/// The administrative log's action of a contract write (`tenant.create`, `project.seed`, ...);
+/// `Ok(None)`: a seed of what exists changes nothing; `Err`: refused (creating what exists, updating
+/// what does not).
+fn write_action(kind: &str, target: &str, write: TenantWrite, exists: bool) -> Result<Option<String>, QuorumResponse> {
+    let verb = match (write, exists) {
+        (TenantWrite::Create, true) => {
+            return Err(rejected(&format!("{kind}_exists"), format!("{kind} {target} exists")));
+        }
+        (TenantWrite::Update, false) => return Err(rejected(&format!("no_{kind}"), format!("no {kind} {target}"))),
+        (TenantWrite::Seed, true) => return Ok(None),
+        (TenantWrite::Create, false) => "create",
+        (TenantWrite::Update, true) => "update",
+        (TenantWrite::Seed, false) => "seed",
+    };
+    Ok(Some(format!("{kind}.{verb}")))
+}
+
+/// A contract write's log detail: the contract, and a note when it holds more nodes than the new
+/// limit.
+fn contract_detail(quota: &impl Serialize, held: u64, max_nodes: Option<u32>) -> String {
+    let mut detail = serde_json::to_string(quota).unwrap_or_default();
+    if let Some(max) = max_nodes.filter(|m| held > u64::from(*m)) {
+        detail.push_str(&format!(
+            "; holds {held} nodes, above the new limit {max}: new assignments wait until it is under"
+        ));
+    }
+    detail
+}
+
 /// A rejection that does not count as a refused assignment.
 fn rejected(reason: &str, message: String) -> QuorumResponse {
     QuorumResponse::Rejected {
@@ -489,31 +518,22 @@ impl QuorumState {
         at_ms: u64,
         by: &str,
     ) -> QuorumResponse {
-        let exists = self.tenants.contains_key(name);
-        let action = match (write, exists) {
-            (TenantWrite::Create, true) => return rejected("tenant_exists", format!("tenant {name} exists")),
-            (TenantWrite::Update, false) => return rejected("no_tenant", format!("no tenant {name}")),
-            (TenantWrite::Seed, true) => return QuorumResponse::Applied,
-            (TenantWrite::Create, false) => "tenant.create",
-            (TenantWrite::Update, true) => "tenant.update",
-            (TenantWrite::Seed, false) => "tenant.seed",
+        let action = match write_action("tenant", name, write, self.tenants.contains_key(name)) {
+            Ok(Some(action)) => action,
+            Ok(None) => return QuorumResponse::Applied,
+            Err(r) => return r,
         };
-        let held: usize = self
+        let held: u64 = self
             .assignments
             .values()
             .filter(|a| a.tenant == name)
-            .map(|a| a.nodes.len())
+            .map(|a| a.nodes.len() as u64)
             .sum();
-        let mut detail = serde_json::to_string(quota).unwrap_or_default();
-        if let Some(max) = quota.max_nodes.filter(|m| held > *m as usize) {
-            detail.push_str(&format!(
-                "; holds {held} nodes, above the new limit {max}: new assignments wait until it is under"
-            ));
-        }
+        let detail = contract_detail(quota, held, quota.max_nodes);
         self.tenants.insert(name.to_string(), *quota);
         self.quotas
             .insert(name.to_string(), (quota.max_nodes, quota.max_concurrent_allocations));
-        self.admin(at_ms, by, action, name, &detail);
+        self.admin(at_ms, by, &action, name, &detail);
         QuorumResponse::Applied
     }
 
@@ -530,28 +550,19 @@ impl QuorumState {
         if !self.tenants.contains_key(tenant) {
             return rejected("no_tenant", format!("no tenant {tenant}"));
         }
-        let exists = self.project_quota(tenant, name).is_some();
         let target = format!("{tenant}/{name}");
-        let action = match (write, exists) {
-            (TenantWrite::Create, true) => return rejected("project_exists", format!("project {target} exists")),
-            (TenantWrite::Update, false) => return rejected("no_project", format!("no project {target}")),
-            (TenantWrite::Seed, true) => return QuorumResponse::Applied,
-            (TenantWrite::Create, false) => "project.create",
-            (TenantWrite::Update, true) => "project.update",
-            (TenantWrite::Seed, false) => "project.seed",
+        let action = match write_action("project", &target, write, self.project_quota(tenant, name).is_some()) {
+            Ok(Some(action)) => action,
+            Ok(None) => return QuorumResponse::Applied,
+            Err(r) => return r,
         };
         let (held, _) = self.project_usage(tenant, name);
-        let mut detail = serde_json::to_string(quota).unwrap_or_default();
-        if let Some(max) = quota.max_nodes.filter(|m| held > u64::from(*m)) {
-            detail.push_str(&format!(
-                "; holds {held} nodes, above the new limit {max}: new assignments wait until it is under"
-            ));
-        }
+        let detail = contract_detail(quota, held, quota.max_nodes);
         self.projects
             .entry(tenant.to_string())
             .or_default()
             .insert(name.to_string(), *quota);
-        self.admin(at_ms, by, action, &target, &detail);
+        self.admin(at_ms, by, &action, &target, &detail);
         QuorumResponse::Applied
     }
 

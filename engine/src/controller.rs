@@ -69,6 +69,9 @@ pub enum Input {
     /// A node of a committed sensitive claim finished booting the hardened image (`true`), or its
     /// boot failed (book: "Booting → Failed").
     Booted(AllocId, NodeId, bool),
+    /// An operator retries the wipe of a quarantined node (book: "Wipe Failure Handling": `lattice
+    /// admin node wipe <id> --force`): wiped, it returns to the pool; failed, it stays quarantined.
+    RetryWipe(NodeId),
 }
 
 /// Why an input or output was refused.
@@ -80,6 +83,10 @@ pub enum ControlError {
     /// [`Controller::check_preemptions`] is on).
     #[error("{0}")]
     Invariant(String),
+    /// A wipe retry of a node that is not quarantined (its wipe did not fail, or it was retried
+    /// already and is being wiped).
+    #[error("node {0} is not quarantined after a failed wipe")]
+    NotQuarantined(NodeId),
 }
 
 /// Heartbeat grace before a silent node goes Down, by what it runs (book: 5 min for sensitive
@@ -201,6 +208,9 @@ pub struct Controller {
     hardened: std::collections::BTreeSet<NodeId>,
     /// Claims whose nodes boot the hardened image before they launch.
     booting: BTreeMap<AllocId, Booting>,
+    /// Nodes quarantined after a failed wipe, with the claim whose wipe it was (`None` while an
+    /// operator's retry is under way).
+    quarantined: BTreeMap<NodeId, (AllocId, bool)>,
 }
 
 impl Controller {
@@ -219,7 +229,18 @@ impl Controller {
             hardened_boot: None,
             hardened: Default::default(),
             booting: Default::default(),
+            quarantined: Default::default(),
         }
+    }
+
+    /// The claim whose failed wipe quarantined `node` (also while it is wiped again).
+    pub fn quarantined_by(&self, node: NodeId) -> Option<AllocId> {
+        self.quarantined.get(&node).map(|q| q.0)
+    }
+
+    /// Nodes quarantined after a failed wipe (and not being wiped again), in node order.
+    pub fn quarantined(&self) -> Vec<NodeId> {
+        self.quarantined.iter().filter(|(_, q)| !q.1).map(|(n, _)| *n).collect()
     }
 
     /// Whether the node runs the hardened image (as far as the controller knows).
@@ -417,6 +438,34 @@ impl Controller {
             }
             Input::Conformance(node, drifted) => self.conformance(now, node, drifted, world)?,
             Input::Booted(id, node, ok) => self.booted(now, id, node, ok, world)?,
+            Input::RetryWipe(node) => {
+                let down = self
+                    .engine
+                    .node(node)
+                    .is_some_and(|x| x.state == crate::node::NodeState::Down);
+                let Some((id, retrying)) = self.quarantined.get_mut(&node).filter(|q| !q.1 && down) else {
+                    return Err(ControlError::NotQuarantined(node));
+                };
+                *retrying = true;
+                let id = *id;
+                self.emit(
+                    world,
+                    now,
+                    Decision::Audit {
+                        alloc: id,
+                        event: AuditEvent::WipeRetry,
+                        nodes: vec![node],
+                    },
+                );
+                self.emit(
+                    world,
+                    now,
+                    Decision::Wipe {
+                        alloc: id,
+                        nodes: vec![node],
+                    },
+                );
+            }
         }
         Ok(())
     }
@@ -490,13 +539,7 @@ impl Controller {
         self.booting.remove(&id);
         for n in nodes {
             self.stats.boot_failures += 1;
-            let down = self
-                .engine
-                .node(n)
-                .is_some_and(|x| matches!(x.state, crate::node::NodeState::Down | crate::node::NodeState::Failed));
-            if !down {
-                self.node_event(now, n, NodeEvent::HardwareFailure, world)?;
-            }
+            self.take_down(now, n, world)?;
         }
         Ok(())
     }
@@ -547,15 +590,22 @@ impl Controller {
         for n in due {
             self.drift_expired.insert(n);
             self.stats.drift_timeouts += 1;
-            let down = self
-                .engine
-                .node(n)
-                .is_some_and(|x| matches!(x.state, crate::node::NodeState::Down | crate::node::NodeState::Failed));
-            if !down {
-                self.node_event(now, n, NodeEvent::HardwareFailure, world)?;
-            }
+            self.take_down(now, n, world)?;
         }
         Ok(any)
+    }
+
+    /// Takes a node out of service (Down) as a hardware failure would, unless it is out already:
+    /// its work is stopped and requeued (a sensitive claim failed).
+    fn take_down(&mut self, now: Time, node: NodeId, world: &mut dyn World) -> Result<(), ControlError> {
+        let down = self
+            .engine
+            .node(node)
+            .is_some_and(|x| matches!(x.state, crate::node::NodeState::Down | crate::node::NodeState::Failed));
+        if !down {
+            self.node_event(now, node, NodeEvent::HardwareFailure, world)?;
+        }
+        Ok(())
     }
 
     /// The book's drift response: running work goes on; the node takes no new work (it drains) and
@@ -607,13 +657,19 @@ impl Controller {
     /// A wipe of `nodes` of claim `id` ended: they return to the pool, or are quarantined (Down);
     /// audited either way.
     fn wiped(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, ok: bool, world: &mut dyn World) {
-        let ev = if ok {
-            NodeEvent::Undrain
-        } else {
-            NodeEvent::HardwareFailure
-        };
         for n in &nodes {
+            // A quarantined node wiped on an operator's retry is enabled (Down → Ready).
+            let ev = match (ok, self.quarantined.contains_key(n)) {
+                (true, true) => NodeEvent::Enable,
+                (true, false) => NodeEvent::Undrain,
+                (false, _) => NodeEvent::HardwareFailure,
+            };
             let _ = self.engine.handle_node_event(now, *n, ev);
+            if ok {
+                self.quarantined.remove(n);
+            } else {
+                self.quarantined.insert(*n, (id, false));
+            }
         }
         if ok {
             self.stats.wipes += 1;

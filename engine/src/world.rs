@@ -30,6 +30,8 @@ pub enum AuditEvent {
     Quarantine,
     /// The claim's nodes booted the hardened image; it launches.
     Boot,
+    /// An operator retries a quarantined node's wipe.
+    WipeRetry,
 }
 
 impl AuditEvent {
@@ -40,6 +42,7 @@ impl AuditEvent {
             AuditEvent::Wipe => "wipe",
             AuditEvent::Quarantine => "quarantine",
             AuditEvent::Boot => "boot",
+            AuditEvent::WipeRetry => "wipe_retry",
         }
     }
 }

@@ -554,3 +554,67 @@ fn a_failed_or_timed_out_hardened_boot_fails_the_claim() {
     assert!(!launched(&w, slow));
     assert!(!c.is_booting(slow));
 }
+
+/// An operator retries a quarantined node's wipe (book: "Wipe Failure Handling"): the retry is
+/// audited and the world wipes that node alone; wiped, it returns to the pool (Down → Ready);
+/// failed again, it stays quarantined. A node that is not quarantined is refused.
+#[test]
+fn a_quarantined_node_is_wiped_again_on_an_operators_retry() {
+    let mut c = sensitive_controller(2);
+    let mut w = Recorder::default();
+    let id = claim(&mut c, Time(0), 2);
+    pass(&mut c, Time(0), &mut w);
+    c.apply(Time(100), Input::Exited(id, lattice_engine::EndReason::Success), &mut w)
+        .unwrap();
+    c.apply(Time(200), Input::WipeDone(id, false), &mut w).unwrap();
+    assert_eq!(c.quarantined(), [NodeId(0), NodeId(1)]);
+    assert!(matches!(
+        c.apply(Time(250), Input::RetryWipe(NodeId(5)), &mut w),
+        Err(lattice_engine::ControlError::NotQuarantined(_))
+    ));
+    let before = w.0.len();
+    c.apply(Time(300), Input::RetryWipe(NodeId(0)), &mut w).unwrap();
+    assert_eq!(
+        w.0[before..],
+        [
+            Decision::Audit {
+                alloc: id,
+                event: lattice_engine::AuditEvent::WipeRetry,
+                nodes: vec![NodeId(0)]
+            },
+            Decision::Wipe {
+                alloc: id,
+                nodes: vec![NodeId(0)]
+            },
+        ]
+    );
+    assert_eq!(c.quarantined(), [NodeId(1)], "being wiped again");
+    assert!(matches!(
+        c.apply(Time(310), Input::RetryWipe(NodeId(0)), &mut w),
+        Err(lattice_engine::ControlError::NotQuarantined(_))
+    ));
+    c.apply(Time(400), Input::NodeWiped(id, NodeId(0), true), &mut w)
+        .unwrap();
+    assert_eq!(
+        c.engine.node(NodeId(0)).unwrap().state,
+        lattice_engine::NodeState::Ready
+    );
+    assert_eq!(c.quarantined(), [NodeId(1)]);
+    c.apply(Time(500), Input::RetryWipe(NodeId(1)), &mut w).unwrap();
+    c.apply(Time(600), Input::NodeWiped(id, NodeId(1), false), &mut w)
+        .unwrap();
+    assert_eq!(c.engine.node(NodeId(1)).unwrap().state, lattice_engine::NodeState::Down);
+    assert_eq!(c.quarantined(), [NodeId(1)], "failed again: still quarantined");
+    assert_eq!(
+        audited(&w, id),
+        [
+            "claim",
+            "release",
+            "quarantine",
+            "wipe_retry",
+            "wipe",
+            "wipe_retry",
+            "quarantine"
+        ]
+    );
+}

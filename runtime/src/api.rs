@@ -208,6 +208,13 @@ pub fn documented() -> Vec<crate::openapi::Op> {
         Op::post("/v1/nodes/{id}/disable", n, "Take a node out of service (Operator)"),
         Op::post("/v1/nodes/{id}/enable", n, "Return a node to service (Operator)"),
         Op::post(
+            "/v1/nodes/{id}/wipe",
+            n,
+            "Retry a quarantined node's secure wipe: `{\"force\": true}` (Operator); wiped, it returns to the pool",
+        )
+        .body::<WipeIn>()
+        .status(202),
+        Op::post(
             "/v1/nodes/{id}/fingerprint",
             n,
             "Ask the node's agent for a fresh conformance fingerprint",
@@ -401,6 +408,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/nodes/{id}/fingerprint", axum::routing::post(ask_fingerprint))
         .route("/v1/nodes/{id}/disable", axum::routing::post(disable))
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
+        .route("/v1/nodes/{id}/wipe", axum::routing::post(retry_wipe))
         .route("/v1/audit/logs", get(audit_logs))
         .route("/api/v1/tenants/{id}/usage", get(tenant_usage))
         .route("/api/v1/usage", get(usage))
@@ -888,6 +896,34 @@ async fn disable(State(s): S, Extension(p): P, Path(id): Path<String>) -> Respon
 
 async fn enable(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     node_op(s, p, id, NodeOp::Enable).await
+}
+
+/// `POST /v1/nodes/{id}/wipe`'s body.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct WipeIn {
+    /// Required `true`: the node is wiped again (`lattice admin node wipe NODE --force`).
+    #[serde(default)]
+    force: bool,
+}
+
+async fn retry_wipe(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
+    let w: WipeIn = if body.is_empty() {
+        WipeIn { force: false }
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(w) => w,
+            Err(e) => return body_error(e),
+        }
+    };
+    match ops::retry_wipe(&s, &p, &id, w.force).await {
+        Ok(claim) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"node": id, "claim": claim, "wiping": true})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn set_drain(s: Arc<Shared>, p: Principal, id: String, drain: bool) -> Response {

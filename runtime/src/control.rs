@@ -1711,6 +1711,7 @@ impl Control {
             Input::Conformance(n, drifted) => serde_json::json!({
                 "ts": ts, "type": if drifted { "drift" } else { "conform" }, "node": node(n)
             }),
+            Input::RetryWipe(n) => serde_json::json!({"ts": ts, "type": "wipe_retry", "node": node(n)}),
             _ => return,
         };
         self.capture_line(line);
@@ -3498,6 +3499,50 @@ impl Control {
             );
         }
         true
+    }
+
+    /// An operator retries a quarantined node's wipe (book: "Wipe Failure Handling": `lattice admin
+    /// node wipe NODE --force`), audited with who asked; the claim whose wipe failed, or why not.
+    pub fn retry_wipe(&mut self, node: &str, by: &str) -> Result<String, FieldError> {
+        let nid = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node}")))?;
+        let quarantined = self.ctl.quarantined().contains(&nid);
+        if !quarantined {
+            let state = self.node_state_of(node).unwrap_or_default();
+            return Err(bad(
+                "id",
+                format!("node {node} is not quarantined after a failed wipe (it is {state}): nothing to retry"),
+            ));
+        }
+        self.wipe_notes
+            .insert((self.quarantine_claim(nid), nid.0), format!("{node} retried by {by}"));
+        self.input(Input::RetryWipe(nid))
+            .map_err(|e| bad("id", format!("node {node}: {e}")))?;
+        Ok(self.name_of(self.quarantine_claim(nid)))
+    }
+
+    /// The claim whose wipe of `node` failed (the last audit of it names it).
+    fn quarantine_claim(&self, node: lattice_engine::NodeId) -> AllocId {
+        self.ctl.quarantined_by(node).unwrap_or(AllocId(u64::MAX))
+    }
+
+    /// A simulated agent's wipe of `nodes` of claim `id` succeeded: the whole claim's at once, or
+    /// node by node (an operator's retry of one).
+    pub fn simulated_wiped(&mut self, id: AllocId, nodes: &[String]) {
+        let whole = self
+            .ctl
+            .engine
+            .allocation(id)
+            .is_some_and(|a| a.nodes.len() == nodes.len());
+        if whole {
+            self.wiped(id, true);
+        } else {
+            let name = self.name_of(id);
+            for n in nodes {
+                self.node_wiped(&name, n, true, None);
+            }
+        }
     }
 
     /// Wipes without an outcome after `timeout_ms` (book: "Wipe Failure Handling", default 30 min):

@@ -118,6 +118,19 @@ pub struct Api {
 }
 
 impl Api {
+    /// `CreateProject` (`create`) and `UpdateProject`.
+    async fn write_project(
+        &self,
+        req: Request<pb::ProjectWriteRequest>,
+        create: bool,
+    ) -> Result<Response<pb::ProjectResponse>, Status> {
+        let p = self.principal(&req)?;
+        let r = req.into_inner();
+        let body = quota_body(r.quota.as_ref(), &r.clear);
+        let w = ops::put_project(&self.shared, &p, &r.tenant, &r.name, &body, create).await?;
+        Ok(Response::new(project_answer(&w.view, w.warning)))
+    }
+
     fn principal<T>(&self, req: &Request<T>) -> Result<Principal, Status> {
         self.principal_with(req, true)
     }
@@ -869,22 +882,14 @@ impl AdminService for Api {
         &self,
         req: Request<pb::ProjectWriteRequest>,
     ) -> Result<Response<pb::ProjectResponse>, Status> {
-        let p = self.principal(&req)?;
-        let r = req.into_inner();
-        let body = quota_body(r.quota.as_ref(), &r.clear);
-        let w = ops::put_project(&self.shared, &p, &r.tenant, &r.name, &body, true).await?;
-        Ok(Response::new(project_answer(&w.view, w.warning)))
+        self.write_project(req, true).await
     }
 
     async fn update_project(
         &self,
         req: Request<pb::ProjectWriteRequest>,
     ) -> Result<Response<pb::ProjectResponse>, Status> {
-        let p = self.principal(&req)?;
-        let r = req.into_inner();
-        let body = quota_body(r.quota.as_ref(), &r.clear);
-        let w = ops::put_project(&self.shared, &p, &r.tenant, &r.name, &body, false).await?;
-        Ok(Response::new(project_answer(&w.view, w.warning)))
+        self.write_project(req, false).await
     }
 
     async fn delete_project(

@@ -480,15 +480,48 @@ pub async fn set_drain(s: &Arc<Shared>, p: &Principal, id: &str, drain: bool) ->
     node_op(s, p, id, if drain { NodeOp::Drain } else { NodeOp::Undrain }).await
 }
 
-/// Drain, undrain, disable or enable a node; its state afterwards. A disabled node's allocation is
-/// requeued or failed by the engine, and its nodes are released at the quorum.
-pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Result<String, ApiError> {
+/// Node operations need the Operator or SystemAdmin role.
+fn may_operate_nodes(p: &Principal) -> Result<(), ApiError> {
     if !p.can_operate() {
         return Err(ApiError::Forbidden {
             field: None,
             message: "forbidden: node operations need the Operator or SystemAdmin role".into(),
         });
     }
+    Ok(())
+}
+
+/// Retries a quarantined node's wipe (book: "Wipe Failure Handling": `lattice admin node wipe <id>
+/// --force`; Operator/SystemAdmin, `force` required): the claim whose wipe failed. Refused — nothing
+/// wiped — without `force`, for an unknown node (404) and for a node not quarantined (409).
+pub async fn retry_wipe(s: &Arc<Shared>, p: &Principal, id: &str, force: bool) -> Result<String, ApiError> {
+    may_operate_nodes(p)?;
+    writable(s).await?;
+    if !force {
+        return Err(ApiError::BadRequest {
+            field: "force".into(),
+            message: "retrying a quarantined node's wipe needs `force: true` (the node is wiped again; once wiped it returns to the pool)".into(),
+        });
+    }
+    let (r, actions) = {
+        let mut c = s.control.lock().await;
+        let r = c.retry_wipe(id, &p.user);
+        (r, c.take_actions())
+    };
+    execute(s.clone(), actions).await;
+    r.map_err(|e| {
+        if e.message.starts_with("no node") {
+            not_found("node", id)
+        } else {
+            ApiError::Conflict { message: e.message }
+        }
+    })
+}
+
+/// Drain, undrain, disable or enable a node; its state afterwards. A disabled node's allocation is
+/// requeued or failed by the engine, and its nodes are released at the quorum.
+pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Result<String, ApiError> {
+    may_operate_nodes(p)?;
     writable(s).await?;
     let refused = |e: crate::control::FieldError| {
         if e.message.starts_with("no node") {
@@ -994,6 +1027,31 @@ fn valid_tenant_name(n: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
 }
 
+/// SystemAdmin only, on the leader; a new tenant's or project's name is valid.
+async fn may_write_contract(s: &Shared, p: &Principal, what: &str, name: &str, create: bool) -> Result<(), ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden(&format!("{what} administration (SystemAdmin)")));
+    }
+    writable(s).await?;
+    if create && !valid_tenant_name(name) {
+        return Err(ApiError::BadRequest {
+            field: "name".into(),
+            message: format!("`{name}`: lowercase letters, digits, - and _, at most 63"),
+        });
+    }
+    Ok(())
+}
+
+/// The warning of a write whose new `max_nodes` is below what the view says `who` holds.
+fn over_limit(who: &str, view: &serde_json::Value, max_nodes: Option<u32>) -> Option<String> {
+    let held = view["nodes_held"].as_u64().unwrap_or(0);
+    max_nodes.filter(|m| held > u64::from(*m)).map(|m| {
+        format!(
+            "{who} holds {held} nodes, above its new limit of {m}: its running allocations go on; new ones wait until it is under"
+        )
+    })
+}
+
 /// What a tenant write did: the tenant's view, and a warning when its new `max_nodes` is below what
 /// it holds.
 pub struct TenantWritten {
@@ -1011,16 +1069,7 @@ pub async fn put_tenant(
     body: &serde_json::Map<String, serde_json::Value>,
     create: bool,
 ) -> Result<TenantWritten, ApiError> {
-    if !p.is_admin() {
-        return Err(forbidden("tenant administration (SystemAdmin)"));
-    }
-    writable(s).await?;
-    if create && !valid_tenant_name(name) {
-        return Err(ApiError::BadRequest {
-            field: "name".into(),
-            message: format!("`{name}`: lowercase letters, digits, - and _, at most 63"),
-        });
-    }
+    may_write_contract(s, p, "tenant", name, create).await?;
     let current = s.member.read(|q| q.tenants.get(name).copied()).await;
     let base = match (create, current) {
         (true, _) => lattice_engine::TenantQuota::default(),
@@ -1052,12 +1101,7 @@ pub async fn put_tenant(
     let mut c = s.control.lock().await;
     c.set_tenant(name, quota);
     let view = c.tenant_view(name).unwrap_or_default();
-    let held = view["nodes_held"].as_u64().unwrap_or(0);
-    let warning = quota.max_nodes.filter(|m| held > u64::from(*m)).map(|m| {
-        format!(
-            "tenant {name} holds {held} nodes, above its new limit of {m}: its running allocations go on; new ones wait until it is under"
-        )
-    });
+    let warning = over_limit(&format!("tenant {name}"), &view, quota.max_nodes);
     Ok(TenantWritten { view, warning })
 }
 
@@ -1072,16 +1116,7 @@ pub async fn put_project(
     body: &serde_json::Map<String, serde_json::Value>,
     create: bool,
 ) -> Result<TenantWritten, ApiError> {
-    if !p.is_admin() {
-        return Err(forbidden("project administration (SystemAdmin)"));
-    }
-    writable(s).await?;
-    if create && !valid_tenant_name(name) {
-        return Err(ApiError::BadRequest {
-            field: "name".into(),
-            message: format!("`{name}`: lowercase letters, digits, - and _, at most 63"),
-        });
-    }
+    may_write_contract(s, p, "project", name, create).await?;
     let (known, current) = s
         .member
         .read(|q| (q.tenants.contains_key(tenant), q.project_quota(tenant, name)))
@@ -1112,12 +1147,7 @@ pub async fn put_project(
     let mut c = s.control.lock().await;
     c.set_project(tenant, name, quota);
     let view = c.project_view(tenant, name).unwrap_or_default();
-    let held = view["nodes_held"].as_u64().unwrap_or(0);
-    let warning = quota.max_nodes.filter(|m| held > u64::from(*m)).map(|m| {
-        format!(
-            "project {tenant}/{name} holds {held} nodes, above its new limit of {m}: its running allocations go on; new ones wait until it is under"
-        )
-    });
+    let warning = over_limit(&format!("project {tenant}/{name}"), &view, quota.max_nodes);
     Ok(TenantWritten { view, warning })
 }
 

@@ -761,7 +761,7 @@ pub fn execute(
                             tokio::spawn(wipe);
                         }
                     } else if shared.simulate_agents {
-                        tokio::spawn(simulated_wipe(shared.clone(), alloc, shared.wipe_time));
+                        tokio::spawn(simulated_wipe(shared.clone(), alloc, nodes, shared.wipe_time));
                     } else {
                         // Each node's agent runs the site's wipe command at its next poll and reports.
                         tracing::info!("{name}: its agents wipe {}", nodes.join(","));
@@ -816,7 +816,7 @@ async fn simulated_preempt(shared: Arc<Shared>, alloc: AllocId, how: PreemptHow,
 }
 
 /// A simulated secure wipe: the nodes come back after `took`.
-async fn simulated_wipe(shared: Arc<Shared>, alloc: AllocId, took: std::time::Duration) {
+async fn simulated_wipe(shared: Arc<Shared>, alloc: AllocId, nodes: Vec<String>, took: std::time::Duration) {
     let mut stopped = shared.stopped.clone();
     tokio::select! {
         _ = tokio::time::sleep(took) => {}
@@ -824,7 +824,7 @@ async fn simulated_wipe(shared: Arc<Shared>, alloc: AllocId, took: std::time::Du
     }
     let actions = {
         let mut c = shared.control.lock().await;
-        c.wiped(alloc, true);
+        c.simulated_wiped(alloc, &nodes);
         c.take_actions()
     };
     execute(shared.clone(), actions).await;

@@ -253,6 +253,11 @@ fn workload() -> impl Strategy<Value = String> {
                 out.push_str(&serde_json::json!({"ts": ts + run, "type": "conform", "node": node}).to_string());
                 out.push('\n');
             }
+            // An operator retries a node's wipe (refused unless a failed wipe quarantined it).
+            if special == 5 {
+                out.push_str(&serde_json::json!({"ts": ts + run, "type": "wipe_retry", "node": node}).to_string());
+                out.push('\n');
+            }
             // An administrator reweights the queue once, a few hours in.
             if i == 3 {
                 let w = serde_json::json!({

@@ -29,6 +29,8 @@ struct Fake {
     boot: Mutex<BTreeMap<String, Value>>,
     /// Every BSS PUT and PCS transition, in order: ("bss", xname, kernel) / ("pcs", xname, operation).
     log: Mutex<Vec<(String, String, String)>>,
+    /// Wipes started per node.
+    wipes: Mutex<BTreeMap<String, u32>>,
 }
 
 type S = State<Arc<Fake>>;
@@ -73,7 +75,7 @@ async fn put_boot(State(f): S, Json(b): Json<Value>) -> Json<Value> {
 }
 
 /// A reboot: into the hardened image, the node reports `Hardened` after 200 ms; into the wipe
-/// image, it "wipes" and reports after 300 ms — x2's wipe fails, x3's image never reports.
+/// image, it "wipes" and reports after 300 ms — x2's first wipe fails, x3's image never reports.
 async fn transition(State(f): S, Json(b): Json<Value>) -> Json<Value> {
     let x = b["location"][0]["xname"].as_str().unwrap().to_string();
     f.log
@@ -90,10 +92,16 @@ async fn transition(State(f): S, Json(b): Json<Value>) -> Json<Value> {
     }
     let wiping = f.boot.lock().unwrap()[&x]["kernel"] == "wipe-kernel";
     if wiping && x != "x3" {
+        let first = {
+            let mut w = f.wipes.lock().unwrap();
+            let n = w.entry(x.clone()).or_default();
+            *n += 1;
+            *n == 1
+        };
         let f = f.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let status = if x == "x2" { "WipeFailed" } else { "Wiped" };
+            let status = if x == "x2" && first { "WipeFailed" } else { "Wiped" };
             f.components.lock().unwrap().get_mut(&x).unwrap()["SoftwareStatus"] = json!(status);
         });
     }
@@ -300,5 +308,52 @@ services:
     });
     assert_eq!(node_state(&base, "x1"), "ready");
     assert_eq!(node_state(&base, "x4"), "down");
+
+    // An operator retries x2's wipe (book: `lattice admin node wipe x2 --force`): refused without
+    // `force` and for a node that is not quarantined, nothing wiped; then x2 is wiped again (the
+    // image succeeds this time) and returns to the pool, the retry audited with who asked.
+    let wipes_before = fake.wipes.lock().unwrap().clone();
+    let (code, v) = call("POST", &format!("{base}/v1/nodes/x2/wipe"), Some(json!({})));
+    assert_eq!((code, v["field"].as_str()), (400, Some("force")), "{v}");
+    let (code, v) = call(
+        "POST",
+        &format!("{base}/v1/nodes/x1/wipe"),
+        Some(json!({"force": true})),
+    );
+    assert_eq!(code, 409, "{v}");
+    assert_eq!(*fake.wipes.lock().unwrap(), wipes_before, "nothing wiped by a refusal");
+    let (code, v) = call(
+        "POST",
+        &format!("{base}/v1/nodes/x2/wipe"),
+        Some(json!({"force": true})),
+    );
+    assert_eq!((code, v["claim"].as_str()), (202, Some(first.as_str())), "{v}");
+    wait_until("x2 wiped again and back", Duration::from_secs(15), || {
+        node_state(&base, "x2") == "ready"
+    });
+    assert_eq!(fake.wipes.lock().unwrap()["x2"], 2);
+    wait_until("the retry's audit entries", Duration::from_secs(10), || {
+        audit(&base, &first).iter().filter(|e| e["action"] == "wipe").count() == 3
+    });
+    let entries = audit(&base, &first);
+    let retry = entries
+        .iter()
+        .position(|e| e["action"] == "wipe_retry")
+        .unwrap_or_else(|| panic!("{entries:?}"));
+    assert!(
+        entries[retry]["detail"].as_str().unwrap().contains("retried by"),
+        "{entries:?}"
+    );
+    assert!(
+        entries[retry..]
+            .iter()
+            .any(|e| e["action"] == "wipe" && e["detail"].as_str().unwrap().starts_with("x2")),
+        "{entries:?}"
+    );
+    assert_eq!(
+        node_state(&base, "x3"),
+        "down",
+        "x3 stays quarantined until its own retry"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

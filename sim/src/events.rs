@@ -20,6 +20,8 @@ pub enum EventKind {
     Wakeup,
     /// The secure wipe of a released claim's nodes ended (`true`: they return to the pool).
     WipeDone(AllocId, bool),
+    /// One node's wipe ended (an operator's retry wipes a node alone).
+    NodeWiped(AllocId, lattice_engine::NodeId, bool),
     /// A claim's node booted the hardened image (`true`) or failed to.
     Booted(AllocId, lattice_engine::NodeId, bool),
     /// A broker checkpoint of the run `u32` finished.

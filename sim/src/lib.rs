@@ -634,6 +634,18 @@ pub fn simulate_with<H: Host>(
                             }
                             None
                         }
+                        K::WipeRetry { node } => {
+                            match node_of(node) {
+                                Some(n) => match ctl.apply(now, Input::RetryWipe(n), &mut world) {
+                                    Err(lattice_engine::ControlError::NotQuarantined(_)) => {
+                                        *rejected.entry("wipe_retry_not_quarantined".into()).or_default() += 1
+                                    }
+                                    r => r.map_err(|e| refused(now, Input::RetryWipe(n), e))?,
+                                },
+                                None => *rejected.entry("unknown_node".into()).or_default() += 1,
+                            }
+                            None
+                        }
                         K::EnergyPrice { .. } => None, // merged into the price series up front
                         K::Metric { alloc, value } => {
                             match job_index.get(alloc.as_str()).and_then(|&i| alloc_of[i]) {
@@ -772,6 +784,7 @@ pub fn simulate_with<H: Host>(
                 }
                 EventKind::WipeDone(id, ok) => Some(Input::WipeDone(id, ok)),
                 EventKind::Booted(id, node, ok) => Some(Input::Booted(id, node, ok)),
+                EventKind::NodeWiped(id, node, ok) => Some(Input::NodeWiped(id, node, ok)),
                 // The allocation may have ended first (walltime beats checkpoint).
                 EventKind::Suspend(id, epoch, checkpointed) => (epoch == world.fake.epoch(id)).then(|| {
                     world.fake.bump(id, now);

@@ -165,9 +165,19 @@ impl Fleet for FakeWorld<'_> {
         }
     }
 
-    fn wipe(&mut self, _view: &Engine, now: Time, alloc: AllocId, _nodes: &[NodeId]) {
-        let (took, ok) = draw_wipe(&mut self.wipe_rng, &self.wipe);
-        self.q.push(now + took, self.rank_end, EventKind::WipeDone(alloc, ok));
+    fn wipe(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {
+        let whole = view.allocation(alloc).is_some_and(|a| a.nodes == nodes);
+        if whole {
+            let (took, ok) = draw_wipe(&mut self.wipe_rng, &self.wipe);
+            self.q.push(now + took, self.rank_end, EventKind::WipeDone(alloc, ok));
+        } else {
+            // Part of a claim's nodes (an operator's retry of a quarantined node): each on its own.
+            for &n in nodes {
+                let (took, ok) = draw_wipe(&mut self.wipe_rng, &self.wipe);
+                self.q
+                    .push(now + took, self.rank_end, EventKind::NodeWiped(alloc, n, ok));
+            }
+        }
     }
 
     fn boot(&mut self, _view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {

@@ -208,3 +208,39 @@ fn a_failed_or_slow_hardened_boot_fails_the_claim() {
         assert_eq!(j.start_s, j_start, "{what}");
     }
 }
+
+/// An operator's `wipe_retry` of a quarantined node (trace event): audited, and the node is wiped
+/// again on its own (this model's wipes always fail, so it stays quarantined and J never runs); a
+/// retry of a node that is not quarantined is counted as skipped, not applied.
+#[test]
+fn a_wipe_retry_in_the_trace_wipes_a_quarantined_node_again() {
+    let w = workload(vec![claim("C", 0, 2, 300), job("J", 10, 4, 100, 100)]);
+    let first = run_with(&w, 4, fixed_wipe(20, 1.0));
+    let claimed: Vec<String> = first.audit.entries()[0].detail.split(',').map(str::to_string).collect();
+    let free = (0..4)
+        .map(|i| format!("n{i:05}"))
+        .find(|n| !claimed.contains(n))
+        .unwrap();
+    let mut w = w.clone();
+    for (at, node) in [(5000, &claimed[0]), (5100, &free)] {
+        w.events.push(lattice_traces::TraceEvent {
+            time: lattice_engine::Time::from_secs(at),
+            kind: lattice_traces::TraceEventKind::WipeRetry { node: node.clone() },
+            line: 0,
+        });
+    }
+    let r = run_with(&w, 4, fixed_wipe(20, 1.0));
+    let events: Vec<(&str, &str)> = r
+        .audit
+        .entries()
+        .iter()
+        .map(|e| (e.action.as_str(), e.detail.as_str()))
+        .collect();
+    assert_eq!(
+        events[3..],
+        [("wipe_retry", claimed[0].as_str()), ("quarantine", claimed[0].as_str())],
+        "{events:?}"
+    );
+    assert_eq!(r.summary.skipped.get("wipe_retry_not_quarantined"), Some(&1));
+    assert_eq!(r.jobs[1].start_s, None);
+}

@@ -42,6 +42,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "cancel",
     "walltime",
     "weights",
+    "wipe_retry",
 ];
 
 #[derive(Deserialize)]
@@ -636,38 +637,38 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                     )),
                 }
             }
-            "node_fail" | "node_recover" | "drain" | "undrain" | "prologue_fail" | "drift" | "conform" => {
-                match serde_json::from_str::<NodeEventIn>(t) {
-                    Ok(e) => {
-                        let heartbeat = match e.mode.as_deref() {
-                            None | Some("hardware") => false,
-                            Some("heartbeat") if e.kind == "node_fail" => true,
-                            Some(o) => {
-                                w.skip(problem(
-                                    Some("mode"),
-                                    "invalid_field",
-                                    format!("`{o}` is not one of hardware, heartbeat"),
-                                ));
-                                continue;
-                            }
-                        };
-                        let node = e.node;
-                        let kind = match e.kind.as_str() {
-                            "node_fail" => TraceEventKind::NodeFail { node, heartbeat },
-                            "node_recover" => TraceEventKind::NodeRecover { node },
-                            "drain" => TraceEventKind::Drain { node },
-                            "prologue_fail" => TraceEventKind::PrologueFail { node },
-                            "drift" | "conform" => TraceEventKind::Drift {
-                                node,
-                                drifted: e.kind == "drift",
-                            },
-                            _ => TraceEventKind::Undrain { node },
-                        };
-                        others.push((ts_ms, line_no, kind));
-                    }
-                    Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            "node_fail" | "node_recover" | "drain" | "undrain" | "prologue_fail" | "drift" | "conform"
+            | "wipe_retry" => match serde_json::from_str::<NodeEventIn>(t) {
+                Ok(e) => {
+                    let heartbeat = match e.mode.as_deref() {
+                        None | Some("hardware") => false,
+                        Some("heartbeat") if e.kind == "node_fail" => true,
+                        Some(o) => {
+                            w.skip(problem(
+                                Some("mode"),
+                                "invalid_field",
+                                format!("`{o}` is not one of hardware, heartbeat"),
+                            ));
+                            continue;
+                        }
+                    };
+                    let node = e.node;
+                    let kind = match e.kind.as_str() {
+                        "node_fail" => TraceEventKind::NodeFail { node, heartbeat },
+                        "node_recover" => TraceEventKind::NodeRecover { node },
+                        "drain" => TraceEventKind::Drain { node },
+                        "prologue_fail" => TraceEventKind::PrologueFail { node },
+                        "drift" | "conform" => TraceEventKind::Drift {
+                            node,
+                            drifted: e.kind == "drift",
+                        },
+                        "wipe_retry" => TraceEventKind::WipeRetry { node },
+                        _ => TraceEventKind::Undrain { node },
+                    };
+                    others.push((ts_ms, line_no, kind));
                 }
-            }
+                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
             "energy_price" => match serde_json::from_str::<PriceEventIn>(t) {
                 Ok(e) if e.price.is_finite() => {
                     others.push((ts_ms, line_no, TraceEventKind::EnergyPrice { price: e.price }))

@@ -58,6 +58,11 @@ pub enum TraceEventKind {
         node: String,
         drifted: bool,
     },
+    /// An operator retries the wipe of a quarantined node (`wipe_retry`: `lattice admin node wipe
+    /// NODE --force`).
+    WipeRetry {
+        node: String,
+    },
     /// The electricity price from this time on.
     EnergyPrice {
         price: f64,

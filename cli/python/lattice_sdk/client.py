@@ -354,6 +354,11 @@ class LatticeClient:
     async def undrain(self, name: str) -> Dict[str, Any]:
         return await self._call("POST", f"/v1/nodes/{_seg(name)}/undrain")
 
+    async def retry_wipe(self, node: str) -> Dict[str, Any]:
+        """Retries a quarantined node's secure wipe (``lattice admin node wipe NODE --force``):
+        ``node``, ``claim``, ``wiping``; a node that is not quarantined is a 409."""
+        return await self._call("POST", f"/v1/nodes/{_seg(node)}/wipe", json={"force": True})
+
     async def list_tenants(self) -> List[Tenant]:
         return [Tenant(name=t) for t in (await self._call("GET", "/v1/tenants"))["tenants"]]
 

@@ -234,6 +234,10 @@ def test_tenant_and_project_administration(runtime):
                 await c.update_project("chem", "qcd", {"max_nodes": 2})
             await c.delete_tenant("chem")
             assert "chem" not in [x.name for x in await c.list_tenants()]
+            # A wipe retry of a node that is not quarantined is refused.
+            with pytest.raises(LatticeError) as e:
+                await c.retry_wipe("sim-000")
+            assert e.value.status_code == 409
 
     run(main())
 

@@ -419,6 +419,12 @@ enum AdminCmd {
     Undrain {
         node: String,
     },
+    /// Node administration: `wipe NODE --force` retries a quarantined node's secure wipe (after
+    /// investigating it); wiped, it returns to the pool.
+    Node {
+        #[command(subcommand)]
+        cmd: AdminNodeCmd,
+    },
     /// The quorum's status (leader, term, members, commits, audit chain).
     RaftStatus,
     /// Tenants: `list` (the default), or `show NAME`: its quotas, what it holds, its 90-day usage.
@@ -479,6 +485,16 @@ enum FederationCmd {
     },
     RevokeWorkspace {
         workspace: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminNodeCmd {
+    Wipe {
+        node: String,
+        /// Required: the node is wiped again.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -1802,6 +1818,18 @@ fn run() -> Result<()> {
             } => {
                 let v = client.call("GET", &format!("/v1/tenants/{name}"), None)?;
                 print_value(&v, output, lattice_cli::observe::tenant_view)?;
+            }
+            AdminCmd::Node {
+                cmd: AdminNodeCmd::Wipe { node, force },
+            } => {
+                let body = json!({"force": force});
+                let v = client.call("POST", &format!("/v1/nodes/{node}/wipe"), Some(&body))?;
+                print_value(&v, output, |v| {
+                    format!(
+                        "{node}: wiping again (quarantined by the wipe of {}); it returns to the pool once wiped\n",
+                        v["claim"].as_str().unwrap_or_default()
+                    )
+                })?;
             }
             AdminCmd::Project {
                 cmd: ProjectCmd::List { tenant },
