@@ -704,7 +704,16 @@ impl Engine {
         if self.tenant_quota.iter().any(|q| q.deserved_nodes.is_some()) {
             targets = self.kai_targets(key);
         }
+        // Each tenant's projects: how many, and their decayed usage together (f3's second level).
+        let mut projects_of = vec![(0u32, 0.0f64); self.tenant_quota.len()];
+        for (q, p) in self.projects.iter().enumerate() {
+            if let Some(slot) = p.tenant.and_then(|t| projects_of.get_mut(t)) {
+                slot.0 += 1;
+                slot.1 += self.project_ledger.decayed(q);
+            }
+        }
         ScoreContext {
+            projects_of,
             budget_penalty,
             project_penalty,
             shares: usage
@@ -876,13 +885,9 @@ impl Engine {
         let mut s = score(w, &inputs);
         // The hierarchy's second level: within its tenant, a project below its (equal) share of the
         // tenant's usage gets the average of both levels' deficits.
-        let siblings = self.projects.iter().filter(|x| x.tenant == Some(t)).count();
+        let (siblings, tenant_usage) = ctx.projects_of.get(t).copied().unwrap_or_default();
         if siblings > 1 {
             let p = a.spec.project.index();
-            let tenant_usage: f64 = (0..self.projects.len())
-                .filter(|&q| self.projects[q].tenant == Some(t))
-                .map(|q| self.project_ledger.decayed(q))
-                .sum();
             let actual = if tenant_usage > 0.0 {
                 self.project_ledger.decayed(p) / tenant_usage
             } else {
@@ -1087,6 +1092,8 @@ pub(crate) struct ScoreContext {
     budget_penalty: Vec<f64>,
     /// By project id (empty when no tenant or project has a budget).
     project_penalty: Vec<f64>,
+    /// By tenant: its projects' count and decayed usage together.
+    projects_of: Vec<(u32, f64)>,
     shares: Vec<f64>,
     targets: Vec<f64>,
     backlog: f64,
