@@ -320,6 +320,12 @@ impl Controller {
         Ok(id)
     }
 
+    /// A node joins the running site ([`Engine::add_node`]): the inventory (SMD) gained it. It is
+    /// scheduled from the next pass on.
+    pub fn add_node(&mut self, now: Time, spec: crate::NodeSpec) -> Result<NodeId, ControlError> {
+        Ok(self.engine.add_node(now, spec)?)
+    }
+
     /// Applies one input at `now` (inputs of one timestamp in DESIGN.md's order, then
     /// [`Controller::schedule`] and [`Controller::dispatch`]).
     pub fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {

@@ -152,6 +152,19 @@ pub(crate) struct Pool {
     pub has_gpus: bool,
 }
 
+impl Pool {
+    fn empty(policy: Policy) -> Pool {
+        Pool {
+            config: VClusterConfig::new(policy),
+            vclusters: Vec::new(),
+            queue: Vec::new(),
+            due_at: None,
+            reservations: Vec::new(),
+            has_gpus: false,
+        }
+    }
+}
+
 /// A project's contract and what its quotas count (committed nodes and allocations, node- and
 /// GPU-seconds of its ended allocations).
 #[derive(Clone, Debug, Default)]
@@ -280,14 +293,7 @@ impl Engine {
                     free_by_class.push(0);
                     (class_keys.len() - 1) as u16
                 });
-                let p = pools.entry(pool).or_insert_with(|| Pool {
-                    config: VClusterConfig::new(config.policy),
-                    vclusters: Vec::new(),
-                    queue: Vec::new(),
-                    due_at: None,
-                    reservations: Vec::new(),
-                    has_gpus: false,
-                });
+                let p = pools.entry(pool).or_insert_with(|| Pool::empty(config.policy));
                 p.has_gpus |= spec.capabilities.gpu_count > 0;
                 class_of.push(c);
                 class_total[c as usize] += 1;
@@ -508,28 +514,113 @@ impl Engine {
             let v = self.pool_of_vc.len() as u32;
             let key = if self.pools.contains_key(&(v + 1)) { v + 1 } else { 0 };
             let new_pool = !self.pools.contains_key(&key);
-            let pool = self.pools.entry(key).or_insert_with(|| Pool {
-                config: VClusterConfig::new(self.config.policy),
-                vclusters: Vec::new(),
-                queue: Vec::new(),
-                due_at: None,
-                reservations: Vec::new(),
-                has_gpus: false,
-            });
+            let pool = self.pools.entry(key).or_insert_with(|| Pool::empty(self.config.policy));
             pool.vclusters.push(VClusterId(v));
             self.pool_of_vc.push(key);
-            if new_pool && self.running.single_pool() {
-                // A second pool: the running set files its entries per pool from now on.
-                let entries: Vec<(Time, AllocId)> = self.running.iter().copied().collect();
-                self.running = crate::running::RunningSet::new(false);
-                for (t, a) in entries {
-                    self.add_running(t, a);
-                }
+            if new_pool {
+                self.second_pool();
             }
             self.vc_config.push(VClusterConfig::new(self.config.policy));
             self.gpu_hours_committed.push(0.0);
         }
         id
+    }
+
+    /// A pool was added: with two, the running set files its entries per pool from now on.
+    fn second_pool(&mut self) {
+        if self.running.single_pool() && self.pools.len() > 1 {
+            let entries: Vec<(Time, AllocId)> = self.running.iter().copied().collect();
+            self.running = crate::running::RunningSet::new(false);
+            for (t, a) in entries {
+                self.add_running(t, a);
+            }
+        }
+    }
+
+    /// A node joins the running site at `now` (the inventory gained it: book, "Bootstrap Sequence":
+    /// nodes are registered in SMD, which the scheduler reads periodically). It gets the next id, joins
+    /// its class (a new one if no node is like it) and pool, and — if its state is `Ready` — the free
+    /// set; its pool runs a pass at the next cycle tick. Refused, with nothing changed: a name already
+    /// in the inventory; a home vCluster that already schedules on the shared pool (it got no home
+    /// nodes at the start); a second node class under the pyss-compatible policy.
+    pub fn add_node(&mut self, now: Time, spec: NodeSpec) -> Result<NodeId, EngineError> {
+        if self.nodes.iter().any(|n| n.spec.name == spec.name) {
+            return Err(EngineError::DuplicateNode(spec.name));
+        }
+        let pool = spec.home_vcluster.map_or(0, |v| v.0 + 1);
+        if let Some(v) = spec.home_vcluster
+            && self.pool_of_vc.get(v.index()).is_some_and(|&k| k != pool)
+        {
+            return Err(EngineError::HomeAfterStart {
+                node: spec.name,
+                vcluster: v,
+            });
+        }
+        let key = ClassKey {
+            pool,
+            capabilities: spec.capabilities.clone(),
+            group: spec.group,
+            conformance: spec.conformance,
+        };
+        let class = self.class_keys.iter().position(|k| *k == key);
+        let pyss =
+            self.config.policy == Policy::PyssEasy || self.vc_config.iter().any(|c| c.policy == Policy::PyssEasy);
+        if class.is_none() && pyss && !self.class_keys.is_empty() {
+            return Err(EngineError::PyssHeterogeneous(self.class_keys.len() + 1));
+        }
+        self.clock.advance(now);
+        let c = match class {
+            Some(c) => c,
+            None => {
+                self.class_info.push(ClassInfo {
+                    group: spec.group,
+                    conformance: spec.conformance,
+                    power_w: spec.capabilities.power_w,
+                    gpus: spec.capabilities.gpu_count,
+                });
+                self.class_keys.push(key);
+                self.class_total.push(0);
+                self.free_by_class.push(0);
+                let c = self.class_keys.len() - 1;
+                // Allocations not ended may run on it (their own pool's) or borrow it (another's).
+                let key = &self.class_keys[c];
+                for a in self.allocs.iter().filter(|a| a.ended.is_none()) {
+                    if a.spec.constraints.satisfied_by(&key.capabilities) {
+                        let m = &mut self.meta[a.id.index()];
+                        if self.pool_of_vc[a.spec.vcluster.index()] == key.pool {
+                            m.eligible.push(c as u16);
+                        } else {
+                            m.borrow_eligible.push(c as u16);
+                        }
+                    }
+                }
+                c
+            }
+        };
+        let policy = self.config.policy;
+        let new_pool = !self.pools.contains_key(&pool);
+        self.pools.entry(pool).or_insert_with(|| Pool::empty(policy)).has_gpus |= spec.capabilities.gpu_count > 0;
+        if new_pool {
+            self.second_pool();
+        }
+        let id = NodeId(self.nodes.len() as u32);
+        self.class_of.push(c as u16);
+        self.class_total[c] += 1;
+        self.free.grow(self.nodes.len() + 1);
+        if spec.state.schedulable() {
+            self.free.insert(id);
+            self.free_by_class[c] += 1;
+        } else {
+            self.nodes_not_ready.insert(id);
+        }
+        self.nodes.push(Node {
+            id,
+            state: spec.state,
+            spec,
+            owner: None,
+        });
+        self.mark_due(pool, now);
+        Ok(id)
     }
 
     /// Sets a vCluster's scheduler config. A pool's policy and cycle are its vCluster's; the shared pool

@@ -51,6 +51,13 @@ pub enum EngineError {
     Node(#[from] crate::node::InvalidNodeTransition),
     #[error("the pyss-compatible policy needs a single homogeneous node pool; the inventory has {0} node classes")]
     PyssHeterogeneous(usize),
+    #[error("node `{0}` is already in the inventory")]
+    DuplicateNode(String),
+    #[error(
+        "node `{node}`: its home vCluster {vcluster} already schedules on the shared pool (a vCluster's first home \
+         node must be in the inventory it starts with)"
+    )]
+    HomeAfterStart { node: String, vcluster: VClusterId },
 }
 
 /// How the binaries print an error a user caused (`error: <message>`, then each cause on a line of

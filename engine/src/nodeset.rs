@@ -16,6 +16,14 @@ impl NodeSet {
         }
     }
 
+    /// Room for ids below `capacity` (a node added to a running engine).
+    pub fn grow(&mut self, capacity: usize) {
+        let words = capacity.div_ceil(64);
+        if words > self.words.len() {
+            self.words.resize(words, 0);
+        }
+    }
+
     pub fn insert(&mut self, n: NodeId) -> bool {
         let (w, b) = (n.index() / 64, n.index() % 64);
         let fresh = self.words[w] & (1 << b) == 0;
@@ -79,5 +87,9 @@ mod tests {
         assert!(!s.remove(NodeId(64)));
         assert!(!s.contains(NodeId(64)) && s.contains(NodeId(199)));
         assert_eq!(s.len(), 4);
+        s.grow(300);
+        assert!(s.insert(NodeId(299)) && s.contains(NodeId(199)));
+        assert_eq!(s.iter().last(), Some(NodeId(299)));
+        assert_eq!(s.len(), 5);
     }
 }

@@ -2284,6 +2284,54 @@ impl Control {
 
     /// Sets the conformance baselines (node name → SHA-256); a node without one is held to the
     /// majority of its node class's reported fingerprints, or else to its first.
+    /// Nodes join the running site (book: "Bootstrap Sequence": nodes registered in SMD, which is
+    /// read periodically): `entry` is an inventory node entry (one node by `name`, or `count` by
+    /// `prefix`), `baseline` their conformance baseline. Each is scheduled from the next pass; with
+    /// real agents it is `Booting` until its agent registers (book: a node "in inventory but has never
+    /// reported" is not schedulable). With `capture`, each is written to the trace capture as
+    /// `node_added`. Returns the names added; an entry that does not parse, names a node already
+    /// here or a vCluster this site does not have adds nothing.
+    pub fn add_nodes(
+        &mut self,
+        entry: &serde_json::Value,
+        baseline: Option<&str>,
+        capture: bool,
+    ) -> Result<Vec<String>, String> {
+        let mut nodes = lattice_traces::parse_node_entry(entry)?;
+        for n in &mut nodes {
+            if let Some(v) = &n.vcluster {
+                n.spec.home_vcluster =
+                    Some(*self.vclusters.get(v.as_str()).ok_or_else(|| {
+                        format!("{}: vcluster `{v}` is not one of this site's vClusters", n.spec.name)
+                    })?);
+            }
+        }
+        if let Some(n) = nodes.iter().find(|n| self.node_by_name.contains_key(&n.spec.name)) {
+            return Err(lattice_engine::EngineError::DuplicateNode(n.spec.name.clone()).to_string());
+        }
+        let now = self.now();
+        let mut added = Vec::new();
+        for lattice_traces::JoiningNode { mut spec, entry, .. } in nodes {
+            let name = spec.name.clone();
+            if self.real_agents && spec.state == lattice_engine::NodeState::Ready {
+                spec.state = lattice_engine::NodeState::Booting;
+            }
+            let id = self.ctl.add_node(now, spec).map_err(|e| e.to_string())?;
+            self.node_by_name.insert(name.clone(), id.0);
+            self.node_names.push(name.clone());
+            self.agents.push(None);
+            if let Some(b) = baseline {
+                self.baselines.insert(id.0, b.to_ascii_lowercase());
+            }
+            if capture {
+                let ts = now.0 as f64 / 1000.0;
+                self.capture_line(serde_json::json!({"ts": ts, "type": "node_added", "node": entry}));
+            }
+            added.push(name);
+        }
+        Ok(added)
+    }
+
     pub fn set_baselines(&mut self, baselines: &BTreeMap<String, String>) {
         self.baselines = baselines
             .iter()

@@ -9,8 +9,10 @@
 //!   restarting while SMD is down starts from the last one (with a warning).
 //! - **Refresh.** Every `refresh`, SMD's component states are read again: a node SMD reports off,
 //!   halted, disabled or flagged `Alert` is taken out of service (its allocation requeued or failed
-//!   as for a hardware failure); one SMD reports usable again is back. Nodes SMD gained since the
-//!   start are reported (a member restart adds them: the engine's node set is fixed at start).
+//!   as for a hardware failure); one SMD reports usable again is back. A compute node SMD gained
+//!   joins (every member learns it; the leader schedules on it from its next pass, and a leader
+//!   elected later starts with it): its groups give its entry as at the start, it is `Booting` until
+//!   its agent registers (with real agents), and the trace capture writes it as `node_added`.
 //! - **Drift.** A drifted node is flagged `Warning` with `conformance_drift: expected=…, actual=…`
 //!   (`PATCH /hsm/v2/State/Components/{xname}`); the flag is cleared (`OK`) when it conforms again.
 
@@ -180,16 +182,45 @@ pub fn inventory(
     cfg: &OpenChamiConfig,
     smd: &Smd,
 ) -> Result<(lattice_traces::Inventory, BTreeMap<String, String>), String> {
+    let mut baselines = BTreeMap::new();
+    let mut nodes = Vec::new();
+    for e in entries(cfg, smd, &BTreeSet::new()) {
+        if let Some(b) = e.baseline {
+            baselines.insert(e.name, b);
+        }
+        nodes.push(e.entry);
+    }
+    if nodes.is_empty() {
+        return Err("SMD lists no compute nodes".into());
+    }
+    // JSON is YAML: the inventory file's own reader checks it.
+    let text = json!({ "nodes": nodes }).to_string();
+    let inv = lattice_traces::parse_inventory("SMD", &text).map_err(|e| e.to_string())?;
+    Ok((inv, baselines))
+}
+
+/// One SMD compute node as an inventory entry.
+#[derive(Clone, Debug)]
+pub struct NodeEntry {
+    pub name: String,
+    /// The inventory file's node entry (what `node_added` trace events carry).
+    pub entry: serde_json::Value,
+    /// Its conformance baseline, if its groups name one (lower case).
+    pub baseline: Option<String>,
+    /// SMD reports it usable (else it starts Down).
+    pub usable: bool,
+}
+
+/// SMD's compute nodes not in `known`, by xname, as inventory entries (see the module's doc).
+pub fn entries(cfg: &OpenChamiConfig, smd: &Smd, known: &BTreeSet<String>) -> Vec<NodeEntry> {
     let mut nodes: Vec<&Component> = smd
         .components
         .iter()
         .filter(|c| c.kind.is_empty() || c.kind == "Node")
         .filter(|c| c.role.as_deref().is_none_or(|r| r == "Compute"))
+        .filter(|c| !known.contains(&c.id))
         .collect();
     nodes.sort_by(|a, b| a.id.cmp(&b.id));
-    if nodes.is_empty() {
-        return Err("SMD lists no compute nodes".into());
-    }
     let mut member_of: BTreeMap<&str, Vec<&Group>> = BTreeMap::new();
     let mut groups: Vec<&Group> = smd.groups.iter().collect();
     groups.sort_by(|a, b| a.label.cmp(&b.label));
@@ -198,7 +229,6 @@ pub fn inventory(
             member_of.entry(id.as_str()).or_default().push(g);
         }
     }
-    let mut baselines = BTreeMap::new();
     let mut entries = Vec::new();
     for c in nodes {
         let mut spec = GroupSpec::default();
@@ -221,9 +251,7 @@ pub fn inventory(
         }
         spec.features.sort();
         spec.features.dedup();
-        if let Some(b) = &spec.baseline {
-            baselines.insert(c.id.clone(), b.to_ascii_lowercase());
-        }
+        let baseline = spec.baseline.as_ref().map(|b| b.to_ascii_lowercase());
         let mut e = json!({
             "name": c.id,
             "gpu_count": spec.gpu_count.unwrap_or(0),
@@ -241,12 +269,14 @@ pub fn inventory(
         if let Some(v) = spec.vcluster {
             e["vcluster"] = json!(v);
         }
-        entries.push(e);
+        entries.push(NodeEntry {
+            name: c.id.clone(),
+            entry: e,
+            baseline,
+            usable: c.usable(),
+        });
     }
-    // JSON is YAML: the inventory file's own reader checks it.
-    let text = json!({ "nodes": entries }).to_string();
-    let inv = lattice_traces::parse_inventory("SMD", &text).map_err(|e| e.to_string())?;
-    Ok((inv, baselines))
+    entries
 }
 
 /// Reads SMD; on failure, the copy kept at the last successful read (with a warning).
@@ -288,17 +318,16 @@ pub async fn read_smd(cfg: &OpenChamiConfig, data_dir: &Path) -> anyhow::Result<
 pub async fn refresh(
     s: Arc<Shared>,
     oc: Arc<OpenChami>,
-    period: std::time::Duration,
+    cfg: OpenChamiConfig,
     down_at_start: BTreeSet<String>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
+    let period = cfg.refresh_period();
     // Nodes out of service because of SMD (only those are brought back by it).
     let mut taken: BTreeSet<String> = down_at_start;
-    let mut unknown_seen: BTreeSet<String> = BTreeSet::new();
+    // The nodes this member knows: the inventory it started with and those that joined since.
+    let mut known: BTreeSet<String> = s.control.lock().await.node_names().iter().cloned().collect();
     while crate::server::sleep_unless_stopped(&mut stopped, period).await {
-        if s.leading.lock().await.is_none() {
-            continue;
-        }
         let comps = match oc.nodes().await {
             Ok(c) => c,
             Err(e) => {
@@ -307,10 +336,44 @@ pub async fn refresh(
                 continue;
             }
         };
+        // Nodes SMD gained join on every member (one that leads later schedules on them too).
+        let gained = comps
+            .iter()
+            .any(|x| (x.kind.is_empty() || x.kind == "Node") && !known.contains(&x.id));
+        if gained {
+            match oc.groups().await {
+                Ok(groups) => {
+                    let smd = Smd {
+                        components: comps.clone(),
+                        groups,
+                    };
+                    let fresh = entries(&cfg, &smd, &known);
+                    for e in &fresh {
+                        known.insert(e.name.clone());
+                        if !e.usable {
+                            taken.insert(e.name.clone());
+                        }
+                        tracing::info!("{}: joined from SMD", e.name);
+                    }
+                    if !fresh.is_empty() {
+                        s.joined.lock().unwrap_or_else(|e| e.into_inner()).extend(fresh);
+                        // A restart while SMD is down starts with them.
+                        if let Ok(b) = serde_json::to_vec_pretty(&smd) {
+                            let _ = std::fs::write(s.data_dir.join(CACHE), b);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("OpenCHAMI SMD groups: {e}; new nodes join at the next refresh"),
+            }
+        }
+        if s.leading.lock().await.is_none() {
+            continue;
+        }
         let by_id: BTreeMap<&str, &Component> = comps.iter().map(|c| (c.id.as_str(), c)).collect();
         let mut c = s.control.lock().await;
-        let known: Vec<String> = c.node_names().to_vec();
-        for name in &known {
+        join(&s, &mut c, true);
+        let names: Vec<String> = c.node_names().to_vec();
+        for name in &names {
             let usable = by_id.get(name.as_str()).is_some_and(|x| x.usable());
             let state = c.node_state_of(name);
             if !usable && !taken.contains(name) && !matches!(state.as_deref(), Some("down" | "failed")) {
@@ -328,18 +391,22 @@ pub async fn refresh(
         }
         let actions = c.take_actions();
         drop(c);
+        s.wake.notify_one();
         crate::server::execute(s.clone(), actions).await;
-        let known: BTreeSet<&str> = known.iter().map(String::as_str).collect();
-        for x in comps
-            .iter()
-            .filter(|x| x.kind == "Node" && !known.contains(x.id.as_str()))
-        {
-            if unknown_seen.insert(x.id.clone()) {
-                tracing::warn!(
-                    "{}: in SMD but not among this member's nodes (restart the members one at a time to add it)",
-                    x.id
-                );
-            }
+    }
+}
+
+/// Adds the nodes that joined from SMD since this member started and that `c` lacks (a control
+/// plane made at a leadership change starts from the inventory read at start); with `capture`,
+/// they go to the trace capture.
+pub fn join(s: &Shared, c: &mut crate::control::Control, capture: bool) {
+    let joined = s.joined.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for e in &joined {
+        if c.node_index(&e.name).is_some() {
+            continue;
+        }
+        if let Err(m) = c.add_nodes(&e.entry, e.baseline.as_deref(), capture) {
+            tracing::warn!("{}: in SMD but not added: {m}", e.name);
         }
     }
 }

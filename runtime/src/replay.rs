@@ -156,6 +156,13 @@ impl Host for ReplayHost {
         self.control.submit_spec(spec, &job.id, job.user.clone(), run)
     }
 
+    /// Through the entry point SMD's new nodes take ([`Control::add_nodes`]), which also captures it.
+    fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String> {
+        self.control.set_clock(now);
+        let added = self.control.add_nodes(&node.entry, None, true)?;
+        Ok(self.node(&added[0]))
+    }
+
     /// Each input through the control plane's own entry point for it (what an agent report, a
     /// quorum answer or an API call invokes in production).
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {

@@ -82,6 +82,9 @@ pub struct Shared {
     /// A fresh control plane (the engine as configured): a member that gains or loses leadership
     /// starts from one.
     pub fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync>,
+    /// Nodes that joined from SMD since this member started (a fresh control plane adds them:
+    /// [`crate::openchami::join`]).
+    pub joined: std::sync::Mutex<Vec<crate::openchami::NodeEntry>>,
     /// The term in which this member's control plane adopted the queue as the leader (`None`: it is
     /// not the leader's); changes under this lock only ([`sync_leadership`]).
     pub leading: Mutex<Option<u64>>,
@@ -384,6 +387,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         peers: Default::default(),
         peer_tls: tls.as_ref().map(|t| t.peer()),
         fresh_control,
+        joined: Default::default(),
         leading: Mutex::new(None),
         clock,
         dial,
@@ -423,8 +427,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         )));
     }
     if let (Some(oc), Some(c)) = (openchami, &cfg.services.openchami) {
-        let period = c.refresh_period();
-        let refresh = crate::openchami::refresh(shared.clone(), oc, period, smd_down, stopped.clone());
+        let refresh = crate::openchami::refresh(shared.clone(), oc, c.clone(), smd_down, stopped.clone());
         tasks.push(tokio::spawn(refresh));
     }
     // One gRPC port: the quorum's Raft service and the public API.
@@ -858,6 +861,7 @@ pub async fn sync_leadership(shared: &Shared) -> bool {
 /// (the new leader owns the queue now).
 async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     let mut control = (shared.fresh_control)()?;
+    crate::openchami::join(shared, &mut control, false);
     if !leader {
         *shared.control.lock().await = control;
         tracing::info!("no longer the leader: the queue is the new leader's");

@@ -110,6 +110,8 @@ fn nodes_come_from_smd_follow_it_and_drift_drains_and_flags() {
         &config,
         format!(
             "rest_listen: 127.0.0.1:{port}\ngrpc_listen: 127.0.0.1:{grpc}\ndata_dir: data\nsimulate_agents: false\ncycle: 100ms
+scheduler:
+  trace_capture: capture.jsonl
 services:
   openchami:
     smd_url: {smd_url}
@@ -221,5 +223,76 @@ services:
     wait_until("both back", Duration::from_secs(10), || {
         state(&base, "x1000c0s0b0n1") != "down" && state(&base, "x1000c0s1b0n1") != "down"
     });
+
+    // A 3-node H100 job cannot be placed: the site has two H100 nodes.
+    let gpu_job = json!({"tenant": "physics", "entrypoint": "sleep 1",
+        "resources": {"nodes": 3, "constraints": {"gpu_type": "H100", "gpu_count": 4}},
+        "lifecycle": {"walltime": "10m"}});
+    let (code, v) = call("POST", &format!("{base}/v1/allocations"), Some(gpu_job.clone()));
+    assert!(code == 400 || code == 422, "{code} {v}");
+    // SMD gains a third H100 blade, in dragonfly group 2: it joins while the runtime runs, with its
+    // groups' capabilities, booting until its agent registers; the trace capture writes it.
+    let x = "x1000c0s2b0n0";
+    smd.components.lock().unwrap().insert(x.into(), node(x, "Ready"));
+    {
+        let mut groups = smd.groups.lock().unwrap();
+        for g in groups.iter_mut() {
+            if g["label"] == "compute" || g["label"] == "gpu-h100" {
+                g["members"]["ids"].as_array_mut().unwrap().push(json!(x));
+            }
+        }
+        groups.push(json!({"label": "dragonfly-2", "members": {"ids": [x]}}));
+    }
+    wait_until("the new node to join", Duration::from_secs(10), || {
+        nodes(&base).contains_key(x)
+    });
+    let n = nodes(&base)[x].clone();
+    assert_eq!(
+        (n["gpu_type"].as_str(), n["gpu_count"].as_u64(), n["group"].as_u64()),
+        (Some("H100"), Some(4), Some(2)),
+        "{n}"
+    );
+    assert_eq!(n["state"], "booting", "not schedulable before its agent reports");
+    let (code, v) = call("POST", &format!("{base}/v1/allocations"), Some(gpu_job));
+    assert_eq!(code, 201, "{v}");
+    let gpu = v["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        call("GET", &format!("{base}/v1/allocations/{gpu}"), None).1["state"],
+        "pending",
+        "two H100 nodes ready, the third booting"
+    );
+    let _a3 = agent_process(&base, x, &dir, &[]);
+    wait_until(
+        "the H100 job to run on the new node and end",
+        Duration::from_secs(30),
+        || call("GET", &format!("{base}/v1/allocations/{gpu}"), None).1["state"] == "completed",
+    );
+    let v = call("GET", &format!("{base}/v1/allocations/{gpu}"), None).1;
+    assert!(v["nodes"].as_array().unwrap().contains(&json!(x)), "{v}");
+    assert_eq!(
+        nodes(&base)[x]["drifted"],
+        false,
+        "its group's baseline is its fingerprint"
+    );
+    let capture = std::fs::read_to_string(dir.join("capture.jsonl")).unwrap();
+    let w = lattice_traces::parse_jsonl("capture.jsonl", &capture);
+    let joined: Vec<_> = w
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            lattice_traces::TraceEventKind::NodeAdded(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(joined.len(), 1, "{capture}");
+    assert_eq!(
+        (
+            joined[0].spec.name.as_str(),
+            joined[0].spec.capabilities.gpu_count,
+            joined[0].spec.group.0
+        ),
+        (x, 4, 2)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -193,7 +193,8 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 
 /// A generated workload on 16 nodes: sizes, run times, walltimes (some too short), classes,
 /// checkpointable or not, a few sensitive claims, cancels and walltime extensions, a reweighting,
-/// node failures, conformance drifts (some remediated, some not: taken Down after 24 h).
+/// node failures, conformance drifts (some remediated, some not: taken Down after 24 h), nodes that
+/// join the site.
 fn workload() -> impl Strategy<Value = String> {
     let job = (
         0u32..20_000,
@@ -256,6 +257,12 @@ fn workload() -> impl Strategy<Value = String> {
             // An operator retries a node's wipe (refused unless a failed wipe quarantined it).
             if special == 5 {
                 out.push_str(&serde_json::json!({"ts": ts + run, "type": "wipe_retry", "node": node}).to_string());
+                out.push('\n');
+            }
+            // A node joins the site (SMD gained it): like the others, or of a kind of its own.
+            if special == 6 {
+                let n = serde_json::json!({"name": format!("late{i}"), "cpu_cores": 64 * (i % 2)});
+                out.push_str(&serde_json::json!({"ts": ts + run / 3, "type": "node_added", "node": n}).to_string());
                 out.push('\n');
             }
             // An administrator reweights the queue once, a few hours in.

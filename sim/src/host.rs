@@ -3,7 +3,8 @@
 //! code down to the same fake world (the parity test).
 
 use lattice_engine::{
-    AllocId, AllocSpec, ControlError, Controller, Input, PassStats, SubmitError, TenantId, Time, VClusterId, World,
+    AllocId, AllocSpec, ControlError, Controller, Input, NodeId, PassStats, SubmitError, TenantId, Time, VClusterId,
+    World,
 };
 use lattice_traces::TraceJob;
 
@@ -23,6 +24,8 @@ pub trait Host {
     fn controller_mut(&mut self) -> &mut Controller;
     /// A trace job arrives (its spec with the engine's tenant, vCluster and dependency ids).
     fn submit(&mut self, now: Time, job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError>;
+    /// A node joins the site (a `node_added` event; `node.spec` has its home vCluster's id set).
+    fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String>;
     /// Applies one input at `now`; what it caused reaches `world`.
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError>;
     /// A scheduling pass at `now` (then [`Host::dispatch`]).
@@ -40,6 +43,9 @@ impl Host for Controller {
     }
     fn submit(&mut self, now: Time, _job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError> {
         Controller::submit(self, now, spec)
+    }
+    fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String> {
+        Controller::add_node(self, now, node.spec.clone()).map_err(|e| e.to_string())
     }
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
         Controller::apply(self, now, input, world)

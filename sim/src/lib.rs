@@ -252,13 +252,15 @@ pub fn simulate_with<H: Host>(
     if pyss && cfg.commit_latency != Duration::ZERO {
         return Err(SimError::PyssLatency);
     }
-    let nodes = &inventory.nodes;
-    let node_ids: BTreeMap<&str, NodeId> = inventory
+    // Node ids by name (`node_added` events add to it).
+    let mut node_ids: BTreeMap<String, NodeId> = inventory
         .nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| (n.name.as_str(), NodeId(i as u32)))
+        .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
         .collect();
+    // When each node that joined during the replay joined.
+    let mut joined: Vec<Time> = Vec::new();
     // Price events of the trace join the site's series (prices are published ahead).
     let trace_prices: Vec<(Time, f64)> = workload
         .events
@@ -267,12 +269,6 @@ pub fn simulate_with<H: Host>(
             lattice_traces::TraceEventKind::EnergyPrice { price } => Some((e.time, price)),
             _ => None,
         })
-        .collect();
-    let total_nodes = nodes.len() as u32;
-    let node_power: Vec<u32> = nodes.iter().map(|n| n.capabilities.power_w).collect();
-    let node_facts: Vec<(u32, u32, u64)> = nodes
-        .iter()
-        .map(|n| (n.capabilities.gpu_count, n.group.0, n.conformance.0))
         .collect();
     // The site as the runtime builds it; the inventory's vClusters come first (node homes refer to them).
     let mut engine = lattice_traces::site_engine(
@@ -379,7 +375,7 @@ pub fn simulate_with<H: Host>(
     let mut world = world::FakeWorld {
         q: EventQueue::default(),
         rank_end,
-        quorum: FakeQuorum::new(total_nodes as usize, cfg.sensitive_pool_size),
+        quorum: FakeQuorum::new(inventory.nodes.len(), cfg.sensitive_pool_size),
         commit_latency: cfg.commit_latency,
         fake: world::FakeNodes::default(),
         workload,
@@ -610,6 +606,39 @@ pub fn simulate_with<H: Host>(
                 EventKind::Trace(i) => {
                     use lattice_traces::TraceEventKind as K;
                     let ev = &workload.events[i];
+                    if let K::NodeAdded(node) = &ev.kind {
+                        let engine = &ctl.controller().engine;
+                        let home = node.vcluster.as_deref().map(|name| {
+                            (0..engine_vclusters(engine))
+                                .map(|i| VClusterId(i as u32))
+                                .find(|&v| engine.vcluster(v).is_some_and(|x| x.name == name))
+                        });
+                        match home {
+                            Some(None) => *rejected.entry("unknown_vcluster".into()).or_default() += 1,
+                            _ => {
+                                let mut node = (**node).clone();
+                                node.spec.home_vcluster = home.flatten();
+                                match ctl.add_node(now, &node) {
+                                    Ok(n) => {
+                                        node_ids.insert(node.spec.name.clone(), n);
+                                        world.node_names.push(node.spec.name.clone());
+                                        world.quorum.add_node();
+                                        joined.push(now);
+                                        if let Some(fm) = cfg.failures {
+                                            let t = now + draw_exp(&mut fail_rng, fm.mtbf);
+                                            if t <= failure_horizon {
+                                                world.q.push(t, RANK_NODE, EventKind::Inject(n.0, true));
+                                            }
+                                        }
+                                    }
+                                    Err(e) => {
+                                        *rejected.entry("node_added_refused".into()).or_default() += 1;
+                                        notes.push(format!("trace line {}: node_added refused: {e}", ev.line));
+                                    }
+                                }
+                            }
+                        }
+                    }
                     let node_of = |name: &str| node_ids.get(name).copied();
                     let node_change = |node: &String, event: NodeEvent| Some((node.clone(), event));
                     let change = match &ev.kind {
@@ -647,6 +676,7 @@ pub fn simulate_with<H: Host>(
                             None
                         }
                         K::EnergyPrice { .. } => None, // merged into the price series up front
+                        K::NodeAdded(_) => None,       // added above
                         K::Metric { alloc, value } => {
                             match job_index.get(alloc.as_str()).and_then(|&i| alloc_of[i]) {
                                 Some(id) => {
@@ -847,6 +877,12 @@ pub fn simulate_with<H: Host>(
         ));
     }
 
+    let node_facts: Vec<(u32, u32, u64)> = engine
+        .nodes()
+        .iter()
+        .map(|n| (n.spec.capabilities.gpu_count, n.spec.group.0, n.spec.conformance.0))
+        .collect();
+    let node_power: Vec<u32> = engine.nodes().iter().map(|n| n.spec.capabilities.power_w).collect();
     let mut jobs = records(engine, workload, &trace_of, &node_facts);
     // Node-time held: the sum of each ended allocation's runs.
     let mut held = vec![0.0f64; jobs.len()];
@@ -864,7 +900,7 @@ pub fn simulate_with<H: Host>(
     }
     let cost = EngineCost::from_nanos(pass_ns);
     let (dags, groups) = workflow_metrics(workload, &trace_of, &jobs);
-    let mut summary = summarize(workload, engine, cfg, &jobs, skipped, total_nodes, &quorum, notes);
+    let mut summary = summarize(workload, engine, cfg, &jobs, skipped, &joined, &quorum, notes);
     summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
     summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
     summary.deferred_for_energy = deferred;
@@ -1242,10 +1278,11 @@ fn summarize(
     cfg: &SimConfig,
     jobs: &[JobRecord],
     skipped: BTreeMap<String, u64>,
-    total_nodes: u32,
+    joined: &[Time],
     quorum: &FakeQuorum,
     notes: Vec<String>,
 ) -> Summary {
+    let total_nodes = engine.nodes().len() as u32;
     let first_submit = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
     let last_end = jobs.iter().filter_map(|j| j.end_s).fold(f64::NEG_INFINITY, f64::max);
     let (first_submit, last_end) = if jobs.is_empty() || !last_end.is_finite() {
@@ -1254,7 +1291,12 @@ fn summarize(
         (first_submit, last_end)
     };
     let span = (last_end - first_submit).max(0.0);
-    let capacity = total_nodes as f64 * span;
+    // Node-seconds the site offered: a node that joined counts from when it joined.
+    let capacity = (total_nodes as usize - joined.len()) as f64 * span
+        + joined
+            .iter()
+            .map(|t| (last_end - t.as_secs_f64().max(first_submit)).max(0.0))
+            .sum::<f64>();
     let all = metrics::group_metrics(jobs.iter(), capacity);
     let mut by_tenant: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
     let mut by_vcluster: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
@@ -1323,6 +1365,7 @@ fn summarize(
         },
         seed: cfg.seed,
         nodes: total_nodes,
+        nodes_added: joined.len() as u64,
         mean_wait_s: all.mean_wait_s,
         p50_wait_s: all.p50_wait_s,
         p95_wait_s: all.p95_wait_s,

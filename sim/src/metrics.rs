@@ -200,7 +200,11 @@ pub struct Summary {
     pub skipped: BTreeMap<String, u64>,
     pub policy: String,
     pub seed: u64,
+    /// Nodes at the end of the replay (the inventory's and those that joined).
     pub nodes: u32,
+    /// Nodes that joined during the replay (`node_added` events); utilization counts each from when
+    /// it joined.
+    pub nodes_added: u64,
     pub mean_wait_s: f64,
     pub p50_wait_s: f64,
     pub p95_wait_s: f64,

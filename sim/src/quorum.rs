@@ -62,6 +62,11 @@ impl FakeQuorum {
         }
     }
 
+    /// A node joined the site (the next id).
+    pub fn add_node(&mut self) {
+        self.owner.push(None);
+    }
+
     /// Records a proposal to be decided at commit time.
     pub fn propose(&mut self, p: Proposal) {
         self.pending.push((p.alloc, p.nodes));

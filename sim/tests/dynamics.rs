@@ -363,3 +363,52 @@ fn prologue_failure_retries_on_other_nodes() {
     );
     assert_eq!((r.jobs[0].state, r.summary.prologue_failures), ("completed", 1));
 }
+
+/// Nodes join the running site (`node_added`, a rack of two by `prefix` and `count`): B, waiting
+/// behind A for the site's two nodes, starts on them when they join at 600 s (not when A ends at
+/// 3600 s); utilization counts them from when they joined. A node of an unknown vCluster, a name
+/// already in the inventory and an entry without a name are reported, not added.
+#[test]
+fn nodes_that_join_are_scheduled_and_counted_from_their_join() {
+    let text = [
+        r#"{"ts": 0, "type": "submit", "alloc": {"id": "A", "nodes": 2, "walltime": 3600, "duration": 3600}}"#,
+        r#"{"ts": 0, "type": "submit", "alloc": {"id": "B", "nodes": 2, "walltime": 3600, "duration": 3600}}"#,
+        r#"{"ts": 600, "type": "node_added", "node": {"prefix": "rack7-", "count": 2, "cpu_cores": 64}}"#,
+        r#"{"ts": 700, "type": "node_added", "node": {"name": "x", "vcluster": "nowhere"}}"#,
+        r#"{"ts": 700, "type": "node_added", "node": {"name": "n00000"}}"#,
+        r#"{"ts": 700, "type": "node_added", "node": {"gpu_count": 4}}"#,
+        r#"{"ts": 800, "type": "drain", "node": "rack7-0001"}"#,
+    ]
+    .join("\n");
+    let w = lattice_traces::parse_jsonl("t.jsonl", &text);
+    assert_eq!(w.skipped.get("invalid_field"), Some(&1), "{:?}", w.problems);
+    assert!(w.problems[0].message.contains("name"), "{:?}", w.problems);
+    assert_eq!(w.problems[0].line, 6);
+    let cfg = SimConfig {
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    let r = simulate(&w, &nodes(2), &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!(start_of(&r, "A"), 0.0);
+    assert_eq!(start_of(&r, "B"), 600.0, "B starts on the joined nodes");
+    assert_eq!((r.summary.nodes, r.summary.nodes_added), (4, 2));
+    assert_eq!(r.summary.skipped.get("unknown_vcluster"), Some(&1));
+    assert_eq!(r.summary.skipped.get("node_added_refused"), Some(&1));
+    assert!(
+        r.summary
+            .notes
+            .iter()
+            .any(|n| n.contains("node_added refused: node `n00000` is already in the inventory")),
+        "{:?}",
+        r.summary.notes
+    );
+    // Span 0..4200 s; 2 nodes all along, 2 from 600 s; 4 × 3600 node-seconds run.
+    let capacity = 2.0 * 4200.0 + 2.0 * 3600.0;
+    assert!(
+        (r.summary.utilization - 4.0 * 3600.0 / capacity).abs() < 1e-6,
+        "{}",
+        r.summary.utilization
+    );
+    // The joined nodes are nodes like the others: the drain event finds one.
+    assert_eq!(r.summary.skipped.get("unknown_node"), None);
+}

@@ -196,48 +196,93 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
     let mut names = std::collections::BTreeSet::new();
     for (i, e) in inv.nodes.into_iter().enumerate() {
         let at = format!("nodes[{i}]");
-        if e.count == 0 {
-            return Err(err(format!("{at}.count: must be at least 1")));
-        }
         let home = e.vcluster.as_deref().map(|v| VClusterId(out.vclusters.intern(v)));
-        let caps = NodeCapabilities {
-            gpu_type: e.gpu_type.clone(),
-            gpu_count: e.gpu_count,
-            cpu_cores: e.cpu_cores,
-            memory_gb: e.memory_gb,
-            features: e.features.iter().cloned().collect(),
-            power_w: if e.power_kw.is_finite() && e.power_kw >= 0.0 {
-                (e.power_kw * 1000.0).round() as u32
-            } else {
-                return Err(err(format!("{at}.power_kw: must be >= 0, got {}", e.power_kw)));
-            },
-            unified_memory: e.unified_memory,
-        };
-        for k in 0..e.count {
-            let name = match (&e.name, &e.prefix) {
-                (Some(n), None) if e.count == 1 => n.clone(),
-                (Some(_), None) => return Err(err(format!("{at}: `name` names one node; use `prefix` with count"))),
-                (None, Some(p)) => format!("{p}{k:04}"),
-                (None, None) => format!("node{:05}", out.nodes.len()),
-                (Some(_), Some(_)) => return Err(err(format!("{at}: give `name` or `prefix`, not both"))),
-            };
-            if !names.insert(name.clone()) {
-                return Err(err(format!("{at}: duplicate node name `{name}`")));
+        for mut spec in expand(&e, Some(out.nodes.len())).map_err(|m| err(format!("{at}{m}")))? {
+            if !names.insert(spec.name.clone()) {
+                return Err(err(format!("{at}: duplicate node name `{}`", spec.name)));
             }
-            out.nodes.push(NodeSpec {
-                name,
-                capabilities: caps.clone(),
-                group: GroupId(e.group),
-                conformance: ConformanceFingerprint(fnv1a(e.conformance.as_bytes())),
-                home_vcluster: home,
-                state: e.state,
-            });
+            spec.home_vcluster = home;
+            out.nodes.push(spec);
         }
     }
     if out.nodes.is_empty() {
         return Err(err("the inventory has no nodes".into()));
     }
     Ok(out)
+}
+
+/// The nodes an entry names (`home_vcluster` unset); `first` numbers unnamed ones (`None`: they
+/// must have a name). Errors start with the field (`.count: ...`, `: give ...`).
+fn expand(e: &EntryIn, first: Option<usize>) -> Result<Vec<NodeSpec>, String> {
+    if e.count == 0 {
+        return Err(".count: must be at least 1".into());
+    }
+    let caps = NodeCapabilities {
+        gpu_type: e.gpu_type.clone(),
+        gpu_count: e.gpu_count,
+        cpu_cores: e.cpu_cores,
+        memory_gb: e.memory_gb,
+        features: e.features.iter().cloned().collect(),
+        power_w: if e.power_kw.is_finite() && e.power_kw >= 0.0 {
+            (e.power_kw * 1000.0).round() as u32
+        } else {
+            return Err(format!(".power_kw: must be >= 0, got {}", e.power_kw));
+        },
+        unified_memory: e.unified_memory,
+    };
+    (0..e.count)
+        .map(|k| {
+            let name = match (&e.name, &e.prefix, first) {
+                (Some(n), None, _) if e.count == 1 => n.clone(),
+                (Some(_), None, _) => return Err(": `name` names one node; use `prefix` with count".into()),
+                (None, Some(p), _) => format!("{p}{k:04}"),
+                (None, None, Some(f)) => format!("node{:05}", f + k as usize),
+                (None, None, None) => return Err(": give the node a `name` (or `prefix` with `count`)".into()),
+                (Some(_), Some(_), _) => return Err(": give `name` or `prefix`, not both".into()),
+            };
+            Ok(NodeSpec {
+                name,
+                capabilities: caps.clone(),
+                group: GroupId(e.group),
+                conformance: ConformanceFingerprint(fnv1a(e.conformance.as_bytes())),
+                home_vcluster: None,
+                state: e.state,
+            })
+        })
+        .collect()
+}
+
+/// One node of an inventory entry that joins a running site.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JoiningNode {
+    /// `home_vcluster` unset: `vcluster` names it (the caller resolves it).
+    pub spec: NodeSpec,
+    pub vcluster: Option<String>,
+    /// The node's own entry (`name` set; no `prefix` or `count`), as a trace capture writes it.
+    pub entry: serde_json::Value,
+}
+
+/// A node entry as the inventory file writes one (a `node_added` trace event's `node`, a node SMD
+/// gained): the nodes it names — one by `name`, or `count` by `prefix`. Errors name the field.
+pub fn parse_node_entry(value: &serde_json::Value) -> Result<Vec<JoiningNode>, String> {
+    let e: EntryIn = serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
+    let nodes = expand(&e, None).map_err(|m| m.trim_start_matches([':', ' ', '.']).to_string())?;
+    Ok(nodes
+        .into_iter()
+        .map(|spec| {
+            let mut entry = value.clone();
+            if let Some(o) = entry.as_object_mut() {
+                o.remove("prefix");
+                o.remove("count");
+                o.insert("name".into(), spec.name.clone().into());
+            }
+            JoiningNode {
+                spec,
+                vcluster: e.vcluster.clone(),
+                entry,
+            }
+        })
+        .collect())
 }
 
 /// `n` identical ready CPU nodes (SWF replays without an inventory).

@@ -43,6 +43,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "walltime",
     "weights",
     "wipe_retry",
+    "node_added",
 ];
 
 #[derive(Deserialize)]
@@ -363,6 +364,18 @@ struct NodeEventIn {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct NodeAddedIn {
+    #[allow(dead_code)]
+    ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    kind: String,
+    /// An inventory node entry.
+    node: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PriceEventIn {
     #[allow(dead_code)]
     ts: Ts,
@@ -668,6 +681,17 @@ pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Work
                     others.push((ts_ms, line_no, kind));
                 }
                 Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
+            },
+            "node_added" => match serde_json::from_str::<NodeAddedIn>(t)
+                .map_err(|e| (field_of(&e), e.to_string()))
+                .and_then(|e| crate::inventory::parse_node_entry(&e.node).map_err(|m| (Some("node".into()), m)))
+            {
+                Ok(nodes) => {
+                    for node in nodes {
+                        others.push((ts_ms, line_no, TraceEventKind::NodeAdded(Box::new(node))));
+                    }
+                }
+                Err((field, m)) => w.skip(problem(field.as_deref(), "invalid_field", m)),
             },
             "energy_price" => match serde_json::from_str::<PriceEventIn>(t) {
                 Ok(e) if e.price.is_finite() => {

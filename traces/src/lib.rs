@@ -34,7 +34,9 @@ pub use duration::{
 };
 pub use error::{Problem, TraceError};
 pub use export::{SpecNames, alloc_json};
-pub use inventory::{Inventory, homogeneous, parse_inventory, read_inventory, site_engine};
+pub use inventory::{
+    Inventory, JoiningNode, homogeneous, parse_inventory, parse_node_entry, read_inventory, site_engine,
+};
 pub use jsonl::{checkpoint_spec, parse_jsonl, reactive_lifecycle, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};

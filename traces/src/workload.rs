@@ -63,6 +63,9 @@ pub enum TraceEventKind {
     WipeRetry {
         node: String,
     },
+    /// A node joins the site (`node_added`: SMD gained it; the event's `node` is an inventory entry,
+    /// one event per node it names).
+    NodeAdded(Box<crate::inventory::JoiningNode>),
     /// The electricity price from this time on.
     EnergyPrice {
         price: f64,
