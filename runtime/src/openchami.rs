@@ -11,8 +11,9 @@
 //!   halted, disabled or flagged `Alert` is taken out of service (its allocation requeued or failed
 //!   as for a hardware failure); one SMD reports usable again is back. A compute node SMD gained
 //!   joins (every member learns it; the leader schedules on it from its next pass, and a leader
-//!   elected later starts with it): its groups give its entry as at the start, it is `Booting` until
-//!   its agent registers (with real agents), and the trace capture writes it as `node_added`.
+//!   elected later starts with it — one whose refresh has not seen it yet reads SMD at once when the
+//!   quorum gives it to an allocation): its groups give its entry as at the start, it is `Booting`
+//!   until its agent registers (with real agents), and the trace capture writes it as `node_added`.
 //! - **Drift.** A drifted node is flagged `Warning` with `conformance_drift: expected=…, actual=…`
 //!   (`PATCH /hsm/v2/State/Components/{xname}`); the flag is cleared (`OK`) when it conforms again.
 
@@ -325,8 +326,8 @@ pub async fn refresh(
     let period = cfg.refresh_period();
     // Nodes out of service because of SMD (only those are brought back by it).
     let mut taken: BTreeSet<String> = down_at_start;
-    // The nodes this member knows: the inventory it started with and those that joined since.
-    let mut known: BTreeSet<String> = s.control.lock().await.node_names().iter().cloned().collect();
+    // Joined nodes already looked at here.
+    let mut seen = 0;
     while crate::server::sleep_unless_stopped(&mut stopped, period).await {
         let comps = match oc.nodes().await {
             Ok(c) => c,
@@ -337,34 +338,29 @@ pub async fn refresh(
             }
         };
         // Nodes SMD gained join on every member (one that leads later schedules on them too).
-        let gained = comps
+        let known = known_nodes(&s).await;
+        if comps
             .iter()
-            .any(|x| (x.kind.is_empty() || x.kind == "Node") && !known.contains(&x.id));
-        if gained {
+            .any(|x| (x.kind.is_empty() || x.kind == "Node") && !known.contains(&x.id))
+        {
             match oc.groups().await {
-                Ok(groups) => {
-                    let smd = Smd {
+                Ok(groups) => learn(
+                    &s,
+                    &cfg,
+                    &Smd {
                         components: comps.clone(),
                         groups,
-                    };
-                    let fresh = entries(&cfg, &smd, &known);
-                    for e in &fresh {
-                        known.insert(e.name.clone());
-                        if !e.usable {
-                            taken.insert(e.name.clone());
-                        }
-                        tracing::info!("{}: joined from SMD", e.name);
-                    }
-                    if !fresh.is_empty() {
-                        s.joined.lock().unwrap_or_else(|e| e.into_inner()).extend(fresh);
-                        // A restart while SMD is down starts with them.
-                        if let Ok(b) = serde_json::to_vec_pretty(&smd) {
-                            let _ = std::fs::write(s.data_dir.join(CACHE), b);
-                        }
-                    }
-                }
+                    },
+                    &known,
+                ),
                 Err(e) => tracing::warn!("OpenCHAMI SMD groups: {e}; new nodes join at the next refresh"),
             }
+        }
+        // One SMD did not report usable joined Down: it is SMD's to bring back.
+        {
+            let joined = s.joined.lock().unwrap_or_else(|e| e.into_inner());
+            taken.extend(joined[seen..].iter().filter(|e| !e.usable).map(|e| e.name.clone()));
+            seen = joined.len();
         }
         if s.leading.lock().await.is_none() {
             continue;
@@ -394,6 +390,62 @@ pub async fn refresh(
         s.wake.notify_one();
         crate::server::execute(s.clone(), actions).await;
     }
+}
+
+/// This member's nodes: its control plane's and those that joined since it was made.
+async fn known_nodes(s: &Shared) -> BTreeSet<String> {
+    let mut known: BTreeSet<String> = s.control.lock().await.node_names().iter().cloned().collect();
+    let joined = s.joined.lock().unwrap_or_else(|e| e.into_inner());
+    known.extend(joined.iter().map(|e| e.name.clone()));
+    known
+}
+
+/// SMD's compute nodes not in `known` join this member (see [`join`]); the inventory copy in the
+/// data folder is rewritten, so a restart while SMD is down starts with them.
+fn learn(s: &Shared, cfg: &OpenChamiConfig, smd: &Smd, known: &BTreeSet<String>) {
+    let fresh = entries(cfg, smd, known);
+    if fresh.is_empty() {
+        return;
+    }
+    for e in &fresh {
+        tracing::info!("{}: joined from SMD", e.name);
+    }
+    s.joined.lock().unwrap_or_else(|e| e.into_inner()).extend(fresh);
+    if let Ok(b) = serde_json::to_vec_pretty(smd) {
+        let _ = std::fs::write(s.data_dir.join(CACHE), b);
+    }
+}
+
+/// A member taking over whose quorum gives nodes it does not know to allocations (SMD gained them
+/// and an earlier leader scheduled on them before this member's refresh read SMD) reads SMD at once,
+/// so it re-attaches those allocations instead of running them again; `c` gets the nodes.
+pub async fn join_named(s: &Shared, c: &mut crate::control::Control, named: &BTreeSet<String>) {
+    let (Some(oc), Some(cfg)) = (&s.openchami, &s.openchami_cfg) else {
+        return;
+    };
+    if named.iter().all(|n| c.node_index(n).is_some()) {
+        return;
+    }
+    let mut known: BTreeSet<String> = c.node_names().iter().cloned().collect();
+    known.extend(
+        s.joined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|e| e.name.clone()),
+    );
+    let smd = async {
+        Ok::<_, lattice_adapters::http::HttpError>(Smd {
+            components: oc.nodes().await?,
+            groups: oc.groups().await?,
+        })
+    }
+    .await;
+    match smd {
+        Ok(smd) => learn(s, cfg, &smd, &known),
+        Err(e) => tracing::warn!("OpenCHAMI SMD: {e}; allocations on nodes this member does not know run again"),
+    }
+    join(s, c, false);
 }
 
 /// Adds the nodes that joined from SMD since this member started and that `c` lacks (a control

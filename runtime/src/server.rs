@@ -98,6 +98,8 @@ pub struct Shared {
     pub accounting: Option<Arc<crate::accounting::Accountant>>,
     /// OpenCHAMI (`services.openchami`): SMD, BSS and PCS.
     pub openchami: Option<Arc<lattice_adapters::openchami::OpenChami>>,
+    /// `services.openchami`, when configured.
+    pub openchami_cfg: Option<crate::openchami::OpenChamiConfig>,
     /// `services.openchami.wipe`: OpenCHAMI wipes released sensitive nodes.
     pub openchami_wipe: Option<crate::openchami::BootImage>,
     /// `services.openchami.hardened`: claimed nodes boot the hardened image first.
@@ -394,6 +396,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         bugs,
         accounting: accounting.clone(),
         openchami: openchami.clone(),
+        openchami_cfg: cfg.services.openchami.clone(),
         openchami_wipe: cfg.services.openchami.as_ref().and_then(|o| o.wipe.clone()),
         openchami_hardened: cfg.services.openchami.as_ref().and_then(|o| o.hardened.clone()),
         #[cfg(feature = "federation")]
@@ -937,6 +940,9 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             .collect::<Vec<_>>()
     );
     let held = shared.member.read(|q| q.assignments.clone()).await;
+    // Nodes the quorum gives to allocations: all of them known here (SMD may have gained some).
+    let named: std::collections::BTreeSet<String> = held.values().flat_map(|a| a.nodes.iter().cloned()).collect();
+    crate::openchami::join_named(shared, &mut control, &named).await;
     let mut attached = std::collections::BTreeSet::new();
     let (mut adopted, mut ended, mut rerun) = (0, 0, 0);
     // Submissions by idempotency key (tenant, key) → base ids, each with the newest term that kept

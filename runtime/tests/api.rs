@@ -60,6 +60,42 @@ impl Api {
     }
 }
 
+/// A single-member quorum on 4 simulated nodes in a fresh folder (`lattice-runtime-{tag}-{pid}`),
+/// with `tenants` as its tenants file and, with `capture`, the trace capture in `capture.jsonl`;
+/// returned once it leads, with the folder and its config text (to start it again).
+async fn one_member(
+    tag: &str,
+    tenants: Option<&str>,
+    capture: bool,
+) -> (lattice_runtime::Running, Api, std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let mut text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\n"
+    );
+    if let Some(t) = tenants {
+        std::fs::write(dir.join("tenants.yaml"), t).unwrap();
+        text.push_str(&format!("tenants: {d}/tenants.yaml\n"));
+    }
+    if capture {
+        text.push_str(&format!("scheduler:\n  trace_capture: {d}/capture.jsonl\n"));
+    }
+    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    let api = Api {
+        base: format!("http://{}", rt.rest_addr),
+    };
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the single member leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (rt, api, dir, text)
+}
+
 fn job(tenant: &str, nodes: u32, secs: f64) -> Value {
     json!({
         "tenant": tenant,
@@ -72,24 +108,7 @@ fn job(tenant: &str, nodes: u32, secs: f64) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn allocations_run_through_the_api_quorum_and_engine() {
-    let dir = std::env::temp_dir().join(format!("lattice-runtime-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("tenants.yaml"), "physics:\n  max_nodes: 2\n").unwrap();
-    let cfg_text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/quorum\nsimulated_nodes: 4\ncycle: 100ms\ntenants: {d}/tenants.yaml\nscheduler:\n  trace_capture: {d}/capture.jsonl\n",
-        d = dir.display()
-    );
-    let cfg = RuntimeConfig::parse("test.yaml", &cfg_text).unwrap();
-    let rt = start(cfg, true).await.unwrap();
-    let api = Api {
-        base: format!("http://{}", rt.rest_addr),
-    };
-    let t0 = Instant::now();
-    while api.get("/healthz").await["raft_state"] != "Leader" {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the single member leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (rt, api, dir, _) = one_member("test", Some("physics:\n  max_nodes: 2\n"), true).await;
 
     // Submit → schedule → commit → run → complete.
     let a = api.submit(job("bio", 2, 0.3)).await;
@@ -402,23 +421,7 @@ async fn backup_verify_and_restore_through_the_api() {
 /// queued; a failed upstream cancels `afterok` dependants; DELETE cancels the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dags_run_in_dependency_order() {
-    let dir = std::env::temp_dir().join(format!("lattice-runtime-dag-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n",
-        dir.display()
-    );
-    let rt = start(RuntimeConfig::parse("d.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
-    let api = Api {
-        base: format!("http://{}", rt.rest_addr),
-    };
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (rt, api, _, _) = one_member("dag", None, false).await;
     let member = |name: &str, secs: f64, deps: &[(&str, &str)]| {
         let mut j = job("bio", 1, secs);
         j["name"] = json!(name);
@@ -525,23 +528,7 @@ async fn dags_run_in_dependency_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn update_checkpoint_disable_audit_and_usage() {
-    let dir = std::env::temp_dir().join(format!("lattice-runtime-ops-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n",
-        dir.display()
-    );
-    let rt = start(RuntimeConfig::parse("o.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
-    let api = Api {
-        base: format!("http://{}", rt.rest_addr),
-    };
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (rt, api, _, _) = one_member("ops", None, false).await;
 
     // A 2 s run with a 1 s walltime would be killed; the extension lets it finish.
     let mut j = job("bio", 1, 2.0);
@@ -740,24 +727,7 @@ async fn update_checkpoint_disable_audit_and_usage() {
 /// so `rm-replay` reads it back as the same elements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn task_groups_run_at_most_their_concurrency_at_once() {
-    let dir = std::env::temp_dir().join(format!("lattice-runtime-tg-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\nscheduler:\n  trace_capture: {d}/capture.jsonl\n",
-        d = dir.display()
-    );
-    let rt = start(RuntimeConfig::parse("tg.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
-    let api = Api {
-        base: format!("http://{}", rt.rest_addr),
-    };
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (rt, api, dir, _) = one_member("tg", None, true).await;
     // Refused as a whole: nothing queued.
     let mut bad = job("bio", 1, 0.2);
     bad["task_group"] = json!({"range": {"start": 5, "end": 2}});
@@ -846,25 +816,7 @@ async fn task_groups_run_at_most_their_concurrency_at_once() {
 /// quorum's contract, not the tenants file, is what a restarted control plane uses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tenants_and_quotas_are_administered_through_the_quorum() {
-    let dir = std::env::temp_dir().join(format!("lattice-runtime-tenants-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("tenants.yaml"), "physics:\n  max_nodes: 3\n").unwrap();
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\ntenants: {d}/tenants.yaml\n",
-        d = dir.display()
-    );
-    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
-    let api = Api {
-        base: format!("http://{}", rt.rest_addr),
-    };
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (rt, api, _, text) = one_member("tenants", Some("physics:\n  max_nodes: 3\n"), false).await;
     // The tenants file seeds the quorum first.
     let t0 = Instant::now();
     while !api.get("/api/v1/admin/log").await.to_string().contains("tenant.seed") {
@@ -1041,24 +993,12 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
 /// the field and create nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn projects_and_their_quotas_are_administered_through_the_quorum() {
-    let dir = std::env::temp_dir().join(format!("lattice-runtime-projects-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("tenants.yaml"),
-        "physics:\n  max_nodes: 4\n  projects:\n    qcd:\n      max_nodes: 1\n",
+    let (rt, api, _, _) = one_member(
+        "projects",
+        Some("physics:\n  max_nodes: 4\n  projects:\n    qcd:\n      max_nodes: 1\n"),
+        false,
     )
-    .unwrap();
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\ncycle: 100ms\ntenants: {d}/tenants.yaml\n",
-        d = dir.display()
-    );
-    let rt = start(RuntimeConfig::parse("t.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
-    let api = Api {
-        base: format!("http://{}", rt.rest_addr),
-    };
+    .await;
     let t0 = Instant::now();
     while !api.get("/api/v1/admin/log").await.to_string().contains("project.seed") {
         assert!(t0.elapsed() < Duration::from_secs(10));

@@ -296,3 +296,121 @@ services:
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A node SMD gained that only the leader has learnt (its refresh read SMD; the other members'
+/// refreshes, an hour apart, have not yet): the leader runs a job there that no other node can run,
+/// and is stopped. The next leader finds the node among the quorum's assignments, reads SMD at once
+/// and re-attaches the job on it: not lost (unplaceable without the node) and not started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_leader_learns_a_joined_node_the_quorum_names() {
+    let dir = std::env::temp_dir().join(format!("lattice-openchami-failover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let smd = Arc::new(Smd::default());
+    {
+        let mut c = smd.components.lock().unwrap();
+        for x in ["x1000c0s0b0n0", "x1000c0s0b0n1"] {
+            c.insert(x.into(), node(x, "Ready"));
+        }
+    }
+    let app = Router::new()
+        .route("/hsm/v2/State/Components", get(components))
+        .route("/hsm/v2/groups", get(groups))
+        .with_state(smd.clone());
+    let smd_url = common::serve_stand_in(app).await;
+    let extra = format!(
+        "simulate_agents: true\nservices:\n  openchami:\n    smd_url: {smd_url}\n    refresh: 1h\n    groups:\n      bigmem: {{memory_gb: 2048, features: [bigmem]}}\n"
+    );
+    let mut rts: Vec<Option<lattice_runtime::Running>> = common::start_quorum(&dir, 3, 2, &extra)
+        .await
+        .into_iter()
+        .map(Some)
+        .collect();
+    let rest: Vec<String> = rts.iter().map(|r| r.as_ref().unwrap().rest_addr.to_string()).collect();
+    let leader_index = |rts: &[Option<lattice_runtime::Running>]| {
+        rts.iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.shared.member.is_leader()))
+    };
+    let t0 = std::time::Instant::now();
+    let first = loop {
+        if let Some(i) = leader_index(&rts) {
+            break i;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "a first leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // SMD gains a big-memory node; the leader learns it (as its refresh would).
+    let x = "x1000c0s1b0n0";
+    smd.components.lock().unwrap().insert(x.into(), node(x, "Ready"));
+    smd.groups
+        .lock()
+        .unwrap()
+        .push(json!({"label": "bigmem", "members": {"ids": [x]}}));
+    let leader = rts[first].as_ref().unwrap().shared.clone();
+    {
+        let mut c = leader.control.lock().await;
+        lattice_runtime::openchami::join_named(&leader, &mut c, &[x.to_string()].into()).await;
+        assert!(c.node_index(x).is_some(), "the leader has the node");
+    }
+    let base = format!("http://{}", rest[first]);
+    let job = json!({"tenant": "bio", "entrypoint": "sleep 600",
+        "resources": {"nodes": 1, "constraints": {"features": ["bigmem"]}}, "lifecycle": {"walltime": "1h"}});
+    let (code, v) = common::http("POST", format!("{base}/v1/allocations"), Some(job)).await;
+    assert_eq!(code, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let t0 = std::time::Instant::now();
+    let started = loop {
+        let (_, v) = common::http("GET", format!("{base}/v1/allocations/{id}"), None).await;
+        if v["state"] == "running" {
+            assert_eq!(v["nodes"], json!([x]));
+            break v["started_ms"].as_u64().unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the job to start: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for (i, r) in rts.iter().enumerate().filter(|(i, _)| *i != first) {
+        let c = r.as_ref().unwrap().shared.control.lock().await;
+        assert!(c.node_index(x).is_none(), "member {i} has not read SMD since");
+    }
+
+    let stopped_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    rts[first].take().unwrap().shutdown().await;
+    let t0 = std::time::Instant::now();
+    let next = loop {
+        if let Some(i) = leader_index(&rts) {
+            break i;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "a new leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let base = format!("http://{}", rest[next]);
+    let t0 = std::time::Instant::now();
+    let v = loop {
+        let (code, v) = common::http("GET", format!("{base}/v1/allocations/{id}"), None).await;
+        if code == 200 {
+            break v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the new leader serves: {code} {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(v["state"], "running", "re-attached, not run again: {v}");
+    assert_eq!(v["nodes"], json!([x]));
+    // Its start as the quorum recorded it (the proposal's time: within a few ms of the view's).
+    let again = v["started_ms"].as_u64().unwrap();
+    assert!(
+        again.abs_diff(started) < 1000 && again < stopped_ms,
+        "the same run: {started} → {again}"
+    );
+    let (_, n) = common::http("GET", format!("{base}/v1/nodes"), None).await;
+    let joined = n["nodes"].as_array().unwrap().iter().find(|n| n["name"] == x).cloned();
+    assert_eq!(joined.map(|n| n["owner"].clone()), Some(json!(id)), "{n}");
+    for r in rts.into_iter().flatten() {
+        r.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
