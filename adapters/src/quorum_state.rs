@@ -685,24 +685,21 @@ mod tests {
     use super::*;
 
     fn assign(alloc: &str, tenant: &str, nodes: &[&str]) -> QuorumCommand {
-        QuorumCommand::Assign {
-            alloc: alloc.into(),
-            tenant: tenant.into(),
-            nodes: nodes.iter().map(|n| n.to_string()).collect(),
-            sensitive: false,
-            at_ms: 7,
-            project: None,
-        }
+        assign_to(alloc, tenant, None, nodes)
     }
 
     fn assign_in(alloc: &str, tenant: &str, project: &str, nodes: &[&str]) -> QuorumCommand {
+        assign_to(alloc, tenant, Some(project), nodes)
+    }
+
+    fn assign_to(alloc: &str, tenant: &str, project: Option<&str>, nodes: &[&str]) -> QuorumCommand {
         QuorumCommand::Assign {
             alloc: alloc.into(),
             tenant: tenant.into(),
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             sensitive: false,
             at_ms: 7,
-            project: Some(project.into()),
+            project: project.map(Into::into),
         }
     }
 

@@ -35,11 +35,9 @@ fn scheduler_respects_max_nodes_before_proposing() {
     assert_eq!(r.summary.quorum_rejections, 0);
 }
 
-/// Two vCluster schedulers propose for the same tenant in the same cycle; each only sees committed state
-/// and its own proposals, so together they would hold 6 > 4 nodes. The quorum commits the first and
-/// rejects the second with the seed's message; the loser is retried and runs after the first ends.
-#[test]
-fn concurrent_proposals_first_commit_wins() {
+/// Two vClusters `a` and `b` with four home nodes each, and a workload submitting the 3-node jobs
+/// `x` (to `a`) and `y` (to `b`) at once: their two schedulers propose in the same cycle.
+fn two_schedulers() -> (lattice_traces::Inventory, lattice_traces::Workload) {
     let mut inv = nodes(8);
     inv.vclusters.intern("a");
     inv.vclusters.intern("b");
@@ -50,9 +48,18 @@ fn concurrent_proposals_first_commit_wins() {
     w.vclusters = lattice_engine::Registry::default();
     w.vclusters.intern("a");
     w.vclusters.intern("b");
+    w.jobs[1].spec.vcluster = VClusterId(1);
+    (inv, w)
+}
+
+/// Two vCluster schedulers propose for the same tenant in the same cycle; each only sees committed state
+/// and its own proposals, so together they would hold 6 > 4 nodes. The quorum commits the first and
+/// rejects the second with the seed's message; the loser is retried and runs after the first ends.
+#[test]
+fn concurrent_proposals_first_commit_wins() {
+    let (inv, mut w) = two_schedulers();
     w.tenants = lattice_engine::Registry::default();
     w.tenants.intern("physics");
-    w.jobs[1].spec.vcluster = VClusterId(1);
     let cfg = SimConfig {
         tenants: [("physics".to_string(), quota(Some(4), None))].into(),
         commit_latency: Duration::from_secs(5),
@@ -251,17 +258,7 @@ fn a_project_max_nodes_from_the_tenants_file_holds_only_that_project() {
 /// the second naming the project; the loser runs after the first ends.
 #[test]
 fn the_quorum_rejects_a_proposal_past_a_project_limit() {
-    let mut inv = nodes(8);
-    inv.vclusters.intern("a");
-    inv.vclusters.intern("b");
-    for (i, n) in inv.nodes.iter_mut().enumerate() {
-        n.home_vcluster = Some(VClusterId((i / 4) as u32));
-    }
-    let mut w = workload(vec![job("x", 0, 3, 10, 10), job("y", 0, 3, 10, 10)]);
-    w.vclusters = lattice_engine::Registry::default();
-    w.vclusters.intern("a");
-    w.vclusters.intern("b");
-    w.jobs[1].spec.vcluster = VClusterId(1);
+    let (inv, w) = two_schedulers();
     let quota = lattice_engine::ProjectQuota {
         max_nodes: Some(4),
         ..Default::default()
