@@ -210,6 +210,8 @@ pub struct NodeEntry {
     pub baseline: Option<String>,
     /// SMD reports it usable (else it starts Down).
     pub usable: bool,
+    /// This member's control plane refused it ([`join`]).
+    pub refused: bool,
 }
 
 /// SMD's compute nodes not in `known`, by xname, as inventory entries (see the module's doc).
@@ -275,6 +277,7 @@ pub fn entries(cfg: &OpenChamiConfig, smd: &Smd, known: &BTreeSet<String>) -> Ve
             entry: e,
             baseline,
             usable: c.usable(),
+            refused: false,
         });
     }
     entries
@@ -451,14 +454,17 @@ pub async fn join_named(s: &Shared, c: &mut crate::control::Control, named: &BTr
 /// Adds the nodes that joined from SMD since this member started and that `c` lacks (a control
 /// plane made at a leadership change starts from the inventory read at start); with `capture`,
 /// they go to the trace capture.
+/// A node refused here (its home vCluster has no pool of its own, or the site lacks it) is refused by
+/// every later control plane of this member too: it is warned about once.
 pub fn join(s: &Shared, c: &mut crate::control::Control, capture: bool) {
-    let joined = s.joined.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for e in &joined {
+    let mut joined = s.joined.lock().unwrap_or_else(|e| e.into_inner());
+    for e in joined.iter_mut().filter(|e| !e.refused) {
         if c.node_index(&e.name).is_some() {
             continue;
         }
         if let Err(m) = c.add_nodes(&e.entry, e.baseline.as_deref(), capture) {
             tracing::warn!("{}: in SMD but not added: {m}", e.name);
+            e.refused = true;
         }
     }
 }

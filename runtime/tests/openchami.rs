@@ -414,3 +414,48 @@ async fn a_new_leader_learns_a_joined_node_the_quorum_names() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The control plane's entry point for joining nodes: a rack by `prefix` and `count` joins (each node
+/// captured as `node_added`, with real agents `booting`); an entry that does not parse, names a
+/// node already here or a vCluster the site lacks adds nothing and captures nothing.
+#[test]
+fn joining_nodes_through_the_control_plane() {
+    let dir = std::env::temp_dir().join(format!("lattice-openchami-join-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let capture = dir.join("capture.jsonl");
+    let mut c = common::balanced_control(4);
+    c.real_agents = true;
+    c.capture_to(&capture).unwrap();
+    for (entry, error) in [
+        (json!({"prefix": "r", "count": 0}), "count"),
+        (json!({"gpus": 4, "name": "r"}), "gpus"),
+        (json!({"name": "n00001"}), "already in the inventory"),
+        (json!({"name": "r9", "vcluster": "nowhere"}), "nowhere"),
+    ] {
+        let e = c.add_nodes(&entry, None, true).unwrap_err();
+        assert!(e.contains(error), "{entry}: {e}");
+    }
+    assert_eq!(c.node_names().len(), 4, "nothing added");
+    assert_eq!(
+        std::fs::read_to_string(&capture).unwrap_or_default(),
+        "",
+        "nothing captured"
+    );
+    let added = c
+        .add_nodes(&json!({"prefix": "r", "count": 2, "gpu_count": 4}), None, true)
+        .unwrap();
+    assert_eq!(added, ["r0000", "r0001"]);
+    assert_eq!(c.node_state_of("r0001").as_deref(), Some("booting"));
+    let w = lattice_traces::parse_jsonl("capture.jsonl", &std::fs::read_to_string(&capture).unwrap());
+    let names: Vec<&str> = w
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            lattice_traces::TraceEventKind::NodeAdded(n) => Some(n.spec.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, ["r0000", "r0001"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
