@@ -29,7 +29,8 @@ pub mod waldur;
 /// openraft, for its `Config` (a simulation sets its own timings).
 pub use openraft;
 pub use quorum_state::{
-    AdminEntry, AuditEntry, FederationPeer, NodeAdmin, QuorumCommand, QuorumResponse, QuorumState, TenantWrite,
+    AdminEntry, AuditEntry, FederatedEnd, FederationPeer, NodeAdmin, QuorumCommand, QuorumResponse, QuorumState,
+    TenantWrite,
 };
 pub use raft_store::{NodeId, Raft, TypeConfig};
 

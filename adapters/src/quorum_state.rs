@@ -116,6 +116,31 @@ pub enum QuorumCommand {
     /// Revokes a shared workspace: every request signed under it is refused from now on (instant
     /// defederation of every peer in it).
     RevokeWorkspace { workspace: String, at_ms: u64, by: String },
+    /// Federation (book: "Federated Allocation Flow", step 7: "On completion: Site B reports
+    /// results, Site A's user notified"): a peer reported that an allocation this site forwarded
+    /// there ended. Kept for its user (the newest [`FEDERATED_ENDS_KEPT`]); a repeat changes nothing.
+    FederatedEnd(FederatedEnd),
+}
+
+/// The federated ends a site keeps (older ones are dropped first).
+pub const FEDERATED_ENDS_KEPT: usize = 10_000;
+
+/// An allocation that ran at a peer site and ended there, as the peer reported it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FederatedEnd {
+    /// The peer it ran at, and its id there.
+    pub site: String,
+    pub id: String,
+    /// Who submitted it here, and the tenant here.
+    pub user: String,
+    pub tenant: String,
+    /// `completed`, `failed`, `cancelled`.
+    pub state: String,
+    #[serde(default)]
+    pub end_reason: Option<String>,
+    pub ended_ms: u64,
+    /// When this site recorded it.
+    pub at_ms: u64,
 }
 
 /// A federation peer as the quorum holds it.
@@ -262,6 +287,10 @@ pub struct QuorumState {
     /// Shared workspaces revoked ([`QuorumCommand::RevokeWorkspace`]): never trusted again.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub revoked_workspaces: std::collections::BTreeSet<String>,
+    /// Allocations forwarded to peers that ended there, by `site/id`
+    /// ([`QuorumCommand::FederatedEnd`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub federated_ends: BTreeMap<String, FederatedEnd>,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -445,6 +474,25 @@ impl QuorumState {
                     .collect();
                 let detail = format!("peers {peers:?}");
                 self.admin(*at_ms, by, "federation.revoke_workspace", workspace, &detail);
+                QuorumResponse::Applied
+            }
+            QuorumCommand::FederatedEnd(end) => {
+                let key = format!("{}/{}", end.site, end.id);
+                if self.federated_ends.contains_key(&key) {
+                    return QuorumResponse::Applied;
+                }
+                self.federated_ends.insert(key, end.clone());
+                if self.federated_ends.len() > FEDERATED_ENDS_KEPT {
+                    // The oldest record (by when it was recorded, then key) goes.
+                    if let Some(k) = self
+                        .federated_ends
+                        .iter()
+                        .min_by_key(|(k, e)| (e.at_ms, (*k).clone()))
+                        .map(|(k, _)| k.clone())
+                    {
+                        self.federated_ends.remove(&k);
+                    }
+                }
                 QuorumResponse::Applied
             }
         }
@@ -872,6 +920,37 @@ mod tests {
             old.node_admin.is_empty(),
             "a snapshot from before orders were kept still reads"
         );
+    }
+
+    /// A peer's report of a forwarded allocation's end is kept once (a repeat, e.g. from the peer's
+    /// next leader, changes nothing); past the cap the oldest goes.
+    #[test]
+    fn federated_ends_are_kept_once_and_capped() {
+        let end = |id: u64, state: &str| {
+            QuorumCommand::FederatedEnd(FederatedEnd {
+                site: "site-b".into(),
+                id: format!("a-{id}"),
+                user: "alice".into(),
+                tenant: "physics".into(),
+                state: state.into(),
+                end_reason: None,
+                ended_ms: id,
+                at_ms: id,
+            })
+        };
+        let mut s = QuorumState::default();
+        assert_eq!(s.apply(&end(0, "completed")), QuorumResponse::Applied);
+        assert_eq!(s.apply(&end(0, "failed")), QuorumResponse::Applied);
+        assert_eq!(
+            s.federated_ends["site-b/a-0"].state, "completed",
+            "the first report stays"
+        );
+        for id in 1..=FEDERATED_ENDS_KEPT as u64 {
+            s.apply(&end(id, "completed"));
+        }
+        assert_eq!(s.federated_ends.len(), FEDERATED_ENDS_KEPT);
+        assert!(!s.federated_ends.contains_key("site-b/a-0"), "the oldest went");
+        assert!(s.federated_ends.contains_key("site-b/a-10000"));
     }
 
     #[test]

@@ -224,6 +224,58 @@ fn a_job_submitted_at_a_runs_at_b_and_is_followed_from_a() {
             code == 200 && v["state"] == "completed" && v["site"] == "site-b"
         },
     );
+    // B reports the end to A (book: "On completion: Site B reports results, Site A's user
+    // notified"): A records it at its quorum for alice.
+    wait_until("B's report of the end at A", Duration::from_secs(20), || {
+        let v = call("GET", &format!("{}/api/v1/federation/ended", a.base), None).1;
+        v["ended"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["id"] == id.as_str()))
+    });
+    let v = call("GET", &format!("{}/api/v1/federation/ended", a.base), None).1;
+    let end = v["ended"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == id.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (&end["site"], &end["user"], &end["tenant"], &end["state"]),
+        (
+            &json!("site-b"),
+            &json!("alice"),
+            &json!("physics"),
+            &json!("completed")
+        ),
+        "{end}"
+    );
+    assert!(end["ended_ms"].as_u64().unwrap() > 0);
+    // A report is kept once per site and id: a repeat (as a peer's next leader sends) changes
+    // nothing; a state that is not an end is refused.
+    let report = |state: &str| {
+        serde_json::to_vec(
+            &json!({"allocations": [{"id": "a-000042", "user": "bob", "tenant": "physics",
+            "state": state, "ended_ms": 5}]}),
+        )
+        .unwrap()
+    };
+    let path = "/federation/v1/ended";
+    let (code, v) = signed(&b.base, "POST", path, &report("running"), SECRET, "e-1");
+    ok(code, &v, 400);
+    let (code, v) = signed(&b.base, "POST", path, &report("completed"), SECRET, "e-2");
+    ok(code, &v, 200);
+    assert_eq!(v["recorded"], 1);
+    let (code, v) = signed(&b.base, "POST", path, &report("failed"), SECRET, "e-3");
+    ok(code, &v, 200);
+    assert_eq!(v["recorded"], 0);
+    let v = call("GET", &format!("{}/api/v1/federation/ended", b.base), None).1;
+    let ends = v["ended"].as_array().unwrap();
+    assert_eq!(ends.len(), 1, "{v}");
+    assert_eq!(
+        (&ends[0]["site"], &ends[0]["state"]),
+        (&json!("site-a"), &json!("completed"))
+    );
     let (code, v) = call(
         "GET",
         &format!("{}/api/v1/federation/allocations/site-b/{id}/logs", a.base),

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Extension, Json, Router};
 use lattice_adapters::QuorumCommand;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,6 +69,7 @@ pub fn peer_routes() -> Router<Arc<Shared>> {
 /// Routes for this site's users and operators (behind the bearer-token layer).
 pub fn user_routes(r: Router<Arc<Shared>>) -> Router<Arc<Shared>> {
     r.route("/api/v1/federation/allocations", get(list_remote).post(submit))
+        .route("/api/v1/federation/ended", get(ended))
         .route(
             "/api/v1/federation/allocations/{site}/{id}",
             get(get_remote).delete(cancel_remote),
@@ -126,6 +127,17 @@ pub fn documented() -> Vec<crate::openapi::Op> {
             "Between sites (signed): its output",
         )
         .open(),
+        Op::post(
+            "/federation/v1/ended",
+            f,
+            "Between sites (signed): allocations the asking site forwarded here ended (`{\"allocations\": [{id, user, tenant, state, end_reason, ended_ms}]}`)",
+        )
+        .open(),
+        Op::get(
+            "/api/v1/federation/ended",
+            f,
+            "The caller's allocations that ran at peers and ended there, as the peers reported them",
+        ),
         Op::post(
             "/api/v1/federation/allocations",
             f,
@@ -286,6 +298,7 @@ async fn serve_peer(
     match (method, rest.as_slice()) {
         (&Method::GET, ["catalog"]) => Json(b.local_catalog(s, Some(site)).await).into_response(),
         (&Method::POST, ["allocations"]) => inbound_submit(s, b, site, body).await,
+        (&Method::POST, ["ended"]) => inbound_ended(s, site, body).await,
         (&Method::GET, ["allocations"]) => match ops::list(s, &site_reader(), &ops::ListFilter::default()).await {
             Ok(all) => {
                 let mine: Vec<_> = all
@@ -326,6 +339,136 @@ async fn serve_peer(
         }
         _ => err(StatusCode::NOT_FOUND, format!("no federation route {method} {path}")),
     }
+}
+
+/// One ended allocation a peer reports (`POST /federation/v1/ended`).
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct EndedIn {
+    id: String,
+    user: String,
+    tenant: String,
+    state: String,
+    #[serde(default)]
+    end_reason: Option<String>,
+    ended_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EndedReport {
+    allocations: Vec<EndedIn>,
+}
+
+/// A peer reports that allocations this site forwarded there ended (book: "On completion: Site B
+/// reports results, Site A's user notified"): each is committed at the quorum once, for its user
+/// (`GET /api/v1/federation/ended`), and logged.
+async fn inbound_ended(s: &Arc<Shared>, site: &str, body: &[u8]) -> Response {
+    let r: EndedReport = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    };
+    if let Some(e) = r
+        .allocations
+        .iter()
+        .find(|e| !matches!(e.state.as_str(), "completed" | "failed" | "cancelled"))
+    {
+        return err(
+            StatusCode::BAD_REQUEST,
+            format!("allocations: {} is {}, not ended", e.id, e.state),
+        );
+    }
+    let known = s.member.read(|q| q.federated_ends.clone()).await;
+    let mut recorded = 0;
+    for e in r.allocations {
+        if known.contains_key(&format!("{site}/{}", e.id)) {
+            continue;
+        }
+        let end = lattice_adapters::FederatedEnd {
+            site: site.to_string(),
+            id: e.id,
+            user: e.user,
+            tenant: e.tenant,
+            state: e.state,
+            end_reason: e.end_reason,
+            ended_ms: e.ended_ms,
+            at_ms: super::now_ms(),
+        };
+        let what = format!("{} at {site} ended {} ({})", end.id, end.state, end.user);
+        match s.member.propose(QuorumCommand::FederatedEnd(end)).await {
+            Ok(_) => {
+                recorded += 1;
+                tracing::info!("federation: {what}");
+            }
+            Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
+                return ApiError::NotLeader { leader_id, leader }.into_response();
+            }
+            Err(e) => {
+                return err(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{what}: not committed at the quorum ({e}); retry"),
+                );
+            }
+        }
+    }
+    Json(json!({ "recorded": recorded })).into_response()
+}
+
+/// Reports to each origin site the allocations it forwarded here that ended and are not reported
+/// yet (`reported`: ids already delivered by this member; a new leader reports again, which the
+/// origin ignores). One attempt per origin: what fails goes at the next round.
+pub async fn report_ends(s: &Shared, b: &Broker, reported: &mut std::collections::BTreeSet<String>) {
+    let Ok(all) = ops::list(s, &site_reader(), &ops::ListFilter::default()).await else {
+        return;
+    };
+    let mut by_origin: BTreeMap<String, Vec<(String, EndedIn)>> = BTreeMap::new();
+    for v in all {
+        let (Some(origin), Some(ended_ms)) = (v.tags.get(ORIGIN_TAG), v.ended_ms) else {
+            continue;
+        };
+        let key = format!("{origin}/{}", v.id);
+        if reported.contains(&key) || !matches!(v.state.as_str(), "completed" | "failed" | "cancelled") {
+            continue;
+        }
+        by_origin.entry(origin.clone()).or_default().push((
+            key,
+            EndedIn {
+                user: v.tags.get(USER_TAG).cloned().unwrap_or_default(),
+                tenant: v.tags.get(TENANT_TAG).cloned().unwrap_or_default(),
+                state: v.state.clone(),
+                end_reason: v.end_reason.clone(),
+                ended_ms,
+                id: v.id,
+            },
+        ));
+    }
+    for (origin, ends) in by_origin {
+        let (keys, body): (Vec<String>, Vec<EndedIn>) = ends.into_iter().unzip();
+        let body = json!({ "allocations": body });
+        match b
+            .call_once(s, &origin, reqwest::Method::POST, "/federation/v1/ended", Some(&body))
+            .await
+        {
+            Ok(a) if a.status == 200 => reported.extend(keys),
+            Ok(a) => tracing::warn!("federation: reporting ends to {origin}: {} {}", a.status, a.body),
+            Err(e) => tracing::warn!("federation: reporting ends to {origin}: {e} (again at the next round)"),
+        }
+    }
+}
+
+/// `GET /api/v1/federation/ended`: the caller's allocations that ran at peers and ended there
+/// (everyone's for an administrator or a read-only auditor), newest first.
+async fn ended(State(s): S, Extension(p): P) -> Response {
+    if let Err(r) = broker(&s) {
+        return r;
+    }
+    let all = s.member.read(|q| q.federated_ends.clone()).await;
+    let mut mine: Vec<_> = all
+        .into_values()
+        .filter(|e| reads_all(&p) || e.user == p.user)
+        .collect();
+    mine.sort_by(|a, b| b.ended_ms.cmp(&a.ended_ms).then_with(|| a.id.cmp(&b.id)));
+    Json(json!({ "ended": mine })).into_response()
 }
 
 fn nodes_asked(r: &SubmitRequest) -> u32 {

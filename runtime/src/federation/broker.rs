@@ -191,6 +191,18 @@ impl Broker {
         self.call_retrying(s, peer, method, path, body, self.cfg.retries).await
     }
 
+    /// [`Broker::call`] without retries (a caller that tries again at its next round).
+    pub async fn call_once(
+        &self,
+        s: &Shared,
+        peer: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Answer, CallError> {
+        self.call_retrying(s, peer, method, path, body, 0).await
+    }
+
     async fn call_retrying(
         &self,
         s: &Shared,
@@ -554,6 +566,9 @@ fn nonce() -> String {
 /// while it fails), keep the staleness gauges and note a long election.
 pub async fn run(s: Arc<Shared>, b: Arc<Broker>, mut stopped: tokio::sync::watch::Receiver<bool>) {
     let tick = Duration::from_millis(500);
+    // Ends of allocations peers forwarded here, reported to them by this member (as the leader).
+    let mut reported = std::collections::BTreeSet::new();
+    let mut last_report = Instant::now();
     loop {
         if !crate::server::sleep_unless_stopped(&mut stopped, tick).await {
             return;
@@ -581,5 +596,12 @@ pub async fn run(s: Arc<Shared>, b: Arc<Broker>, mut stopped: tokio::sync::watch
             }
         }
         b.gauge(&peers);
+        if s.member.is_leader() && last_report.elapsed() >= REPORT_EVERY {
+            last_report = Instant::now();
+            super::api::report_ends(&s, &b, &mut reported).await;
+        }
     }
 }
+
+/// How often the leader reports ended allocations to the sites they came from.
+pub const REPORT_EVERY: Duration = Duration::from_secs(2);

@@ -18,6 +18,9 @@
 //!   with `--site=auto` it is scheduled here. The peer checks its policy and submits it into its own
 //!   quorum as `user@site` under the tenant its policy maps to; it answers 503 with `Retry-After: 5`
 //!   while its quorum has no leader. Status, logs and cancel reach the peer through this site.
+//! - **Ends** ([`api::report_ends`]): the peer's leader reports each origin site's ended
+//!   allocations home; home commits each at its quorum once (`QuorumCommand::FederatedEnd`), for
+//!   its user (`GET /api/v1/federation/ended`).
 
 pub mod api;
 pub mod broker;
