@@ -163,6 +163,8 @@ def test_sessions_services_graphs_accounting_and_observability(runtime):
             s = await c.session(sid)
             assert s.tags.get("session") == "true" and s.walltime_s == 3600
             await c.end_session(sid)
+            # A cancel that arrives while its start is at the quorum takes effect on the answer.
+            assert (await c.wait(sid, timeout=30)).state == "cancelled"
             assert (await c.session(sid)).ended_ms is not None
             # A DAG's graph, usage records and a tenant's view.
             dag = await c.submit_dag({"allocations": [
