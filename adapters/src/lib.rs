@@ -4,20 +4,16 @@
 //! ownership with hard-quota validation at apply time, and the hash-chained sensitive audit log).
 //! [`Member`] starts one quorum member. The external services' REST clients: VAST storage
 //! ([`vast`]) and the Slingshot fabric manager with the VNI pool ([`fabric`]), sharing timeouts,
-//! retries with backoff and typed errors ([`http`]); the TSDB's Prometheus query API ([`tsdb`]). The client of the applications' gRPC checkpoint
-//! callback the node agent calls ([`checkpoint`]), and the node agents' own service: the PMI fence
-//! between the agents of a task launch, aborts, and `Exec` for `lattice-mpi-launcher` ([`peer`]). The durable log store of zstd chunks agents write and the
-//! runtime reads ([`logstore`]). The control plane's durable record of acknowledged allocations, with
+//! retries with backoff and typed errors ([`http`]); the TSDB's Prometheus query API ([`tsdb`]). Re-exported from `lattice-node-adapters` (which the node agent builds on without
+//! the quorum): the agents' own gRPC service ([`peer`]), the checkpoint callback's client
+//! ([`checkpoint`]) and the log store ([`logstore`]). The control plane's durable record of acknowledged allocations, with
 //! group commit ([`alloc_store`]). (GPU discovery lives in `lattice-agent`.)
 
 pub mod alloc_store;
-pub mod checkpoint;
 pub mod disk;
 pub mod fabric;
 pub mod http;
-pub mod logstore;
 pub mod openchami;
-pub mod peer;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;
@@ -25,6 +21,10 @@ pub mod spool;
 pub mod tsdb;
 pub mod vast;
 pub mod waldur;
+
+/// The node side's adapters (the agents' gRPC service, the checkpoint callback, the log store), for
+/// the control plane.
+pub use lattice_node_adapters::{checkpoint, logstore, peer};
 
 /// openraft, for its `Config` (a simulation sets its own timings).
 pub use openraft;
@@ -346,10 +346,7 @@ impl Member {
     /// machine's lock, with the log position it corresponds to).
     pub async fn backup(&self, path: &Path) -> Result<raft_store::Backup, String> {
         let data = self.sm.data.read().await.clone();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now = lattice_util::clock::epoch_ms();
         let b = raft_store::Backup::of(self.id, data, now).map_err(|e| e.to_string())?;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;

@@ -107,7 +107,7 @@ impl VastClient {
 
     /// `GET /catalog?path=…`: data locality (scheduling).
     pub async fn locality(&self, path: &str) -> Result<Locality, HttpError> {
-        let p = format!("/catalog?path={}", encode(path));
+        let p = format!("/catalog?path={}", lattice_util::url::path(path));
         let v = self.http.call(Method::GET, &p, None).await?;
         decode(&p, v)
     }
@@ -132,18 +132,8 @@ impl VastClient {
 
     /// `GET /audit/logs?path=…` (compliance reporting).
     pub async fn audit(&self, path: &str) -> Result<Vec<AuditRecord>, HttpError> {
-        let p = format!("/audit/logs?path={}", encode(path));
+        let p = format!("/audit/logs?path={}", lattice_util::url::path(path));
         let v = self.http.call(Method::GET, &p, None).await?;
         decode(&p, v["records"].clone())
     }
-}
-
-/// Percent-encodes a query value (RFC 3986 unreserved characters and `/` pass).
-pub(crate) fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

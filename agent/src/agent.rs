@@ -17,7 +17,7 @@ use crate::client::{Client, ExitKind, Launch, Outcome, Reports};
 use crate::discovery::{Capabilities, Sources, fingerprint};
 use crate::protocol::{self, Beaten, Exit, Failure, Session};
 use crate::runner::{self, Ending, RunSpec};
-use lattice_adapters::logstore::Stream;
+use lattice_node_adapters::logstore::Stream;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,7 +44,7 @@ pub struct AgentConfig {
     pub remote_write: Option<String>,
     pub metrics_push: Option<String>,
     /// The log store output is flushed to as zstd chunks every `log_flush` (and when a process ends).
-    pub log_store: Option<lattice_adapters::logstore::LogStore>,
+    pub log_store: Option<lattice_node_adapters::logstore::LogStore>,
     pub log_flush: Duration,
     /// How often the conformance fingerprint is recomputed (the book: every 6 h).
     pub fingerprint_every: Duration,
@@ -1146,7 +1146,7 @@ fn wipe(node: &str, alloc: &str, command: Option<&str>) -> bool {
 fn flush_log(cfg: &AgentConfig, rec: &runner::Record) {
     let Some(store) = &cfg.log_store else { return };
     for stream in Stream::BOTH {
-        let src = lattice_adapters::logstore::Source {
+        let src = lattice_node_adapters::logstore::Source {
             tenant: &rec.tenant,
             project: rec.project.as_deref(),
             alloc: &rec.id,
@@ -1273,6 +1273,7 @@ mod tests {
             task_group: Some(crate::client::TaskGroup {
                 group: "a-000009".into(),
                 index: 3,
+                concurrency: None,
             }),
             ..again
         };

@@ -6,12 +6,23 @@
 //! away) is SIGHUP to the session. Output streams back until the shell's last process closes the
 //! terminal, then its exit status.
 
-use crate::tasks::AllocInfo;
-use lattice_adapters::peer::{AttachInput, AttachOutput, AttachSession};
+use lattice_node_adapters::peer::{AttachInput, AttachOutput, AttachSession};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
+
+/// What the agent knows of an allocation running here, for its tasks and terminals.
+#[derive(Clone, Debug, Default)]
+pub struct AllocInfo {
+    /// The environment its entrypoint got (the ranks get it too).
+    pub env: Vec<(String, String)>,
+    /// Its wrapper's pid: a uenv allocation's tasks join its mount namespace.
+    pub pid: u32,
+    pub mounted: bool,
+    /// The secret `lattice-mpi-launcher` presents (`LATTICE_LAUNCH_TOKEN`).
+    pub token: Option<String>,
+}
 
 /// The signal a name means (`INT` or `SIGINT`).
 pub fn signal_of(name: &str) -> Option<i32> {

@@ -217,7 +217,7 @@ pub enum GrpcResult {
 /// Delivers a gRPC hint (blocking: run it on its own thread): calls the registered endpoint,
 /// honours deferrals up to `t.max_deferral`, then forces; on failure signals `pgid` with SIGUSR1.
 pub fn deliver_grpc(channel: &Channel, pgid: u32, t: CallbackTimeouts) -> GrpcResult {
-    use lattice_adapters::checkpoint::{CallbackOutcome, call};
+    use lattice_node_adapters::checkpoint::{CallbackOutcome, call};
     let fall_back = |why: String| {
         // SAFETY: killpg only sends a signal; a gone group yields ESRCH.
         unsafe {

@@ -17,16 +17,12 @@
 //! a prologue failure naming it: the control plane retries the allocation on other nodes.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-/// One mount an allocation declares (`data.mounts[i]` with a `target`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DataMount {
-    pub source: String,
-    pub target: String,
-    #[serde(default)]
-    pub read_only: bool,
-}
+/// One mount an allocation declares (`data.mounts[i]` with a `target`), and the rule for its
+/// target (wire types, checked by the control plane too: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::{DataMount, valid_target};
+use lattice_util::fs::segment;
 
 /// A bind mount to make in the allocation's mount namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,52 +103,6 @@ pub fn resolve(roots: &BTreeMap<String, PathBuf>, source: &str) -> Result<PathBu
         out.push(seg);
     }
     Ok(out)
-}
-
-/// Whether `target` may be mounted over: absolute, normal (no `.`/`..`), not `/` and not in the
-/// kernel's or the system's own trees.
-pub fn valid_target(target: &str) -> Result<(), String> {
-    let p = Path::new(target);
-    if !p.is_absolute() {
-        return Err("an absolute path".into());
-    }
-    // (Not `components()` alone: it drops `.` segments silently.)
-    if target.split('/').skip(1).any(|s| s == "." || s == "..")
-        || p.components()
-            .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
-    {
-        return Err("no `.` or `..` segments".into());
-    }
-    let first = p
-        .components()
-        .nth(1)
-        .map(|c| c.as_os_str().to_string_lossy().into_owned());
-    match first.as_deref() {
-        None => Err("not `/` itself".into()),
-        Some("proc" | "sys" | "dev" | "run" | "etc" | "bin" | "sbin" | "lib" | "lib64" | "usr" | "boot") => {
-            Err("not in a system directory (/proc, /sys, /dev, /run, /etc, /usr, ...)".into())
-        }
-        Some(_) => Ok(()),
-    }
-}
-
-/// A segment of a default path (a user or tenant name) that cannot climb out.
-fn segment(s: &str) -> String {
-    let s: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() || s.chars().all(|c| c == '.') {
-        "_".into()
-    } else {
-        s
-    }
 }
 
 /// `text` with the seed's placeholders filled in: `{user}`, `{tenant}`, `{project}`,

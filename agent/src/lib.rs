@@ -17,7 +17,7 @@
 //! development. During a partition the agent runs on and buffers heartbeats and exit reports, replayed
 //! when the control plane is back.
 //!
-//! Output is flushed to the log store (zstd chunks, `lattice_adapters::logstore`) and streamed live to
+//! Output is flushed to the log store (zstd chunks, `lattice_node_adapters::logstore`) and streamed live to
 //! the control plane while someone follows it.
 //!
 //! Checkpoint hints by signal, shared-memory flag or gRPC callback ([`checkpoint`]). uenv software

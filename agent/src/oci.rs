@@ -31,20 +31,7 @@ pub enum OciError {
 /// `NAME[:TAG]` → (name, tag), `latest` by default. Plain characters only: the name is a directory of
 /// the store, never a path.
 pub fn parse_ref(image: &str) -> Result<(String, String), OciError> {
-    let (name, tag) = image.split_once(':').unwrap_or((image, "latest"));
-    let plain = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 128
-            && s != "."
-            && s != ".."
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-    };
-    if plain(name) && plain(tag) {
-        Ok((name.to_string(), tag.to_string()))
-    } else {
-        Err(OciError::BadReference(image.to_string()))
-    }
+    lattice_agent_protocol::parse_image_ref(image).map_err(|e| OciError::BadReference(e.0))
 }
 
 /// A container prepared for one allocation on this node.

@@ -6,7 +6,6 @@
 //! control plane ends it as failed and requeues it per its policy. Each probe runs on its own
 //! thread, so a slow service never holds up the agent's loop.
 
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -14,20 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The seed's `LivenessProbeSpec`.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
-pub struct ProbeSpec {
-    /// `tcp` or `http`.
-    pub probe_type: String,
-    pub port: u16,
-    /// HTTP only (default `/`).
-    #[serde(default)]
-    pub path: Option<String>,
-    pub period_secs: u32,
-    pub initial_delay_secs: u32,
-    pub failure_threshold: u32,
-    pub timeout_secs: u32,
-}
+/// The seed's `LivenessProbeSpec` (a wire type: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::ProbeSpec;
 
 /// One probe of `spec` against `host`: `Ok` when alive, else why not.
 pub fn check(spec: &ProbeSpec, host: &str) -> Result<(), String> {

@@ -5,17 +5,49 @@
 //! the control plane's endpoints to ask next.
 //!
 //! [`crate::agent`] drives a [`Session`] with blocking HTTP ([`crate::client`]) and real processes;
-//! `lattice-runtime dst` drives the same [`Session`] over its simulated network with simulated
+//! `lattice-dst` drives the same [`Session`] over its simulated network with simulated
 //! processes, so the protocol checked under faults there is the one that runs on nodes.
 //!
 //! Time is passed in: `now` is monotonic (from any fixed origin), `wall_ms` is milliseconds since the
 //! Unix epoch and only stamps buffered heartbeats.
 
-use crate::client::{Beat, Buffered, ExitKind, Output, Reports, Work};
+use lattice_agent_protocol::{
+    Buffered, CacheOutcome, CachedImage, ExitKind, ExitReport, HeartbeatBody, Metric, Outcome, Output, RegisterBody,
+    Startup, TaskEnd, Work, WorkPoll,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::time::Duration;
+
+/// Outcomes an agent reports with its next poll.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reports {
+    pub checkpointed: Vec<Outcome>,
+    pub wiped: Vec<Outcome>,
+    /// Scaling metrics of allocations on this node (built-in and application-reported).
+    pub metrics: Vec<Metric>,
+    /// Task launches that ended on this node.
+    pub task_ends: Vec<TaskEnd>,
+    /// Task launches that run on this node now.
+    pub tasks_running: Vec<String>,
+    /// Outcomes of cache orders, and the cache's contents when they changed.
+    pub cache_done: Vec<CacheOutcome>,
+    pub cache: Option<Vec<CachedImage>>,
+    /// Allocations started here since the last poll: seconds from the work answer that assigned
+    /// them to their processes' start (uenv pull and mount included).
+    pub startups: Vec<Startup>,
+    /// The last telemetry collection's CPU time over its period, percent of one core.
+    pub collection_overhead_pct: Option<f64>,
+}
+
+/// What a heartbeat answered: the node's state and the agent's lease — how long it may keep running
+/// its work without another accepted heartbeat (the control plane may requeue it elsewhere after).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Beat {
+    pub state: String,
+    pub lease: Option<std::time::Duration>,
+}
 
 /// Heartbeats kept during a partition (a day at the default 10 s interval); the oldest are dropped
 /// (and counted) beyond it.
@@ -65,23 +97,6 @@ pub struct Exit {
     pub err_tail: String,
 }
 
-/// `id` as one URL path segment: every byte but the unreserved ones percent-encoded, so an id (as
-/// a corrupted state file may hold) never reaches another route.
-fn segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if out == "." || out == ".." {
-        out = out.replace('.', "%2E");
-    }
-    out
-}
-
 pub fn register(node: &str, caps: &crate::discovery::Capabilities, fingerprint: &str) -> Request {
     register_with(node, caps, fingerprint, None)
 }
@@ -93,73 +108,67 @@ pub fn register_with(
     fingerprint: &str,
     peer: Option<&str>,
 ) -> Request {
-    let mut body = json!({"capabilities": caps, "fingerprint": fingerprint});
-    if let Some(p) = peer {
-        body["peer"] = json!(p);
-    }
+    let body = RegisterBody {
+        fingerprint: Some(fingerprint.to_string()),
+        capabilities: Some(json!(caps)),
+        peer: peer.map(str::to_string),
+    };
     Request {
         path: format!("/v1/nodes/{node}/register"),
-        body,
+        body: wire(&body),
     }
 }
 
 pub fn heartbeat(node: &str, seq: u64, buffered: &[Buffered]) -> Request {
-    let body = if buffered.is_empty() {
-        json!({"seq": seq})
-    } else {
-        json!({"seq": seq, "buffered": buffered})
+    let body = HeartbeatBody {
+        seq,
+        buffered: buffered.to_vec(),
+        rtt_ms: None,
     };
     Request {
         path: format!("/v1/nodes/{node}/heartbeat"),
-        body,
+        body: wire(&body),
     }
 }
 
 /// A poll for work, with the new output of followed allocations and the outcomes of checkpoint
 /// hints and wipes since the last poll.
 pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports) -> Request {
-    let mut body = json!({"running": running});
-    if !output.is_empty() {
-        body["output"] = json!(output);
-    }
-    if !reports.checkpointed.is_empty() {
-        body["checkpointed"] = json!(reports.checkpointed);
-    }
-    if !reports.wiped.is_empty() {
-        body["wiped"] = json!(reports.wiped);
-    }
-    if !reports.metrics.is_empty() {
-        body["metrics"] = json!(reports.metrics);
-    }
-    if !reports.task_ends.is_empty() {
-        body["task_ends"] = json!(reports.task_ends);
-    }
-    if !reports.tasks_running.is_empty() {
-        body["tasks"] = json!(reports.tasks_running);
-    }
-    if !reports.cache_done.is_empty() {
-        body["cache_done"] = json!(reports.cache_done);
-    }
-    if let Some(c) = &reports.cache {
-        body["cache"] = json!(c);
-    }
-    if !reports.startups.is_empty() {
-        body["startups"] = json!(reports.startups);
-    }
-    if let Some(p) = reports.collection_overhead_pct {
-        body["collection_overhead_pct"] = json!(p);
-    }
+    let body = WorkPoll {
+        running: running.to_vec(),
+        output: output.to_vec(),
+        checkpointed: reports.checkpointed.clone(),
+        wiped: reports.wiped.clone(),
+        metrics: reports.metrics.clone(),
+        task_ends: reports.task_ends.clone(),
+        tasks: reports.tasks_running.clone(),
+        cache_done: reports.cache_done.clone(),
+        cache: reports.cache.clone(),
+        startups: reports.startups.clone(),
+        collection_overhead_pct: reports.collection_overhead_pct,
+    };
     Request {
         path: format!("/v1/nodes/{node}/work"),
-        body,
+        body: wire(&body),
     }
 }
 
 pub fn exit(node: &str, e: &Exit) -> Request {
     Request {
-        path: format!("/v1/allocations/{}/exit", segment(&e.id)),
-        body: json!({"node": node, "kind": e.kind, "exit_code": e.code, "log_tail": e.tail, "err_tail": e.err_tail}),
+        path: format!("/v1/allocations/{}/exit", lattice_util::url::segment(&e.id)),
+        body: wire(&ExitReport {
+            node: node.to_string(),
+            kind: e.kind,
+            exit_code: e.code,
+            log_tail: Some(e.tail.clone()),
+            err_tail: Some(e.err_tail.clone()),
+        }),
     }
+}
+
+/// A request body as JSON (its keys sorted, as serde_json's map keeps them).
+fn wire<T: Serialize>(body: &T) -> Value {
+    serde_json::to_value(body).expect("the wire types serialize")
 }
 
 /// A heartbeat's answer.

@@ -246,9 +246,7 @@ pub unsafe fn default_signals() {
 
 /// Wall-clock ms since the epoch.
 pub fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    lattice_util::clock::epoch_ms()
 }
 
 /// Whether `pid` is alive (`kill(pid, 0)`; a zombie of ours counts as ended once waited).

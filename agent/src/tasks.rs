@@ -6,7 +6,7 @@
 //!
 //! The fence is the one operation across nodes. Once every local rank entered it, this node's puts
 //! go to the head agent (the one hosting rank 0, `peers[0]`) over the agents' gRPC service
-//! ([`lattice_adapters::peer`]); the head answers every node with the merged puts once all nodes are
+//! ([`lattice_node_adapters::peer`]); the head answers every node with the merged puts once all nodes are
 //! in (a star). A fence not complete within the launch's fence timeout aborts the launch with "PMI
 //! fence timeout"; a rank that exits non-zero or asks to abort aborts it too — on every node (this
 //! agent tells the others). The ranks of an allocation that ends on this node are stopped. Ranks get
@@ -17,7 +17,7 @@
 
 use crate::client::{RankEnd, TaskEnd, TaskLaunch};
 use crate::pmi;
-use lattice_adapters::peer::{AttachSession, AttachStart, ExecEvent, FenceIn, Peer, PeerHandler};
+use lattice_node_adapters::peer::{AttachSession, AttachStart, ExecEvent, FenceIn, Peer, PeerHandler};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -37,17 +37,8 @@ pub const KEEP_ENDED_ALLOCS: usize = 256;
 /// How much of each rank's stdout and stderr its end report carries.
 pub const RANK_TAIL: u64 = 64 * 1024;
 
-/// What the agent knows of an allocation running here, for its tasks.
-#[derive(Clone, Debug, Default)]
-pub struct AllocInfo {
-    /// The environment its entrypoint got (the ranks get it too).
-    pub env: Vec<(String, String)>,
-    /// Its wrapper's pid: a uenv allocation's tasks join its mount namespace.
-    pub pid: u32,
-    pub mounted: bool,
-    /// The secret `lattice-mpi-launcher` presents (`LATTICE_LAUNCH_TOKEN`).
-    pub token: Option<String>,
-}
+/// What the agent knows of an allocation running here (its terminals need it too).
+pub use crate::attach::AllocInfo;
 
 /// How this node's agent runs task launches.
 #[derive(Clone, Debug)]
@@ -606,7 +597,7 @@ impl Tasks {
                 Some(p) => p
                     .fence(&addr, f, l.fence_timeout + Duration::from_secs(5))
                     .map_err(|e| match e {
-                        lattice_adapters::peer::PeerError::Refused { message, .. } => message,
+                        lattice_node_adapters::peer::PeerError::Refused { message, .. } => message,
                         other => format!("fence: {other}"),
                     }),
                 None => Err("fence: no agent service".into()),

@@ -69,21 +69,7 @@ pub enum UenvError {
 /// `name/version:tag` → the registry's relative path without extension (`name/version/tag`) and the
 /// cache's file name (`name_version_tag.squashfs`). A missing tag is `latest`.
 pub fn layout(uenv: &str) -> Result<(PathBuf, String), UenvError> {
-    let (path, tag) = uenv.split_once(':').unwrap_or((uenv, "latest"));
-    let segments: Vec<&str> = path.split('/').collect();
-    let ok = |s: &str| {
-        !s.is_empty()
-            && !s.starts_with('.')
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'))
-    };
-    if !segments.iter().all(|s| ok(s)) || !ok(tag) {
-        return Err(UenvError::BadName(uenv.to_string()));
-    }
-    let mut rel: PathBuf = segments.iter().collect();
-    rel.push(tag);
-    let cache = format!("{}_{tag}.squashfs", segments.join("_"));
-    Ok((rel, cache))
+    lattice_agent_protocol::uenv_layout(uenv).map_err(|e| UenvError::BadName(e.0))
 }
 
 fn registry_dir(registry: &str) -> PathBuf {

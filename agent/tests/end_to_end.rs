@@ -26,13 +26,48 @@ fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
+/// Agent processes, SIGKILLed when dropped, and with them what they ran: an allocation's processes
+/// outlive their agent by design (the next agent takes them over), so a test that ends while its
+/// work still runs would leave it behind.
 struct Agents(Vec<Child>);
 
 impl Drop for Agents {
     fn drop(&mut self) {
+        let log_dirs: Vec<String> = self.0.iter().filter_map(|c| log_dir_of(c.id())).collect();
         for c in &mut self.0 {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        for dir in log_dirs {
+            kill_groups_naming(&dir);
+        }
+    }
+}
+
+/// The `--log-dir` of a running agent.
+fn log_dir_of(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<String> = raw
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    args.windows(2).find(|w| w[0] == "--log-dir").map(|w| w[1].clone())
+}
+
+/// SIGKILLs the process group of every process whose command line names `needle` (an allocation's
+/// wrapper names its status file in the agent's log directory; the wrapper leads its own group).
+fn kill_groups_naming(needle: &str) {
+    let own = unsafe { libc::getpgid(0) };
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let named = std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()));
+        let group = unsafe { libc::getpgid(pid) };
+        if named && group > 1 && group != own {
+            unsafe { libc::kill(-group, libc::SIGKILL) };
         }
     }
 }
@@ -243,10 +278,10 @@ fn two_agents_run_real_jobs() {
     // server); the agent calls it instead of signalling.
     let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let c2 = calls.clone();
-    let app = lattice_adapters::checkpoint::spawn_app_endpoint(
-        std::sync::Arc::new(move |r: &lattice_adapters::checkpoint::pb::CheckpointRequest| {
+    let app = lattice_node_adapters::checkpoint::spawn_app_endpoint(
+        std::sync::Arc::new(move |r: &lattice_node_adapters::checkpoint::pb::CheckpointRequest| {
             c2.lock().unwrap().push(r.allocation_id.clone());
-            vec![lattice_adapters::checkpoint::pb::CheckpointProgress {
+            vec![lattice_node_adapters::checkpoint::pb::CheckpointProgress {
                 estimated_s: 1,
                 percent: 100,
                 defer_s: 0,

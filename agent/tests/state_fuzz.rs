@@ -10,11 +10,11 @@
 //!
 //! 2,000 cases in CI; `FUZZ_CASES=N` for a longer run.
 
-use lattice_adapters::logstore::{LogStore, Source, Stream};
 use lattice_agent::{
     agent::{read_exits, read_state},
     protocol, runner,
 };
+use lattice_node_adapters::logstore::{LogStore, Source, Stream};
 use lattice_traces::fuzz::{below, mutate};
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;

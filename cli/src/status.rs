@@ -21,9 +21,7 @@ pub fn reason(row: &Value) -> Value {
 
 /// Milliseconds since the epoch now.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    lattice_util::clock::epoch_ms()
 }
 
 /// `lattice watch`'s line for an allocation view seen at `now_ms`: the time (UTC), the state, its

@@ -4,6 +4,7 @@
 //! Allocation"). The remote terminal's exit status is the caller's.
 
 use anyhow::{Context, Result, bail};
+use lattice_util::url;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,7 +61,7 @@ extern "C" fn on_winch(_: libc::c_int) {
 pub fn url(base: &str, id: &str, node: Option<&str>, command: Option<&str>, rows: u16, cols: u16) -> Result<String> {
     at(
         base,
-        &format!("/v1/allocations/{}/attach", enc(id)),
+        &format!("/v1/allocations/{}/attach", url::segment(id)),
         node,
         command,
         rows,
@@ -72,7 +73,7 @@ pub fn url(base: &str, id: &str, node: Option<&str>, command: Option<&str>, rows
 pub fn session_url(base: &str, id: &str, rows: u16, cols: u16) -> Result<String> {
     at(
         base,
-        &format!("/v1/sessions/{}/terminal", enc(id)),
+        &format!("/v1/sessions/{}/terminal", url::segment(id)),
         None,
         None,
         rows,
@@ -90,25 +91,15 @@ fn at(base: &str, path: &str, node: Option<&str>, command: Option<&str>, rows: u
     };
     let mut q = vec![format!("rows={rows}"), format!("cols={cols}")];
     if let Ok(t) = std::env::var("TERM") {
-        q.push(format!("term={}", enc(&t)));
+        q.push(format!("term={}", url::component(&t)));
     }
     if let Some(n) = node {
-        q.push(format!("node={}", enc(n)));
+        q.push(format!("node={}", url::component(n)));
     }
     if let Some(c) = command {
-        q.push(format!("command={}", enc(c)));
+        q.push(format!("command={}", url::component(c)));
     }
     Ok(format!("{ws}{path}?{}", q.join("&")))
-}
-
-/// Percent-encoding for a query value or path segment.
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn transient(e: &std::io::Error) -> bool {

@@ -97,6 +97,23 @@ pub enum CheckpointMechanism {
 }
 
 impl CheckpointMechanism {
+    pub const ALL: [CheckpointMechanism; 4] = [
+        CheckpointMechanism::Signal,
+        CheckpointMechanism::Shmem,
+        CheckpointMechanism::Grpc,
+        CheckpointMechanism::Dmtcp,
+    ];
+
+    /// Its name, as requests, traces and the agent protocol spell it (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointMechanism::Signal => "signal",
+            CheckpointMechanism::Shmem => "shmem",
+            CheckpointMechanism::Grpc => "grpc",
+            CheckpointMechanism::Dmtcp => "dmtcp",
+        }
+    }
+
     /// Relative duration of a checkpoint written through this mechanism (signal = 1).
     pub fn duration_factor(self) -> f64 {
         match self {
@@ -360,6 +377,17 @@ impl Allocation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_mechanisms_name_is_its_serde_name() {
+        for m in CheckpointMechanism::ALL {
+            assert_eq!(serde_json::to_value(m).unwrap(), serde_json::json!(m.as_str()));
+            assert_eq!(
+                serde_json::from_value::<CheckpointMechanism>(m.as_str().into()).unwrap(),
+                m
+            );
+        }
+    }
 
     #[test]
     fn alloc_state_machine() {

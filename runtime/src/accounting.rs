@@ -330,9 +330,7 @@ impl Accountant {
 }
 
 fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    lattice_util::clock::epoch_ms()
 }
 
 /// The events `row` stands for (its start, its end once terminal, its last checkpoint).

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Extension, Json, Router};
 use lattice_adapters::logstore::Stream;
+use lattice_agent_protocol::{ExitReport, HeartbeatBody, RegisterBody, WorkPoll};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -831,19 +832,9 @@ async fn node(State(s): S, Path(id): Path<String>) -> Response {
     }
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RegisterIn {
-    fingerprint: Option<String>,
-    capabilities: Option<Value>,
-    /// Where the agent's own service listens (`host:port`): task launches' fences go there.
-    #[serde(default)]
-    peer: Option<String>,
-}
-
 async fn register(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
-    let r: RegisterIn = if body.is_empty() {
-        RegisterIn::default()
+    let r: RegisterBody = if body.is_empty() {
+        RegisterBody::default()
     } else {
         match serde_json::from_slice(&body) {
             Ok(r) => r,
@@ -856,20 +847,8 @@ async fn register(State(s): S, Extension(p): P, Path(id): Path<String>, body: ax
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HeartbeatIn {
-    seq: u64,
-    /// Heartbeats buffered during a partition, replayed in order (book: "Network Partition").
-    #[serde(default)]
-    buffered: Vec<crate::control::BufferedBeat>,
-    /// The round trip of the agent's previous heartbeat (ms): `lattice_agent_heartbeat_latency_seconds`.
-    #[serde(default)]
-    rtt_ms: Option<f64>,
-}
-
 async fn heartbeat(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
-    let h: HeartbeatIn = match serde_json::from_slice(&body) {
+    let h: HeartbeatBody = match serde_json::from_slice(&body) {
         Ok(h) => h,
         Err(e) => return body_error(e),
     };
@@ -1418,51 +1397,8 @@ async fn raft_status(State(s): S) -> Json<Value> {
     }))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct WorkIn {
-    #[serde(default)]
-    running: Vec<String>,
-    /// New output of followed allocations.
-    #[serde(default)]
-    output: Vec<crate::control::OutputIn>,
-    /// Outcomes of checkpoint hints on this node.
-    #[serde(default)]
-    checkpointed: Vec<crate::control::Outcome>,
-    /// Outcomes of wipes this node ran.
-    #[serde(default)]
-    wiped: Vec<crate::control::Outcome>,
-    /// Scaling-metric samples of allocations on this node.
-    #[serde(default)]
-    metrics: Vec<crate::control::MetricIn>,
-    /// Task launches that ended on this node.
-    #[serde(default)]
-    task_ends: Vec<crate::tasks::TaskEndIn>,
-    /// Task launches that run on this node.
-    #[serde(default)]
-    tasks: Vec<String>,
-    /// Outcomes of image cache orders, and the cache's contents when they changed.
-    #[serde(default)]
-    cache_done: Vec<crate::cache::CacheOutcome>,
-    #[serde(default)]
-    cache: Option<Vec<crate::cache::CachedImage>>,
-    /// Allocations started on this node since its last poll, and how long each took to start.
-    #[serde(default)]
-    startups: Vec<StartupIn>,
-    /// The agent's last telemetry collection: CPU time over its period, percent of one core.
-    #[serde(default)]
-    collection_overhead_pct: Option<f64>,
-}
-
-#[derive(Deserialize)]
-struct StartupIn {
-    #[allow(dead_code)]
-    id: String,
-    seconds: f64,
-}
-
 async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
-    let w: WorkIn = match serde_json::from_slice(&body) {
+    let w: WorkPoll = match serde_json::from_slice(&body) {
         Ok(w) => w,
         Err(e) => return body_error(e),
     };
@@ -1671,23 +1607,8 @@ async fn get_task(State(s): S, Extension(p): P, Path((id, launch)): Path<(String
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExitIn {
-    node: String,
-    kind: crate::control::ExitKind,
-    #[serde(default)]
-    exit_code: i32,
-    /// The newest stdout (at most 64 KiB are kept).
-    #[serde(default)]
-    log_tail: Option<String>,
-    /// The newest stderr (likewise).
-    #[serde(default)]
-    err_tail: Option<String>,
-}
-
 async fn agent_exit(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
-    let x: ExitIn = match serde_json::from_slice(&body) {
+    let x: ExitReport = match serde_json::from_slice(&body) {
         Ok(x) => x,
         Err(e) => return body_error(e),
     };

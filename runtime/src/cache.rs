@@ -24,38 +24,9 @@ pub struct CacheRequest {
     pub sticky: bool,
 }
 
-/// An order for one node's agent.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct CacheOrder {
-    /// `warm` or `evict`.
-    pub op: String,
-    pub image: String,
-    #[serde(default)]
-    pub sticky: bool,
-}
-
-/// What an agent reports: an order's outcome.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct CacheOutcome {
-    pub op: String,
-    pub image: String,
-    pub ok: bool,
-    #[serde(default)]
-    pub detail: String,
-}
-
-/// One cached image on a node, as its agent reports it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct CachedImage {
-    /// The cache's file name (`prgenv-gnu_24.11_v1.squashfs`).
-    pub file: String,
-    pub size: u64,
-    pub last_used_ms: u64,
-    #[serde(default)]
-    pub sticky: bool,
-}
+/// An order for one node's agent, its outcome, and one cached image as the agent reports it (wire
+/// types, declared once with the agent: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::{CacheOrder, CacheOutcome, CachedImage};
 
 /// A node's cache as clients see it.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]

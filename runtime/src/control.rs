@@ -4,6 +4,11 @@
 
 use crate::world::{Action, Outbox};
 use lattice_adapters::logstore::Stream;
+/// The agent wire types (declared once, with the agent: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::{
+    Buffered as BufferedBeat, ExitKind, Launch, Metric as MetricIn, Outcome, Output as OutputIn, PreemptWork,
+    TaskGroup as TaskGroupView, Work,
+};
 use lattice_engine::PreemptHow;
 use lattice_engine::{
     AllocId, AllocSpec, AllocState, Constraints, Controller, Decision, Duration, EndReason, Input, Lifecycle,
@@ -45,11 +50,7 @@ impl Clock {
 
 /// Milliseconds since the Unix epoch by the system's wall clock (names of backups, the clock's start).
 pub fn wall_now() -> Time {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    Time(ms)
+    Time(lattice_util::clock::epoch_ms())
 }
 
 /// `POST /v1/allocations`: the scheduling-relevant part of the Intent API request.
@@ -137,9 +138,9 @@ pub struct EnvironmentIn {
 pub const MAX_UENV_NAME: usize = 200;
 
 /// `name/version:tag`: the agent's rule for a name it can map to the registry and the cache
-/// ([`lattice_agent::uenv::layout`]), at most [`MAX_UENV_NAME`] bytes.
+/// ([`lattice_agent_protocol::uenv_layout`]), at most [`MAX_UENV_NAME`] bytes.
 pub fn valid_uenv_name(s: &str) -> bool {
-    s.len() <= MAX_UENV_NAME && lattice_agent::uenv::layout(s).is_ok()
+    s.len() <= MAX_UENV_NAME && lattice_agent_protocol::uenv_layout(s).is_ok()
 }
 
 /// Refuses an `environment` block this control plane cannot run, naming the field.
@@ -151,7 +152,7 @@ fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
         if e.view.is_some() {
             return Err(bad("environment.view", "a view needs environment.uenv"));
         }
-        return lattice_agent::oci::parse_ref(image)
+        return lattice_agent_protocol::parse_image_ref(image)
             .map(|_| ())
             .map_err(|err| bad("environment.image", err.to_string()));
     }
@@ -212,15 +213,6 @@ fn node_op_event(op: NodeOp) -> lattice_engine::NodeEvent {
 /// An agent's heartbeat sequence that this control plane does not know (a node it took over holding
 /// a re-attached allocation, before the agent registers with it).
 const SEQ_UNKNOWN: u64 = u64::MAX;
-
-/// What a task group element's view and launch carry: its group's id and its index.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
-pub struct TaskGroupView {
-    pub group: String,
-    pub index: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<u32>,
-}
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -312,7 +304,7 @@ pub struct LivenessProbeIn {
 
 impl LivenessProbeIn {
     /// The agents' probe, with the seed's defaults; a bad field is named.
-    pub fn spec(&self) -> Result<lattice_agent::probe::ProbeSpec, FieldError> {
+    pub fn spec(&self) -> Result<lattice_agent_protocol::ProbeSpec, FieldError> {
         let f = |x: &str| format!("liveness_probe.{x}");
         if self.probe_type != "tcp" && self.probe_type != "http" {
             return Err(bad(&f("probe_type"), format!("`{}`: tcp or http", self.probe_type)));
@@ -331,7 +323,7 @@ impl LivenessProbeIn {
             x if x > 86_400 => Err(bad(&f(name), format!("{x}: at most 86400"))),
             x => Ok(x),
         };
-        Ok(lattice_agent::probe::ProbeSpec {
+        Ok(lattice_agent_protocol::ProbeSpec {
             probe_type: self.probe_type.clone(),
             port,
             path: self.path.clone(),
@@ -543,13 +535,6 @@ pub struct Partition {
     pub heartbeats: u64,
 }
 
-/// A heartbeat the agent could not deliver at the time (`seq`, agent clock `at_ms`), replayed later.
-#[derive(Clone, Copy, Debug, serde::Deserialize, PartialEq, Eq)]
-pub struct BufferedBeat {
-    pub seq: u64,
-    pub at_ms: u64,
-}
-
 /// An allocation's state, end and whether it holds nodes ([`Control::brief`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Brief<'a> {
@@ -616,7 +601,7 @@ struct Meta {
     data: Option<DataIn>,
     /// Its exposed ports and its liveness probe.
     expose: Vec<ExposeIn>,
-    liveness: Option<lattice_agent::probe::ProbeSpec>,
+    liveness: Option<lattice_agent_protocol::ProbeSpec>,
 }
 
 impl Meta {
@@ -1450,7 +1435,7 @@ impl Control {
                 None => hint,
             };
             if let Some(t) = &m.target {
-                lattice_agent::data::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
+                lattice_agent_protocol::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
                 if !m.source.contains("://") {
                     return Err(bad(
                         &f("source"),
@@ -3282,7 +3267,7 @@ impl Control {
                     tenant: self.tenant_name(a.spec.tenant),
                     user: m.user.clone(),
                     project: m.project.clone(),
-                    checkpoint: a.spec.checkpoint.mechanism,
+                    checkpoint: a.spec.checkpoint.mechanism.as_str().into(),
                     vni,
                     cxi_auth_key,
                     restart_from_s: Some(self.ctl.resume_point(id).as_secs_f64()).filter(|s| *s > 0.0),
@@ -3301,7 +3286,7 @@ impl Control {
                         .iter()
                         .flat_map(|d| d.mounts.iter())
                         .filter_map(|x| {
-                            Some(lattice_agent::data::DataMount {
+                            Some(lattice_agent_protocol::DataMount {
                                 source: x.source.clone(),
                                 target: x.target.clone()?,
                                 read_only: x.access.as_deref() == Some("read-only"),
@@ -4294,114 +4279,6 @@ mod sleep_tests {
     }
 }
 
-/// What an agent starts for one allocation on its node (book: MPI process management environment).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Launch {
-    pub id: String,
-    pub entrypoint: String,
-    /// Every node of the allocation, in order; this node is `nodes[task_index]`.
-    pub nodes: Vec<String>,
-    pub task_index: u32,
-    pub walltime_s: Option<f64>,
-    pub tenant: String,
-    pub user: Option<String>,
-    #[serde(default)]
-    pub project: Option<String>,
-    /// How the application takes checkpoint hints (signal, shmem, grpc, dmtcp).
-    #[serde(default)]
-    pub checkpoint: lattice_engine::CheckpointMechanism,
-    /// Its network domain's Slingshot VNI, and the CXI service's auth key (`FI_CXI_AUTH_KEY`).
-    #[serde(default)]
-    pub vni: Option<u32>,
-    #[serde(default)]
-    pub cxi_auth_key: Option<String>,
-    /// Seconds of work its last completed checkpoint kept (`LATTICE_RESTART_FROM`): it resumes
-    /// from that checkpoint. Absent on a first run or a restart from zero.
-    #[serde(default)]
-    pub restart_from_s: Option<f64>,
-    /// A task group element: `LATTICE_TASK_GROUP_ID` and `LATTICE_TASK_INDEX`.
-    #[serde(default)]
-    pub task_group: Option<TaskGroupView>,
-    /// The uenv its processes run in (mounted at the agent's uenv mount point), and the view to activate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uenv: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uenv_view: Option<String>,
-    /// The OCI image its processes run in (a container of the agent's OCI runtime).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// The allocation's launch token (`LATTICE_LAUNCH_TOKEN`): the agents run `lattice-mpi-launcher`'s
-    /// processes in it for whoever presents it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub launch_token: Option<String>,
-    /// The allocation's nodes' agent service addresses (`lattice-mpi-launcher` reaches them).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub agents: BTreeMap<String, String>,
-    /// Its data mounts with a target (the agent binds them from the site's storage roots).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<lattice_agent::data::DataMount>,
-    /// Whether it gets the default mounts (home, output directory).
-    #[serde(default = "yes")]
-    pub data_defaults: bool,
-    /// It has a checkpoint strategy: its checkpoint directory is made.
-    #[serde(default)]
-    pub checkpoints: bool,
-    /// Its service's liveness probe, run by the agent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub liveness_probe: Option<lattice_agent::probe::ProbeSpec>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// An agent's poll: what it runs now. The answer: what to start and what to stop.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Work {
-    pub launch: Vec<Launch>,
-    /// Allocations it runs that no longer run here (cancelled, preempted, requeued): stop them.
-    pub kill: Vec<String>,
-    /// Allocations it runs whose checkpoint was requested: SIGUSR1 to their process group.
-    #[serde(default)]
-    pub checkpoint: Vec<String>,
-    /// Allocations it runs that are preempted: how to stop them.
-    #[serde(default)]
-    pub preempt: Vec<PreemptWork>,
-    /// Released sensitive claims whose node it must wipe (the site's wipe command), reporting the
-    /// outcome with a later poll.
-    #[serde(default)]
-    pub wipe: Vec<String>,
-    /// Allocations whose output someone follows: send what is new with the next polls.
-    #[serde(default)]
-    pub tail: Vec<String>,
-    /// An operator asked for a fresh conformance fingerprint (the agent registers again with it).
-    #[serde(default)]
-    pub refresh_fingerprint: bool,
-    /// Task launches with ranks on this node (`lattice launch`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tasks: Vec<crate::tasks::TaskWork>,
-    /// Task launches it runs that ended (or that this leader does not know): stop their ranks.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub stop_tasks: Vec<String>,
-    /// Image cache orders (`lattice cache warm|evict`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cache: Vec<crate::cache::CacheOrder>,
-}
-
-/// New output an agent sends for a followed allocation: bytes `offset..next` of one of its output
-/// streams on that node (as text, invalid UTF-8 replaced).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct OutputIn {
-    pub id: String,
-    /// Which stream (stdout when absent).
-    #[serde(default)]
-    pub stream: Stream,
-    pub offset: u64,
-    pub next: u64,
-    pub data: String,
-}
-
 /// Live output of one allocation on one node (the newest [`LIVE_BYTES`] at most).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct LiveOutput {
@@ -4417,32 +4294,6 @@ pub const LIVE_BYTES: usize = 1 << 20;
 
 /// How long a follow request keeps an allocation's output streaming from its agents (ms).
 pub const FOLLOW_MS: u64 = 10_000;
-
-/// How a process ended on one node.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum ExitKind {
-    /// Exited by itself with `exit_code`.
-    Exited,
-    /// The agent killed it at its walltime.
-    Walltime,
-    /// Preempted: the agent stopped it after its checkpoint was written.
-    Checkpointed,
-    /// Preempted: the agent stopped it without a (complete) checkpoint.
-    Preempted,
-    /// The agent stopped it itself: cut off from the control plane past its lease
-    /// ([`Control::lease_ms`]), when the allocation may be requeued elsewhere. A node-side failure:
-    /// requeued per its policy if it still runs here.
-    Fenced,
-    /// The agent could not prepare the run on its node (its software environment could not be
-    /// pulled or read): a prologue failure, retried on other nodes first up to the engine's limit.
-    Prologue,
-    /// Its agent stopped it after its liveness probe failed `failure_threshold` times in a row.
-    Liveness,
-    /// Killed at its walltime while a checkpoint was in progress (walltime wins; counted in
-    /// `lattice_checkpoint_walltime_conflict_total`).
-    WalltimeCheckpoint,
-}
 
 /// A victim's preemption in progress.
 #[derive(Clone, Debug)]
@@ -4464,21 +4315,6 @@ struct Wiping {
     started_ms: u64,
 }
 
-/// A preemption for one node's agent.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct PreemptWork {
-    pub id: String,
-    /// `checkpoint`: hint by the allocation's mechanism, wait up to `deadline_s` for the checkpoint,
-    /// then stop it (SIGTERM, grace, SIGKILL) and report `checkpointed` — or `preempted` when the
-    /// checkpoint did not complete in time; `stop`: stop it (after `grace_s`) and report `preempted`;
-    /// `kill`: the same when no checkpoint can be written (storage down).
-    pub how: String,
-    #[serde(default)]
-    pub deadline_s: f64,
-    #[serde(default)]
-    pub grace_s: f64,
-}
-
 /// What an agent reports with a poll besides what it runs.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AgentReports {
@@ -4495,23 +4331,6 @@ pub struct AgentReports {
     /// Outcomes of image cache orders, and the cache's contents when they changed.
     pub cache_done: Vec<crate::cache::CacheOutcome>,
     pub cache: Option<Vec<crate::cache::CachedImage>>,
-}
-
-/// A scaling-metric sample an agent reports for an allocation on its node.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct MetricIn {
-    pub id: String,
-    pub name: String,
-    pub value: f64,
-}
-
-/// An agent's report of a checkpoint hint's or a wipe's outcome on its node.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Outcome {
-    pub id: String,
-    pub ok: bool,
 }
 
 /// How many allocations' output tails the control plane keeps (the full logs stay on the nodes).

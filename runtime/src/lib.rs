@@ -22,10 +22,11 @@ pub mod bench;
 pub mod cache;
 pub mod config;
 pub mod control;
-pub mod dst;
+pub mod faults;
 #[cfg(feature = "federation")]
 pub mod federation;
 pub mod grpc;
+pub mod listen;
 pub mod metrics;
 pub mod mirror;
 pub mod network;

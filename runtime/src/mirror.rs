@@ -635,7 +635,7 @@ impl Peers {
 /// it that a majority of the members (this one included) holds it. Gives up after `within`.
 pub async fn replicate(shared: &crate::server::Shared, op: &MirrorOp, term: u64, within: Duration) -> bool {
     if shared.bugs.ack_without_majority {
-        // The test-only injected bug (`lattice-runtime dst --bug`): acknowledged on the leader's
+        // The test-only injected bug (`lattice-dst --bug`): acknowledged on the leader's
         // own disk alone.
         return true;
     }

@@ -93,7 +93,7 @@ pub struct Shared {
     /// How peers are dialled (`Some` under a deterministic simulation).
     pub dial: Option<lattice_adapters::raft_net::Dialer>,
     /// Test-only injected bugs (the simulation shows it catches them); all off in production.
-    pub bugs: crate::dst::Bugs,
+    pub bugs: crate::faults::Bugs,
     /// The accounting pipeline (`accounting.enabled`).
     pub accounting: Option<Arc<crate::accounting::Accountant>>,
     /// OpenCHAMI (`services.openchami`): SMD, BSS and PCS.
@@ -109,24 +109,11 @@ pub struct Shared {
     pub federation: Option<Arc<crate::federation::broker::Broker>>,
 }
 
-/// A port to serve on: a TCP listener, or one on a deterministic simulation's network.
-pub enum Listen {
-    Tcp(tokio::net::TcpListener),
-    Sim(turmoil::net::TcpListener),
-}
-
-impl Listen {
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        match self {
-            Listen::Tcp(l) => l.local_addr(),
-            Listen::Sim(l) => l.local_addr(),
-        }
-    }
-}
+pub use crate::listen::Listen;
 
 /// How a runtime meets the world: its ports, its disk, how it dials peers, its clock and Raft
 /// timings. [`start`] wires it to TCP, the data directory and the system clock; the deterministic
-/// simulation ([`crate::dst`]) to its own network, disk and clock — the rest is the same code.
+/// simulation (`lattice-dst`) to its own network, disk and clock — the rest is the same code.
 pub struct Wiring {
     pub grpc: Listen,
     pub rest: Listen,
@@ -134,7 +121,7 @@ pub struct Wiring {
     pub dial: Option<lattice_adapters::raft_net::Dialer>,
     pub clock: crate::control::Clock,
     pub raft: Option<lattice_adapters::openraft::Config>,
-    pub bugs: crate::dst::Bugs,
+    pub bugs: crate::faults::Bugs,
 }
 
 /// A started runtime: its bound addresses and a way to stop it.
@@ -208,7 +195,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         dial: None,
         clock: crate::control::Clock::system(),
         raft: None,
-        bugs: crate::dst::Bugs::default(),
+        bugs: crate::faults::Bugs::default(),
     };
     start_wired(cfg, bootstrap, wiring).await
 }
@@ -327,8 +314,8 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         tracing::info!("restored the quorum state from the staged backup ({})", b.sha256);
     }
     let tls = cfg.tls.as_ref().map(crate::tls::Tls::load).transpose()?;
-    if tls.is_some() && matches!(grpc, Listen::Sim(_)) {
-        anyhow::bail!("tls: not available on a simulated network");
+    if tls.is_some() && matches!(grpc, Listen::Other(_)) {
+        anyhow::bail!("tls: only on TCP listeners");
     }
     let options = lattice_adapters::MemberOptions {
         tls: tls.as_ref().map(|t| t.peer()),
@@ -460,8 +447,8 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
                 tracing::error!("gRPC server: {e}");
             }
         }),
-        Listen::Sim(l) => tokio::spawn(async move {
-            let served = grpc_server.serve_with_incoming_shutdown(crate::dst::net::incoming(l), grpc_stopped);
+        Listen::Other(l) => tokio::spawn(async move {
+            let served = grpc_server.serve_with_incoming_shutdown(crate::listen::incoming(l), grpc_stopped);
             if let Err(e) = served.await {
                 tracing::error!("gRPC server: {e}");
             }
@@ -483,8 +470,8 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         (Listen::Tcp(rest), None) => tasks.push(tokio::spawn(async move {
             let _ = axum::serve(rest, app).with_graceful_shutdown(rest_stopped).await;
         })),
-        (Listen::Sim(rest), _) => tasks.push(tokio::spawn(async move {
-            let _ = axum::serve(crate::dst::net::Rest(rest), app)
+        (Listen::Other(rest), _) => tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(crate::listen::Rest(rest), app)
                 .with_graceful_shutdown(rest_stopped)
                 .await;
         })),
@@ -518,9 +505,7 @@ async fn push_quotas(
 ) {
     // The tenants file seeds the quorum: a tenant (or project) it does not know yet is created with
     // the file's contract; one it knows keeps what the API set.
-    let at_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let at_ms = lattice_util::clock::epoch_ms();
     let write = lattice_adapters::TenantWrite::Seed;
     let by = "tenants file".to_string();
     let mut cmds: Vec<QuorumCommand> = contracts

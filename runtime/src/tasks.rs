@@ -95,51 +95,9 @@ pub fn layout(nodes: usize, ntasks: Option<u32>, tasks_per_node: Option<u32>) ->
         .collect())
 }
 
-/// One node's end of a launch, as its agent reports it.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct TaskEndIn {
-    pub launch_id: String,
-    pub alloc: String,
-    #[serde(default)]
-    pub ranks: Vec<RankEndIn>,
-    #[serde(default)]
-    pub reason: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RankEndIn {
-    pub rank: u32,
-    pub code: i32,
-    #[serde(default)]
-    pub stdout: String,
-    #[serde(default)]
-    pub stderr: String,
-}
-
-/// One node's part of a launch, for its agent (see the agent's `TaskLaunch`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TaskWork {
-    pub launch_id: String,
-    pub alloc: String,
-    pub entrypoint: String,
-    pub env: Vec<(String, String)>,
-    pub world_size: u32,
-    pub node_index: u32,
-    pub peers: Vec<TaskPeer>,
-    pub token: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fence_timeout_s: Option<f64>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TaskPeer {
-    pub node: String,
-    pub address: Option<String>,
-    pub first_rank: u32,
-    pub num_ranks: u32,
-}
+/// One node's end of a launch as its agent reports it, and one node's part of a launch for its
+/// agent (wire types, declared once with the agent: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::{RankEnd as RankEndIn, TaskEnd as TaskEndIn, TaskLaunch as TaskWork, TaskPeer};
 
 /// A launch as the leader keeps it.
 #[derive(Clone, Debug)]

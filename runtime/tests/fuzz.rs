@@ -409,17 +409,8 @@ async fn rest_bodies_never_panic_or_break_the_member() {
             0 => mutate("sim-001", &mut rng),
             _ => format!("sim-00{}", 1 + lattice_traces::fuzz::below(&mut rng, 8)),
         };
-        let escape = |s: &str| -> String {
-            s.bytes()
-                .map(|b| {
-                    if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                        (b as char).to_string()
-                    } else {
-                        format!("%{b:02X}")
-                    }
-                })
-                .collect()
-        };
+        let escape = lattice_util::url::component;
+
         let mut uri = route
             .path
             .replace("{A}", &escape(&alloc))

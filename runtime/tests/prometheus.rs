@@ -202,16 +202,7 @@ fn a_real_prometheus_scrapes_the_seeds_metrics_and_evaluates_the_rules() {
     );
     let api = format!("http://127.0.0.1:{port}/api/v1");
     let query = |q: &str| -> Vec<Value> {
-        let encoded: String = q
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b == b'_' {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
+        let encoded = lattice_util::url::component(q);
         let url = format!("{api}/query?query={encoded}");
         match ureq::get(&url).call() {
             Ok(mut r) => {

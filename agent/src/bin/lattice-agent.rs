@@ -214,7 +214,7 @@ fn run() -> Result<()> {
             .ok_or_else(|| anyhow::anyhow!("--telemetry-mode {}: expected prod or debug", a.telemetry_mode))?,
         remote_write: a.remote_write,
         metrics_push: a.metrics_push,
-        log_store: a.log_store.map(lattice_adapters::logstore::LogStore::new),
+        log_store: a.log_store.map(lattice_node_adapters::logstore::LogStore::new),
         log_flush: a.log_flush.into(),
         fingerprint_every: a.fingerprint_every.into(),
         host_root: a.host_root,

@@ -47,7 +47,7 @@ fn run() -> Result<i32> {
         .find(|(n, _)| n == host)
         .map(|(_, a)| a.to_string())
         .with_context(|| format!("{host}: not a node of allocation {alloc} (LATTICE_AGENTS={agents})"))?;
-    let peer = lattice_adapters::peer::Peer::client().context("starting the gRPC client")?;
+    let peer = lattice_node_adapters::peer::Peer::client().context("starting the gRPC client")?;
     let code = peer
         .exec(
             &addr,
@@ -56,17 +56,17 @@ fn run() -> Result<i32> {
             vec!["/bin/sh".into(), "-c".into(), command],
             Vec::new(),
             |e| match e {
-                lattice_adapters::peer::ExecEvent::Stdout(b) => {
+                lattice_node_adapters::peer::ExecEvent::Stdout(b) => {
                     let mut o = std::io::stdout().lock();
                     let _ = o.write_all(&b);
                     let _ = o.flush();
                 }
-                lattice_adapters::peer::ExecEvent::Stderr(b) => {
+                lattice_node_adapters::peer::ExecEvent::Stderr(b) => {
                     let mut o = std::io::stderr().lock();
                     let _ = o.write_all(&b);
                     let _ = o.flush();
                 }
-                lattice_adapters::peer::ExecEvent::Exit(_) => {}
+                lattice_node_adapters::peer::ExecEvent::Exit(_) => {}
             },
         )
         .with_context(|| format!("{host} ({addr})"))?;

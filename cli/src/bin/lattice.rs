@@ -1948,20 +1948,9 @@ fn run() -> Result<()> {
 /// Runs a task launch and waits for it; exits the process with its status.
 /// `?k=v&...` of the given (set) parameters, percent-encoded.
 fn query(params: &[(&str, &Option<String>)]) -> String {
-    let enc = |s: &str| -> String {
-        s.bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect()
-    };
     let parts: Vec<String> = params
         .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", enc(v))))
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", lattice_util::url::component(v))))
         .collect();
     if parts.is_empty() {
         String::new()

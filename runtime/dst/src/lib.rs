@@ -1,4 +1,4 @@
-//! `lattice-runtime dst`: deterministic simulation testing of the control plane. Three (or five)
+//! `lattice-dst`: deterministic simulation testing of the control plane. Three (or five)
 //! real quorum members — `server::start_wired`, so the real openraft state machine and redb store
 //! (on a [`SimDisk`]), the queue mirror, the controller and the runtime's simulated agents — and
 //! clients speaking the gRPC API run in one process on [turmoil]'s simulated network and clock,
@@ -7,63 +7,34 @@
 //!
 //! Why turmoil and not madsim: turmoil simulates hosts, TCP and time on top of the ordinary tokio
 //! runtime, so tonic, axum, hyper and openraft run unmodified (the runtime only needed seams for
-//! its listeners, its dialer, its disk and its clock: [`crate::server::Wiring`]). madsim replaces
+//! its listeners, its dialer, its disk and its clock: [`lattice_runtime::server::Wiring`]). madsim replaces
 //! tokio and tonic with its own crates under a `--cfg madsim` build of the whole dependency tree,
 //! which openraft and axum do not support without patches. turmoil does not simulate disks or
 //! randomness: the disk is [`SimDisk`] (durable vs. written), and openraft's one source of
 //! randomness, the election timeout, is pinned per member from the seed.
+//!
+//! A crate of its own beside `lattice-runtime`: the runtime knows only its seams (listeners behind
+//! `listen::Acceptor`, a dialer, a disk, a clock and the test-only [`Bugs`]), so the production
+//! binary links neither turmoil nor the simulated hosts.
 
 pub mod agents;
 pub mod check;
 pub mod client;
 pub mod net;
+pub mod obs;
 
-use crate::control::Clock;
-use crate::server::{Listen, Shared, Wiring};
 use lattice_adapters::disk::{Disk, SimDisk};
+use lattice_runtime::control::Clock;
+pub use lattice_runtime::faults::Bugs;
+use lattice_runtime::server::{Listen, Wiring};
+use obs::{EPOCH_MS, GRPC_PORT, REST_PORT, host_name};
+pub use obs::{LIVENESS_BOUND, NODES, Obs, QUOTA_NODES, QUOTA_TENANT, SharedObs, TICK, lock};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Test-only injected bugs: the simulation must catch each (see `runtime/tests/dst.rs`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Bugs {
-    /// Acknowledge a submission once it is on the leader's own disk, without a majority's copies.
-    pub ack_without_majority: bool,
-    /// Agent hosts never fence: a cut-off agent keeps running work the control plane requeues.
-    pub agent_no_fence: bool,
-}
-
-impl Bugs {
-    pub fn parse(name: &str) -> Result<Bugs, String> {
-        match name {
-            "ack-without-majority" => Ok(Bugs {
-                ack_without_majority: true,
-                ..Bugs::default()
-            }),
-            "agent-no-fence" => Ok(Bugs {
-                agent_no_fence: true,
-                ..Bugs::default()
-            }),
-            other => Err(format!(
-                "--bug: unknown `{other}` (known: ack-without-majority, agent-no-fence)"
-            )),
-        }
-    }
-
-    fn name(&self) -> Option<&'static str> {
-        if self.ack_without_majority {
-            Some("ack-without-majority")
-        } else if self.agent_no_fence {
-            Some("agent-no-fence")
-        } else {
-            None
-        }
-    }
-}
 
 /// What the simulated users do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -206,7 +177,7 @@ impl Options {
             faults.join(",")
         };
         let mut cmd = format!(
-            "lattice-runtime dst --seeds 1 --seed {seed} --steps {} --faults {faults} --members {} --agents {}",
+            "lattice-dst --seeds 1 --seed {seed} --steps {} --faults {faults} --members {} --agents {}",
             self.steps, self.members, self.agents
         );
         if self.workload == Workload::Basic {
@@ -358,79 +329,13 @@ fn take_panics() -> Vec<String> {
     PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()))
 }
 
-/// Simulated time per step.
-pub const TICK: Duration = Duration::from_millis(10);
-/// After the faults heal: within this, a leader serves and every acknowledged allocation has ended.
-pub const LIVENESS_BOUND: Duration = Duration::from_secs(90);
-/// The simulated wall clock's start (2026-01-01).
-const EPOCH_MS: u64 = 1_767_225_600_000;
-const GRPC_PORT: u16 = 9000;
-const REST_PORT: u16 = 8080;
-/// Simulated nodes of the site.
-pub const NODES: u32 = 12;
-/// The tenant with a hard quota, and its limit (nodes).
-pub const QUOTA_TENANT: &str = "capped";
-pub const QUOTA_NODES: u32 = 3;
-
-/// What the harness and the simulated hosts share: the event log, what clients were told, the
-/// members' handles, and every violation seen.
-#[derive(Default)]
-pub struct Obs {
-    pub log: Vec<String>,
-    /// Acknowledged id → (idempotency key, when).
-    pub acked: BTreeMap<String, (String, u64)>,
-    /// Idempotency key → the id acknowledged for it.
-    pub key_ids: BTreeMap<String, String>,
-    pub violations: Vec<String>,
-    /// The simulation's time (ms) as the harness last stepped it, for events it logs itself.
-    pub now_ms: u64,
-    /// Member index → its current incarnation's shared state.
-    pub members: Vec<Option<Weak<Shared>>>,
-    /// Clock offset of each member's wall clock (ms; jumps).
-    pub clock_offsets: Vec<i64>,
-    /// With agent hosts: each node's running processes by allocation (they outlive their agent).
-    pub procs: Vec<BTreeMap<String, agents::Proc>>,
-    /// Each agent's lease (when its last accepted heartbeat was sent, ms; its length), kept with
-    /// its processes as the real agent keeps its state file.
-    pub leases: Vec<Option<(u64, u64)>>,
-    /// Each agent's exits not yet taken by the control plane, kept as the real agent keeps its exits
-    /// file: a restarted agent still reports them.
-    pub exits: Vec<Vec<lattice_agent::protocol::Exit>>,
-    /// The operator's drains: node → true once a drain was acknowledged (the serving leader must
-    /// hold it), false while an order for it is in flight (either outcome is allowed).
-    pub drained: BTreeMap<String, bool>,
-    /// Acknowledged DAG members → the members they depend on (condition `success`).
-    pub dag_deps: BTreeMap<String, Vec<String>>,
-    /// The faults have healed (the operator lifts its drains).
-    pub healed: bool,
-}
-
-impl Obs {
-    /// Appends to the event log (simulated ms first).
-    pub fn event(&mut self, what: String) {
-        let t = turmoil::sim_elapsed().map_or(self.now_ms, |d| d.as_millis() as u64);
-        self.log.push(format!("{t:>8} {what}"));
-    }
-
-    pub fn violation(&mut self, what: String) {
-        self.event(format!("VIOLATION {what}"));
-        self.violations.push(what);
-    }
-}
-
-pub type SharedObs = Arc<Mutex<Obs>>;
-
-pub fn lock(o: &SharedObs) -> std::sync::MutexGuard<'_, Obs> {
-    o.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The member's config: the site's simulated nodes and agents, a tenant with a hard quota.
 fn member_config(
     i: u64,
     n: u64,
     agents: usize,
     tenants: &std::path::Path,
-) -> anyhow::Result<crate::config::RuntimeConfig> {
+) -> anyhow::Result<lattice_runtime::config::RuntimeConfig> {
     let members: Vec<String> = (1..=n).map(|j| format!("  {j}: m{j}:{GRPC_PORT}")).collect();
     // Agent hosts: one node each, a 1 s heartbeat timeout and 2 s grace (a 3 s lease).
     let nodes = if agents > 0 {
@@ -446,7 +351,7 @@ fn member_config(
         members.join("\n"),
         tenants.display()
     );
-    Ok(crate::config::RuntimeConfig::parse("dst.yaml", &text)?)
+    Ok(lattice_runtime::config::RuntimeConfig::parse("dst.yaml", &text)?)
 }
 
 /// Raft timings under simulation: the defaults' heartbeat, an election timeout pinned per member
@@ -477,10 +382,6 @@ fn tenants_file() -> Result<std::path::PathBuf, String> {
         Ok(path)
     })
     .clone()
-}
-
-fn host_name(i: u64) -> String {
-    format!("m{i}")
 }
 
 /// One seed: build the simulation, run the faulty phase with a check after every step, heal, run
@@ -523,15 +424,15 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
                     let offset = lock(&obs).clock_offsets[(i - 1) as usize];
                     let now = EPOCH_MS as i64 + turmoil::elapsed().as_millis() as i64 + offset;
                     let wiring = Wiring {
-                        grpc: Listen::Sim(grpc),
-                        rest: Listen::Sim(rest),
+                        grpc: Listen::Other(Box::new(net::SimListener(grpc))),
+                        rest: Listen::Other(Box::new(net::SimListener(rest))),
                         disk: Disk::Sim(disk),
                         dial: Some(net::dialer()),
                         clock: Clock::starting_at(now.max(0) as u64),
                         raft: Some(raft),
                         bugs,
                     };
-                    let running = crate::server::start_wired(cfg, i == 1, wiring)
+                    let running = lattice_runtime::server::start_wired(cfg, i == 1, wiring)
                         .await
                         .map_err(|e| format!("m{i} did not start: {e:#}"))?;
                     lock(&obs).members[(i - 1) as usize] = Some(Arc::downgrade(&running.shared));

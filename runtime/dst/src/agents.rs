@@ -1,4 +1,4 @@
-//! The simulation's node agents (`lattice-runtime dst --agents N`): one simulated host per node,
+//! The simulation's node agents (`lattice-dst --agents N`): one simulated host per node,
 //! running `lattice-agent`'s own protocol code ([`lattice_agent::protocol::Session`]: registration,
 //! heartbeats with a sequence buffered while the control plane is unreachable and replayed in order,
 //! polls for work, exit reports kept until taken, the lease and when it runs out, moving on to the
@@ -6,13 +6,14 @@
 //! Only the I/O is the simulation's: requests go over turmoil's TCP, and processes are simulated — a
 //! launch's `sleep S` entrypoint runs for S simulated seconds.
 //!
-//! What the real agent keeps on disk is kept in the harness ([`super::Obs`]): the processes (they
+//! What the real agent keeps on disk is kept in the harness ([`crate::obs::Obs`]): the processes (they
 //! outlive their agent, as a job outlives `systemctl restart lattice-agent`), the lease, and the
 //! exits not yet taken. So a crashed agent's successor takes them over as the real one does from its
 //! state files. Fencing runs beside the loop, like the real agent's fence thread, by the protocol's
 //! rule ([`lattice_agent::protocol::lease_over`]); a simulated process stops at once (no stop grace).
 
-use super::{SharedObs, lock};
+pub use crate::obs::Proc;
+use crate::obs::{self, SharedObs, lock};
 use lattice_agent::client::{ExitKind, Reports};
 use lattice_agent::protocol::{self, Beaten, Exit, Failure, Request, Session};
 use std::collections::BTreeMap;
@@ -22,17 +23,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// How often an agent heartbeats and polls (the real agent's test settings).
 pub const HEARTBEAT: Duration = Duration::from_millis(200);
 pub const POLL: Duration = Duration::from_millis(100);
-
-/// A simulated process of one allocation on one node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Proc {
-    /// The nodes of the launch that started it (one start of the allocation).
-    pub nodes: Vec<String>,
-    pub started_ms: u64,
-    pub ends_ms: u64,
-    /// Stopped by the fence (its agent collects it as fenced: exit code 143).
-    pub fenced: bool,
-}
 
 /// The node an agent host runs (the runtime's simulated inventory names).
 pub fn node_name(i: usize) -> String {
@@ -53,14 +43,14 @@ async fn call(member: u64, path: &str, body: &serde_json::Value) -> Option<(u16,
     request(member, "POST", path, body).await
 }
 
-pub(crate) async fn request(
+pub async fn request(
     member: u64,
     method: &str,
     path: &str,
     body: &serde_json::Value,
 ) -> Option<(u16, serde_json::Value)> {
     let io = async {
-        let mut s = turmoil::net::TcpStream::connect((super::host_name(member).as_str(), super::REST_PORT))
+        let mut s = turmoil::net::TcpStream::connect((obs::host_name(member).as_str(), obs::REST_PORT))
             .await
             .ok()?;
         let body = body.to_string();
@@ -168,7 +158,7 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
         if let Some(beat) = s.heartbeat_due(Duration::from_millis(now), HEARTBEAT) {
             let to = member(&s);
             let answer = send(to, &beat).await.map(|v| protocol::beat(&v));
-            let wall = super::EPOCH_MS + now;
+            let wall = obs::EPOCH_MS + now;
             if let Beaten::Accepted { .. } = s.heartbeat_answered(answer, wall) {
                 let seq = s.seq();
                 // The lease is kept on disk (the real agent's lease file), so a restarted agent
@@ -258,7 +248,7 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
 /// — its agent cut off or dead past its lease, its work requeued — is enabled again (Down → Ready),
 /// so the site does not shrink for good with every agent fault. With `drains` (a seed for its own
 /// stream of choices) it also drains a node now and then for 1–4 s, and lifts every drain once the
-/// faults have healed; what it was told is in [`super::Obs::drained`].
+/// faults have healed; what it was told is in [`crate::obs::Obs::drained`].
 pub async fn operator(members: u64, nodes: usize, drains: Option<u64>, obs: SharedObs) -> turmoil::Result {
     use rand_core::{Rng, SeedableRng};
     let mut target = 1u64;

@@ -5,10 +5,10 @@
 //! entry once seen ever changes. On the serving leader (the newest term's, once it has adopted the
 //! queue): every acknowledged allocation is known, an ended allocation never changes state again,
 //! and no idempotency key has two live allocations. The clients check that ids are never reused
-//! and a key is never acknowledged twice ([`super::client`]).
+//! and a key is never acknowledged twice ([`crate::client`]).
 
-use super::{Obs, SharedObs, lock};
-use crate::server::Shared;
+use crate::obs::{self, Obs, SharedObs, lock};
+use lattice_runtime::server::Shared;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -81,7 +81,7 @@ impl Checker {
     pub fn after_step(&mut self, obs: &SharedObs, _clients_done: bool) {
         let mut o = lock(obs);
         // The agents' work: one allocation per node, one start per allocation at a time.
-        for v in super::agents::check(&o.procs) {
+        for v in crate::agents::check(&o.procs) {
             if !o.violations.contains(&v) {
                 o.violation(v);
             }
@@ -267,7 +267,7 @@ impl Checker {
                     .map_or(e.ended.as_ref().map(|v| v.state.as_str()), |v| Some(v.state))
                     .is_some_and(|s| s == "cancelled");
                 if let (Some(k), false) = (&e.req.idempotency_key, cancelled) {
-                    let base = crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
+                    let base = lattice_runtime::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
                     let ids = live_by_key.entry((e.req.tenant.as_str(), k.as_str())).or_default();
                     if !ids.iter().any(|(b, _)| *b == base) {
                         let state = c
@@ -297,7 +297,7 @@ impl Checker {
         for (_, m) in live(&o) {
             let Ok(mirror) = m.mirror.try_lock() else { continue };
             for id in o.acked.keys().filter(|id| !self.finals.contains_key(*id)) {
-                let n = crate::control::id_number(id).unwrap_or(0);
+                let n = lattice_runtime::control::id_number(id).unwrap_or(0);
                 if let Some(v) = mirror.entries.get(&n).and_then(|e| e.ended.as_ref()) {
                     let e = held.entry(id.clone()).or_insert((v.state.clone(), 0));
                     if e.0 == v.state {
@@ -333,7 +333,7 @@ impl Checker {
         let Some((m, term, _)) = serving(&o) else {
             return format!(
                 "liveness: no leader within {} s of the faults healing",
-                super::LIVENESS_BOUND.as_secs()
+                obs::LIVENESS_BOUND.as_secs()
             );
         };
         let s = serving(&o).map(|(_, _, s)| s);
@@ -424,7 +424,7 @@ impl Checker {
         format!(
             "liveness: {} acknowledged allocation(s) not ended within {} s of the faults healing (leader m{m}, term {term}): {}; nodes held: {}; node states: {}",
             waiting.len(),
-            super::LIVENESS_BOUND.as_secs(),
+            obs::LIVENESS_BOUND.as_secs(),
             waiting.iter().take(8).cloned().collect::<Vec<_>>().join(", "),
             held.join("; "),
             nodes.join(", ")

@@ -3,8 +3,8 @@
 //! and cancellations, over the gRPC API on the simulated network. What they were told is the
 //! ground truth the safety checks hold the quorum to.
 
-use super::{GRPC_PORT, QUOTA_TENANT, SharedObs, lock};
-use crate::grpc::pb;
+use crate::obs::{self, GRPC_PORT, QUOTA_TENANT, SharedObs, lock};
+use lattice_runtime::grpc::pb;
 use pb::allocation_service_client::AllocationServiceClient;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
@@ -37,7 +37,7 @@ const GIVE_UP: Duration = Duration::from_secs(30);
 /// Two clients' plans over the faulty phase of `steps` steps: submissions of 1–3 nodes running
 /// 0.1–2 s (some for the tenant with a hard quota), and cancellations of earlier ones.
 pub fn plan(rng: &mut ChaCha8Rng, steps: u64) -> Vec<Vec<Timed>> {
-    let span_ms = (steps * super::TICK.as_millis() as u64).max(1000);
+    let span_ms = (steps * obs::TICK.as_millis() as u64).max(1000);
     let per_client = (steps / 50).clamp(2, 200);
     (1..=2)
         .map(|c| {
@@ -82,7 +82,7 @@ fn client_of(m: u64) -> AllocationServiceClient<tonic::transport::Channel> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://m{m}:{GRPC_PORT}"))
         .expect("a valid endpoint")
         .connect_timeout(Duration::from_secs(1));
-    AllocationServiceClient::new(lattice_adapters::raft_net::dial(endpoint, Some(&super::net::dialer())))
+    AllocationServiceClient::new(lattice_adapters::raft_net::dial(endpoint, Some(&crate::net::dialer())))
 }
 
 /// The leader a "not the quorum leader (leader 2, …)" refusal names.
@@ -265,7 +265,7 @@ pub struct TimedDag {
 /// The DAG client's plan over `steps` steps: DAGs of 2–4 members (each after none or one or two
 /// earlier ones), 1–2 nodes for 0.1–1.5 s each, and now and then a cancellation of an earlier DAG.
 pub fn dag_plan(rng: &mut ChaCha8Rng, steps: u64, client: &str) -> Vec<TimedDag> {
-    let span_ms = (steps * super::TICK.as_millis() as u64).max(1000);
+    let span_ms = (steps * obs::TICK.as_millis() as u64).max(1000);
     let count = (steps / 150).clamp(1, 60);
     let mut ops = Vec::new();
     let mut ids: Vec<String> = Vec::new();
@@ -353,13 +353,13 @@ pub async fn run_dags(name: String, ops: Vec<TimedDag>, n: u64, obs: SharedObs) 
             attempts += 1;
             let answer = match &t.op {
                 DagOp::Submit { id, members } => {
-                    super::agents::request(target, "POST", "/v1/dags", &dag_body(id, members)).await
+                    crate::agents::request(target, "POST", "/v1/dags", &dag_body(id, members)).await
                 }
                 DagOp::Cancel { id } => {
                     if !lock(&obs).key_ids.keys().any(|k| k.starts_with(&format!("{id}/"))) {
                         break;
                     }
-                    super::agents::request(target, "DELETE", &format!("/v1/dags/{id}"), &serde_json::Value::Null).await
+                    crate::agents::request(target, "DELETE", &format!("/v1/dags/{id}"), &serde_json::Value::Null).await
                 }
             };
             match (answer, &t.op) {

@@ -1,4 +1,4 @@
-//! Deterministic simulation testing (`lattice-runtime dst`), run as the binary: a fixed set of seeds
+//! Deterministic simulation testing (`lattice-dst`), run as the binary: a fixed set of seeds
 //! with every fault passes; the seeds that found bugs pass now; the same seeds give the same digest
 //! (run twice, and on one thread against two); and a deliberately injected bug — acknowledging a
 //! submission without a majority's copies — is caught within 100 seeds, with a reproducer that
@@ -8,11 +8,10 @@
 use std::process::Command;
 
 fn dst(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_lattice-runtime"))
-        .arg("dst")
+    let out = Command::new(env!("CARGO_BIN_EXE_lattice-dst"))
         .args(args)
         .output()
-        .expect("running lattice-runtime dst");
+        .expect("running lattice-dst");
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.code().unwrap_or(-1), text)
 }
@@ -221,7 +220,7 @@ fn an_injected_bug_is_caught_within_100_seeds_and_its_reproducer_reproduces_it()
     );
     let repro = out
         .lines()
-        .find_map(|l| l.trim().strip_prefix("reproduce: lattice-runtime dst "))
+        .find_map(|l| l.trim().strip_prefix("reproduce: lattice-dst "))
         .expect("a reproducer");
     let args: Vec<&str> = repro.split_whitespace().collect();
     let (code, again) = dst(&args);

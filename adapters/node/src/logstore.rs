@@ -23,33 +23,9 @@ pub struct Chunk {
     pub flushed_ms: u64,
 }
 
-/// One of a process's two output streams.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stream {
-    #[default]
-    Stdout,
-    Stderr,
-}
-
-impl Stream {
-    pub const BOTH: [Stream; 2] = [Stream::Stdout, Stream::Stderr];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Stream> {
-        match s {
-            "stdout" => Some(Stream::Stdout),
-            "stderr" => Some(Stream::Stderr),
-            _ => None,
-        }
-    }
-}
+/// One of a process's two output streams (a wire type: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::Stream;
+use lattice_util::fs::segment;
 
 /// Whose output one stored stream is: an allocation's, on one node, one stream.
 #[derive(Clone, Copy, Debug)]
@@ -97,25 +73,6 @@ pub struct LogStore {
     pub root: PathBuf,
     /// Largest uncompressed chunk (a flush of more writes several).
     pub chunk_bytes: usize,
-}
-
-/// A path segment that cannot climb out of the store.
-fn segment(s: &str) -> String {
-    let s: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() || s.chars().all(|c| c == '.') {
-        "_".into()
-    } else {
-        s
-    }
 }
 
 impl LogStore {
