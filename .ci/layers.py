@@ -34,7 +34,6 @@ KNOWN_CYCLES = {
         {"crate", "controller"},
         {"alloc", "autoscale", "broker", "engine", "error", "preempt", "staging"},
     ],
-    ("lattice-sim", "lib"): [{"crate", "world"}],
     ("lattice-reports", "lib"): [{"crate", "charts", "sweep"}],
     ("lattice-runtime", "lib"): [
         {"accounting", "api", "config", "federation", "federation::api", "federation::broker", "grpc", "mirror",

@@ -18,6 +18,9 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$here[test]"
-(cd "$root" && cargo build -q --locked -p lattice-runtime --bin lattice-runtime -p lattice-agent --bin lattice-agent)
+# The README's test command builds the workspace's tests with these features (its binaries land in
+# target/debug): the same build, so after it this is a no-op rather than a build with other features.
+features=${LATTICE_TEST_FEATURES:-lattice-agent/nvidia,lattice-agent/ebpf,lattice-runtime/federation}
+(cd "$root" && cargo test -q --workspace --locked --no-run --features "$features")
 cd "$here"
 LATTICE_RUNTIME_BIN="$target/debug/lattice-runtime" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

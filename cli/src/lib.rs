@@ -8,6 +8,7 @@
 //! device flow and token cache; [`observe`] renders `top ID`, `compare`, `diag`, `history` and `dag graph`.
 
 pub mod bench;
+pub mod client;
 pub mod compare;
 pub mod directives;
 pub mod fuzz;

@@ -93,6 +93,15 @@ impl EventQueue {
     }
 }
 
+// Event ranks at equal times.
+pub const RANK_END: u8 = 0;
+pub const RANK_ARRIVAL: u8 = 2;
+pub const PYSS_RANK_ARRIVAL: u8 = 0;
+pub const PYSS_RANK_END: u8 = 1;
+pub const RANK_WAKEUP: u8 = 3;
+/// Node changes come after completions and before arrivals (DESIGN.md §3 "Event order").
+pub const RANK_NODE: u8 = 1;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,10 +4,12 @@
 //! (after the SIGTERM grace), fail prologues on nodes with a broken image cache, write checkpoints in
 //! the time the broker's model gives, stop preempted victims, and wipe released sensitive nodes.
 
+use crate::audit;
+use crate::config::WipeModel;
 use crate::events::{EventKind, EventQueue};
+use crate::events::{RANK_END, RANK_NODE, RANK_WAKEUP};
 use crate::quorum::FakeQuorum;
 use crate::timeline::{self, RunSpan, Timeline, TimelineEvent, TimelineKind};
-use crate::{RANK_END, RANK_NODE, RANK_WAKEUP, WipeModel, audit};
 use lattice_engine::{
     AllocId, AuditEvent, Duration, EndReason, Engine, Fleet, NodeId, PreemptHow, PreemptOrder, Proposal, Quorum,
     StopReason, Time, Timer,
@@ -34,7 +36,7 @@ pub(crate) struct FakeWorld<'a> {
     /// SIGTERM → SIGKILL grace at the walltime.
     pub walltime_grace: Duration,
     pub wipe: WipeModel,
-    pub boot: Option<crate::BootModel>,
+    pub boot: Option<crate::config::BootModel>,
     pub wipe_rng: rand_chacha::ChaCha8Rng,
     pub wakeups: BTreeSet<Time>,
     /// pyss: allocations by estimated end, to release their nodes in the quorum at that time.

@@ -755,7 +755,7 @@ pub fn anonymise_swf(file: &str, text: &str, key: &str) -> Result<(String, Repla
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jsonl::parse_jsonl;
+    use crate::jsonl_parse::parse_jsonl;
 
     #[test]
     fn slurm_times_and_durations() {

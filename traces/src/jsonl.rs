@@ -10,15 +10,13 @@
 //! event types are errors naming the line. Bad lines are skipped and counted, never fatal.
 
 use crate::duration::parse_duration;
-use crate::error::{Problem, TraceError};
-use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
+use crate::workload::{TraceEventKind, TraceJob, Workload};
 use lattice_engine::{
     AllocSpec, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, DependencyCondition, Duration,
-    Lifecycle, NodeRange, PreemptionClass, TaskGroupRef, TenantId, Time, VClusterId,
+    Lifecycle, NodeRange, PreemptionClass, TenantId, Time, VClusterId,
 };
 use serde::Deserialize;
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::collections::BTreeMap;
 
 /// Event types this version reads.
 pub const EVENT_TYPES: &[&str] = &[
@@ -48,28 +46,28 @@ pub const EVENT_TYPES: &[&str] = &[
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Ts {
+pub(crate) enum Ts {
     Secs(f64),
     Text(String),
 }
 
 #[derive(Deserialize, Clone)]
 #[serde(untagged)]
-enum DurationValue {
+pub(crate) enum DurationValue {
     Secs(f64),
     Text(String),
 }
 
 #[derive(Deserialize, Clone)]
 #[serde(untagged)]
-enum Nodes {
+pub(crate) enum Nodes {
     Exact(u32),
     Range { min: u32, max: u32 },
 }
 
 #[derive(Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
-struct ConstraintsIn {
+pub(crate) struct ConstraintsIn {
     gpu_type: Option<String>,
     gpu_count: Option<u32>,
     cpu_cores: Option<u32>,
@@ -85,7 +83,7 @@ struct ConstraintsIn {
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct LifecycleIn {
+pub(crate) struct LifecycleIn {
     #[serde(rename = "type")]
     kind: String,
     walltime: Option<DurationValue>,
@@ -101,7 +99,7 @@ struct LifecycleIn {
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct ScalePolicyIn {
+pub(crate) struct ScalePolicyIn {
     min: Option<u32>,
     max: Option<u32>,
     #[allow(dead_code)]
@@ -221,7 +219,7 @@ pub fn checkpoint_spec(
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct CheckpointIn {
+pub(crate) struct CheckpointIn {
     strategy: String,
     estimated_minutes: Option<f64>,
     /// signal | shmem | grpc | dmtcp
@@ -230,11 +228,11 @@ struct CheckpointIn {
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct DependsIn {
+pub(crate) struct DependsIn {
     #[serde(rename = "ref")]
-    reference: String,
+    pub(crate) reference: String,
     #[serde(default = "default_condition")]
-    condition: String,
+    pub(crate) condition: String,
 }
 
 fn default_condition() -> String {
@@ -243,42 +241,42 @@ fn default_condition() -> String {
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct SubmitIn {
-    id: Option<String>,
-    tenant: Option<String>,
-    project: Option<String>,
-    vcluster: Option<String>,
-    nodes: Nodes,
-    gpu_type: Option<String>,
-    constraints: Option<ConstraintsIn>,
-    walltime: Option<DurationValue>,
-    lifecycle: Option<LifecycleIn>,
+pub(crate) struct SubmitIn {
+    pub(crate) id: Option<String>,
+    pub(crate) tenant: Option<String>,
+    pub(crate) project: Option<String>,
+    pub(crate) vcluster: Option<String>,
+    pub(crate) nodes: Nodes,
+    pub(crate) gpu_type: Option<String>,
+    pub(crate) constraints: Option<ConstraintsIn>,
+    pub(crate) walltime: Option<DurationValue>,
+    pub(crate) lifecycle: Option<LifecycleIn>,
     /// Priority class 0-10 (the seed's example calls it `priority`).
     #[serde(alias = "priority")]
-    preemption_class: Option<u8>,
-    checkpoint: Option<CheckpointIn>,
+    pub(crate) preemption_class: Option<u8>,
+    pub(crate) checkpoint: Option<CheckpointIn>,
     #[serde(default)]
-    depends_on: Vec<DependsIn>,
+    pub(crate) depends_on: Vec<DependsIn>,
     /// Actual run time, when the trace carries it on the submit instead of a `complete` event.
-    duration: Option<DurationValue>,
+    pub(crate) duration: Option<DurationValue>,
     /// Storage bandwidth needed while running, GB/s.
-    storage_gbps: Option<f64>,
+    pub(crate) storage_gbps: Option<f64>,
     /// The user identity (required for sensitive claims).
-    user: Option<String>,
+    pub(crate) user: Option<String>,
     /// never | on_node_failure | always
-    requeue: Option<String>,
-    max_requeues: Option<u32>,
+    pub(crate) requeue: Option<String>,
+    pub(crate) max_requeues: Option<u32>,
     /// A task group (job array): `range` of indices and a `concurrency` limit.
-    task_group: Option<TaskGroupIn>,
+    pub(crate) task_group: Option<TaskGroupIn>,
     /// Data mounts (the request's `data` block).
-    data: Option<DataIn>,
+    pub(crate) data: Option<DataIn>,
     /// Singleton: allocations with the same mutex never run at once.
-    mutex: Option<String>,
+    pub(crate) mutex: Option<String>,
 }
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct DataIn {
+pub(crate) struct DataIn {
     #[serde(default)]
     mounts: Vec<MountIn>,
     #[allow(dead_code)]
@@ -287,7 +285,7 @@ struct DataIn {
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-struct MountIn {
+pub(crate) struct MountIn {
     source: String,
     #[allow(dead_code)]
     target: Option<String>,
@@ -302,676 +300,199 @@ struct MountIn {
 
 #[derive(Deserialize, Clone, Copy)]
 #[serde(deny_unknown_fields)]
-struct TaskGroupIn {
-    range: RangeIn,
-    concurrency: Option<u32>,
+pub(crate) struct TaskGroupIn {
+    pub(crate) range: RangeIn,
+    pub(crate) concurrency: Option<u32>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
 #[serde(deny_unknown_fields)]
-struct RangeIn {
-    start: u32,
-    end: u32,
+pub(crate) struct RangeIn {
+    pub(crate) start: u32,
+    pub(crate) end: u32,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DagEvent {
+pub(crate) struct DagEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    dag: DagIn,
+    pub(crate) kind: String,
+    pub(crate) dag: DagIn,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DagIn {
-    id: String,
-    allocations: Vec<SubmitIn>,
+pub(crate) struct DagIn {
+    pub(crate) id: String,
+    pub(crate) allocations: Vec<SubmitIn>,
 }
 
 #[derive(Deserialize)]
-struct EventHead {
-    ts: Ts,
+pub(crate) struct EventHead {
+    pub(crate) ts: Ts,
     #[serde(rename = "type")]
-    kind: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SubmitEvent {
-    #[allow(dead_code)]
-    ts: Ts,
-    #[allow(dead_code)]
-    #[serde(rename = "type")]
-    kind: String,
-    alloc: SubmitIn,
+    pub(crate) kind: String,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NodeEventIn {
+pub(crate) struct SubmitEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
+    #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    node: String,
+    pub(crate) kind: String,
+    pub(crate) alloc: SubmitIn,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NodeEventIn {
+    #[allow(dead_code)]
+    pub(crate) ts: Ts,
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) node: String,
     /// For node_fail: `hardware` (default) or `heartbeat`.
-    mode: Option<String>,
+    pub(crate) mode: Option<String>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NodeAddedIn {
+pub(crate) struct NodeAddedIn {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
+    pub(crate) kind: String,
     /// An inventory node entry.
-    node: serde_json::Value,
+    pub(crate) node: serde_json::Value,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PriceEventIn {
+pub(crate) struct PriceEventIn {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    price: f64,
+    pub(crate) kind: String,
+    pub(crate) price: f64,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct MetricEventIn {
+pub(crate) struct MetricEventIn {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    alloc_id: String,
+    pub(crate) kind: String,
+    pub(crate) alloc_id: String,
     #[allow(dead_code)]
-    metric: Option<String>,
-    value: f64,
+    pub(crate) metric: Option<String>,
+    pub(crate) value: f64,
 }
 
 /// A synthetic load for a reactive allocation: demand (in nodes) `base + amplitude·sin(2π·t/period)`
 /// plus seeded uniform noise of ±`noise`, sampled every `interval` for `duration`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LoadCurveEventIn {
+pub(crate) struct LoadCurveEventIn {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    alloc_id: String,
-    base: f64,
+    pub(crate) kind: String,
+    pub(crate) alloc_id: String,
+    pub(crate) base: f64,
     #[serde(default)]
-    amplitude: f64,
-    period: Option<DurationValue>,
-    interval: Option<DurationValue>,
-    duration: DurationValue,
+    pub(crate) amplitude: f64,
+    pub(crate) period: Option<DurationValue>,
+    pub(crate) interval: Option<DurationValue>,
+    pub(crate) duration: DurationValue,
     #[serde(default)]
-    noise: f64,
+    pub(crate) noise: f64,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BareEventIn {
+pub(crate) struct BareEventIn {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
+    pub(crate) kind: String,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ClaimEvent {
+pub(crate) struct ClaimEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    claim: SubmitIn,
+    pub(crate) kind: String,
+    pub(crate) claim: SubmitIn,
 }
 
 /// `weights`: a vCluster's new cost weights (all nine, each >= 0).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WeightsEvent {
+pub(crate) struct WeightsEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    vcluster: String,
-    weights: lattice_engine::CostWeights,
+    pub(crate) kind: String,
+    pub(crate) vcluster: String,
+    pub(crate) weights: lattice_engine::CostWeights,
 }
 
 /// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ChangeEvent {
+pub(crate) struct ChangeEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    alloc_id: String,
-    walltime: Option<DurationValue>,
+    pub(crate) kind: String,
+    pub(crate) alloc_id: String,
+    pub(crate) walltime: Option<DurationValue>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReleaseEvent {
+pub(crate) struct ReleaseEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    alloc_id: String,
+    pub(crate) kind: String,
+    pub(crate) alloc_id: String,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CompleteEvent {
+pub(crate) struct CompleteEvent {
     #[allow(dead_code)]
-    ts: Ts,
+    pub(crate) ts: Ts,
     #[allow(dead_code)]
     #[serde(rename = "type")]
-    kind: String,
-    alloc_id: String,
-    duration: DurationValue,
+    pub(crate) kind: String,
+    pub(crate) alloc_id: String,
+    pub(crate) duration: DurationValue,
     #[serde(default)]
-    exit: i64,
-}
-
-/// Reads a JSONL trace file (plain or `.gz`).
-pub fn read_jsonl(path: &Path) -> Result<Workload, TraceError> {
-    let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
-    let text = crate::swf::decode(bytes).map_err(|e| TraceError::io(path, e))?;
-    Ok(parse_jsonl(&path.display().to_string(), &text))
-}
-
-struct Pending {
-    ts_ms: i64,
-    line: u64,
-    job: TraceJob,
-    deps: Deps,
-}
-
-/// Parses JSONL text. Never fails: bad lines are skipped and counted by reason with their line number.
-pub fn parse_jsonl(file: &str, text: &str) -> Workload {
-    parse_jsonl_with(file, text, false)
-}
-
-/// [`parse_jsonl`], optionally keeping every problem.
-pub fn parse_jsonl_with(file: &str, text: &str, keep_all_problems: bool) -> Workload {
-    let mut w = Workload {
-        source: file.to_string(),
-        keep_all_problems,
-        ..Workload::default()
-    };
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut by_id: BTreeMap<String, usize> = BTreeMap::new();
-    let mut completions: Vec<(u64, CompleteEvent)> = Vec::new();
-    let mut releases: Vec<(u64, i64, String)> = Vec::new();
-    let mut others: Vec<(i64, u64, TraceEventKind)> = Vec::new();
-    let mut next_group: u64 = 0;
-    let max_dag_size = MAX_DAG_SIZE;
-    for (ln, line) in text.lines().enumerate() {
-        let line_no = ln as u64 + 1;
-        let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
-        let problem = |field: Option<&str>, reason: &str, message: String| Problem {
-            file: file.to_string(),
-            line: line_no,
-            field: field.map(str::to_string),
-            reason: reason.to_string(),
-            message,
-        };
-        let head: EventHead = match serde_json::from_str(t) {
-            Ok(h) => h,
-            Err(e) => {
-                w.skip(problem(None, "invalid_json", format!("not a trace event: {e}")));
-                continue;
-            }
-        };
-        let ts_ms = match ts_millis(&head.ts) {
-            Ok(v) => v,
-            Err(m) => {
-                w.skip(problem(Some("ts"), "invalid_field", m));
-                continue;
-            }
-        };
-        match head.kind.as_str() {
-            "submit" => {
-                let ev: SubmitEvent = match serde_json::from_str(t) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string()));
-                        continue;
-                    }
-                };
-                if let Err(pr) = push_submit(
-                    &mut w,
-                    &mut pending,
-                    &mut by_id,
-                    &mut next_group,
-                    ev.alloc,
-                    ts_ms,
-                    line_no,
-                    None,
-                ) {
-                    w.skip(problem(Some(&pr.0), &pr.1, pr.2));
-                }
-            }
-            "dag" => {
-                let ev: DagEvent = match serde_json::from_str(t) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string()));
-                        continue;
-                    }
-                };
-                match validate_dag(&ev.dag, max_dag_size) {
-                    Err(m) => w.skip(problem(Some("dag"), "invalid_dag", m)),
-                    Ok(order) => {
-                        let id = ev.dag.id.clone();
-                        for k in order {
-                            let mut a = ev.dag.allocations[k].clone();
-                            a.id = Some(format!("{id}/{}", a.id.clone().unwrap_or_default()));
-                            for d in &mut a.depends_on {
-                                if d.condition != "mutex" {
-                                    d.reference = format!("{id}/{}", d.reference);
-                                }
-                            }
-                            if let Err(pr) = push_submit(
-                                &mut w,
-                                &mut pending,
-                                &mut by_id,
-                                &mut next_group,
-                                a,
-                                ts_ms,
-                                line_no,
-                                Some(&id),
-                            ) {
-                                w.skip(problem(Some(&pr.0), &pr.1, pr.2));
-                            }
-                        }
-                    }
-                }
-            }
-            "claim" => {
-                let ev: ClaimEvent = match serde_json::from_str(t) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string()));
-                        continue;
-                    }
-                };
-                if ev.claim.user.is_none() {
-                    w.skip(problem(
-                        Some("claim.user"),
-                        "invalid_field",
-                        "a sensitive claim needs the user identity".into(),
-                    ));
-                    continue;
-                }
-                match submit_job(&mut w, ev.claim, line_no, true) {
-                    Ok((job, deps)) => {
-                        if by_id.insert(job.id.clone(), pending.len()).is_some() {
-                            w.skip(problem(
-                                Some("claim.id"),
-                                "duplicate_id",
-                                format!("id `{}` already submitted", job.id),
-                            ));
-                            continue;
-                        }
-                        pending.push(Pending {
-                            ts_ms,
-                            line: line_no,
-                            job,
-                            deps,
-                        });
-                    }
-                    Err((field, msg)) => w.skip(problem(
-                        Some(&field.replacen("alloc.", "claim.", 1)),
-                        "invalid_field",
-                        msg,
-                    )),
-                }
-            }
-            "node_fail" | "node_recover" | "drain" | "undrain" | "prologue_fail" | "drift" | "conform"
-            | "wipe_retry" => match serde_json::from_str::<NodeEventIn>(t) {
-                Ok(e) => {
-                    let heartbeat = match e.mode.as_deref() {
-                        None | Some("hardware") => false,
-                        Some("heartbeat") if e.kind == "node_fail" => true,
-                        Some(o) => {
-                            w.skip(problem(
-                                Some("mode"),
-                                "invalid_field",
-                                format!("`{o}` is not one of hardware, heartbeat"),
-                            ));
-                            continue;
-                        }
-                    };
-                    let node = e.node;
-                    let kind = match e.kind.as_str() {
-                        "node_fail" => TraceEventKind::NodeFail { node, heartbeat },
-                        "node_recover" => TraceEventKind::NodeRecover { node },
-                        "drain" => TraceEventKind::Drain { node },
-                        "prologue_fail" => TraceEventKind::PrologueFail { node },
-                        "drift" | "conform" => TraceEventKind::Drift {
-                            node,
-                            drifted: e.kind == "drift",
-                        },
-                        "wipe_retry" => TraceEventKind::WipeRetry { node },
-                        _ => TraceEventKind::Undrain { node },
-                    };
-                    others.push((ts_ms, line_no, kind));
-                }
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "node_added" => match serde_json::from_str::<NodeAddedIn>(t)
-                .map_err(|e| (field_of(&e), e.to_string()))
-                .and_then(|e| crate::inventory::parse_node_entry(&e.node).map_err(|m| (Some("node".into()), m)))
-            {
-                Ok(nodes) => {
-                    for node in nodes {
-                        others.push((ts_ms, line_no, TraceEventKind::NodeAdded(Box::new(node))));
-                    }
-                }
-                Err((field, m)) => w.skip(problem(field.as_deref(), "invalid_field", m)),
-            },
-            "energy_price" => match serde_json::from_str::<PriceEventIn>(t) {
-                Ok(e) if e.price.is_finite() => {
-                    others.push((ts_ms, line_no, TraceEventKind::EnergyPrice { price: e.price }))
-                }
-                Ok(_) => w.skip(problem(Some("price"), "invalid_field", "price must be a number".into())),
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "metric" => match serde_json::from_str::<MetricEventIn>(t) {
-                Ok(e) if e.value.is_finite() => others.push((
-                    ts_ms,
-                    line_no,
-                    TraceEventKind::Metric {
-                        alloc: e.alloc_id,
-                        value: e.value,
-                    },
-                )),
-                Ok(_) => w.skip(problem(Some("value"), "invalid_field", "value must be a number".into())),
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "load_curve" => match serde_json::from_str::<LoadCurveEventIn>(t)
-                .map_err(|e| (field_of(&e).unwrap_or_default(), e.to_string()))
-                .and_then(load_curve)
-            {
-                Ok(kind) => others.push((ts_ms, line_no, kind)),
-                Err((field, m)) => w.skip(problem(
-                    (!field.is_empty()).then_some(field.as_str()),
-                    "invalid_field",
-                    m,
-                )),
-            },
-            "storage_outage" | "storage_recover" => match serde_json::from_str::<BareEventIn>(t) {
-                Ok(_) => others.push((
-                    ts_ms,
-                    line_no,
-                    if head.kind == "storage_outage" {
-                        TraceEventKind::StorageOutage
-                    } else {
-                        TraceEventKind::StorageRecover
-                    },
-                )),
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "weights" => match serde_json::from_str::<WeightsEvent>(t) {
-                Ok(e) => match lattice_engine::CostWeights::NAMES
-                    .iter()
-                    .zip(e.weights.as_array())
-                    .find(|(_, v)| !(v.is_finite() && *v >= 0.0))
-                {
-                    Some((name, v)) => w.skip(problem(
-                        Some(format!("weights.{name}").as_str()),
-                        "invalid_field",
-                        format!("{v}: weights are >= 0"),
-                    )),
-                    None => others.push((
-                        ts_ms,
-                        line_no,
-                        TraceEventKind::Weights {
-                            vcluster: e.vcluster,
-                            weights: e.weights,
-                        },
-                    )),
-                },
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "cancel" | "walltime" => match serde_json::from_str::<ChangeEvent>(t) {
-                Ok(e) if head.kind == "cancel" => {
-                    others.push((ts_ms, line_no, TraceEventKind::Cancel { alloc: e.alloc_id }))
-                }
-                Ok(e) => match e.walltime.as_ref().map(walltime_value) {
-                    Some(Ok(walltime)) => others.push((
-                        ts_ms,
-                        line_no,
-                        TraceEventKind::Walltime {
-                            alloc: e.alloc_id,
-                            walltime,
-                        },
-                    )),
-                    Some(Err(m)) => w.skip(problem(Some("walltime"), "invalid_field", m)),
-                    None => w.skip(problem(Some("walltime"), "missing_field", "the new walltime".into())),
-                },
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "release" => match serde_json::from_str::<ReleaseEvent>(t) {
-                Ok(e) => releases.push((line_no, ts_ms, e.alloc_id)),
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            "complete" => match serde_json::from_str::<CompleteEvent>(t) {
-                Ok(e) => completions.push((line_no, e)),
-                Err(e) => w.skip(problem(field_of(&e).as_deref(), "invalid_field", e.to_string())),
-            },
-            other => w.skip(problem(
-                Some("type"),
-                "unknown_event_type",
-                format!("unknown event type `{other}` (known: {})", EVENT_TYPES.join(", ")),
-            )),
-        }
-    }
-    for (line, c) in completions {
-        let Some(&i) = by_id.get(&c.alloc_id) else {
-            w.skip(Problem {
-                file: file.to_string(),
-                line,
-                field: Some("alloc_id".into()),
-                reason: "unknown_alloc".into(),
-                message: format!("complete for `{}`, which was never submitted", c.alloc_id),
-            });
-            continue;
-        };
-        match duration_value(&c.duration) {
-            Ok(d) => {
-                pending[i].job.runtime = Some(d);
-                pending[i].job.exit_ok = c.exit == 0;
-            }
-            Err(m) => w.skip(Problem {
-                file: file.to_string(),
-                line,
-                field: Some("duration".into()),
-                reason: "invalid_field".into(),
-                message: m,
-            }),
-        }
-    }
-    // A release ends a claim: its run time is the time it was held in the original trace.
-    for (line, ts, id) in releases {
-        match by_id.get(&id) {
-            Some(&i) if pending[i].job.spec.sensitive_claim && ts >= pending[i].ts_ms => {
-                pending[i].job.runtime = Some(Duration((ts - pending[i].ts_ms) as u64));
-            }
-            _ => w.skip(Problem {
-                file: file.to_string(),
-                line,
-                field: Some("alloc_id".into()),
-                reason: "unknown_claim".into(),
-                message: format!("release of `{id}`, which is not an earlier claim"),
-            }),
-        }
-    }
-    let epoch = pending
-        .iter()
-        .map(|p| p.ts_ms)
-        .chain(others.iter().map(|o| o.0))
-        .min()
-        .unwrap_or(0);
-    others.sort_by_key(|o| (o.0, o.1));
-    w.events = others
-        .into_iter()
-        .map(|(ts, line, kind)| TraceEvent {
-            time: Time((ts - epoch) as u64),
-            kind,
-            line,
-        })
-        .collect();
-    // Submit order: by ts, then line.
-    pending.sort_by_key(|p| (p.ts_ms, p.line));
-    let index: BTreeMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.job.id.clone(), i)).collect();
-    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (i, p) in pending.iter().enumerate() {
-        if let Some(g) = &p.job.group_name {
-            groups.entry(g.clone()).or_default().push(i);
-        }
-    }
-    let mut dropped: BTreeSet<usize> = BTreeSet::new();
-    let mut jobs: Vec<TraceJob> = Vec::with_capacity(pending.len());
-    let mut new_index = vec![usize::MAX; pending.len()];
-    for (i, mut p) in pending.into_iter().enumerate() {
-        p.job.submit = Time((p.ts_ms - epoch) as u64);
-        let mut ok = true;
-        for (r, cond) in &p.deps {
-            // A name refers to one job, or to every element of a task group.
-            let targets: Option<Vec<usize>> = match (cond, p.job.spec.task_group) {
-                (None, Some(tg)) if groups.contains_key(r) => {
-                    // corresponding: element i after element i; an index the predecessor lacks has no
-                    // predecessor at all (it is released like a root, per the seed).
-                    Some(
-                        index
-                            .get(&format!("{r}[{}]", tg.index))
-                            .map(|&j| vec![j])
-                            .unwrap_or_default(),
-                    )
-                }
-                _ => index.get(r).map(|&j| vec![j]).or_else(|| groups.get(r).cloned()),
-            };
-            let cond = cond.unwrap_or(DependencyCondition::Success);
-            match targets {
-                Some(ts) if ts.iter().all(|&j| j < i && !dropped.contains(&j)) => {
-                    for j in ts {
-                        p.job.deps.push((new_index[j], cond));
-                    }
-                }
-                _ => {
-                    w.skip(Problem {
-                        file: file.to_string(),
-                        line: p.line,
-                        field: Some("alloc.depends_on".into()),
-                        reason: "unknown_dependency".into(),
-                        message: format!("depends on `{r}`, which is not submitted earlier in the trace"),
-                    });
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if ok {
-            new_index[i] = jobs.len();
-            jobs.push(p.job);
-        } else {
-            dropped.insert(i);
-        }
-    }
-    w.jobs = jobs;
-    w
-}
-
-/// Registers one submission (expanding a task group into its elements `id[i]`). Errors are
-/// `(field, reason, message)`.
-#[allow(clippy::too_many_arguments)]
-fn push_submit(
-    w: &mut Workload,
-    pending: &mut Vec<Pending>,
-    by_id: &mut BTreeMap<String, usize>,
-    next_group: &mut u64,
-    a: SubmitIn,
-    ts_ms: i64,
-    line: u64,
-    dag: Option<&str>,
-) -> Result<(), (String, String, String)> {
-    let tg = a.task_group;
-    let (job, deps) = submit_job(w, a, line, false).map_err(|(f, m)| (f, "invalid_field".to_string(), m))?;
-    let elements: Vec<(TraceJob, Deps)> = match tg {
-        None => vec![(job, deps)],
-        Some(t) => {
-            if t.range.end < t.range.start {
-                return Err((
-                    "alloc.task_group.range".into(),
-                    "invalid_field".into(),
-                    format!("end {} < start {}", t.range.end, t.range.start),
-                ));
-            }
-            if t.concurrency == Some(0) {
-                return Err((
-                    "alloc.task_group.concurrency".into(),
-                    "invalid_field".into(),
-                    "must be at least 1".into(),
-                ));
-            }
-            let group = *next_group;
-            *next_group += 1;
-            (t.range.start..=t.range.end)
-                .map(|i| {
-                    let mut e = job.clone();
-                    e.id = format!("{}[{i}]", job.id);
-                    e.group_name = Some(job.id.clone());
-                    e.spec.task_group = Some(TaskGroupRef {
-                        group,
-                        index: i,
-                        concurrency: t.concurrency,
-                    });
-                    (e, deps.clone())
-                })
-                .collect()
-        }
-    };
-    for (mut job, deps) in elements {
-        job.dag = dag.map(str::to_string);
-        if by_id.insert(job.id.clone(), pending.len()).is_some() {
-            return Err((
-                "alloc.id".into(),
-                "duplicate_id".into(),
-                format!("id `{}` already submitted", job.id),
-            ));
-        }
-        pending.push(Pending { ts_ms, line, job, deps });
-    }
-    Ok(())
+    pub(crate) exit: i64,
 }
 
 /// DAG validation at submission: size limit, duplicate ids, references inside the DAG, no cycles.
 /// Returns the allocations in a topological order (ties by position).
-fn validate_dag(dag: &DagIn, max_size: usize) -> Result<Vec<usize>, String> {
+pub(crate) fn validate_dag(dag: &DagIn, max_size: usize) -> Result<Vec<usize>, String> {
     let n = dag.allocations.len();
     if n > max_size {
         return Err(format!("DAG exceeds maximum size ({n} allocations, limit: {max_size})"));
@@ -1028,12 +549,17 @@ fn validate_dag(dag: &DagIn, max_size: usize) -> Result<Vec<usize>, String> {
 
 /// A dependency as written: the referenced id (a job, or a task group by its name) and the condition;
 /// `None` is `corresponding` (element-wise between task groups).
-type Deps = Vec<(String, Option<DependencyCondition>)>;
+pub(crate) type Deps = Vec<(String, Option<DependencyCondition>)>;
 
 /// The largest DAG accepted (the seed's default).
 pub const MAX_DAG_SIZE: usize = 1000;
 
-fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(TraceJob, Deps), (String, String)> {
+pub(crate) fn submit_job(
+    w: &mut Workload,
+    a: SubmitIn,
+    line: u64,
+    claim: bool,
+) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
     let tier = |v: Option<&str>, field: &str| -> Result<lattice_engine::Tier, (String, String)> {
         match v {
@@ -1217,7 +743,7 @@ fn submit_job(w: &mut Workload, a: SubmitIn, line: u64, claim: bool) -> Result<(
     ))
 }
 
-fn ts_millis(ts: &Ts) -> Result<i64, String> {
+pub(crate) fn ts_millis(ts: &Ts) -> Result<i64, String> {
     match ts {
         Ts::Secs(s) if s.is_finite() && *s >= 0.0 && *s <= crate::duration::MAX_TIMESTAMP_S => {
             Ok((s * 1000.0).round() as i64)
@@ -1237,7 +763,7 @@ fn ts_millis(ts: &Ts) -> Result<i64, String> {
 }
 
 /// Checks a `load_curve` event's numbers (errors name the field).
-fn load_curve(e: LoadCurveEventIn) -> Result<TraceEventKind, (String, String)> {
+pub(crate) fn load_curve(e: LoadCurveEventIn) -> Result<TraceEventKind, (String, String)> {
     let bad = |f: &str, m: String| (f.to_string(), m);
     for (f, v) in [("base", e.base), ("amplitude", e.amplitude), ("noise", e.noise)] {
         if !(v.is_finite() && v >= 0.0) {
@@ -1277,7 +803,7 @@ fn load_curve(e: LoadCurveEventIn) -> Result<TraceEventKind, (String, String)> {
     })
 }
 
-fn duration_value(d: &DurationValue) -> Result<Duration, String> {
+pub(crate) fn duration_value(d: &DurationValue) -> Result<Duration, String> {
     match d {
         DurationValue::Secs(s) => crate::duration::secs_to_duration(*s, &s.to_string()),
         DurationValue::Text(t) => parse_duration(t),
@@ -1285,7 +811,7 @@ fn duration_value(d: &DurationValue) -> Result<Duration, String> {
 }
 
 /// A walltime: a duration, positive and at most 366 days.
-fn walltime_value(d: &DurationValue) -> Result<Duration, String> {
+pub(crate) fn walltime_value(d: &DurationValue) -> Result<Duration, String> {
     let shown = match d {
         DurationValue::Secs(s) => s.to_string(),
         DurationValue::Text(t) => t.clone(),
@@ -1294,7 +820,7 @@ fn walltime_value(d: &DurationValue) -> Result<Duration, String> {
 }
 
 /// The field serde complained about, when its message names one.
-fn field_of(e: &serde_json::Error) -> Option<String> {
+pub(crate) fn field_of(e: &serde_json::Error) -> Option<String> {
     let m = e.to_string();
     let start = m.find('`')? + 1;
     let end = start + m[start..].find('`')?;
@@ -1304,6 +830,7 @@ fn field_of(e: &serde_json::Error) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jsonl_parse::parse_jsonl;
 
     #[test]
     fn weight_changes_are_events() {
@@ -1453,6 +980,7 @@ not json
 #[cfg(test)]
 mod claim_tests {
     use super::*;
+    use crate::jsonl_parse::parse_jsonl;
 
     #[test]
     fn claim_and_release_events() {
@@ -1477,6 +1005,7 @@ mod claim_tests {
 #[cfg(test)]
 mod event_tests {
     use super::*;
+    use crate::jsonl_parse::parse_jsonl;
 
     #[test]
     fn drift_and_conform_events() {

@@ -2,7 +2,9 @@
 //!
 //! - [`swf`]: Standard Workload Format import (Parallel Workloads Archive), gzip-transparent, every skipped
 //!   line counted by reason with file:line:field.
-//! - [`jsonl`]: the JSONL event log of the book ("Using RM-Replay"): `submit`, `complete`.
+//! - [`jsonl`]: the JSONL event log of the book ("Using RM-Replay"): `submit`, `complete`, … — its
+//!   events and the rules that turn a submission into a spec; [`jsonl_parse`] reads a log, one function
+//!   per event type.
 //! - [`inventory`]: node inventory YAML; [`profile`]: weight profiles and vCluster config YAML.
 //! - [`synth`]: seeded synthetic generators; the bundled demo trace lives in `traces/library/`.
 //! - [`import`]: Slurm `sacct` dumps and the Alibaba GPU pod list → JSONL, any workload → JSONL, and
@@ -21,6 +23,7 @@ pub mod fuzz;
 pub mod import;
 pub mod inventory;
 pub mod jsonl;
+pub mod jsonl_parse;
 pub mod library;
 pub mod profile;
 pub mod scale;
@@ -37,7 +40,8 @@ pub use export::{SpecNames, alloc_json};
 pub use inventory::{
     Inventory, JoiningNode, homogeneous, parse_inventory, parse_node_entry, read_inventory, site_engine,
 };
-pub use jsonl::{checkpoint_spec, parse_jsonl, reactive_lifecycle, read_jsonl};
+pub use jsonl::{checkpoint_spec, reactive_lifecycle};
+pub use jsonl_parse::{parse_jsonl, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{Contracts, parse_tenants, read_tenants};
@@ -52,7 +56,7 @@ pub fn read_trace_all_problems(path: &Path, swf: &SwfOptions) -> Result<Workload
     let name = path.display().to_string();
     let n = path.to_string_lossy();
     Ok(if n.ends_with(".jsonl") || n.ends_with(".jsonl.gz") {
-        jsonl::parse_jsonl_with(&name, &text, true)
+        jsonl_parse::parse_jsonl_with(&name, &text, true)
     } else {
         swf::parse_swf_with(&name, &text, swf, true)
     })

@@ -427,7 +427,7 @@ impl Gen {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jsonl::parse_jsonl;
+    use crate::jsonl_parse::parse_jsonl;
 
     fn parsed(name: &str) -> crate::Workload {
         let text = generate(name, SEED).unwrap();
