@@ -34,12 +34,6 @@ KNOWN_CYCLES = {
         {"crate", "controller"},
         {"alloc", "autoscale", "broker", "engine", "error", "preempt", "staging"},
     ],
-    ("lattice-reports", "lib"): [{"crate", "charts", "sweep"}],
-    ("lattice-runtime", "lib"): [
-        {"accounting", "api", "config", "federation", "federation::api", "federation::broker", "grpc", "mirror",
-         "openchami", "ops", "server"},
-        {"control", "world"},
-    ],
 }
 # (crate, crate it must not depend on, transitively, through normal dependencies with any features)
 FORBIDDEN = [("lattice-agent", "openraft"), ("lattice-runtime", "turmoil"), ("lattice-runtime", "lattice-agent")]

@@ -1,10 +1,25 @@
 //! The charts, drawn with plotters into SVG strings. The first run is drawn in blue, a baseline in
 //! orange (dashed where it shares an axis with the run's second series).
 
-use crate::ReportError;
+use crate::html::ReportError;
 use crate::series::Series;
 use plotters::prelude::*;
 use std::sync::Once;
+
+/// One run of a sweep, as the report shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepPoint {
+    pub run: usize,
+    pub utilization: f64,
+    pub p95_wait_h: f64,
+    pub pareto: bool,
+    pub best: bool,
+    /// `name=value` of the varied weights.
+    pub label: String,
+}
+
+/// The sensitivity rows: weight, value, mean objective metric, runs.
+pub type Sensitivity<'a> = [(&'a str, f64, f64, usize)];
 
 const W: u32 = 900;
 const H: u32 = 380;
@@ -319,7 +334,7 @@ pub fn events(runs: &[(String, Vec<(&'static str, Series)>)]) -> Result<String, 
 }
 
 /// Every sweep run as a point (utilization %, p95 wait h); the Pareto front orange, the best ringed.
-pub fn pareto(points: &[crate::SweepPoint]) -> Result<String, ReportError> {
+pub fn pareto(points: &[SweepPoint]) -> Result<String, ReportError> {
     fonts();
     let e = err("pareto");
     let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
@@ -370,7 +385,7 @@ pub fn pareto(points: &[crate::SweepPoint]) -> Result<String, ReportError> {
 }
 
 /// The mean objective metric against each varied weight's value, one line per weight.
-pub fn sensitivity(metric: &str, rows: &crate::Sensitivity) -> Result<String, ReportError> {
+pub fn sensitivity(metric: &str, rows: &Sensitivity) -> Result<String, ReportError> {
     fonts();
     let e = err("sensitivity");
     let mut names: Vec<&str> = Vec::new();

@@ -1,23 +1,10 @@
 //! The sweep report: the Pareto front of utilization against p95 wait over every run, and the
 //! objective's sensitivity to each varied weight.
 
-use crate::{ReportError, charts, esc};
+use crate::charts;
+pub use crate::charts::{Sensitivity, SweepPoint};
+use crate::html::{CSS, ReportError, esc};
 use std::fmt::Write;
-
-/// One run of a sweep, as the report shows it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SweepPoint {
-    pub run: usize,
-    pub utilization: f64,
-    pub p95_wait_h: f64,
-    pub pareto: bool,
-    pub best: bool,
-    /// `name=value` of the varied weights.
-    pub label: String,
-}
-
-/// The sensitivity rows: weight, value, mean objective metric, runs.
-pub type Sensitivity<'a> = [(&'a str, f64, f64, usize)];
 
 /// The sweep report as one HTML document.
 pub fn render_sweep_html(
@@ -31,7 +18,7 @@ pub fn render_sweep_html(
     let _ = write!(
         o,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>{}</style></head>\n<body><h1>{t}</h1>\n",
-        crate::CSS
+        CSS
     );
     let svg = charts::pareto(points)?;
     let _ = writeln!(

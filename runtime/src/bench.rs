@@ -178,14 +178,14 @@ pub async fn submit(requests: usize, members: usize) -> anyhow::Result<String> {
 
     // gRPC: 8 clients, each on its own HTTP/2 connection, one request in flight each.
     let grpc_url = format!("http://{}", rts[0].grpc_addr);
-    let request = crate::grpc::pb::AllocationRequest {
+    let request = crate::pb::AllocationRequest {
         tenant: "bench".into(),
         entrypoint: "sleep 3600".into(),
-        resources: Some(crate::grpc::pb::Resources {
+        resources: Some(crate::pb::Resources {
             nodes: 1,
             ..Default::default()
         }),
-        lifecycle: Some(crate::grpc::pb::Lifecycle {
+        lifecycle: Some(crate::pb::Lifecycle {
             r#type: "bounded".into(),
             walltime: "2h".into(),
             ..Default::default()
@@ -194,9 +194,7 @@ pub async fn submit(requests: usize, members: usize) -> anyhow::Result<String> {
     };
     let mut conns = Vec::new();
     for _ in 0..clients {
-        conns.push(
-            crate::grpc::pb::allocation_service_client::AllocationServiceClient::connect(grpc_url.clone()).await?,
-        );
+        conns.push(crate::pb::allocation_service_client::AllocationServiceClient::connect(grpc_url.clone()).await?);
     }
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
@@ -248,7 +246,7 @@ pub async fn heartbeats(agents: usize, seconds: u64) -> anyhow::Result<String> {
     let rt = crate::start(crate::RuntimeConfig::parse("bench.yaml", &text)?, true).await?;
     // Agents register with the leader (a member that becomes leader starts a fresh control plane).
     let t0 = Instant::now();
-    while !crate::server::sync_leadership(&rt.shared).await {
+    while !crate::leadership::sync_leadership(&rt.shared).await {
         anyhow::ensure!(t0.elapsed() < Duration::from_secs(10), "no leader");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -292,7 +290,7 @@ pub async fn heartbeats(agents: usize, seconds: u64) -> anyhow::Result<String> {
 /// `registered`, then each agent heartbeats every 10 s (evenly spread) for `seconds` on its own
 /// long-lived `HeartbeatStream`, and prints what the server accepted.
 pub async fn heartbeat_agents(target: &str, agents: usize, seconds: u64) -> anyhow::Result<String> {
-    use crate::grpc::pb;
+    use crate::pb;
     let mut client = pb::node_service_client::NodeServiceClient::connect(format!("http://{target}")).await?;
     let names: Vec<String> = (0..agents).map(|i| format!("sim-{i:03}")).collect();
     for n in &names {

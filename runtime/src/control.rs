@@ -2,6 +2,7 @@
 //! simulator drives, fed from the API and the wall clock, plus the names and request details the API
 //! shows. Node ownership itself is decided by the quorum; this side only proposes.
 
+pub use crate::world::PendingProposal;
 use crate::world::{Action, Outbox};
 use lattice_adapters::logstore::Stream;
 /// The agent wire types (declared once, with the agent: `lattice-agent-protocol`).
@@ -857,25 +858,6 @@ pub struct Control {
 pub struct Submitted {
     pub id: String,
     pub elements: Vec<(String, SubmitRequest)>,
-}
-
-/// An ownership change for the quorum.
-#[derive(Clone, Debug)]
-pub struct PendingProposal {
-    /// The control plane that made it ([`Control::incarnation`]): an answer arriving after a
-    /// leadership change belongs to a control plane that is gone.
-    pub incarnation: u64,
-    pub alloc: AllocId,
-    pub name: String,
-    pub tenant: String,
-    /// The submitting user (the audit log's subject for sensitive claims).
-    pub user: String,
-    pub nodes: Vec<String>,
-    pub sensitive: bool,
-    /// Started ahead of an earlier-queued allocation that still waits.
-    pub backfilled: bool,
-    /// Its project within the tenant (as submitted; `None`: `default`).
-    pub project: Option<String>,
 }
 
 impl Control {

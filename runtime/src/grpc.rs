@@ -6,18 +6,16 @@
 //! operations as REST ([`crate::ops`]); the bearer token travels in the `authorization` metadata.
 
 use crate::auth::{Principal, Refusal};
+use crate::context::Shared;
 use crate::control::{
     AllocationView, DependsIn, LifecycleIn, NodeOp, NodeView, NodesIn, Resources, SubmitRequest, TelemetryIn,
     UpdateRequest,
 };
 use crate::ops::{self, ApiError};
-use crate::server::Shared;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-pub mod pb {
-    tonic::include_proto!("lattice.v1");
-}
+pub use crate::pb;
 
 use pb::admin_service_server::AdminService;
 use pb::allocation_service_server::AllocationService;

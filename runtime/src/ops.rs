@@ -2,63 +2,14 @@
 //! ([`crate::grpc`]) both call these, so validation, authorization and tenant scoping are one code.
 
 use crate::auth::Principal;
+use crate::context::Shared;
 use crate::control::{AllocationView, NodeOp, NodeView, SubmitRequest, UpdateRequest, Usage};
+use crate::effects::execute;
+pub use crate::error::{ApiError, forbidden};
 use crate::mirror::MirrorOp;
-use crate::server::{Shared, execute};
 use lattice_adapters::logstore::Stream;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// Why an operation was refused; each transport maps it to its status codes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ApiError {
-    BadRequest {
-        field: String,
-        message: String,
-    },
-    Forbidden {
-        field: Option<String>,
-        message: String,
-    },
-    /// Absent — or invisible to the caller (no existence leak across tenants).
-    NotFound {
-        field: String,
-        message: String,
-    },
-    /// Not accepted now (e.g. the queue could not be mirrored to a majority); retry.
-    Unavailable {
-        message: String,
-    },
-    /// Writes go to the leader.
-    NotLeader {
-        leader_id: Option<u64>,
-        leader: Option<String>,
-    },
-    /// The request conflicts with the current state (a tenant that exists, or is still in use).
-    Conflict {
-        message: String,
-    },
-}
-
-impl ApiError {
-    pub fn message(&self) -> String {
-        match self {
-            ApiError::BadRequest { message, .. }
-            | ApiError::Forbidden { message, .. }
-            | ApiError::NotFound { message, .. } => message.clone(),
-            ApiError::NotLeader { .. } => "not the quorum leader".into(),
-            ApiError::Unavailable { message } | ApiError::Conflict { message } => message.clone(),
-        }
-    }
-
-    pub fn field(&self) -> Option<&str> {
-        match self {
-            ApiError::BadRequest { field, .. } | ApiError::NotFound { field, .. } => Some(field),
-            ApiError::Forbidden { field, .. } => field.as_deref(),
-            ApiError::NotLeader { .. } | ApiError::Unavailable { .. } | ApiError::Conflict { .. } => None,
-        }
-    }
-}
 
 fn not_found(what: &str, id: &str) -> ApiError {
     ApiError::NotFound {
@@ -92,7 +43,7 @@ async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded, cancel: bool) ->
     };
     let (disk, peers) = tokio::join!(
         local.wait(),
-        crate::mirror::replicate(s, &op, term, std::time::Duration::from_secs(2))
+        crate::mirror::net::replicate(s, &op, term, std::time::Duration::from_secs(2))
     );
     if disk.is_ok() && peers {
         return Ok(());
@@ -120,7 +71,7 @@ async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded, cancel: bool) ->
 }
 
 /// A change recorded in this member's copy: the op to mirror, the leader term it was made in and
-/// the handle of its local write ([`crate::mirror::record`]).
+/// the handle of its local write ([`crate::mirror::net::record`]).
 type Recorded = (MirrorOp, u64, crate::mirror::Durable);
 
 /// Queues `items` (one submission or a DAG's members) in this member's copy of the queue.
@@ -136,14 +87,14 @@ fn record_submit(
         submitted_ms,
         dag,
     };
-    crate::mirror::record(s, op)
+    crate::mirror::net::record(s, op)
 }
 
 /// Writes that touch the queue or the engine: served by the leader once it has taken over the queue
 /// (a member that just won an election adopts its mirror first, here or in its scheduling loop).
 pub async fn writable(s: &Shared) -> Result<(), ApiError> {
     leader_only(s)?;
-    if !crate::server::sync_leadership(s).await {
+    if !crate::leadership::sync_leadership(s).await {
         leader_only(s)?;
         // The leader that could not adopt the queue yet (a majority's copies did not answer) does
         // not serve: an empty queue would lose acknowledged work and hand out used ids.
@@ -239,7 +190,7 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
                         });
                     }
                     c.unacked(&id, true);
-                    let recorded = crate::mirror::record(
+                    let recorded = crate::mirror::net::record(
                         s,
                         MirrorOp::Entries {
                             entries,
@@ -393,7 +344,7 @@ pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) ->
             walltime: req.walltime.clone(),
             tags: req.tags.clone(),
         };
-        (view, crate::mirror::record(s, op))
+        (view, crate::mirror::net::record(s, op))
     };
     s.wake.notify_one();
     on_disk(s, durable).await.map_err(|e| ApiError::Unavailable {
@@ -407,7 +358,7 @@ pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) ->
 async fn on_disk(s: &Shared, (op, term, local): Recorded) -> Result<(), String> {
     let (disk, _) = tokio::join!(
         local.wait(),
-        crate::mirror::replicate(s, &op, term, std::time::Duration::from_secs(2))
+        crate::mirror::net::replicate(s, &op, term, std::time::Duration::from_secs(2))
     );
     disk
 }
@@ -680,13 +631,6 @@ pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap
     })?;
     s.wake.notify_one();
     Ok(())
-}
-
-pub fn forbidden(message: &str) -> ApiError {
-    ApiError::Forbidden {
-        field: None,
-        message: format!("forbidden: {message}"),
-    }
 }
 
 /// A backup written by this member: where, at which log index, its checksum.
@@ -1432,7 +1376,7 @@ pub async fn submit_dag(
         for i in &ids {
             c.unacked(i, true);
         }
-        let recorded = crate::mirror::record(
+        let recorded = crate::mirror::net::record(
             s,
             MirrorOp::Entries {
                 entries,
@@ -1736,7 +1680,7 @@ pub async fn attach_target(
 
 /// A sensitive allocation's attach, in the quorum's audit log (start and end).
 pub async fn audit_attach(s: &Arc<Shared>, p: &Principal, id: &str, node: &str, what: &str) {
-    crate::server::audit(s, &p.user, id, what, format!("terminal on {node}")).await;
+    crate::context::audit(s, &p.user, id, what, format!("terminal on {node}")).await;
 }
 
 /// Orders a cache `op` (`warm`, `evict`) on nodes (operators and admins); the node names.
@@ -1896,7 +1840,7 @@ pub async fn agent_exit(
             code,
             run,
         };
-        let recorded = crate::mirror::record(s, op);
+        let recorded = crate::mirror::net::record(s, op);
         drop(c);
         on_disk(s, recorded).await.map_err(|e| ApiError::Unavailable {
             message: format!("{id}: the exit could not be written to disk ({e}); report it again"),

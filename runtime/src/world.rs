@@ -5,11 +5,29 @@
 //! exhaustive `match` on each side, so a new kind of decision does not compile until the runtime
 //! handles it.
 
-use crate::control::PendingProposal;
 use lattice_engine::{
     AllocId, AuditEvent, Decision, Duration, Engine, Fleet, NodeId, PreemptOrder, Proposal, Quorum, StopReason, Time,
     Timer,
 };
+
+/// An ownership change for the quorum.
+#[derive(Clone, Debug)]
+pub struct PendingProposal {
+    /// The control plane that made it (`Control::incarnation`): an answer arriving after a
+    /// leadership change belongs to a control plane that is gone.
+    pub incarnation: u64,
+    pub alloc: AllocId,
+    pub name: String,
+    pub tenant: String,
+    /// The submitting user (the audit log's subject for sensitive claims).
+    pub user: String,
+    pub nodes: Vec<String>,
+    pub sensitive: bool,
+    /// Started ahead of an earlier-queued allocation that still waits.
+    pub backfilled: bool,
+    /// Its project within the tenant (as submitted; `None`: `default`).
+    pub project: Option<String>,
+}
 
 /// The decisions of one or more controller calls, in order, with their times.
 #[derive(Debug, Default)]

@@ -558,7 +558,7 @@ async fn grpc_messages_never_panic_or_break_the_member() {
         BODIES[3]
     );
     let mirror_update = r#"{"Update": {"id": "a-000001", "walltime": "2h", "tags": {"x": "y"}}}"#;
-    let mirror = lattice_runtime::mirror::MirrorService {
+    let mirror = lattice_runtime::mirror::net::MirrorService {
         shared: rt.shared.clone(),
     };
     use lattice_runtime::grpc::pb as mpb;
@@ -786,7 +786,7 @@ async fn a_mirror_message_from_a_term_raft_never_saw_is_refused() {
     use pb::queue_mirror_server::QueueMirror;
     let (rt, dir) = fuzzed_leader("term", 2).await;
     let term = rt.shared.member.current_term();
-    let mirror = lattice_runtime::mirror::MirrorService {
+    let mirror = lattice_runtime::mirror::net::MirrorService {
         shared: rt.shared.clone(),
     };
     let ahead = term + 126;

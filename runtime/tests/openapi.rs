@@ -1,4 +1,4 @@
-//! `GET /openapi.json` against the router: every route the router serves (read from `api.rs`, the
+//! `GET /openapi.json` against the router: every route the router serves (read from `api/mod.rs`, the
 //! source the server is built from) is in the document with the same methods, and every documented
 //! operation exists on a live server (answered by its handler: never a 405, never the router's own
 //! empty 404). Request bodies and answers refer to schemas the document defines.
@@ -9,9 +9,9 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-/// `(method, path)` of every `.route("PATH", ...)` in `api.rs`.
+/// `(method, path)` of every `.route("PATH", ...)` in `api/mod.rs`.
 fn routed() -> BTreeSet<(String, String)> {
-    let mut src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.rs")).unwrap();
+    let mut src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api/mod.rs")).unwrap();
     // A federation build also serves the federation's routes (and documents them).
     if cfg!(feature = "federation") {
         src += &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/federation/api.rs")).unwrap();
@@ -85,7 +85,7 @@ async fn the_document_covers_every_route_and_every_documented_route_exists() {
         .flat_map(|(path, ops)| ops.as_object().unwrap().keys().map(|m| (m.clone(), path.clone())))
         .collect();
     let routes = routed();
-    assert!(routes.len() > 40, "read {} routes from api.rs", routes.len());
+    assert!(routes.len() > 40, "read {} routes from api/mod.rs", routes.len());
     let undocumented: Vec<_> = routes.difference(&documented).collect();
     assert!(undocumented.is_empty(), "served but not documented: {undocumented:?}");
     // The peers' signed routes (`/federation/v1/...`) are served by one wildcard route that dispatches

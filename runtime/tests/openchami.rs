@@ -348,7 +348,7 @@ async fn a_new_leader_learns_a_joined_node_the_quorum_names() {
     let leader = rts[first].as_ref().unwrap().shared.clone();
     {
         let mut c = leader.control.lock().await;
-        lattice_runtime::openchami::join_named(&leader, &mut c, &[x.to_string()].into()).await;
+        lattice_runtime::openchami::sync::join_named(&leader, &mut c, &[x.to_string()].into()).await;
         assert!(c.node_index(x).is_some(), "the leader has the node");
     }
     let base = format!("http://{}", rest[first]);

@@ -2,180 +2,15 @@
 //! the catalog sync loop and this site's own catalog.
 
 use super::sign::{self, Signed};
-use super::{Catalog, FederationConfig, PeerView, now_ms};
-use crate::server::Shared;
+use super::{Catalog, now_ms};
+use crate::context::Shared;
 use lattice_adapters::FederationPeer;
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The longest wait between two retries.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A quorum without a leader this long makes this site `degraded` in its catalog.
-pub const ELECTION_DEGRADED: Duration = Duration::from_secs(10);
-
-/// The broker's metrics (book: "Federation Broker Metrics"), on the runtime's `/metrics`.
-pub struct FederationMetrics {
-    pub proposals: IntCounterVec,
-    pub latency: HistogramVec,
-    pub peer_status: IntGaugeVec,
-    pub data_gravity: GaugeVec,
-    pub peer_stale: IntGaugeVec,
-}
-
-impl FederationMetrics {
-    fn new(m: &crate::metrics::Metrics) -> FederationMetrics {
-        let proposals = IntCounterVec::new(
-            Opts::new(
-                "lattice_federation_proposals_total",
-                "Placement proposals sent to and received from peers, by result (accepted/rejected/timeout).",
-            ),
-            &["peer", "result"],
-        )
-        .expect("a valid metric");
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "lattice_federation_proposal_latency_seconds",
-                "Round-trip time of placement proposals sent to peers (retries included).",
-            )
-            .buckets(vec![0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
-            &["peer"],
-        )
-        .expect("a valid metric");
-        let peer_status = IntGaugeVec::new(
-            Opts::new(
-                "lattice_federation_peer_status",
-                "1 = the peer answered the last request or catalog fetch, 0 = unreachable.",
-            ),
-            &["peer"],
-        )
-        .expect("a valid metric");
-        let data_gravity = GaugeVec::new(
-            Opts::new(
-                "lattice_federation_data_gravity_score",
-                "Share of a routed request's dataset the peer holds (higher = more data at the peer).",
-            ),
-            &["peer", "dataset"],
-        )
-        .expect("a valid metric");
-        let peer_stale = IntGaugeVec::new(
-            Opts::new(
-                "lattice_federation_peer_stale",
-                "1 while the peer's catalog is older than twice the sync interval.",
-            ),
-            &["peer"],
-        )
-        .expect("a valid metric");
-        for c in [
-            Box::new(proposals.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(latency.clone()),
-            Box::new(peer_status.clone()),
-            Box::new(data_gravity.clone()),
-            Box::new(peer_stale.clone()),
-        ] {
-            m.register(c);
-        }
-        FederationMetrics {
-            proposals,
-            latency,
-            peer_status,
-            data_gravity,
-            peer_stale,
-        }
-    }
-}
-
-/// The broker's state in one member.
-pub struct Broker {
-    pub cfg: FederationConfig,
-    client: reqwest::Client,
-    pub views: Mutex<BTreeMap<String, PeerView>>,
-    nonces: Mutex<sign::Nonces>,
-    /// Since when this member has seen no leader (a long election degrades this site).
-    leaderless_since: Mutex<Option<Instant>>,
-    pub metrics: FederationMetrics,
-}
-
-/// A failed call to a peer.
-#[derive(Debug, Clone)]
-pub enum CallError {
-    /// Not ours to try: no such peer, a revoked workspace, no key.
-    Setup(String),
-    /// Every attempt failed (the last failure's description).
-    Unreachable(String),
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Setup(m) | CallError::Unreachable(m) => f.write_str(m),
-        }
-    }
-}
-
-/// A peer's signed answer.
-pub struct Answer {
-    pub status: u16,
-    pub body: serde_json::Value,
-}
+pub use super::state::{Answer, Broker, CallError, ELECTION_DEGRADED, FederationMetrics, MAX_BACKOFF};
 
 impl Broker {
-    pub fn new(cfg: FederationConfig, metrics: &crate::metrics::Metrics) -> anyhow::Result<Broker> {
-        cfg.validate().map_err(anyhow::Error::msg)?;
-        // Peers' certificates: the system's roots, and the peers' CA bundle (`federation.ca`).
-        let mut roots = rustls::RootCertStore::empty();
-        let mut bundles = vec![std::path::PathBuf::from("/etc/ssl/certs/ca-certificates.crt")];
-        bundles.extend(cfg.ca.clone());
-        for (i, path) in bundles.iter().enumerate() {
-            match std::fs::read(path) {
-                Ok(pem) => {
-                    use rustls::pki_types::pem::PemObject;
-                    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
-                        let _ = roots.add(c);
-                    }
-                }
-                Err(e) if i > 0 => anyhow::bail!("federation.ca: {}: {e}", path.display()),
-                Err(_) => {}
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| anyhow::anyhow!("federation: TLS: {e}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .timeout(cfg.request_timeout())
-            .build()
-            .map_err(|e| anyhow::anyhow!("federation: HTTP client: {e}"))?;
-        Ok(Broker {
-            cfg,
-            client,
-            views: Mutex::new(BTreeMap::new()),
-            nonces: Mutex::new(sign::Nonces::default()),
-            leaderless_since: Mutex::new(None),
-            metrics: FederationMetrics::new(metrics),
-        })
-    }
-
-    fn view<R>(&self, f: impl FnOnce(&mut BTreeMap<String, PeerView>) -> R) -> R {
-        f(&mut self.views.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Records the outcome of a call to `peer`.
-    fn outcome(&self, peer: &str, failure: Option<String>) {
-        self.metrics
-            .peer_status
-            .with_label_values(&[peer])
-            .set(i64::from(failure.is_none()));
-        self.view(|v| {
-            let e = v.entry(peer.to_string()).or_default();
-            e.attempted_ms = Some(now_ms());
-            e.failing = failure;
-        });
-    }
-
     /// `method path` at `peer`, signed, with the configured retries (1 s, 2 s, 4 s, … at most 30 s,
     /// or longer when the peer says `Retry-After`); each endpoint of the peer is tried in turn (a
     /// member that is not the leader answers 421). The peer's signed answer, whatever its status, or
@@ -508,27 +343,6 @@ impl Broker {
             }
         }
     }
-
-    /// Sets the staleness gauges from the views.
-    fn gauge(&self, peers: &BTreeMap<String, FederationPeer>) {
-        let now = now_ms();
-        let views = self.views.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for (name, p) in peers {
-            let st = views
-                .get(name)
-                .cloned()
-                .unwrap_or_default()
-                .status(&self.cfg, p.added_ms, now);
-            let stale = matches!(
-                st,
-                super::route::PeerStatus::Stale | super::route::PeerStatus::Unreachable
-            );
-            self.metrics.peer_stale.with_label_values(&[name]).set(i64::from(stale));
-            if st == super::route::PeerStatus::Unreachable {
-                self.metrics.peer_status.with_label_values(&[name]).set(0);
-            }
-        }
-    }
 }
 
 /// The peer named `name` and whether its workspace is revoked.
@@ -561,47 +375,3 @@ fn nonce() -> String {
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system's random source");
     sign::hex(&b)
 }
-
-/// Every member: fetch each peer's catalog when due (every `sync_interval`; every 30 s at most
-/// while it fails), keep the staleness gauges and note a long election.
-pub async fn run(s: Arc<Shared>, b: Arc<Broker>, mut stopped: tokio::sync::watch::Receiver<bool>) {
-    let tick = Duration::from_millis(500);
-    // Ends of allocations peers forwarded here, reported to them by this member (as the leader).
-    let mut reported = std::collections::BTreeSet::new();
-    let mut last_report = Instant::now();
-    loop {
-        if !crate::server::sleep_unless_stopped(&mut stopped, tick).await {
-            return;
-        }
-        {
-            let mut l = b.leaderless_since.lock().unwrap_or_else(|e| e.into_inner());
-            match (s.member.status().leader, *l) {
-                (Some(_), _) => *l = None,
-                (None, None) => *l = Some(Instant::now()),
-                (None, Some(_)) => {}
-            }
-        }
-        let peers = s.member.read(|q| q.federation_peers.clone()).await;
-        b.view(|v| v.retain(|n, _| peers.contains_key(n)));
-        let now = now_ms();
-        let sync = b.cfg.sync().as_millis() as u64;
-        for name in peers.keys() {
-            let due = b.view(|v| {
-                let e = v.get(name).cloned().unwrap_or_default();
-                let every = if e.failing.is_some() { sync.min(30_000) } else { sync };
-                e.attempted_ms.is_none_or(|t| now.saturating_sub(t) >= every)
-            });
-            if due && let Err(e) = b.sync_peer(&s, name).await {
-                tracing::warn!("federation: catalog of {name}: {e}");
-            }
-        }
-        b.gauge(&peers);
-        if s.member.is_leader() && last_report.elapsed() >= REPORT_EVERY {
-            last_report = Instant::now();
-            super::api::report_ends(&s, &b, &mut reported).await;
-        }
-    }
-}
-
-/// How often the leader reports ended allocations to the sites they came from.
-pub const REPORT_EVERY: Duration = Duration::from_secs(2);

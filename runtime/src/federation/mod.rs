@@ -26,6 +26,8 @@ pub mod api;
 pub mod broker;
 pub mod route;
 pub mod sign;
+pub mod state;
+pub mod sync;
 
 use crate::accounting::SecretRef;
 use route::{Dataset, PeerStatus, Weights};

@@ -1,0 +1,186 @@
+//! Pieces every REST handler shares: the state and principal extractors, the JSON error answers
+//! (the API's refusals as status codes), body/query/path extractors whose refusal names the field,
+//! and Server-Sent Events.
+
+use crate::auth::Principal;
+use crate::context::Shared;
+use crate::ops::{self, ApiError};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+pub(super) type S = State<Arc<Shared>>;
+
+pub(super) type P = Extension<Principal>;
+
+pub(super) fn forbidden(what: &str) -> Response {
+    error(StatusCode::FORBIDDEN, None, format!("forbidden: {what}"))
+}
+
+pub(super) fn error(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Response {
+    let mut body = json!({ "error": message.into() });
+    if let Some(f) = field {
+        body["field"] = Value::from(f);
+    }
+    (status, Json(body)).into_response()
+}
+
+/// REST status codes: 400 (naming the field), 403, 404, and 421 Misdirected Request naming the leader.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            ApiError::BadRequest { field, message } => error(StatusCode::BAD_REQUEST, Some(field), message.clone()),
+            ApiError::Forbidden { field, message } => error(StatusCode::FORBIDDEN, field.as_deref(), message.clone()),
+            ApiError::NotFound { field, message } => error(StatusCode::NOT_FOUND, Some(field), message.clone()),
+            ApiError::Unavailable { message } => error(StatusCode::SERVICE_UNAVAILABLE, None, message.clone()),
+            ApiError::Conflict { message } => error(StatusCode::CONFLICT, None, message.clone()),
+            ApiError::NotLeader { leader_id, leader } => (
+                StatusCode::MISDIRECTED_REQUEST,
+                Json(json!({"error": "not the quorum leader", "leader_id": leader_id, "leader_grpc": leader})),
+            )
+                .into_response(),
+        }
+    }
+}
+
+pub(super) fn not_leader(shared: &Shared) -> Option<Response> {
+    ops::leader_only(shared).err().map(IntoResponse::into_response)
+}
+
+/// The `x-lattice-tenant` header.
+pub(super) fn tenant_header(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get("x-lattice-tenant").and_then(|v| v.to_str().ok())
+}
+
+/// A body serde could not read: 400 naming the unknown or mistyped field.
+/// A JSON body whose refusal is the API's 400 naming the field (axum's own `Json` answers plain text).
+pub(super) struct JsonIn<T>(pub(super) T);
+
+impl<T: serde::de::DeserializeOwned, St: Send + Sync> FromRequest<St> for JsonIn<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &St) -> Result<Self, Response> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        serde_json::from_slice(&bytes).map(JsonIn).map_err(body_error)
+    }
+}
+
+/// A query string whose refusal is a JSON 400 naming the parameter (`query` when the decoder does
+/// not say which).
+pub(super) struct QueryIn<T>(pub(super) T);
+
+impl<T: serde::de::DeserializeOwned, St: Send + Sync> FromRequestParts<St> for QueryIn<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &St) -> Result<Self, Response> {
+        Query::<T>::try_from_uri(&parts.uri)
+            .map(|Query(q)| QueryIn(q))
+            .map_err(|e| {
+                let text = e.body_text();
+                let field = named_field(&text).unwrap_or("query");
+                error(StatusCode::BAD_REQUEST, Some(field), text.clone())
+            })
+    }
+}
+
+/// A path parameter whose refusal is a JSON 400 naming it (`id`).
+pub(super) struct PathIn<T>(pub(super) T);
+
+impl<T: serde::de::DeserializeOwned + Send, St: Send + Sync> FromRequestParts<St> for PathIn<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &St) -> Result<Self, Response> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| PathIn(v))
+            .map_err(|e| error(StatusCode::BAD_REQUEST, Some("id"), e.body_text()))
+    }
+}
+
+/// The field a decoder's message names: serde's "unknown field `x`" / "missing field `x`", or a
+/// query decoder's "…query string: x: why".
+pub(super) fn named_field(msg: &str) -> Option<&str> {
+    if msg.contains("field")
+        && let Some(f) = msg.split('`').nth(1).filter(|f| !f.is_empty())
+    {
+        return Some(f);
+    }
+    let rest = msg.split_once("query string: ")?.1;
+    let (name, _) = rest.split_once(": ")?;
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')).then_some(name)
+}
+
+pub(super) fn body_error(e: serde_json::Error) -> Response {
+    let msg = e.to_string();
+    let field = named_field(&msg).unwrap_or("body").to_string();
+    error(StatusCode::BAD_REQUEST, Some(&field), msg)
+}
+
+/// A JSON object body, or 400 naming `body`.
+#[allow(clippy::result_large_err)]
+pub(super) fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Response> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(error(StatusCode::BAD_REQUEST, Some("body"), "expected a JSON object")),
+        Err(e) => Err(body_error(e)),
+    }
+}
+
+/// Who may read a tenant's quotas and usage: its members, operators, read-only callers, administrators.
+#[allow(clippy::result_large_err)]
+pub(super) fn may_read_tenant(p: &crate::auth::Principal, tenant: &str) -> Result<(), Response> {
+    let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
+    if !wide && p.tenant.as_deref() != Some(tenant) {
+        return Err(forbidden("another tenant's quotas and usage"));
+    }
+    Ok(())
+}
+
+impl IntoResponse for crate::observe::ObserveError {
+    fn into_response(self) -> Response {
+        match self {
+            crate::observe::ObserveError::Bad(field, m) => error(StatusCode::BAD_REQUEST, Some(field), m),
+            crate::observe::ObserveError::Unavailable(m) => error(StatusCode::SERVICE_UNAVAILABLE, None, m),
+        }
+    }
+}
+
+/// A duration parameter in seconds (`default` when absent); 400 naming `field` when unreadable.
+#[allow(clippy::result_large_err)]
+pub(super) fn seconds(field: &str, v: Option<&str>, default: f64) -> Result<f64, Response> {
+    match v {
+        None => Ok(default),
+        Some(v) => match lattice_traces::parse_duration(v) {
+            Ok(t) if t.0 > 0 => Ok(t.0 as f64 / 1000.0),
+            Ok(_) => Err(error(
+                StatusCode::BAD_REQUEST,
+                Some(field),
+                format!("`{v}`: must be positive"),
+            )),
+            Err(m) => Err(error(StatusCode::BAD_REQUEST, Some(field), format!("`{v}`: {m}"))),
+        },
+    }
+}
+
+/// What a Server-Sent Events relay sends on.
+pub(super) type EventTx = tokio::sync::mpsc::Sender<Result<axum::response::sse::Event, std::convert::Infallible>>;
+
+/// A Server-Sent Events answer fed by `relay`, which runs on a task of its own until it returns or
+/// the client goes away (its sends fail); comments keep an idle connection alive.
+pub(super) fn sse<F, Fut>(relay: F) -> Response
+where
+    F: FnOnce(EventTx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use axum::response::sse::{KeepAlive, Sse};
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(relay(tx));
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,167 @@
+//! Attaching to a running allocation and interactive sessions: the WebSocket terminal relay.
+
+use super::common::*;
+use crate::ops;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+pub(super) async fn create_session(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+    let req: ops::SessionRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return body_error(e),
+    };
+    match ops::create_session(&s, &p, req).await {
+        Ok(id) => (
+            StatusCode::CREATED,
+            Json(json!({"session_id": id, "allocation_id": id})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(super) async fn get_session(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    match ops::session(&s, &p, &id).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(super) async fn delete_session(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+    if let Err(e) = ops::session(&s, &p, &id).await {
+        return e.into_response();
+    }
+    match ops::cancel(&s, &p, &id).await {
+        Ok(state) => Json(json!({"session_id": id, "state": state})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/sessions/{id}/terminal`: a session's terminal, as `attach` opens it.
+pub(super) async fn session_terminal(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    q: QueryIn<crate::tasks::TerminalRequest>,
+    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    if let Err(e) = ops::session(&s, &p, &id).await {
+        return e.into_response();
+    }
+    attach(State(s), Extension(p), Path(id), q, ws).await
+}
+
+/// `GET /v1/allocations/{id}/attach?node=&command=&rows=&cols=&term=` (WebSocket upgrade): a terminal
+/// inside the running allocation, relayed to its node's agent. Binary frames are the terminal's bytes
+/// both ways; text frames from the client are `{"resize": {"rows", "cols"}}` or `{"signal": "INT"}`;
+/// the server ends with a text frame `{"exit_code": N}` (or `{"error": "..."}`) and closes.
+pub(super) async fn attach(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    QueryIn(q): QueryIn<crate::tasks::TerminalRequest>,
+    ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    let node = q.node.clone();
+    let (start, addr, node, sensitive) = match ops::attach_target(&s, &p, &id, node.as_deref(), q).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(ws) = ws else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "a terminal needs a WebSocket upgrade", "field": "connection"})),
+        )
+            .into_response();
+    };
+    ws.on_upgrade(move |socket| relay_terminal(s, p, id, node, start, addr, sensitive, socket))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn relay_terminal(
+    s: std::sync::Arc<crate::context::Shared>,
+    p: crate::auth::Principal,
+    id: String,
+    node: String,
+    start: lattice_adapters::peer::AttachStart,
+    addr: String,
+    sensitive: bool,
+    socket: axum::extract::ws::WebSocket,
+) {
+    use axum::extract::ws::Message;
+    use futures_util::{SinkExt, StreamExt};
+    use lattice_adapters::peer::{AttachInput, AttachOutput};
+    let _open = crate::metrics::StreamGuard::open(&s.metrics, "attach");
+    let (mut sink, mut stream) = socket.split();
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
+    let mut out = match lattice_adapters::peer::attach(&addr, start, in_rx).await {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = sink
+                .send(Message::Text(json!({"error": e.to_string()}).to_string().into()))
+                .await;
+            let _ = sink.close().await;
+            return;
+        }
+    };
+    if sensitive {
+        ops::audit_attach(&s, &p, &id, &node, "attach").await;
+    }
+    let mut how = "client left";
+    loop {
+        tokio::select! {
+            m = stream.next() => match m {
+                Some(Ok(Message::Binary(b))) => {
+                    if in_tx.send(AttachInput::Stdin(b.to_vec())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+                    let input = if let Some(r) = v.get("resize") {
+                        Some(AttachInput::Resize {
+                            rows: r["rows"].as_u64().unwrap_or(24).min(u16::MAX as u64) as u16,
+                            cols: r["cols"].as_u64().unwrap_or(80).min(u16::MAX as u64) as u16,
+                        })
+                    } else if let Some(sig) = v["signal"].as_str() {
+                        Some(AttachInput::Signal(sig.to_string()))
+                    } else {
+                        v["stdin"].as_str().map(|d| AttachInput::Stdin(d.as_bytes().to_vec()))
+                    };
+                    if let Some(i) = input && in_tx.send(i).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            },
+            o = out.recv() => match o {
+                Some(AttachOutput::Stdout(b)) => {
+                    if sink.send(Message::Binary(b.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(AttachOutput::Exit(c)) => {
+                    how = "exited";
+                    let _ = sink.send(Message::Text(json!({"exit_code": c}).to_string().into())).await;
+                    break;
+                }
+                Some(AttachOutput::Error(e)) => {
+                    how = "node lost";
+                    let _ = sink.send(Message::Text(json!({"error": e}).to_string().into())).await;
+                    break;
+                }
+                None => break,
+            },
+        }
+    }
+    // Dropping the input hangs the terminal up (SIGHUP to its session) if it still runs.
+    drop(in_tx);
+    let _ = sink.close().await;
+    if sensitive {
+        ops::audit_attach(&s, &p, &id, &node, &format!("attach_end ({how})")).await;
+    }
+}
