@@ -1,0 +1,849 @@
+//! The control plane's local (eventually consistent) state: the very same `lattice-engine` the
+//! simulator drives, fed from the API and the wall clock, plus the names and request details the API
+//! shows. Node ownership itself is decided by the quorum; this side only proposes.
+//!
+//! [`Control`] and the controller calls every change goes through are here; its other methods are
+//! grouped by responsibility in the child modules (submissions, the allocation's lifecycle after a
+//! start is proposed, agents, task launches, sensitive boots and wipes, logs, network domains,
+//! administration, read-only queries). What a request may say is [`request`]; what the control plane
+//! answers with is [`types`].
+
+mod admin;
+mod agents;
+mod fabric;
+mod launches;
+mod lifecycle;
+mod logs;
+mod queries;
+mod request;
+mod submit;
+mod types;
+mod wipes;
+
+pub use request::*;
+pub use types::*;
+
+pub use crate::world::PendingProposal;
+use crate::world::{Action, Outbox};
+use lattice_adapters::logstore::Stream;
+/// The agent wire types (declared once, with the agent: `lattice-agent-protocol`).
+pub use lattice_agent_protocol::{
+    Buffered as BufferedBeat, ExitKind, Launch, Metric as MetricIn, Outcome, Output as OutputIn, PreemptWork,
+    TaskGroup as TaskGroupView, Work,
+};
+use lattice_engine::PreemptHow;
+use lattice_engine::{AllocId, Controller, Decision, Input, Policy, TenantId, Time, VClusterConfig, VClusterId};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What happened since the metrics last took it ([`Control::take_tally`]): the events behind the
+/// seed's preemption, checkpoint and wipe metrics. Counts by label, durations (at most
+/// [`TALLY_SAMPLES`] between two takes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tally {
+    /// (victim's vCluster, reason) → preemptions ordered.
+    pub preemptions: BTreeMap<(String, String), u64>,
+    pub victim_requeues: u64,
+    pub failed_checkpoints: u64,
+    pub wipe_failures: u64,
+    /// Drifted nodes taken Down for not being remediated in time.
+    pub drift_timeouts: u64,
+    /// Hardened boots of claimed nodes that failed or timed out (the node out, the claim failed).
+    pub boot_failures: u64,
+    pub checkpoints_ok: u64,
+    pub checkpoints_failed: u64,
+    /// Preemption checkpoints: hint to the last node's report, seconds.
+    pub preemption_checkpoint_s: Vec<f64>,
+    /// Checkpoint hints to their completion, seconds.
+    pub checkpoint_s: Vec<f64>,
+    /// Heartbeat round trips the agents measured, seconds.
+    pub heartbeat_rtt_s: Vec<(String, f64)>,
+    /// Runs killed at their walltime with a checkpoint in progress.
+    pub walltime_conflicts: u64,
+}
+
+/// See [`Tally`].
+pub const TALLY_SAMPLES: usize = 4096;
+
+fn sample<T>(v: &mut Vec<T>, x: T) {
+    if v.len() < TALLY_SAMPLES {
+        v.push(x);
+    }
+}
+
+/// Per-allocation details the engine does not keep.
+#[derive(Clone, Debug)]
+struct Meta {
+    name: String,
+    user: Option<String>,
+    project: Option<String>,
+    network_domain: Option<String>,
+    entrypoint: Option<String>,
+    tags: BTreeMap<String, String>,
+    run: std::time::Duration,
+    last_rejection: Option<String>,
+    telemetry: String,
+    checkpoints: u32,
+    last_checkpoint_ms: Option<u64>,
+    /// Why it was last preempted ("priority for a-000009").
+    preempted_for: Option<String>,
+    /// Reactive: the metric it scales on.
+    metric: Option<String>,
+    environment: Option<EnvironmentIn>,
+    data: Option<DataIn>,
+    /// Its exposed ports and its liveness probe.
+    expose: Vec<ExposeIn>,
+    liveness: Option<lattice_agent_protocol::ProbeSpec>,
+}
+
+impl Meta {
+    fn new(name: String, run: std::time::Duration) -> Meta {
+        Meta {
+            name,
+            user: None,
+            project: None,
+            network_domain: None,
+            entrypoint: None,
+            tags: BTreeMap::new(),
+            run,
+            last_rejection: None,
+            telemetry: "prod".into(),
+            checkpoints: 0,
+            last_checkpoint_ms: None,
+            preempted_for: None,
+            metric: None,
+            environment: None,
+            data: None,
+            expose: Vec::new(),
+            liveness: None,
+        }
+    }
+}
+
+pub struct Control {
+    /// The controller `rm-replay` runs, with the engine it owns.
+    pub ctl: Controller,
+    /// (tenant, idempotency key) → the id its first submission got.
+    keys: BTreeMap<(String, String), String>,
+    /// Submissions queued here not yet known to be on a majority's disks: id → whether a request
+    /// is mirroring it right now.
+    unacked: BTreeMap<String, bool>,
+    /// The Raft term in which this control plane adopted the durable queue (`None`: it did not; a
+    /// follower's, or a fresh one).
+    pub adopted_term: Option<u64>,
+    /// Unique per control plane in this process (its engine's ids mean nothing to another).
+    pub incarnation: u64,
+    /// The controller's decisions not yet turned into [`Action`]s.
+    outbox: Outbox,
+    /// Victims being preempted (until their agents report them stopped): how, from when, and the
+    /// nodes whose (real) agent has not been told yet.
+    preempting: BTreeMap<AllocId, Preempting>,
+    /// Real agents: per allocation with a checkpoint hint out, what each node's agent reported.
+    hint_reports: BTreeMap<AllocId, BTreeMap<u32, bool>>,
+    /// Reactive allocations: each node's latest sample of the metric they scale on.
+    metric_samples: BTreeMap<AllocId, BTreeMap<u32, f64>>,
+    /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
+    /// each node's outcome.
+    wiping: BTreeMap<AllocId, Wiping>,
+    /// Cancels that came while the allocation's start was at the quorum ([`Control::cancel`]).
+    cancel_after_answer: std::collections::BTreeSet<AllocId>,
+    /// OpenCHAMI wipes released claims' nodes (agents are not told to).
+    pub wipe_by_openchami: bool,
+    /// A wipe not confirmed within this is a failure (`sensitive.wipe_timeout`).
+    pub wipe_timeout_ms: u64,
+    /// Per (claim, node): when its wipe started and why it failed, for the audit entry.
+    wipe_notes: BTreeMap<(AllocId, u32), String>,
+    /// Per node: when its heartbeat grace runs out (ms), once it missed one.
+    grace_until: BTreeMap<u32, u64>,
+    /// When the engine asked to be woken next.
+    /// Network domains and the VNI pool (book: "Network Domains").
+    pub network: crate::network::NetworkDomains,
+    /// The fabric manager is in use: a launch waits for its CXI service.
+    pub fabric: bool,
+    /// Staging allocations: whether their VAST prefetch is issued, and how many times it failed.
+    prefetched: BTreeMap<AllocId, (bool, u32)>,
+    /// CXI services created for running allocations: name → (service id, auth key).
+    cxi: BTreeMap<String, (String, String)>,
+    tenants: BTreeMap<String, TenantId>,
+    /// (tenant, project) → the engine's project id (a project belongs to one tenant).
+    projects: BTreeMap<(String, String), lattice_engine::ProjectId>,
+    /// Project names by id (the inverse of `projects`).
+    project_of_id: Vec<String>,
+    vclusters: BTreeMap<String, VClusterId>,
+    default_vcluster: String,
+    /// A replay's virtual clock (`None`: [`Control::wall`]).
+    clock: Option<Time>,
+    /// The member's clock ([`Clock`]).
+    pub wall: Clock,
+    meta: Vec<Meta>,
+    by_name: BTreeMap<String, AllocId>,
+    node_names: Vec<String>,
+    next: u64,
+    capture: Option<std::fs::File>,
+    /// DAG id → (member name, allocation id) in submission order.
+    dags: BTreeMap<String, Vec<(String, String)>>,
+    /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered
+    /// ([`SEQ_UNKNOWN`] for a node taken over with a re-attached allocation, until its agent registers).
+    agents: Vec<Option<(u64, u64)>>,
+    /// Ends this control plane knows to be on a majority of the members' copies: a dependent starts
+    /// only on such an end (one that a fail-over could lose would let it run beside its dependency
+    /// run again).
+    settled_ends: std::collections::BTreeSet<String>,
+    /// Ends a dependent waits for: to be recorded on a majority by the scheduling loop.
+    settle_wanted: std::collections::BTreeSet<String>,
+    /// Operators' standing orders from the quorum, by node index: (drained, disabled). Every pass
+    /// holds the engine to them first (a node a new leader's agents bring back Ready stays drained).
+    admin: BTreeMap<u32, (bool, bool)>,
+    /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
+    exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
+    /// The output tails agents reported with exits: allocation → node → text (the newest
+    /// [`LOGS_KEPT`] allocations).
+    logs: BTreeMap<AllocId, BTreeMap<(String, Stream), String>>,
+    /// Allocations that ended before this control plane took over: their final records (from the
+    /// durable copy), by id.
+    history: BTreeMap<String, AllocationView>,
+    /// Re-attached allocations whose simulated agents must resume (drained by the loop).
+    resumed: Vec<AllocId>,
+    /// Real agents run the work: a node is Booting (not schedulable) until its agent registers.
+    pub real_agents: bool,
+    /// (node, allocation) of starts not yet launched on that node: a process of the allocation the
+    /// node's agent still runs there is from an earlier start, stopped first ([`Control::work`]).
+    fresh_starts: std::collections::BTreeSet<(u32, AllocId)>,
+    /// Allocations that left nodes (ended, requeued, preempted) whose agents have not yet shown
+    /// they stopped them there: a next start waits for these ([`Control::work`]).
+    stopping_on: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
+    /// Where agents last said (in their work polls) each allocation runs: node indexes.
+    running_where: BTreeMap<String, std::collections::BTreeSet<u32>>,
+    /// Each node's last running list.
+    agent_running: BTreeMap<u32, Vec<String>>,
+    /// Nodes whose agents have not polled this control plane since it took over, and when it did:
+    /// they may still run anything (under a predecessor's lease) until that lease is surely over.
+    unheard: std::collections::BTreeSet<u32>,
+    took_over_ms: u64,
+    /// Allocations taken over from the durable queue (a predecessor may have started them; ones
+    /// submitted since cannot run anywhere yet).
+    taken_over: std::collections::BTreeSet<AllocId>,
+    /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
+    pub heartbeat_timeout_ms: u64,
+    /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
+    checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
+    /// Per node: the fingerprint and capabilities its agent reported.
+    agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
+    /// Per node: where its agent's own service listens (task launches' fences between agents).
+    peer_addr: BTreeMap<u32, String>,
+    /// Task launches within running allocations (`lattice launch`): leader state, not replicated.
+    pub launches: crate::tasks::Launches,
+    /// The secret each allocation's launch token is derived from (random per leader; zeros in tests).
+    pub launch_secret: [u8; 32],
+    /// The nodes' image caches: operators' warm/evict orders and what the agents report.
+    pub caches: crate::cache::Caches,
+    /// Per node: when its agent last reported the fingerprint (ms), and whether a fresh one is asked.
+    fingerprint_ms: BTreeMap<u32, u64>,
+    fingerprint_asked: std::collections::BTreeSet<u32>,
+    /// Per node: the conformance baseline it must match (from the inventory: OpenCHAMI's groups).
+    baselines: BTreeMap<u32, String>,
+    /// Per node: the first fingerprint this control plane saw (the baseline when nothing else says).
+    first_fingerprint: BTreeMap<u32, String>,
+    /// Per drifted node: (expected, actual) fingerprints.
+    drift_seen: BTreeMap<u32, (String, String)>,
+    /// Allocations someone follows (until when, ms) and the live output their agents sent.
+    followed: BTreeMap<AllocId, u64>,
+    live: BTreeMap<AllocId, BTreeMap<(String, Stream), std::collections::VecDeque<OutputIn>>>,
+    /// Events for the metrics since they last took them.
+    tally: Tally,
+    /// When each allocation's last checkpoint hint went out (its duration ends at the report).
+    hinted_at: BTreeMap<AllocId, Time>,
+    /// Per node: the last partition its agent replayed heartbeats for.
+    partitions: BTreeMap<u32, Partition>,
+    node_by_name: BTreeMap<String, u32>,
+}
+
+/// What a submission queued: its id (a task group's own id) and each allocation with the request
+/// that recreates it.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub id: String,
+    pub elements: Vec<(String, SubmitRequest)>,
+}
+
+/// Live output of one allocation on one node (the newest [`LIVE_BYTES`] at most).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LiveOutput {
+    /// Output offset of `data`'s first byte.
+    pub offset: u64,
+    pub data: String,
+    /// Offset after `data`: pass it back as `after` for what follows.
+    pub next: u64,
+}
+
+/// Live output kept per allocation and node.
+pub const LIVE_BYTES: usize = 1 << 20;
+
+/// How long a follow request keeps an allocation's output streaming from its agents (ms).
+pub const FOLLOW_MS: u64 = 10_000;
+
+/// A victim's preemption in progress.
+#[derive(Clone, Debug)]
+struct Preempting {
+    how: PreemptHow,
+    /// When the sequence starts (a reclaim's grace period later).
+    at: Time,
+    /// Nodes whose agent has not been told yet.
+    to_tell: std::collections::BTreeSet<u32>,
+}
+
+/// A released claim's wipe on real agents.
+#[derive(Clone, Debug)]
+struct Wiping {
+    to_tell: std::collections::BTreeSet<u32>,
+    /// Nodes whose outcome has not been reported yet.
+    waiting: std::collections::BTreeSet<u32>,
+    /// When the wipe started (ms since the epoch).
+    started_ms: u64,
+}
+
+/// What an agent reports with a poll besides what it runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentReports {
+    /// Outcomes of checkpoint hints on its node.
+    pub checkpointed: Vec<Outcome>,
+    /// Outcomes of wipes it ran.
+    pub wiped: Vec<Outcome>,
+    /// Scaling-metric samples of allocations on its node.
+    pub metrics: Vec<MetricIn>,
+    /// Task launches that ended on its node.
+    pub task_ends: Vec<crate::tasks::TaskEndIn>,
+    /// Task launches that run on its node now.
+    pub tasks_running: Vec<String>,
+    /// Outcomes of image cache orders, and the cache's contents when they changed.
+    pub cache_done: Vec<crate::cache::CacheOutcome>,
+    pub cache: Option<Vec<crate::cache::CachedImage>>,
+}
+
+/// How many allocations' output tails the control plane keeps (the full logs stay on the nodes).
+pub const LOGS_KEPT: usize = 1000;
+
+/// The most of one node's output an exit report carries.
+pub const LOG_TAIL_BYTES: usize = 64 * 1024;
+
+impl Control {
+    /// The site's engine (the same builder `rm-replay` uses: [`lattice_traces::site_engine`]) with the
+    /// inventory's vClusters, then the profile's (or one EASY vCluster `default` when there are none).
+    pub fn new(
+        inventory: &lattice_traces::Inventory,
+        vclusters: BTreeMap<String, VClusterConfig>,
+        contracts: &lattice_traces::Contracts,
+        capture: Option<&std::path::Path>,
+    ) -> anyhow::Result<Control> {
+        let node_names = inventory.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut engine = lattice_traces::site_engine(
+            inventory,
+            Policy::EASY,
+            lattice_engine::FairShareConfig::default(),
+            inventory.sensitive_pool_size,
+            &[],
+        )?;
+        let mut vcs: BTreeMap<String, VClusterId> = inventory
+            .vclusters
+            .names()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), VClusterId(i as u32)))
+            .collect();
+        let mut default_vcluster = inventory
+            .vclusters
+            .names()
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "default".to_string());
+        for (i, (name, cfg)) in vclusters.into_iter().enumerate() {
+            let id = match vcs.get(&name) {
+                Some(&id) => id,
+                None => engine.add_vcluster(&name),
+            };
+            engine.configure_vcluster(id, cfg)?;
+            if i == 0 {
+                default_vcluster = name.clone();
+            }
+            vcs.insert(name, id);
+        }
+        if vcs.is_empty() {
+            vcs.insert("default".to_string(), engine.add_vcluster("default"));
+        }
+        let mut c = Control::with_controller(Controller::new(engine), node_names, vcs, default_vcluster)?;
+        for (t, q) in &contracts.tenants {
+            let id = c.tenant_id(t);
+            c.ctl.engine.set_tenant_quota(id, *q);
+        }
+        for (t, p, q) in contracts.project_list() {
+            let (tenant, project) = (c.tenant_id(t), c.project_id(t, p));
+            c.ctl.engine.set_project_quota(project, tenant, *q);
+        }
+        if let Some(path) = capture {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            c.capture = Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?);
+        }
+        Ok(c)
+    }
+
+    /// A control plane around a controller already set up (a replay's, for the parity test): node
+    /// `i` is `node_names[i]`; vClusters by name.
+    pub fn with_controller(
+        ctl: Controller,
+        node_names: Vec<String>,
+        vclusters: BTreeMap<String, VClusterId>,
+        default_vcluster: String,
+    ) -> anyhow::Result<Control> {
+        let vcs = vclusters;
+        let mut c = Control {
+            clock: None,
+            wall: Clock::system(),
+            keys: BTreeMap::new(),
+            unacked: BTreeMap::new(),
+            adopted_term: None,
+            incarnation: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
+            ctl,
+            outbox: Outbox::default(),
+            grace_until: BTreeMap::new(),
+            preempting: BTreeMap::new(),
+            hint_reports: BTreeMap::new(),
+            metric_samples: BTreeMap::new(),
+            wiping: BTreeMap::new(),
+            cancel_after_answer: Default::default(),
+            wipe_by_openchami: false,
+            wipe_timeout_ms: 30 * 60_000,
+            wipe_notes: BTreeMap::new(),
+            network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
+            fabric: false,
+            prefetched: BTreeMap::new(),
+            cxi: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            projects: BTreeMap::new(),
+            project_of_id: Vec::new(),
+            vclusters: vcs,
+            default_vcluster,
+            meta: Vec::new(),
+            by_name: BTreeMap::new(),
+            node_names,
+            next: 1,
+            capture: None,
+            dags: BTreeMap::new(),
+            agents: Vec::new(),
+            admin: BTreeMap::new(),
+            settled_ends: Default::default(),
+            settle_wanted: Default::default(),
+            exits: BTreeMap::new(),
+            agent_info: BTreeMap::new(),
+            peer_addr: BTreeMap::new(),
+            launches: Default::default(),
+            launch_secret: [0; 32],
+            caches: Default::default(),
+            fingerprint_ms: BTreeMap::new(),
+            fingerprint_asked: Default::default(),
+            baselines: BTreeMap::new(),
+            first_fingerprint: BTreeMap::new(),
+            drift_seen: BTreeMap::new(),
+            partitions: BTreeMap::new(),
+            followed: BTreeMap::new(),
+            live: BTreeMap::new(),
+            tally: Tally::default(),
+            hinted_at: BTreeMap::new(),
+            checkpoint_hints: BTreeMap::new(),
+            logs: BTreeMap::new(),
+            history: BTreeMap::new(),
+            resumed: Vec::new(),
+            real_agents: false,
+            heartbeat_timeout_ms: 30_000,
+            fresh_starts: std::collections::BTreeSet::new(),
+            stopping_on: BTreeMap::new(),
+            running_where: BTreeMap::new(),
+            agent_running: BTreeMap::new(),
+            unheard: std::collections::BTreeSet::new(),
+            took_over_ms: 0,
+            taken_over: std::collections::BTreeSet::new(),
+            node_by_name: BTreeMap::new(),
+        };
+        c.node_by_name = c
+            .node_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u32))
+            .collect();
+        c.agents = vec![None; c.node_names.len()];
+        Ok(c)
+    }
+
+    /// The engine's clock never goes back ([`Clock`] is monotonic; and never before the engine's
+    /// last input). A replay sets a virtual clock instead ([`Control::set_clock`]).
+    pub fn now(&self) -> Time {
+        match self.clock {
+            Some(t) => t,
+            None => Time(self.wall.now_ms()).max(self.ctl.engine.now()),
+        }
+    }
+
+    /// Appends the trace capture to `path` from now on (a replay's, for the round trip).
+    pub fn capture_to(&mut self, path: &std::path::Path) -> std::io::Result<()> {
+        self.capture = Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?);
+        Ok(())
+    }
+
+    /// Runs on a virtual clock from now on: every input and pass happens at `t` until the next call.
+    pub fn set_clock(&mut self, t: Time) {
+        self.clock = Some(t);
+    }
+
+    /// Runs a scheduling pass at `now`; what it decided is in [`Control::take_actions`]. How long the
+    /// pass took (the engine's CPU time, for `/metrics`).
+    pub fn schedule(&mut self) -> (lattice_engine::PassStats, std::time::Duration) {
+        self.enforce_admin();
+        let now = self.now();
+        let t0 = std::time::Instant::now();
+        let stats = self.ctl.schedule(now);
+        let took = t0.elapsed();
+        let expired = self.ctl.stats.drift_timeouts;
+        let boot_failures = self.ctl.stats.boot_failures;
+        if let Err(e) = self.ctl.dispatch(now, &mut self.outbox) {
+            tracing::error!("carrying out the pass's decisions: {e}");
+        }
+        let timed_out = self.ctl.stats.boot_failures - boot_failures;
+        if timed_out > 0 {
+            self.tally.boot_failures += timed_out;
+            tracing::error!(
+                "{timed_out} claimed node(s) not booted into the hardened image within sensitive.boot_timeout: \
+                 out of service, their claims failed (an operator must investigate)"
+            );
+        }
+        let expired = self.ctl.stats.drift_timeouts - expired;
+        if expired > 0 {
+            self.tally.drift_timeouts += expired;
+            tracing::error!(
+                "{expired} drifted node(s) not remediated within the drift remediation timeout: taken Down \
+                 (an operator must investigate and bring them back)"
+            );
+        }
+        (stats, took)
+    }
+
+    /// Applies what happened in the world (an agent's report, a quorum answer, a node change) at
+    /// the current time; what it caused is in [`Control::take_actions`].
+    pub fn input(&mut self, input: Input) -> Result<(), lattice_engine::ControlError> {
+        let now = self.now();
+        self.ctl.apply(now, input, &mut self.outbox)?;
+        self.capture_input(now, input);
+        Ok(())
+    }
+
+    /// The capture's line for an input that came from outside the world `rm-replay` models: an
+    /// owner's cancel or walltime change, a node's failure, recovery, drain or undrain, a metric
+    /// sample, checkpoint storage going down or up. (Commits, exits, checkpoints and wipes are the
+    /// world's answers: a replay's fake world gives them again.)
+    fn capture_input(&mut self, now: Time, input: Input) {
+        use lattice_engine::NodeEvent as E;
+        if self.capture.is_none() {
+            return;
+        }
+        let ts = now.0 as f64 / 1000.0;
+        let node = |n: lattice_engine::NodeId| self.node_names.get(n.index()).cloned().unwrap_or_default();
+        let line = match input {
+            Input::Cancel(id) => serde_json::json!({"ts": ts, "type": "cancel", "alloc_id": self.name_of(id)}),
+            Input::Walltime(id, w) => serde_json::json!({
+                "ts": ts, "type": "walltime", "alloc_id": self.name_of(id), "walltime": w.as_secs_f64()
+            }),
+            Input::Metric(id, value) => {
+                let mut v =
+                    serde_json::json!({"ts": ts, "type": "metric", "alloc_id": self.name_of(id), "value": value});
+                if let Some(m) = self.meta.get(id.index()).and_then(|m| m.metric.clone()) {
+                    v["metric"] = m.into();
+                }
+                v
+            }
+            Input::Storage(up) => serde_json::json!({
+                "ts": ts, "type": if up { "storage_recover" } else { "storage_outage" }
+            }),
+            Input::Weights(vc, weights) => serde_json::json!({
+                "ts": ts,
+                "type": "weights",
+                "vcluster": self.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default(),
+                "weights": weights,
+            }),
+            Input::Node(n, ev) => {
+                let (kind, mode) = match ev {
+                    E::Drain => ("drain", None),
+                    E::Undrain => ("undrain", None),
+                    E::HardwareFailure => ("node_fail", Some("hardware")),
+                    E::HeartbeatMiss => ("node_fail", Some("heartbeat")),
+                    E::Enable | E::HeartbeatResume => ("node_recover", None),
+                    // Registration, boot and health checks: a replay's nodes start ready; a grace
+                    // that runs out follows from the heartbeat failure.
+                    _ => return,
+                };
+                let mut v = serde_json::json!({"ts": ts, "type": kind, "node": node(n)});
+                if let Some(m) = mode {
+                    v["mode"] = m.into();
+                }
+                v
+            }
+            Input::Conformance(n, drifted) => serde_json::json!({
+                "ts": ts, "type": if drifted { "drift" } else { "conform" }, "node": node(n)
+            }),
+            Input::RetryWipe(n) => serde_json::json!({"ts": ts, "type": "wipe_retry", "node": node(n)}),
+            _ => return,
+        };
+        self.capture_line(line);
+    }
+
+    /// When the engine wants its next pass (a cycle tick, an energy window, a staging end).
+    /// Asked of the engine as it is now, not as the pass left it: proposals the quorum committed
+    /// since (their runs, their ends) move it.
+    pub fn next_wakeup(&self) -> Option<Time> {
+        let now = self.now();
+        self.ctl.next_wakeup().filter(|t| *t > now)
+    }
+
+    /// The controller's decisions since the last call, as actions for the server (in order). Watches
+    /// and wake-ups are kept here; a start that would need a VNI the pool cannot give stays pending.
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        // New network domains these proposals would create (each needs a VNI of its own).
+        let mut new_domains: std::collections::BTreeSet<(String, String)> = Default::default();
+        while !self.outbox.0.is_empty() {
+            let decisions = std::mem::take(&mut self.outbox.0);
+            for (t, d) in decisions {
+                match d {
+                    Decision::Propose(p) => {
+                        let Some(a) = self.ctl.engine.allocation(p.alloc) else {
+                            continue;
+                        };
+                        let tenant = self.tenant_name(a.spec.tenant);
+                        let sensitive = a.spec.sensitive_claim;
+                        if let Some(d) = self.domain_of(p.alloc, p.nodes.len() as u32) {
+                            let key = (tenant.clone(), d.clone());
+                            let (total, used) = self.network.pool();
+                            let exists = self.network.exists(&tenant, &d);
+                            if !exists && !new_domains.contains(&key) && used + new_domains.len() >= total {
+                                // Stays Pending (retried next cycle, when a domain may have been released).
+                                self.rejected(
+                                    p.alloc,
+                                    format!("vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"),
+                                );
+                                continue;
+                            }
+                            if !exists {
+                                new_domains.insert(key);
+                            }
+                        }
+                        let m = self.meta.get(p.alloc.index());
+                        out.push(Action::Propose(PendingProposal {
+                            incarnation: self.incarnation,
+                            alloc: p.alloc,
+                            name: m.map(|m| m.name.clone()).unwrap_or_default(),
+                            tenant,
+                            user: m.and_then(|m| m.user.clone()).unwrap_or_default(),
+                            nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            sensitive,
+                            backfilled: p.backfilled,
+                            project: m.and_then(|m| m.project.clone()),
+                        }));
+                    }
+                    Decision::Release { alloc, nodes } => {
+                        self.checkpoint_hints.remove(&alloc);
+                        if self.real_agents {
+                            // Until each of these nodes' agents shows it no longer runs the
+                            // allocation (or the node is Down: its agent fenced it), a next start
+                            // of it waits: never two runs at once.
+                            self.stopping_on
+                                .entry(alloc)
+                                .or_default()
+                                .extend(nodes.iter().map(|n| n.0));
+                        }
+                        out.push(Action::Release {
+                            alloc,
+                            name: self.name_of(alloc),
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                        })
+                    }
+                    Decision::Scale { alloc, node, added } => out.push(Action::Scale {
+                        alloc,
+                        name: self.name_of(alloc),
+                        node: self.node_names[node.index()].clone(),
+                        added,
+                    }),
+                    Decision::Audit { alloc, event, nodes } => out.push(Action::Audit {
+                        alloc,
+                        user: self
+                            .meta
+                            .get(alloc.index())
+                            .and_then(|m| m.user.clone())
+                            .unwrap_or_default(),
+                        name: self.name_of(alloc),
+                        event,
+                        note: nodes
+                            .iter()
+                            .filter_map(|n| self.wipe_notes.remove(&(alloc, n.0)))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                        nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                    }),
+                    Decision::Launch {
+                        alloc,
+                        nodes,
+                        resume_from,
+                        staging_remaining_s,
+                    } => {
+                        let name = self.name_of(alloc);
+                        // A new start: exits reported in an earlier one (before a requeue) are not
+                        // this one's.
+                        self.exits.remove(&alloc);
+                        // A new start: a process of this allocation still running on one of its
+                        // nodes belongs to an earlier start (a requeue onto overlapping nodes).
+                        if self.real_agents {
+                            for n in &nodes {
+                                self.fresh_starts.insert((n.0, alloc));
+                            }
+                        }
+                        out.push(Action::Launch {
+                            alloc,
+                            vni: self.network.vni_of(&name),
+                            name,
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            resume_from,
+                            staging_remaining_s,
+                        });
+                    }
+                    Decision::Stop { alloc, why } => {
+                        tracing::info!("{} stops: {why:?}", self.name_of(alloc));
+                        out.push(Action::Stop {
+                            alloc,
+                            name: self.name_of(alloc),
+                            why,
+                        });
+                    }
+                    Decision::Preempt(o) => {
+                        tracing::info!(
+                            "{} preempted for {} ({}): {:?}",
+                            self.name_of(o.alloc),
+                            self.name_of(o.for_alloc),
+                            o.reason.as_str(),
+                            o.how
+                        );
+                        let why = format!("{} for {}", o.reason.as_str(), self.name_of(o.for_alloc));
+                        let vcluster = self
+                            .ctl
+                            .engine
+                            .allocation(o.alloc)
+                            .and_then(|a| self.ctl.engine.vcluster(a.spec.vcluster))
+                            .map(|v| v.name)
+                            .unwrap_or_default();
+                        *self
+                            .tally
+                            .preemptions
+                            .entry((vcluster, o.reason.as_str().to_string()))
+                            .or_default() += 1;
+                        if let Some(m) = self.meta.get_mut(o.alloc.index()) {
+                            m.preempted_for = Some(why);
+                        }
+                        let to_tell = self
+                            .ctl
+                            .engine
+                            .allocation(o.alloc)
+                            .map(|a| a.nodes.iter().map(|n| n.0).collect())
+                            .unwrap_or_default();
+                        self.preempting.insert(
+                            o.alloc,
+                            Preempting {
+                                how: o.how,
+                                at: o.at,
+                                to_tell,
+                            },
+                        );
+                        out.push(Action::Preempt {
+                            name: self.name_of(o.alloc),
+                            order: o,
+                        });
+                    }
+                    Decision::Checkpoint { alloc } => {
+                        self.hinted_at.insert(alloc, self.now());
+                        // Real agents deliver it at their next poll, by the allocation's mechanism.
+                        if let Some(a) = self.ctl.engine.allocation(alloc) {
+                            let nodes = a.nodes.iter().map(|n| n.0).collect();
+                            self.checkpoint_hints.insert(alloc, nodes);
+                            self.hint_reports.remove(&alloc);
+                        }
+                        out.push(Action::Checkpoint {
+                            alloc,
+                            name: self.name_of(alloc),
+                        });
+                    }
+                    Decision::Wipe { alloc, nodes } => {
+                        // Real agents run the site's wipe command at their next poll, unless
+                        // OpenCHAMI wipes the nodes.
+                        let to_tell = if self.wipe_by_openchami {
+                            Default::default()
+                        } else {
+                            nodes.iter().map(|n| n.0).collect()
+                        };
+                        self.wiping.insert(
+                            alloc,
+                            Wiping {
+                                to_tell,
+                                waiting: nodes.iter().map(|n| n.0).collect(),
+                                started_ms: t.0,
+                            },
+                        );
+                        out.push(Action::Wipe {
+                            alloc,
+                            name: self.name_of(alloc),
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                        })
+                    }
+                    Decision::Boot { alloc, nodes } => {
+                        tracing::info!(
+                            "{}: its nodes boot the hardened image before it starts",
+                            self.name_of(alloc)
+                        );
+                        out.push(Action::Boot {
+                            alloc,
+                            name: self.name_of(alloc),
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                        })
+                    }
+                    Decision::Watch { node, grace } => {
+                        self.grace_until.insert(node.0, t.0 + grace.0);
+                        out.push(Action::Watch { node, grace });
+                    }
+                    Decision::Drift {
+                        node,
+                        drifted,
+                        sensitive,
+                    } => {
+                        let claim = self
+                            .ctl
+                            .engine
+                            .node(node)
+                            .and_then(|n| n.owner)
+                            .filter(|o| self.ctl.engine.is_sensitive(o.alloc))
+                            .map(|o| self.name_of(o.alloc));
+                        out.push(Action::Drift {
+                            node,
+                            name: self.node_names[node.index()].clone(),
+                            drifted,
+                            sensitive,
+                            message: self.drift_message(node.0),
+                            claim,
+                        })
+                    }
+                    // Asked again after every input ([`Control::next_wakeup`]): the quorum commits
+                    // after the pass decided, and what it commits moves the engine's next wake-up.
+                    Decision::WakeAt(_) => {}
+                }
+            }
+        }
+        out
+    }
+}

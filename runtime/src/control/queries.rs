@@ -1,0 +1,401 @@
+//! Read-only answers: allocation and node views, DAGs, services, diagnostics facts, usage records
+//! and accounting rows.
+
+use super::*;
+use lattice_engine::{AllocId, AllocState, Time};
+use std::collections::BTreeMap;
+
+impl Control {
+    /// Every node's name, in inventory order.
+    pub fn node_names(&self) -> &[String] {
+        &self.node_names
+    }
+
+    /// A node's state by name (`ready`, `drained`, ...).
+    pub fn node_state_of(&self, name: &str) -> Option<String> {
+        self.node_index(name).map(|id| self.node_state(id))
+    }
+
+    pub(super) fn node_state(&self, id: lattice_engine::NodeId) -> String {
+        self.ctl
+            .engine
+            .node(id)
+            .map(|n| format!("{:?}", n.state).to_lowercase())
+            .unwrap_or_default()
+    }
+
+    /// The DAGs any of `ids` belongs to, with their members.
+    pub fn dags_of(&self, ids: &[String]) -> Vec<(String, Vec<(String, String)>)> {
+        self.dags
+            .iter()
+            .filter(|(_, members)| members.iter().any(|(_, id)| ids.contains(id)))
+            .map(|(d, members)| (d.clone(), members.clone()))
+            .collect()
+    }
+
+    pub fn dag_ids(&self) -> Vec<String> {
+        self.dags.keys().cloned().collect()
+    }
+
+    pub fn dag(&self, id: &str) -> Option<&Vec<(String, String)>> {
+        self.dags.get(id)
+    }
+
+    pub fn id_of(&self, name: &str) -> Option<AllocId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn name_of(&self, id: AllocId) -> String {
+        self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default()
+    }
+
+    /// What the API shows of `name`: a live allocation, or the final record of one that ended
+    /// before this control plane took over.
+    pub fn view_named(&self, name: &str) -> Option<AllocationView> {
+        match self.by_name.get(name) {
+            Some(&id) => self.view(id),
+            None => self.history.get(name).cloned(),
+        }
+    }
+
+    /// What the control plane knows for an allocation's diagnostics (`GET .../diagnostics`): its
+    /// nodes with their dragonfly groups, network domain and VNI, its declared data, the storage
+    /// bandwidth it asked for and its data readiness. `None` for an unknown or forgotten one.
+    pub fn diagnostics_facts(&self, name: &str) -> Option<DiagnosticsFacts> {
+        let id = *self.by_name.get(name)?;
+        let a = self.ctl.engine.allocation(id)?;
+        let m = self.meta.get(id.index())?;
+        Some(DiagnosticsFacts {
+            nodes: a
+                .nodes
+                .iter()
+                .filter_map(|n| {
+                    Some((
+                        self.node_names[n.index()].clone(),
+                        self.ctl.engine.node(*n)?.spec.group.0,
+                    ))
+                })
+                .collect(),
+            network_domain: m.network_domain.clone(),
+            vni: self.network.vni_of(name),
+            data: m.data.clone(),
+            storage_gbps: a.spec.storage_gbps,
+            data_readiness: self.ctl.engine.data_readiness(id),
+        })
+    }
+
+    /// The service registry (book: "Service Discovery"): each exposed port of each running allocation
+    /// (of `tenant`, when given) on each of its nodes, by service name. Derived from the allocations'
+    /// specs and the nodes they hold, it has the same consistency as node ownership: an allocation that
+    /// ends or is requeued leaves it at once.
+    pub fn services(&self, tenant: Option<&str>) -> BTreeMap<String, Vec<ServiceEndpoint>> {
+        let mut out: BTreeMap<String, Vec<ServiceEndpoint>> = BTreeMap::new();
+        for a in self.ctl.engine.allocations() {
+            let Some(m) = self.meta.get(a.id.index()) else { continue };
+            if a.state != AllocState::Running || m.expose.is_empty() {
+                continue;
+            }
+            let t = self.tenant_name(a.spec.tenant);
+            if tenant.is_some_and(|w| w != t) {
+                continue;
+            }
+            for n in &a.nodes {
+                let node = self.node_names[n.index()].clone();
+                let host = self
+                    .peer_addr
+                    .get(&n.0)
+                    .and_then(|addr| addr.parse::<std::net::SocketAddr>().ok())
+                    .map_or_else(|| node.clone(), |sa| sa.ip().to_string());
+                for e in &m.expose {
+                    out.entry(e.name.clone()).or_default().push(ServiceEndpoint {
+                        allocation: m.name.clone(),
+                        tenant: t.clone(),
+                        node: node.clone(),
+                        host: host.clone(),
+                        port: e.port as u16,
+                        protocol: e.protocol.clone().unwrap_or_else(|| "tcp".into()),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The final records of allocations that ended before this control plane took over.
+    pub fn history(&self) -> impl Iterator<Item = &AllocationView> + '_ {
+        self.history.values()
+    }
+
+    /// The state the API names. A preempted allocation waits again: `suspended` when it resumes
+    /// from its checkpoint, `preempted` when it restarts; `suspending` while its agents stop it.
+    pub(super) fn state_name(&self, id: AllocId, a: &lattice_engine::Allocation) -> &'static str {
+        if self.preempting.contains_key(&id) {
+            "suspending"
+        } else if a.state == AllocState::Pending && a.preempted > 0 {
+            if a.resume_from_checkpoint {
+                "suspended"
+            } else {
+                "preempted"
+            }
+        } else {
+            a.state.as_str()
+        }
+    }
+
+    /// What [`Control::view_named`] says of `name`'s state, end and nodes, without building the
+    /// whole view (the simulation's checker reads it for every allocation after every step).
+    pub fn brief(&self, name: &str) -> Option<Brief<'_>> {
+        match self.by_name.get(name) {
+            Some(&id) => {
+                let a = self.ctl.engine.allocation(id)?;
+                self.meta.get(id.index())?;
+                Some(Brief {
+                    state: self.state_name(id, a),
+                    end_reason: a.end_reason.map(|r| r.as_str()),
+                    ended_ms: a.ended.map(|t| t.0),
+                    holds_nodes: !a.nodes.is_empty(),
+                })
+            }
+            None => self.history.get(name).map(|v| Brief {
+                state: &v.state,
+                end_reason: v.end_reason.as_deref(),
+                ended_ms: v.ended_ms,
+                holds_nodes: !v.nodes.is_empty(),
+            }),
+        }
+    }
+
+    pub fn view(&self, id: AllocId) -> Option<AllocationView> {
+        let a = self.ctl.engine.allocation(id)?;
+        let m = self.meta.get(id.index())?;
+        Some(AllocationView {
+            id: m.name.clone(),
+            tenant: self.tenant_name(a.spec.tenant),
+            vcluster: self
+                .ctl
+                .engine
+                .vcluster(a.spec.vcluster)
+                .map(|v| v.name)
+                .unwrap_or_default(),
+            user: m.user.clone(),
+            project: m.project.clone(),
+            state: self.state_name(id, a).to_string(),
+            nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+            requested_nodes: a.spec.nodes.min,
+            walltime_s: a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),
+            preemption_class: a.spec.preemption_class.get(),
+            submitted_ms: a.submitted.0,
+            started_ms: a.started.map(|t| t.0),
+            ended_ms: a.ended.map(|t| t.0),
+            end_reason: a.end_reason.map(|r| r.as_str().to_string()),
+            entrypoint: m.entrypoint.clone(),
+            environment: m.environment.clone(),
+            tags: m.tags.clone(),
+            last_rejection: m.last_rejection.clone(),
+            vni: self.network.vni_of(&m.name),
+            data_readiness: self.ctl.engine.data_readiness(id),
+            telemetry: m.telemetry.clone(),
+            checkpoints: m.checkpoints,
+            last_checkpoint_ms: m.last_checkpoint_ms,
+            preempted: a.preempted,
+            preemption: m.preempted_for.clone(),
+            task_group: self.group_view(a),
+            waiting: self.waiting_view(id),
+            depends_on: a
+                .spec
+                .depends_on
+                .iter()
+                .map(|d| DependsIn {
+                    reference: self.name_of(d.on),
+                    condition: match d.condition {
+                        lattice_engine::DependencyCondition::Success => "success",
+                        lattice_engine::DependencyCondition::Failure => "failure",
+                        lattice_engine::DependencyCondition::Any => "any",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Why `id` waits (see [`AllocationView::waiting`]).
+    pub(super) fn waiting_view(&self, id: AllocId) -> Option<serde_json::Value> {
+        let w = self.ctl.engine.waiting(id)?;
+        let mut v = serde_json::to_value(w).ok()?;
+        if let lattice_engine::waiting::Waiting::BehindHead { head } = w {
+            v["head"] = serde_json::json!(self.name_of(head));
+        }
+        v["summary"] = serde_json::json!(w.describe(|a| self.name_of(a), self.now()));
+        Some(v)
+    }
+
+    /// Every allocation: those that ended before this control plane took over first, then the live
+    /// ones in submission order.
+    pub fn list(&self) -> Vec<AllocationView> {
+        let mut out: Vec<AllocationView> = self.history.values().cloned().collect();
+        out.sort_by_key(|v| id_number(&v.id));
+        out.extend(self.ctl.engine.allocations().iter().filter_map(|a| self.view(a.id)));
+        out
+    }
+
+    pub fn nodes(&self) -> Vec<NodeView> {
+        (0..self.node_names.len())
+            .filter_map(|i| self.node_view(lattice_engine::NodeId(i as u32)))
+            .collect()
+    }
+
+    pub fn node_view(&self, id: lattice_engine::NodeId) -> Option<NodeView> {
+        let n = self.ctl.engine.node(id)?;
+        Some(NodeView {
+            name: self.node_names[id.index()].clone(),
+            state: format!("{:?}", n.state).to_lowercase(),
+            owner: n.owner.map(|o| self.name_of(o.alloc)),
+            gpu_type: n.spec.capabilities.gpu_type.clone(),
+            gpu_count: n.spec.capabilities.gpu_count,
+            group: n.spec.group.0,
+            fingerprint: self.agent_info.get(&id.0).and_then(|a| a.0.clone()),
+            agent_capabilities: self.agent_info.get(&id.0).and_then(|a| a.1.clone()),
+            fingerprint_ms: self.fingerprint_ms.get(&id.0).copied(),
+            drifted: self.ctl.is_drifted(id),
+            last_partition: self.partitions.get(&id.0).copied(),
+        })
+    }
+
+    /// Node-hours and GPU-hours held in `[since, until)` by allocations matching the filters.
+    pub fn usage(&self, tenant: Option<&str>, user: Option<&str>, since: Time, until: Time) -> Usage {
+        let mut u = Usage {
+            since_ms: since.0,
+            until_ms: until.0,
+            ..Usage::default()
+        };
+        for r in self.usage_records(tenant, user, since, until) {
+            u.allocations += 1;
+            u.node_hours += r.node_hours;
+            u.gpu_hours += r.gpu_hours;
+        }
+        u
+    }
+
+    /// Each allocation matching the filters that held nodes in `[since, until)`, in submission order,
+    /// with what it used inside the window.
+    pub fn usage_records(
+        &self,
+        tenant: Option<&str>,
+        user: Option<&str>,
+        since: Time,
+        until: Time,
+    ) -> Vec<UsageRecord> {
+        let mut out = Vec::new();
+        for a in self.ctl.engine.allocations() {
+            let Some(started) = a.started else { continue };
+            let end = a.ended.unwrap_or(until).min(until);
+            let start = started.max(since);
+            if end <= start {
+                continue;
+            }
+            let t = self.tenant_name(a.spec.tenant);
+            let m = &self.meta[a.id.index()];
+            if tenant.is_some_and(|w| w != t) || user.is_some_and(|w| Some(w) != m.user.as_deref()) {
+                continue;
+            }
+            let hours = end.since(start).as_secs_f64() / 3600.0;
+            let gpus: u32 = a
+                .nodes
+                .iter()
+                .filter_map(|n| self.ctl.engine.node(*n))
+                .map(|n| n.spec.capabilities.gpu_count)
+                .sum();
+            out.push(UsageRecord {
+                id: m.name.clone(),
+                tenant: t,
+                project: m.project.clone().unwrap_or_else(|| "default".into()),
+                user: m.user.clone(),
+                vcluster: self
+                    .ctl
+                    .engine
+                    .vcluster(a.spec.vcluster)
+                    .map(|v| v.name)
+                    .unwrap_or_default(),
+                state: self.state_name(a.id, a).to_string(),
+                nodes: a.nodes.len() as u32,
+                gpus,
+                started_ms: started.0,
+                ended_ms: a.ended.map(|t| t.0),
+                node_hours: hours * a.nodes.len() as f64,
+                gpu_hours: hours * gpus as f64,
+            });
+        }
+        out
+    }
+
+    /// What the accounting pipeline reports ([`crate::accounting`]): every allocation that ran and has
+    /// something at or after `since_ms` (its start, end or last checkpoint, or it still runs), with
+    /// its GPUs and their type.
+    pub fn accounting_rows(&self, since_ms: u64) -> Vec<AccountingRow> {
+        let live = self.ctl.engine.allocations().iter().filter(|a| {
+            a.started.is_some() && a.ended.is_none_or(|e| e.0 >= since_ms)
+                || self.meta[a.id.index()]
+                    .last_checkpoint_ms
+                    .is_some_and(|c| c >= since_ms)
+        });
+        let live = live.filter_map(|a| self.view(a.id).map(|v| (v, a.spec.sensitive_claim)));
+        let ended = self
+            .history
+            .values()
+            .filter(|v| v.started_ms.is_some() && v.ended_ms.is_none_or(|e| e >= since_ms))
+            .map(|v| (v.clone(), false));
+        ended
+            .chain(live)
+            .map(|(view, sensitive)| {
+                let nodes = view.nodes.iter().filter_map(|n| self.node_index(n));
+                let specs: Vec<_> = nodes.filter_map(|n| self.ctl.engine.node(n)).collect();
+                AccountingRow {
+                    gpus: specs.iter().map(|n| n.spec.capabilities.gpu_count).sum(),
+                    gpu_type: specs.iter().find_map(|n| n.spec.capabilities.gpu_type.clone()),
+                    sensitive,
+                    view,
+                }
+            })
+            .collect()
+    }
+
+    pub fn vcluster_names(&self) -> Vec<String> {
+        self.vclusters.keys().cloned().collect()
+    }
+
+    /// Hard node quotas, by tenant name (tenants that have one).
+    pub fn node_quotas(&self) -> Vec<(String, u32)> {
+        self.tenants
+            .iter()
+            .filter_map(|(name, id)| Some((name.clone(), self.ctl.engine.tenant_quota(*id)?.max_nodes?)))
+            .collect()
+    }
+
+    /// When each registered node's agent was last heard from (ms since the epoch), by node name.
+    pub fn last_heard(&self) -> Vec<(String, u64)> {
+        self.agents
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((self.node_names.get(i)?.clone(), a.as_ref()?.1)))
+            .collect()
+    }
+
+    /// Whether checkpoint storage is up (as last reported).
+    /// The electricity price now, from the profile's price series (f7); `None` without one.
+    pub fn energy_price_now(&self) -> Option<f64> {
+        let now = self.now();
+        self.ctl
+            .engine
+            .config()
+            .energy_prices
+            .iter()
+            .take_while(|(from, _)| *from <= now)
+            .last()
+            .or(self.ctl.engine.config().energy_prices.first())
+            .map(|(_, p)| *p)
+    }
+
+    pub fn checkpoint_storage_available(&self) -> bool {
+        self.ctl.engine.storage_available()
+    }
+}

@@ -1,0 +1,461 @@
+//! What a submission, an update or a telemetry report may say, and the rules each field is checked
+//! against.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `POST /v1/allocations`: the scheduling-relevant part of the Intent API request.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    pub tenant: String,
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub vcluster: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    pub resources: Resources,
+    #[serde(default)]
+    pub lifecycle: Option<LifecycleIn>,
+    #[serde(default)]
+    pub preemption_class: Option<i64>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// Simulated agents only: how long the run takes (default: `sleep N` in the entrypoint, else 1 s).
+    #[serde(default)]
+    pub duration: Option<String>,
+    /// DAG edges: `{"ref": ID, "condition": "success"}` (success/afterok, failure/afternotok,
+    /// any/afterany); `ref` is an allocation id (or, inside a DAG, a member's name).
+    #[serde(default)]
+    pub depends_on: Vec<DependsIn>,
+    /// A sensitive claim (ClaimingUser or SystemAdmin): class 10, first in the queue, its claim and
+    /// release recorded in the quorum's hash-chained audit log.
+    #[serde(default)]
+    pub sensitive: bool,
+    /// `{"strategy": "auto|manual|none", "estimated_minutes": M, "mechanism": "signal|shmem|grpc|dmtcp"}`:
+    /// how the application checkpoints and takes hints.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointIn>,
+    /// `{"network_domain": NAME, "expose": [{"name", "port", "protocol"}]}`: allocations of a tenant
+    /// naming the same domain share a Slingshot VNI; exposed ports are registered services while it runs.
+    #[serde(default)]
+    pub connectivity: Option<ConnectivityIn>,
+    /// A service's liveness probe (`{"probe_type": "tcp|http", "port", "path", "period_secs",
+    /// "initial_delay_secs", "failure_threshold", "timeout_secs"}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<LivenessProbeIn>,
+    /// `{"mounts": [{"source", "size_gb", "tier", "tier_hint"}]}`: input data. A mount hinted `hot`
+    /// that is not there yet is pre-staged while the allocation waits (f5, data readiness). With a VAST
+    /// service the control plane looks up each mount's tier and size (`tier`/`size_gb` may be left
+    /// out); without one, data is taken to be where it is wanted.
+    #[serde(default)]
+    pub data: Option<DataIn>,
+    /// `{"range": {"start": 0, "end": 99}, "concurrency": 20}`: a task group (job array) — one
+    /// allocation per index, `ID[i]`, at most `concurrency` of them running at once; `${INDEX}` in
+    /// the entrypoint becomes the element's index.
+    #[serde(default)]
+    pub task_group: Option<TaskGroupIn>,
+    /// A client-chosen key (at most 128 characters): a submission repeated with the same tenant and
+    /// key — a client's retry after a lost answer — gets the first one's id instead of a second
+    /// allocation, also after a fail-over (the key is part of the durable record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// `{"uenv": "name/version:tag", "view": "default"}`: the software environment its processes run in
+    /// (a SquashFS image mounted for them alone), or `{"image": "name:tag"}`: an OCI image from the
+    /// nodes' image store, run by their OCI runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvironmentIn>,
+}
+
+/// The `environment` block of a submission.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentIn {
+    /// A uenv, `name/version:tag` (e.g. `prgenv-gnu/24.11:v1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uenv: Option<String>,
+    /// The uenv view to activate (its environment variables); default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<String>,
+    /// An OCI image reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// Longest uenv name.
+pub const MAX_UENV_NAME: usize = 200;
+
+/// `name/version:tag`: the agent's rule for a name it can map to the registry and the cache
+/// ([`lattice_agent_protocol::uenv_layout`]), at most [`MAX_UENV_NAME`] bytes.
+pub fn valid_uenv_name(s: &str) -> bool {
+    s.len() <= MAX_UENV_NAME && lattice_agent_protocol::uenv_layout(s).is_ok()
+}
+
+/// Refuses an `environment` block this control plane cannot run, naming the field.
+pub(crate) fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
+    if let Some(image) = &e.image {
+        if e.uenv.is_some() {
+            return Err(bad("environment", "give either uenv or image, not both"));
+        }
+        if e.view.is_some() {
+            return Err(bad("environment.view", "a view needs environment.uenv"));
+        }
+        return lattice_agent_protocol::parse_image_ref(image)
+            .map(|_| ())
+            .map_err(|err| bad("environment.image", err.to_string()));
+    }
+    match (&e.uenv, &e.view) {
+        (Some(u), _) if !valid_uenv_name(u) => Err(bad(
+            "environment.uenv",
+            format!("{u:?}: expected name/version:tag (letters, digits, . _ + -)"),
+        )),
+        (None, Some(_)) => Err(bad("environment.view", "a view needs environment.uenv")),
+        (_, Some(v))
+            if v.is_empty()
+                || v.len() > 64
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
+        {
+            Err(bad(
+                "environment.view",
+                format!("{v:?}: letters, digits, . _ - (at most 64)"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+/// A task group's indices and concurrency limit.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskGroupIn {
+    pub range: IndexRange,
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IndexRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+/// The most elements one task group may have.
+pub const MAX_TASK_GROUP: u32 = 10_000;
+
+/// An agent's heartbeat sequence that this control plane does not know (a node it took over holding
+/// a re-attached allocation, before the agent registers with it).
+pub(crate) const SEQ_UNKNOWN: u64 = u64::MAX;
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DataIn {
+    #[serde(default)]
+    pub mounts: Vec<MountIn>,
+    /// Auto-mount home, create the output (and checkpoint) directory (book: "Sane Defaults"); on
+    /// unless `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountIn {
+    pub source: String,
+    /// Where its processes see it (absent: staged for the scheduler only, not mounted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// read-only | read-write (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
+    #[serde(default)]
+    pub size_gb: Option<f64>,
+    /// Where the data is now: hot | warm | cold.
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// Where the job wants it (default hot).
+    #[serde(default)]
+    pub tier_hint: Option<String>,
+}
+
+pub(crate) fn tier(field: &str, s: &str) -> Result<lattice_engine::Tier, FieldError> {
+    match s {
+        "hot" => Ok(lattice_engine::Tier::Hot),
+        "warm" => Ok(lattice_engine::Tier::Warm),
+        "cold" => Ok(lattice_engine::Tier::Cold),
+        o => Err(bad(field, format!("`{o}`: hot, warm or cold"))),
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectivityIn {
+    #[serde(default)]
+    pub network_domain: Option<String>,
+    /// Named service ports (book: "Service Exposure"): while it runs, each is an endpoint of the
+    /// service registry (`GET /api/v1/services/{name}`) on each of its nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose: Vec<ExposeIn>,
+}
+
+/// One exposed port.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExposeIn {
+    /// The service's name (lowercase letters, digits and `-`, at most 63).
+    pub name: String,
+    pub port: u32,
+    /// `tcp` (the default), `http`, `https` or `grpc`.
+    #[serde(default)]
+    pub protocol: Option<String>,
+}
+
+/// The seed's `LivenessProbeSpec`: the agents probe the service and fail the allocation after
+/// `failure_threshold` failures in a row (it is then requeued per its policy).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LivenessProbeIn {
+    /// `tcp` or `http`.
+    pub probe_type: String,
+    pub port: u32,
+    /// HTTP only (default `/`); a 2xx or 3xx answer is alive.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Default 30.
+    #[serde(default)]
+    pub period_secs: Option<u32>,
+    /// Default 10.
+    #[serde(default)]
+    pub initial_delay_secs: Option<u32>,
+    /// Default 3.
+    #[serde(default)]
+    pub failure_threshold: Option<u32>,
+    /// Default 5.
+    #[serde(default)]
+    pub timeout_secs: Option<u32>,
+}
+
+impl LivenessProbeIn {
+    /// The agents' probe, with the seed's defaults; a bad field is named.
+    pub fn spec(&self) -> Result<lattice_agent_protocol::ProbeSpec, FieldError> {
+        let f = |x: &str| format!("liveness_probe.{x}");
+        if self.probe_type != "tcp" && self.probe_type != "http" {
+            return Err(bad(&f("probe_type"), format!("`{}`: tcp or http", self.probe_type)));
+        }
+        let port = u16::try_from(self.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad(&f("port"), format!("{}: 1-65535", self.port)))?;
+        if let Some(p) = &self.path
+            && (!p.starts_with('/') || p.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(bad(&f("path"), format!("`{p}`: an absolute path without spaces")));
+        }
+        let positive = |name: &str, v: Option<u32>, default: u32| match v.unwrap_or(default) {
+            0 => Err(bad(&f(name), "must be at least 1")),
+            x if x > 86_400 => Err(bad(&f(name), format!("{x}: at most 86400"))),
+            x => Ok(x),
+        };
+        Ok(lattice_agent_protocol::ProbeSpec {
+            probe_type: self.probe_type.clone(),
+            port,
+            path: self.path.clone(),
+            period_secs: positive("period_secs", self.period_secs, 30)?,
+            initial_delay_secs: self.initial_delay_secs.unwrap_or(10).min(86_400),
+            failure_threshold: positive("failure_threshold", self.failure_threshold, 3)?,
+            timeout_secs: positive("timeout_secs", self.timeout_secs, 5)?,
+        })
+    }
+}
+
+/// One endpoint of a registered service (`GET /api/v1/services/{name}`).
+#[derive(Clone, Debug, Serialize, PartialEq, schemars::JsonSchema)]
+pub struct ServiceEndpoint {
+    pub allocation: String,
+    pub tenant: String,
+    pub node: String,
+    /// Where the node is reached: its agent's host, else the node's name.
+    pub host: String,
+    pub port: u16,
+    pub protocol: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointIn {
+    pub strategy: String,
+    #[serde(default)]
+    pub estimated_minutes: Option<f64>,
+    #[serde(default)]
+    pub mechanism: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DependsIn {
+    #[serde(rename = "ref")]
+    pub reference: String,
+    #[serde(default = "success")]
+    pub condition: String,
+}
+
+pub(crate) fn success() -> String {
+    "success".into()
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    pub nodes: NodesIn,
+    #[serde(default)]
+    pub constraints: Option<ConstraintsIn>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum NodesIn {
+    Exact(i64),
+    Range { min: i64, max: i64 },
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConstraintsIn {
+    pub gpu_type: Option<String>,
+    pub gpu_count: Option<u32>,
+    #[serde(default)]
+    pub features: Vec<String>,
+    #[serde(default)]
+    pub topology: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleIn {
+    #[serde(rename = "type", default = "bounded")]
+    pub kind: String,
+    pub walltime: Option<String>,
+    /// Reactive: the node range (or `scale_policy.min`/`max`; default the requested nodes), the
+    /// metric it scales on (`gpu_utilization`, `cpu_utilization`, or one its tasks report, e.g.
+    /// `queue_depth`) and its target, and the policy's windows (`scale_policy: {evaluation_interval,
+    /// scale_up_window, scale_down_window, cooldown, scale_down_threshold}`) — the trace format's rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_policy: Option<serde_json::Value>,
+}
+
+pub(crate) fn bounded() -> String {
+    "bounded".into()
+}
+
+impl Default for LifecycleIn {
+    fn default() -> Self {
+        LifecycleIn {
+            kind: bounded(),
+            walltime: None,
+            min_nodes: None,
+            max_nodes: None,
+            metric: None,
+            target: None,
+            scale_policy: None,
+        }
+    }
+}
+
+/// A request the API refuses: the field and why (HTTP 400).
+#[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+pub(crate) fn bad(field: &str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// `PATCH /v1/allocations/{id}`: what may change after submission.
+#[derive(Clone, Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateRequest {
+    /// A new walltime ("72h", "30m", "HH:MM:SS", seconds); not shorter than the time already run.
+    #[serde(default)]
+    pub walltime: Option<String>,
+    /// Tags to set (an empty value removes the tag).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default)]
+    pub telemetry: Option<TelemetryIn>,
+}
+
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryIn {
+    /// prod | debug | audit (book: "Switching Telemetry Mode").
+    pub mode: String,
+    #[serde(default)]
+    pub duration: Option<String>,
+}
+
+impl SubmitRequest {
+    pub(crate) fn constraints_opt(&self) -> Option<ConstraintsIn> {
+        self.resources.constraints.clone()
+    }
+}
+
+/// `sleep 30` → 30 s (simulated agents "run" sleep entrypoints for their duration).
+/// How long `sleep N` runs, for simulated agents: N seconds when it is a number from 0 to a year
+/// (anything else — negative, NaN, absurdly long — is not a duration to simulate; the default applies).
+/// The fuzz test found `sleep -1e308` panicking the control plane here.
+pub(crate) fn sleep_seconds(entrypoint: Option<&str>) -> Option<std::time::Duration> {
+    let words: Vec<&str> = entrypoint?.split_whitespace().collect();
+    match words[..] {
+        ["sleep", n] => n
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && (0.0..=366.0 * 86_400.0).contains(s))
+            .map(std::time::Duration::from_secs_f64),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod sleep_tests {
+    use super::sleep_seconds;
+
+    #[test]
+    fn only_sensible_sleeps_are_simulated() {
+        assert_eq!(
+            sleep_seconds(Some("sleep 0.3")),
+            Some(std::time::Duration::from_millis(300))
+        );
+        for odd in [
+            "sleep -1",
+            "sleep -1e308",
+            "sleep NaN",
+            "sleep inf",
+            "sleep 1e308",
+            "sleep x",
+        ] {
+            assert_eq!(sleep_seconds(Some(odd)), None, "{odd}");
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! Submissions: idempotency keys and acknowledgements, task groups, a request turned into the
+//! engine's allocation, and the trace capture of what was submitted.
+
+use super::*;
+use lattice_agent_protocol::TaskGroup as TaskGroupView;
+use lattice_engine::{AllocId, AllocSpec, Constraints, Duration, Lifecycle, NodeRange, PreemptionClass, TaskGroupRef};
+use std::io::Write;
+
+impl Control {
+    /// Validates a request and queues it; returns the new allocation's id.
+    pub fn submit(&mut self, req: SubmitRequest) -> Result<String, FieldError> {
+        self.submit_named(req, None)
+    }
+
+    /// [`Control::submit`] under a given id (a mirrored submission adopted after a fail-over keeps
+    /// the id its submitter was given); later ids continue above it.
+    pub fn submit_named(&mut self, req: SubmitRequest, name: Option<&str>) -> Result<String, FieldError> {
+        self.submit_all(req, name).map(|s| s.id)
+    }
+
+    /// Validates a request and queues it — a task group as one allocation per index, `ID[i]`, all
+    /// or none. Returns the id and what was queued under which id (what the mirror keeps: one
+    /// element's request names only its own index, so an adopted element is that element again).
+    pub fn submit_all(&mut self, req: SubmitRequest, name: Option<&str>) -> Result<Submitted, FieldError> {
+        if let Some(k) = &req.idempotency_key
+            && (k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY)
+        {
+            return Err(bad(
+                "idempotency_key",
+                format!("{} characters; 1 to {MAX_IDEMPOTENCY_KEY}", k.len()),
+            ));
+        }
+        let Some(tg) = req.task_group.clone() else {
+            let id = self.submit_one(req.clone(), name, None)?;
+            self.remember_key(&req, &id);
+            return Ok(Submitted {
+                id: id.clone(),
+                elements: vec![(id, req)],
+            });
+        };
+        let IndexRange { start, end } = tg.range;
+        if end < start {
+            return Err(bad("task_group.range", format!("end {end} < start {start}")));
+        }
+        if end - start >= MAX_TASK_GROUP {
+            return Err(bad(
+                "task_group.range",
+                format!(
+                    "{} elements; a task group has at most {MAX_TASK_GROUP}",
+                    end - start + 1
+                ),
+            ));
+        }
+        if tg.concurrency == Some(0) {
+            return Err(bad("task_group.concurrency", "must be at least 1"));
+        }
+        let base = match name {
+            Some(n) => group_element(n).map_or(n, |(b, _)| b).to_string(),
+            None => format!("a-{:06}", self.next),
+        };
+        let group = id_number(&base).ok_or_else(|| bad("id", format!("`{base}` is not an allocation id")))?;
+        self.next = self.next.max(group + 1);
+        let mut elements = Vec::new();
+        for index in start..=end {
+            let mut r = req.clone();
+            r.task_group = Some(TaskGroupIn {
+                range: IndexRange {
+                    start: index,
+                    end: index,
+                },
+                concurrency: tg.concurrency,
+            });
+            r.entrypoint = r.entrypoint.map(|e| e.replace("${INDEX}", &index.to_string()));
+            let tref = TaskGroupRef {
+                group,
+                index,
+                concurrency: tg.concurrency,
+            };
+            let id = self.submit_one(r.clone(), Some(&format!("{base}[{index}]")), Some(tref))?;
+            elements.push((id, r));
+        }
+        if let Some((first, _)) = elements.first()
+            && let Some(&id) = self.by_name.get(first)
+        {
+            self.capture_submit(id, &base, Some(&tg));
+        }
+        self.remember_key(&req, &base);
+        Ok(Submitted { id: base, elements })
+    }
+
+    /// Remembers `req`'s idempotency key (if any) for `id` (a task group's base id), unless the key
+    /// already names an allocation.
+    pub fn remember_key(&mut self, req: &SubmitRequest, id: &str) {
+        if let Some(k) = &req.idempotency_key {
+            let base = group_element(id).map_or(id, |(b, _)| b);
+            self.keys
+                .entry((req.tenant.clone(), k.clone()))
+                .or_insert_with(|| base.to_string());
+        }
+    }
+
+    /// The key names `id` from now on (the one kept of duplicates).
+    pub fn set_key(&mut self, tenant: &str, key: &str, id: &str) {
+        self.keys.insert((tenant.to_string(), key.to_string()), id.to_string());
+    }
+
+    /// The id the first submission with this tenant and key got.
+    pub fn by_key(&self, tenant: &str, key: &str) -> Option<&String> {
+        self.keys.get(&(tenant.to_string(), key.to_string()))
+    }
+
+    /// `id` is queued but not known to be on a majority's disks; `in_flight`: a request is
+    /// mirroring it now.
+    pub fn unacked(&mut self, id: &str, in_flight: bool) {
+        self.unacked.insert(id.to_string(), in_flight);
+    }
+
+    /// `id` is on a majority's disks (acknowledged).
+    pub fn acked(&mut self, id: &str) {
+        self.unacked.remove(id);
+    }
+
+    /// `None`: acknowledged (or unknown); `Some(in_flight)`: not yet.
+    pub fn ack_state(&self, id: &str) -> Option<bool> {
+        self.unacked.get(id).copied()
+    }
+
+    /// Whether the allocation `name` (or its task group) waits for its acknowledgement: it does not
+    /// start before (a retry after a lost answer could otherwise make it run twice).
+    pub fn waits_for_ack(&self, name: &str) -> bool {
+        let base = group_element(name).map_or(name, |(b, _)| b);
+        self.unacked.contains_key(base)
+    }
+
+    /// Up to `n` unacknowledged submissions no request is mirroring now.
+    pub fn unacked_idle(&self, n: usize) -> Vec<String> {
+        self.unacked
+            .iter()
+            .filter(|(_, in_flight)| !**in_flight)
+            .map(|(id, _)| id.clone())
+            .take(n)
+            .collect()
+    }
+
+    /// The elements of task group `base` still known here, in index order.
+    pub fn group_members(&self, base: &str) -> Vec<String> {
+        let prefix = format!("{base}[");
+        let mut out: Vec<(u32, String)> = self
+            .by_name
+            .range(prefix.clone()..)
+            .take_while(|(n, _)| n.starts_with(&prefix))
+            .filter_map(|(n, _)| Some((group_element(n)?.1, n.clone())))
+            .collect();
+        out.sort();
+        out.into_iter().map(|(_, n)| n).collect()
+    }
+
+    pub(super) fn group_view(&self, a: &lattice_engine::Allocation) -> Option<TaskGroupView> {
+        a.spec.task_group.map(|g| TaskGroupView {
+            group: format!("a-{:06}", g.group),
+            index: g.index,
+            concurrency: g.concurrency,
+        })
+    }
+
+    pub(super) fn submit_one(
+        &mut self,
+        req: SubmitRequest,
+        name: Option<&str>,
+        group: Option<TaskGroupRef>,
+    ) -> Result<String, FieldError> {
+        if req.tenant.trim().is_empty() {
+            return Err(bad("tenant", "must not be empty"));
+        }
+        if let Some(e) = &req.environment {
+            check_environment(e)?;
+        }
+        let nodes = match req.resources.nodes {
+            NodesIn::Exact(n) if n >= 1 => NodeRange::exact(n as u32),
+            NodesIn::Range { min, max } if min >= 1 && max >= min => NodeRange {
+                min: min as u32,
+                max: max as u32,
+            },
+            NodesIn::Exact(n) => return Err(bad("resources.nodes", format!("{n}: at least 1 node"))),
+            NodesIn::Range { min, max } => {
+                return Err(bad(
+                    "resources.nodes",
+                    format!("min {min} / max {max}: need 1 <= min <= max"),
+                ));
+            }
+        };
+        if nodes.max as usize > self.node_names.len() {
+            return Err(bad(
+                "resources.nodes",
+                format!(
+                    "{} nodes requested; the cluster has {}",
+                    nodes.min,
+                    self.node_names.len()
+                ),
+            ));
+        }
+        let class = match req.preemption_class {
+            None => PreemptionClass::default(),
+            Some(c) => u8::try_from(c)
+                .ok()
+                .and_then(PreemptionClass::new)
+                .ok_or_else(|| bad("preemption_class", format!("{c}: must be 0-10")))?,
+        };
+        let lc = req.lifecycle.clone().unwrap_or_default();
+        let mut nodes = nodes;
+        let mut scale = None;
+        let lifecycle = match lc.kind.as_str() {
+            "bounded" => {
+                let w = lc
+                    .walltime
+                    .as_deref()
+                    .ok_or_else(|| bad("lifecycle.walltime", "a bounded allocation needs a walltime"))?;
+                let walltime = lattice_traces::parse_walltime(w).map_err(|m| bad("lifecycle.walltime", m))?;
+                Lifecycle::Bounded { walltime }
+            }
+            "unbounded" => Lifecycle::Unbounded,
+            "reactive" => {
+                if lc.metric.as_deref().is_none_or(|m| m.trim().is_empty()) {
+                    return Err(bad(
+                        "lifecycle.metric",
+                        "a reactive allocation scales on a metric: gpu_utilization, cpu_utilization, or one its tasks report (e.g. queue_depth)",
+                    ));
+                }
+                let v = serde_json::to_value(&lc).map_err(|e| bad("lifecycle", e.to_string()))?;
+                let (l, policy, range) =
+                    lattice_traces::reactive_lifecycle(v, nodes).map_err(|(field, m)| bad(&field, m))?;
+                if range.max as usize > self.node_names.len() {
+                    return Err(bad(
+                        "lifecycle.max_nodes",
+                        format!("{}: the cluster has {} nodes", range.max, self.node_names.len()),
+                    ));
+                }
+                nodes = range;
+                scale = Some(policy);
+                l
+            }
+            other => {
+                return Err(bad(
+                    "lifecycle.type",
+                    format!("`{other}`: bounded, unbounded or reactive"),
+                ));
+            }
+        };
+        let vc_name = req.vcluster.clone().unwrap_or_else(|| self.default_vcluster.clone());
+        let Some(&vcluster) = self.vclusters.get(&vc_name) else {
+            return Err(bad(
+                "vcluster",
+                format!(
+                    "vCluster \"{vc_name}\" not found. Available: {}",
+                    self.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        };
+        let run = match req.duration.as_deref() {
+            Some(d) => {
+                let d = lattice_traces::parse_duration(d).map_err(|m| bad("duration", m))?;
+                std::time::Duration::from_millis(d.0)
+            }
+            None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
+        };
+        let mut deps = Vec::new();
+        for (i, d) in req.depends_on.iter().enumerate() {
+            let field = format!("depends_on[{i}]");
+            if !self.by_name.contains_key(&d.reference)
+                && let Some(v) = self.history.get(&d.reference)
+            {
+                // It ended before this control plane took over: decided by its outcome now.
+                let ok = v.end_reason.as_deref() == Some("success");
+                let met = match d.condition.as_str() {
+                    "success" | "afterok" => ok,
+                    "failure" | "afternotok" => !ok,
+                    _ => true,
+                };
+                if met {
+                    continue;
+                }
+                return Err(bad(
+                    &field,
+                    format!(
+                        "ref `{}` already ended ({}): condition `{}` can never be met",
+                        d.reference, v.state, d.condition
+                    ),
+                ));
+            }
+            let on = *self
+                .by_name
+                .get(&d.reference)
+                .ok_or_else(|| bad(&field, format!("ref `{}`: no such allocation", d.reference)))?;
+            let condition = match d.condition.as_str() {
+                "success" | "afterok" => lattice_engine::DependencyCondition::Success,
+                "failure" | "afternotok" => lattice_engine::DependencyCondition::Failure,
+                "any" | "afterany" => lattice_engine::DependencyCondition::Any,
+                other => {
+                    return Err(bad(
+                        &field,
+                        format!("condition `{other}`: success (afterok), failure (afternotok) or any (afterany)"),
+                    ));
+                }
+            };
+            deps.push(lattice_engine::Dependency { on, condition });
+        }
+        let tenant = self.tenant_id(&req.tenant);
+        let mut spec = AllocSpec::simple(tenant, vcluster, nodes.min, Duration::from_secs(1));
+        spec.project = self.project_id(&req.tenant, req.project.as_deref().unwrap_or("default"));
+        spec.depends_on = deps;
+        spec.nodes = nodes;
+        spec.lifecycle = lifecycle;
+        spec.scale = scale.map(Box::new);
+        spec.preemption_class = class;
+        spec.sensitive_claim = req.sensitive;
+        spec.task_group = group;
+        let expose = req.connectivity.as_ref().map(|c| c.expose.clone()).unwrap_or_default();
+        for (i, e) in expose.iter().enumerate() {
+            let f = |x: &str| format!("connectivity.expose[{i}].{x}");
+            if e.name.is_empty()
+                || e.name.len() > 63
+                || !e
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            {
+                return Err(bad(
+                    &f("name"),
+                    format!("`{}`: lowercase letters, digits and -, at most 63", e.name),
+                ));
+            }
+            if e.port == 0 || e.port > 65_535 {
+                return Err(bad(&f("port"), format!("{}: 1-65535", e.port)));
+            }
+            if let Some(p) = &e.protocol
+                && !["tcp", "http", "https", "grpc"].contains(&p.as_str())
+            {
+                return Err(bad(&f("protocol"), format!("`{p}`: tcp, http, https or grpc")));
+            }
+        }
+        let liveness = req.liveness_probe.as_ref().map(LivenessProbeIn::spec).transpose()?;
+        for (i, m) in req.data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
+            let f = |x: &str| format!("data.mounts[{i}].{x}");
+            let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
+            let now_tier = match m.tier.as_deref() {
+                Some(t) => tier(&f("tier"), t)?,
+                None => hint,
+            };
+            if let Some(t) = &m.target {
+                lattice_agent_protocol::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
+                if !m.source.contains("://") {
+                    return Err(bad(
+                        &f("source"),
+                        format!(
+                            "`{}`: a mounted source is SCHEME://PATH (nfs://home/alice, s3://bucket/key)",
+                            m.source
+                        ),
+                    ));
+                }
+            }
+            match m.access.as_deref() {
+                None | Some("read-only" | "read-write") => {}
+                Some(a) => return Err(bad(&f("access"), format!("`{a}`: read-only or read-write"))),
+            }
+            let size_gb = m.size_gb.unwrap_or(0.0);
+            if !(size_gb.is_finite() && size_gb >= 0.0) {
+                return Err(bad(&f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
+            }
+            spec.data.push(lattice_engine::DataMount {
+                source: m.source.clone(),
+                size_gb,
+                tier: now_tier,
+                tier_hint: hint,
+            });
+        }
+        if let Some(c) = &req.checkpoint {
+            spec.checkpoint = lattice_traces::checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
+                .map_err(|(field, message)| bad(field, message))?;
+        }
+        if let Some(c) = &req.constraints_opt() {
+            spec.constraints = Constraints {
+                gpu_type: c.gpu_type.clone(),
+                gpu_count: c.gpu_count,
+                features: c.features.iter().cloned().collect(),
+                ..Constraints::default()
+            };
+        }
+        let now = self.now();
+        let id = self
+            .ctl
+            .submit(now, spec)
+            .map_err(|e| bad("resources", e.to_string()))?;
+        let name = match name {
+            Some(n) => {
+                self.next = self.next.max(id_number(n).map_or(0, |k| k + 1));
+                n.to_string()
+            }
+            None => {
+                self.next += 1;
+                format!("a-{:06}", self.next - 1)
+            }
+        };
+        let meta = Meta {
+            user: req.user.clone(),
+            project: req.project.clone(),
+            network_domain: req.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
+            entrypoint: req.entrypoint.clone(),
+            tags: req.tags.clone(),
+            environment: req.environment.clone(),
+            data: req.data.clone(),
+            expose,
+            liveness,
+            metric: (lifecycle.walltime().is_none() && scale.is_some())
+                .then(|| lc.metric.clone())
+                .flatten(),
+            ..Meta::new(name.clone(), run)
+        };
+        self.enqueued(id, meta);
+        if group.is_none() {
+            self.capture_submit(id, &name, None);
+        }
+        Ok(name)
+    }
+
+    /// Queues an allocation whose spec is already built — a replayed trace job, on the replay's
+    /// clock — under `name`, through the same bookkeeping as a request.
+    pub fn submit_spec(
+        &mut self,
+        spec: AllocSpec,
+        name: &str,
+        user: Option<String>,
+        run: std::time::Duration,
+    ) -> Result<AllocId, lattice_engine::SubmitError> {
+        let now = self.now();
+        let project = self
+            .project_of_id
+            .get(spec.project.index())
+            .filter(|p| !p.is_empty() && *p != "default")
+            .cloned();
+        let id = self.ctl.submit(now, spec)?;
+        self.next = self.next.max(id_number(name).map_or(0, |k| k + 1));
+        self.enqueued(
+            id,
+            Meta {
+                user,
+                project,
+                ..Meta::new(name.to_string(), run)
+            },
+        );
+        self.capture_submit(id, name, None);
+        Ok(id)
+    }
+
+    pub(super) fn enqueued(&mut self, id: AllocId, meta: Meta) {
+        while self.meta.len() <= id.index() {
+            self.meta.push(Meta::new(String::new(), meta.run));
+        }
+        self.by_name.insert(meta.name.clone(), id);
+        self.meta[id.index()] = meta;
+    }
+
+    /// The capture's submit line (a task group once, under its id, with its range).
+    pub(super) fn capture_submit(&mut self, id: AllocId, name: &str, tg: Option<&TaskGroupIn>) {
+        if self.capture.is_none() {
+            return;
+        }
+        let Some(a) = self.ctl.engine.allocation(id) else {
+            return;
+        };
+        let vcluster = self
+            .ctl
+            .engine
+            .vcluster(a.spec.vcluster)
+            .map(|v| v.name)
+            .unwrap_or_default();
+        let tenant = self.tenant_name(a.spec.tenant);
+        let m = self.meta.get(id.index());
+        let names = lattice_traces::SpecNames {
+            tenant: &tenant,
+            project: m.and_then(|m| m.project.as_deref()).unwrap_or("default"),
+            vcluster: &vcluster,
+            user: m.and_then(|m| m.user.as_deref()),
+            deps: a
+                .spec
+                .depends_on
+                .iter()
+                .map(|d| (self.name_of(d.on), d.condition))
+                .collect(),
+        };
+        let mut body = lattice_traces::alloc_json(name, &a.spec, &names);
+        if let Some(tg) = tg {
+            body.insert("task_group".into(), serde_json::json!(tg));
+        }
+        let ts = a.submitted.0 as f64 / 1000.0;
+        // A sensitive claim is the trace format's `claim` event.
+        let line = if a.spec.sensitive_claim {
+            serde_json::json!({"ts": ts, "type": "claim", "claim": body})
+        } else {
+            serde_json::json!({"ts": ts, "type": "submit", "alloc": body})
+        };
+        self.capture_line(line);
+    }
+
+    pub(super) fn capture_line(&mut self, mut v: serde_json::Value) {
+        // Drop null fields: the JSONL reader takes absent, not null, optional fields.
+        for key in ["alloc", "claim"] {
+            if let Some(a) = v.get_mut(key).and_then(|a| a.as_object_mut()) {
+                a.retain(|_, x| !x.is_null());
+            }
+        }
+        if let Some(f) = self.capture.as_mut() {
+            let _ = writeln!(f, "{v}");
+            let _ = f.flush();
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Sensitive nodes: hardened boots, secure wipes, their outcomes, retries, timeouts and quarantine.
+
+use super::*;
+use lattice_engine::{AllocId, Input};
+
+impl Control {
+    /// OpenCHAMI's wipe of `node` for the released claim `name` ended (`reason`: why it failed).
+    /// Returns whether that outcome was still awaited.
+    pub fn node_wiped(&mut self, name: &str, node: &str, ok: bool, reason: Option<String>) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.wipe_outcome(id, nid, ok, reason)
+    }
+
+    /// One node of claim `name` booted the hardened image (`ok`) or failed to: the controller
+    /// launches the claim once every node booted, or fails it (the node Down). Whether it was
+    /// awaited.
+    pub fn node_booted(&mut self, name: &str, node: &str, ok: bool) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.booted(id, nid, ok)
+    }
+
+    /// [`Control::node_booted`] by ids (a replay's fake world reports so).
+    pub fn booted(&mut self, id: AllocId, node: lattice_engine::NodeId, ok: bool) -> bool {
+        if !self.boot_awaited_id(id, node) {
+            return false;
+        }
+        if !ok {
+            tracing::warn!(
+                "{}: {} failed to boot the hardened image; the node is out (Failed) and the claim fails",
+                self.name_of(id),
+                self.node_names[node.index()]
+            );
+        }
+        if let Err(e) = self.input(Input::Booted(id, node, ok)) {
+            tracing::warn!("{}: boot result not applied: {e}", self.name_of(id));
+        }
+        if !ok {
+            self.tally.boot_failures += 1;
+        }
+        true
+    }
+
+    /// Is `node`'s hardened boot for claim `name` still awaited (not reported, not timed out, the
+    /// claim not ended)?
+    pub fn boot_awaited(&self, name: &str, node: &str) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.boot_awaited_id(id, nid)
+    }
+
+    pub(super) fn boot_awaited_id(&self, id: AllocId, node: lattice_engine::NodeId) -> bool {
+        self.ctl.is_booting(id)
+            && self
+                .ctl
+                .engine
+                .allocation(id)
+                .is_some_and(|a| a.nodes.contains(&node) && !self.ctl.is_hardened(node))
+    }
+
+    /// Is `node`'s wipe for claim `name` still awaited?
+    pub fn wipe_awaited(&self, name: &str, node: &str) -> bool {
+        let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
+            return false;
+        };
+        self.wiping.get(&id).is_some_and(|w| w.waiting.contains(&nid.0))
+    }
+
+    /// One node's wipe outcome: the controller returns it to the pool or quarantines it (audited,
+    /// with when the wipe started and why it failed).
+    pub(super) fn wipe_outcome(
+        &mut self,
+        id: AllocId,
+        nid: lattice_engine::NodeId,
+        ok: bool,
+        reason: Option<String>,
+    ) -> bool {
+        let Some(w) = self.wiping.get_mut(&id) else {
+            return false;
+        };
+        if !w.waiting.remove(&nid.0) {
+            return false; // not this node's wipe, or already reported
+        }
+        let started_ms = w.started_ms;
+        if w.waiting.is_empty() && w.to_tell.is_empty() {
+            self.wiping.remove(&id);
+        }
+        if !ok {
+            self.tally.wipe_failures += 1;
+        }
+        let mut note = format!("{} started_ms={started_ms}", self.node_names[nid.index()]);
+        if let Some(r) = &reason {
+            note.push_str(&format!(" reason={r}"));
+        }
+        self.wipe_notes.insert((id, nid.0), note);
+        if let Err(e) = self.input(Input::NodeWiped(id, nid, ok)) {
+            tracing::warn!(
+                "{}: wipe result of {} not applied: {e}",
+                self.name_of(id),
+                self.node_names[nid.index()]
+            );
+        }
+        true
+    }
+
+    /// An operator retries a quarantined node's wipe (book: "Wipe Failure Handling": `lattice admin
+    /// node wipe NODE --force`), audited with who asked; the claim whose wipe failed, or why not.
+    pub fn retry_wipe(&mut self, node: &str, by: &str) -> Result<String, FieldError> {
+        let nid = self
+            .node_index(node)
+            .ok_or_else(|| bad("id", format!("no node {node}")))?;
+        let quarantined = self.ctl.quarantined().contains(&nid);
+        if !quarantined {
+            let state = self.node_state_of(node).unwrap_or_default();
+            return Err(bad(
+                "id",
+                format!("node {node} is not quarantined after a failed wipe (it is {state}): nothing to retry"),
+            ));
+        }
+        self.wipe_notes
+            .insert((self.quarantine_claim(nid), nid.0), format!("{node} retried by {by}"));
+        self.input(Input::RetryWipe(nid))
+            .map_err(|e| bad("id", format!("node {node}: {e}")))?;
+        Ok(self.name_of(self.quarantine_claim(nid)))
+    }
+
+    /// The claim whose wipe of `node` failed (the last audit of it names it).
+    pub(super) fn quarantine_claim(&self, node: lattice_engine::NodeId) -> AllocId {
+        self.ctl.quarantined_by(node).unwrap_or(AllocId(u64::MAX))
+    }
+
+    /// A simulated agent's wipe of `nodes` of claim `id` succeeded: the whole claim's at once, or
+    /// node by node (an operator's retry of one).
+    pub fn simulated_wiped(&mut self, id: AllocId, nodes: &[String]) {
+        let whole = self
+            .ctl
+            .engine
+            .allocation(id)
+            .is_some_and(|a| a.nodes.len() == nodes.len());
+        if whole {
+            self.wiped(id, true);
+        } else {
+            let name = self.name_of(id);
+            for n in nodes {
+                self.node_wiped(&name, n, true, None);
+            }
+        }
+    }
+
+    /// Wipes without an outcome after `timeout_ms` (book: "Wipe Failure Handling", default 30 min):
+    /// their nodes are quarantined.
+    pub fn expire_wipes(&mut self) {
+        let timeout_ms = self.wipe_timeout_ms;
+        let now = self.now().0;
+        let late: Vec<(AllocId, Vec<u32>)> = self
+            .wiping
+            .iter()
+            .filter(|(_, w)| now.saturating_sub(w.started_ms) >= timeout_ms)
+            .map(|(id, w)| (*id, w.waiting.iter().copied().collect()))
+            .collect();
+        for (id, nodes) in late {
+            for n in nodes {
+                let why = format!("no wipe confirmation within {} s", timeout_ms / 1000);
+                self.wipe_outcome(id, lattice_engine::NodeId(n), false, Some(why));
+            }
+            if let Some(w) = self.wiping.get_mut(&id) {
+                w.to_tell.clear();
+            }
+            self.wiping.remove(&id);
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! What every operation shares: leader-only writes, mirroring a change to a majority before it is
+//! acknowledged, the refusals' shapes, and random tokens.
+
+use crate::auth::Principal;
+use crate::context::Shared;
+use crate::control::SubmitRequest;
+use crate::effects::execute;
+use crate::error::ApiError;
+use crate::mirror::MirrorOp;
+use std::sync::Arc;
+
+pub(super) fn not_found(what: &str, id: &str) -> ApiError {
+    ApiError::NotFound {
+        field: "id".into(),
+        message: format!("no {what} {id}"),
+    }
+}
+
+/// Writes are served by the leader only.
+pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
+    if s.member.is_leader() {
+        return Ok(());
+    }
+    let st = s.member.status();
+    Err(ApiError::NotLeader {
+        leader_id: st.leader,
+        leader: st.leader.and_then(|l| st.members.get(&l).cloned()),
+    })
+}
+
+/// Acknowledges the submission `op` (already queued here and applied to this member's copy, which
+/// `local` makes durable) only once it is on this member's disk and a majority of the members holds
+/// it, so it survives any restart and the leader's death; otherwise refuses (503) and, with `cancel`,
+/// cancels it (without an idempotency key a retry is a new submission; with one, the retry mirrors
+/// this one again).
+pub(super) async fn mirrored(s: &Arc<Shared>, (op, term, local): Recorded, cancel: bool) -> Result<(), ApiError> {
+    let ids: Vec<String> = match &op {
+        MirrorOp::Submit { items, .. } => items.iter().map(|(id, _)| id.clone()).collect(),
+        MirrorOp::Entries { entries, .. } => entries.iter().map(|e| e.id.clone()).collect(),
+        _ => Vec::new(),
+    };
+    let (disk, peers) = tokio::join!(
+        local.wait(),
+        crate::mirror::net::replicate(s, &op, term, std::time::Duration::from_secs(2))
+    );
+    if disk.is_ok() && peers {
+        return Ok(());
+    }
+    let why = match disk {
+        Err(e) => format!("could not be written to disk ({e})"),
+        Ok(()) => "could not be mirrored to a majority of the quorum".into(),
+    };
+    if !cancel {
+        return Err(ApiError::Unavailable {
+            message: format!("{} {why} yet; retry with the same idempotency_key", ids.join(", ")),
+        });
+    }
+    for id in &ids {
+        let actions = {
+            let mut c = s.control.lock().await;
+            c.cancel(id);
+            c.take_actions()
+        };
+        execute(s.clone(), actions).await;
+    }
+    Err(ApiError::Unavailable {
+        message: format!("{} {why}; not accepted, retry", ids.join(", ")),
+    })
+}
+
+/// A change recorded in this member's copy: the op to mirror, the leader term it was made in and
+/// the handle of its local write ([`crate::mirror::net::record`]).
+pub(super) type Recorded = (MirrorOp, u64, crate::mirror::Durable);
+
+/// Queues `items` (one submission or a DAG's members) in this member's copy of the queue.
+pub(super) fn record_submit(
+    s: &Shared,
+    c: &crate::control::Control,
+    items: Vec<(String, SubmitRequest)>,
+    dag: Option<(String, Vec<(String, String)>)>,
+) -> Recorded {
+    let submitted_ms = items.first().map_or(0, |(id, _)| c.submitted_ms(id));
+    let op = MirrorOp::Submit {
+        items,
+        submitted_ms,
+        dag,
+    };
+    crate::mirror::net::record(s, op)
+}
+
+/// Writes that touch the queue or the engine: served by the leader once it has taken over the queue
+/// (a member that just won an election adopts its mirror first, here or in its scheduling loop).
+pub async fn writable(s: &Shared) -> Result<(), ApiError> {
+    leader_only(s)?;
+    if !crate::leadership::sync_leadership(s).await {
+        leader_only(s)?;
+        // The leader that could not adopt the queue yet (a majority's copies did not answer) does
+        // not serve: an empty queue would lose acknowledged work and hand out used ids.
+        return Err(ApiError::Unavailable {
+            message: "the new leader is still taking over the queue; retry".into(),
+        });
+    }
+    leader_only(s)
+}
+
+/// Reads of the queue and allocations: served by the leader once it has taken over the queue (a
+/// member that has just started or just won an election adopts the durable queue first), so a read
+/// never shows an empty queue that is really only not loaded yet. Others answer 421 naming the leader.
+pub async fn readable(s: &Shared) -> Result<(), ApiError> {
+    writable(s).await
+}
+
+/// "No allocation `id`" — said only after confirming with a majority that this member still leads:
+/// a deposed leader that has not heard of its successor yet must not deny what the new leader
+/// acknowledged (it answers "not the leader" instead).
+pub(super) async fn absent(s: &Shared, id: &str) -> ApiError {
+    absent_as(s, "allocation", id).await
+}
+
+/// [`absent`] for any kind of record (`allocation`, `DAG`).
+pub(super) async fn absent_as(s: &Shared, kind: &str, id: &str) -> ApiError {
+    match s.member.confirm_leader().await {
+        // And only from the queue adopted in the term it leads (not a control plane replaced by a
+        // leadership change while the request ran).
+        Ok(()) if s.control.lock().await.adopted_term == s.member.leader_term() => not_found(kind, id),
+        Ok(()) => ApiError::Unavailable {
+            message: "the leader is taking over the queue; retry".into(),
+        },
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
+            ApiError::NotLeader { leader_id, leader }
+        }
+        Err(e) => ApiError::Unavailable {
+            message: format!("id: could not confirm leadership to look up {id}: {e}"),
+        },
+    }
+}
+
+/// The caller may change allocation `id` (owner, tenant admin or system admin): 403 if they only see
+/// it, 404 if they do not even see it.
+pub(super) async fn may_change(s: &Shared, p: &Principal, id: &str, what: &str) -> Result<(), ApiError> {
+    let owner = {
+        let c = s.control.lock().await;
+        c.view_named(id).map(|v| (v.tenant, v.user))
+    };
+    match owner {
+        Some((t, u)) if p.can_cancel(&t, u.as_deref()) => Ok(()),
+        Some((t, u)) if p.can_see(&t, u.as_deref()) => Err(ApiError::Forbidden {
+            field: None,
+            message: format!("forbidden: {what} this allocation"),
+        }),
+        _ => Err(absent(s, id).await),
+    }
+}
+
+pub(super) fn bad_request(e: crate::control::FieldError) -> ApiError {
+    ApiError::BadRequest {
+        field: e.field,
+        message: e.message,
+    }
+}
+
+/// Waits until `op` (applied to this member's copy, `local` its write) is on this member's disk, while
+/// the other members are sent it too (best effort: the next leader merges what it missed).
+pub(super) async fn on_disk(s: &Shared, (op, term, local): Recorded) -> Result<(), String> {
+    let (disk, _) = tokio::join!(
+        local.wait(),
+        crate::mirror::net::replicate(s, &op, term, std::time::Duration::from_secs(2))
+    );
+    disk
+}
+
+/// Proposes `cmd` and waits for its commit; a rejection at apply time is the caller's error.
+pub(super) async fn committed(s: &Shared, cmd: lattice_adapters::QuorumCommand, what: &str) -> Result<(), ApiError> {
+    match s.member.propose(cmd).await {
+        Ok(lattice_adapters::QuorumResponse::Applied) => Ok(()),
+        Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => Err(match reason.as_str() {
+            "no_tenant" => not_found("tenant", what),
+            "no_project" => not_found("project", what),
+            _ => ApiError::Conflict { message },
+        }),
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
+            Err(ApiError::NotLeader { leader_id, leader })
+        }
+        Err(e) => Err(ApiError::Unavailable {
+            message: format!("{what}: the change could not be committed at the quorum ({e}); retry"),
+        }),
+    }
+}
+
+/// Runs `work` — mirroring a submission and settling whether it is acknowledged — to its end even
+/// when the request that started it is dropped (a client that gave up and closed its connection):
+/// otherwise its allocations would stay "being acknowledged" for good, never start, and hold up the
+/// queue behind them (found by DST, seed 586).
+pub(super) async fn settled<F>(s: &Arc<Shared>, work: impl FnOnce(Arc<Shared>) -> F) -> Result<(), ApiError>
+where
+    F: std::future::Future<Output = Result<(), ApiError>> + Send + 'static,
+{
+    tokio::spawn(work(s.clone())).await.unwrap_or_else(|e| {
+        Err(ApiError::Unavailable {
+            message: format!("acknowledging the submission failed ({e}); retry"),
+        })
+    })
+}
+
+pub(super) fn field_error(node: &str, e: crate::control::FieldError) -> ApiError {
+    if e.field == "id" && e.message.starts_with("no node") {
+        not_found("node", node)
+    } else {
+        ApiError::BadRequest {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
+/// The launch's secret: 128 random bits (the agents accept its fences and aborts only with it).
+pub(super) fn random_token() -> String {
+    random_secret()[..16].iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// 256 random bits from the kernel.
+pub fn random_secret() -> [u8; 32] {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        // Never a predictable secret: the time and address of this call, hashed.
+        use sha2::Digest;
+        let seed = format!("{:?}{:p}", std::time::SystemTime::now(), &b);
+        b.copy_from_slice(&sha2::Sha256::digest(seed.as_bytes()));
+    }
+    b
+}

@@ -1,0 +1,15 @@
+//! The API's operations, independent of the transport: REST ([`crate::api`]) and gRPC
+//! ([`crate::grpc`]) both call these, so validation, authorization and tenant scoping are one code.
+
+mod admin;
+mod allocations;
+mod common;
+mod dags;
+mod nodes;
+
+pub use crate::error::{ApiError, forbidden};
+pub use admin::*;
+pub use allocations::*;
+pub use common::*;
+pub use dags::*;
+pub use nodes::*;
