@@ -31,6 +31,7 @@ pub mod engine;
 pub mod error;
 pub mod fairshare;
 pub mod ids;
+mod inputs;
 pub mod kai;
 pub mod node;
 pub mod nodeset;

@@ -138,78 +138,27 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         Some(p) => lattice_traces::read_tenants(p)?,
         None => lattice_traces::Contracts::default(),
     };
-    let vcs = vcluster_configs(&cfg)?;
-    let capture = cfg.scheduler.trace_capture.clone();
-    let network = cfg.network.clone();
-    let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
-    let fabric_on = cfg.services.fabric.is_some();
-    let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
     // Simulated agents by default only for simulated nodes (not for an inventory file or SMD's).
     let simulate_agents = cfg
         .simulate_agents
         .unwrap_or(cfg.inventory.is_none() && cfg.services.openchami.is_none());
-    let wipe_timeout_ms = cfg.sensitive.wipe_timeout_ms();
-    let wipe_by_openchami = cfg.services.openchami.as_ref().is_some_and(|o| o.wipe.is_some()) && !simulate_agents;
-    let heartbeat_grace = cfg.agents.grace();
-    let drift_timeout = cfg.agents.drift_timeout();
-    // Claims boot the hardened image first only where OpenCHAMI has one to boot.
-    let hardened_boot = cfg
-        .services
-        .openchami
-        .as_ref()
-        .and_then(|o| o.hardened.as_ref())
-        .map(|_| cfg.sensitive.boot_timeout());
-    let heartbeat_timeout_ms = cfg.agents.durations().0;
     // Allocations' launch tokens derive from a secret of this process (a simulation's is fixed).
     let launch_secret = match &disk {
         lattice_adapters::disk::Disk::Dir(_) => crate::ops::random_secret(),
         _ => [0; 32],
     };
-    let make = move |inv: &lattice_traces::Inventory,
-                     vcs,
-                     quotas: &lattice_traces::Contracts,
-                     capture: Option<&std::path::Path>| {
-        let mut c = Control::new(inv, vcs, quotas, capture)?;
-        c.wall = clock;
-        c.ctl.grace = heartbeat_grace;
-        c.ctl.drift_timeout = drift_timeout;
-        c.ctl.hardened_boot = hardened_boot;
-        c.heartbeat_timeout_ms = heartbeat_timeout_ms;
-        c.launch_secret = launch_secret;
-        c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
-        c.fabric = fabric_on;
-        c.real_agents = !simulate_agents;
-        c.set_baselines(&baselines);
-        c.wipe_by_openchami = wipe_by_openchami;
-        c.wipe_timeout_ms = wipe_timeout_ms;
-        if let Some(g) = vast_gbps {
-            c.ctl.engine.set_vast_bandwidth(g);
-        }
-        Ok::<_, anyhow::Error>(c)
-    };
-    let control = make(&inventory, vcs.clone(), &tenants, capture.as_deref())?;
-    let quotas = tenants.clone();
-    let fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync> =
-        Box::new(move || make(&inventory, vcs.clone(), &quotas, capture.as_deref()));
-    let fabric = match &cfg.services.fabric {
-        Some(f) => Some(
-            lattice_adapters::fabric::FabricClient::new(f.http().map_err(anyhow::Error::msg)?)
-                .context("services.fabric")?,
-        ),
-        None => None,
-    };
-    let vast = match &cfg.services.vast {
-        Some(v) => Some(
-            lattice_adapters::vast::VastClient::new(v.http().map_err(anyhow::Error::msg)?).context("services.vast")?,
-        ),
-        None => None,
-    };
-    let tsdb = match &cfg.services.tsdb {
-        Some(t) => {
-            Some(lattice_adapters::tsdb::Tsdb::new(t.http().map_err(anyhow::Error::msg)?).context("services.tsdb")?)
-        }
-        None => None,
-    };
+    let (control, fresh_control) = controls(
+        &cfg,
+        Made {
+            inventory,
+            baselines,
+            tenants: tenants.clone(),
+            clock,
+            launch_secret,
+            simulate_agents,
+        },
+    )?;
+    let (fabric, vast, tsdb) = service_clients(&cfg)?;
     // The quorum member and its gRPC service.
     let grpc_addr = grpc.local_addr()?;
     // A restore staged through the API is installed before the member starts.
@@ -331,11 +280,67 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         let refresh = crate::openchami::sync::refresh(shared.clone(), oc, c.clone(), smd_down, stopped.clone());
         tasks.push(tokio::spawn(refresh));
     }
-    // One gRPC port: the quorum's Raft service and the public API.
+    tasks.push(serve_grpc(grpc, &shared, tls.as_ref(), stopped.clone())?);
+    let rest_addr = rest.local_addr()?;
+    tasks.push(serve_rest(rest, &shared, tls.as_ref(), stopped.clone())?);
+    let scheme = match &tls {
+        Some(t) if t.mtls => "mTLS",
+        Some(_) => "TLS",
+        None => "plaintext",
+    };
+    tracing::info!("REST on {rest_addr}, gRPC (API and quorum) on {grpc_addr} ({scheme})");
+    Ok(Running {
+        rest_addr,
+        grpc_addr,
+        shared,
+        stop,
+        tasks,
+    })
+}
+
+/// The external services' clients, where configured: the fabric manager, VAST and the TSDB.
+#[allow(clippy::type_complexity)]
+fn service_clients(
+    cfg: &RuntimeConfig,
+) -> Result<(
+    Option<lattice_adapters::fabric::FabricClient>,
+    Option<lattice_adapters::vast::VastClient>,
+    Option<lattice_adapters::tsdb::Tsdb>,
+)> {
+    let fabric = match &cfg.services.fabric {
+        Some(f) => Some(
+            lattice_adapters::fabric::FabricClient::new(f.http().map_err(anyhow::Error::msg)?)
+                .context("services.fabric")?,
+        ),
+        None => None,
+    };
+    let vast = match &cfg.services.vast {
+        Some(v) => Some(
+            lattice_adapters::vast::VastClient::new(v.http().map_err(anyhow::Error::msg)?).context("services.vast")?,
+        ),
+        None => None,
+    };
+    let tsdb = match &cfg.services.tsdb {
+        Some(t) => {
+            Some(lattice_adapters::tsdb::Tsdb::new(t.http().map_err(anyhow::Error::msg)?).context("services.tsdb")?)
+        }
+        None => None,
+    };
+    Ok((fabric, vast, tsdb))
+}
+
+/// Serves the gRPC port until the runtime stops: the quorum's Raft service, the public API and the
+/// queue mirror.
+fn serve_grpc(
+    grpc: Listen,
+    shared: &Arc<Shared>,
+    tls: Option<&crate::tls::Tls>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>> {
     let api = crate::grpc::Api { shared: shared.clone() };
-    let mut grpc_stop = stopped.clone();
+    let mut grpc_stop = stopped;
     let mut builder = tonic::transport::Server::builder();
-    if let Some(t) = &tls {
+    if let Some(t) = tls {
         builder = builder.tls_config(t.grpc()).context("gRPC TLS")?;
     }
     let grpc_server = builder
@@ -351,7 +356,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let grpc_stopped = async move {
         let _ = grpc_stop.changed().await;
     };
-    tasks.push(match grpc {
+    Ok(match grpc {
         Listen::Tcp(l) => tokio::spawn(async move {
             let served = grpc_server.serve_with_incoming_shutdown(lattice_adapters::raft_net::nodelay(l), grpc_stopped);
             if let Err(e) = served.await {
@@ -364,42 +369,104 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
                 tracing::error!("gRPC server: {e}");
             }
         }),
-    });
-    let rest_addr = rest.local_addr()?;
+    })
+}
+
+/// Serves the REST API until the runtime stops (TLS when configured).
+fn serve_rest(
+    rest: Listen,
+    shared: &Arc<Shared>,
+    tls: Option<&crate::tls::Tls>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>> {
     let app = api::router(shared.clone());
     let mut rest_stop = stopped.clone();
     let rest_stopped = async move {
         let _ = rest_stop.changed().await;
     };
-    match (rest, &tls) {
-        (Listen::Tcp(rest), Some(t)) => tasks.push(tokio::spawn(crate::tls::serve_rest(
-            rest,
-            app,
-            t.rest()?,
-            stopped.clone(),
-        ))),
-        (Listen::Tcp(rest), None) => tasks.push(tokio::spawn(async move {
+    Ok(match (rest, tls) {
+        (Listen::Tcp(rest), Some(t)) => tokio::spawn(crate::tls::serve_rest(rest, app, t.rest()?, stopped)),
+        (Listen::Tcp(rest), None) => tokio::spawn(async move {
             let _ = axum::serve(rest, app).with_graceful_shutdown(rest_stopped).await;
-        })),
-        (Listen::Other(rest), _) => tasks.push(tokio::spawn(async move {
+        }),
+        (Listen::Other(rest), _) => tokio::spawn(async move {
             let _ = axum::serve(crate::listen::Rest(rest), app)
                 .with_graceful_shutdown(rest_stopped)
                 .await;
-        })),
-    }
-    let scheme = match &tls {
-        Some(t) if t.mtls => "mTLS",
-        Some(_) => "TLS",
-        None => "plaintext",
-    };
-    tracing::info!("REST on {rest_addr}, gRPC (API and quorum) on {grpc_addr} ({scheme})");
-    Ok(Running {
-        rest_addr,
-        grpc_addr,
-        shared,
-        stop,
-        tasks,
+        }),
     })
+}
+
+/// What a fresh control plane is made from, besides the configuration.
+struct Made {
+    inventory: lattice_traces::Inventory,
+    baselines: BTreeMap<String, String>,
+    tenants: lattice_traces::Contracts,
+    clock: crate::control::Clock,
+    launch_secret: [u8; 32],
+    simulate_agents: bool,
+}
+
+/// A fresh control plane made now, and the maker a member that gains or loses leadership starts
+/// from.
+type FreshControl = Box<dyn Fn() -> Result<Control> + Send + Sync>;
+
+/// The control plane as configured (its engine, network domains, agents' timings and services),
+/// once now and as a maker for later.
+fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> {
+    let Made {
+        inventory,
+        baselines,
+        tenants,
+        clock,
+        launch_secret,
+        simulate_agents,
+    } = made;
+    let vcs = vcluster_configs(cfg)?;
+    let capture = cfg.scheduler.trace_capture.clone();
+    let network = cfg.network.clone();
+    let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
+    let fabric_on = cfg.services.fabric.is_some();
+    let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
+    let wipe_timeout_ms = cfg.sensitive.wipe_timeout_ms();
+    let wipe_by_openchami = cfg.services.openchami.as_ref().is_some_and(|o| o.wipe.is_some()) && !simulate_agents;
+    let heartbeat_grace = cfg.agents.grace();
+    let drift_timeout = cfg.agents.drift_timeout();
+    // Claims boot the hardened image first only where OpenCHAMI has one to boot.
+    let hardened_boot = cfg
+        .services
+        .openchami
+        .as_ref()
+        .and_then(|o| o.hardened.as_ref())
+        .map(|_| cfg.sensitive.boot_timeout());
+    let heartbeat_timeout_ms = cfg.agents.durations().0;
+    let make = move |inv: &lattice_traces::Inventory,
+                     vcs,
+                     quotas: &lattice_traces::Contracts,
+                     capture: Option<&std::path::Path>| {
+        let mut c = Control::new(inv, vcs, quotas, capture)?;
+        c.wall = clock;
+        c.ctl.grace = heartbeat_grace;
+        c.ctl.drift_timeout = drift_timeout;
+        c.ctl.hardened_boot = hardened_boot;
+        c.heartbeat_timeout_ms = heartbeat_timeout_ms;
+        c.launch_secret = launch_secret;
+        c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
+        c.fabric = fabric_on;
+        c.real_agents = !simulate_agents;
+        c.set_baselines(&baselines);
+        c.wipe_by_openchami = wipe_by_openchami;
+        c.wipe_timeout_ms = wipe_timeout_ms;
+        if let Some(g) = vast_gbps {
+            c.ctl.engine.set_vast_bandwidth(g);
+        }
+        Ok::<_, anyhow::Error>(c)
+    };
+    let control = make(&inventory, vcs.clone(), &tenants, capture.as_deref())?;
+    let quotas = tenants.clone();
+    let fresh_control: Box<dyn Fn() -> Result<Control> + Send + Sync> =
+        Box::new(move || make(&inventory, vcs.clone(), &quotas, capture.as_deref()));
+    Ok((control, fresh_control))
 }
 
 /// Nanoseconds on this process's monotonic clock (the engine's cost-function stopwatch).

@@ -263,47 +263,7 @@ impl Control {
             }
             None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
         };
-        let mut deps = Vec::new();
-        for (i, d) in req.depends_on.iter().enumerate() {
-            let field = format!("depends_on[{i}]");
-            if !self.by_name.contains_key(&d.reference)
-                && let Some(v) = self.history.get(&d.reference)
-            {
-                // It ended before this control plane took over: decided by its outcome now.
-                let ok = v.end_reason.as_deref() == Some("success");
-                let met = match d.condition.as_str() {
-                    "success" | "afterok" => ok,
-                    "failure" | "afternotok" => !ok,
-                    _ => true,
-                };
-                if met {
-                    continue;
-                }
-                return Err(bad(
-                    &field,
-                    format!(
-                        "ref `{}` already ended ({}): condition `{}` can never be met",
-                        d.reference, v.state, d.condition
-                    ),
-                ));
-            }
-            let on = *self
-                .by_name
-                .get(&d.reference)
-                .ok_or_else(|| bad(&field, format!("ref `{}`: no such allocation", d.reference)))?;
-            let condition = match d.condition.as_str() {
-                "success" | "afterok" => lattice_engine::DependencyCondition::Success,
-                "failure" | "afternotok" => lattice_engine::DependencyCondition::Failure,
-                "any" | "afterany" => lattice_engine::DependencyCondition::Any,
-                other => {
-                    return Err(bad(
-                        &field,
-                        format!("condition `{other}`: success (afterok), failure (afternotok) or any (afterany)"),
-                    ));
-                }
-            };
-            deps.push(lattice_engine::Dependency { on, condition });
-        }
+        let deps = self.dependencies(&req.depends_on)?;
         let tenant = self.tenant_id(&req.tenant);
         let mut spec = AllocSpec::simple(tenant, vcluster, nodes.min, Duration::from_secs(1));
         spec.project = self.project_id(&req.tenant, req.project.as_deref().unwrap_or("default"));
@@ -315,64 +275,9 @@ impl Control {
         spec.sensitive_claim = req.sensitive;
         spec.task_group = group;
         let expose = req.connectivity.as_ref().map(|c| c.expose.clone()).unwrap_or_default();
-        for (i, e) in expose.iter().enumerate() {
-            let f = |x: &str| format!("connectivity.expose[{i}].{x}");
-            if e.name.is_empty()
-                || e.name.len() > 63
-                || !e
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            {
-                return Err(bad(
-                    &f("name"),
-                    format!("`{}`: lowercase letters, digits and -, at most 63", e.name),
-                ));
-            }
-            if e.port == 0 || e.port > 65_535 {
-                return Err(bad(&f("port"), format!("{}: 1-65535", e.port)));
-            }
-            if let Some(p) = &e.protocol
-                && !["tcp", "http", "https", "grpc"].contains(&p.as_str())
-            {
-                return Err(bad(&f("protocol"), format!("`{p}`: tcp, http, https or grpc")));
-            }
-        }
+        check_expose(&expose)?;
         let liveness = req.liveness_probe.as_ref().map(LivenessProbeIn::spec).transpose()?;
-        for (i, m) in req.data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
-            let f = |x: &str| format!("data.mounts[{i}].{x}");
-            let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
-            let now_tier = match m.tier.as_deref() {
-                Some(t) => tier(&f("tier"), t)?,
-                None => hint,
-            };
-            if let Some(t) = &m.target {
-                lattice_agent_protocol::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
-                if !m.source.contains("://") {
-                    return Err(bad(
-                        &f("source"),
-                        format!(
-                            "`{}`: a mounted source is SCHEME://PATH (nfs://home/alice, s3://bucket/key)",
-                            m.source
-                        ),
-                    ));
-                }
-            }
-            match m.access.as_deref() {
-                None | Some("read-only" | "read-write") => {}
-                Some(a) => return Err(bad(&f("access"), format!("`{a}`: read-only or read-write"))),
-            }
-            let size_gb = m.size_gb.unwrap_or(0.0);
-            if !(size_gb.is_finite() && size_gb >= 0.0) {
-                return Err(bad(&f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
-            }
-            spec.data.push(lattice_engine::DataMount {
-                source: m.source.clone(),
-                size_gb,
-                tier: now_tier,
-                tier_hint: hint,
-            });
-        }
+        spec.data = data_mounts(req.data.as_ref())?;
         if let Some(c) = &req.checkpoint {
             spec.checkpoint = lattice_traces::checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
                 .map_err(|(field, message)| bad(field, message))?;
@@ -420,6 +325,53 @@ impl Control {
             self.capture_submit(id, &name, None);
         }
         Ok(name)
+    }
+
+    /// A request's `depends_on`, as the engine's dependencies. A reference that ended before this
+    /// control plane took over is decided by its outcome now (met: dropped; never met: refused).
+    fn dependencies(&self, depends_on: &[DependsIn]) -> Result<Vec<lattice_engine::Dependency>, FieldError> {
+        let mut deps = Vec::new();
+        for (i, d) in depends_on.iter().enumerate() {
+            let field = format!("depends_on[{i}]");
+            if !self.by_name.contains_key(&d.reference)
+                && let Some(v) = self.history.get(&d.reference)
+            {
+                // It ended before this control plane took over: decided by its outcome now.
+                let ok = v.end_reason.as_deref() == Some("success");
+                let met = match d.condition.as_str() {
+                    "success" | "afterok" => ok,
+                    "failure" | "afternotok" => !ok,
+                    _ => true,
+                };
+                if met {
+                    continue;
+                }
+                return Err(bad(
+                    &field,
+                    format!(
+                        "ref `{}` already ended ({}): condition `{}` can never be met",
+                        d.reference, v.state, d.condition
+                    ),
+                ));
+            }
+            let on = *self
+                .by_name
+                .get(&d.reference)
+                .ok_or_else(|| bad(&field, format!("ref `{}`: no such allocation", d.reference)))?;
+            let condition = match d.condition.as_str() {
+                "success" | "afterok" => lattice_engine::DependencyCondition::Success,
+                "failure" | "afternotok" => lattice_engine::DependencyCondition::Failure,
+                "any" | "afterany" => lattice_engine::DependencyCondition::Any,
+                other => {
+                    return Err(bad(
+                        &field,
+                        format!("condition `{other}`: success (afterok), failure (afternotok) or any (afterany)"),
+                    ));
+                }
+            };
+            deps.push(lattice_engine::Dependency { on, condition });
+        }
+        Ok(deps)
     }
 
     /// Queues an allocation whose spec is already built — a replayed trace job, on the replay's
@@ -513,4 +465,72 @@ impl Control {
             let _ = f.flush();
         }
     }
+}
+
+/// A request's exposed service ports: DNS-safe names, ports 1-65535, known protocols.
+fn check_expose(expose: &[ExposeIn]) -> Result<(), FieldError> {
+    for (i, e) in expose.iter().enumerate() {
+        let f = |x: &str| format!("connectivity.expose[{i}].{x}");
+        if e.name.is_empty()
+            || e.name.len() > 63
+            || !e
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            return Err(bad(
+                &f("name"),
+                format!("`{}`: lowercase letters, digits and -, at most 63", e.name),
+            ));
+        }
+        if e.port == 0 || e.port > 65_535 {
+            return Err(bad(&f("port"), format!("{}: 1-65535", e.port)));
+        }
+        if let Some(p) = &e.protocol
+            && !["tcp", "http", "https", "grpc"].contains(&p.as_str())
+        {
+            return Err(bad(&f("protocol"), format!("`{p}`: tcp, http, https or grpc")));
+        }
+    }
+    Ok(())
+}
+
+/// A request's data mounts, checked, as the engine's (each with its tier now and its tier hint).
+fn data_mounts(data: Option<&DataIn>) -> Result<Vec<lattice_engine::DataMount>, FieldError> {
+    let mut out = Vec::new();
+    for (i, m) in data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
+        let f = |x: &str| format!("data.mounts[{i}].{x}");
+        let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
+        let now_tier = match m.tier.as_deref() {
+            Some(t) => tier(&f("tier"), t)?,
+            None => hint,
+        };
+        if let Some(t) = &m.target {
+            lattice_agent_protocol::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
+            if !m.source.contains("://") {
+                return Err(bad(
+                    &f("source"),
+                    format!(
+                        "`{}`: a mounted source is SCHEME://PATH (nfs://home/alice, s3://bucket/key)",
+                        m.source
+                    ),
+                ));
+            }
+        }
+        match m.access.as_deref() {
+            None | Some("read-only" | "read-write") => {}
+            Some(a) => return Err(bad(&f("access"), format!("`{a}`: read-only or read-write"))),
+        }
+        let size_gb = m.size_gb.unwrap_or(0.0);
+        if !(size_gb.is_finite() && size_gb >= 0.0) {
+            return Err(bad(&f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
+        }
+        out.push(lattice_engine::DataMount {
+            source: m.source.clone(),
+            size_gb,
+            tier: now_tier,
+            tier_hint: hint,
+        });
+    }
+    Ok(out)
 }
