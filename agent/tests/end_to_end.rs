@@ -8,69 +8,10 @@
 //! agents through Lattice's PMI — from a batch script's `lattice launch` and its `srun` — and a
 //! failing rank or a fence that never completes aborts the launch with the seed's reason.
 
+use lattice_testkit::{Agents, agent_command, call};
 use serde_json::{Value, json};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut resp = match (method, body) {
-        ("POST", Some(b)) => agent.post(url).send_json(b),
-        ("POST", None) => agent.post(url).send_empty(),
-        ("DELETE", _) => agent.delete(url).call(),
-        _ => agent.get(url).call(),
-    }
-    .expect("the control plane answers");
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
-/// Agent processes, SIGKILLed when dropped, and with them what they ran: an allocation's processes
-/// outlive their agent by design (the next agent takes them over), so a test that ends while its
-/// work still runs would leave it behind.
-struct Agents(Vec<Child>);
-
-impl Drop for Agents {
-    fn drop(&mut self) {
-        let log_dirs: Vec<String> = self.0.iter().filter_map(|c| log_dir_of(c.id())).collect();
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for dir in log_dirs {
-            kill_groups_naming(&dir);
-        }
-    }
-}
-
-/// The `--log-dir` of a running agent.
-fn log_dir_of(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<String> = raw
-        .split(|b| *b == 0)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    args.windows(2).find(|w| w[0] == "--log-dir").map(|w| w[1].clone())
-}
-
-/// SIGKILLs the process group of every process whose command line names `needle` (an allocation's
-/// wrapper names its status file in the agent's log directory; the wrapper leads its own group).
-fn kill_groups_naming(needle: &str) {
-    let own = unsafe { libc::getpgid(0) };
-    let Ok(procs) = std::fs::read_dir("/proc") else { return };
-    for e in procs.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let named = std::fs::read(e.path().join("cmdline"))
-            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()));
-        let group = unsafe { libc::getpgid(pid) };
-        if named && group > 1 && group != own {
-            unsafe { libc::kill(-group, libc::SIGKILL) };
-        }
-    }
-}
 
 fn wait_for(base: &str, id: &str, pred: impl Fn(&Value) -> bool, within: Duration) -> Value {
     let t0 = Instant::now();
@@ -88,22 +29,8 @@ fn wait_for(base: &str, id: &str, pred: impl Fn(&Value) -> bool, within: Duratio
 fn two_agents_run_real_jobs() {
     let dir = std::env::temp_dir().join(format!("lattice-agent-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = lattice_runtime::RuntimeConfig::parse(
-        "t.yaml",
-        &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\nsimulate_agents: false\ncycle: 100ms\nagents:\n  heartbeat_timeout: 1s\n  grace: 1s\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let (rt, running) = control_plane(&dir, 2, "agents:\n  heartbeat_timeout: 1s\n  grace: 1s\n");
     let base = format!("http://{}", running.rest_addr);
-    let t0 = Instant::now();
-    while !running.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // A Pushgateway stand-in: keeps every PUT body.
     let pushed = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let gateway = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -398,47 +325,15 @@ fn two_agents_run_real_jobs() {
     rt.block_on(running.shutdown());
 }
 
-/// `lattice-agent` for `node` against `endpoint`: fast polls (100 ms) and heartbeats (200 ms), its
-/// logs in `dir/logs-NODE`, its state in `dir/state-NODE.json`, scratch in `dir/scratch-NODE`;
-/// callers add their own flags.
-fn agent_command(node: &str, endpoint: &str, dir: &std::path::Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lattice-agent"));
-    c.args(["--node-id", node, "--quorum-endpoint", endpoint])
-        .args(["--poll", "100ms", "--heartbeat", "200ms"])
-        .arg("--log-dir")
-        .arg(dir.join(format!("logs-{node}")))
-        .arg("--state-file")
-        .arg(dir.join(format!("state-{node}.json")))
-        .arg("--scratch-dir")
-        .arg(dir.join(format!("scratch-{node}")))
-        .args(["--peer-listen", "127.0.0.1:0"]);
-    c
-}
-
-/// Starts a single-member control plane with `nodes` nodes run by real agents, `extra` YAML appended;
-/// waits until it leads.
+/// A single-member control plane whose `nodes` nodes are run by real agents, `extra` YAML appended;
+/// returned once it leads.
 fn control_plane(
     dir: &std::path::Path,
     nodes: u32,
     extra: &str,
 ) -> (tokio::runtime::Runtime, lattice_runtime::Running) {
     let _ = std::fs::remove_dir_all(dir);
-    let cfg = lattice_runtime::RuntimeConfig::parse(
-        "t.yaml",
-        &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: {nodes}\nsimulate_agents: false\ncycle: 100ms\n{extra}",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
-    let t0 = Instant::now();
-    while !running.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (rt, running)
+    lattice_testkit::control_plane(dir, nodes, &format!("simulate_agents: false\n{extra}"))
 }
 
 /// A TCP relay to `backend` that can be cut (every connection dropped, new ones refused) and healed:

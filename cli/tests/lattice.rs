@@ -28,24 +28,9 @@ fn lattice_cli_drives_the_runtime() {
     let dir = std::env::temp_dir().join(format!("lattice-cli-rt-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cfg = lattice_runtime::RuntimeConfig::parse(
-        "t.yaml",
-        &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
+    let (rt, running) = lattice_testkit::control_plane(&dir, 4, "");
     let ep = format!("http://{}", running.rest_addr);
     let run = |args: &[&str]| lattice(&ep, &dir, args);
-    // Wait for the member to lead.
-    let t0 = Instant::now();
-    while !running.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(50));
-    }
 
     // `lattice submit --nodes=1 --walltime=10m -- CMD...` prints the new id.
     let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "0.2"]);
@@ -429,24 +414,13 @@ fn lattice_cli_over_mtls() {
     std::fs::create_dir_all(dir.join(".config/lattice")).unwrap();
     let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/fixtures/tls");
     let f = |n: &str| tls.join(n).display().to_string();
-    let cfg = lattice_runtime::RuntimeConfig::parse(
-        "t.yaml",
-        &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 2\ncycle: 100ms\ntls:\n  cert: {}\n  key: {}\n  ca: {}\n  mtls: true\n",
-            dir.display(),
-            f("member.pem"),
-            f("member.key"),
-            f("ca.pem")
-        ),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
-    let t0 = Instant::now();
-    while !running.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let tls_yaml = format!(
+        "tls:\n  cert: {}\n  key: {}\n  ca: {}\n  mtls: true\n",
+        f("member.pem"),
+        f("member.key"),
+        f("ca.pem")
+    );
+    let (rt, running) = lattice_testkit::control_plane(&dir, 2, &tls_yaml);
     let ep = format!("https://{}", running.rest_addr);
     let config = dir.join(".config/lattice/config.yaml");
     std::fs::write(&config, format!("ca: {}\n", f("ca.pem"))).unwrap();
@@ -488,21 +462,7 @@ fn lattice_top_refreshes_in_a_real_terminal() {
     let dir = std::env::temp_dir().join(format!("lattice-cli-top-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let cfg = lattice_runtime::RuntimeConfig::parse(
-        "t.yaml",
-        &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 3\ncycle: 100ms\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let running = rt.block_on(lattice_runtime::start(cfg, true)).unwrap();
-    let t0 = Instant::now();
-    while !running.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (rt, running) = lattice_testkit::control_plane(&dir, 3, "");
     let ep = format!("http://{}", running.rest_addr);
     let o = lattice(
         &ep,

@@ -552,6 +552,18 @@ pub(crate) fn validate_dag(dag: &DagIn, max_size: usize) -> Result<Vec<usize>, S
 pub(crate) type Deps = Vec<(String, Option<DependencyCondition>)>;
 
 /// The largest DAG accepted (the seed's default).
+/// A storage tier by name, as every request names it (a trace's submit event, the API's body):
+/// `hot`, `warm` or `cold`.
+pub fn parse_tier(name: &str) -> Result<lattice_engine::Tier, String> {
+    match name {
+        "hot" => Ok(lattice_engine::Tier::Hot),
+        "warm" => Ok(lattice_engine::Tier::Warm),
+        "cold" => Ok(lattice_engine::Tier::Cold),
+        o => Err(format!("`{o}` is not one of hot, warm, cold")),
+    }
+}
+
+/// The book's limit on one DAG, for every way a DAG arrives (a trace, the API).
 pub const MAX_DAG_SIZE: usize = 1000;
 
 pub(crate) fn submit_job(
@@ -562,13 +574,9 @@ pub(crate) fn submit_job(
 ) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
     let tier = |v: Option<&str>, field: &str| -> Result<lattice_engine::Tier, (String, String)> {
-        match v {
-            None => Ok(lattice_engine::Tier::Warm),
-            Some("hot") => Ok(lattice_engine::Tier::Hot),
-            Some("warm") => Ok(lattice_engine::Tier::Warm),
-            Some("cold") => Ok(lattice_engine::Tier::Cold),
-            Some(o) => Err(f(field, format!("`{o}` is not one of hot, warm, cold"))),
-        }
+        v.map_or(Ok(lattice_engine::Tier::Warm), |t| {
+            parse_tier(t).map_err(|m| f(field, m))
+        })
     };
     let mut data = Vec::new();
     for m in a.data.iter().flat_map(|d| d.mounts.iter()) {

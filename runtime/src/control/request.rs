@@ -187,12 +187,7 @@ pub struct MountIn {
 }
 
 pub(crate) fn tier(field: &str, s: &str) -> Result<lattice_engine::Tier, FieldError> {
-    match s {
-        "hot" => Ok(lattice_engine::Tier::Hot),
-        "warm" => Ok(lattice_engine::Tier::Warm),
-        "cold" => Ok(lattice_engine::Tier::Cold),
-        o => Err(bad(field, format!("`{o}`: hot, warm or cold"))),
-    }
+    lattice_traces::parse_tier(s).map_err(|m| bad(field, m))
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]

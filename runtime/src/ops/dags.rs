@@ -39,8 +39,8 @@ pub struct DagMember {
     pub request: SubmitRequest,
 }
 
-/// The book's limit on one DAG.
-pub const MAX_DAG_SIZE: usize = 1000;
+/// The book's limit on one DAG (the same for a trace's DAG: one set of limits).
+pub use lattice_traces::MAX_DAG_SIZE;
 
 /// Submits a DAG: members in dependency order (refs name earlier or later members; cycles and unknown
 /// refs are refused before anything is queued). Returns the DAG id and member name → allocation id.
