@@ -28,17 +28,7 @@ pub async fn queue(s: &Shared, p: &Principal, vcluster: &str) -> Result<Vec<Allo
 }
 
 /// The nine cost weights by name (the profile's and `lattice admin vcluster set-weights`' keys).
-pub const WEIGHT_NAMES: [&str; 9] = [
-    "priority",
-    "wait_time",
-    "fair_share",
-    "topology",
-    "data_readiness",
-    "backlog",
-    "energy",
-    "checkpoint",
-    "conformance",
-];
+pub const WEIGHT_NAMES: [&str; 9] = lattice_engine::CostWeights::NAMES;
 
 /// Hot-reloads a vCluster's weights (missing ones 0); its next pass uses them.
 pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap<String, f64>) -> Result<(), ApiError> {
