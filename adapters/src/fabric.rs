@@ -1,5 +1,5 @@
 //! The Slingshot fabric-manager client (CXI services: create at launch start, auth key, revoke at
-//! launch end) over [`crate::http`], and the VNI pool network domains draw from (book: "Network
+//! launch end) over [`crate::http`]; the VNI pool network domains draw from (book: "Network
 //! Domains": sequential allocation from `vni_pool_start..=vni_pool_end`, freed VNIs return to the
 //! pool, exhaustion is an error that says so).
 
@@ -7,7 +7,6 @@ use crate::http::{Http, HttpConfig, HttpError};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::collections::BTreeSet;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CxiService {
@@ -67,63 +66,5 @@ impl FabricClient {
     }
 }
 
-/// VNIs for network domains.
-#[derive(Clone, Debug)]
-pub struct VniPool {
-    start: u32,
-    end: u32,
-    next: u32,
-    used: BTreeSet<u32>,
-}
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum VniError {
-    #[error("cannot create network domain — VNI pool exhausted ({used}/{total} in use)")]
-    Exhausted { used: usize, total: usize },
-    #[error("VNI pool {start}-{end}: VNIs below 1000 are reserved (1 management, 2 telemetry)")]
-    Reserved { start: u32, end: u32 },
-}
-
-impl VniPool {
-    /// The book's default is 1000..=4095.
-    pub fn new(start: u32, end: u32) -> Result<VniPool, VniError> {
-        if start < 1000 || end < start {
-            return Err(VniError::Reserved { start, end });
-        }
-        Ok(VniPool {
-            start,
-            end,
-            next: start,
-            used: BTreeSet::new(),
-        })
-    }
-
-    pub fn total(&self) -> usize {
-        (self.end - self.start + 1) as usize
-    }
-
-    pub fn in_use(&self) -> usize {
-        self.used.len()
-    }
-
-    /// The next free VNI after the last one handed out (sequential, wrapping).
-    pub fn allocate(&mut self) -> Result<u32, VniError> {
-        if self.used.len() == self.total() {
-            return Err(VniError::Exhausted {
-                used: self.used.len(),
-                total: self.total(),
-            });
-        }
-        loop {
-            let v = self.next;
-            self.next = if v == self.end { self.start } else { v + 1 };
-            if self.used.insert(v) {
-                return Ok(v);
-            }
-        }
-    }
-
-    pub fn release(&mut self, vni: u32) -> bool {
-        self.used.remove(&vni)
-    }
-}
+/// The VNI pool is the controller's (both worlds refuse the same starts when it is exhausted).
+pub use lattice_engine::network::{VniError, VniPool};

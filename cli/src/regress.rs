@@ -263,6 +263,7 @@ fn options(e: &Entry, dir: &Path, scratch: &Path) -> Result<ReplayOptions> {
         repair: None,
         walltime_grace: None,
         hardened_boot: None,
+        vni_pool: None,
         slo_wait: Vec::new(),
     })
 }

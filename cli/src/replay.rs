@@ -38,6 +38,8 @@ pub struct ReplayOptions {
     pub walltime_grace: Option<lattice_engine::Duration>,
     /// Claims boot their nodes into the hardened image first, this long per node.
     pub hardened_boot: Option<lattice_engine::Duration>,
+    /// Network domains modelled over this VNI pool (`None`: not modelled).
+    pub vni_pool: Option<(u32, u32)>,
     /// Target waits per class range for SLO compliance (`--slo-wait 7-10=15m`).
     pub slo_wait: Vec<(u8, u8, lattice_engine::Duration)>,
 }
@@ -205,6 +207,11 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             min: d,
             max: d,
             ..lattice_sim::BootModel::default()
+        }),
+        network: o.vni_pool.map(|(start, end)| lattice_sim::NetworkModel {
+            vni_pool_start: start,
+            vni_pool_end: end,
+            ..lattice_sim::NetworkModel::default()
         }),
         decision_log: false,
         slo_wait: o.slo_wait.clone(),

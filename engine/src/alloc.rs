@@ -224,6 +224,10 @@ pub struct AllocSpec {
     pub scale: Option<Box<crate::autoscale::ScalePolicy>>,
     /// Data mounts (size, current tier, tier hint) for pre-staging and f5.
     pub data: Vec<crate::staging::DataMount>,
+    /// The network domain it joins (`connectivity.network_domain`; book: "Network Domains"): its
+    /// tenant's allocations naming the same domain share a VNI. `None`: a multi-node allocation
+    /// gets a domain of its own, a single-node one none.
+    pub network_domain: Option<String>,
 }
 
 impl AllocSpec {
@@ -247,6 +251,7 @@ impl AllocSpec {
             mutex: None,
             scale: None,
             data: Vec::new(),
+            network_domain: None,
         }
     }
 }

@@ -152,6 +152,10 @@ pub struct ControlStats {
     pub hardened_boots: u64,
     /// Hardened boots that failed or timed out (the node Down, the claim failed).
     pub boot_failures: u64,
+    /// Proposals refused before the quorum: their network domain needed a VNI the pool had not.
+    pub vni_refusals: u64,
+    /// Nodes whose wipe was not confirmed within the wipe timeout (quarantined, like a failure).
+    pub wipe_timeouts: u64,
 }
 
 /// A sensitive claim committed but not launched: its nodes boot the hardened image.
@@ -193,8 +197,13 @@ pub struct Controller {
     /// "OpenCHAMI boots N1-N4 with hardened sensitive image (if not already)"), each boot given this
     /// long (the book's boot timeout, 10 min); `None`: claims launch at once (no hardened image).
     pub hardened_boot: Option<Duration>,
+    /// A wipe not confirmed within this fails (book: "Wipe Failure Handling": the node is
+    /// quarantined; 30 min by default in the runtime); `None`: the controller waits for every outcome.
+    pub wipe_timeout: Option<Duration>,
     /// Check every preemption decision against the rules (only down, never a sensitive victim).
     pub check_preemptions: bool,
+    /// Network domains and their VNI pool (`None`: not modelled — no domains, no refusals).
+    pub network: Option<crate::network::NetworkDomains>,
     pub stats: ControlStats,
     runs: Vec<Run>,
     log: Option<Vec<String>>,
@@ -208,6 +217,9 @@ pub struct Controller {
     hardened: std::collections::BTreeSet<NodeId>,
     /// Claims whose nodes boot the hardened image before they launch.
     booting: BTreeMap<AllocId, Booting>,
+    /// Wipes under way: per released claim, the nodes whose outcome is awaited, and when they fail
+    /// for want of one (with a wipe timeout).
+    wiping: BTreeMap<AllocId, (std::collections::BTreeSet<NodeId>, Option<Time>)>,
     /// Nodes quarantined after a failed wipe, with the claim whose wipe it was (`None` while an
     /// operator's retry is under way).
     quarantined: BTreeMap<NodeId, (AllocId, bool)>,
@@ -220,6 +232,9 @@ impl Controller {
             grace: HeartbeatGrace::default(),
             drift_timeout: DriftTimeout::default(),
             check_preemptions: false,
+            wipe_timeout: None,
+            wiping: Default::default(),
+            network: None,
             stats: ControlStats::default(),
             runs: Vec::new(),
             log: None,
@@ -281,6 +296,10 @@ impl Controller {
     }
 
     fn emit(&mut self, world: &mut dyn World, now: Time, d: Decision) -> Option<bool> {
+        // Whatever ends a run's hold on its nodes also takes it out of its network domain.
+        if let (Decision::Release { alloc, .. }, Some(n)) = (&d, self.network.as_mut()) {
+            n.leave(*alloc, now);
+        }
         if let Some(log) = self.log.as_mut() {
             log.push(format!("{} {d}", now.0));
         }
@@ -299,6 +318,7 @@ impl Controller {
         started: Time,
     ) -> Result<(), ControlError> {
         self.engine.handle_adopt(now, id, nodes, submitted, started)?;
+        self.join_domain(id);
         let r = self.run(id);
         r.start = started;
         r.base = r.saved;
@@ -331,7 +351,12 @@ impl Controller {
     pub fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
         match input {
             Input::Committed(id) => self.commit(now, id, world)?,
-            Input::Rejected(id) => self.engine.handle_reject(now, id)?,
+            Input::Rejected(id) => {
+                if let Some(n) = self.network.as_mut() {
+                    n.unreserve(id);
+                }
+                self.engine.handle_reject(now, id)?
+            }
             Input::Exited(id, reason) => {
                 let Some(a) = self.engine.allocation(id) else {
                     return Err(EngineError::UnknownAlloc(id).into());
@@ -373,14 +398,28 @@ impl Controller {
                     self.stats.broker_checkpoints += 1;
                 }
             }
+            // The outcome of every node still awaited (a late report, after the wipe timed out,
+            // changes nothing).
             Input::WipeDone(id, ok) => {
-                let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                let Some((nodes, _)) = self.wiping.remove(&id) else {
+                    return Ok(());
+                };
+                let nodes = self.in_claim_order(id, &nodes);
                 self.wiped(now, id, nodes, ok, world);
             }
             Input::NodeWiped(id, node, ok) => {
                 let held = self.engine.allocation(id).is_some_and(|a| a.nodes.contains(&node));
                 if !held {
                     return Err(EngineError::UnknownNode(node).into());
+                }
+                if !self.wipe_awaited(id, node) {
+                    return Ok(());
+                }
+                if let Some((waiting, _)) = self.wiping.get_mut(&id) {
+                    waiting.remove(&node);
+                    if waiting.is_empty() {
+                        self.wiping.remove(&id);
+                    }
                 }
                 self.wiped(now, id, vec![node], ok, world);
             }
@@ -406,6 +445,10 @@ impl Controller {
                     None => return Err(EngineError::UnknownAlloc(id).into()),
                 };
                 self.engine.handle_cancel(now, id)?;
+                // A proposal at the quorum gives up the VNI it held.
+                if let Some(n) = self.network.as_mut() {
+                    n.unreserve(id);
+                }
                 if state == AllocState::Running {
                     self.emit(
                         world,
@@ -463,17 +506,58 @@ impl Controller {
                         nodes: vec![node],
                     },
                 );
-                self.emit(
-                    world,
-                    now,
-                    Decision::Wipe {
-                        alloc: id,
-                        nodes: vec![node],
-                    },
-                );
+                self.wipe(now, id, vec![node], world);
             }
         }
         Ok(())
+    }
+
+    /// Is any outcome of claim `id`'s wipe still awaited?
+    pub fn is_wiping(&self, id: AllocId) -> bool {
+        self.wiping.contains_key(&id)
+    }
+
+    /// Is the outcome of `node`'s wipe for claim `id` still awaited (not reported, not timed out)?
+    pub fn wipe_awaited(&self, id: AllocId, node: NodeId) -> bool {
+        self.wiping.get(&id).is_some_and(|w| w.0.contains(&node))
+    }
+
+    /// Wipes the nodes a claim released (or one an operator retries): their outcomes are awaited
+    /// until the wipe timeout, if any.
+    fn wipe(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, world: &mut dyn World) {
+        let deadline = self.wipe_timeout.map(|t| now + t);
+        let w = self.wiping.entry(id).or_insert_with(|| (Default::default(), deadline));
+        w.0.extend(nodes.iter().copied());
+        w.1 = match (w.1, deadline) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.emit(world, now, Decision::Wipe { alloc: id, nodes });
+    }
+
+    /// `nodes` of claim `id` in the order the claim holds them (the audit log's order).
+    fn in_claim_order(&self, id: AllocId, nodes: &std::collections::BTreeSet<NodeId>) -> Vec<NodeId> {
+        let held = self.engine.allocation(id).map_or(&[][..], |a| &a.nodes[..]);
+        held.iter().copied().filter(|n| nodes.contains(n)).collect()
+    }
+
+    /// Wipes whose outcome did not come within the wipe timeout: their nodes are quarantined, as
+    /// for a failed wipe (book: "Wipe Failure Handling"). Whether any were.
+    fn expire_wipes(&mut self, now: Time, world: &mut dyn World) -> bool {
+        let due: Vec<AllocId> = self
+            .wiping
+            .iter()
+            .filter(|(_, w)| w.1.is_some_and(|t| t <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &due {
+            if let Some((nodes, _)) = self.wiping.remove(id) {
+                self.stats.wipe_timeouts += nodes.len() as u64;
+                let nodes = self.in_claim_order(*id, &nodes);
+                self.wiped(now, *id, nodes, false, world);
+            }
+        }
+        !due.is_empty()
     }
 
     /// Is the node drifted from its conformance baseline (and drained for it)?
@@ -482,11 +566,14 @@ impl Controller {
     }
 
     /// When the controller wants its next pass: the engine's next wake-up (a cycle tick, an energy
-    /// window, a staging end) or the next drift remediation deadline, whichever is first.
+    /// window, a staging end), the next drift remediation deadline, hardened boot deadline or
+    /// drained network domain's release, whichever is first.
     pub fn next_wakeup(&self) -> Option<Time> {
         let drift_due = self.drifted.keys().filter_map(|n| self.drift_deadline(*n)).min();
         let boot_due = self.booting.values().map(|b| b.deadline).min();
-        [self.engine.next_wakeup(), drift_due, boot_due]
+        let wipe_due = self.wiping.values().filter_map(|w| w.1).min();
+        let domain_due = self.network.as_ref().and_then(|n| n.next_expiry());
+        [self.engine.next_wakeup(), drift_due, boot_due, wipe_due, domain_due]
             .into_iter()
             .flatten()
             .min()
@@ -715,7 +802,7 @@ impl Controller {
         for n in &nodes {
             let _ = self.engine.handle_node_event(now, *n, NodeEvent::Drain);
         }
-        self.emit(world, now, Decision::Wipe { alloc: id, nodes });
+        self.wipe(now, id, nodes, world);
     }
 
     /// The run was lost: checkpoints in flight are lost with it; the next run resumes from the last
@@ -735,6 +822,7 @@ impl Controller {
         };
         let nodes = a.nodes.clone();
         let claim = a.spec.sensitive_claim;
+        self.join_domain(id);
         if claim {
             self.emit(
                 world,
@@ -773,6 +861,7 @@ impl Controller {
         r.base = r.saved;
         r.pending = None;
         let resume_from = r.base;
+        let vni = self.vni_of(id);
         self.emit(
             world,
             now,
@@ -781,8 +870,44 @@ impl Controller {
                 nodes,
                 resume_from,
                 staging_remaining_s,
+                vni,
             },
         );
+    }
+
+    /// The network domain an allocation placed on `nodes` nodes belongs to (`None`: none, or
+    /// domains are not modelled).
+    fn domain_key(&self, id: AllocId, nodes: usize) -> Option<crate::network::DomainKey> {
+        self.network.as_ref()?;
+        let a = self.engine.allocation(id)?;
+        let name = crate::network::domain_of(id, a.spec.network_domain.as_deref(), nodes, a.spec.sensitive_claim)?;
+        Some((a.spec.tenant, name))
+    }
+
+    /// The started allocation joins its network domain (the one its proposal reserved).
+    fn join_domain(&mut self, id: AllocId) {
+        let nodes = self.engine.allocation(id).map_or(0, |a| a.nodes.len());
+        let key = self.domain_key(id, nodes);
+        if let Some(n) = self.network.as_mut() {
+            n.join(id, key);
+        }
+    }
+
+    /// The VNI of the allocation's network domain, once it joined one.
+    pub fn vni_of(&self, id: AllocId) -> Option<u32> {
+        self.network.as_ref()?.vni_of(id)
+    }
+
+    /// A proposal's network domain: reserved (its VNI held while the quorum decides), or refused
+    /// when it would need a VNI the pool has not.
+    fn reserve_domain(&mut self, id: AllocId, nodes: usize) -> Result<(), crate::network::Refusal> {
+        let Some(key) = self.domain_key(id, nodes) else {
+            return Ok(());
+        };
+        match self.network.as_mut() {
+            Some(n) => n.reserve(id, key),
+            None => Ok(()),
+        }
     }
 
     /// The grace a node that stops heartbeating gets before it is Down and its allocation is
@@ -851,17 +976,35 @@ impl Controller {
         // A drift whose remediation time ran out takes its node Down, as a node event would before
         // the pass: the pass runs again with the node out (its work requeued).
         let drifts = self.expire_drifts(now, world)?;
-        if self.expire_boots(now, world)? || drifts {
+        let wipes = self.expire_wipes(now, world);
+        if self.expire_boots(now, world)? || drifts || wipes {
             self.engine.schedule(now);
         }
         for (alloc, node, added) in self.engine.drain_scale_log() {
             self.emit(world, now, Decision::Scale { alloc, node, added });
         }
+        // Drained network domains whose grace ran out give their VNIs back first.
+        if let Some(n) = self.network.as_mut() {
+            n.expire(now);
+        }
         while let Some(p) = self.engine.poll_proposal() {
             let id = p.alloc;
+            // A start whose network domain would need a VNI the pool has not stays Pending (retried
+            // next cycle, when a domain may have drained).
+            if let Err(why) = self.reserve_domain(id, p.nodes.len()) {
+                self.engine.handle_refused(now, id)?;
+                self.stats.vni_refusals += 1;
+                self.emit(world, now, Decision::Refuse { alloc: id, why });
+                continue;
+            }
             match self.emit(world, now, Decision::Propose(p)) {
                 Some(true) => self.commit(now, id, world)?,
-                Some(false) => self.engine.handle_reject(now, id)?,
+                Some(false) => {
+                    if let Some(n) = self.network.as_mut() {
+                        n.unreserve(id);
+                    }
+                    self.engine.handle_reject(now, id)?
+                }
                 None => {}
             }
         }

@@ -176,6 +176,24 @@ impl Engine {
 
     /// The quorum rejected a proposal (e.g. a conflicting commit won): release and requeue.
     pub fn handle_reject(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
+        self.unpropose(now, id)?;
+        let key = self.pool_key_of(id);
+        self.mark_due(key, now);
+        Ok(())
+    }
+
+    /// The driver refused its own proposal before it reached the quorum (its network domain needs
+    /// a VNI the pool has not): as a rejection, but retried at the pool's next cycle tick, not at
+    /// once (nothing that could change the answer happened yet).
+    pub fn handle_refused(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
+        self.unpropose(now, id)?;
+        let key = self.pool_key_of(id);
+        self.mark_due(key, now + crate::time::Duration(1));
+        Ok(())
+    }
+
+    /// A proposal that will not be committed: the allocation gives its nodes back and queues again.
+    fn unpropose(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
         self.clock.advance(now);
         let proposed_at = self.meta_of(id)?.proposed_at.ok_or(EngineError::NotProposed(id))?;
         if let Some(w) = self.allocs[id.index()].spec.lifecycle.walltime() {
@@ -190,8 +208,6 @@ impl Engine {
         a.start_score = None;
         self.meta[id.index()].proposed_at = None;
         self.enqueue(id);
-        let key = self.pool_key_of(id);
-        self.mark_due(key, now);
         Ok(())
     }
 

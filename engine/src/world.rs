@@ -14,6 +14,7 @@
 
 use crate::engine::{Engine, Proposal};
 use crate::ids::{AllocId, NodeId};
+use crate::network::Refusal;
 use crate::preempt::PreemptReason;
 use crate::time::{Duration, Time};
 
@@ -89,6 +90,9 @@ pub enum StopReason {
 pub enum Decision {
     /// Quorum: give `nodes` to the allocation.
     Propose(Proposal),
+    /// The controller refused a proposal before it reached the quorum (its network domain would
+    /// need a VNI the pool has not): the allocation stays Pending and the world tells its owner why.
+    Refuse { alloc: AllocId, why: Refusal },
     /// Quorum: the allocation no longer holds its nodes.
     Release { alloc: AllocId, nodes: Vec<NodeId> },
     /// Quorum: a reactive allocation grew (`added`) or shrank by one node.
@@ -102,11 +106,14 @@ pub enum Decision {
     /// Fleet: start the committed allocation on its nodes, resuming from `resume_from` of work a
     /// checkpoint kept (zero: from the start). `staging_remaining_s`: seconds of data staging still
     /// outstanding (it started before its data was fully staged: an I/O stall).
+    ///
+    /// `vni`: its network domain's VNI (when domains are modelled and it belongs to one).
     Launch {
         alloc: AllocId,
         nodes: Vec<NodeId>,
         resume_from: Duration,
         staging_remaining_s: f64,
+        vni: Option<u32>,
     },
     /// Fleet: stop the allocation's processes (its run is over; later reports of it are stale).
     Stop { alloc: AllocId, why: StopReason },
@@ -134,12 +141,24 @@ pub enum Decision {
     WakeAt(Time),
 }
 
+/// What the fleet port is told of a launch ([`Decision::Launch`]'s fields).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Launch<'a> {
+    pub alloc: AllocId,
+    pub nodes: &'a [NodeId],
+    pub resume_from: Duration,
+    pub staging_remaining_s: f64,
+    pub vni: Option<u32>,
+}
+
 /// The quorum port: ownership changes and the audit log.
 pub trait Quorum {
     /// Proposes a start. `Some(committed)` when the world decides at once (a zero-latency fake
     /// quorum, or a refusal before it reaches the quorum); `None` when the answer comes later as
     /// an input.
     fn propose(&mut self, view: &Engine, now: Time, p: &Proposal) -> Option<bool>;
+    /// A start refused before it reached the quorum (it stays Pending).
+    fn refuse(&mut self, view: &Engine, now: Time, alloc: AllocId, why: &Refusal);
     fn release(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
     fn scale(&mut self, view: &Engine, now: Time, alloc: AllocId, node: NodeId, added: bool);
     fn audit(&mut self, view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, nodes: &[NodeId]);
@@ -147,15 +166,7 @@ pub trait Quorum {
 
 /// The fleet port: node agents and what runs on the nodes.
 pub trait Fleet {
-    fn launch(
-        &mut self,
-        view: &Engine,
-        now: Time,
-        alloc: AllocId,
-        nodes: &[NodeId],
-        resume_from: Duration,
-        staging_remaining_s: f64,
-    );
+    fn launch(&mut self, view: &Engine, now: Time, launch: &Launch<'_>);
     fn stop(&mut self, view: &Engine, now: Time, alloc: AllocId, why: StopReason);
     fn preempt(&mut self, view: &Engine, now: Time, order: &PreemptOrder);
     /// A broker hint. `Some(false)` when it fails at once (nowhere to write it); `None` when the
@@ -183,6 +194,10 @@ impl Decision {
     pub fn dispatch(&self, world: &mut dyn World, view: &Engine, now: Time) -> Option<bool> {
         match self {
             Decision::Propose(p) => world.propose(view, now, p),
+            Decision::Refuse { alloc, why } => {
+                world.refuse(view, now, *alloc, why);
+                None
+            }
             Decision::Release { alloc, nodes } => {
                 world.release(view, now, *alloc, nodes);
                 None
@@ -200,8 +215,16 @@ impl Decision {
                 nodes,
                 resume_from,
                 staging_remaining_s,
+                vni,
             } => {
-                world.launch(view, now, *alloc, nodes, *resume_from, *staging_remaining_s);
+                let launch = Launch {
+                    alloc: *alloc,
+                    nodes,
+                    resume_from: *resume_from,
+                    staging_remaining_s: *staging_remaining_s,
+                    vni: *vni,
+                };
+                world.launch(view, now, &launch);
                 None
             }
             Decision::Stop { alloc, why } => {
@@ -264,8 +287,20 @@ impl std::fmt::Display for Decision {
                 alloc,
                 nodes,
                 resume_from,
+                vni,
                 ..
-            } => write!(f, "launch {alloc} on [{}] from {}ms", list(nodes), resume_from.0),
+            } => {
+                write!(f, "launch {alloc} on [{}] from {}ms", list(nodes), resume_from.0)?;
+                match vni {
+                    Some(v) => write!(f, " vni {v}"),
+                    None => Ok(()),
+                }
+            }
+            Decision::Refuse { alloc, why } => match why {
+                Refusal::VniPoolExhausted { domain, used, total } => {
+                    write!(f, "refuse {alloc} vni_pool_exhausted {domain} ({used}/{total})")
+                }
+            },
             Decision::Stop { alloc, why } => match why {
                 StopReason::NodeLost(n) => write!(f, "stop {alloc} node {} lost", n.0),
                 StopReason::Cancelled => write!(f, "stop {alloc} cancelled"),

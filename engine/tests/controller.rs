@@ -14,6 +14,12 @@ impl lattice_engine::Quorum for Recorder {
         self.0.push(Decision::Propose(p.clone()));
         Some(true)
     }
+    fn refuse(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, why: &lattice_engine::Refusal) {
+        self.0.push(Decision::Refuse {
+            alloc,
+            why: why.clone(),
+        });
+    }
     fn release(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, nodes: &[NodeId]) {
         self.0.push(Decision::Release {
             alloc,
@@ -40,20 +46,13 @@ impl lattice_engine::Quorum for Recorder {
 }
 
 impl lattice_engine::Fleet for Recorder {
-    fn launch(
-        &mut self,
-        _: &Engine,
-        _: Time,
-        alloc: lattice_engine::AllocId,
-        nodes: &[NodeId],
-        resume_from: Duration,
-        staging_remaining_s: f64,
-    ) {
+    fn launch(&mut self, _: &Engine, _: Time, l: &lattice_engine::Launch<'_>) {
         self.0.push(Decision::Launch {
-            alloc,
-            nodes: nodes.to_vec(),
-            resume_from,
-            staging_remaining_s,
+            alloc: l.alloc,
+            nodes: l.nodes.to_vec(),
+            resume_from: l.resume_from,
+            staging_remaining_s: l.staging_remaining_s,
+            vni: l.vni,
         });
     }
     fn stop(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, why: lattice_engine::StopReason) {

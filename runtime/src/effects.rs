@@ -23,6 +23,8 @@ pub fn execute(
         while let Some(a) = queue.pop_front() {
             match a {
                 Action::Propose(p) => queue.extend(propose_start(&shared, p).await),
+                // The owner reads why in the allocation's `last_rejection` (set by the control plane).
+                Action::Refuse { name, message, .. } => tracing::debug!("{name}: {message}"),
                 Action::Release { name, .. } => {
                     release(&shared, name).await;
                     shared.wake.notify_one();

@@ -79,6 +79,10 @@ impl ReplayHost {
                 nodes: self.nodes(&p.nodes),
                 backfilled: p.backfilled,
             }),
+            Action::Refuse { alloc, why, .. } => Decision::Refuse {
+                alloc: *alloc,
+                why: why.clone(),
+            },
             Action::Release { alloc, nodes, .. } => Decision::Release {
                 alloc: *alloc,
                 nodes: self.nodes(nodes),
@@ -100,12 +104,14 @@ impl ReplayHost {
                 nodes,
                 resume_from,
                 staging_remaining_s,
+                vni,
                 ..
             } => Decision::Launch {
                 alloc: *alloc,
                 nodes: self.nodes(nodes),
                 resume_from: *resume_from,
                 staging_remaining_s: *staging_remaining_s,
+                vni: *vni,
             },
             Action::Stop { alloc, why, .. } => Decision::Stop {
                 alloc: *alloc,

@@ -425,7 +425,6 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
     let vcs = vcluster_configs(cfg)?;
     let capture = cfg.scheduler.trace_capture.clone();
     let network = cfg.network.clone();
-    let grace_ms = lattice_traces::parse_duration(&network.grace).map_or(300_000, |d| d.0);
     let fabric_on = cfg.services.fabric.is_some();
     let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
     let wipe_timeout_ms = cfg.sensitive.wipe_timeout_ms();
@@ -451,12 +450,12 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         c.ctl.hardened_boot = hardened_boot;
         c.heartbeat_timeout_ms = heartbeat_timeout_ms;
         c.launch_secret = launch_secret;
-        c.network = crate::network::NetworkDomains::new(&network, grace_ms)?;
+        c.ctl.network = Some(network.domains()?);
         c.fabric = fabric_on;
         c.real_agents = !simulate_agents;
         c.set_baselines(&baselines);
         c.wipe_by_openchami = wipe_by_openchami;
-        c.wipe_timeout_ms = wipe_timeout_ms;
+        c.ctl.wipe_timeout = Some(lattice_engine::Duration(wipe_timeout_ms));
         if let Some(g) = vast_gbps {
             c.ctl.engine.set_vast_bandwidth(g);
         }
@@ -565,14 +564,10 @@ async fn scheduling_loop(
         let actions = {
             let mut c = shared.control.lock().await;
             c.check_agents(agent_timeout);
-            c.expire_wipes();
             c.expire_preemptions(preemption_slack);
             c.take_actions()
         };
         execute(shared.clone(), actions).await;
-        for (tenant, domain, vni) in shared.control.lock().await.expire_network() {
-            tracing::info!("network domain {tenant}/{domain} released (VNI {vni})");
-        }
         let actions = {
             let mut c = shared.control.lock().await;
             // The engine times its cost function with this member's monotonic clock.

@@ -6,8 +6,8 @@
 //! handles it.
 
 use lattice_engine::{
-    AllocId, AuditEvent, Decision, Duration, Engine, Fleet, NodeId, PreemptOrder, Proposal, Quorum, StopReason, Time,
-    Timer,
+    AllocId, AuditEvent, Decision, Duration, Engine, Fleet, Launch, NodeId, PreemptOrder, Proposal, Quorum, Refusal,
+    StopReason, Time, Timer,
 };
 
 /// An ownership change for the quorum.
@@ -38,6 +38,15 @@ impl Quorum for Outbox {
         self.0.push((now, Decision::Propose(p.clone())));
         None
     }
+    fn refuse(&mut self, _view: &Engine, now: Time, alloc: AllocId, why: &Refusal) {
+        self.0.push((
+            now,
+            Decision::Refuse {
+                alloc,
+                why: why.clone(),
+            },
+        ));
+    }
     fn release(&mut self, _view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]) {
         self.0.push((
             now,
@@ -63,22 +72,15 @@ impl Quorum for Outbox {
 }
 
 impl Fleet for Outbox {
-    fn launch(
-        &mut self,
-        _view: &Engine,
-        now: Time,
-        alloc: AllocId,
-        nodes: &[NodeId],
-        resume_from: Duration,
-        staging_remaining_s: f64,
-    ) {
+    fn launch(&mut self, _view: &Engine, now: Time, l: &Launch<'_>) {
         self.0.push((
             now,
             Decision::Launch {
-                alloc,
-                nodes: nodes.to_vec(),
-                resume_from,
-                staging_remaining_s,
+                alloc: l.alloc,
+                nodes: l.nodes.to_vec(),
+                resume_from: l.resume_from,
+                staging_remaining_s: l.staging_remaining_s,
+                vni: l.vni,
             },
         ));
     }
@@ -136,6 +138,14 @@ impl Timer for Outbox {
 pub enum Action {
     /// Propose the start to the quorum; its answer goes back to the controller.
     Propose(PendingProposal),
+    /// The controller refused the start before the quorum (it stays Pending, retried next cycle):
+    /// `message` is what its owner reads as the allocation's `last_rejection`.
+    Refuse {
+        alloc: AllocId,
+        name: String,
+        why: Refusal,
+        message: String,
+    },
     /// Free the allocation's nodes at the quorum (its end is recorded first; it leaves its network
     /// domain).
     Release {

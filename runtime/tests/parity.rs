@@ -194,7 +194,8 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 /// A generated workload on 16 nodes: sizes, run times, walltimes (some too short), classes,
 /// checkpointable or not, a few sensitive claims, cancels and walltime extensions, a reweighting,
 /// node failures, conformance drifts (some remediated, some not: taken Down after 24 h), nodes that
-/// join the site.
+/// join the site, network domains (a pool of 4 VNIs for even seeds: exhausted, starts refused),
+/// wipes that time out (odd seeds).
 fn workload() -> impl Strategy<Value = String> {
     let job = (
         0u32..20_000,
@@ -222,6 +223,11 @@ fn workload() -> impl Strategy<Value = String> {
             });
             if ckpt {
                 a["checkpoint"] = serde_json::json!({"strategy": "auto", "estimated_minutes": 2.0});
+            }
+            // Some name a network domain their tenant's others may share (multi-node jobs without
+            // one get their own): with a small VNI pool, new domains are refused until one drains.
+            if matches!(special, 7..=10) {
+                a["connectivity"] = serde_json::json!({"network_domain": (["ml", "cfd"][i % 2])});
             }
             let line = if special == 0 {
                 // A sensitive claim: first in line, takes its nodes at once, wiped on release.
@@ -326,10 +332,29 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
         failure_probability: 0.2,
         timeout: Duration::from_mins(10),
     });
+    // Even seeds model network domains over a pool of 4 VNIs (exhausted by busy workloads).
+    let network = seed.is_multiple_of(2).then_some(lattice_sim::NetworkModel {
+        vni_pool_start: 1000,
+        vni_pool_end: 1003,
+        grace: Duration::from_mins(5),
+    });
+    // Odd seeds time wipes out after 30 minutes: wipes of 10-40 minutes, some quarantined at the
+    // deadline, their late outcomes ignored.
+    let wipe = lattice_sim::WipeModel {
+        max: Duration::from_mins(40),
+        timeout: Some(Duration::from_mins(30)),
+        ..lattice_sim::WipeModel::default()
+    };
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
         projects,
         hardened_boot,
+        network,
+        wipe: if seed % 2 == 1 {
+            wipe
+        } else {
+            lattice_sim::WipeModel::default()
+        },
         decision_log: true,
         seed,
         failures: fail.then_some(FailureModel {
@@ -385,6 +410,54 @@ fn hardened_boots_decide_the_same_in_both_worlds() {
     let r = generated_case(&text, 3, false);
     assert!(decisions_of(&r, "boot") > 0, "{:?}", r.decisions);
     assert!(r.summary.hardened_boots > 0, "{:?}", r.summary);
+}
+
+/// Network domains over a pool of 4 VNIs (seed 2): six 2-node jobs each need a domain of their own,
+/// two more share `ml`; the starts the pool cannot serve are refused in both worlds, alike, and run
+/// once a drained domain's VNI comes back; the capture replays the same.
+#[test]
+fn vni_exhaustion_refuses_the_same_in_both_worlds() {
+    let text = (0..8)
+        .map(|i| {
+            let mut a = serde_json::json!({"id": format!("j{i}"), "tenant": "a", "nodes": 2, "duration": 600 + i * 60, "walltime": 1800});
+            if i >= 6 {
+                a["connectivity"] = serde_json::json!({"network_domain": "ml"});
+            }
+            serde_json::json!({"ts": i, "type": "submit", "alloc": a}).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let r = generated_case(&text, 2, false);
+    assert!(r.summary.vni_refusals > 0, "{:?}", r.summary);
+    assert!(decisions_of(&r, "refuse") > 0, "{:?}", r.decisions);
+    assert!(
+        r.decisions
+            .iter()
+            .any(|d| d.contains("launch") && d.ends_with("vni 1000")),
+        "{:?}",
+        r.decisions
+    );
+    assert!(
+        r.jobs.iter().all(|j| j.state == "completed"),
+        "every job ran in the end: {:?}",
+        r.jobs
+    );
+}
+
+/// Wipes that outlast the controller's 30-minute wipe timeout (seed 1: wipes of 10-40 minutes)
+/// quarantine their nodes at the deadline in both worlds, alike; the late outcomes change nothing.
+#[test]
+fn wipe_timeouts_quarantine_the_same_in_both_worlds() {
+    let text = (0..8)
+        .map(|i| {
+            let a = serde_json::json!({"id": format!("c{i}"), "tenant": "a", "user": "dr-who", "nodes": 2, "duration": 600, "walltime": 1200});
+            serde_json::json!({"ts": i * 3000, "type": "claim", "claim": a}).to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let r = generated_case(&text, 1, false);
+    assert!(r.summary.wipe_timeouts > 0, "{:?}", r.summary);
+    assert!(r.summary.wipes > 0, "some wipes end in time: {:?}", r.summary);
 }
 
 /// Cases the property test once found, kept as fixed tests.

@@ -36,6 +36,9 @@ pub struct SimConfig {
     /// Sensitive claims boot their nodes into the hardened image before they launch (`None`: they
     /// launch at once).
     pub hardened_boot: Option<BootModel>,
+    /// Network domains and their VNI pool (`None`: not modelled; book: "Network Domains"): a start
+    /// whose domain needs a VNI the pool has not is refused and stays Pending.
+    pub network: Option<NetworkModel>,
     /// Checkpoint storage outages `[down, up)`.
     pub storage_outages: Vec<(Time, Time)>,
     /// Window length for the windowed fairness metrics.
@@ -75,6 +78,7 @@ impl Default for SimConfig {
             sensitive_pool_size: None,
             wipe: WipeModel::default(),
             hardened_boot: None,
+            network: None,
             storage_outages: Vec::new(),
             fairness_window: Duration::from_hours(24),
             failures: None,
@@ -86,10 +90,31 @@ impl Default for SimConfig {
     }
 }
 
+/// The VNI pool network domains draw from, and how long a drained domain keeps its VNI.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NetworkModel {
+    pub vni_pool_start: u32,
+    pub vni_pool_end: u32,
+    pub grace: Duration,
+}
+
+impl Default for NetworkModel {
+    /// The book's defaults: VNIs 1000-4095, a 5-minute grace.
+    fn default() -> Self {
+        NetworkModel {
+            vni_pool_start: 1000,
+            vni_pool_end: 4095,
+            grace: Duration::from_mins(5),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     #[error("engine setup: {0}")]
     Engine(#[from] lattice_engine::EngineError),
+    #[error("network: {0}")]
+    Network(#[from] lattice_engine::VniError),
     #[error("invariant violated at {time}: {message}")]
     Invariant { time: Time, message: String },
     #[error("the pyss-compatible policy needs a commit latency of 0 (pyss starts jobs at decision time)")]
@@ -109,6 +134,9 @@ pub struct WipeModel {
     pub min: Duration,
     pub max: Duration,
     pub failure_probability: f64,
+    /// The controller's wipe timeout (the runtime's `sensitive.wipe_timeout`): a wipe taking longer
+    /// fails at the deadline, its nodes quarantined (`None`: every outcome is waited for).
+    pub timeout: Option<Duration>,
 }
 
 impl Default for WipeModel {
@@ -117,6 +145,7 @@ impl Default for WipeModel {
             min: Duration::from_mins(10),
             max: Duration::from_mins(30),
             failure_probability: 0.02,
+            timeout: None,
         }
     }
 }

@@ -26,7 +26,7 @@ mod summary;
 pub mod timeline;
 mod world;
 
-pub use config::{BootModel, DEFAULT_SLO_WAIT, FailureModel, SimConfig, SimError, SimResult, WipeModel};
+pub use config::{BootModel, DEFAULT_SLO_WAIT, FailureModel, NetworkModel, SimConfig, SimError, SimResult, WipeModel};
 pub use host::{Host, SiteNames};
 pub use invariants::InvariantChecker;
 pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};

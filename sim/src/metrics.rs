@@ -298,6 +298,13 @@ pub struct Summary {
     /// timed out (the node Down, its claim failed).
     pub hardened_boots: u64,
     pub boot_failures: u64,
+    /// Starts refused because their network domain needed a VNI the pool had not (only when
+    /// network domains are modelled).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub vni_refusals: u64,
+    /// Nodes quarantined because their wipe was not confirmed within the wipe timeout (only with one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub wipe_timeouts: u64,
     pub audit_entries: u64,
     pub audit_chain_valid: bool,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.
@@ -659,6 +666,11 @@ impl EngineCost {
             engine_cpu_ms_total: round6(total as f64 / 1e6),
         }
     }
+}
+
+/// Counters shown only when something happened (a summary of a run without them keeps its shape).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -121,6 +121,11 @@ impl<'w, H: Host> Replay<'w, H> {
         let checker = invariant_checker(workload, inventory, cfg);
         let mut ctl = Controller::new(engine);
         ctl.hardened_boot = cfg.hardened_boot.map(|b| b.timeout);
+        ctl.wipe_timeout = cfg.wipe.timeout;
+        if let Some(n) = cfg.network {
+            let pool = lattice_engine::VniPool::new(n.vni_pool_start, n.vni_pool_end)?;
+            ctl.network = Some(lattice_engine::NetworkDomains::new(pool, n.grace));
+        }
         ctl.check_preemptions = checker.is_some();
         if cfg.decision_log {
             ctl.enable_log();

@@ -76,6 +76,8 @@ pub(crate) fn controller_stats(summary: &mut Summary, ctl: &Controller) {
     summary.drift_timeouts = stats.drift_timeouts;
     summary.hardened_boots = stats.hardened_boots;
     summary.boot_failures = stats.boot_failures;
+    summary.vni_refusals = stats.vni_refusals;
+    summary.wipe_timeouts = stats.wipe_timeouts;
 }
 
 /// Sensitive claims and the longest wait of one that started.
@@ -509,6 +511,8 @@ pub(crate) fn summarize(
         drift_timeouts: 0,
         hardened_boots: 0,
         boot_failures: 0,
+        vni_refusals: 0,
+        wipe_timeouts: 0,
         audit_entries: 0,
         audit_chain_valid: true,
         power_budget_kw: None,

@@ -58,6 +58,9 @@ impl Quorum for FakeWorld<'_> {
         }
     }
 
+    /// The allocation stays Pending (the controller counts the refusal; the next pass retries it).
+    fn refuse(&mut self, _view: &Engine, _now: Time, _alloc: AllocId, _why: &lattice_engine::Refusal) {}
+
     fn release(&mut self, view: &Engine, _now: Time, alloc: AllocId, _nodes: &[NodeId]) {
         self.quorum.release(view, alloc);
     }
@@ -82,16 +85,9 @@ impl Quorum for FakeWorld<'_> {
 }
 
 impl Fleet for FakeWorld<'_> {
-    fn launch(
-        &mut self,
-        view: &Engine,
-        now: Time,
-        id: AllocId,
-        nodes: &[NodeId],
-        resume_from: Duration,
-        staging_remaining_s: f64,
-    ) {
-        self.start_run(view, now, id, nodes, resume_from, staging_remaining_s);
+    fn launch(&mut self, view: &Engine, now: Time, l: &lattice_engine::Launch<'_>) {
+        let id = l.alloc;
+        self.start_run(view, now, id, l.nodes, l.resume_from, l.staging_remaining_s);
         if self.pyss
             && let Some(e) = view.allocation(id).and_then(|a| a.estimated_end())
         {
@@ -188,6 +184,7 @@ impl Fleet for FakeWorld<'_> {
             min: m.min,
             max: m.max,
             failure_probability: m.failure_probability,
+            timeout: None,
         };
         for &n in nodes {
             let (took, ok) = draw_wipe(&mut self.wipe_rng, &model);

@@ -29,6 +29,7 @@ fn fixed_wipe(minutes: u64, failure_probability: f64) -> WipeModel {
         min: Duration::from_mins(minutes),
         max: Duration::from_mins(minutes),
         failure_probability,
+        timeout: None,
     }
 }
 
@@ -99,6 +100,35 @@ fn failed_wipe_quarantines() {
     assert_eq!(r.jobs[1].start_s, None, "J needs the quarantined nodes");
     assert_eq!(start_of(&r, "K"), 20.0);
     assert_eq!(r.audit.entries().last().unwrap().action, "quarantine");
+}
+
+/// A wipe slower than the controller's wipe timeout fails at the deadline: the nodes are
+/// quarantined then (not when the late report comes), and the late success changes nothing.
+#[test]
+fn a_wipe_not_confirmed_in_time_quarantines_at_the_deadline() {
+    let w = workload(vec![
+        claim("C", 0, 2, 300),
+        job("J", 10, 4, 100, 100),
+        job("K", 20, 2, 100, 100),
+    ]);
+    let slow = WipeModel {
+        timeout: Some(Duration::from_mins(30)),
+        ..fixed_wipe(40, 0.0)
+    };
+    let r = run_with(&w, 4, slow);
+    assert_eq!((r.summary.wipe_timeouts, r.summary.quarantined_nodes), (2, 2));
+    assert_eq!(r.summary.wipes, 0, "the late success is not a wipe");
+    assert_eq!(r.jobs[1].start_s, None, "J needs the quarantined nodes");
+    let q = r.audit.entries().last().unwrap();
+    assert_eq!((q.action.as_str(), q.at_ms), ("quarantine", (300 + 1800) * 1000));
+    // In time, the same wipe returns the nodes.
+    let in_time = WipeModel {
+        timeout: Some(Duration::from_mins(30)),
+        ..fixed_wipe(20, 0.0)
+    };
+    let r = run_with(&w, 4, in_time);
+    assert_eq!((r.summary.wipe_timeouts, r.summary.wipes), (0, 1));
+    assert_eq!(start_of(&r, "J"), 1500.0);
 }
 
 /// Sensitive allocations are never preempted, not even by another claim.

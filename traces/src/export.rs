@@ -163,6 +163,9 @@ pub fn alloc_json(id: &str, spec: &AllocSpec, names: &SpecNames) -> Map<String, 
     if let Some(m) = &s.mutex {
         a.insert("mutex".into(), Value::from(m.as_str()));
     }
+    if let Some(d) = &s.network_domain {
+        a.insert("connectivity".into(), json!({"network_domain": d}));
+    }
     if !s.data.is_empty() {
         let mounts: Vec<Value> = s
             .data
@@ -300,6 +303,8 @@ mod tests {
                             RequeuePolicy::Always,
                         ][rq as usize],
                         max_requeues: maxrq,
+                        // Some requests name a network domain (derived: the strategy tuple is full).
+                        network_domain: mutex.as_ref().map(|m| format!("net-{m}")),
                         mutex,
                         scale: scale.map(Box::new),
                         data,

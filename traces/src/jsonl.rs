@@ -272,6 +272,18 @@ pub(crate) struct SubmitIn {
     pub(crate) data: Option<DataIn>,
     /// Singleton: allocations with the same mutex never run at once.
     pub(crate) mutex: Option<String>,
+    /// The request's `connectivity` block: the network domain it joins.
+    pub(crate) connectivity: Option<ConnectivityIn>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConnectivityIn {
+    pub(crate) network_domain: Option<String>,
+    /// Services the allocation exposes: not modelled by a replay (accepted, ignored).
+    #[allow(dead_code)]
+    #[serde(default)]
+    pub(crate) expose: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize, Clone)]
@@ -717,6 +729,7 @@ pub(crate) fn submit_job(
         mutex,
         scale,
         data,
+        network_domain: a.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
         requeue: match a.requeue.as_deref() {
             None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
             Some("never") => lattice_engine::RequeuePolicy::Never,

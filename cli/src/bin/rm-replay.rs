@@ -382,10 +382,26 @@ struct ReplayArgs {
     /// (e.g. `5m`; nodes already running it do not boot again; a boot over 10 minutes fails the claim).
     #[arg(long)]
     hardened_boot: Option<String>,
+    /// Model network domains over this VNI pool, `START-END` (the book's is `1000-4095`): a start
+    /// whose domain would need a VNI the pool has not is refused and waits (a drained domain keeps
+    /// its VNI 5 minutes). Default: domains not modelled.
+    #[arg(long, value_parser = vni_pool_flag)]
+    vni_pool: Option<(u32, u32)>,
     /// Target wait of a class range for SLO compliance, `CLASSES=DURATION` (`7-10=15m`, `0=1d`);
     /// repeat for several, the first match wins; other classes: 1 h (the seed's reference wait).
     #[arg(long, value_parser = slo_wait_flag)]
     slo_wait: Vec<(u8, u8, lattice_engine::Duration)>,
+}
+
+/// `--vni-pool START-END`: VNIs from 1000 up (lower ones are reserved).
+fn vni_pool_flag(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("`{s}`: expected START-END, e.g. 1000-4095"))?;
+    let num = |x: &str| x.trim().parse::<u32>().map_err(|e| format!("`{x}`: {e}"));
+    let (start, end) = (num(a)?, num(b)?);
+    lattice_engine::VniPool::new(start, end).map_err(|e| e.to_string())?;
+    Ok((start, end))
 }
 
 /// `--slo-wait CLASSES=DURATION`: a class (0-10) or a range `LO-HI`, and its target wait.
@@ -651,6 +667,7 @@ fn options(a: &ReplayArgs) -> Result<replay::ReplayOptions> {
         repair: duration_flag(&a.repair, "--repair")?,
         walltime_grace: duration_flag(&a.walltime_grace, "--walltime-grace")?,
         hardened_boot: duration_flag(&a.hardened_boot, "--hardened-boot")?,
+        vni_pool: a.vni_pool,
         slo_wait: a.slo_wait.clone(),
     })
 }

@@ -69,7 +69,7 @@ pub(super) async fn metrics(State(s): S) -> Response {
                 .iter()
                 .map(|(t, _)| (vec![t.as_str()], used.get(t).copied().unwrap_or(0.0))),
         );
-        let (vni_total, vni_used) = c.network.pool();
+        let (_, (vni_total, vni_used)) = c.network_views();
         m.vni_total.set(vni_total as i64);
         m.vni_available.set(vni_total.saturating_sub(vni_used) as i64);
         m.checkpoint_storage_unavailable

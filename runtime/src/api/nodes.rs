@@ -245,10 +245,8 @@ pub(super) async fn ask_fingerprint(State(s): S, Extension(p): P, Path(id): Path
 /// their tenant's) and the VNI pool.
 pub(super) async fn network_domains(State(s): S, Extension(p): P) -> Response {
     let c = s.control.lock().await;
-    let (total, used) = c.network.pool();
-    let domains: Vec<_> = c
-        .network
-        .views()
+    let (domains, (total, used)) = c.network_views();
+    let domains: Vec<_> = domains
         .into_iter()
         .filter(|d| p.can_operate() || p.tenant.as_deref() == Some(d.tenant.as_str()))
         .collect();

@@ -415,7 +415,7 @@ impl Control {
         {
             let name = self.name_of(id);
             let reported = self.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0));
-            let vni = self.network.vni_of(&name);
+            let vni = self.ctl.vni_of(id);
             // With a fabric manager, a job on a VNI starts once its CXI service exists.
             let fabric_ready = !self.fabric || vni.is_none() || self.cxi.contains_key(&name);
             let cxi_auth_key = self.cxi.get(&name).map(|c| c.1.clone());

@@ -4,40 +4,40 @@ use super::*;
 use lattice_engine::{AllocId, AllocState, Input};
 
 impl Control {
-    /// The network domain an allocation placed on `nodes` nodes belongs to, if any.
-    pub(super) fn domain_of(&self, id: AllocId, nodes: u32) -> Option<String> {
-        let a = self.ctl.engine.allocation(id)?;
-        let m = self.meta.get(id.index())?;
-        crate::network::domain_of(&m.name, m.network_domain.as_deref(), nodes, a.spec.sensitive_claim)
-    }
-
-    /// Joins the started allocation's network domain (if it has one): its VNI.
-    pub(super) fn join_network(&mut self, id: AllocId) -> Option<u32> {
-        let a = self.ctl.engine.allocation(id)?;
-        let d = self.domain_of(id, a.nodes.len() as u32)?;
-        let tenant = self.tenant_name(a.spec.tenant);
-        let name = self.name_of(id);
-        match self.network.join(&tenant, &d, &name) {
-            Ok((vni, _)) => Some(vni),
-            Err(e) => {
-                tracing::warn!("{name}: network domain {d}: {e}");
-                None
+    /// A refusal as its owner reads it (the allocation's `last_rejection`).
+    pub(super) fn refusal_message(&self, why: &lattice_engine::Refusal) -> String {
+        match why {
+            lattice_engine::Refusal::VniPoolExhausted { domain, used, total } => {
+                let d = crate::network::domain_name(domain, |a| self.name_of(a));
+                format!(
+                    "vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"
+                )
             }
         }
     }
 
-    /// The allocation no longer runs: it leaves its network domain (which drains when empty); the
-    /// CXI service to revoke, if one was created.
-    pub fn left_network(&mut self, name: &str) -> Option<String> {
-        let now = self.now().0;
-        self.network.leave(name, now);
-        self.cxi.remove(name).map(|(service, _)| service)
+    /// The network domains (the controller's) as the API shows them, and the pool's (total, in use).
+    pub fn network_views(&self) -> (Vec<crate::network::DomainView>, (usize, usize)) {
+        let Some(n) = self.ctl.network.as_ref() else {
+            return (Vec::new(), (0, 0));
+        };
+        let views = n
+            .domains()
+            .map(|((tenant, name), d)| crate::network::DomainView {
+                tenant: self.tenant_name(*tenant),
+                name: crate::network::domain_name(name, |a| self.name_of(a)),
+                vni: d.vni,
+                allocations: d.members.iter().map(|a| self.name_of(*a)).collect(),
+                draining: d.empty_since.is_some(),
+            })
+            .collect();
+        (views, n.pool())
     }
 
-    /// Releases the domains whose grace period ran out: (tenant, domain, VNI).
-    pub fn expire_network(&mut self) -> Vec<(String, String, u32)> {
-        let now = self.now().0;
-        self.network.expire(now)
+    /// The allocation no longer runs (the controller took it out of its network domain when it
+    /// released its nodes): the CXI service to revoke, if one was created.
+    pub fn left_network(&mut self, name: &str) -> Option<String> {
+        self.cxi.remove(name).map(|(service, _)| service)
     }
 
     /// Staging allocations whose prefetch is still to be asked of VAST: (name, sources to bring to the

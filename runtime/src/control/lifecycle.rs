@@ -13,7 +13,6 @@ impl Control {
             tracing::warn!("{}: commit not applied: {e}", self.name_of(id));
             return;
         }
-        self.join_network(id);
         // A new run: earlier exit reports (of a requeued run) do not count.
         self.exits.remove(&id);
         self.preempting.remove(&id);
@@ -142,6 +141,9 @@ impl Control {
     /// The secure wipe of a released claim's nodes ended (`ok`: they return to the pool, else they
     /// are quarantined).
     pub fn wiped(&mut self, id: AllocId, ok: bool) {
+        if !self.ctl.is_wiping(id) {
+            return; // a late outcome: the wipe timed out (its nodes are quarantined)
+        }
         if !ok {
             self.tally.wipe_failures += 1;
         }
@@ -289,7 +291,6 @@ impl Control {
         self.ctl
             .adopt(now, id, &ids, Time(submitted_ms.min(started.0)), started)
             .map_err(|e| format!("{name}: {e}"))?;
-        self.join_network(id);
         let reported: BTreeMap<u32, i32> = exits
             .iter()
             .filter_map(|(n, c)| self.node_index(n).map(|i| (i.0, *c)))

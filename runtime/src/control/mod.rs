@@ -77,7 +77,6 @@ struct Meta {
     name: String,
     user: Option<String>,
     project: Option<String>,
-    network_domain: Option<String>,
     entrypoint: Option<String>,
     tags: BTreeMap<String, String>,
     run: std::time::Duration,
@@ -102,7 +101,6 @@ impl Meta {
             name,
             user: None,
             project: None,
-            network_domain: None,
             entrypoint: None,
             tags: BTreeMap::new(),
             run,
@@ -149,15 +147,10 @@ pub struct Control {
     cancel_after_answer: std::collections::BTreeSet<AllocId>,
     /// OpenCHAMI wipes released claims' nodes (agents are not told to).
     pub wipe_by_openchami: bool,
-    /// A wipe not confirmed within this is a failure (`sensitive.wipe_timeout`).
-    pub wipe_timeout_ms: u64,
     /// Per (claim, node): when its wipe started and why it failed, for the audit entry.
     wipe_notes: BTreeMap<(AllocId, u32), String>,
     /// Per node: when its heartbeat grace runs out (ms), once it missed one.
     grace_until: BTreeMap<u32, u64>,
-    /// When the engine asked to be woken next.
-    /// Network domains and the VNI pool (book: "Network Domains").
-    pub network: crate::network::NetworkDomains,
     /// The fabric manager is in use: a launch waits for its CXI service.
     pub fabric: bool,
     /// Staging allocations: whether their VAST prefetch is issued, and how many times it failed.
@@ -292,12 +285,10 @@ struct Preempting {
     to_tell: std::collections::BTreeSet<u32>,
 }
 
-/// A released claim's wipe on real agents.
+/// A released claim's wipe on real agents (the controller awaits the outcomes and times them out).
 #[derive(Clone, Debug)]
 struct Wiping {
     to_tell: std::collections::BTreeSet<u32>,
-    /// Nodes whose outcome has not been reported yet.
-    waiting: std::collections::BTreeSet<u32>,
     /// When the wipe started (ms since the epoch).
     started_ms: u64,
 }
@@ -370,7 +361,9 @@ impl Control {
         if vcs.is_empty() {
             vcs.insert("default".to_string(), engine.add_vcluster("default"));
         }
-        let mut c = Control::with_controller(Controller::new(engine), node_names, vcs, default_vcluster)?;
+        let mut ctl = Controller::new(engine);
+        ctl.network = Some(crate::network::NetworkConfig::default().domains()?);
+        let mut c = Control::with_controller(ctl, node_names, vcs, default_vcluster)?;
         for (t, q) in &contracts.tenants {
             let id = c.tenant_id(t);
             c.ctl.engine.set_tenant_quota(id, *q);
@@ -416,9 +409,7 @@ impl Control {
             wiping: BTreeMap::new(),
             cancel_after_answer: Default::default(),
             wipe_by_openchami: false,
-            wipe_timeout_ms: 30 * 60_000,
             wipe_notes: BTreeMap::new(),
-            network: crate::network::NetworkDomains::new(&Default::default(), 300_000)?,
             fabric: false,
             prefetched: BTreeMap::new(),
             cxi: BTreeMap::new(),
@@ -610,8 +601,6 @@ impl Control {
     /// and wake-ups are kept here; a start that would need a VNI the pool cannot give stays pending.
     pub fn take_actions(&mut self) -> Vec<Action> {
         let mut out = Vec::new();
-        // New network domains these proposals would create (each needs a VNI of its own).
-        let mut new_domains: std::collections::BTreeSet<(String, String)> = Default::default();
         while !self.outbox.0.is_empty() {
             let decisions = std::mem::take(&mut self.outbox.0);
             for (t, d) in decisions {
@@ -622,22 +611,6 @@ impl Control {
                         };
                         let tenant = self.tenant_name(a.spec.tenant);
                         let sensitive = a.spec.sensitive_claim;
-                        if let Some(d) = self.domain_of(p.alloc, p.nodes.len() as u32) {
-                            let key = (tenant.clone(), d.clone());
-                            let (total, used) = self.network.pool();
-                            let exists = self.network.exists(&tenant, &d);
-                            if !exists && !new_domains.contains(&key) && used + new_domains.len() >= total {
-                                // Stays Pending (retried next cycle, when a domain may have been released).
-                                self.rejected(
-                                    p.alloc,
-                                    format!("vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"),
-                                );
-                                continue;
-                            }
-                            if !exists {
-                                new_domains.insert(key);
-                            }
-                        }
                         let m = self.meta.get(p.alloc.index());
                         out.push(Action::Propose(PendingProposal {
                             incarnation: self.incarnation,
@@ -650,6 +623,19 @@ impl Control {
                             backfilled: p.backfilled,
                             project: m.and_then(|m| m.project.clone()),
                         }));
+                    }
+                    Decision::Refuse { alloc, why } => {
+                        let message = self.refusal_message(&why);
+                        tracing::info!("{}: start refused: {message}", self.name_of(alloc));
+                        if let Some(m) = self.meta.get_mut(alloc.index()) {
+                            m.last_rejection = Some(message.clone());
+                        }
+                        out.push(Action::Refuse {
+                            alloc,
+                            name: self.name_of(alloc),
+                            why,
+                            message,
+                        });
                     }
                     Decision::Release { alloc, nodes } => {
                         self.checkpoint_hints.remove(&alloc);
@@ -674,27 +660,27 @@ impl Control {
                         node: self.node_names[node.index()].clone(),
                         added,
                     }),
-                    Decision::Audit { alloc, event, nodes } => out.push(Action::Audit {
-                        alloc,
-                        user: self
-                            .meta
-                            .get(alloc.index())
-                            .and_then(|m| m.user.clone())
-                            .unwrap_or_default(),
-                        name: self.name_of(alloc),
-                        event,
-                        note: nodes
-                            .iter()
-                            .filter_map(|n| self.wipe_notes.remove(&(alloc, n.0)))
-                            .collect::<Vec<_>>()
-                            .join("; "),
-                        nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
-                    }),
+                    Decision::Audit { alloc, event, nodes } => {
+                        let note = self.audit_note(alloc, event, &nodes);
+                        out.push(Action::Audit {
+                            alloc,
+                            user: self
+                                .meta
+                                .get(alloc.index())
+                                .and_then(|m| m.user.clone())
+                                .unwrap_or_default(),
+                            name: self.name_of(alloc),
+                            event,
+                            note,
+                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                        })
+                    }
                     Decision::Launch {
                         alloc,
                         nodes,
                         resume_from,
                         staging_remaining_s,
+                        vni,
                     } => {
                         let name = self.name_of(alloc);
                         // A new start: exits reported in an earlier one (before a requeue) are not
@@ -709,7 +695,7 @@ impl Control {
                         }
                         out.push(Action::Launch {
                             alloc,
-                            vni: self.network.vni_of(&name),
+                            vni,
                             name,
                             nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
                             resume_from,
@@ -783,19 +769,18 @@ impl Control {
                     Decision::Wipe { alloc, nodes } => {
                         // Real agents run the site's wipe command at their next poll, unless
                         // OpenCHAMI wipes the nodes.
-                        let to_tell = if self.wipe_by_openchami {
+                        let to_tell: std::collections::BTreeSet<u32> = if self.wipe_by_openchami {
                             Default::default()
                         } else {
                             nodes.iter().map(|n| n.0).collect()
                         };
-                        self.wiping.insert(
-                            alloc,
-                            Wiping {
-                                to_tell,
-                                waiting: nodes.iter().map(|n| n.0).collect(),
-                                started_ms: t.0,
-                            },
-                        );
+                        // An operator's retry of one node joins the claim's wipe, if under way.
+                        let w = self.wiping.entry(alloc).or_insert(Wiping {
+                            to_tell: Default::default(),
+                            started_ms: t.0,
+                        });
+                        w.to_tell.extend(to_tell);
+                        w.started_ms = t.0;
                         out.push(Action::Wipe {
                             alloc,
                             name: self.name_of(alloc),

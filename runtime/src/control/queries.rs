@@ -76,8 +76,8 @@ impl Control {
                     ))
                 })
                 .collect(),
-            network_domain: m.network_domain.clone(),
-            vni: self.network.vni_of(name),
+            network_domain: a.spec.network_domain.clone(),
+            vni: self.ctl.vni_of(id),
             data: m.data.clone(),
             storage_gbps: a.spec.storage_gbps,
             data_readiness: self.ctl.engine.data_readiness(id),
@@ -192,7 +192,7 @@ impl Control {
             environment: m.environment.clone(),
             tags: m.tags.clone(),
             last_rejection: m.last_rejection.clone(),
-            vni: self.network.vni_of(&m.name),
+            vni: self.ctl.vni_of(id),
             data_readiness: self.ctl.engine.data_readiness(id),
             telemetry: m.telemetry.clone(),
             checkpoints: m.checkpoints,

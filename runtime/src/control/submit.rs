@@ -274,6 +274,7 @@ impl Control {
         spec.preemption_class = class;
         spec.sensitive_claim = req.sensitive;
         spec.task_group = group;
+        spec.network_domain = req.connectivity.as_ref().and_then(|c| c.network_domain.clone());
         let expose = req.connectivity.as_ref().map(|c| c.expose.clone()).unwrap_or_default();
         check_expose(&expose)?;
         let liveness = req.liveness_probe.as_ref().map(LivenessProbeIn::spec).transpose()?;
@@ -308,7 +309,6 @@ impl Control {
         let meta = Meta {
             user: req.user.clone(),
             project: req.project.clone(),
-            network_domain: req.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
             entrypoint: req.entrypoint.clone(),
             tags: req.tags.clone(),
             environment: req.environment.clone(),

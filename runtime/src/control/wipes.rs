@@ -1,7 +1,7 @@
 //! Sensitive nodes: hardened boots, secure wipes, their outcomes, retries, timeouts and quarantine.
 
 use super::*;
-use lattice_engine::{AllocId, Input};
+use lattice_engine::{AllocId, AuditEvent, Input};
 
 impl Control {
     /// OpenCHAMI's wipe of `node` for the released claim `name` ended (`reason`: why it failed).
@@ -67,7 +67,7 @@ impl Control {
         let (Some(id), Some(nid)) = (self.id_of(name), self.node_index(node)) else {
             return false;
         };
-        self.wiping.get(&id).is_some_and(|w| w.waiting.contains(&nid.0))
+        self.ctl.wipe_awaited(id, nid)
     }
 
     /// One node's wipe outcome: the controller returns it to the pool or quarantines it (audited,
@@ -79,16 +79,10 @@ impl Control {
         ok: bool,
         reason: Option<String>,
     ) -> bool {
-        let Some(w) = self.wiping.get_mut(&id) else {
-            return false;
-        };
-        if !w.waiting.remove(&nid.0) {
-            return false; // not this node's wipe, or already reported
+        if !self.ctl.wipe_awaited(id, nid) {
+            return false; // not this node's wipe, already reported, or timed out
         }
-        let started_ms = w.started_ms;
-        if w.waiting.is_empty() && w.to_tell.is_empty() {
-            self.wiping.remove(&id);
-        }
+        let started_ms = self.wiping.get(&id).map_or(0, |w| w.started_ms);
         if !ok {
             self.tally.wipe_failures += 1;
         }
@@ -151,26 +145,30 @@ impl Control {
         }
     }
 
-    /// Wipes without an outcome after `timeout_ms` (book: "Wipe Failure Handling", default 30 min):
-    /// their nodes are quarantined.
-    pub fn expire_wipes(&mut self) {
-        let timeout_ms = self.wipe_timeout_ms;
-        let now = self.now().0;
-        let late: Vec<(AllocId, Vec<u32>)> = self
-            .wiping
+    /// An audit entry's note: for a wipe or quarantine, each node's wipe start and why it failed —
+    /// a node whose outcome never came failed for the controller's wipe timeout. A wipe all of whose
+    /// outcomes are in is forgotten here too.
+    pub(super) fn audit_note(&mut self, alloc: AllocId, event: AuditEvent, nodes: &[lattice_engine::NodeId]) -> String {
+        let started_ms = self.wiping.get(&alloc).map_or(0, |w| w.started_ms);
+        let timeout_s = self.ctl.wipe_timeout.map_or(0, |t| t.0 / 1000);
+        let note = nodes
             .iter()
-            .filter(|(_, w)| now.saturating_sub(w.started_ms) >= timeout_ms)
-            .map(|(id, w)| (*id, w.waiting.iter().copied().collect()))
-            .collect();
-        for (id, nodes) in late {
-            for n in nodes {
-                let why = format!("no wipe confirmation within {} s", timeout_ms / 1000);
-                self.wipe_outcome(id, lattice_engine::NodeId(n), false, Some(why));
-            }
-            if let Some(w) = self.wiping.get_mut(&id) {
-                w.to_tell.clear();
-            }
-            self.wiping.remove(&id);
+            .filter_map(|n| match self.wipe_notes.remove(&(alloc, n.0)) {
+                Some(note) => Some(note),
+                None if event == AuditEvent::Quarantine => {
+                    self.tally.wipe_failures += 1;
+                    Some(format!(
+                        "{} started_ms={started_ms} reason=no wipe confirmation within {timeout_s} s",
+                        self.node_names[n.index()]
+                    ))
+                }
+                None => None,
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        if matches!(event, AuditEvent::Wipe | AuditEvent::Quarantine) && !self.ctl.is_wiping(alloc) {
+            self.wiping.remove(&alloc);
         }
+        note
     }
 }

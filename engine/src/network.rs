@@ -1,0 +1,369 @@
+//! Network domains (book: "Network Domains"): named groups of a tenant's allocations that share L3
+//! reachability, each mapped to a Slingshot VNI from the configured pool. A domain is created when its
+//! first allocation starts (VNI allocated sequentially from the pool), joined by later ones, drained
+//! for a grace period (default 5 minutes) when its last allocation ends, and released — its VNI back
+//! in the pool — if nobody joined meanwhile. Names are scoped to the tenant; a sensitive allocation
+//! always gets a domain of its own; a multi-node allocation without a domain gets one of its own; a
+//! single-node one needs none.
+//!
+//! The [`Controller`](crate::controller::Controller) owns this bookkeeping, so both worlds refuse the
+//! same starts: a proposal whose domain would need a VNI the pool cannot give is refused before it
+//! reaches the quorum (the allocation stays Pending, retried next cycle). A proposal at the quorum
+//! holds its domain's VNI ([`NetworkDomains::reserve`]) until the quorum answers; a committed start
+//! joins the domain. Pure bookkeeping: the fabric manager's CXI services are the runtime's.
+
+use crate::ids::{AllocId, TenantId};
+use crate::time::{Duration, Time};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// VNIs for network domains.
+#[derive(Clone, Debug)]
+pub struct VniPool {
+    start: u32,
+    end: u32,
+    next: u32,
+    used: BTreeSet<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum VniError {
+    #[error("cannot create network domain — VNI pool exhausted ({used}/{total} in use)")]
+    Exhausted { used: usize, total: usize },
+    #[error("VNI pool {start}-{end}: VNIs below 1000 are reserved (1 management, 2 telemetry)")]
+    Reserved { start: u32, end: u32 },
+}
+
+impl VniPool {
+    /// The book's default is 1000..=4095.
+    pub fn new(start: u32, end: u32) -> Result<VniPool, VniError> {
+        if start < 1000 || end < start {
+            return Err(VniError::Reserved { start, end });
+        }
+        Ok(VniPool {
+            start,
+            end,
+            next: start,
+            used: BTreeSet::new(),
+        })
+    }
+
+    pub fn total(&self) -> usize {
+        (self.end - self.start + 1) as usize
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.used.len()
+    }
+
+    /// The next free VNI after the last one handed out (sequential, wrapping).
+    pub fn allocate(&mut self) -> Result<u32, VniError> {
+        if self.used.len() == self.total() {
+            return Err(VniError::Exhausted {
+                used: self.used.len(),
+                total: self.total(),
+            });
+        }
+        loop {
+            let v = self.next;
+            self.next = if v == self.end { self.start } else { v + 1 };
+            if self.used.insert(v) {
+                return Ok(v);
+            }
+        }
+    }
+
+    pub fn release(&mut self, vni: u32) -> bool {
+        self.used.remove(&vni)
+    }
+}
+
+/// A domain's name within its tenant.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DomainName {
+    /// Requested by name (`connectivity.network_domain`): shared by the tenant's allocations that
+    /// name it.
+    Named(String),
+    /// A multi-node allocation that names none: a domain of its own.
+    Own(AllocId),
+    /// A sensitive claim: always a domain of its own.
+    Sensitive(AllocId),
+}
+
+impl std::fmt::Display for DomainName {
+    /// The decision log's name (allocation indices; a world names its allocations itself).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DomainName::Named(n) => write!(f, "{n}"),
+            DomainName::Own(a) => write!(f, "own:{a}"),
+            DomainName::Sensitive(a) => write!(f, "sensitive:{a}"),
+        }
+    }
+}
+
+/// Which domain an allocation of `nodes` nodes belongs to, if any.
+pub fn domain_of(alloc: AllocId, requested: Option<&str>, nodes: usize, sensitive: bool) -> Option<DomainName> {
+    if sensitive {
+        return Some(DomainName::Sensitive(alloc));
+    }
+    match requested {
+        Some(d) => Some(DomainName::Named(d.to_string())),
+        None if nodes > 1 => Some(DomainName::Own(alloc)),
+        None => None,
+    }
+}
+
+/// A domain's key: its tenant and name.
+pub type DomainKey = (TenantId, DomainName);
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Domain {
+    pub vni: u32,
+    pub members: BTreeSet<AllocId>,
+    /// When its last member left: released after the grace period.
+    pub empty_since: Option<Time>,
+}
+
+/// Why the controller refused a proposal before it reached the quorum.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// Its network domain does not exist and the VNI pool has none left for it.
+    VniPoolExhausted {
+        domain: DomainName,
+        used: usize,
+        total: usize,
+    },
+}
+
+/// The domains of every tenant and the VNI pool.
+#[derive(Clone, Debug)]
+pub struct NetworkDomains {
+    pool: VniPool,
+    grace: Duration,
+    domains: BTreeMap<DomainKey, Domain>,
+    /// Allocation → its domain's key (members).
+    member_of: BTreeMap<AllocId, DomainKey>,
+    /// Proposals at the quorum → the domain they will join (a new one's VNI is held for them).
+    reserved: BTreeMap<AllocId, DomainKey>,
+}
+
+impl NetworkDomains {
+    pub fn new(pool: VniPool, grace: Duration) -> NetworkDomains {
+        NetworkDomains {
+            pool,
+            grace,
+            domains: BTreeMap::new(),
+            member_of: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+        }
+    }
+
+    /// Domains a reservation will create (they do not exist yet).
+    fn reserved_new(&self) -> BTreeSet<&DomainKey> {
+        self.reserved
+            .values()
+            .filter(|k| !self.domains.contains_key(*k))
+            .collect()
+    }
+
+    /// (total, in use) of the pool: VNIs of existing domains and of domains proposals will create.
+    pub fn pool(&self) -> (usize, usize) {
+        (self.pool.total(), self.pool.in_use() + self.reserved_new().len())
+    }
+
+    /// A proposal of `alloc` will join `key`: held until the quorum answers. Refused when the domain
+    /// does not exist (and no other proposal creates it) and the pool has no VNI left.
+    pub fn reserve(&mut self, alloc: AllocId, key: DomainKey) -> Result<(), Refusal> {
+        let (total, used) = self.pool();
+        let creates = !self.domains.contains_key(&key) && !self.reserved_new().contains(&key);
+        if creates && used >= total {
+            return Err(Refusal::VniPoolExhausted {
+                domain: key.1,
+                used,
+                total,
+            });
+        }
+        self.reserved.insert(alloc, key);
+        Ok(())
+    }
+
+    /// The quorum rejected `alloc`'s proposal: its hold goes.
+    pub fn unreserve(&mut self, alloc: AllocId) {
+        self.reserved.remove(&alloc);
+    }
+
+    /// `alloc` started (its proposal committed, or a run adopted): it joins its reserved domain, or
+    /// `key` (created with a new VNI if absent, or taken back from draining). Its VNI, or `None` when
+    /// the pool had none left (an adopted run beyond the pool).
+    pub fn join(&mut self, alloc: AllocId, key: Option<DomainKey>) -> Option<u32> {
+        let key = self.reserved.remove(&alloc).or(key)?;
+        if !self.domains.contains_key(&key) {
+            let vni = self.pool.allocate().ok()?;
+            self.domains.insert(
+                key.clone(),
+                Domain {
+                    vni,
+                    members: BTreeSet::new(),
+                    empty_since: None,
+                },
+            );
+        }
+        let d = self.domains.get_mut(&key)?;
+        d.members.insert(alloc);
+        d.empty_since = None;
+        let vni = d.vni;
+        self.member_of.insert(alloc, key);
+        Some(vni)
+    }
+
+    /// `alloc` ended (or lost its nodes): its domain drains when it was the last member.
+    pub fn leave(&mut self, alloc: AllocId, now: Time) {
+        self.reserved.remove(&alloc);
+        let Some(key) = self.member_of.remove(&alloc) else {
+            return;
+        };
+        if let Some(d) = self.domains.get_mut(&key) {
+            d.members.remove(&alloc);
+            if d.members.is_empty() {
+                d.empty_since = Some(now);
+            }
+        }
+    }
+
+    /// Releases the domains that stayed empty for the grace period (and that no proposal at the
+    /// quorum is to join): their keys and VNIs.
+    pub fn expire(&mut self, now: Time) -> Vec<(DomainKey, u32)> {
+        let held: BTreeSet<&DomainKey> = self.reserved.values().collect();
+        let gone: Vec<DomainKey> = self
+            .domains
+            .iter()
+            .filter(|(k, d)| !held.contains(k) && d.empty_since.is_some_and(|t| now >= t + self.grace))
+            .map(|(k, _)| k.clone())
+            .collect();
+        gone.into_iter()
+            .filter_map(|k| {
+                let d = self.domains.remove(&k)?;
+                self.pool.release(d.vni);
+                Some((k, d.vni))
+            })
+            .collect()
+    }
+
+    /// When the next drained domain gives its VNI back (a start refused for want of one may go then).
+    pub fn next_expiry(&self) -> Option<Time> {
+        self.domains
+            .values()
+            .filter_map(|d| d.empty_since)
+            .map(|t| t + self.grace)
+            .min()
+    }
+
+    /// The VNI of `alloc`'s domain.
+    pub fn vni_of(&self, alloc: AllocId) -> Option<u32> {
+        self.domains.get(self.member_of.get(&alloc)?).map(|d| d.vni)
+    }
+
+    /// Every domain, in key order.
+    pub fn domains(&self) -> impl Iterator<Item = (&DomainKey, &Domain)> {
+        self.domains.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn domains(start: u32, end: u32) -> NetworkDomains {
+        NetworkDomains::new(VniPool::new(start, end).unwrap(), Duration::from_mins(5))
+    }
+
+    fn named(t: u32, n: &str) -> DomainKey {
+        (TenantId(t), DomainName::Named(n.into()))
+    }
+
+    #[test]
+    fn which_allocations_need_a_domain() {
+        let a = AllocId(1);
+        assert_eq!(domain_of(a, Some("ml"), 1, false), Some(DomainName::Named("ml".into())));
+        assert_eq!(domain_of(a, None, 4, false), Some(DomainName::Own(a)));
+        assert_eq!(domain_of(a, None, 1, false), None);
+        assert_eq!(domain_of(a, Some("ml"), 4, true), Some(DomainName::Sensitive(a)));
+    }
+
+    #[test]
+    fn tenants_share_names_not_vnis_and_members_share_the_vni() {
+        let mut n = domains(1000, 1009);
+        assert_eq!(n.join(AllocId(1), Some(named(0, "ml"))), Some(1000));
+        assert_eq!(n.join(AllocId(2), Some(named(0, "ml"))), Some(1000), "joins");
+        assert_eq!(
+            n.join(AllocId(3), Some(named(1, "ml"))),
+            Some(1001),
+            "another tenant's ml"
+        );
+        assert_eq!(n.vni_of(AllocId(2)), Some(1000));
+        assert_eq!(n.pool(), (10, 2));
+        let members: Vec<_> = n.domains().next().unwrap().1.members.iter().copied().collect();
+        assert_eq!(members, [AllocId(1), AllocId(2)]);
+    }
+
+    #[test]
+    fn an_empty_domain_drains_for_the_grace_period_then_frees_its_vni() {
+        let mut n = domains(1000, 1009);
+        n.join(AllocId(1), Some(named(0, "dag")));
+        n.leave(AllocId(1), Time(1_000));
+        assert!(n.domains().next().unwrap().1.empty_since.is_some());
+        assert!(n.expire(Time(1_000 + 299_999)).is_empty(), "still in grace");
+        // The next DAG stage within the grace period rejoins: same VNI, no churn.
+        assert_eq!(n.join(AllocId(2), Some(named(0, "dag"))), Some(1000));
+        n.leave(AllocId(2), Time(500_000));
+        assert_eq!(n.expire(Time(800_000)), [(named(0, "dag"), 1000)]);
+        assert_eq!(n.pool().1, 0, "back in the pool");
+        assert_eq!(n.vni_of(AllocId(2)), None);
+    }
+
+    /// Proposals at the quorum hold the VNIs their new domains need: a third new domain is refused
+    /// while two proposals hold the pool's two VNIs, joining a reserved domain is not, and a
+    /// rejected proposal gives its VNI back.
+    #[test]
+    fn exhaustion_refuses_new_domains_only_counting_proposals_at_the_quorum() {
+        let mut n = domains(1000, 1001);
+        n.reserve(AllocId(1), named(0, "a")).unwrap();
+        n.reserve(AllocId(2), named(0, "b")).unwrap();
+        assert_eq!(n.pool(), (2, 2));
+        let e = n.reserve(AllocId(3), named(0, "c")).unwrap_err();
+        assert_eq!(
+            e,
+            Refusal::VniPoolExhausted {
+                domain: DomainName::Named("c".into()),
+                used: 2,
+                total: 2
+            }
+        );
+        n.reserve(AllocId(4), named(0, "a"))
+            .expect("joining a domain a proposal creates");
+        assert_eq!(n.join(AllocId(1), None), Some(1000));
+        assert_eq!(n.join(AllocId(4), None), Some(1000));
+        n.unreserve(AllocId(2));
+        assert_eq!(n.pool(), (2, 1));
+        n.reserve(AllocId(3), named(0, "c"))
+            .expect("the rejected proposal's VNI is free");
+        // A draining domain a proposal will rejoin is not released under it.
+        n.leave(AllocId(1), Time(0));
+        n.leave(AllocId(4), Time(0));
+        n.reserve(AllocId(5), named(0, "a")).unwrap();
+        assert!(n.expire(Time(10_000_000)).is_empty());
+        assert_eq!(n.join(AllocId(5), None), Some(1000));
+    }
+
+    #[test]
+    fn pool_hands_out_vnis_in_order_and_wraps() {
+        let mut p = VniPool::new(1000, 1002).unwrap();
+        assert_eq!(
+            (p.allocate(), p.allocate(), p.allocate()),
+            (Ok(1000), Ok(1001), Ok(1002))
+        );
+        assert_eq!(p.allocate(), Err(VniError::Exhausted { used: 3, total: 3 }));
+        assert!(p.release(1001));
+        assert_eq!(p.allocate(), Ok(1001));
+        assert!(matches!(VniPool::new(2, 10), Err(VniError::Reserved { .. })));
+    }
+}
