@@ -213,6 +213,8 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             vni_pool_end: end,
             ..lattice_sim::NetworkModel::default()
         }),
+        // Every preemption is reported in a replay (the fake agents do not lose reports).
+        preemption_reports: None,
         decision_log: false,
         slo_wait: o.slo_wait.clone(),
     };

@@ -156,6 +156,9 @@ pub struct ControlStats {
     pub vni_refusals: u64,
     /// Nodes whose wipe was not confirmed within the wipe timeout (quarantined, like a failure).
     pub wipe_timeouts: u64,
+    /// Preemptions the world did not report within the order's limit and the report grace: taken
+    /// as stopped without a checkpoint.
+    pub preemption_report_timeouts: u64,
 }
 
 /// A sensitive claim committed but not launched: its nodes boot the hardened image.
@@ -200,6 +203,12 @@ pub struct Controller {
     /// A wipe not confirmed within this fails (book: "Wipe Failure Handling": the node is
     /// quarantined; 30 min by default in the runtime); `None`: the controller waits for every outcome.
     pub wipe_timeout: Option<Duration>,
+    /// How long past a preemption order's own limit (the checkpoint deadline and the SIGTERM grace,
+    /// or the grace of a stop or kill) the world may take to report how the victim stopped
+    /// (`agents.preemption_report_grace` in the runtime); then it is taken to have stopped without
+    /// a checkpoint — what its agents would have reported: a checkpoint order or a kill fails the
+    /// victim (`PreemptionKilled`), a stop suspends it. `None`: every report is waited for.
+    pub preemption_report_grace: Option<Duration>,
     /// Check every preemption decision against the rules (only down, never a sensitive victim).
     pub check_preemptions: bool,
     /// Network domains and their VNI pool (`None`: not modelled — no domains, no refusals).
@@ -217,6 +226,12 @@ pub struct Controller {
     hardened: std::collections::BTreeSet<NodeId>,
     /// Claims whose nodes boot the hardened image before they launch.
     booting: BTreeMap<AllocId, Booting>,
+    /// Victims being preempted, with the order's mode and when their report is overdue (with a
+    /// report grace).
+    preempting: BTreeMap<AllocId, (PreemptHow, Time)>,
+    /// Victims taken as stopped for want of a report, not yet taken by the world
+    /// ([`Controller::take_unreported`]).
+    unreported: Vec<(AllocId, PreemptHow)>,
     /// Wipes under way: per released claim, the nodes whose outcome is awaited, and when they fail
     /// for want of one (with a wipe timeout).
     wiping: BTreeMap<AllocId, (std::collections::BTreeSet<NodeId>, Option<Time>)>,
@@ -233,6 +248,9 @@ impl Controller {
             drift_timeout: DriftTimeout::default(),
             check_preemptions: false,
             wipe_timeout: None,
+            preemption_report_grace: None,
+            preempting: Default::default(),
+            unreported: Vec::new(),
             wiping: Default::default(),
             network: None,
             stats: ControlStats::default(),
@@ -297,8 +315,12 @@ impl Controller {
 
     fn emit(&mut self, world: &mut dyn World, now: Time, d: Decision) -> Option<bool> {
         // Whatever ends a run's hold on its nodes also takes it out of its network domain.
-        if let (Decision::Release { alloc, .. }, Some(n)) = (&d, self.network.as_mut()) {
-            n.leave(*alloc, now);
+        // (and a victim that gave its nodes back was reported).
+        if let Decision::Release { alloc, .. } = &d {
+            if let Some(n) = self.network.as_mut() {
+                n.leave(*alloc, now);
+            }
+            self.preempting.remove(alloc);
         }
         if let Some(log) = self.log.as_mut() {
             log.push(format!("{} {d}", now.0));
@@ -512,6 +534,12 @@ impl Controller {
         Ok(())
     }
 
+    /// The victims taken as stopped without a checkpoint because their preemption was not reported
+    /// in time, since the last call, with their orders' modes.
+    pub fn take_unreported(&mut self) -> Vec<(AllocId, PreemptHow)> {
+        std::mem::take(&mut self.unreported)
+    }
+
     /// Is any outcome of claim `id`'s wipe still awaited?
     pub fn is_wiping(&self, id: AllocId) -> bool {
         self.wiping.contains_key(&id)
@@ -533,6 +561,47 @@ impl Controller {
             (a, b) => a.or(b),
         };
         self.emit(world, now, Decision::Wipe { alloc: id, nodes });
+    }
+
+    /// Victims whose preemption was not reported within the order's limit and the report grace:
+    /// taken to have stopped without a checkpoint (a checkpoint order or a kill fails the victim, a
+    /// stop suspends it), so the preemptor does not wait for their nodes forever. Whether any were.
+    fn expire_preemptions(&mut self, now: Time, world: &mut dyn World) -> Result<bool, ControlError> {
+        let due: Vec<(AllocId, PreemptHow)> = self
+            .preempting
+            .iter()
+            .filter(|(_, p)| p.1 <= now)
+            .map(|(id, p)| (*id, p.0))
+            .collect();
+        for (id, how) in &due {
+            self.preempting.remove(id);
+            let victim = self
+                .engine
+                .allocation(*id)
+                .is_some_and(|a| a.state == AllocState::Running)
+                && self.runs.get(id.index()).is_some_and(|r| r.pending.is_some());
+            if !victim {
+                continue;
+            }
+            self.stats.preemption_report_timeouts += 1;
+            self.unreported.push((*id, *how));
+            self.emit(
+                world,
+                now,
+                Decision::Stop {
+                    alloc: *id,
+                    why: StopReason::Unreported,
+                },
+            );
+            let input = match how {
+                PreemptHow::Stop { .. } => Input::Suspended(*id, false),
+                PreemptHow::CheckpointThenStop { .. } | PreemptHow::Kill { .. } => {
+                    Input::Exited(*id, EndReason::PreemptionKilled)
+                }
+            };
+            self.apply(now, input, world)?;
+        }
+        Ok(!due.is_empty())
     }
 
     /// `nodes` of claim `id` in the order the claim holds them (the audit log's order).
@@ -572,11 +641,19 @@ impl Controller {
         let drift_due = self.drifted.keys().filter_map(|n| self.drift_deadline(*n)).min();
         let boot_due = self.booting.values().map(|b| b.deadline).min();
         let wipe_due = self.wiping.values().filter_map(|w| w.1).min();
+        let report_due = self.preempting.values().map(|p| p.1).min();
         let domain_due = self.network.as_ref().and_then(|n| n.next_expiry());
-        [self.engine.next_wakeup(), drift_due, boot_due, wipe_due, domain_due]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.engine.next_wakeup(),
+            drift_due,
+            boot_due,
+            wipe_due,
+            report_due,
+            domain_due,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// A node of a booting claim reported: booted, it runs the hardened image (once every node
@@ -977,7 +1054,8 @@ impl Controller {
         // the pass: the pass runs again with the node out (its work requeued).
         let drifts = self.expire_drifts(now, world)?;
         let wipes = self.expire_wipes(now, world);
-        if self.expire_boots(now, world)? || drifts || wipes {
+        let reports = self.expire_preemptions(now, world)?;
+        if self.expire_boots(now, world)? || drifts || wipes || reports {
             self.engine.schedule(now);
         }
         for (alloc, node, added) in self.engine.drain_scale_log() {
@@ -1026,6 +1104,13 @@ impl Controller {
                 } => {
                     let order = self.preempt_order(now, alloc, for_alloc, reason)?;
                     *self.stats.preemptions.entry(reason.as_str()).or_default() += 1;
+                    if let Some(grace) = self.preemption_report_grace {
+                        let limit = match order.how {
+                            PreemptHow::CheckpointThenStop { deadline } => deadline + PREEMPT_GRACE,
+                            PreemptHow::Stop { grace } | PreemptHow::Kill { grace } => grace,
+                        };
+                        self.preempting.insert(alloc, (order.how, order.at + limit + grace));
+                    }
                     self.emit(world, now, Decision::Preempt(order));
                 }
             }

@@ -83,6 +83,9 @@ pub enum StopReason {
     NodeLost(NodeId),
     /// It was cancelled.
     Cancelled,
+    /// It was being preempted and its stop was not reported in time: taken as stopped (whatever
+    /// still runs of it is not this run any more).
+    Unreported,
 }
 
 /// One decision the controller carries out through a port.
@@ -304,6 +307,7 @@ impl std::fmt::Display for Decision {
             Decision::Stop { alloc, why } => match why {
                 StopReason::NodeLost(n) => write!(f, "stop {alloc} node {} lost", n.0),
                 StopReason::Cancelled => write!(f, "stop {alloc} cancelled"),
+                StopReason::Unreported => write!(f, "stop {alloc} unreported"),
             },
             Decision::Preempt(o) => {
                 let how = match o.how {

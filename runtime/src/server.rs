@@ -252,7 +252,6 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             shared.clone(),
             cfg.cycle(),
             cfg.agents.durations().0,
-            cfg.agents.preemption_slack_ms(),
             stopped.clone(),
         )),
     ];
@@ -428,6 +427,7 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
     let fabric_on = cfg.services.fabric.is_some();
     let vast_gbps = cfg.services.vast.as_ref().and_then(|v| v.write_gbps);
     let wipe_timeout_ms = cfg.sensitive.wipe_timeout_ms();
+    let preemption_report_grace_ms = cfg.agents.preemption_slack_ms();
     let wipe_by_openchami = cfg.services.openchami.as_ref().is_some_and(|o| o.wipe.is_some()) && !simulate_agents;
     let heartbeat_grace = cfg.agents.grace();
     let drift_timeout = cfg.agents.drift_timeout();
@@ -456,6 +456,7 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         c.set_baselines(&baselines);
         c.wipe_by_openchami = wipe_by_openchami;
         c.ctl.wipe_timeout = Some(lattice_engine::Duration(wipe_timeout_ms));
+        c.ctl.preemption_report_grace = Some(lattice_engine::Duration(preemption_report_grace_ms));
         if let Some(g) = vast_gbps {
             c.ctl.engine.set_vast_bandwidth(g);
         }
@@ -529,7 +530,6 @@ async fn scheduling_loop(
     shared: Arc<Shared>,
     cycle: std::time::Duration,
     agent_timeout: u64,
-    preemption_slack: u64,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -564,7 +564,6 @@ async fn scheduling_loop(
         let actions = {
             let mut c = shared.control.lock().await;
             c.check_agents(agent_timeout);
-            c.expire_preemptions(preemption_slack);
             c.take_actions()
         };
         execute(shared.clone(), actions).await;

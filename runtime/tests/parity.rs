@@ -163,6 +163,15 @@ fn preemption_heavy_decides_the_same_in_both_worlds() {
         "nodes were lost under running allocations"
     );
     capture_round_trip(&w, &inv, &cfg, "preemption-heavy");
+    // Agents that lose a fifth of their preemption reports: past each order's limit and a minute,
+    // the controller takes the victim as stopped without a checkpoint — in both worlds alike.
+    cfg.preemption_reports = Some(lattice_sim::ReportModel {
+        grace: Duration::from_mins(1),
+        lost_probability: 0.2,
+    });
+    let r = both_worlds(&w, &inv, &cfg);
+    assert!(r.summary.preemption_report_timeouts > 0, "{:?}", r.summary);
+    capture_round_trip(&w, &inv, &cfg, "preemption-heavy-lost-reports");
 }
 
 #[test]
@@ -195,7 +204,7 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 /// checkpointable or not, a few sensitive claims, cancels and walltime extensions, a reweighting,
 /// node failures, conformance drifts (some remediated, some not: taken Down after 24 h), nodes that
 /// join the site, network domains (a pool of 4 VNIs for even seeds: exhausted, starts refused),
-/// wipes that time out (odd seeds).
+/// wipes that time out (odd seeds), lost preemption reports (seeds 2 mod 3).
 fn workload() -> impl Strategy<Value = String> {
     let job = (
         0u32..20_000,
@@ -345,11 +354,17 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
         timeout: Some(Duration::from_mins(30)),
         ..lattice_sim::WipeModel::default()
     };
+    // Seeds 2 mod 3 lose a third of the preemption reports (a one-minute report grace).
+    let preemption_reports = (seed % 3 == 2).then_some(lattice_sim::ReportModel {
+        grace: Duration::from_mins(1),
+        lost_probability: 0.3,
+    });
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
         projects,
         hardened_boot,
         network,
+        preemption_reports,
         wipe: if seed % 2 == 1 {
             wipe
         } else {
@@ -464,6 +479,7 @@ fn wipe_timeouts_quarantine_the_same_in_both_worlds() {
 #[test]
 fn found_cases_decide_the_same() {
     generated_case(include_str!("fixtures/parity-walltime-checkpoint.jsonl"), 123, true);
+    generated_case(include_str!("fixtures/parity-lost-report.jsonl"), 482, true);
 }
 
 proptest! {

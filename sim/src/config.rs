@@ -39,6 +39,10 @@ pub struct SimConfig {
     /// Network domains and their VNI pool (`None`: not modelled; book: "Network Domains"): a start
     /// whose domain needs a VNI the pool has not is refused and stays Pending.
     pub network: Option<NetworkModel>,
+    /// Preemption reports the fake agents lose (`None`: every victim's stop is reported): the
+    /// controller takes a victim unreported past the order's limit and `grace` as stopped without
+    /// a checkpoint.
+    pub preemption_reports: Option<ReportModel>,
     /// Checkpoint storage outages `[down, up)`.
     pub storage_outages: Vec<(Time, Time)>,
     /// Window length for the windowed fairness metrics.
@@ -79,6 +83,7 @@ impl Default for SimConfig {
             wipe: WipeModel::default(),
             hardened_boot: None,
             network: None,
+            preemption_reports: None,
             storage_outages: Vec::new(),
             fairness_window: Duration::from_hours(24),
             failures: None,
@@ -88,6 +93,14 @@ impl Default for SimConfig {
             slo_wait: Vec::new(),
         }
     }
+}
+
+/// Lost preemption reports: each victim's report is lost with `lost_probability` (seeded draws);
+/// the controller's report grace is `grace`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReportModel {
+    pub grace: Duration,
+    pub lost_probability: f64,
 }
 
 /// The VNI pool network domains draw from, and how long a drained domain keeps its VNI.

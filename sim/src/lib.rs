@@ -26,7 +26,9 @@ mod summary;
 pub mod timeline;
 mod world;
 
-pub use config::{BootModel, DEFAULT_SLO_WAIT, FailureModel, NetworkModel, SimConfig, SimError, SimResult, WipeModel};
+pub use config::{
+    BootModel, DEFAULT_SLO_WAIT, FailureModel, NetworkModel, ReportModel, SimConfig, SimError, SimResult, WipeModel,
+};
 pub use host::{Host, SiteNames};
 pub use invariants::InvariantChecker;
 pub use metrics::{EngineCost, GroupMetrics, JobRecord, Summary};

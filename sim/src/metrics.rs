@@ -305,6 +305,10 @@ pub struct Summary {
     /// Nodes quarantined because their wipe was not confirmed within the wipe timeout (only with one).
     #[serde(skip_serializing_if = "is_zero")]
     pub wipe_timeouts: u64,
+    /// Victims whose preemption the fake agents did not report in time (lost reports modelled):
+    /// taken as stopped without a checkpoint.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub preemption_report_timeouts: u64,
     pub audit_entries: u64,
     pub audit_chain_valid: bool,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.

@@ -122,6 +122,7 @@ impl<'w, H: Host> Replay<'w, H> {
         let mut ctl = Controller::new(engine);
         ctl.hardened_boot = cfg.hardened_boot.map(|b| b.timeout);
         ctl.wipe_timeout = cfg.wipe.timeout;
+        ctl.preemption_report_grace = cfg.preemption_reports.map(|r| r.grace);
         if let Some(n) = cfg.network {
             let pool = lattice_engine::VniPool::new(n.vni_pool_start, n.vni_pool_end)?;
             ctl.network = Some(lattice_engine::NetworkDomains::new(pool, n.grace));
@@ -1010,6 +1011,11 @@ fn fake_world<'w>(
         wipe_rng: {
             use rand_chacha::rand_core::SeedableRng;
             rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED_5E45_u64)
+        },
+        reports: cfg.preemption_reports,
+        report_rng: {
+            use rand_chacha::rand_core::SeedableRng;
+            rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x0005_7095_u64)
         },
         wakeups: BTreeSet::new(),
         pyss,

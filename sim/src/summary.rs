@@ -78,6 +78,7 @@ pub(crate) fn controller_stats(summary: &mut Summary, ctl: &Controller) {
     summary.boot_failures = stats.boot_failures;
     summary.vni_refusals = stats.vni_refusals;
     summary.wipe_timeouts = stats.wipe_timeouts;
+    summary.preemption_report_timeouts = stats.preemption_report_timeouts;
 }
 
 /// Sensitive claims and the longest wait of one that started.
@@ -513,6 +514,7 @@ pub(crate) fn summarize(
         boot_failures: 0,
         vni_refusals: 0,
         wipe_timeouts: 0,
+        preemption_report_timeouts: 0,
         audit_entries: 0,
         audit_chain_valid: true,
         power_budget_kw: None,

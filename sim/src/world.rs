@@ -38,6 +38,9 @@ pub(crate) struct FakeWorld<'a> {
     pub wipe: WipeModel,
     pub boot: Option<crate::config::BootModel>,
     pub wipe_rng: rand_chacha::ChaCha8Rng,
+    /// Lost preemption reports, drawn from their own stream.
+    pub reports: Option<crate::config::ReportModel>,
+    pub report_rng: rand_chacha::ChaCha8Rng,
     pub wakeups: BTreeSet<Time>,
     /// pyss: allocations by estimated end, to release their nodes in the quorum at that time.
     pub pyss: bool,
@@ -101,6 +104,14 @@ impl Fleet for FakeWorld<'_> {
 
     fn preempt(&mut self, view: &Engine, now: Time, o: &PreemptOrder) {
         self.fake.event(now, TimelineKind::Preemption(o.reason.as_str()));
+        if let Some(m) = self.reports {
+            use rand_chacha::rand_core::Rng;
+            let draw = (self.report_rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            if draw < m.lost_probability {
+                // Its agents never report how it stopped: the controller's report grace decides.
+                return;
+            }
+        }
         let epoch = self.fake.epoch(o.alloc);
         let at = o.at;
         match o.how {

@@ -302,50 +302,6 @@ impl Control {
     /// Registered agents that went quiet: Ready → Degraded after `timeout_ms` without a heartbeat,
     /// Degraded → Down after `grace_ms` more (its allocation requeued or failed by the engine). Returns
     /// the allocations that lost their nodes (to release at the quorum).
-    /// Preemptions whose agents never reported how the victim stopped: past the order's own limit
-    /// (the checkpoint deadline and the SIGTERM grace, or the grace of a stop or kill) plus
-    /// `slack_ms`, every node that did not report is taken to have stopped it without a checkpoint —
-    /// what its agent would have reported. A checkpoint order then fails the victim; a stop suspends
-    /// it. Its nodes are released either way, so the preemptor does not wait forever.
-    pub fn expire_preemptions(&mut self, slack_ms: u64) {
-        let now = self.now();
-        let overdue: Vec<AllocId> = self
-            .preempting
-            .iter()
-            .filter(|(_, p)| {
-                let limit = match p.how {
-                    PreemptHow::CheckpointThenStop { deadline } => deadline.0 + lattice_engine::PREEMPT_GRACE.0,
-                    PreemptHow::Stop { grace } | PreemptHow::Kill { grace } => grace.0,
-                };
-                now.0 >= p.at.0 + limit + slack_ms
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in overdue {
-            let nodes: Vec<u32> = self
-                .ctl
-                .engine
-                .allocation(id)
-                .map(|a| a.nodes.iter().map(|n| n.0).collect())
-                .unwrap_or_default();
-            tracing::warn!(
-                "{}: its agents did not report the preemption in time; taken as stopped without a checkpoint",
-                self.name_of(id)
-            );
-            if nodes.is_empty() {
-                self.preempting.remove(&id);
-                continue;
-            }
-            let n = nodes.len();
-            for node in nodes {
-                let reported = self.exits.get(&id).is_some_and(|e| e.contains_key(&node));
-                if !reported && (self.preempted_on(id, node, n, false) || !self.preempting.contains_key(&id)) {
-                    break;
-                }
-            }
-        }
-    }
-
     pub fn check_agents(&mut self, timeout_ms: u64) {
         use lattice_engine::NodeState;
         let now = self.now();

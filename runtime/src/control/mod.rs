@@ -502,6 +502,7 @@ impl Control {
         if let Err(e) = self.ctl.dispatch(now, &mut self.outbox) {
             tracing::error!("carrying out the pass's decisions: {e}");
         }
+        self.unreported_preemptions();
         let timed_out = self.ctl.stats.boot_failures - boot_failures;
         if timed_out > 0 {
             self.tally.boot_failures += timed_out;
@@ -519,6 +520,24 @@ impl Control {
             );
         }
         (stats, took)
+    }
+
+    /// Victims the controller took as stopped without a checkpoint because their agents did not
+    /// report the preemption within the order's limit and `agents.preemption_report_grace` (a
+    /// checkpoint order or a kill failed them, a stop suspended them): logged and counted.
+    fn unreported_preemptions(&mut self) {
+        for (id, how) in self.ctl.take_unreported() {
+            self.preempting.remove(&id);
+            self.exits.remove(&id);
+            tracing::warn!(
+                "{}: its agents did not report the preemption in time; taken as stopped without a checkpoint",
+                self.name_of(id)
+            );
+            if matches!(how, PreemptHow::CheckpointThenStop { .. }) {
+                self.tally.failed_checkpoints += 1;
+                self.tally.checkpoints_failed += 1;
+            }
+        }
     }
 
     /// Applies what happened in the world (an agent's report, a quorum answer, a node change) at
@@ -639,6 +658,8 @@ impl Control {
                     }
                     Decision::Release { alloc, nodes } => {
                         self.checkpoint_hints.remove(&alloc);
+                        // A victim that gave its nodes back is no longer being preempted.
+                        self.preempting.remove(&alloc);
                         if self.real_agents {
                             // Until each of these nodes' agents shows it no longer runs the
                             // allocation (or the node is Down: its agent fenced it), a next start
