@@ -72,6 +72,19 @@ pub enum Input {
     /// An operator retries the wipe of a quarantined node (book: "Wipe Failure Handling": `lattice
     /// admin node wipe <id> --force`): wiped, it returns to the pool; failed, it stays quarantined.
     RetryWipe(NodeId),
+    /// An operator's standing order for a node, as the quorum recorded it (the default order lifts
+    /// it). It holds until lifted: whatever else happens to the node (its agent registers, a wipe
+    /// returns it, it conforms again), a drained node that is up drains and a disabled one is Down.
+    /// Lifting an order brings the node back as the operator's `undrain` or `enable` does (a
+    /// drained node that is not drifted undrains; a Down node is enabled).
+    Order(NodeId, NodeOrder),
+}
+
+/// An operator's standing order for a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeOrder {
+    pub drained: bool,
+    pub disabled: bool,
 }
 
 /// Why an input or output was refused.
@@ -235,6 +248,11 @@ pub struct Controller {
     /// Wipes under way: per released claim, the nodes whose outcome is awaited, and when they fail
     /// for want of one (with a wipe timeout).
     wiping: BTreeMap<AllocId, (std::collections::BTreeSet<NodeId>, Option<Time>)>,
+    /// Operators' standing orders by node.
+    orders: BTreeMap<NodeId, NodeOrder>,
+    /// Cancels that came while the allocation's start was at the quorum: carried out once the
+    /// quorum answers (a committed start is stopped and its nodes released).
+    cancel_after_answer: std::collections::BTreeSet<AllocId>,
     /// Nodes quarantined after a failed wipe, with the claim whose wipe it was (`None` while an
     /// operator's retry is under way).
     quarantined: BTreeMap<NodeId, (AllocId, bool)>,
@@ -250,6 +268,8 @@ impl Controller {
             wipe_timeout: None,
             preemption_report_grace: None,
             preempting: Default::default(),
+            orders: Default::default(),
+            cancel_after_answer: Default::default(),
             unreported: Vec::new(),
             wiping: Default::default(),
             network: None,
@@ -371,6 +391,57 @@ impl Controller {
     /// Applies one input at `now` (inputs of one timestamp in DESIGN.md's order, then
     /// [`Controller::schedule`] and [`Controller::dispatch`]).
     pub fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
+        let applied = self.apply_one(now, input, world);
+        // Whatever the input did to the nodes, the operators' standing orders still hold.
+        self.enforce_orders(now, world)?;
+        applied
+    }
+
+    /// The standing order for `node` (the default when there is none).
+    pub fn order(&self, node: NodeId) -> NodeOrder {
+        self.orders.get(&node).copied().unwrap_or_default()
+    }
+
+    /// Holds the nodes to their standing orders: a disabled node that is not out goes Down (as a
+    /// hardware failure would: its work requeued or failed), a drained node that is up drains.
+    fn enforce_orders(&mut self, now: Time, world: &mut dyn World) -> Result<(), ControlError> {
+        use crate::node::NodeState as S;
+        if self.orders.is_empty() {
+            return Ok(());
+        }
+        let orders: Vec<(NodeId, NodeOrder)> = self.orders.iter().map(|(n, o)| (*n, *o)).collect();
+        for (node, order) in orders {
+            let Some(state) = self.engine.node(node).map(|x| x.state) else {
+                continue;
+            };
+            if order.disabled && !matches!(state, S::Down | S::Failed) {
+                self.node_event(now, node, NodeEvent::HardwareFailure, world)?;
+            } else if order.drained && matches!(state, S::Ready | S::Degraded) {
+                self.node_event(now, node, NodeEvent::Drain, world)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_one(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
+        if let Input::Committed(id) | Input::Rejected(id) = input {
+            let answered = self.apply_input(now, input, world);
+            // A cancel that came while the start was at the quorum is carried out now.
+            if self.cancel_after_answer.remove(&id) {
+                self.apply_one(now, Input::Cancel(id), world)?;
+            }
+            return answered;
+        }
+        if let Input::Cancel(id) = input
+            && self.engine.is_proposed(id)
+        {
+            self.cancel_after_answer.insert(id);
+            return Ok(());
+        }
+        self.apply_input(now, input, world)
+    }
+
+    fn apply_input(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
         match input {
             Input::Committed(id) => self.commit(now, id, world)?,
             Input::Rejected(id) => {
@@ -529,6 +600,27 @@ impl Controller {
                     },
                 );
                 self.wipe(now, id, vec![node], world);
+            }
+            Input::Order(node, order) => {
+                if self.engine.node(node).is_none() {
+                    return Err(EngineError::UnknownNode(node).into());
+                }
+                let was = self.order(node);
+                if order == NodeOrder::default() {
+                    self.orders.remove(&node);
+                } else {
+                    self.orders.insert(node, order);
+                }
+                use crate::node::NodeState as S;
+                let state = self.engine.node(node).map(|x| x.state);
+                if was.disabled && !order.disabled && state == Some(S::Down) {
+                    self.node_event(now, node, NodeEvent::Enable, world)?;
+                }
+                let state = self.engine.node(node).map(|x| x.state);
+                let drained = matches!(state, Some(S::Draining | S::Drained));
+                if was.drained && !order.drained && drained && !self.drifted.contains_key(&node) {
+                    self.node_event(now, node, NodeEvent::Undrain, world)?;
+                }
             }
         }
         Ok(())

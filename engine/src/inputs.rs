@@ -345,6 +345,13 @@ impl Engine {
     }
 
     /// User or operator cancel: a pending allocation leaves the queue, a running one frees its nodes.
+    /// Is the allocation's start at the quorum (proposed, not yet committed or rejected)?
+    pub fn is_proposed(&self, id: AllocId) -> bool {
+        self.allocation(id)
+            .is_some_and(|a| matches!(a.state, AllocState::Pending | AllocState::Staging))
+            && self.meta.get(id.index()).is_some_and(|m| m.proposed_at.is_some())
+    }
+
     pub fn handle_cancel(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
         self.clock.advance(now);
         let was = self.allocation(id).ok_or(EngineError::UnknownAlloc(id))?.state;

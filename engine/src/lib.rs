@@ -56,7 +56,9 @@ pub use alloc::{
 pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
-pub use controller::{ControlError, ControlStats, Controller, DriftTimeout, HeartbeatGrace, Input, PREEMPT_GRACE};
+pub use controller::{
+    ControlError, ControlStats, Controller, DriftTimeout, HeartbeatGrace, Input, NodeOrder, PREEMPT_GRACE,
+};
 pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};
 pub use error::{EngineError, SubmitError, user_error_report};

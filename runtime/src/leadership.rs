@@ -239,7 +239,6 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             control.set_project(tenant, name, *quota);
         }
     }
-    control.enforce_admin();
     control.adopted_term = Some(term);
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
     // reads the control plane, whose lock is held here).

@@ -191,6 +191,10 @@ impl Host for ReplayHost {
                 let name = self.control.name_of(id);
                 self.control.cancel(&name);
             }
+            Input::Order(node, o) => {
+                let name = self.control.node_names()[node.index()].clone();
+                self.control.set_admin(&name, o.drained, o.disabled);
+            }
             Input::Weights(vc, weights) => {
                 let name = self.control.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default();
                 if let Err(e) = self.control.set_weights(&name, weights) {

@@ -95,7 +95,10 @@ fn both_worlds(w: &Workload, inv: &Inventory, cfg: &SimConfig) -> SimResult {
 /// The capture round trip: the runtime's control plane replays the trace with its trace capture on;
 /// `rm-replay` replays the capture; both decide the same (log and `jobs.csv`).
 fn capture_round_trip(w: &Workload, inv: &Inventory, cfg: &SimConfig, tag: &str) {
-    let path = std::env::temp_dir().join(format!("lattice-parity-{}-{tag}.jsonl", std::process::id()));
+    // Unique per call: tests running at once may replay the same seed.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("lattice-parity-{}-{tag}-{n}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let (original, host) = lattice_sim::simulate_with(w, inv, cfg, &mut |_, _| {}, |ctl, names| {
         let mut h = ReplayHost::new(ctl, names).expect("the control plane");
@@ -171,7 +174,6 @@ fn preemption_heavy_decides_the_same_in_both_worlds() {
     });
     let r = both_worlds(&w, &inv, &cfg);
     assert!(r.summary.preemption_report_timeouts > 0, "{:?}", r.summary);
-    capture_round_trip(&w, &inv, &cfg, "preemption-heavy-lost-reports");
 }
 
 #[test]
@@ -204,7 +206,8 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 /// checkpointable or not, a few sensitive claims, cancels and walltime extensions, a reweighting,
 /// node failures, conformance drifts (some remediated, some not: taken Down after 24 h), nodes that
 /// join the site, network domains (a pool of 4 VNIs for even seeds: exhausted, starts refused),
-/// wipes that time out (odd seeds), lost preemption reports (seeds 2 mod 3).
+/// wipes that time out (odd seeds), lost preemption reports (seeds 2 mod 3), operators' standing
+/// drains.
 fn workload() -> impl Strategy<Value = String> {
     let job = (
         0u32..20_000,
@@ -213,7 +216,7 @@ fn workload() -> impl Strategy<Value = String> {
         prop_oneof![Just(0.5), Just(1.0), Just(2.0)],
         0u8..=9,
         any::<bool>(),
-        0u8..20,
+        0u8..24,
     );
     proptest::collection::vec(job, 5..40).prop_map(|jobs| {
         let mut out = String::new();
@@ -253,6 +256,9 @@ fn workload() -> impl Strategy<Value = String> {
             let change = match special {
                 1 => Some(serde_json::json!({"ts": later, "type": "cancel", "alloc_id": format!("j{i}")})),
                 2 => Some(serde_json::json!({"ts": later, "type": "walltime", "alloc_id": format!("j{i}"), "walltime": walltime * 2.0})),
+                // Just after the cycle tick that may propose it: with a commit latency, while its
+                // start is at the quorum (cancelled once the quorum answers).
+                12 => Some(serde_json::json!({"ts": ts.div_ceil(30) * 30 + 1, "type": "cancel", "alloc_id": format!("j{i}")})),
                 _ => None,
             };
             if let Some(c) = change {
@@ -267,6 +273,14 @@ fn workload() -> impl Strategy<Value = String> {
             }
             if special == 3 {
                 out.push_str(&serde_json::json!({"ts": ts + run, "type": "conform", "node": node}).to_string());
+                out.push('\n');
+            }
+            // An operator drains a node (a standing order: it holds through failures, recoveries
+            // and wipes) and undrains it later.
+            if special == 11 {
+                out.push_str(&serde_json::json!({"ts": ts, "type": "drain", "node": node}).to_string());
+                out.push('\n');
+                out.push_str(&serde_json::json!({"ts": ts + run + 1, "type": "undrain", "node": node}).to_string());
                 out.push('\n');
             }
             // An operator retries a node's wipe (refused unless a failed wipe quarantined it).
@@ -361,6 +375,14 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
     });
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
+        // Seeds 3 mod 4 without node failures: the quorum takes 5 s to commit (cancels arrive
+        // while starts are at it). (With failures, a node can fail under a start at the quorum:
+        // the replay's invariant checker does not allow that window yet.)
+        commit_latency: if seed % 4 == 3 && !fail {
+            Duration(5_000)
+        } else {
+            Duration::ZERO
+        },
         projects,
         hardened_boot,
         network,
@@ -379,7 +401,12 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
         ..SimConfig::default()
     };
     let r = both_worlds(&w, &inv, &cfg);
-    capture_round_trip(&w, &inv, &cfg, &format!("gen-{seed}"));
+    // A victim whose report is lost is abandoned mid-run: the capture cannot know how long that
+    // run would have gone on, and the replay's passes follow the fake world's (stale) events, so
+    // the round trip is only asked of workloads where every run's end is known.
+    if cfg.preemption_reports.is_none() {
+        capture_round_trip(&w, &inv, &cfg, &format!("gen-{seed}"));
+    }
     r
 }
 
@@ -475,11 +502,33 @@ fn wipe_timeouts_quarantine_the_same_in_both_worlds() {
     assert!(r.summary.wipes > 0, "some wipes end in time: {:?}", r.summary);
 }
 
+/// Cancels that come while the start is at the quorum (a 5 s commit latency, seed 3): the controller
+/// carries them out once the quorum answers — the committed start launched, then stopped and its
+/// nodes released — in both worlds alike, and the capture replays the same.
+#[test]
+fn cancels_at_the_quorum_decide_the_same_in_both_worlds() {
+    let text = [
+        r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "a", "nodes": 4, "duration": 600, "walltime": 1200}}"#,
+        r#"{"ts": 2, "type": "cancel", "alloc_id": "a"}"#,
+        r#"{"ts": 10, "type": "submit", "alloc": {"id": "b", "tenant": "b", "nodes": 2, "duration": 600, "walltime": 1200}}"#,
+    ]
+    .join("\n");
+    let r = generated_case(&text, 3, false);
+    let a = r.jobs.iter().find(|j| j.id == "a").unwrap();
+    assert_eq!(a.state, "cancelled", "{a:?}");
+    assert!(
+        r.decisions.iter().any(|d| d.ends_with("stop 0 cancelled")),
+        "{:?}",
+        r.decisions
+    );
+}
+
 /// Cases the property test once found, kept as fixed tests.
 #[test]
 fn found_cases_decide_the_same() {
     generated_case(include_str!("fixtures/parity-walltime-checkpoint.jsonl"), 123, true);
     generated_case(include_str!("fixtures/parity-lost-report.jsonl"), 482, true);
+    generated_case(include_str!("fixtures/parity-drain-order.jsonl"), 495, true);
 }
 
 proptest! {

@@ -391,7 +391,8 @@ fn a_taken_over_nodes_agent_registers_before_its_heartbeats_count() {
 }
 
 /// An operator's standing drain holds when the node comes back: a new leader's node whose agent
-/// registers (Booting → Ready) drains at once, and an undrain lifts it.
+/// registers (Booting → Ready) drains at once, and lifting the order undrains it; a disable holds
+/// through the agent's registration until lifted.
 #[test]
 fn a_standing_drain_holds_when_the_node_comes_back() {
     let mut c = common::balanced_control(2);
@@ -401,7 +402,6 @@ fn a_standing_drain_holds_when_the_node_comes_back() {
     let node = c.nodes()[1].name.clone();
     assert_eq!(c.node_state_of(&node).as_deref(), Some("booting"));
     c.set_admin(&node, true, false);
-    c.enforce_admin();
     assert_eq!(
         c.node_state_of(&node).as_deref(),
         Some("booting"),
@@ -409,13 +409,20 @@ fn a_standing_drain_holds_when_the_node_comes_back() {
     );
     c.register_agent(&node).unwrap();
     assert_eq!(c.node_state_of(&node).as_deref(), Some("drained"), "up again, drained");
+    // Lifting the order (the operator's undrain) brings it back.
     c.set_admin(&node, false, false);
-    c.drain(&node, false).unwrap();
     assert_eq!(c.node_state_of(&node).as_deref(), Some("ready"));
     // A disabled node goes down and stays down until enabled.
     c.set_admin(&node, false, true);
-    c.enforce_admin();
     assert_eq!(c.node_state_of(&node).as_deref(), Some("down"));
+    c.register_agent(&node).unwrap();
+    assert_eq!(
+        c.node_state_of(&node).as_deref(),
+        Some("down"),
+        "its agent is back, the order holds"
+    );
+    c.set_admin(&node, false, false);
+    assert_eq!(c.node_state_of(&node).as_deref(), Some("ready"), "enabled");
 }
 
 /// The REST base URL of whichever member leads, if one does.

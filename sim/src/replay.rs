@@ -518,8 +518,36 @@ impl<'w, H: Host> Replay<'w, H> {
                 },
             ),
             K::NodeRecover { node } => node_change(node, NodeEvent::Enable),
-            K::Drain { node } => node_change(node, NodeEvent::Drain),
-            K::Undrain { node } => node_change(node, NodeEvent::Undrain),
+            // An operator's drain is a standing order (it holds through failures and recoveries);
+            // an undrain lifts it and undrains the node, as `lattice admin node undrain` does.
+            K::Drain { node } | K::Undrain { node } => {
+                let drained = matches!(ev.kind, K::Drain { .. });
+                match node_of(node) {
+                    Some(n) => {
+                        let was = self.ctl.controller().order(n);
+                        let lifted = was.drained && !drained;
+                        let order = lattice_engine::NodeOrder { drained, ..was };
+                        let input = Input::Order(n, order);
+                        self.ctl
+                            .apply(now, input, &mut self.world)
+                            .map_err(|e| refused(now, input, e))?;
+                        // Lifting the order undrains the node; one drained otherwise (a sensitive
+                        // node after a drift) is undrained as such (one not drained has nothing to undrain).
+                        let state = self.ctl.controller().engine.node(n).map(|x| x.state);
+                        let undrain =
+                            !drained && !lifted && matches!(state, Some(NodeState::Draining | NodeState::Drained));
+                        if undrain {
+                            node_change(node, NodeEvent::Undrain)
+                        } else {
+                            None
+                        }
+                    }
+                    None => {
+                        *self.rejected.entry("unknown_node".into()).or_default() += 1;
+                        None
+                    }
+                }
+            }
             K::Drift { node, drifted } => {
                 match node_of(node) {
                     Some(n) => {

@@ -85,38 +85,41 @@ impl Control {
         Ok(())
     }
 
-    /// The quorum's standing order for `node` (drained, disabled), as recorded there.
-    pub fn set_admin(&mut self, node: &str, drained: bool, disabled: bool) {
-        if let Some(id) = self.node_index(node) {
-            if drained || disabled {
-                self.admin.insert(id.0, (drained, disabled));
-            } else {
-                self.admin.remove(&id.0);
-            }
+    /// The quorum's standing order for `node` (drained, disabled), as recorded there: the
+    /// controller holds the node to it from now on (a drained node that is up drains, a disabled
+    /// one goes Down); a lifted order brings it back (undrained, enabled). Returns the allocations that lost their nodes to it (a disable requeues or
+    /// fails what ran there; their nodes must be released at the quorum).
+    pub fn set_admin(&mut self, node: &str, drained: bool, disabled: bool) -> Vec<String> {
+        let Some(id) = self.node_index(node) else {
+            return Vec::new();
+        };
+        let order = lattice_engine::NodeOrder { drained, disabled };
+        let was = self.ctl.order(id);
+        if order == was {
+            return Vec::new();
         }
-    }
-
-    /// Holds the engine to the standing orders: a disabled node is down, a drained node that is up
-    /// drains (its agent's registration, an `enable` or a new leader may have brought it back Ready).
-    pub fn enforce_admin(&mut self) {
-        use lattice_engine::{NodeEvent, NodeState};
-        let orders: Vec<(u32, (bool, bool))> = self.admin.iter().map(|(n, o)| (*n, *o)).collect();
-        for (n, (drained, disabled)) in orders {
-            let id = lattice_engine::NodeId(n);
-            let Some(state) = self.ctl.engine.node(id).map(|x| x.state) else {
-                continue;
-            };
-            let ev = if disabled && !matches!(state, NodeState::Down | NodeState::Failed) {
-                NodeEvent::HardwareFailure
-            } else if drained && matches!(state, NodeState::Ready | NodeState::Degraded) {
-                NodeEvent::Drain
-            } else {
-                continue;
-            };
-            if let Err(e) = self.input(Input::Node(id, ev)) {
-                tracing::warn!("node {}: standing order not applied: {e}", self.node_names[n as usize]);
-            }
+        let owner = self.ctl.engine.node(id).and_then(|n| n.owner).map(|o| o.alloc);
+        if let Err(e) = self.input(Input::Order(id, order)) {
+            tracing::warn!("node {node}: standing order not applied: {e}");
         }
+        // The capture shows a drain order and its lifting as the trace's `drain` and `undrain`, a
+        // disable as a hardware failure and its lifting as a recovery.
+        let ts = self.now().0 as f64 / 1000.0;
+        if drained != was.drained {
+            let kind = if drained { "drain" } else { "undrain" };
+            self.capture_line(serde_json::json!({"ts": ts, "type": kind, "node": node}));
+        }
+        if disabled && !was.disabled {
+            self.capture_line(serde_json::json!({"ts": ts, "type": "node_fail", "node": node, "mode": "hardware"}));
+        }
+        if !disabled && was.disabled {
+            self.capture_line(serde_json::json!({"ts": ts, "type": "node_recover", "node": node}));
+        }
+        owner
+            .filter(|a| self.ctl.engine.allocation(*a).is_none_or(|a| !a.nodes.contains(&id)))
+            .map(|a| self.name_of(a))
+            .into_iter()
+            .collect()
     }
 
     /// A node operation; the node's state afterwards and the allocations that lost their nodes
@@ -127,9 +130,9 @@ impl Control {
             .ok_or_else(|| bad("id", format!("no node {node}")))?;
         let ev = node_op_event(op);
         let owner = self.ctl.engine.node(id).and_then(|n| n.owner).map(|o| o.alloc);
+        // (An `enable` of a node an operator drained brings it up drained: the controller holds
+        // the node to its standing order.)
         self.input(Input::Node(id, ev)).map_err(|e| bad("id", e.to_string()))?;
-        // An `enable` of a node an operator drained brings it up drained.
-        self.enforce_admin();
         let lost = owner
             .filter(|a| self.ctl.engine.allocation(*a).is_none_or(|a| !a.nodes.contains(&id)))
             .map(|a| self.name_of(a))

@@ -40,9 +40,8 @@ impl Control {
             .node(id)
             .is_some_and(|n| n.state == lattice_engine::NodeState::Booting)
         {
+            // Up again (an operator's standing drain drains it at once: the controller's order).
             let _ = self.input(Input::Node(id, lattice_engine::NodeEvent::HealthOk));
-            // Up again, but an operator's drain still stands.
-            self.enforce_admin();
         }
         if let Some(f) = fingerprint {
             self.first_fingerprint.entry(id.0).or_insert_with(|| f.clone());

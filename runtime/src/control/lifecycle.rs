@@ -19,7 +19,6 @@ impl Control {
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = None;
         }
-        self.cancel_deferred(id);
     }
 
     /// How long a simulated agent runs the allocation from `resume_from` (its duration less the work a
@@ -34,18 +33,6 @@ impl Control {
         let _ = self.input(Input::Rejected(id));
         if let Some(m) = self.meta.get_mut(id.index()) {
             m.last_rejection = Some(why);
-        }
-        self.cancel_deferred(id);
-    }
-
-    /// A cancel that came while the allocation's start was being proposed: carried out now that
-    /// the quorum answered (a committed start is stopped and its nodes released).
-    pub(super) fn cancel_deferred(&mut self, id: AllocId) {
-        if self.cancel_after_answer.remove(&id) {
-            let name = self.name_of(id);
-            if let Err(e) = self.input(Input::Cancel(id)) {
-                tracing::warn!("{name}: deferred cancel not applied: {e}");
-            }
         }
     }
 
@@ -164,18 +151,9 @@ impl Control {
             .engine
             .allocation(id)
             .is_some_and(|a| matches!(a.state, AllocState::Running | AllocState::Staging));
-        let proposed = self
-            .ctl
-            .engine
-            .allocation(id)
-            .is_some_and(|a| matches!(a.state, AllocState::Pending | AllocState::Staging) && !a.nodes.is_empty());
+        // (Its start at the quorum: the controller cancels it once the quorum answers.)
         if let Err(e) = self.input(Input::Cancel(id)) {
-            if proposed {
-                // Its start is at the quorum: cancelled once the quorum answers.
-                self.cancel_after_answer.insert(id);
-            } else {
-                tracing::warn!("{name}: cancel not applied: {e}");
-            }
+            tracing::warn!("{name}: cancel not applied: {e}");
         }
         self.preempting.remove(&id);
         Some(held)

@@ -143,8 +143,6 @@ pub struct Control {
     /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
     /// each node's outcome.
     wiping: BTreeMap<AllocId, Wiping>,
-    /// Cancels that came while the allocation's start was at the quorum ([`Control::cancel`]).
-    cancel_after_answer: std::collections::BTreeSet<AllocId>,
     /// OpenCHAMI wipes released claims' nodes (agents are not told to).
     pub wipe_by_openchami: bool,
     /// Per (claim, node): when its wipe started and why it failed, for the audit entry.
@@ -184,9 +182,6 @@ pub struct Control {
     settled_ends: std::collections::BTreeSet<String>,
     /// Ends a dependent waits for: to be recorded on a majority by the scheduling loop.
     settle_wanted: std::collections::BTreeSet<String>,
-    /// Operators' standing orders from the quorum, by node index: (drained, disabled). Every pass
-    /// holds the engine to them first (a node a new leader's agents bring back Ready stays drained).
-    admin: BTreeMap<u32, (bool, bool)>,
     /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
     exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
     /// The output tails agents reported with exits: allocation → node → text (the newest
@@ -407,7 +402,6 @@ impl Control {
             hint_reports: BTreeMap::new(),
             metric_samples: BTreeMap::new(),
             wiping: BTreeMap::new(),
-            cancel_after_answer: Default::default(),
             wipe_by_openchami: false,
             wipe_notes: BTreeMap::new(),
             fabric: false,
@@ -425,7 +419,6 @@ impl Control {
             capture: None,
             dags: BTreeMap::new(),
             agents: Vec::new(),
-            admin: BTreeMap::new(),
             settled_ends: Default::default(),
             settle_wanted: Default::default(),
             exits: BTreeMap::new(),
@@ -492,7 +485,6 @@ impl Control {
     /// Runs a scheduling pass at `now`; what it decided is in [`Control::take_actions`]. How long the
     /// pass took (the engine's CPU time, for `/metrics`).
     pub fn schedule(&mut self) -> (lattice_engine::PassStats, std::time::Duration) {
-        self.enforce_admin();
         let now = self.now();
         let t0 = std::time::Instant::now();
         let stats = self.ctl.schedule(now);

@@ -119,16 +119,14 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
     }
     let (r, actions) = {
         let mut c = s.control.lock().await;
-        c.set_admin(id, order.drained, order.disabled);
-        // Asked again: the node's state may have changed while the order was being recorded (its
-        // agent registered, say); a recorded order holds either way.
+        // The controller holds the node to the order at once (a drain or disable is carried out).
+        let lost = c.set_admin(id, order.drained, order.disabled);
+        // Asked again: the order may have done it, or the node's state may have changed while the
+        // order was being recorded (its agent registered, say); a recorded order holds either way.
         let r = match c.check_node_op(id, op) {
             Ok(()) => c.node_op(id, op),
             Err(e) if order == was => Err(e),
-            Err(_) => {
-                c.enforce_admin();
-                Ok((c.node_state_of(id).unwrap_or_default(), Vec::new()))
-            }
+            Err(_) => Ok((c.node_state_of(id).unwrap_or_default(), lost)),
         };
         (r, c.take_actions())
     };

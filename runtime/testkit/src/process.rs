@@ -173,10 +173,14 @@ mod tests {
             .spawn()
             .unwrap();
         let t0 = Instant::now();
+        // Started once it leads a process group of its own (before `setsid` runs, the forked
+        // child is still in the agent's group, under the agent's command line).
         let job: u32 = loop {
             if let Some(p) = std::fs::read_to_string(&pid_file)
                 .ok()
-                .and_then(|s| s.trim().parse().ok())
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                // SAFETY: getpgid takes a plain integer and touches no memory of ours.
+                .filter(|p| unsafe { libc::getpgid(*p as i32) } == *p as i32)
             {
                 break p;
             }
