@@ -991,7 +991,6 @@ impl Controller {
         };
         let nodes = a.nodes.clone();
         let claim = a.spec.sensitive_claim;
-        self.join_domain(id);
         if claim {
             self.emit(
                 world,
@@ -1003,6 +1002,30 @@ impl Controller {
                 },
             );
         }
+        // A node that went out while the start was at the quorum (which does not know node
+        // health): the run is lost at once, as under a node failure — nothing launches.
+        let out = nodes
+            .iter()
+            .copied()
+            .find(|n| !self.engine.node(*n).is_some_and(|x| x.state.runs_allocations()));
+        if let Some(node) = out {
+            self.emit(
+                world,
+                now,
+                Decision::Stop {
+                    alloc: id,
+                    why: StopReason::NodeLost(node),
+                },
+            );
+            self.emit(world, now, Decision::Release { alloc: id, nodes });
+            self.engine.handle_run_lost(now, id)?;
+            self.lost_run(id);
+            if self.engine.allocation(id).is_some_and(|a| a.state.is_terminal()) {
+                self.after_end(now, id, world);
+            }
+            return Ok(());
+        }
+        self.join_domain(id);
         if claim && let Some(timeout) = self.hardened_boot {
             // Its nodes boot the hardened image first (those not running it already).
             let boot: Vec<NodeId> = nodes.iter().copied().filter(|n| !self.hardened.contains(n)).collect();
@@ -1157,16 +1180,25 @@ impl Controller {
         if let Some(n) = self.network.as_mut() {
             n.expire(now);
         }
+        // Every proposal of the pass holds its network domain's VNI before the quorum answers any
+        // (the runtime's quorum answers after the pass; a fake one that answers at once must not
+        // free a VNI a later proposal of the same pass would then get).
+        let mut proposals = Vec::new();
         while let Some(p) = self.engine.poll_proposal() {
             let id = p.alloc;
             // A start whose network domain would need a VNI the pool has not stays Pending (retried
             // next cycle, when a domain may have drained).
-            if let Err(why) = self.reserve_domain(id, p.nodes.len()) {
-                self.engine.handle_refused(now, id)?;
-                self.stats.vni_refusals += 1;
-                self.emit(world, now, Decision::Refuse { alloc: id, why });
-                continue;
+            match self.reserve_domain(id, p.nodes.len()) {
+                Ok(()) => proposals.push(p),
+                Err(why) => {
+                    self.engine.handle_refused(now, id)?;
+                    self.stats.vni_refusals += 1;
+                    self.emit(world, now, Decision::Refuse { alloc: id, why });
+                }
             }
+        }
+        for p in proposals {
+            let id = p.alloc;
             match self.emit(world, now, Decision::Propose(p)) {
                 Some(true) => self.commit(now, id, world)?,
                 Some(false) => {

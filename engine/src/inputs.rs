@@ -345,6 +345,30 @@ impl Engine {
     }
 
     /// User or operator cancel: a pending allocation leaves the queue, a running one frees its nodes.
+    /// A run lost as soon as it was committed: one of its nodes went out of service while its start
+    /// was at the quorum (the quorum does not know node health). Requeued, or failed, as a node
+    /// failure under a running allocation would be.
+    pub fn handle_run_lost(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
+        self.clock.advance(now);
+        let a = self.allocation(id).ok_or(EngineError::UnknownAlloc(id))?;
+        if a.state != AllocState::Running {
+            return Err(EngineError::InvalidTransition {
+                id,
+                from: a.state,
+                to: AllocState::Pending,
+            });
+        }
+        if self.requeue_allowed(id, EndReason::NodeFailure) {
+            self.requeue(now, id)?;
+        } else {
+            self.transition(id, AllocState::Failed)?;
+            self.finish(now, id, EndReason::NodeFailure);
+        }
+        let key = self.pool_key_of(id);
+        self.mark_due(key, now);
+        Ok(())
+    }
+
     /// Is the allocation's start at the quorum (proposed, not yet committed or rejected)?
     pub fn is_proposed(&self, id: AllocId) -> bool {
         self.allocation(id)

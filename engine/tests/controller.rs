@@ -5,14 +5,14 @@ use lattice_engine::{
     Input, NodeEvent, NodeId, NodeSpec, Policy, PreemptHow, PreemptionClass, Time, VClusterConfig, World,
 };
 
-/// Records decisions; the quorum commits at once.
+/// Records decisions; the quorum commits at once (or, with `.1`, answers later, as an input).
 #[derive(Default)]
-struct Recorder(Vec<Decision>);
+struct Recorder(Vec<Decision>, bool);
 
 impl lattice_engine::Quorum for Recorder {
     fn propose(&mut self, _: &Engine, _: Time, p: &lattice_engine::Proposal) -> Option<bool> {
         self.0.push(Decision::Propose(p.clone()));
-        Some(true)
+        if self.1 { None } else { Some(true) }
     }
     fn refuse(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, why: &lattice_engine::Refusal) {
         self.0.push(Decision::Refuse {
@@ -616,4 +616,45 @@ fn a_quarantined_node_is_wiped_again_on_an_operators_retry() {
             "quarantine"
         ]
     );
+}
+
+/// A node that fails while the start is at the quorum (which does not know node health and
+/// commits it): the commit finds the run lost — nothing launches, the nodes are released and the
+/// allocation waits again, then starts on healthy nodes.
+#[test]
+fn a_start_committed_on_a_node_that_failed_meanwhile_is_lost_at_once() {
+    let (mut c, t, v) = controller(4);
+    let mut w = Recorder(Vec::new(), true);
+    let id = c
+        .submit(Time(0), AllocSpec::simple(t, v, 2, Duration::from_hours(1)))
+        .unwrap();
+    pass(&mut c, Time(0), &mut w);
+    let nodes = match w.0.iter().find(|d| matches!(d, Decision::Propose(_))) {
+        Some(Decision::Propose(p)) => p.nodes.clone(),
+        other => panic!("{other:?}"),
+    };
+    c.apply(Time(1_000), Input::Node(nodes[1], NodeEvent::HardwareFailure), &mut w)
+        .unwrap();
+    w.0.clear();
+    c.apply(Time(2_000), Input::Committed(id), &mut w).unwrap();
+    assert!(!w.0.iter().any(|d| matches!(d, Decision::Launch { .. })), "{:?}", w.0);
+    assert!(
+        w.0.iter().any(|d| matches!(d, Decision::Stop { alloc, why: lattice_engine::StopReason::NodeLost(n) } if *alloc == id && *n == nodes[1])),
+        "{:?}",
+        w.0
+    );
+    assert!(
+        w.0.iter()
+            .any(|d| matches!(d, Decision::Release { alloc, .. } if *alloc == id))
+    );
+    let a = c.engine.allocation(id).unwrap();
+    assert_eq!((a.state, a.nodes.len()), (lattice_engine::AllocState::Pending, 0));
+    // Proposed again on the three nodes still up.
+    w.0.clear();
+    pass(&mut c, Time(30_000), &mut w);
+    let again = w.0.iter().find_map(|d| match d {
+        Decision::Propose(p) if p.alloc == id => Some(p.nodes.clone()),
+        _ => None,
+    });
+    assert!(again.is_some_and(|n| !n.contains(&nodes[1])), "{:?}", w.0);
 }

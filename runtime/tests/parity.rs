@@ -375,14 +375,9 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
     });
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
-        // Seeds 3 mod 4 without node failures: the quorum takes 5 s to commit (cancels arrive
-        // while starts are at it). (With failures, a node can fail under a start at the quorum:
-        // the replay's invariant checker does not allow that window yet.)
-        commit_latency: if seed % 4 == 3 && !fail {
-            Duration(5_000)
-        } else {
-            Duration::ZERO
-        },
+        // Seeds 3 mod 4: the quorum takes 5 s to commit (cancels arrive while starts are at it;
+        // with failures, nodes fail under starts at it).
+        commit_latency: if seed % 4 == 3 { Duration(5_000) } else { Duration::ZERO },
         projects,
         hardened_boot,
         network,
@@ -529,6 +524,11 @@ fn found_cases_decide_the_same() {
     generated_case(include_str!("fixtures/parity-walltime-checkpoint.jsonl"), 123, true);
     generated_case(include_str!("fixtures/parity-lost-report.jsonl"), 482, true);
     generated_case(include_str!("fixtures/parity-drain-order.jsonl"), 495, true);
+    // A node fails under a start at the quorum (5 s commit latency).
+    generated_case(include_str!("fixtures/parity-cancel-at-quorum.jsonl"), 199, true);
+    // A pass whose first proposal takes the last VNI and is rejected by the quorum: the later
+    // proposals of the pass are refused in both worlds (the quorum answers after the pass).
+    generated_case(include_str!("fixtures/parity-vni-one-pass.jsonl"), 734, false);
 }
 
 proptest! {
