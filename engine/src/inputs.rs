@@ -358,15 +358,21 @@ impl Engine {
                 to: AllocState::Pending,
             });
         }
-        if self.requeue_allowed(id, EndReason::NodeFailure) {
-            self.requeue(now, id)?;
-        } else {
-            self.transition(id, AllocState::Failed)?;
-            self.finish(now, id, EndReason::NodeFailure);
-        }
+        self.lose_run(now, id)?;
         let key = self.pool_key_of(id);
         self.mark_due(key, now);
         Ok(())
+    }
+
+    /// A running allocation lost a node: requeued when its policy allows, else failed.
+    fn lose_run(&mut self, now: Time, id: AllocId) -> Result<(), EngineError> {
+        if self.requeue_allowed(id, EndReason::NodeFailure) {
+            self.requeue(now, id)
+        } else {
+            self.transition(id, AllocState::Failed)?;
+            self.finish(now, id, EndReason::NodeFailure);
+            Ok(())
+        }
     }
 
     /// Is the allocation's start at the quorum (proposed, not yet committed or rejected)?
@@ -503,12 +509,7 @@ impl Engine {
         {
             let id = o.alloc;
             if self.allocs[id.index()].state == AllocState::Running {
-                if self.requeue_allowed(id, EndReason::NodeFailure) {
-                    self.requeue(now, id)?;
-                } else {
-                    self.transition(id, AllocState::Failed)?;
-                    self.finish(now, id, EndReason::NodeFailure);
-                }
+                self.lose_run(now, id)?;
                 failed.push(id);
             }
         }

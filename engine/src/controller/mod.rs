@@ -642,20 +642,8 @@ impl Controller {
             .copied()
             .find(|n| !self.engine.node(*n).is_some_and(|x| x.state.runs_allocations()));
         if let Some(node) = out {
-            self.emit(
-                world,
-                now,
-                Decision::Stop {
-                    alloc: id,
-                    why: StopReason::NodeLost(node),
-                },
-            );
-            self.emit(world, now, Decision::Release { alloc: id, nodes });
             self.engine.handle_run_lost(now, id)?;
-            self.lost_run(id);
-            if self.engine.allocation(id).is_some_and(|a| a.state.is_terminal()) {
-                self.after_end(now, id, world);
-            }
+            self.run_lost(now, id, node, nodes, 0.0, world);
             return Ok(());
         }
         self.join_domain(id);

@@ -157,27 +157,41 @@ impl Controller {
             self.emit(world, now, Decision::Watch { node, grace });
         }
         for id in affected {
-            self.emit(
-                world,
-                now,
-                Decision::Stop {
-                    alloc: id,
-                    why: StopReason::NodeLost(node),
-                },
-            );
             let (nodes, lost) = match &before {
                 Some((a, unsaved, nodes)) if *a == id => (nodes.clone(), nodes.len() as f64 * unsaved.as_secs_f64()),
                 _ => (Vec::new(), 0.0),
             };
-            self.emit(world, now, Decision::Release { alloc: id, nodes });
-            self.stats.lost_node_s += lost;
-            self.lost_run(id);
-            // A sensitive claim is never requeued (book: "Down → requeue: operator intervention");
-            // it failed, and its nodes are released and wiped like any ended claim's.
-            if self.engine.allocation(id).is_some_and(|a| a.state.is_terminal()) {
-                self.after_end(now, id, world);
-            }
+            self.run_lost(now, id, node, nodes, lost, world);
         }
         Ok(())
+    }
+
+    /// A run the engine took from its nodes because `node` went out (`lost_s` node-seconds of work
+    /// lost): stopped and its `nodes` released; a sensitive claim is never requeued (book: "Down →
+    /// requeue: operator intervention") — it failed, and its nodes are released and wiped like any
+    /// ended claim's.
+    pub(super) fn run_lost(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        node: NodeId,
+        nodes: Vec<NodeId>,
+        lost_s: f64,
+        world: &mut dyn World,
+    ) {
+        self.emit(
+            world,
+            now,
+            Decision::Stop {
+                alloc: id,
+                why: StopReason::NodeLost(node),
+            },
+        );
+        self.emit(world, now, Decision::Release { alloc: id, nodes });
+        self.stats.lost_node_s += lost_s;
+        self.lost_run(id);
+        if self.engine.allocation(id).is_some_and(|a| a.state.is_terminal()) {
+            self.after_end(now, id, world);
+        }
     }
 }
