@@ -264,6 +264,7 @@ fn options(e: &Entry, dir: &Path, scratch: &Path) -> Result<ReplayOptions> {
         walltime_grace: None,
         hardened_boot: None,
         vni_pool: None,
+        mirror_latency: None,
         slo_wait: Vec::new(),
     })
 }

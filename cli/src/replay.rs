@@ -40,6 +40,8 @@ pub struct ReplayOptions {
     pub hardened_boot: Option<lattice_engine::Duration>,
     /// Network domains modelled over this VNI pool (`None`: not modelled).
     pub vni_pool: Option<(u32, u32)>,
+    /// The mirrors' latency (`None`: records durable at once).
+    pub mirror_latency: Option<lattice_engine::Duration>,
     /// Target waits per class range for SLO compliance (`--slo-wait 7-10=15m`).
     pub slo_wait: Vec<(u8, u8, lattice_engine::Duration)>,
 }
@@ -215,6 +217,10 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         }),
         // Every preemption is reported in a replay (the fake agents do not lose reports).
         preemption_reports: None,
+        durability: o.mirror_latency.map(|d| lattice_sim::DurabilityModel {
+            record_latency: d,
+            end_latency: d,
+        }),
         decision_log: false,
         slo_wait: o.slo_wait.clone(),
     };

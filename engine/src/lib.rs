@@ -57,14 +57,14 @@ pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
 pub use controller::{
-    ControlError, ControlStats, Controller, DriftTimeout, HeartbeatGrace, Input, NodeOrder, PREEMPT_GRACE,
+    ControlError, ControlStats, Controller, DriftTimeout, Durable, HeartbeatGrace, Input, NodeOrder, PREEMPT_GRACE,
 };
 pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};
 pub use error::{EngineError, SubmitError, user_error_report};
 pub use fairshare::{FairShareConfig, UsageLedger};
 pub use ids::{AllocId, GroupId, NodeId, ProjectId, TenantId, VClusterId};
-pub use network::{DomainName, NetworkDomains, Refusal, VniError, VniPool};
+pub use network::{DomainName, NetworkDomains, VniError, VniPool};
 pub use node::{ConformanceFingerprint, Node, NodeCapabilities, NodeEvent, NodeSpec, NodeState, Owner};
 pub use nodeset::NodeSet;
 pub use policy::{Depth, Policy, VClusterConfig};
@@ -75,4 +75,6 @@ pub use staging::{DataMount, STAGING_RETRIES, Tier};
 pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};
 pub use weights::CostWeights;
-pub use world::{AuditEvent, Decision, Fleet, Launch, PreemptHow, PreemptOrder, Quorum, StopReason, Timer, World};
+pub use world::{
+    AuditEvent, Decision, Fleet, Launch, PreemptHow, PreemptOrder, Quorum, Refusal, StopReason, Timer, World,
+};

@@ -123,16 +123,7 @@ pub struct Domain {
     pub empty_since: Option<Time>,
 }
 
-/// Why the controller refused a proposal before it reached the quorum.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Refusal {
-    /// Its network domain does not exist and the VNI pool has none left for it.
-    VniPoolExhausted {
-        domain: DomainName,
-        used: usize,
-        total: usize,
-    },
-}
+pub use crate::world::Refusal;
 
 /// The domains of every tenant and the VNI pool.
 #[derive(Clone, Debug)]

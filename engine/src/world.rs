@@ -12,9 +12,10 @@
 //! its nodes) but changes nothing; what happens in the world comes back to the controller as an
 //! [`Input`](crate::controller::Input).
 
+use crate::controller::Durable;
 use crate::engine::{Engine, Proposal};
 use crate::ids::{AllocId, NodeId};
-use crate::network::Refusal;
+use crate::network::DomainName;
 use crate::preempt::PreemptReason;
 use crate::time::{Duration, Time};
 
@@ -88,14 +89,32 @@ pub enum StopReason {
     Unreported,
 }
 
+/// Why the controller refused a proposal before it reached the quorum.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// Its network domain does not exist and the VNI pool has none left for it.
+    VniPoolExhausted {
+        domain: DomainName,
+        used: usize,
+        total: usize,
+    },
+    /// Records it waits for are not yet on a majority of the quorum members' disks (its
+    /// submission; a dependency's end): proposed again at the next pass.
+    NotDurable { awaiting: Vec<Durable> },
+}
+
 /// One decision the controller carries out through a port.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Quorum: give `nodes` to the allocation.
     Propose(Proposal),
     /// The controller refused a proposal before it reached the quorum (its network domain would
-    /// need a VNI the pool has not): the allocation stays Pending and the world tells its owner why.
+    /// need a VNI the pool has not; a record it waits for is not durable yet): the allocation
+    /// stays Pending and the world tells its owner why.
     Refuse { alloc: AllocId, why: Refusal },
+    /// Quorum: put the record on a majority of the members' disks (a start waits for it); the
+    /// world reports [`Input::Durable`](crate::controller::Input) when it is.
+    Persist(Durable),
     /// Quorum: the allocation no longer holds its nodes.
     Release { alloc: AllocId, nodes: Vec<NodeId> },
     /// Quorum: a reactive allocation grew (`added`) or shrank by one node.
@@ -162,6 +181,8 @@ pub trait Quorum {
     fn propose(&mut self, view: &Engine, now: Time, p: &Proposal) -> Option<bool>;
     /// A start refused before it reached the quorum (it stays Pending).
     fn refuse(&mut self, view: &Engine, now: Time, alloc: AllocId, why: &Refusal);
+    /// Puts the record on a majority of the members' disks; reported later as an input.
+    fn persist(&mut self, view: &Engine, now: Time, record: Durable);
     fn release(&mut self, view: &Engine, now: Time, alloc: AllocId, nodes: &[NodeId]);
     fn scale(&mut self, view: &Engine, now: Time, alloc: AllocId, node: NodeId, added: bool);
     fn audit(&mut self, view: &Engine, now: Time, alloc: AllocId, event: AuditEvent, nodes: &[NodeId]);
@@ -199,6 +220,10 @@ impl Decision {
             Decision::Propose(p) => world.propose(view, now, p),
             Decision::Refuse { alloc, why } => {
                 world.refuse(view, now, *alloc, why);
+                None
+            }
+            Decision::Persist(record) => {
+                world.persist(view, now, *record);
                 None
             }
             Decision::Release { alloc, nodes } => {
@@ -303,7 +328,12 @@ impl std::fmt::Display for Decision {
                 Refusal::VniPoolExhausted { domain, used, total } => {
                     write!(f, "refuse {alloc} vni_pool_exhausted {domain} ({used}/{total})")
                 }
+                Refusal::NotDurable { awaiting } => {
+                    let list: Vec<String> = awaiting.iter().map(|r| r.to_string()).collect();
+                    write!(f, "refuse {alloc} not_durable [{}]", list.join(", "))
+                }
             },
+            Decision::Persist(record) => write!(f, "persist {record}"),
             Decision::Stop { alloc, why } => match why {
                 StopReason::NodeLost(n) => write!(f, "stop {alloc} node {} lost", n.0),
                 StopReason::Cancelled => write!(f, "stop {alloc} cancelled"),

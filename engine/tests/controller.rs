@@ -20,6 +20,9 @@ impl lattice_engine::Quorum for Recorder {
             why: why.clone(),
         });
     }
+    fn persist(&mut self, _: &Engine, _: Time, record: lattice_engine::Durable) {
+        self.0.push(Decision::Persist(record));
+    }
     fn release(&mut self, _: &Engine, _: Time, alloc: lattice_engine::AllocId, nodes: &[NodeId]) {
         self.0.push(Decision::Release {
             alloc,
@@ -657,4 +660,142 @@ fn a_start_committed_on_a_node_that_failed_meanwhile_is_lost_at_once() {
         _ => None,
     });
     assert!(again.is_some_and(|n| !n.contains(&nodes[1])), "{:?}", w.0);
+}
+
+/// A start waits for its own submission and for a prior end to be durable; each is named in the
+/// refusal, and once the world reports them durable the next pass proposes it.
+#[test]
+fn a_start_waits_for_its_submission_and_a_prior_end_to_be_durable() {
+    use lattice_engine::{Durable, Refusal};
+    let (mut c, t, v) = controller(2);
+    let mut w = Recorder::default();
+    let a = c
+        .submit(Time(0), AllocSpec::simple(t, v, 1, Duration::from_hours(1)))
+        .unwrap();
+    c.apply(Time(0), Input::NotDurable(Durable::Submission(a)), &mut w)
+        .unwrap();
+    c.apply(Time(0), Input::AwaitsPrior(a, 7), &mut w).unwrap();
+    pass(&mut c, Time(0), &mut w);
+    let refused = |w: &Recorder| {
+        w.0.iter()
+            .filter_map(|d| match d {
+                Decision::Refuse {
+                    why: Refusal::NotDurable { awaiting },
+                    ..
+                } => Some(awaiting.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(refused(&w), vec![vec![Durable::Submission(a), Durable::PriorEnd(7)]]);
+    assert!(w.0.contains(&Decision::Persist(Durable::PriorEnd(7))), "{:?}", w.0);
+    assert!(!w.0.iter().any(|d| matches!(d, Decision::Launch { .. })));
+    assert_eq!(c.stats.durability_holds, 1);
+    // Its submission is durable: still waiting for the prior end (not asked for again).
+    c.apply(Time(1_000), Input::Durable(Durable::Submission(a)), &mut w)
+        .unwrap();
+    w.0.clear();
+    pass(&mut c, Time(1_000), &mut w);
+    assert_eq!(refused(&w), vec![vec![Durable::PriorEnd(7)]]);
+    assert!(
+        !w.0.iter().any(|d| matches!(d, Decision::Persist(_))),
+        "asked once: {:?}",
+        w.0
+    );
+    c.apply(Time(2_000), Input::Durable(Durable::PriorEnd(7)), &mut w)
+        .unwrap();
+    w.0.clear();
+    pass(&mut c, Time(2_000), &mut w);
+    assert!(refused(&w).is_empty());
+    assert!(
+        w.0.iter()
+            .any(|d| matches!(d, Decision::Launch { alloc, .. } if *alloc == a))
+    );
+}
+
+/// With durable ends, a dependent waits for its dependency's end to be reported durable; without,
+/// it starts at once.
+#[test]
+fn a_dependent_waits_for_its_dependency_end_to_be_durable() {
+    use lattice_engine::{Dependency, DependencyCondition, Durable, EndReason};
+    for durable_ends in [false, true] {
+        let (mut c, t, v) = controller(2);
+        c.durable_ends = durable_ends;
+        let mut w = Recorder::default();
+        let up = c
+            .submit(Time(0), AllocSpec::simple(t, v, 2, Duration::from_hours(1)))
+            .unwrap();
+        let mut spec = AllocSpec::simple(t, v, 2, Duration::from_hours(1));
+        spec.depends_on = vec![Dependency {
+            on: up,
+            condition: DependencyCondition::Success,
+        }];
+        let down = c.submit(Time(0), spec).unwrap();
+        pass(&mut c, Time(0), &mut w);
+        c.apply(Time(10_000), Input::Exited(up, EndReason::Success), &mut w)
+            .unwrap();
+        w.0.clear();
+        pass(&mut c, Time(10_000), &mut w);
+        let launched = |w: &Recorder| {
+            w.0.iter()
+                .any(|d| matches!(d, Decision::Launch { alloc, .. } if *alloc == down))
+        };
+        assert_eq!(launched(&w), !durable_ends, "{:?}", w.0);
+        if durable_ends {
+            assert!(w.0.contains(&Decision::Persist(Durable::End(up))), "{:?}", w.0);
+            c.apply(Time(12_000), Input::Durable(Durable::End(up)), &mut w).unwrap();
+            w.0.clear();
+            pass(&mut c, Time(12_000), &mut w);
+            assert!(launched(&w), "{:?}", w.0);
+        }
+    }
+}
+
+/// A node whose wipe is under way stays out of the pool until the wipe's outcome, whatever an
+/// operator does meanwhile: an undrain, or lifting a drain order, changes nothing (work started
+/// there would run on a node being wiped).
+#[test]
+fn an_undrain_during_a_wipe_waits_for_the_wipe() {
+    use lattice_engine::{EndReason, NodeOrder, NodeState};
+    let mut c = sensitive_controller(2);
+    let mut w = Recorder::default();
+    let id = claim(&mut c, Time(0), 2);
+    pass(&mut c, Time(0), &mut w);
+    assert!(launched(&w, id));
+    let drained = NodeOrder {
+        drained: true,
+        disabled: false,
+    };
+    c.apply(Time(1_000), Input::Order(NodeId(1), drained), &mut w).unwrap();
+    c.apply(Time(2_000), Input::Exited(id, EndReason::Success), &mut w)
+        .unwrap();
+    assert!(c.is_wiping(id));
+    c.apply(Time(3_000), Input::Node(NodeId(0), NodeEvent::Undrain), &mut w)
+        .unwrap();
+    c.apply(Time(3_000), Input::Order(NodeId(1), NodeOrder::default()), &mut w)
+        .unwrap();
+    for n in [NodeId(0), NodeId(1)] {
+        assert_ne!(
+            c.engine.node(n).unwrap().state,
+            NodeState::Ready,
+            "{n:?} is being wiped"
+        );
+    }
+    let next = c
+        .submit(
+            Time(3_000),
+            AllocSpec::simple(
+                lattice_engine::TenantId(0),
+                lattice_engine::VClusterId(0),
+                1,
+                Duration::from_hours(1),
+            ),
+        )
+        .unwrap();
+    pass(&mut c, Time(3_000), &mut w);
+    assert!(!launched(&w, next), "nothing starts on a node being wiped");
+    c.apply(Time(4_000), Input::WipeDone(id, true), &mut w).unwrap();
+    assert_eq!(c.engine.node(NodeId(0)).unwrap().state, NodeState::Ready);
+    pass(&mut c, Time(4_000), &mut w);
+    assert!(launched(&w, next), "{:?}", w.0);
 }

@@ -25,6 +25,11 @@ pub fn execute(
                 Action::Propose(p) => queue.extend(propose_start(&shared, p).await),
                 // The owner reads why in the allocation's `last_rejection` (set by the control plane).
                 Action::Refuse { name, message, .. } => tracing::debug!("{name}: {message}"),
+                // The loop's `settle_ends` records it on a majority: wake it for that.
+                Action::Persist { name, .. } => {
+                    tracing::trace!("{name}: its end is to be put on a majority");
+                    shared.wake.notify_one();
+                }
                 Action::Release { name, .. } => {
                     release(&shared, name).await;
                     shared.wake.notify_one();
@@ -305,39 +310,6 @@ pub(crate) async fn settle_ends(shared: &Arc<Shared>) {
 /// Proposes a start to the quorum and tells the controller its answer; what that causes (the launch,
 /// a claim's audit entry) is returned to be carried out next.
 async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> {
-    {
-        let mut c = shared.control.lock().await;
-        // A dependent starts only once its dependencies' ends are on a majority's copies: an end a
-        // fail-over could lose would run the dependency again beside it (found by DST).
-        let deps: Vec<String> = crate::control::id_number(&p.name)
-            .and_then(|n| {
-                let m = shared.mirror.lock().unwrap_or_else(|e| e.into_inner());
-                m.entries
-                    .get(&n)
-                    .map(|e| e.req.depends_on.iter().map(|d| d.reference.clone()).collect())
-            })
-            .unwrap_or_default();
-        let unsettled = c.unsettled_ends(&deps);
-        if c.incarnation == p.incarnation && !unsettled.is_empty() {
-            c.rejected(
-                p.alloc,
-                format!(
-                    "waiting until the end of {} is on a majority of the members' disks",
-                    unsettled.join(", ")
-                ),
-            );
-            return c.take_actions();
-        }
-        if c.incarnation == p.incarnation && c.waits_for_ack(&p.name) {
-            tracing::trace!("m{}: {} waits for its acknowledgement", shared.member.id, p.name);
-            // Not started before it is on a majority's disks (mirrored again in the background).
-            c.rejected(
-                p.alloc,
-                "waiting until it is on a majority of the members' disks".into(),
-            );
-            return c.take_actions();
-        }
-    }
     let cmd = QuorumCommand::Assign {
         alloc: p.name.clone(),
         tenant: p.tenant.clone(),

@@ -249,6 +249,7 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             gpu_count: (res.gpu_count > 0).then_some(res.gpu_count),
             features: res.features,
             topology: None,
+            ..Default::default()
         }
     });
     Ok(SubmitRequest {
@@ -360,6 +361,10 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             view: none_if_empty(e.view),
             image: none_if_empty(e.image),
         }),
+        requeue: None,
+        max_requeues: None,
+        mutex: None,
+        storage_gbps: None,
     })
 }
 

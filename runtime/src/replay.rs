@@ -83,6 +83,7 @@ impl ReplayHost {
                 alloc: *alloc,
                 why: why.clone(),
             },
+            Action::Persist { record, .. } => Decision::Persist(*record),
             Action::Release { alloc, nodes, .. } => Decision::Release {
                 alloc: *alloc,
                 nodes: self.nodes(nodes),
@@ -194,6 +195,19 @@ impl Host for ReplayHost {
             Input::Order(node, o) => {
                 let name = self.control.node_names()[node.index()].clone();
                 self.control.set_admin(&name, o.drained, o.disabled);
+            }
+            // The mirrors' answers: as a submission's request or the loop's `settle_ends` gives them.
+            Input::NotDurable(lattice_engine::Durable::Submission(id)) => {
+                let name = self.control.name_of(id);
+                self.control.unacked(&name, true);
+            }
+            Input::Durable(lattice_engine::Durable::Submission(id)) => {
+                let name = self.control.name_of(id);
+                self.control.acked(&name);
+            }
+            Input::Durable(lattice_engine::Durable::End(id)) => {
+                let name = self.control.name_of(id);
+                self.control.ends_settled(&[name]);
             }
             Input::Weights(vc, weights) => {
                 let name = self.control.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default();

@@ -38,6 +38,9 @@ impl Quorum for Outbox {
         self.0.push((now, Decision::Propose(p.clone())));
         None
     }
+    fn persist(&mut self, _view: &Engine, now: Time, record: lattice_engine::Durable) {
+        self.0.push((now, Decision::Persist(record)));
+    }
     fn refuse(&mut self, _view: &Engine, now: Time, alloc: AllocId, why: &Refusal) {
         self.0.push((
             now,
@@ -145,6 +148,12 @@ pub enum Action {
         name: String,
         why: Refusal,
         message: String,
+    },
+    /// Put the record on a majority of the members' disks (a start waits for it): the scheduling
+    /// loop's `settle_ends` records it and tells the controller.
+    Persist {
+        record: lattice_engine::Durable,
+        name: String,
     },
     /// Free the allocation's nodes at the quorum (its end is recorded first; it leaves its network
     /// domain).

@@ -207,7 +207,8 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 /// node failures, conformance drifts (some remediated, some not: taken Down after 24 h), nodes that
 /// join the site, network domains (a pool of 4 VNIs for even seeds: exhausted, starts refused),
 /// wipes that time out (odd seeds), lost preemption reports (seeds 2 mod 3), operators' standing
-/// drains.
+/// drains, dependencies (on the job before) whose ends and submissions reach the mirrors' majority
+/// late (seeds 1 mod 5).
 fn workload() -> impl Strategy<Value = String> {
     let job = (
         0u32..20_000,
@@ -220,7 +221,11 @@ fn workload() -> impl Strategy<Value = String> {
     );
     proptest::collection::vec(job, 5..40).prop_map(|jobs| {
         let mut out = String::new();
+        let mut prev_ts = 0;
         for (i, (ts, nodes, run, wt, class, ckpt, special)) in jobs.into_iter().enumerate() {
+            // A dependent is submitted after the job it depends on.
+            let ts = if matches!(special, 13 | 14) && i > 0 { ts.max(prev_ts + 1) } else { ts };
+            prev_ts = ts;
             let walltime = (run as f64 * wt).max(60.0);
             let tenant = ["a", "b", "c"][i % 3];
             let project = ["x", "y"][(i / 3) % 2];
@@ -240,6 +245,11 @@ fn workload() -> impl Strategy<Value = String> {
             // one get their own): with a small VNI pool, new domains are refused until one drains.
             if matches!(special, 7..=10) {
                 a["connectivity"] = serde_json::json!({"network_domain": (["ml", "cfd"][i % 2])});
+            }
+            // Some depend on the job before: on its success, or on its end whatever it was.
+            if matches!(special, 13 | 14) && i > 0 {
+                let condition = if special == 13 { "any" } else { "success" };
+                a["depends_on"] = serde_json::json!([{"ref": format!("j{}", i - 1), "condition": condition}]);
             }
             let line = if special == 0 {
                 // A sensitive claim: first in line, takes its nodes at once, wiped on release.
@@ -373,8 +383,15 @@ fn generated_case(text: &str, seed: u64, fail: bool) -> SimResult {
         grace: Duration::from_mins(1),
         lost_probability: 0.3,
     });
+    // Seeds 1 mod 5 model the mirrors: a submission reaches a majority 2 s after it arrives, an end
+    // a dependent waits for 3 s after the controller asks for it; starts wait for both.
+    let durability = (seed % 5 == 1).then_some(lattice_sim::DurabilityModel {
+        record_latency: Duration(2_000),
+        end_latency: Duration(3_000),
+    });
     let cfg = SimConfig {
         vclusters: [("default".to_string(), prof.vclusters["default"].config(None))].into(),
+        durability,
         // Seeds 3 mod 4: the quorum takes 5 s to commit (cancels arrive while starts are at it;
         // with failures, nodes fail under starts at it).
         commit_latency: if seed % 4 == 3 { Duration(5_000) } else { Duration::ZERO },
@@ -497,6 +514,34 @@ fn wipe_timeouts_quarantine_the_same_in_both_worlds() {
     assert!(r.summary.wipes > 0, "some wipes end in time: {:?}", r.summary);
 }
 
+/// The mirrors reach a majority late (seed 1: submissions after 2 s, ends after 3 s): a start waits
+/// for its own submission and for its dependencies' ends to be durable, in both worlds alike (the
+/// controller asks for each end once), and the capture replays the same.
+#[test]
+fn durability_holds_decide_the_same_in_both_worlds() {
+    let text = [
+        r#"{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "a", "nodes": 2, "duration": 600, "walltime": 1200}}"#,
+        r#"{"ts": 5, "type": "submit", "alloc": {"id": "b", "tenant": "b", "nodes": 2, "duration": 300, "walltime": 1200, "depends_on": [{"ref": "a", "condition": "any"}]}}"#,
+        r#"{"ts": 6, "type": "submit", "alloc": {"id": "c", "tenant": "c", "nodes": 4, "duration": 300, "walltime": 1200, "depends_on": [{"ref": "b", "condition": "success"}]}}"#,
+        r#"{"ts": 7, "type": "submit", "alloc": {"id": "d", "tenant": "a", "nodes": 1, "duration": 100, "walltime": 1200}}"#,
+    ]
+    .join("\n");
+    let r = generated_case(&text, 1, false);
+    assert!(r.summary.durability_holds > 0, "{:?}", r.summary);
+    let job = |id: &str| r.jobs.iter().find(|j| j.id == id).unwrap();
+    assert_eq!(job("a").start_s, Some(2.0), "held until its submission is durable");
+    assert!(job("d").start_s.unwrap() >= 9.0, "{:?}", job("d"));
+    for (up, down) in [("a", "b"), ("b", "c")] {
+        let (end, start) = (job(up).end_s.unwrap(), job(down).start_s.unwrap());
+        assert!(
+            start >= end + 3.0,
+            "{down} started at {start}, {up}'s end at {end} is durable 3 s later"
+        );
+    }
+    let persists = r.decisions.iter().filter(|d| d.contains(" persist end ")).count();
+    assert_eq!(persists, 2, "each end asked for once: {:?}", r.decisions);
+}
+
 /// Cancels that come while the start is at the quorum (a 5 s commit latency, seed 3): the controller
 /// carries them out once the quorum answers — the committed start launched, then stopped and its
 /// nodes released — in both worlds alike, and the capture replays the same.
@@ -529,6 +574,16 @@ fn found_cases_decide_the_same() {
     // A pass whose first proposal takes the last VNI and is rejected by the quorum: the later
     // proposals of the pass are refused in both worlds (the quorum answers after the pass).
     generated_case(include_str!("fixtures/parity-vni-one-pass.jsonl"), 734, false);
+    // An operator undrains (or lifts a drain order on) a node while a released claim's wipe of it
+    // is under way: it stays out until the wipe's outcome (it used to return at once, run a start,
+    // and lose it unreleased to the wipe timeout's quarantine: the quorum refused that start's
+    // every later proposal, and the replay never ended).
+    generated_case(include_str!("fixtures/parity-undrain-while-wiping.jsonl"), 935, false);
+    generated_case(
+        include_str!("fixtures/parity-drain-lifted-while-wiping.jsonl"),
+        935,
+        false,
+    );
 }
 
 proptest! {

@@ -43,6 +43,11 @@ pub struct SimConfig {
     /// controller takes a victim unreported past the order's limit and `grace` as stopped without
     /// a checkpoint.
     pub preemption_reports: Option<ReportModel>,
+    /// The quorum members' mirrors (`None`: not modelled — records are durable at once): each
+    /// submission reaches a majority of their disks `record_latency` after it arrives, and an end a
+    /// dependent waits for `end_latency` after the controller asks for it; until then the start
+    /// waits.
+    pub durability: Option<DurabilityModel>,
     /// Checkpoint storage outages `[down, up)`.
     pub storage_outages: Vec<(Time, Time)>,
     /// Window length for the windowed fairness metrics.
@@ -84,6 +89,7 @@ impl Default for SimConfig {
             hardened_boot: None,
             network: None,
             preemption_reports: None,
+            durability: None,
             storage_outages: Vec::new(),
             fairness_window: Duration::from_hours(24),
             failures: None,
@@ -101,6 +107,13 @@ impl Default for SimConfig {
 pub struct ReportModel {
     pub grace: Duration,
     pub lost_probability: f64,
+}
+
+/// How long the quorum members' mirrors take to put a record on a majority of their disks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DurabilityModel {
+    pub record_latency: Duration,
+    pub end_latency: Duration,
 }
 
 /// The VNI pool network domains draw from, and how long a drained domain keeps its VNI.

@@ -36,6 +36,8 @@ pub enum EventKind {
     Inject(u32, bool),
     /// The node agent reports the allocation's prologue failed on a node (run epoch `u32`).
     PrologueFail(AllocId, u32, u32),
+    /// A record reached a majority of the quorum members' disks.
+    Durable(lattice_engine::Durable),
     /// Sample `u32` of the synthetic load curve at this index of `Workload::events`.
     LoadSample(usize, u32),
 }

@@ -27,7 +27,8 @@ pub mod timeline;
 mod world;
 
 pub use config::{
-    BootModel, DEFAULT_SLO_WAIT, FailureModel, NetworkModel, ReportModel, SimConfig, SimError, SimResult, WipeModel,
+    BootModel, DEFAULT_SLO_WAIT, DurabilityModel, FailureModel, NetworkModel, ReportModel, SimConfig, SimError,
+    SimResult, WipeModel,
 };
 pub use host::{Host, SiteNames};
 pub use invariants::InvariantChecker;

@@ -309,6 +309,10 @@ pub struct Summary {
     /// taken as stopped without a checkpoint.
     #[serde(skip_serializing_if = "is_zero")]
     pub preemption_report_timeouts: u64,
+    /// Starts held because their submission, or a dependency's end, was not yet on a majority of
+    /// the quorum members' disks (only when the mirrors are modelled).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub durability_holds: u64,
     pub audit_entries: u64,
     pub audit_chain_valid: bool,
     /// Mean dragonfly groups spanned per started allocation, and the fraction placed in one group.

@@ -123,6 +123,7 @@ impl<'w, H: Host> Replay<'w, H> {
         ctl.hardened_boot = cfg.hardened_boot.map(|b| b.timeout);
         ctl.wipe_timeout = cfg.wipe.timeout;
         ctl.preemption_report_grace = cfg.preemption_reports.map(|r| r.grace);
+        ctl.durable_ends = cfg.durability.is_some();
         if let Some(n) = cfg.network {
             let pool = lattice_engine::VniPool::new(n.vni_pool_start, n.vni_pool_end)?;
             ctl.network = Some(lattice_engine::NetworkDomains::new(pool, n.grace));
@@ -301,7 +302,7 @@ impl<'w, H: Host> Replay<'w, H> {
         };
         let input: Option<Input> = match kind {
             EventKind::Arrival(i) => {
-                self.arrival(now, i, progress);
+                self.arrival(now, i, progress)?;
                 None
             }
             EventKind::Commit(id) => Some(if self.world.quorum.decide(&self.ctl.controller().engine, id) {
@@ -344,6 +345,7 @@ impl<'w, H: Host> Replay<'w, H> {
                 .then_some(Input::Node(NodeId(n), NodeEvent::GraceTimeout)),
             EventKind::Inject(n, failing) => self.inject(now, n, failing),
             EventKind::WipeDone(id, ok) => Some(Input::WipeDone(id, ok)),
+            EventKind::Durable(record) => Some(Input::Durable(record)),
             EventKind::Booted(id, node, ok) => Some(Input::Booted(id, node, ok)),
             EventKind::NodeWiped(id, node, ok) => Some(Input::NodeWiped(id, node, ok)),
             // The allocation may have ended first (walltime beats checkpoint).
@@ -370,7 +372,7 @@ impl<'w, H: Host> Replay<'w, H> {
 
     /// The trace job at index `i` arrives: it is submitted with the engine's tenant, vCluster and
     /// dependency ids, or counted as rejected (by reason).
-    fn arrival(&mut self, now: Time, i: usize, progress: &mut dyn FnMut(u64, u64)) {
+    fn arrival(&mut self, now: Time, i: usize, progress: &mut dyn FnMut(u64, u64)) -> Result<(), SimError> {
         self.arrived += 1;
         if self.arrived.is_multiple_of(4096) {
             progress(self.arrived, self.total);
@@ -387,13 +389,24 @@ impl<'w, H: Host> Replay<'w, H> {
             .collect();
         if spec.depends_on.len() != job.deps.len() {
             *self.rejected.entry("dependency_rejected".into()).or_default() += 1;
-            return;
+            return Ok(());
         }
         match self.ctl.submit(now, job, spec) {
             Ok(id) => {
                 debug_assert_eq!(id.index(), self.world.trace_of.len());
                 self.world.trace_of.push(i);
                 self.alloc_of[i] = Some(id);
+                if let Some(m) = self.world.durability {
+                    // On the leader's disk only, until the mirrors' latency has passed.
+                    let record = lattice_engine::Durable::Submission(id);
+                    let input = Input::NotDurable(record);
+                    self.ctl
+                        .apply(now, input, &mut self.world)
+                        .map_err(|e| refused(now, input, e))?;
+                    self.world
+                        .q
+                        .push(now + m.record_latency, RANK_END, EventKind::Durable(record));
+                }
             }
             Err(e) => {
                 let reason = match e {
@@ -404,6 +417,7 @@ impl<'w, H: Host> Replay<'w, H> {
                 *self.rejected.entry(reason.into()).or_default() += 1;
             }
         }
+        Ok(())
     }
 
     /// Sample `k` of the synthetic load curve at index `i` of the trace's events: the metric of its
@@ -1041,6 +1055,7 @@ fn fake_world<'w>(
             rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5EED_5E45_u64)
         },
         reports: cfg.preemption_reports,
+        durability: cfg.durability,
         report_rng: {
             use rand_chacha::rand_core::SeedableRng;
             rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x0005_7095_u64)

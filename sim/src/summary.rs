@@ -79,6 +79,7 @@ pub(crate) fn controller_stats(summary: &mut Summary, ctl: &Controller) {
     summary.vni_refusals = stats.vni_refusals;
     summary.wipe_timeouts = stats.wipe_timeouts;
     summary.preemption_report_timeouts = stats.preemption_report_timeouts;
+    summary.durability_holds = stats.durability_holds;
 }
 
 /// Sensitive claims and the longest wait of one that started.
@@ -513,6 +514,7 @@ pub(crate) fn summarize(
         hardened_boots: 0,
         boot_failures: 0,
         vni_refusals: 0,
+        durability_holds: 0,
         wipe_timeouts: 0,
         preemption_report_timeouts: 0,
         audit_entries: 0,

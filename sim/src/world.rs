@@ -40,6 +40,8 @@ pub(crate) struct FakeWorld<'a> {
     pub wipe_rng: rand_chacha::ChaCha8Rng,
     /// Lost preemption reports, drawn from their own stream.
     pub reports: Option<crate::config::ReportModel>,
+    /// The mirrors' latency (`None`: records are durable at once).
+    pub durability: Option<crate::config::DurabilityModel>,
     pub report_rng: rand_chacha::ChaCha8Rng,
     pub wakeups: BTreeSet<Time>,
     /// pyss: allocations by estimated end, to release their nodes in the quorum at that time.
@@ -59,6 +61,12 @@ impl Quorum for FakeWorld<'_> {
             self.q.push(now + self.commit_latency, RANK_END, EventKind::Commit(id));
             None
         }
+    }
+
+    /// The end is on a majority of the mirrors after their latency.
+    fn persist(&mut self, _view: &Engine, now: Time, record: lattice_engine::Durable) {
+        let latency = self.durability.map_or(Duration::ZERO, |m| m.end_latency);
+        self.q.push(now + latency, RANK_END, EventKind::Durable(record));
     }
 
     /// The allocation stays Pending (the controller counts the refusal; the next pass retries it).

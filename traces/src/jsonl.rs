@@ -12,8 +12,8 @@
 use crate::duration::parse_duration;
 use crate::workload::{TraceEventKind, TraceJob, Workload};
 use lattice_engine::{
-    AllocSpec, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, DependencyCondition, Duration,
-    Lifecycle, NodeRange, PreemptionClass, TenantId, Time, VClusterId,
+    CheckpointKind, CheckpointMechanism, CheckpointSpec, DependencyCondition, Duration, Lifecycle, NodeRange, TenantId,
+    Time, VClusterId,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -51,9 +51,10 @@ pub(crate) enum Ts {
     Text(String),
 }
 
-#[derive(Deserialize, Clone)]
+/// A duration as requests write it: seconds, or text (`72h`, `HH:MM:SS`).
+#[derive(Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
-pub(crate) enum DurationValue {
+pub enum DurationValue {
     Secs(f64),
     Text(String),
 }
@@ -81,10 +82,11 @@ pub(crate) struct ConstraintsIn {
     require_unified_memory: bool,
 }
 
+/// A request's `lifecycle` block (`type` bounded — the default —, unbounded or reactive).
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct LifecycleIn {
-    #[serde(rename = "type")]
+pub struct LifecycleIn {
+    #[serde(rename = "type", default = "bounded")]
     kind: String,
     walltime: Option<DurationValue>,
     min_nodes: Option<u32>,
@@ -95,6 +97,20 @@ pub(crate) struct LifecycleIn {
     metric: Option<String>,
     target: Option<DurationValue>,
     scale_policy: Option<ScalePolicyIn>,
+}
+
+fn bounded() -> String {
+    "bounded".into()
+}
+
+impl LifecycleIn {
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    pub fn walltime(&self) -> Option<&DurationValue> {
+        self.walltime.as_ref()
+    }
 }
 
 #[derive(Deserialize, Clone)]
@@ -116,7 +132,7 @@ pub(crate) struct ScalePolicyIn {
 /// "evaluation_interval", "scale_up_window", "scale_down_window", "cooldown",
 /// "scale_down_threshold"}}`, or `min_nodes`/`max_nodes`/`target` at the top): its node range and
 /// scaling policy. Errors name the field (`lifecycle.target`, …).
-fn reactive(
+pub(crate) fn reactive(
     l: &LifecycleIn,
     nodes: NodeRange,
 ) -> Result<(Lifecycle, lattice_engine::ScalePolicy, NodeRange), (String, String)> {
@@ -585,183 +601,125 @@ pub(crate) fn submit_job(
     claim: bool,
 ) -> Result<(TraceJob, Deps), (String, String)> {
     let f = |name: &str, m: String| (format!("alloc.{name}"), m);
-    let tier = |v: Option<&str>, field: &str| -> Result<lattice_engine::Tier, (String, String)> {
-        v.map_or(Ok(lattice_engine::Tier::Warm), |t| {
-            parse_tier(t).map_err(|m| f(field, m))
-        })
-    };
-    let mut data = Vec::new();
-    for m in a.data.iter().flat_map(|d| d.mounts.iter()) {
-        let size_gb = m.size_gb.unwrap_or(0.0);
-        if !(size_gb.is_finite() && size_gb >= 0.0) {
-            return Err(f("data.mounts.size_gb", format!("must be >= 0, got {size_gb}")));
-        }
-        data.push(lattice_engine::DataMount {
-            source: m.source.clone(),
-            size_gb,
-            tier: tier(m.tier.as_deref(), "data.mounts.tier")?,
-            tier_hint: match m.tier_hint.as_deref() {
-                None => lattice_engine::Tier::Warm,
-                t => tier(t, "data.mounts.tier_hint")?,
-            },
-        });
-    }
-    let mut nodes = match a.nodes {
-        Nodes::Exact(n) => NodeRange::exact(n),
-        Nodes::Range { min, max } => NodeRange { min, max },
-    };
-    let mut scale = None;
-    if nodes.min == 0 || nodes.min > nodes.max {
-        return Err(f(
-            "nodes",
-            format!("need 1 <= min <= max, got {}..{}", nodes.min, nodes.max),
-        ));
-    }
-    let mut constraints = Constraints::default();
-    if let Some(c) = a.constraints {
-        constraints = Constraints {
-            gpu_type: c.gpu_type,
-            gpu_count: c.gpu_count,
-            cpu_cores: c.cpu_cores,
-            memory_gb: c.memory_gb,
-            features: c.features.into_iter().collect(),
-            require_unified_memory: c.require_unified_memory,
-        };
-    }
-    if let Some(g) = a.gpu_type {
-        constraints.gpu_type = Some(g);
-    }
-    let walltime = a
-        .walltime
-        .as_ref()
-        .map(walltime_value)
-        .transpose()
-        .map_err(|m| f("walltime", m))?;
-    let lifecycle = match a.lifecycle {
-        None => match walltime {
-            Some(w) => Lifecycle::Bounded { walltime: w },
-            // A claim holds its nodes until it is released.
-            None if claim => Lifecycle::Unbounded,
-            None => return Err(f("walltime", "a bounded allocation needs a walltime".into())),
-        },
-        Some(l) => {
-            let lw = l
-                .walltime
-                .as_ref()
-                .map(walltime_value)
-                .transpose()
-                .map_err(|m| f("lifecycle.walltime", m))?;
-            match l.kind.as_str() {
-                "bounded" => match lw.or(walltime) {
-                    Some(w) => Lifecycle::Bounded { walltime: w },
-                    None => return Err(f("lifecycle.walltime", "a bounded allocation needs a walltime".into())),
-                },
-                "unbounded" => Lifecycle::Unbounded,
-                "reactive" => {
-                    let (lc, policy, range) = reactive(&l, nodes).map_err(|(field, m)| f(&field, m))?;
-                    scale = Some(Box::new(policy));
-                    nodes = range;
-                    lc
-                }
-                other => {
-                    return Err(f(
-                        "lifecycle.type",
-                        format!("`{other}` is not one of bounded, unbounded, reactive"),
-                    ));
-                }
-            }
-        }
-    };
-    let preemption_class = match a.preemption_class {
-        None => PreemptionClass::default(),
-        Some(c) => PreemptionClass::new(c).ok_or_else(|| f("preemption_class", format!("{c} is not in 0..=10")))?,
-    };
-    let checkpoint = match a.checkpoint {
-        None => CheckpointSpec::default(),
-        Some(c) => checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
-            .map_err(|(field, message)| f(field, message))?,
-    };
-    let mut deps = Vec::new();
-    let mut mutex = a.mutex.clone();
-    for d in a.depends_on {
-        let cond = match d.condition.as_str() {
-            "success" => Some(DependencyCondition::Success),
-            "failure" => Some(DependencyCondition::Failure),
-            "any" => Some(DependencyCondition::Any),
-            "corresponding" => None,
-            "mutex" => {
-                // Singleton: `ref` names the mutex.
-                mutex = Some(d.reference);
-                continue;
-            }
-            o => {
-                return Err(f(
-                    "depends_on.condition",
-                    format!("`{o}` is not one of success, failure, any, corresponding, mutex"),
-                ));
-            }
-        };
-        deps.push((d.reference, cond));
-    }
     let runtime = a
         .duration
         .as_ref()
         .map(duration_value)
         .transpose()
         .map_err(|m| f("duration", m))?;
-    let tenant_name = a.tenant.as_deref().unwrap_or("default");
-    let tenant = w.tenants.intern(tenant_name);
-    let project = w.intern_project(tenant_name, a.project.as_deref().unwrap_or("default"));
-    let vcluster = w.vclusters.intern(a.vcluster.as_deref().unwrap_or("default"));
-    let spec = AllocSpec {
-        tenant: TenantId(tenant),
-        project,
-        vcluster: VClusterId(vcluster),
-        nodes,
-        constraints,
-        lifecycle,
-        preemption_class,
-        checkpoint,
-        depends_on: Vec::new(),
-        task_group: None,
-        storage_gbps: a.storage_gbps,
-        sensitive_claim: claim,
-        mutex,
-        scale,
-        data,
-        network_domain: a.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
-        requeue: match a.requeue.as_deref() {
-            None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
-            Some("never") => lattice_engine::RequeuePolicy::Never,
-            Some("always") => lattice_engine::RequeuePolicy::Always,
-            Some(o) => {
-                return Err(f(
-                    "requeue",
-                    format!("`{o}` is not one of never, on_node_failure, always"),
-                ));
-            }
-        },
-        max_requeues: match a.max_requeues {
-            None => lattice_engine::alloc::DEFAULT_MAX_REQUEUES,
-            Some(m) if m <= lattice_engine::alloc::MAX_REQUEUES_LIMIT => m,
-            Some(m) => return Err(f("max_requeues", format!("{m} is above the limit of 100"))),
-        },
-    };
+    let id = a.id.clone();
+    let user = a.user.clone();
+    let req = a.request(claim);
+    let mut names = TraceNames { w, deps: Vec::new() };
+    let spec = crate::request::alloc_spec(&req, crate::request::Origin::History, &mut names)
+        .map_err(|e| f(&e.field, e.message))?;
     Ok((
         TraceJob {
-            id: a.id.unwrap_or_else(|| format!("line-{line}")),
+            id: id.unwrap_or_else(|| format!("line-{line}")),
             submit: Time::ZERO,
             runtime,
             exit_ok: true,
             spec,
             deps: Vec::new(),
             line,
-            user: a.user,
+            user,
             dag: None,
             group_name: None,
         },
-        deps,
+        names.deps,
     ))
+}
+
+impl SubmitIn {
+    /// The request this submission makes (a `claim` event's is a sensitive claim).
+    pub(crate) fn request(self, claim: bool) -> crate::request::Request {
+        use crate::request::{CheckpointAsked, ConstraintsAsked, MountAsked, NodesAsked, Request};
+        let c = self.constraints.unwrap_or_default();
+        Request {
+            tenant: self.tenant,
+            project: self.project,
+            vcluster: self.vcluster,
+            nodes: match self.nodes {
+                Nodes::Exact(n) => NodesAsked::Exact(n.into()),
+                Nodes::Range { min, max } => NodesAsked::Range {
+                    min: min.into(),
+                    max: max.into(),
+                },
+            },
+            constraints: ConstraintsAsked {
+                gpu_type: self.gpu_type.or(c.gpu_type),
+                gpu_count: c.gpu_count,
+                cpu_cores: c.cpu_cores,
+                memory_gb: c.memory_gb,
+                features: c.features,
+                require_unified_memory: c.require_unified_memory,
+            },
+            walltime: self.walltime,
+            lifecycle: self.lifecycle,
+            preemption_class: self.preemption_class.map(i64::from),
+            checkpoint: self.checkpoint.map(|c| CheckpointAsked {
+                strategy: c.strategy,
+                estimated_minutes: c.estimated_minutes,
+                mechanism: c.mechanism,
+            }),
+            depends_on: self
+                .depends_on
+                .into_iter()
+                .map(|d| (d.reference, d.condition))
+                .collect(),
+            mutex: self.mutex,
+            storage_gbps: self.storage_gbps,
+            requeue: self.requeue,
+            max_requeues: self.max_requeues.map(i64::from),
+            mounts: self
+                .data
+                .map(|d| d.mounts)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|m| MountAsked {
+                    source: m.source,
+                    size_gb: m.size_gb,
+                    tier: m.tier,
+                    tier_hint: m.tier_hint,
+                })
+                .collect(),
+            network_domain: self.connectivity.and_then(|c| c.network_domain),
+            sensitive: claim,
+        }
+    }
+}
+
+/// A trace's names: interned as they come; dependencies resolved once the trace is read whole; a
+/// mount whose tier the trace does not give is on the warm tier.
+struct TraceNames<'a> {
+    w: &'a mut Workload,
+    deps: Deps,
+}
+
+impl crate::request::Names for TraceNames<'_> {
+    fn tenant(&mut self, name: &str) -> TenantId {
+        TenantId(self.w.tenants.intern(name))
+    }
+    fn project(&mut self, tenant: &str, name: &str) -> lattice_engine::ProjectId {
+        self.w.intern_project(tenant, name)
+    }
+    fn vcluster(&mut self, name: Option<&str>) -> Result<VClusterId, String> {
+        Ok(VClusterId(self.w.vclusters.intern(name.unwrap_or("default"))))
+    }
+    fn cluster_nodes(&self) -> Option<u32> {
+        None
+    }
+    fn dependency(
+        &mut self,
+        reference: &str,
+        condition: crate::request::Condition,
+    ) -> Result<Option<lattice_engine::Dependency>, String> {
+        self.deps.push((reference.to_string(), condition.engine()));
+        Ok(None)
+    }
+    fn located(&mut self, _source: &str, _hint: Option<lattice_engine::Tier>) -> lattice_engine::Tier {
+        lattice_engine::Tier::Warm
+    }
 }
 
 pub(crate) fn ts_millis(ts: &Ts) -> Result<i64, String> {

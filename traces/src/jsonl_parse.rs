@@ -355,6 +355,17 @@ impl<'f> Parser<'f> {
                         format!("end {} < start {}", t.range.end, t.range.start),
                     ));
                 }
+                if t.range.end - t.range.start >= crate::request::MAX_TASK_GROUP {
+                    return Err((
+                        "alloc.task_group.range".into(),
+                        "invalid_field".into(),
+                        format!(
+                            "{} elements; a task group has at most {}",
+                            u64::from(t.range.end - t.range.start) + 1,
+                            crate::request::MAX_TASK_GROUP
+                        ),
+                    ));
+                }
                 if t.concurrency == Some(0) {
                     return Err((
                         "alloc.task_group.concurrency".into(),

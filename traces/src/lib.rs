@@ -5,6 +5,7 @@
 //! - [`jsonl`]: the JSONL event log of the book ("Using RM-Replay"): `submit`, `complete`, … — its
 //!   events and the rules that turn a submission into a spec; [`jsonl_parse`] reads a log, one function
 //!   per event type.
+//! - [`request`]: the one request model — a submission from a trace or the API, checked into a spec.
 //! - [`inventory`]: node inventory YAML; [`profile`]: weight profiles and vCluster config YAML.
 //! - [`synth`]: seeded synthetic generators; the bundled demo trace lives in `traces/library/`.
 //! - [`import`]: Slurm `sacct` dumps and the Alibaba GPU pod list → JSONL, any workload → JSONL, and
@@ -26,6 +27,7 @@ pub mod jsonl;
 pub mod jsonl_parse;
 pub mod library;
 pub mod profile;
+pub mod request;
 pub mod scale;
 pub mod swf;
 pub mod synth;

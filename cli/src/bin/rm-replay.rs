@@ -387,6 +387,11 @@ struct ReplayArgs {
     /// its VNI 5 minutes). Default: domains not modelled.
     #[arg(long, value_parser = vni_pool_flag)]
     vni_pool: Option<(u32, u32)>,
+    /// Model the quorum members' mirrors: a submission, and a dependency's end, reach a majority of
+    /// their disks this long after they are written (e.g. `2s`); a start waits for both. Default:
+    /// durable at once.
+    #[arg(long)]
+    mirror_latency: Option<String>,
     /// Target wait of a class range for SLO compliance, `CLASSES=DURATION` (`7-10=15m`, `0=1d`);
     /// repeat for several, the first match wins; other classes: 1 h (the seed's reference wait).
     #[arg(long, value_parser = slo_wait_flag)]
@@ -668,6 +673,7 @@ fn options(a: &ReplayArgs) -> Result<replay::ReplayOptions> {
         walltime_grace: duration_flag(&a.walltime_grace, "--walltime-grace")?,
         hardened_boot: duration_flag(&a.hardened_boot, "--hardened-boot")?,
         vni_pool: a.vni_pool,
+        mirror_latency: duration_flag(&a.mirror_latency, "--mirror-latency")?,
         slo_wait: a.slo_wait.clone(),
     })
 }

@@ -29,6 +29,11 @@ impl Controller {
         self.wiping.contains_key(&id)
     }
 
+    /// Is the node being wiped (its outcome awaited)? It returns to the pool only on that outcome.
+    pub fn under_wipe(&self, node: NodeId) -> bool {
+        self.wiping.values().any(|w| w.0.contains(&node))
+    }
+
     /// Is the outcome of `node`'s wipe for claim `id` still awaited (not reported, not timed out)?
     pub fn wipe_awaited(&self, id: AllocId, node: NodeId) -> bool {
         self.wiping.get(&id).is_some_and(|w| w.0.contains(&node))
@@ -154,12 +159,19 @@ impl Controller {
     pub(super) fn wiped(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, ok: bool, world: &mut dyn World) {
         for n in &nodes {
             // A quarantined node wiped on an operator's retry is enabled (Down → Ready).
-            let ev = match (ok, self.quarantined.contains_key(n)) {
-                (true, true) => NodeEvent::Enable,
-                (true, false) => NodeEvent::Undrain,
-                (false, _) => NodeEvent::HardwareFailure,
-            };
-            let _ = self.engine.handle_node_event(now, *n, ev);
+            match (ok, self.quarantined.contains_key(n)) {
+                (true, true) => {
+                    let _ = self.engine.handle_node_event(now, *n, NodeEvent::Enable);
+                }
+                (true, false) => {
+                    let _ = self.engine.handle_node_event(now, *n, NodeEvent::Undrain);
+                }
+                // Quarantined: out as after a hardware failure — whatever runs there (nothing
+                // should) is lost, stopped and released like any lost run.
+                (false, _) => {
+                    let _ = self.node_event(now, *n, NodeEvent::HardwareFailure, world);
+                }
+            }
             if ok {
                 self.quarantined.remove(n);
             } else {

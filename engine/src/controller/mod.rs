@@ -25,8 +25,11 @@ use std::collections::BTreeMap;
 
 mod claims;
 mod domains;
+mod durability;
 mod nodes;
 mod preemption;
+
+pub use durability::Durable;
 
 /// What happens in the world, applied at a `now`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,6 +86,15 @@ pub enum Input {
     /// Lifting an order brings the node back as the operator's `undrain` or `enable` does (a
     /// drained node that is not drifted undrains; a Down node is enabled).
     Order(NodeId, NodeOrder),
+    /// The record is not yet on a majority of the quorum members' disks (a submission not yet
+    /// acknowledged; an end or a prior end this control plane read only from its own copy).
+    NotDurable(Durable),
+    /// The record is on a majority of the quorum members' disks.
+    Durable(Durable),
+    /// The allocation depends on an allocation the controller does not hold (it ended, its
+    /// dependency met, before this control plane took over): it starts only once that end is
+    /// durable ([`Durable::PriorEnd`]).
+    AwaitsPrior(AllocId, u64),
 }
 
 /// An operator's standing order for a node.
@@ -177,6 +189,8 @@ pub struct ControlStats {
     /// Preemptions the world did not report within the order's limit and the report grace: taken
     /// as stopped without a checkpoint.
     pub preemption_report_timeouts: u64,
+    /// Proposals refused before the quorum because a record they wait for was not yet durable.
+    pub durability_holds: u64,
 }
 
 /// A sensitive claim committed but not launched: its nodes boot the hardened image.
@@ -231,6 +245,10 @@ pub struct Controller {
     pub check_preemptions: bool,
     /// Network domains and their VNI pool (`None`: not modelled — no domains, no refusals).
     pub network: Option<crate::network::NetworkDomains>,
+    /// Every end counts as not durable until the world reports it is ([`Input::Durable`]): a
+    /// dependent starts only once its dependencies' ends are on a majority (the runtime's mirrors).
+    /// `false`: ends are durable at once (and only submissions the world names are waited for).
+    pub durable_ends: bool,
     pub stats: ControlStats,
     runs: Vec<Run>,
     log: Option<Vec<String>>,
@@ -261,6 +279,8 @@ pub struct Controller {
     /// Nodes quarantined after a failed wipe, with the claim whose wipe it was (`None` while an
     /// operator's retry is under way).
     quarantined: BTreeMap<NodeId, (AllocId, bool)>,
+    /// What the controller knows of the records' durability.
+    durability: durability::Durability,
 }
 
 impl Controller {
@@ -278,6 +298,8 @@ impl Controller {
             unreported: Vec::new(),
             wiping: Default::default(),
             network: None,
+            durable_ends: false,
+            durability: Default::default(),
             stats: ControlStats::default(),
             runs: Vec::new(),
             log: None,
@@ -560,6 +582,7 @@ impl Controller {
                 );
                 self.wipe(now, id, vec![node], world);
             }
+            Input::NotDurable(_) | Input::Durable(_) | Input::AwaitsPrior(..) => self.apply_durability(input),
             Input::Order(node, order) => {
                 if self.engine.node(node).is_none() {
                     return Err(EngineError::UnknownNode(node).into());
@@ -717,6 +740,10 @@ impl Controller {
         let mut proposals = Vec::new();
         while let Some(p) = self.engine.poll_proposal() {
             let id = p.alloc;
+            // A start whose submission, or a dependency's end, is not yet durable waits for it.
+            if self.hold_for_durability(now, id, world)? {
+                continue;
+            }
             // A start whose network domain would need a VNI the pool has not stays Pending (retried
             // next cycle, when a domain may have drained).
             match self.reserve_domain(id, p.nodes.len()) {

@@ -110,7 +110,8 @@ impl Controller {
         } else {
             self.drifted.remove(&node);
             self.drift_expired.remove(&node);
-            if !sensitive && matches!(state, Some(S::Draining | S::Drained)) {
+            // (A node whose wipe is under way returns only on the wipe's outcome.)
+            if !sensitive && matches!(state, Some(S::Draining | S::Drained)) && !self.under_wipe(node) {
                 self.engine.handle_node_event(now, node, NodeEvent::Undrain)?;
             }
         }
@@ -143,6 +144,12 @@ impl Controller {
         event: NodeEvent,
         world: &mut dyn World,
     ) -> Result<(), ControlError> {
+        // A node whose wipe is under way returns to the pool only on the wipe's outcome: an
+        // operator's undrain (or a lifted drain order) meanwhile changes nothing — it would run
+        // work on a node being wiped.
+        if event == NodeEvent::Undrain && self.under_wipe(node) {
+            return Ok(());
+        }
         let owner = self.engine.node(node).and_then(|n| n.owner).map(|o| o.alloc);
         let before = owner.and_then(|a| {
             let running = self.engine.allocation(a).filter(|x| x.state == AllocState::Running)?;

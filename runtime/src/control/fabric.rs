@@ -13,6 +13,23 @@ impl Control {
                     "vni_pool_exhausted: cannot create network domain {d} — VNI pool exhausted ({used}/{total} in use)"
                 )
             }
+            lattice_engine::Refusal::NotDurable { awaiting } => {
+                use lattice_engine::Durable;
+                let own = awaiting.iter().any(|r| matches!(r, Durable::Submission(_)));
+                let ends: Vec<String> = awaiting
+                    .iter()
+                    .filter(|r| !matches!(r, Durable::Submission(_)))
+                    .map(|&r| self.record_name(r))
+                    .collect();
+                if ends.is_empty() || own {
+                    "waiting until it is on a majority of the members' disks".to_string()
+                } else {
+                    format!(
+                        "waiting until the end of {} is on a majority of the members' disks",
+                        ends.join(", ")
+                    )
+                }
+            }
         }
     }
 

@@ -185,27 +185,38 @@ impl Control {
             .collect()
     }
 
-    /// Of `deps` (allocation ids), those that ended here but whose end is not known to be on a
-    /// majority's copies; each is asked to be recorded there ([`Control::take_settle_wanted`]).
-    pub fn unsettled_ends(&mut self, deps: &[String]) -> Vec<String> {
-        let out: Vec<String> = deps
-            .iter()
-            .filter(|d| !self.settled_ends.contains(*d))
-            .filter(|d| {
-                self.view_named(d)
-                    .is_some_and(|v| matches!(v.state.as_str(), "completed" | "failed" | "cancelled"))
-            })
-            .cloned()
-            .collect();
-        self.settle_wanted.extend(out.iter().cloned());
-        out
-    }
-
-    /// These ends are on a majority's copies.
+    /// These ends are on a majority's copies (the controller's dependents may start on them).
     pub fn ends_settled(&mut self, ids: &[String]) {
         for id in ids {
             self.settle_wanted.remove(id);
-            self.settled_ends.insert(id.clone());
+            let record = match self.by_name.get(id) {
+                Some(&a) => lattice_engine::Durable::End(a),
+                None => match self.prior_ends.get(id) {
+                    Some(&n) => lattice_engine::Durable::PriorEnd(n),
+                    None => continue,
+                },
+            };
+            let _ = self.input(Input::Durable(record));
+        }
+    }
+
+    /// The number the controller knows a prior end by (see [`Input::AwaitsPrior`]).
+    pub(super) fn prior_end(&mut self, name: &str) -> u64 {
+        let next = self.prior_ends.len() as u64;
+        *self.prior_ends.entry(name.to_string()).or_insert(next)
+    }
+
+    /// The allocation a durable record is about, by name.
+    pub(super) fn record_name(&self, record: lattice_engine::Durable) -> String {
+        use lattice_engine::Durable;
+        match record {
+            Durable::Submission(a) | Durable::End(a) => self.name_of(a),
+            Durable::PriorEnd(n) => self
+                .prior_ends
+                .iter()
+                .find(|&(_, &k)| k == n)
+                .map(|(name, _)| name.clone())
+                .unwrap_or_default(),
         }
     }
 

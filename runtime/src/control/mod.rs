@@ -176,12 +176,12 @@ pub struct Control {
     /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered
     /// ([`SEQ_UNKNOWN`] for a node taken over with a re-attached allocation, until its agent registers).
     agents: Vec<Option<(u64, u64)>>,
-    /// Ends this control plane knows to be on a majority of the members' copies: a dependent starts
-    /// only on such an end (one that a fail-over could lose would let it run beside its dependency
-    /// run again).
-    settled_ends: std::collections::BTreeSet<String>,
-    /// Ends a dependent waits for: to be recorded on a majority by the scheduling loop.
+    /// Ends the controller asked to be put on a majority ([`Decision::Persist`]): recorded there by
+    /// the scheduling loop.
     settle_wanted: std::collections::BTreeSet<String>,
+    /// Dependencies that ended before this control plane took over (in `history`), by the number
+    /// the controller knows them by ([`lattice_engine::Durable::PriorEnd`]).
+    prior_ends: BTreeMap<String, u64>,
     /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
     exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
     /// The output tails agents reported with exits: allocation → node → text (the newest
@@ -419,8 +419,8 @@ impl Control {
             capture: None,
             dags: BTreeMap::new(),
             agents: Vec::new(),
-            settled_ends: Default::default(),
             settle_wanted: Default::default(),
+            prior_ends: BTreeMap::new(),
             exits: BTreeMap::new(),
             agent_info: BTreeMap::new(),
             peer_addr: BTreeMap::new(),
@@ -634,6 +634,11 @@ impl Control {
                             backfilled: p.backfilled,
                             project: m.and_then(|m| m.project.clone()),
                         }));
+                    }
+                    Decision::Persist(record) => {
+                        let name = self.record_name(record);
+                        self.settle_wanted.insert(name.clone());
+                        out.push(Action::Persist { record, name });
                     }
                     Decision::Refuse { alloc, why } => {
                         let message = self.refusal_message(&why);

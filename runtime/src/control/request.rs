@@ -68,6 +68,21 @@ pub struct SubmitRequest {
     /// nodes' image store, run by their OCI runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<EnvironmentIn>,
+    /// never | on_node_failure (the default) | always: whether it is queued again when its run is
+    /// lost (a node failed under it) or whenever it ends without success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue: Option<String>,
+    /// At most this many requeues (default 3, at most 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requeues: Option<i64>,
+    /// Allocations naming the same mutex never run at once (also `depends_on: [{"ref": NAME,
+    /// "condition": "mutex"}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutex: Option<String>,
+    /// Storage bandwidth it needs while it runs, GB/s (the scheduler keeps the sum within the
+    /// storage system's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_gbps: Option<f64>,
 }
 
 /// The `environment` block of a submission.
@@ -181,13 +196,9 @@ pub struct MountIn {
     /// Where the data is now: hot | warm | cold.
     #[serde(default)]
     pub tier: Option<String>,
-    /// Where the job wants it (default hot).
+    /// Where the job wants it (default: where it is; `hot` asks for pre-staging).
     #[serde(default)]
     pub tier_hint: Option<String>,
-}
-
-pub(crate) fn tier(field: &str, s: &str) -> Result<lattice_engine::Tier, FieldError> {
-    lattice_traces::parse_tier(s).map_err(|m| bad(field, m))
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
@@ -330,6 +341,15 @@ pub struct ConstraintsIn {
     pub features: Vec<String>,
     #[serde(default)]
     pub topology: Option<String>,
+    /// At least this many CPU cores per node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores: Option<u32>,
+    /// At least this much memory per node, GB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<u32>,
+    /// Nodes with unified CPU-GPU memory only (GH200, MI300A).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_unified_memory: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
@@ -411,8 +431,82 @@ pub struct TelemetryIn {
 }
 
 impl SubmitRequest {
-    pub(crate) fn constraints_opt(&self) -> Option<ConstraintsIn> {
-        self.resources.constraints.clone()
+    /// The request in the one request model ([`lattice_traces::request`]), which checks it.
+    pub(crate) fn request(&self) -> Result<lattice_traces::request::Request, FieldError> {
+        use lattice_traces::request::{CheckpointAsked, ConstraintsAsked, MountAsked, NodesAsked, Request};
+        let lifecycle = self
+            .lifecycle
+            .as_ref()
+            .map(|l| {
+                serde_json::to_value(l)
+                    .and_then(serde_json::from_value::<lattice_traces::jsonl::LifecycleIn>)
+                    .map_err(|e| bad("lifecycle", e.to_string()))
+            })
+            .transpose()?;
+        let c = self.resources.constraints.clone().unwrap_or_default();
+        Ok(Request {
+            tenant: Some(self.tenant.clone()),
+            project: self.project.clone(),
+            vcluster: self.vcluster.clone(),
+            nodes: match self.resources.nodes {
+                NodesIn::Exact(n) => NodesAsked::Exact(n),
+                NodesIn::Range { min, max } => NodesAsked::Range { min, max },
+            },
+            constraints: ConstraintsAsked {
+                gpu_type: c.gpu_type,
+                gpu_count: c.gpu_count,
+                cpu_cores: c.cpu_cores,
+                memory_gb: c.memory_gb,
+                features: c.features,
+                require_unified_memory: c.require_unified_memory,
+            },
+            walltime: None,
+            lifecycle,
+            preemption_class: self.preemption_class,
+            checkpoint: self.checkpoint.as_ref().map(|c| CheckpointAsked {
+                strategy: c.strategy.clone(),
+                estimated_minutes: c.estimated_minutes,
+                mechanism: c.mechanism.clone(),
+            }),
+            depends_on: self
+                .depends_on
+                .iter()
+                .map(|d| (d.reference.clone(), d.condition.clone()))
+                .collect(),
+            mutex: self.mutex.clone(),
+            storage_gbps: self.storage_gbps,
+            requeue: self.requeue.clone(),
+            max_requeues: self.max_requeues,
+            mounts: self
+                .data
+                .iter()
+                .flat_map(|d| d.mounts.iter())
+                .map(|m| MountAsked {
+                    source: m.source.clone(),
+                    size_gb: m.size_gb,
+                    tier: m.tier.clone(),
+                    tier_hint: m.tier_hint.clone(),
+                })
+                .collect(),
+            network_domain: self.connectivity.as_ref().and_then(|c| c.network_domain.clone()),
+            sensitive: self.sensitive,
+        })
+    }
+}
+
+/// A refusal of the one request model, named as the API's body names the field (node counts and
+/// constraints sit under `resources`; the walltime in `lifecycle`).
+pub(crate) fn api_field(e: lattice_traces::request::RequestError) -> FieldError {
+    let field = if e.field == "nodes" || e.field.starts_with("constraints.") {
+        format!("resources.{}", e.field)
+    } else if e.field == "walltime" {
+        "lifecycle.walltime".to_string()
+    } else {
+        e.field
+    };
+    FieldError {
+        field,
+        message: e.message,
     }
 }
 

@@ -3,7 +3,8 @@
 
 use super::*;
 use lattice_agent_protocol::TaskGroup as TaskGroupView;
-use lattice_engine::{AllocId, AllocSpec, Constraints, Duration, Lifecycle, NodeRange, PreemptionClass, TaskGroupRef};
+use lattice_engine::{AllocId, AllocSpec, TaskGroupRef};
+use lattice_traces::request::Origin;
 use std::io::Write;
 
 impl Control {
@@ -111,25 +112,46 @@ impl Control {
 
     /// `id` is queued but not known to be on a majority's disks; `in_flight`: a request is
     /// mirroring it now.
+    /// Until it is acknowledged, it does not start (the controller holds it: a retry after a lost
+    /// answer could otherwise make it run twice).
     pub fn unacked(&mut self, id: &str, in_flight: bool) {
-        self.unacked.insert(id.to_string(), in_flight);
+        if self.unacked.insert(id.to_string(), in_flight).is_none() {
+            self.submission_durable(id, false);
+        }
     }
 
     /// `id` is on a majority's disks (acknowledged).
     pub fn acked(&mut self, id: &str) {
-        self.unacked.remove(id);
+        if self.unacked.remove(id).is_some() {
+            self.submission_durable(id, true);
+        }
+    }
+
+    /// Tells the controller whether the submission `id` (a task group's base: all its elements) is
+    /// on a majority's disks.
+    fn submission_durable(&mut self, id: &str, durable: bool) {
+        let members = self.group_members(id);
+        let names = if members.is_empty() {
+            vec![id.to_string()]
+        } else {
+            members
+        };
+        for n in names {
+            if let Some(&a) = self.by_name.get(&n) {
+                let record = lattice_engine::Durable::Submission(a);
+                let input = if durable {
+                    Input::Durable(record)
+                } else {
+                    Input::NotDurable(record)
+                };
+                let _ = self.input(input);
+            }
+        }
     }
 
     /// `None`: acknowledged (or unknown); `Some(in_flight)`: not yet.
     pub fn ack_state(&self, id: &str) -> Option<bool> {
         self.unacked.get(id).copied()
-    }
-
-    /// Whether the allocation `name` (or its task group) waits for its acknowledgement: it does not
-    /// start before (a retry after a lost answer could otherwise make it run twice).
-    pub fn waits_for_ack(&self, name: &str) -> bool {
-        let base = group_element(name).map_or(name, |(b, _)| b);
-        self.unacked.contains_key(base)
     }
 
     /// Up to `n` unacknowledged submissions no request is mirroring now.
@@ -175,87 +197,20 @@ impl Control {
         if let Some(e) = &req.environment {
             check_environment(e)?;
         }
-        let nodes = match req.resources.nodes {
-            NodesIn::Exact(n) if n >= 1 => NodeRange::exact(n as u32),
-            NodesIn::Range { min, max } if min >= 1 && max >= min => NodeRange {
-                min: min as u32,
-                max: max as u32,
-            },
-            NodesIn::Exact(n) => return Err(bad("resources.nodes", format!("{n}: at least 1 node"))),
-            NodesIn::Range { min, max } => {
-                return Err(bad(
-                    "resources.nodes",
-                    format!("min {min} / max {max}: need 1 <= min <= max"),
-                ));
-            }
-        };
-        if nodes.max as usize > self.node_names.len() {
+        // What only the control plane needs of a request: the metric a reactive allocation scales
+        // on, where its mounts appear, the services it exposes, its liveness probe, how long a
+        // simulated run takes. The rest is the one request model's.
+        let lc = req.lifecycle.clone().unwrap_or_default();
+        if lc.kind == "reactive" && lc.metric.as_deref().is_none_or(|m| m.trim().is_empty()) {
             return Err(bad(
-                "resources.nodes",
-                format!(
-                    "{} nodes requested; the cluster has {}",
-                    nodes.min,
-                    self.node_names.len()
-                ),
+                "lifecycle.metric",
+                "a reactive allocation scales on a metric: gpu_utilization, cpu_utilization, or one its tasks report (e.g. queue_depth)",
             ));
         }
-        let class = match req.preemption_class {
-            None => PreemptionClass::default(),
-            Some(c) => u8::try_from(c)
-                .ok()
-                .and_then(PreemptionClass::new)
-                .ok_or_else(|| bad("preemption_class", format!("{c}: must be 0-10")))?,
-        };
-        let lc = req.lifecycle.clone().unwrap_or_default();
-        let mut nodes = nodes;
-        let mut scale = None;
-        let lifecycle = match lc.kind.as_str() {
-            "bounded" => {
-                let w = lc
-                    .walltime
-                    .as_deref()
-                    .ok_or_else(|| bad("lifecycle.walltime", "a bounded allocation needs a walltime"))?;
-                let walltime = lattice_traces::parse_walltime(w).map_err(|m| bad("lifecycle.walltime", m))?;
-                Lifecycle::Bounded { walltime }
-            }
-            "unbounded" => Lifecycle::Unbounded,
-            "reactive" => {
-                if lc.metric.as_deref().is_none_or(|m| m.trim().is_empty()) {
-                    return Err(bad(
-                        "lifecycle.metric",
-                        "a reactive allocation scales on a metric: gpu_utilization, cpu_utilization, or one its tasks report (e.g. queue_depth)",
-                    ));
-                }
-                let v = serde_json::to_value(&lc).map_err(|e| bad("lifecycle", e.to_string()))?;
-                let (l, policy, range) =
-                    lattice_traces::reactive_lifecycle(v, nodes).map_err(|(field, m)| bad(&field, m))?;
-                if range.max as usize > self.node_names.len() {
-                    return Err(bad(
-                        "lifecycle.max_nodes",
-                        format!("{}: the cluster has {} nodes", range.max, self.node_names.len()),
-                    ));
-                }
-                nodes = range;
-                scale = Some(policy);
-                l
-            }
-            other => {
-                return Err(bad(
-                    "lifecycle.type",
-                    format!("`{other}`: bounded, unbounded or reactive"),
-                ));
-            }
-        };
-        let vc_name = req.vcluster.clone().unwrap_or_else(|| self.default_vcluster.clone());
-        let Some(&vcluster) = self.vclusters.get(&vc_name) else {
-            return Err(bad(
-                "vcluster",
-                format!(
-                    "vCluster \"{vc_name}\" not found. Available: {}",
-                    self.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            ));
-        };
+        check_mount_targets(req.data.as_ref())?;
+        let expose = req.connectivity.as_ref().map(|c| c.expose.clone()).unwrap_or_default();
+        check_expose(&expose)?;
+        let liveness = req.liveness_probe.as_ref().map(LivenessProbeIn::spec).transpose()?;
         let run = match req.duration.as_deref() {
             Some(d) => {
                 let d = lattice_traces::parse_duration(d).map_err(|m| bad("duration", m))?;
@@ -263,39 +218,25 @@ impl Control {
             }
             None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
         };
-        let deps = self.dependencies(&req.depends_on)?;
-        let tenant = self.tenant_id(&req.tenant);
-        let mut spec = AllocSpec::simple(tenant, vcluster, nodes.min, Duration::from_secs(1));
-        spec.project = self.project_id(&req.tenant, req.project.as_deref().unwrap_or("default"));
-        spec.depends_on = deps;
-        spec.nodes = nodes;
-        spec.lifecycle = lifecycle;
-        spec.scale = scale.map(Box::new);
-        spec.preemption_class = class;
-        spec.sensitive_claim = req.sensitive;
+        let request = req.request()?;
+        let mut names = ControlNames {
+            c: self,
+            prior: Vec::new(),
+        };
+        let mut spec = lattice_traces::request::alloc_spec(&request, Origin::Request, &mut names).map_err(api_field)?;
+        let prior = names.prior;
         spec.task_group = group;
-        spec.network_domain = req.connectivity.as_ref().and_then(|c| c.network_domain.clone());
-        let expose = req.connectivity.as_ref().map(|c| c.expose.clone()).unwrap_or_default();
-        check_expose(&expose)?;
-        let liveness = req.liveness_probe.as_ref().map(LivenessProbeIn::spec).transpose()?;
-        spec.data = data_mounts(req.data.as_ref())?;
-        if let Some(c) = &req.checkpoint {
-            spec.checkpoint = lattice_traces::checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref())
-                .map_err(|(field, message)| bad(field, message))?;
-        }
-        if let Some(c) = &req.constraints_opt() {
-            spec.constraints = Constraints {
-                gpu_type: c.gpu_type.clone(),
-                gpu_count: c.gpu_count,
-                features: c.features.iter().cloned().collect(),
-                ..Constraints::default()
-            };
-        }
+        let scale = spec.scale.as_deref().cloned();
+        let lifecycle = spec.lifecycle;
         let now = self.now();
         let id = self
             .ctl
             .submit(now, spec)
             .map_err(|e| bad("resources", e.to_string()))?;
+        for p in prior {
+            let key = self.prior_end(&p);
+            let _ = self.input(Input::AwaitsPrior(id, key));
+        }
         let name = match name {
             Some(n) => {
                 self.next = self.next.max(id_number(n).map_or(0, |k| k + 1));
@@ -325,53 +266,6 @@ impl Control {
             self.capture_submit(id, &name, None);
         }
         Ok(name)
-    }
-
-    /// A request's `depends_on`, as the engine's dependencies. A reference that ended before this
-    /// control plane took over is decided by its outcome now (met: dropped; never met: refused).
-    fn dependencies(&self, depends_on: &[DependsIn]) -> Result<Vec<lattice_engine::Dependency>, FieldError> {
-        let mut deps = Vec::new();
-        for (i, d) in depends_on.iter().enumerate() {
-            let field = format!("depends_on[{i}]");
-            if !self.by_name.contains_key(&d.reference)
-                && let Some(v) = self.history.get(&d.reference)
-            {
-                // It ended before this control plane took over: decided by its outcome now.
-                let ok = v.end_reason.as_deref() == Some("success");
-                let met = match d.condition.as_str() {
-                    "success" | "afterok" => ok,
-                    "failure" | "afternotok" => !ok,
-                    _ => true,
-                };
-                if met {
-                    continue;
-                }
-                return Err(bad(
-                    &field,
-                    format!(
-                        "ref `{}` already ended ({}): condition `{}` can never be met",
-                        d.reference, v.state, d.condition
-                    ),
-                ));
-            }
-            let on = *self
-                .by_name
-                .get(&d.reference)
-                .ok_or_else(|| bad(&field, format!("ref `{}`: no such allocation", d.reference)))?;
-            let condition = match d.condition.as_str() {
-                "success" | "afterok" => lattice_engine::DependencyCondition::Success,
-                "failure" | "afternotok" => lattice_engine::DependencyCondition::Failure,
-                "any" | "afterany" => lattice_engine::DependencyCondition::Any,
-                other => {
-                    return Err(bad(
-                        &field,
-                        format!("condition `{other}`: success (afterok), failure (afternotok) or any (afterany)"),
-                    ));
-                }
-            };
-            deps.push(lattice_engine::Dependency { on, condition });
-        }
-        Ok(deps)
     }
 
     /// Queues an allocation whose spec is already built — a replayed trace job, on the replay's
@@ -495,16 +389,11 @@ fn check_expose(expose: &[ExposeIn]) -> Result<(), FieldError> {
     Ok(())
 }
 
-/// A request's data mounts, checked, as the engine's (each with its tier now and its tier hint).
-fn data_mounts(data: Option<&DataIn>) -> Result<Vec<lattice_engine::DataMount>, FieldError> {
-    let mut out = Vec::new();
+/// Where a request's mounts appear to its processes: a target path the agents accept, a source
+/// they can mount, an access mode. (Their sizes and tiers are the one request model's.)
+fn check_mount_targets(data: Option<&DataIn>) -> Result<(), FieldError> {
     for (i, m) in data.iter().flat_map(|d| d.mounts.iter()).enumerate() {
         let f = |x: &str| format!("data.mounts[{i}].{x}");
-        let hint = tier(&f("tier_hint"), m.tier_hint.as_deref().unwrap_or("hot"))?;
-        let now_tier = match m.tier.as_deref() {
-            Some(t) => tier(&f("tier"), t)?,
-            None => hint,
-        };
         if let Some(t) = &m.target {
             lattice_agent_protocol::valid_target(t).map_err(|e| bad(&f("target"), format!("`{t}`: {e}")))?;
             if !m.source.contains("://") {
@@ -521,16 +410,87 @@ fn data_mounts(data: Option<&DataIn>) -> Result<Vec<lattice_engine::DataMount>, 
             None | Some("read-only" | "read-write") => {}
             Some(a) => return Err(bad(&f("access"), format!("`{a}`: read-only or read-write"))),
         }
-        let size_gb = m.size_gb.unwrap_or(0.0);
-        if !(size_gb.is_finite() && size_gb >= 0.0) {
-            return Err(bad(&f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
-        }
-        out.push(lattice_engine::DataMount {
-            source: m.source.clone(),
-            size_gb,
-            tier: now_tier,
-            tier_hint: hint,
-        });
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The control plane's names for the one request model: its tenants, projects and vClusters (a
+/// vCluster must exist), its node count, its allocations by name, and — without a VAST service to
+/// ask — data taken to be where it is wanted.
+struct ControlNames<'a> {
+    c: &'a mut Control,
+    /// Dependencies that ended before this control plane took over, their condition met: the start
+    /// waits only for their ends to be durable.
+    prior: Vec<String>,
+}
+
+impl lattice_traces::request::Names for ControlNames<'_> {
+    fn tenant(&mut self, name: &str) -> lattice_engine::TenantId {
+        self.c.tenant_id(name)
+    }
+
+    fn project(&mut self, tenant: &str, name: &str) -> lattice_engine::ProjectId {
+        self.c.project_id(tenant, name)
+    }
+
+    fn vcluster(&mut self, name: Option<&str>) -> Result<lattice_engine::VClusterId, String> {
+        let name = name.unwrap_or(&self.c.default_vcluster);
+        self.c.vclusters.get(name).copied().ok_or_else(|| {
+            format!(
+                "vCluster \"{name}\" not found. Available: {}",
+                self.c.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
+    fn cluster_nodes(&self) -> Option<u32> {
+        Some(self.c.node_names.len() as u32)
+    }
+
+    /// A reference that ended before this control plane took over is decided by its outcome now
+    /// (met: no dependency, the start waits for its end to be durable; never met: refused).
+    fn dependency(
+        &mut self,
+        reference: &str,
+        condition: lattice_traces::request::Condition,
+    ) -> Result<Option<lattice_engine::Dependency>, String> {
+        let Some(condition) = condition.engine() else {
+            return Err(format!(
+                "ref `{reference}`: `corresponding` relates two task groups of a trace; name each element"
+            ));
+        };
+        if !self.c.by_name.contains_key(reference)
+            && let Some(v) = self.c.history.get(reference)
+        {
+            let ok = v.end_reason.as_deref() == Some("success");
+            let met = match condition {
+                lattice_engine::DependencyCondition::Success => ok,
+                lattice_engine::DependencyCondition::Failure => !ok,
+                lattice_engine::DependencyCondition::Any => true,
+            };
+            if met {
+                self.prior.push(reference.to_string());
+                return Ok(None);
+            }
+            let named = match condition {
+                lattice_engine::DependencyCondition::Success => "success",
+                lattice_engine::DependencyCondition::Failure => "failure",
+                lattice_engine::DependencyCondition::Any => "any",
+            };
+            return Err(format!(
+                "ref `{reference}` already ended ({}): condition `{named}` can never be met",
+                v.state
+            ));
+        }
+        let on = *self
+            .c
+            .by_name
+            .get(reference)
+            .ok_or_else(|| format!("ref `{reference}`: no such allocation"))?;
+        Ok(Some(lattice_engine::Dependency { on, condition }))
+    }
+
+    fn located(&mut self, _source: &str, hint: Option<lattice_engine::Tier>) -> lattice_engine::Tier {
+        hint.unwrap_or(lattice_engine::Tier::Hot)
+    }
 }

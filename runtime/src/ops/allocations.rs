@@ -344,6 +344,10 @@ pub async fn create_session(s: &Arc<Shared>, p: &Principal, r: SessionRequest) -
         idempotency_key: None,
         liveness_probe: None,
         environment: r.environment,
+        requeue: None,
+        max_requeues: None,
+        mutex: None,
+        storage_gbps: None,
     };
     Ok(submit(s, p, req).await?.id)
 }

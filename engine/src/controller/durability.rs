@@ -1,0 +1,143 @@
+//! Durability holds: a start waits until what it depends on is on a majority of the quorum
+//! members' disks. The members keep each allocation's record (its submission, and how it ended)
+//! beside the Raft log; a record only one member holds can be lost in a fail-over. A start whose
+//! submission a fail-over could lose would run a job its owner was never told was queued; a
+//! dependent that starts on a dependency's end a fail-over could lose would run beside the
+//! dependency run again (both found by DST).
+//!
+//! The world says what is not yet durable ([`Input::NotDurable`]) and when it becomes so
+//! ([`Input::Durable`]); with [`Controller::durable_ends`], every end counts as not durable until
+//! the world says otherwise. A proposal that waits for something is refused before the quorum
+//! ([`Refusal::NotDurable`]) and stays Pending, as after a rejection; an end it waits for is asked
+//! of the world once ([`Decision::Persist`]).
+
+use super::*;
+use crate::network::Refusal;
+use std::collections::BTreeSet;
+
+/// A record the quorum's members keep beside the Raft log, which a start may wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Durable {
+    /// The allocation's submission (acknowledged to its owner once a majority holds it).
+    Submission(AllocId),
+    /// How the allocation ended.
+    End(AllocId),
+    /// How an allocation the controller does not hold ended (it ended before this control plane
+    /// took over), by the number the world names it with.
+    PriorEnd(u64),
+}
+
+impl std::fmt::Display for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Durable::Submission(a) => write!(f, "submission {a}"),
+            Durable::End(a) => write!(f, "end {a}"),
+            Durable::PriorEnd(n) => write!(f, "prior end {n}"),
+        }
+    }
+}
+
+/// What the controller knows of the records' durability.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Durability {
+    /// Submissions not yet on a majority.
+    unacknowledged: BTreeSet<AllocId>,
+    /// Ends on a majority (read only with [`Controller::durable_ends`]).
+    settled: BTreeSet<AllocId>,
+    /// Prior ends on a majority.
+    settled_prior: BTreeSet<u64>,
+    /// Dependencies the controller does not hold: allocation → the prior ends it waits for.
+    prior: BTreeMap<AllocId, BTreeSet<u64>>,
+    /// Records asked of the world ([`Decision::Persist`]) and not yet durable.
+    asked: BTreeSet<Durable>,
+}
+
+impl Controller {
+    /// What `id`'s start waits for (empty: nothing; it may be proposed).
+    pub fn awaiting(&self, id: AllocId) -> Vec<Durable> {
+        let d = &self.durability;
+        let mut out = Vec::new();
+        if d.unacknowledged.contains(&id) {
+            out.push(Durable::Submission(id));
+        }
+        if self.durable_ends
+            && let Some(a) = self.engine.allocation(id)
+        {
+            out.extend(
+                a.spec
+                    .depends_on
+                    .iter()
+                    .filter(|dep| !d.settled.contains(&dep.on))
+                    .map(|dep| Durable::End(dep.on)),
+            );
+        }
+        if let Some(prior) = d.prior.get(&id) {
+            out.extend(
+                prior
+                    .iter()
+                    .filter(|n| !d.settled_prior.contains(n))
+                    .map(|&n| Durable::PriorEnd(n)),
+            );
+        }
+        out
+    }
+
+    /// A proposal whose start waits for records not yet durable: refused before the quorum (it
+    /// stays Pending and is proposed again at the next pass); the ends it waits for are asked of
+    /// the world, once each. `false`: it waits for nothing.
+    pub(super) fn hold_for_durability(
+        &mut self,
+        now: Time,
+        id: AllocId,
+        world: &mut dyn World,
+    ) -> Result<bool, ControlError> {
+        let awaiting = self.awaiting(id);
+        if awaiting.is_empty() {
+            return Ok(false);
+        }
+        self.engine.handle_reject(now, id)?;
+        self.stats.durability_holds += 1;
+        for &r in &awaiting {
+            if !matches!(r, Durable::Submission(_)) && self.durability.asked.insert(r) {
+                self.emit(world, now, Decision::Persist(r));
+            }
+        }
+        let why = Refusal::NotDurable { awaiting };
+        self.emit(world, now, Decision::Refuse { alloc: id, why });
+        Ok(true)
+    }
+
+    /// [`Input::NotDurable`], [`Input::Durable`] and [`Input::AwaitsPrior`].
+    pub(super) fn apply_durability(&mut self, input: Input) {
+        let d = &mut self.durability;
+        match input {
+            Input::NotDurable(Durable::Submission(a)) => {
+                d.unacknowledged.insert(a);
+            }
+            Input::NotDurable(Durable::End(a)) => {
+                d.settled.remove(&a);
+            }
+            Input::NotDurable(Durable::PriorEnd(n)) => {
+                d.settled_prior.remove(&n);
+            }
+            Input::Durable(r) => {
+                d.asked.remove(&r);
+                match r {
+                    Durable::Submission(a) => {
+                        d.unacknowledged.remove(&a);
+                    }
+                    Durable::End(a) => {
+                        d.settled.insert(a);
+                    }
+                    Durable::PriorEnd(n) => {
+                        d.settled_prior.insert(n);
+                    }
+                }
+            }
+            Input::AwaitsPrior(a, n) => {
+                d.prior.entry(a).or_default().insert(n);
+            }
+            _ => {}
+        }
+    }
+}

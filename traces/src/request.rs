@@ -1,0 +1,540 @@
+//! One request model. Every way a submission arrives — a JSONL `submit` or `claim` event, a REST
+//! body, a gRPC message, the `lattice` CLI's flags (sent as a REST body) — converts its own wire
+//! shape into a [`Request`], and [`alloc_spec`] turns that into the engine's [`AllocSpec`] with one
+//! set of limits and defaults. What depends on where the request is read (names, dependencies,
+//! where data sits now) comes from the caller's [`Names`].
+//!
+//! Errors name the field relative to the request (`nodes`, `lifecycle.walltime`,
+//! `depends_on[1].condition`, `data.mounts[0].tier`); each caller prefixes them with where its wire
+//! shape puts the request (`alloc.` in a trace, `resources.` for the API's node counts).
+//!
+//! Defaults: tenant, project and vCluster `default` (the API's vCluster is the control plane's
+//! default); a bounded lifecycle; a sensitive claim with neither lifecycle nor walltime holds its
+//! nodes until released; a data mount's `tier` is where the caller locates it, and its `tier_hint`
+//! is that tier (nothing to stage) unless the request asks for one; requeue on node failure, at most
+//! 3 times.
+
+use crate::jsonl::{DurationValue, LifecycleIn, checkpoint_spec, parse_tier, reactive, walltime_value};
+use lattice_engine::{
+    AllocSpec, Constraints, Dependency, DependencyCondition, Lifecycle, NodeRange, PreemptionClass, ProjectId,
+    TenantId, Tier, VClusterId,
+};
+
+/// The most elements one task group may have (every way a task group arrives).
+pub const MAX_TASK_GROUP: u32 = 10_000;
+
+/// How many nodes were asked for, as written (wide: a count past `u32` is refused, not truncated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodesAsked {
+    Exact(i64),
+    Range { min: i64, max: i64 },
+}
+
+impl Default for NodesAsked {
+    fn default() -> Self {
+        NodesAsked::Exact(1)
+    }
+}
+
+/// Placement constraints as asked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConstraintsAsked {
+    pub gpu_type: Option<String>,
+    pub gpu_count: Option<u32>,
+    pub cpu_cores: Option<u32>,
+    pub memory_gb: Option<u32>,
+    pub features: Vec<String>,
+    pub require_unified_memory: bool,
+}
+
+/// A checkpoint block as asked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointAsked {
+    pub strategy: String,
+    pub estimated_minutes: Option<f64>,
+    pub mechanism: Option<String>,
+}
+
+/// A data mount as asked (where its processes see it is the control plane's concern).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MountAsked {
+    pub source: String,
+    pub size_gb: Option<f64>,
+    /// Where the data is now.
+    pub tier: Option<String>,
+    /// Where the job wants it.
+    pub tier_hint: Option<String>,
+}
+
+/// A submission, whatever shape it came in.
+#[derive(Clone, Default)]
+pub struct Request {
+    pub tenant: Option<String>,
+    pub project: Option<String>,
+    pub vcluster: Option<String>,
+    pub nodes: NodesAsked,
+    pub constraints: ConstraintsAsked,
+    /// A walltime beside the lifecycle (the trace format's top-level `walltime`).
+    pub walltime: Option<DurationValue>,
+    pub lifecycle: Option<LifecycleIn>,
+    pub preemption_class: Option<i64>,
+    pub checkpoint: Option<CheckpointAsked>,
+    /// `(ref, condition)` as written.
+    pub depends_on: Vec<(String, String)>,
+    /// Allocations with the same mutex never run at once.
+    pub mutex: Option<String>,
+    /// Storage bandwidth needed while it runs, GB/s.
+    pub storage_gbps: Option<f64>,
+    /// never | on_node_failure | always
+    pub requeue: Option<String>,
+    pub max_requeues: Option<i64>,
+    pub mounts: Vec<MountAsked>,
+    pub network_domain: Option<String>,
+    /// A sensitive claim.
+    pub sensitive: bool,
+}
+
+/// A dependency's condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition {
+    Success,
+    Failure,
+    Any,
+    /// Element-wise between two task groups of the same size.
+    Corresponding,
+}
+
+impl Condition {
+    /// The engine's condition (`None`: `corresponding`, resolved element by element).
+    pub fn engine(self) -> Option<DependencyCondition> {
+        match self {
+            Condition::Success => Some(DependencyCondition::Success),
+            Condition::Failure => Some(DependencyCondition::Failure),
+            Condition::Any => Some(DependencyCondition::Any),
+            Condition::Corresponding => None,
+        }
+    }
+}
+
+/// Where a request is read: what only the reader knows.
+pub trait Names {
+    fn tenant(&mut self, name: &str) -> TenantId;
+    fn project(&mut self, tenant: &str, name: &str) -> ProjectId;
+    /// The vCluster by name (`None`: the default one), or why there is none.
+    fn vcluster(&mut self, name: Option<&str>) -> Result<VClusterId, String>;
+    /// How many nodes the site has, when the reader knows (a request for more is refused).
+    fn cluster_nodes(&self) -> Option<u32>;
+    /// The engine's dependency on `reference`: `Ok(None)` when there is none to hold here (a trace
+    /// resolves its references once it is read whole; the control plane drops one that already
+    /// ended with its condition met), or why the reference is refused.
+    fn dependency(&mut self, reference: &str, condition: Condition) -> Result<Option<Dependency>, String>;
+    /// Where a mount's data is now, when the request does not say (`hint`: where it is wanted).
+    fn located(&mut self, source: &str, hint: Option<Tier>) -> Tier;
+}
+
+/// Where the request comes from: a trace is history, a request is a wish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A user's request (API, CLI): a walltime must be above zero.
+    Request,
+    /// A trace records what happened: a zero walltime is kept (an SWF job that ran 0 s with no
+    /// requested time; DESIGN.md holds its nodes for 1 ms).
+    History,
+}
+
+/// What is wrong with a request: the field (relative to the request) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: impl Into<String>, message: impl Into<String>) -> RequestError {
+    RequestError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Checks the request and turns it into the engine's spec (without its task group: the caller
+/// expands a group into its elements).
+pub fn alloc_spec(req: &Request, origin: Origin, names: &mut dyn Names) -> Result<AllocSpec, RequestError> {
+    if req.tenant.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(bad("tenant", "must not be empty"));
+    }
+    let nodes = node_range(req.nodes)?;
+    if let Some(total) = names.cluster_nodes()
+        && nodes.max > total
+    {
+        return Err(bad(
+            "nodes",
+            format!("{} nodes requested; the cluster has {total}", nodes.max),
+        ));
+    }
+    let preemption_class = match req.preemption_class {
+        None => PreemptionClass::default(),
+        Some(c) => u8::try_from(c)
+            .ok()
+            .and_then(PreemptionClass::new)
+            .ok_or_else(|| bad("preemption_class", format!("{c}: must be 0-10")))?,
+    };
+    let (lifecycle, scale, nodes) = lifecycle(req, origin, nodes)?;
+    if let Some(total) = names.cluster_nodes()
+        && nodes.max > total
+    {
+        return Err(bad(
+            "lifecycle.max_nodes",
+            format!("{}: the cluster has {total} nodes", nodes.max),
+        ));
+    }
+    let vcluster = names
+        .vcluster(req.vcluster.as_deref())
+        .map_err(|m| bad("vcluster", m))?;
+    let mut mutex = req.mutex.clone();
+    let mut depends_on = Vec::new();
+    for (i, (reference, condition)) in req.depends_on.iter().enumerate() {
+        let c = match condition.as_str() {
+            "success" | "afterok" => Condition::Success,
+            "failure" | "afternotok" => Condition::Failure,
+            "any" | "afterany" => Condition::Any,
+            "corresponding" => Condition::Corresponding,
+            // Singleton: `ref` names the mutex.
+            "mutex" => {
+                mutex = Some(reference.clone());
+                continue;
+            }
+            o => {
+                return Err(bad(
+                    format!("depends_on[{i}].condition"),
+                    format!(
+                        "`{o}` is not one of success (afterok), failure (afternotok), any (afterany), corresponding, mutex"
+                    ),
+                ));
+            }
+        };
+        if let Some(d) = names
+            .dependency(reference, c)
+            .map_err(|m| bad(format!("depends_on[{i}]"), m))?
+        {
+            depends_on.push(d);
+        }
+    }
+    let data = mounts(&req.mounts, names)?;
+    let checkpoint = match &req.checkpoint {
+        None => Default::default(),
+        Some(c) => {
+            if let Some(m) = c.estimated_minutes
+                && !(m.is_finite() && m >= 0.0)
+            {
+                return Err(bad("checkpoint.estimated_minutes", format!("{m}: minutes, 0 or more")));
+            }
+            checkpoint_spec(&c.strategy, c.estimated_minutes, c.mechanism.as_deref()).map_err(|(f, m)| bad(f, m))?
+        }
+    };
+    if let Some(g) = req.storage_gbps
+        && !(g.is_finite() && g >= 0.0)
+    {
+        return Err(bad("storage_gbps", format!("{g}: GB/s, 0 or more")));
+    }
+    let c = &req.constraints;
+    let tenant_name = req.tenant.as_deref().unwrap_or("default");
+    Ok(AllocSpec {
+        tenant: names.tenant(tenant_name),
+        project: names.project(tenant_name, req.project.as_deref().unwrap_or("default")),
+        vcluster,
+        nodes,
+        constraints: Constraints {
+            gpu_type: c.gpu_type.clone(),
+            gpu_count: c.gpu_count,
+            cpu_cores: c.cpu_cores,
+            memory_gb: c.memory_gb,
+            features: c.features.iter().cloned().collect(),
+            require_unified_memory: c.require_unified_memory,
+        },
+        lifecycle,
+        preemption_class,
+        checkpoint,
+        depends_on,
+        task_group: None,
+        storage_gbps: req.storage_gbps,
+        sensitive_claim: req.sensitive,
+        mutex,
+        scale: scale.map(Box::new),
+        data,
+        network_domain: req.network_domain.clone(),
+        requeue: match req.requeue.as_deref() {
+            None | Some("on_node_failure") => lattice_engine::RequeuePolicy::OnNodeFailure,
+            Some("never") => lattice_engine::RequeuePolicy::Never,
+            Some("always") => lattice_engine::RequeuePolicy::Always,
+            Some(o) => {
+                return Err(bad(
+                    "requeue",
+                    format!("`{o}` is not one of never, on_node_failure, always"),
+                ));
+            }
+        },
+        max_requeues: match req.max_requeues {
+            None => lattice_engine::alloc::DEFAULT_MAX_REQUEUES,
+            Some(m) if (0..=i64::from(lattice_engine::alloc::MAX_REQUEUES_LIMIT)).contains(&m) => m as u32,
+            Some(m) => {
+                return Err(bad(
+                    "max_requeues",
+                    format!("{m}: 0 to {}", lattice_engine::alloc::MAX_REQUEUES_LIMIT),
+                ));
+            }
+        },
+    })
+}
+
+/// The node range asked for: `1 <= min <= max`, each within `u32`.
+fn node_range(n: NodesAsked) -> Result<NodeRange, RequestError> {
+    let (min, max) = match n {
+        NodesAsked::Exact(n) if n < 1 => return Err(bad("nodes", format!("{n}: at least 1 node"))),
+        NodesAsked::Exact(n) => (n, n),
+        NodesAsked::Range { min, max } if min < 1 || max < min => {
+            return Err(bad("nodes", format!("min {min} / max {max}: need 1 <= min <= max")));
+        }
+        NodesAsked::Range { min, max } => (min, max),
+    };
+    let narrow = |x: i64| u32::try_from(x).map_err(|_| bad("nodes", format!("{x}: at most {} nodes", u32::MAX)));
+    Ok(NodeRange {
+        min: narrow(min)?,
+        max: narrow(max)?,
+    })
+}
+
+/// The lifecycle (and, for a reactive one, its scaling policy and node range).
+fn lifecycle(
+    req: &Request,
+    origin: Origin,
+    nodes: NodeRange,
+) -> Result<(Lifecycle, Option<lattice_engine::ScalePolicy>, NodeRange), RequestError> {
+    let walltime = |v: &DurationValue, field: &str| -> Result<lattice_engine::Duration, RequestError> {
+        let w = walltime_value(v).map_err(|m| bad(field, m))?;
+        if origin == Origin::Request && w == lattice_engine::Duration::ZERO {
+            return Err(bad(field, "a walltime must be positive"));
+        }
+        Ok(w)
+    };
+    let top = req.walltime.as_ref().map(|w| walltime(w, "walltime")).transpose()?;
+    let Some(l) = &req.lifecycle else {
+        return match top {
+            Some(w) => Ok((Lifecycle::Bounded { walltime: w }, None, nodes)),
+            // A claim holds its nodes until it is released.
+            None if req.sensitive => Ok((Lifecycle::Unbounded, None, nodes)),
+            None => Err(bad("walltime", "a bounded allocation needs a walltime")),
+        };
+    };
+    match l.kind() {
+        "bounded" => {
+            let own = l.walltime().map(|w| walltime(w, "lifecycle.walltime")).transpose()?;
+            match own.or(top) {
+                Some(w) => Ok((Lifecycle::Bounded { walltime: w }, None, nodes)),
+                None => Err(bad("lifecycle.walltime", "a bounded allocation needs a walltime")),
+            }
+        }
+        "unbounded" => Ok((Lifecycle::Unbounded, None, nodes)),
+        "reactive" => {
+            let (lc, policy, range) = reactive(l, nodes).map_err(|(f, m)| bad(f, m))?;
+            Ok((lc, Some(policy), range))
+        }
+        other => Err(bad(
+            "lifecycle.type",
+            format!("`{other}` is not one of bounded, unbounded, reactive"),
+        )),
+    }
+}
+
+/// Data mounts: each with its size, where its data is now and where the job wants it.
+fn mounts(asked: &[MountAsked], names: &mut dyn Names) -> Result<Vec<lattice_engine::DataMount>, RequestError> {
+    let mut out = Vec::new();
+    for (i, m) in asked.iter().enumerate() {
+        let f = |x: &str| format!("data.mounts[{i}].{x}");
+        let size_gb = m.size_gb.unwrap_or(0.0);
+        if !(size_gb.is_finite() && size_gb >= 0.0) {
+            return Err(bad(f("size_gb"), format!("{size_gb}: a size in GB, 0 or more")));
+        }
+        let tier = |v: &Option<String>, field: &str| {
+            v.as_deref()
+                .map(|t| parse_tier(t).map_err(|m| bad(f(field), m)))
+                .transpose()
+        };
+        let hint = tier(&m.tier_hint, "tier_hint")?;
+        let now = match tier(&m.tier, "tier")? {
+            Some(t) => t,
+            None => names.located(&m.source, hint),
+        };
+        out.push(lattice_engine::DataMount {
+            source: m.source.clone(),
+            size_gb,
+            tier: now,
+            tier_hint: hint.unwrap_or(now),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names for tests: one tenant, project and vCluster; a site of 16 nodes; data on the warm tier.
+    struct Site(Vec<(String, Condition)>);
+
+    impl Names for Site {
+        fn tenant(&mut self, _: &str) -> TenantId {
+            TenantId(0)
+        }
+        fn project(&mut self, _: &str, _: &str) -> ProjectId {
+            ProjectId(0)
+        }
+        fn vcluster(&mut self, name: Option<&str>) -> Result<VClusterId, String> {
+            match name {
+                None | Some("default") => Ok(VClusterId(0)),
+                Some(o) => Err(format!("`{o}`: no such vCluster")),
+            }
+        }
+        fn cluster_nodes(&self) -> Option<u32> {
+            Some(16)
+        }
+        fn dependency(&mut self, reference: &str, c: Condition) -> Result<Option<Dependency>, String> {
+            self.0.push((reference.to_string(), c));
+            Ok(None)
+        }
+        fn located(&mut self, _: &str, _: Option<Tier>) -> Tier {
+            Tier::Warm
+        }
+    }
+
+    fn bounded(nodes: NodesAsked) -> Request {
+        Request {
+            nodes,
+            walltime: Some(DurationValue::Text("1h".into())),
+            ..Request::default()
+        }
+    }
+
+    fn field_of(req: &Request, origin: Origin) -> String {
+        alloc_spec(req, origin, &mut Site(Vec::new())).unwrap_err().field
+    }
+
+    /// A count past `u32` is refused naming the field, never truncated (4294967297 used to become 1).
+    #[test]
+    fn node_counts_are_refused_not_truncated() {
+        for n in [
+            NodesAsked::Exact(4_294_967_297),
+            NodesAsked::Range {
+                min: 1,
+                max: 4_294_967_298,
+            },
+            NodesAsked::Exact(0),
+            NodesAsked::Range { min: 3, max: 2 },
+            NodesAsked::Exact(17),
+        ] {
+            assert_eq!(field_of(&bounded(n), Origin::Request), "nodes", "{n:?}");
+        }
+        let spec = alloc_spec(&bounded(NodesAsked::Exact(16)), Origin::Request, &mut Site(Vec::new())).unwrap();
+        assert_eq!(spec.nodes, NodeRange::exact(16));
+    }
+
+    /// The same limits whatever the origin, but a trace may record a zero walltime.
+    #[test]
+    fn limits_are_the_same_for_every_origin() {
+        let mut r = bounded(NodesAsked::Exact(1));
+        for (field, change) in [
+            (
+                "preemption_class",
+                &(|r: &mut Request| r.preemption_class = Some(11)) as &dyn Fn(&mut Request),
+            ),
+            ("max_requeues", &|r: &mut Request| r.max_requeues = Some(101)),
+            ("storage_gbps", &|r: &mut Request| r.storage_gbps = Some(-1.0)),
+            ("requeue", &|r: &mut Request| r.requeue = Some("sometimes".into())),
+            ("vcluster", &|r: &mut Request| r.vcluster = Some("nope".into())),
+            ("tenant", &|r: &mut Request| r.tenant = Some(" ".into())),
+        ] {
+            let mut bad = r.clone();
+            change(&mut bad);
+            for origin in [Origin::Request, Origin::History] {
+                assert_eq!(field_of(&bad, origin), field, "{origin:?}");
+            }
+        }
+        r.walltime = Some(DurationValue::Secs(0.0));
+        assert_eq!(field_of(&r, Origin::Request), "walltime");
+        let spec = alloc_spec(&r, Origin::History, &mut Site(Vec::new())).unwrap();
+        assert_eq!(spec.lifecycle.walltime(), Some(lattice_engine::Duration::ZERO));
+    }
+
+    /// Both spellings of a condition; a mutex is a condition too; an unknown one names its index.
+    #[test]
+    fn dependency_conditions_in_either_spelling() {
+        let mut r = bounded(NodesAsked::Exact(1));
+        r.depends_on = vec![
+            ("a".into(), "afterok".into()),
+            ("b".into(), "failure".into()),
+            ("c".into(), "afterany".into()),
+            ("g".into(), "corresponding".into()),
+            ("lock".into(), "mutex".into()),
+        ];
+        let mut site = Site(Vec::new());
+        let spec = alloc_spec(&r, Origin::Request, &mut site).unwrap();
+        assert_eq!(spec.mutex.as_deref(), Some("lock"));
+        let conditions: Vec<Condition> = site.0.iter().map(|(_, c)| *c).collect();
+        assert_eq!(
+            conditions,
+            [
+                Condition::Success,
+                Condition::Failure,
+                Condition::Any,
+                Condition::Corresponding
+            ]
+        );
+        r.depends_on.push(("d".into(), "before".into()));
+        assert_eq!(field_of(&r, Origin::Request), "depends_on[5].condition");
+    }
+
+    /// A mount's tier is where the reader locates it unless the request says; its hint is that
+    /// tier (nothing to stage) unless the request asks for another.
+    #[test]
+    fn mount_tiers_default_to_where_the_data_is() {
+        let mut r = bounded(NodesAsked::Exact(1));
+        let mount = |tier: Option<&str>, hint: Option<&str>| MountAsked {
+            source: "s3://b/k".into(),
+            size_gb: Some(10.0),
+            tier: tier.map(Into::into),
+            tier_hint: hint.map(Into::into),
+        };
+        r.mounts = vec![
+            mount(None, None),
+            mount(None, Some("hot")),
+            mount(Some("cold"), None),
+            mount(Some("hot"), Some("hot")),
+        ];
+        let spec = alloc_spec(&r, Origin::Request, &mut Site(Vec::new())).unwrap();
+        let tiers: Vec<(Tier, Tier)> = spec.data.iter().map(|m| (m.tier, m.tier_hint)).collect();
+        assert_eq!(
+            tiers,
+            [
+                (Tier::Warm, Tier::Warm),
+                (Tier::Warm, Tier::Hot),
+                (Tier::Cold, Tier::Cold),
+                (Tier::Hot, Tier::Hot)
+            ]
+        );
+        r.mounts = vec![mount(Some("lukewarm"), None)];
+        assert_eq!(field_of(&r, Origin::Request), "data.mounts[0].tier");
+    }
+
+    /// A claim with neither lifecycle nor walltime holds its nodes until released; any other
+    /// request needs a walltime.
+    #[test]
+    fn a_claim_without_a_walltime_is_unbounded() {
+        let mut r = Request {
+            sensitive: true,
+            ..Request::default()
+        };
+        let spec = alloc_spec(&r, Origin::Request, &mut Site(Vec::new())).unwrap();
+        assert_eq!(spec.lifecycle, Lifecycle::Unbounded);
+        r.sensitive = false;
+        assert_eq!(field_of(&r, Origin::Request), "walltime");
+    }
+}
