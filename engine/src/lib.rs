@@ -57,7 +57,7 @@ pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
 pub use controller::{
-    ControlError, ControlStats, Controller, DriftTimeout, Durable, HeartbeatGrace, Input, NodeOrder, PREEMPT_GRACE,
+    ControlError, ControlStats, Controller, DriftTimeout, HeartbeatGrace, Input, NodeOrder, PREEMPT_GRACE,
 };
 pub use cost::{CostInputs, ScoreBreakdown};
 pub use engine::{Engine, EngineConfig, PassStats, Proposal, Reservation};
@@ -76,5 +76,5 @@ pub use tenant::{Registry, Tenant, VCluster};
 pub use time::{Clock, Duration, Time};
 pub use weights::CostWeights;
 pub use world::{
-    AuditEvent, Decision, Fleet, Launch, PreemptHow, PreemptOrder, Quorum, Refusal, StopReason, Timer, World,
+    AuditEvent, Decision, Durable, Fleet, Launch, PreemptHow, PreemptOrder, Quorum, Refusal, StopReason, Timer, World,
 };

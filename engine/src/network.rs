@@ -123,7 +123,13 @@ pub struct Domain {
     pub empty_since: Option<Time>,
 }
 
-pub use crate::world::Refusal;
+/// A new network domain the VNI pool has no VNI left for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolExhausted {
+    pub domain: DomainName,
+    pub used: usize,
+    pub total: usize,
+}
 
 /// The domains of every tenant and the VNI pool.
 #[derive(Clone, Debug)]
@@ -163,11 +169,11 @@ impl NetworkDomains {
 
     /// A proposal of `alloc` will join `key`: held until the quorum answers. Refused when the domain
     /// does not exist (and no other proposal creates it) and the pool has no VNI left.
-    pub fn reserve(&mut self, alloc: AllocId, key: DomainKey) -> Result<(), Refusal> {
+    pub fn reserve(&mut self, alloc: AllocId, key: DomainKey) -> Result<(), PoolExhausted> {
         let (total, used) = self.pool();
         let creates = !self.domains.contains_key(&key) && !self.reserved_new().contains(&key);
         if creates && used >= total {
-            return Err(Refusal::VniPoolExhausted {
+            return Err(PoolExhausted {
                 domain: key.1,
                 used,
                 total,
@@ -323,7 +329,7 @@ mod tests {
         let e = n.reserve(AllocId(3), named(0, "c")).unwrap_err();
         assert_eq!(
             e,
-            Refusal::VniPoolExhausted {
+            PoolExhausted {
                 domain: DomainName::Named("c".into()),
                 used: 2,
                 total: 2

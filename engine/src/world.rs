@@ -12,7 +12,6 @@
 //! its nodes) but changes nothing; what happens in the world comes back to the controller as an
 //! [`Input`](crate::controller::Input).
 
-use crate::controller::Durable;
 use crate::engine::{Engine, Proposal};
 use crate::ids::{AllocId, NodeId};
 use crate::network::DomainName;
@@ -87,6 +86,28 @@ pub enum StopReason {
     /// It was being preempted and its stop was not reported in time: taken as stopped (whatever
     /// still runs of it is not this run any more).
     Unreported,
+}
+
+/// A record the quorum's members keep beside the Raft log, which a start may wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Durable {
+    /// The allocation's submission (acknowledged to its owner once a majority holds it).
+    Submission(AllocId),
+    /// How the allocation ended.
+    End(AllocId),
+    /// How an allocation the controller does not hold ended (it ended before this control plane
+    /// took over), by the number the world names it with.
+    PriorEnd(u64),
+}
+
+impl std::fmt::Display for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Durable::Submission(a) => write!(f, "submission {a}"),
+            Durable::End(a) => write!(f, "end {a}"),
+            Durable::PriorEnd(n) => write!(f, "prior end {n}"),
+        }
+    }
 }
 
 /// Why the controller refused a proposal before it reached the quorum.

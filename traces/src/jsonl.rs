@@ -9,12 +9,10 @@
 //! payload takes the scheduling-relevant fields of the Intent API request; unknown fields and unknown
 //! event types are errors naming the line. Bad lines are skipped and counted, never fatal.
 
-use crate::duration::parse_duration;
+pub use crate::request::{DurationValue, LifecycleIn, checkpoint_spec, parse_tier, reactive_lifecycle};
+pub(crate) use crate::request::{duration_value, walltime_value};
 use crate::workload::{TraceEventKind, TraceJob, Workload};
-use lattice_engine::{
-    CheckpointKind, CheckpointMechanism, CheckpointSpec, DependencyCondition, Duration, Lifecycle, NodeRange, TenantId,
-    Time, VClusterId,
-};
+use lattice_engine::{DependencyCondition, Duration, TenantId, Time, VClusterId};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -51,14 +49,6 @@ pub(crate) enum Ts {
     Text(String),
 }
 
-/// A duration as requests write it: seconds, or text (`72h`, `HH:MM:SS`).
-#[derive(Deserialize, Clone, Debug, PartialEq)]
-#[serde(untagged)]
-pub enum DurationValue {
-    Secs(f64),
-    Text(String),
-}
-
 #[derive(Deserialize, Clone)]
 #[serde(untagged)]
 pub(crate) enum Nodes {
@@ -80,157 +70,6 @@ pub(crate) struct ConstraintsIn {
     topology: Option<String>,
     #[serde(default)]
     require_unified_memory: bool,
-}
-
-/// A request's `lifecycle` block (`type` bounded — the default —, unbounded or reactive).
-#[derive(Deserialize, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct LifecycleIn {
-    #[serde(rename = "type", default = "bounded")]
-    kind: String,
-    walltime: Option<DurationValue>,
-    min_nodes: Option<u32>,
-    max_nodes: Option<u32>,
-    /// Reactive: the metric name (recorded; `metric` events carry the samples) and its target (a number,
-    /// or a duration such as "100ms", in seconds).
-    #[allow(dead_code)]
-    metric: Option<String>,
-    target: Option<DurationValue>,
-    scale_policy: Option<ScalePolicyIn>,
-}
-
-fn bounded() -> String {
-    "bounded".into()
-}
-
-impl LifecycleIn {
-    pub fn kind(&self) -> &str {
-        &self.kind
-    }
-
-    pub fn walltime(&self) -> Option<&DurationValue> {
-        self.walltime.as_ref()
-    }
-}
-
-#[derive(Deserialize, Clone)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ScalePolicyIn {
-    min: Option<u32>,
-    max: Option<u32>,
-    #[allow(dead_code)]
-    metric: Option<String>,
-    target: Option<DurationValue>,
-    evaluation_interval: Option<DurationValue>,
-    scale_up_window: Option<DurationValue>,
-    scale_down_window: Option<DurationValue>,
-    scale_down_threshold: Option<f64>,
-    cooldown: Option<DurationValue>,
-}
-
-/// A reactive lifecycle (`{"type": "reactive", "target": T, "scale_policy": {"min", "max", "target",
-/// "evaluation_interval", "scale_up_window", "scale_down_window", "cooldown",
-/// "scale_down_threshold"}}`, or `min_nodes`/`max_nodes`/`target` at the top): its node range and
-/// scaling policy. Errors name the field (`lifecycle.target`, …).
-pub(crate) fn reactive(
-    l: &LifecycleIn,
-    nodes: NodeRange,
-) -> Result<(Lifecycle, lattice_engine::ScalePolicy, NodeRange), (String, String)> {
-    let f = |field: &str, m: String| (field.to_string(), m);
-    let sp = l.scale_policy.clone();
-    let min_nodes = sp.as_ref().and_then(|p| p.min).or(l.min_nodes).unwrap_or(nodes.min);
-    let max_nodes = sp.as_ref().and_then(|p| p.max).or(l.max_nodes).unwrap_or(nodes.max);
-    if min_nodes == 0 || min_nodes > max_nodes {
-        return Err(f(
-            "lifecycle.min_nodes",
-            format!("need 1 <= min_nodes <= max_nodes, got {min_nodes}..{max_nodes}"),
-        ));
-    }
-    let target = sp
-        .as_ref()
-        .and_then(|p| p.target.clone())
-        .or(l.target.clone())
-        .ok_or_else(|| f("lifecycle.target", "a reactive allocation needs a metric target".into()))?;
-    let target = match target {
-        DurationValue::Secs(x) => x,
-        DurationValue::Text(t) => match t.trim().parse::<f64>() {
-            Ok(x) => x,
-            Err(_) => parse_duration(&t).map_err(|m| f("lifecycle.target", m))?.as_secs_f64(),
-        },
-    };
-    if !(target.is_finite() && target > 0.0) {
-        return Err(f("lifecycle.target", format!("{target}: a metric target above 0")));
-    }
-    let mut policy = lattice_engine::ScalePolicy::with_target(target);
-    if let Some(p) = &sp {
-        let d = |v: &Option<DurationValue>, name: &str| -> Result<Option<Duration>, (String, String)> {
-            v.as_ref()
-                .map(duration_value)
-                .transpose()
-                .map_err(|m| f(&format!("lifecycle.scale_policy.{name}"), m))
-        };
-        if let Some(x) = d(&p.evaluation_interval, "evaluation_interval")? {
-            policy.evaluation_interval = x;
-        }
-        if let Some(x) = d(&p.scale_up_window, "scale_up_window")? {
-            policy.scale_up_window = x;
-        }
-        if let Some(x) = d(&p.scale_down_window, "scale_down_window")? {
-            policy.scale_down_window = x;
-        }
-        if let Some(x) = d(&p.cooldown, "cooldown")? {
-            policy.cooldown = x;
-        }
-        if let Some(x) = p.scale_down_threshold {
-            policy.scale_down_threshold = x;
-        }
-    }
-    let range = NodeRange {
-        min: min_nodes,
-        max: max_nodes,
-    };
-    Ok((Lifecycle::Reactive { min_nodes, max_nodes }, policy, range))
-}
-
-/// A reactive lifecycle given as JSON (the runtime's submission API shares the trace format's rules):
-/// `nodes` is the requested range, used where the lifecycle names no `min`/`max`.
-pub fn reactive_lifecycle(
-    lifecycle: serde_json::Value,
-    nodes: NodeRange,
-) -> Result<(Lifecycle, lattice_engine::ScalePolicy, NodeRange), (String, String)> {
-    let l: LifecycleIn = serde_json::from_value(lifecycle).map_err(|e| ("lifecycle".to_string(), e.to_string()))?;
-    reactive(&l, nodes)
-}
-
-/// A submission's `checkpoint` block: `strategy` auto | manual | none, `mechanism` signal (default) |
-/// shmem | grpc | dmtcp. The error names the field (`checkpoint.strategy`, `checkpoint.mechanism`).
-/// Shared with the runtime's submission API.
-pub fn checkpoint_spec(
-    strategy: &str,
-    estimated_minutes: Option<f64>,
-    mechanism: Option<&str>,
-) -> Result<CheckpointSpec, (&'static str, String)> {
-    Ok(CheckpointSpec {
-        kind: match strategy {
-            "auto" => CheckpointKind::Auto,
-            "manual" => CheckpointKind::Manual,
-            "none" => CheckpointKind::None,
-            o => return Err(("checkpoint.strategy", format!("`{o}` is not one of auto, manual, none"))),
-        },
-        estimated_minutes,
-        mechanism: match mechanism {
-            None | Some("signal") => CheckpointMechanism::Signal,
-            Some("shmem") => CheckpointMechanism::Shmem,
-            Some("grpc") => CheckpointMechanism::Grpc,
-            Some("dmtcp") => CheckpointMechanism::Dmtcp,
-            Some(o) => {
-                return Err((
-                    "checkpoint.mechanism",
-                    format!("`{o}` is not one of signal, shmem, grpc, dmtcp"),
-                ));
-            }
-        },
-    })
 }
 
 #[derive(Deserialize, Clone)]
@@ -579,18 +418,6 @@ pub(crate) fn validate_dag(dag: &DagIn, max_size: usize) -> Result<Vec<usize>, S
 /// `None` is `corresponding` (element-wise between task groups).
 pub(crate) type Deps = Vec<(String, Option<DependencyCondition>)>;
 
-/// The largest DAG accepted (the seed's default).
-/// A storage tier by name, as every request names it (a trace's submit event, the API's body):
-/// `hot`, `warm` or `cold`.
-pub fn parse_tier(name: &str) -> Result<lattice_engine::Tier, String> {
-    match name {
-        "hot" => Ok(lattice_engine::Tier::Hot),
-        "warm" => Ok(lattice_engine::Tier::Warm),
-        "cold" => Ok(lattice_engine::Tier::Cold),
-        o => Err(format!("`{o}` is not one of hot, warm, cold")),
-    }
-}
-
 /// The book's limit on one DAG, for every way a DAG arrives (a trace, the API).
 pub const MAX_DAG_SIZE: usize = 1000;
 
@@ -782,22 +609,6 @@ pub(crate) fn load_curve(e: LoadCurveEventIn) -> Result<TraceEventKind, (String,
     })
 }
 
-pub(crate) fn duration_value(d: &DurationValue) -> Result<Duration, String> {
-    match d {
-        DurationValue::Secs(s) => crate::duration::secs_to_duration(*s, &s.to_string()),
-        DurationValue::Text(t) => parse_duration(t),
-    }
-}
-
-/// A walltime: a duration, positive and at most 366 days.
-pub(crate) fn walltime_value(d: &DurationValue) -> Result<Duration, String> {
-    let shown = match d {
-        DurationValue::Secs(s) => s.to_string(),
-        DurationValue::Text(t) => t.clone(),
-    };
-    crate::duration::check_walltime(duration_value(d)?, &shown)
-}
-
 /// The field serde complained about, when its message names one.
 pub(crate) fn field_of(e: &serde_json::Error) -> Option<String> {
     let m = e.to_string();
@@ -810,6 +621,7 @@ pub(crate) fn field_of(e: &serde_json::Error) -> Option<String> {
 mod tests {
     use super::*;
     use crate::jsonl_parse::parse_jsonl;
+    use lattice_engine::NodeRange;
 
     #[test]
     fn weight_changes_are_events() {
@@ -974,7 +786,7 @@ mod claim_tests {
         assert!(c.spec.sensitive_claim);
         assert_eq!(c.user.as_deref(), Some("dr-x"));
         assert_eq!(c.runtime, Some(Duration::from_hours(1)));
-        assert_eq!(c.spec.lifecycle, Lifecycle::Unbounded);
+        assert_eq!(c.spec.lifecycle, lattice_engine::Lifecycle::Unbounded);
         let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();
         assert_eq!(p(3).field.as_deref(), Some("claim.user"));
         assert_eq!(p(4).reason, "unknown_claim");

@@ -28,12 +28,16 @@ impl Controller {
 
     /// A proposal's network domain: reserved (its VNI held while the quorum decides), or refused
     /// when it would need a VNI the pool has not.
-    pub(super) fn reserve_domain(&mut self, id: AllocId, nodes: usize) -> Result<(), crate::network::Refusal> {
+    pub(super) fn reserve_domain(&mut self, id: AllocId, nodes: usize) -> Result<(), crate::world::Refusal> {
         let Some(key) = self.domain_key(id, nodes) else {
             return Ok(());
         };
         match self.network.as_mut() {
-            Some(n) => n.reserve(id, key),
+            Some(n) => n.reserve(id, key).map_err(|e| crate::world::Refusal::VniPoolExhausted {
+                domain: e.domain,
+                used: e.used,
+                total: e.total,
+            }),
             None => Ok(()),
         }
     }

@@ -12,45 +12,7 @@
 //! of the world once ([`Decision::Persist`]).
 
 use super::*;
-use crate::network::Refusal;
-use std::collections::BTreeSet;
-
-/// A record the quorum's members keep beside the Raft log, which a start may wait for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Durable {
-    /// The allocation's submission (acknowledged to its owner once a majority holds it).
-    Submission(AllocId),
-    /// How the allocation ended.
-    End(AllocId),
-    /// How an allocation the controller does not hold ended (it ended before this control plane
-    /// took over), by the number the world names it with.
-    PriorEnd(u64),
-}
-
-impl std::fmt::Display for Durable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Durable::Submission(a) => write!(f, "submission {a}"),
-            Durable::End(a) => write!(f, "end {a}"),
-            Durable::PriorEnd(n) => write!(f, "prior end {n}"),
-        }
-    }
-}
-
-/// What the controller knows of the records' durability.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Durability {
-    /// Submissions not yet on a majority.
-    unacknowledged: BTreeSet<AllocId>,
-    /// Ends on a majority (read only with [`Controller::durable_ends`]).
-    settled: BTreeSet<AllocId>,
-    /// Prior ends on a majority.
-    settled_prior: BTreeSet<u64>,
-    /// Dependencies the controller does not hold: allocation → the prior ends it waits for.
-    prior: BTreeMap<AllocId, BTreeSet<u64>>,
-    /// Records asked of the world ([`Decision::Persist`]) and not yet durable.
-    asked: BTreeSet<Durable>,
-}
+use crate::world::{Durable, Refusal};
 
 impl Controller {
     /// What `id`'s start waits for (empty: nothing; it may be proposed).

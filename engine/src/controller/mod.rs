@@ -29,7 +29,7 @@ mod durability;
 mod nodes;
 mod preemption;
 
-pub use durability::Durable;
+use crate::world::Durable;
 
 /// What happens in the world, applied at a `now`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -203,6 +203,21 @@ struct Booting {
     staging_remaining_s: f64,
 }
 
+/// What the controller knows of the records' durability.
+#[derive(Clone, Debug, Default)]
+struct Durability {
+    /// Submissions not yet on a majority.
+    unacknowledged: std::collections::BTreeSet<AllocId>,
+    /// Ends on a majority (read only with [`Controller::durable_ends`]).
+    settled: std::collections::BTreeSet<AllocId>,
+    /// Prior ends on a majority.
+    settled_prior: std::collections::BTreeSet<u64>,
+    /// Dependencies the controller does not hold: allocation → the prior ends it waits for.
+    prior: BTreeMap<AllocId, std::collections::BTreeSet<u64>>,
+    /// Records asked of the world ([`Decision::Persist`]) and not yet durable.
+    asked: std::collections::BTreeSet<Durable>,
+}
+
 /// The checkpoint bookkeeping of one allocation.
 #[derive(Clone, Copy, Debug, Default)]
 struct Run {
@@ -280,7 +295,7 @@ pub struct Controller {
     /// operator's retry is under way).
     quarantined: BTreeMap<NodeId, (AllocId, bool)>,
     /// What the controller knows of the records' durability.
-    durability: durability::Durability,
+    durability: Durability,
 }
 
 impl Controller {
