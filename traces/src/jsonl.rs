@@ -9,8 +9,7 @@
 //! payload takes the scheduling-relevant fields of the Intent API request; unknown fields and unknown
 //! event types are errors naming the line. Bad lines are skipped and counted, never fatal.
 
-pub use crate::request::{DurationValue, LifecycleIn, checkpoint_spec, parse_tier, reactive_lifecycle};
-pub(crate) use crate::request::{duration_value, walltime_value};
+pub(crate) use crate::request::{DurationValue, LifecycleIn, duration_value, walltime_value};
 use crate::workload::{TraceEventKind, TraceJob, Workload};
 use lattice_engine::{DependencyCondition, Duration, TenantId, Time, VClusterId};
 use serde::Deserialize;

@@ -42,9 +42,10 @@ pub use export::{SpecNames, alloc_json};
 pub use inventory::{
     Inventory, JoiningNode, homogeneous, parse_inventory, parse_node_entry, read_inventory, site_engine,
 };
-pub use jsonl::{MAX_DAG_SIZE, checkpoint_spec, parse_tier, reactive_lifecycle};
+pub use jsonl::MAX_DAG_SIZE;
 pub use jsonl_parse::{parse_jsonl, read_jsonl};
 pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, profile_with_weights, read_profile};
+pub use request::{checkpoint_spec, parse_tier};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{Contracts, parse_tenants, read_tenants};
 pub use workload::{TraceEvent, TraceEventKind, TraceJob, Workload};

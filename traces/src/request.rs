@@ -496,16 +496,6 @@ pub(crate) fn reactive(
     Ok((Lifecycle::Reactive { min_nodes, max_nodes }, policy, range))
 }
 
-/// A reactive lifecycle given as JSON (the runtime's submission API shares the trace format's rules):
-/// `nodes` is the requested range, used where the lifecycle names no `min`/`max`.
-pub fn reactive_lifecycle(
-    lifecycle: serde_json::Value,
-    nodes: NodeRange,
-) -> Result<(Lifecycle, lattice_engine::ScalePolicy, NodeRange), (String, String)> {
-    let l: LifecycleIn = serde_json::from_value(lifecycle).map_err(|e| ("lifecycle".to_string(), e.to_string()))?;
-    reactive(&l, nodes)
-}
-
 /// A submission's `checkpoint` block: `strategy` auto | manual | none, `mechanism` signal (default) |
 /// shmem | grpc | dmtcp. The error names the field (`checkpoint.strategy`, `checkpoint.mechanism`).
 /// Shared with the runtime's submission API.

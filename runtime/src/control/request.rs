@@ -439,7 +439,7 @@ impl SubmitRequest {
             .as_ref()
             .map(|l| {
                 serde_json::to_value(l)
-                    .and_then(serde_json::from_value::<lattice_traces::jsonl::LifecycleIn>)
+                    .and_then(serde_json::from_value::<lattice_traces::request::LifecycleIn>)
                     .map_err(|e| bad("lifecycle", e.to_string()))
             })
             .transpose()?;
