@@ -302,7 +302,14 @@ impl Control {
             self.meta.push(Meta::new(String::new(), meta.run));
         }
         self.by_name.insert(meta.name.clone(), id);
+        // A submission recorded as unacknowledged before it was queued here (a take-over adopts
+        // keyed records so) is held from the start, as one that becomes so later.
+        let base = group_element(&meta.name).map_or(meta.name.as_str(), |(b, _)| b);
+        let unacknowledged = self.unacked.contains_key(base);
         self.meta[id.index()] = meta;
+        if unacknowledged {
+            let _ = self.input(Input::NotDurable(lattice_engine::Durable::Submission(id)));
+        }
     }
 
     /// The capture's submit line (a task group once, under its id, with its range).
