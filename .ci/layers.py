@@ -22,7 +22,7 @@ from pathlib import Path
 LAYERS = {
     "lattice-engine": 0, "lattice-agent-protocol": 0, "lattice-util": 0,
     "lattice-traces": 1, "lattice-node-adapters": 1,
-    "lattice-sim": 2, "lattice-adapters": 2, "lattice-agent": 2,
+    "lattice-sim": 2, "lattice-adapters": 2, "lattice-agent": 2, "lattice-control": 2,
     "lattice-reports": 3, "lattice-runtime": 3,
     "lattice-dst": 4, "lattice-cli": 4, "lattice-testkit": 4,
 }
@@ -36,7 +36,7 @@ KNOWN_CYCLES = {
     ],
 }
 # (crate, crate it must not depend on, transitively, through normal dependencies with any features)
-FORBIDDEN = [("lattice-agent", "openraft"), ("lattice-runtime", "turmoil"), ("lattice-runtime", "lattice-agent")]
+FORBIDDEN = [("lattice-control", "tokio"), ("lattice-agent", "openraft"), ("lattice-runtime", "turmoil"), ("lattice-runtime", "lattice-agent")]
 DEP_TABLES = ("dependencies", "build-dependencies")
 
 # ---------------------------------------------------------------------------------------------- crates

@@ -50,7 +50,7 @@ pub struct RuntimeConfig {
     pub log_store: Option<PathBuf>,
     /// `network:` — the Slingshot VNI pool and the network domains' grace period.
     #[serde(default)]
-    pub network: crate::network::NetworkConfig,
+    pub network: lattice_control::network::NetworkConfig,
     /// `services:` — external services the control plane calls.
     #[serde(default)]
     pub services: ServicesConfig,

@@ -4,11 +4,17 @@
 //! of the server's modules: the effects, the services, the operations and the transports all import
 //! it, and it imports none of them (only the state types it holds).
 
-use crate::control::Control;
 use crate::metrics::Metrics;
 use lattice_adapters::{Member, QuorumCommand};
+use lattice_control::Control;
 use std::sync::Arc;
 use tokio::sync::{Mutex, Notify};
+
+/// The member's clock ([`lattice_control::Clock`]): the wall clock at `wall_ms`, advanced by tokio's
+/// monotonic clock (the simulation's, under DST).
+pub fn member_clock(wall_ms: u64) -> lattice_control::Clock {
+    lattice_control::Clock::starting_at(wall_ms, || tokio::time::Instant::now().into_std())
+}
 
 /// A backup staged by `POST /api/v1/admin/restore`, installed at the next start.
 pub const RESTORE_PENDING: &str = "restore-pending.json";
@@ -85,7 +91,7 @@ pub struct Shared {
     /// not the leader's); changes under this lock only ([`sync_leadership`]).
     pub leading: Mutex<Option<u64>>,
     /// The member's clock (the control plane's; audit entries are stamped with it).
-    pub clock: crate::control::Clock,
+    pub clock: lattice_control::Clock,
     /// How peers are dialled (`Some` under a deterministic simulation).
     pub dial: Option<lattice_adapters::raft_net::Dialer>,
     /// Test-only injected bugs (the simulation shows it catches them); all off in production.

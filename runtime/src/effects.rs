@@ -4,10 +4,10 @@
 //! manager, and the simulated agents' runs.
 
 use crate::context::{Shared, audit, propose_retried};
-use crate::control::PendingProposal;
 use crate::openchami::boot;
-use crate::world::Action;
 use lattice_adapters::{QuorumCommand, QuorumResponse};
+use lattice_control::PendingProposal;
+use lattice_control::world::Action;
 use lattice_engine::{AllocId, AllocState, EndReason, PreemptHow, Time};
 use std::sync::Arc;
 

@@ -7,11 +7,11 @@
 
 use crate::auth::{Principal, Refusal};
 use crate::context::Shared;
-use crate::control::{
+use crate::ops::{self, ApiError};
+use lattice_control::{
     AllocationView, DependsIn, LifecycleIn, NodeOp, NodeView, NodesIn, Resources, SubmitRequest, TelemetryIn,
     UpdateRequest,
 };
-use crate::ops::{self, ApiError};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -157,10 +157,10 @@ impl Api {
     }
 }
 
-fn buffered(h: &pb::HeartbeatRequest) -> Vec<crate::control::BufferedBeat> {
+fn buffered(h: &pb::HeartbeatRequest) -> Vec<lattice_control::BufferedBeat> {
     h.buffered
         .iter()
-        .map(|b| crate::control::BufferedBeat {
+        .map(|b| lattice_control::BufferedBeat {
             seq: b.seq,
             at_ms: b.at_ms,
         })
@@ -244,7 +244,7 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
         }
     };
     let constraints = (!res.gpu_type.is_empty() || res.gpu_count > 0 || !res.features.is_empty()).then(|| {
-        crate::control::ConstraintsIn {
+        lattice_control::ConstraintsIn {
             gpu_type: none_if_empty(res.gpu_type),
             gpu_count: (res.gpu_count > 0).then_some(res.gpu_count),
             features: res.features,
@@ -304,17 +304,17 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             })
             .collect(),
         sensitive: r.sensitive,
-        checkpoint: r.checkpoint.map(|c| crate::control::CheckpointIn {
+        checkpoint: r.checkpoint.map(|c| lattice_control::CheckpointIn {
             strategy: c.strategy,
             estimated_minutes: c.estimated_minutes,
             mechanism: none_if_empty(c.mechanism),
         }),
-        connectivity: (!r.network_domain.is_empty() || !r.expose.is_empty()).then(|| crate::control::ConnectivityIn {
+        connectivity: (!r.network_domain.is_empty() || !r.expose.is_empty()).then(|| lattice_control::ConnectivityIn {
             network_domain: none_if_empty(r.network_domain),
             expose: r
                 .expose
                 .into_iter()
-                .map(|e| crate::control::ExposeIn {
+                .map(|e| lattice_control::ExposeIn {
                     name: e.name,
                     port: e.port,
                     protocol: none_if_empty(e.protocol),
@@ -323,7 +323,7 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
         }),
         liveness_probe: r.liveness_probe.map(|l| {
             let some = |v: u32| (v > 0).then_some(v);
-            crate::control::LivenessProbeIn {
+            lattice_control::LivenessProbeIn {
                 probe_type: l.probe_type,
                 port: l.port,
                 path: none_if_empty(l.path),
@@ -333,12 +333,12 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
                 timeout_secs: some(l.timeout_secs),
             }
         }),
-        data: (!r.data.is_empty() || r.data_defaults.is_some()).then(|| crate::control::DataIn {
+        data: (!r.data.is_empty() || r.data_defaults.is_some()).then(|| lattice_control::DataIn {
             defaults: r.data_defaults,
             mounts: r
                 .data
                 .into_iter()
-                .map(|m| crate::control::MountIn {
+                .map(|m| lattice_control::MountIn {
                     source: m.source,
                     target: none_if_empty(m.target),
                     access: none_if_empty(m.access),
@@ -348,15 +348,15 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
                 })
                 .collect(),
         }),
-        task_group: r.task_group.map(|t| crate::control::TaskGroupIn {
-            range: crate::control::IndexRange {
+        task_group: r.task_group.map(|t| lattice_control::TaskGroupIn {
+            range: lattice_control::IndexRange {
                 start: t.start,
                 end: t.end,
             },
             concurrency: (t.concurrency > 0).then_some(t.concurrency),
         }),
         idempotency_key: none_if_empty(r.idempotency_key),
-        environment: r.environment.map(|e| crate::control::EnvironmentIn {
+        environment: r.environment.map(|e| lattice_control::EnvironmentIn {
             uenv: none_if_empty(e.uenv),
             view: none_if_empty(e.view),
             image: none_if_empty(e.image),
@@ -426,7 +426,7 @@ impl AllocationService for Api {
         else {
             return Err(Status::invalid_argument("start: the first message must be `start`"));
         };
-        let terminal = crate::tasks::TerminalRequest {
+        let terminal = lattice_control::tasks::TerminalRequest {
             node: none_if_empty(st.node),
             command: none_if_empty(st.command),
             rows: Some(st.rows.clamp(1, u16::MAX as u32) as u16).filter(|_| st.rows > 0),

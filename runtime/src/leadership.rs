@@ -4,10 +4,10 @@
 //! keys settled, ended records pruned.
 
 use crate::context::{Shared, propose_retried};
-use crate::control::Control;
 use crate::effects::record_ended;
 use anyhow::Result;
 use lattice_adapters::QuorumCommand;
+use lattice_control::Control;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -134,14 +134,14 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         }
         if e.req.idempotency_key.is_some() && !stranded_here {
             control.unacked(
-                crate::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b),
+                lattice_control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b),
                 false,
             );
         }
         // Ended ones count too: a retry may have run (and ended) while an earlier attempt waited
         // in a copy this member had not read; that attempt must not run now.
         if let Some(k) = e.req.idempotency_key.as_ref().filter(|_| !stranded_here) {
-            let base = crate::control::group_element(&e.id)
+            let base = lattice_control::group_element(&e.id)
                 .map_or(e.id.as_str(), |(b, _)| b)
                 .to_string();
             let ids = keyed.entry((e.req.tenant.clone(), k.clone())).or_default();
@@ -272,7 +272,7 @@ pub(crate) async fn remirror_unacked(shared: &Arc<Shared>) {
                 let members = c.group_members(id);
                 if members.is_empty() { vec![id.clone()] } else { members }
             })
-            .filter_map(|n| m.entries.get(&crate::control::id_number(&n)?).cloned())
+            .filter_map(|n| m.entries.get(&lattice_control::id_number(&n)?).cloned())
             .collect();
         // The DAGs they belong to: their records may be on as few copies as the members'.
         (entries, c.dags_of(&ids))
@@ -323,7 +323,7 @@ fn settle_keys(control: &mut Control, keyed: &BTreeMap<(String, String), Vec<(St
         // nothing either: it may have cancelled it as never acknowledged (seed 59). One term keeps
         // at most one attempt per key; the number breaks ties between records written before
         // terms were kept.
-        ids.sort_by_key(|(i, t)| (*t, crate::control::id_number(i).unwrap_or(0)));
+        ids.sort_by_key(|(i, t)| (*t, lattice_control::id_number(i).unwrap_or(0)));
         if ids.len() > 1 {
             tracing::debug!("key {key} of {tenant}: attempts (id, term) {ids:?}");
         }

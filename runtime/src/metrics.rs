@@ -354,7 +354,7 @@ impl Metrics {
     }
 
     /// Adds a control plane's tally (what happened since the last one was taken).
-    pub fn add(&self, t: &crate::control::Tally) {
+    pub fn add(&self, t: &lattice_control::Tally) {
         for ((vcluster, reason), n) in &t.preemptions {
             self.preemptions
                 .with_label_values(&[vcluster.as_str(), reason.as_str()])
@@ -475,7 +475,7 @@ mod tests {
     #[test]
     fn a_tally_adds_up() {
         let m = Metrics::new();
-        let mut t = crate::control::Tally::default();
+        let mut t = lattice_control::Tally::default();
         t.preemptions.insert(("hpc".into(), "priority".into()), 2);
         t.checkpoints_failed = 1;
         m.add(&t);

@@ -8,8 +8,8 @@
 //! The metrics are the agents' own series (`lattice_alloc_*` by `alloc` and `node`,
 //! `lattice_gpu_*` by `node` and `gpu`), queried with PromQL through [`lattice_adapters::tsdb`].
 
-use crate::control::{AllocationView, DiagnosticsFacts};
 use lattice_adapters::tsdb::Tsdb;
+use lattice_control::{AllocationView, DiagnosticsFacts};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 

@@ -4,8 +4,8 @@
 //! world through the controller's ports. The same trace then goes through both worlds' code down to
 //! the same fake world; the parity test compares their decision logs and `jobs.csv`.
 
-use crate::control::Control;
-use crate::world::Action;
+use lattice_control::Control;
+use lattice_control::world::Action;
 use lattice_engine::{
     AllocId, AllocSpec, ControlError, Controller, Decision, Input, NodeId, PassStats, Proposal, SubmitError, Time,
     World,

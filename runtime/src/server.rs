@@ -3,12 +3,12 @@
 
 use crate::api;
 use crate::config::RuntimeConfig;
-use crate::control::Control;
 use crate::effects::{execute, prefetch, release_ended_holdings, settle_ends, simulated_run};
 use crate::leadership::{prune_mirror, remirror_unacked, sync_leadership};
 use crate::metrics::Metrics;
 use anyhow::{Context, Result};
 use lattice_adapters::{Member, QuorumCommand};
+use lattice_control::Control;
 use lattice_engine::{NodeSpec, VClusterConfig};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,7 +26,7 @@ pub struct Wiring {
     pub rest: Listen,
     pub disk: lattice_adapters::disk::Disk,
     pub dial: Option<lattice_adapters::raft_net::Dialer>,
-    pub clock: crate::control::Clock,
+    pub clock: lattice_control::Clock,
     pub raft: Option<lattice_adapters::openraft::Config>,
     pub bugs: crate::faults::Bugs,
 }
@@ -100,7 +100,7 @@ pub async fn start(cfg: RuntimeConfig, bootstrap: bool) -> Result<Running> {
         rest: Listen::Tcp(rest),
         disk: lattice_adapters::disk::Disk::Dir(cfg.data_dir.clone()),
         dial: None,
-        clock: crate::control::Clock::system(),
+        clock: crate::context::member_clock(lattice_control::wall_now().0),
         raft: None,
         bugs: crate::faults::Bugs::default(),
     };
@@ -401,7 +401,7 @@ struct Made {
     inventory: lattice_traces::Inventory,
     baselines: BTreeMap<String, String>,
     tenants: lattice_traces::Contracts,
-    clock: crate::control::Clock,
+    clock: lattice_control::Clock,
     launch_secret: [u8; 32],
     simulate_agents: bool,
 }

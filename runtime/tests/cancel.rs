@@ -2,8 +2,8 @@
 //! out once the quorum answers (committed: stopped and its nodes released; rejected: ended there).
 
 mod common;
-use lattice_runtime::control::{Control, SubmitRequest};
-use lattice_runtime::world::Action;
+use lattice_control::world::Action;
+use lattice_control::{Control, SubmitRequest};
 use serde_json::json;
 
 fn proposed(c: &mut Control, t: &mut u64) -> (String, lattice_engine::AllocId) {

@@ -3,8 +3,8 @@
 //! adopting keyed records does so), and proposes it once it is acknowledged.
 
 mod common;
-use lattice_runtime::control::SubmitRequest;
-use lattice_runtime::world::Action;
+use lattice_control::SubmitRequest;
+use lattice_control::world::Action;
 use serde_json::json;
 
 #[test]
@@ -19,7 +19,7 @@ fn an_adopted_unacknowledged_submission_starts_only_once_acknowledged() {
     c.unacked("a-000007", false);
     let name = c.submit_named(req, Some("a-000007")).unwrap();
     assert_eq!(name, "a-000007");
-    let proposed = |c: &mut lattice_runtime::control::Control, t: u64| {
+    let proposed = |c: &mut lattice_control::Control, t: u64| {
         c.set_clock(lattice_engine::Time(t));
         c.schedule();
         c.take_actions()

@@ -4,8 +4,8 @@
 //! submission names its field, a refused config names its file.
 
 mod common;
+use lattice_control::{Control, SubmitRequest};
 use lattice_runtime::RuntimeConfig;
-use lattice_runtime::control::{Control, SubmitRequest};
 use lattice_traces::fuzz::mutate;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;

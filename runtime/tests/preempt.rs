@@ -148,8 +148,8 @@ async fn a_class_9_allocation_preempts_class_1_work_which_runs_again_afterwards(
 /// released) and the preemptor starts there at the next pass.
 #[test]
 fn a_preemption_no_agent_answers_ends_at_the_deadline() {
-    use lattice_runtime::control::{Control, SubmitRequest};
-    use lattice_runtime::world::Action;
+    use lattice_control::world::Action;
+    use lattice_control::{Control, SubmitRequest};
     let mut c = common::balanced_control(2);
     c.real_agents = true;
     // The controller waits for the agents' report 60 s past the order's own limit.

@@ -367,7 +367,7 @@ fn a_taken_over_nodes_agent_registers_before_its_heartbeats_count() {
     let mut c = common::balanced_control(2);
     c.real_agents = true;
     c.set_clock(lattice_engine::Time(1_000_000));
-    let req: lattice_runtime::control::SubmitRequest = serde_json::from_value(json!({"tenant": "t",
+    let req: lattice_control::SubmitRequest = serde_json::from_value(json!({"tenant": "t",
         "entrypoint": "sleep 600", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1h"}}))
     .unwrap();
     let id = c.submit(req).unwrap();

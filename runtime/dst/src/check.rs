@@ -267,7 +267,7 @@ impl Checker {
                     .map_or(e.ended.as_ref().map(|v| v.state.as_str()), |v| Some(v.state))
                     .is_some_and(|s| s == "cancelled");
                 if let (Some(k), false) = (&e.req.idempotency_key, cancelled) {
-                    let base = lattice_runtime::control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
+                    let base = lattice_control::group_element(&e.id).map_or(e.id.as_str(), |(b, _)| b);
                     let ids = live_by_key.entry((e.req.tenant.as_str(), k.as_str())).or_default();
                     if !ids.iter().any(|(b, _)| *b == base) {
                         let state = c
@@ -297,7 +297,7 @@ impl Checker {
         for (_, m) in live(&o) {
             let Ok(mirror) = m.mirror.try_lock() else { continue };
             for id in o.acked.keys().filter(|id| !self.finals.contains_key(*id)) {
-                let n = lattice_runtime::control::id_number(id).unwrap_or(0);
+                let n = lattice_control::id_number(id).unwrap_or(0);
                 if let Some(v) = mirror.entries.get(&n).and_then(|e| e.ended.as_ref()) {
                     let e = held.entry(id.clone()).or_insert((v.state.clone(), 0));
                     if e.0 == v.state {

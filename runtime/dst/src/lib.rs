@@ -24,7 +24,6 @@ pub mod net;
 pub mod obs;
 
 use lattice_adapters::disk::{Disk, SimDisk};
-use lattice_runtime::control::Clock;
 pub use lattice_runtime::faults::Bugs;
 use lattice_runtime::server::{Listen, Wiring};
 use obs::{EPOCH_MS, GRPC_PORT, REST_PORT, host_name};
@@ -428,7 +427,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
                         rest: Listen::Other(Box::new(net::SimListener(rest))),
                         disk: Disk::Sim(disk),
                         dial: Some(net::dialer()),
-                        clock: Clock::starting_at(now.max(0) as u64),
+                        clock: lattice_runtime::context::member_clock(now.max(0) as u64),
                         raft: Some(raft),
                         bugs,
                     };

@@ -24,10 +24,10 @@
 
 pub mod service;
 
-use crate::control::{AccountingRow, AllocationView};
 use crate::error::ApiError;
 use lattice_adapters::spool::{Placed, Spool};
 use lattice_adapters::waldur::{AccountingEvent, Waldur};
+use lattice_control::{AccountingRow, AllocationView};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;

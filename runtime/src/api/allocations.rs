@@ -1,12 +1,12 @@
 //! Allocations, DAGs, services and task launches.
 
 use super::common::*;
-use crate::control::{SubmitRequest, UpdateRequest};
 use crate::ops;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use lattice_control::{SubmitRequest, UpdateRequest};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -158,7 +158,7 @@ pub(super) async fn launch_tasks(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let req: crate::tasks::TaskRequest = match serde_json::from_slice(&body) {
+    let req: lattice_control::tasks::TaskRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return body_error(e),
     };

@@ -3,10 +3,10 @@
 use super::admin::*;
 use super::nodes::*;
 use super::observe::*;
-use crate::control::{AllocationView, NodeView, SubmitRequest, UpdateRequest};
 use crate::openapi::Op;
 use crate::ops;
-use crate::tasks::{LaunchView, TaskRequest, TerminalRequest};
+use lattice_control::tasks::{LaunchView, TaskRequest, TerminalRequest};
+use lattice_control::{AllocationView, NodeView, SubmitRequest, UpdateRequest};
 use std::collections::BTreeMap;
 
 /// Every route [`super::router`] serves, documented: `GET /openapi.json` (a test checks that the two
@@ -192,7 +192,7 @@ fn sessions_and_dags() -> Vec<Op> {
             "Usage records (node-hours, GPU-hours) of each allocation in the window, and the totals",
         )
         .query::<ops::UsageQuery>()
-        .answer_list::<crate::control::UsageRecord>("records"),
+        .answer_list::<lattice_control::UsageRecord>("records"),
     ]
 }
 
@@ -238,14 +238,14 @@ fn nodes() -> Vec<Op> {
             "cache",
             "Pull an image into nodes' caches, sticky (Operator)",
         )
-        .body::<crate::cache::CacheRequest>()
+        .body::<lattice_control::cache::CacheRequest>()
         .status(202),
         Op::post(
             "/v1/cache/evict",
             "cache",
             "Remove an image from nodes' caches (Operator)",
         )
-        .body::<crate::cache::CacheRequest>()
+        .body::<lattice_control::cache::CacheRequest>()
         .status(202),
         Op::get("/v1/network/domains", "network", "Network domains and the VNI pool"),
         Op::get(
@@ -355,7 +355,7 @@ fn administration() -> Vec<Op> {
             "services",
             "A service's endpoints: allocation, node, host, port, protocol",
         )
-        .answer_list::<crate::control::ServiceEndpoint>("endpoints"),
+        .answer_list::<lattice_control::ServiceEndpoint>("endpoints"),
         Op::get("/api/v1/raft/status", "quorum", "The quorum's Raft status"),
         Op::get("/v1/admin/raft/status", "quorum", "The quorum's Raft status"),
         Op::post(

@@ -4,7 +4,6 @@
 use super::common::*;
 use crate::auth::Principal;
 use crate::context::Shared;
-use crate::control::NodeOp;
 use crate::ops;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -12,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use lattice_adapters::logstore::Stream;
 use lattice_agent_protocol::{ExitReport, HeartbeatBody, RegisterBody, WorkPoll};
+use lattice_control::NodeOp;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -154,7 +154,7 @@ pub(super) async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, b
                 .observe(st.seconds);
         }
     }
-    let reports = crate::control::AgentReports {
+    let reports = lattice_control::AgentReports {
         checkpointed: w.checkpointed,
         wiped: w.wiped,
         metrics: w.metrics,
@@ -185,7 +185,7 @@ pub(super) async fn cache_list(State(s): S, Extension(p): P, QueryIn(q): QueryIn
 
 pub(super) async fn cache_order(s: S, p: P, op: &str, body: axum::body::Bytes) -> Response {
     let (State(s), Extension(p)) = (s, p);
-    let req: crate::cache::CacheRequest = match serde_json::from_slice(&body) {
+    let req: lattice_control::cache::CacheRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return body_error(e),
     };

@@ -45,7 +45,7 @@ pub(super) async fn session_terminal(
     State(s): S,
     Extension(p): P,
     Path(id): Path<String>,
-    q: QueryIn<crate::tasks::TerminalRequest>,
+    q: QueryIn<lattice_control::tasks::TerminalRequest>,
     ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     if let Err(e) = ops::session(&s, &p, &id).await {
@@ -62,7 +62,7 @@ pub(super) async fn attach(
     State(s): S,
     Extension(p): P,
     Path(id): Path<String>,
-    QueryIn(q): QueryIn<crate::tasks::TerminalRequest>,
+    QueryIn(q): QueryIn<lattice_control::tasks::TerminalRequest>,
     ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     let node = q.node.clone();

@@ -234,7 +234,7 @@ pub struct FederationStatus {
 
 /// Wall-clock milliseconds since the epoch (signatures and staleness are about real time).
 pub fn now_ms() -> u64 {
-    crate::control::wall_now().0
+    lattice_control::wall_now().0
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@
 
 pub mod net;
 
-use crate::control::{AllocationView, SubmitRequest, id_number};
 use lattice_adapters::alloc_store::{AllocStore, Change, Pending, Writer};
+use lattice_control::{AllocationView, SubmitRequest, id_number};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -4,8 +4,8 @@
 
 use super::BootImage;
 use crate::context::{Shared, sleep_unless_stopped};
-use crate::world::Action;
 use lattice_adapters::openchami::OpenChami;
+use lattice_control::world::Action;
 use std::sync::Arc;
 
 /// Flags a drifted node in SMD (or clears the flag), retried while OpenCHAMI is down (book:

@@ -74,12 +74,12 @@ pub async fn refresh(
                     format!("SMD state {} flag {}", x.state, x.flag)
                 });
                 tracing::warn!("{name}: {why}: out of service");
-                if c.node_op(name, crate::control::NodeOp::Disable).is_ok() {
+                if c.node_op(name, lattice_control::NodeOp::Disable).is_ok() {
                     taken.insert(name.clone());
                 }
             } else if usable && taken.remove(name) {
                 tracing::info!("{name}: SMD reports it usable again");
-                let _ = c.node_op(name, crate::control::NodeOp::Enable);
+                let _ = c.node_op(name, lattice_control::NodeOp::Enable);
             }
         }
         let actions = c.take_actions();
@@ -116,7 +116,7 @@ fn learn(s: &Shared, cfg: &OpenChamiConfig, smd: &Smd, known: &BTreeSet<String>)
 /// A member taking over whose quorum gives nodes it does not know to allocations (SMD gained them
 /// and an earlier leader scheduled on them before this member's refresh read SMD) reads SMD at once,
 /// so it re-attaches those allocations instead of running them again; `c` gets the nodes.
-pub async fn join_named(s: &Shared, c: &mut crate::control::Control, named: &BTreeSet<String>) {
+pub async fn join_named(s: &Shared, c: &mut lattice_control::Control, named: &BTreeSet<String>) {
     let (Some(oc), Some(cfg)) = (&s.openchami, &s.openchami_cfg) else {
         return;
     };
@@ -150,7 +150,7 @@ pub async fn join_named(s: &Shared, c: &mut crate::control::Control, named: &BTr
 /// they go to the trace capture.
 /// A node refused here (its home vCluster has no pool of its own, or the site lacks it) is refused by
 /// every later control plane of this member too: it is warned about once.
-pub fn join(s: &Shared, c: &mut crate::control::Control, capture: bool) {
+pub fn join(s: &Shared, c: &mut lattice_control::Control, capture: bool) {
     let mut joined = s.joined.lock().unwrap_or_else(|e| e.into_inner());
     for e in joined.iter_mut().filter(|e| !e.refused) {
         if c.node_index(&e.name).is_some() {

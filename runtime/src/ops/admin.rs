@@ -4,8 +4,8 @@
 use super::common::*;
 use crate::auth::Principal;
 use crate::context::Shared;
-use crate::control::{AllocationView, Usage};
 use crate::error::{ApiError, forbidden};
+use lattice_control::{AllocationView, Usage};
 use std::collections::BTreeMap;
 
 /// A vCluster's pending allocations the caller may see, in queue order.
@@ -94,7 +94,7 @@ pub async fn backup(s: &Shared, p: &Principal, name: Option<&str>) -> Result<Bac
             });
         }
         Some(n) => format!("{}.json", n.trim_end_matches(".json")),
-        None => format!("backup-{:013}.json", crate::control::wall_now().0),
+        None => format!("backup-{:013}.json", lattice_control::wall_now().0),
     };
     let path = s.data_dir.join("backups").join(file);
     match s.member.backup(&path).await {
@@ -206,7 +206,7 @@ pub async fn accounting(
     s: &Shared,
     p: &Principal,
     q: &UsageQuery,
-) -> Result<(Usage, Vec<crate::control::UsageRecord>), ApiError> {
+) -> Result<(Usage, Vec<lattice_control::UsageRecord>), ApiError> {
     let w = usage_window(s, p, q).await?;
     let c = s.control.lock().await;
     let (t, u) = (w.tenant.as_deref(), w.user.as_deref());

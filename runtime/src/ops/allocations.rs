@@ -3,11 +3,11 @@
 use super::common::*;
 use crate::auth::Principal;
 use crate::context::Shared;
-use crate::control::{AllocationView, SubmitRequest, UpdateRequest};
 use crate::effects::execute;
 use crate::error::ApiError;
 use crate::mirror::MirrorOp;
 use lattice_adapters::logstore::Stream;
+use lattice_control::{AllocationView, SubmitRequest, UpdateRequest};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -79,7 +79,7 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
                         let m = s.mirror.lock().unwrap_or_else(|e| e.into_inner());
                         names
                             .iter()
-                            .filter_map(|n| m.entries.get(&crate::control::id_number(n)?))
+                            .filter_map(|n| m.entries.get(&lattice_control::id_number(n)?))
                             .cloned()
                             .collect()
                     };
@@ -271,12 +271,12 @@ pub struct SessionRequest {
     pub user: Option<String>,
     /// Default: one node.
     #[serde(default)]
-    pub resources: Option<crate::control::Resources>,
+    pub resources: Option<lattice_control::Resources>,
     /// Default: bounded, walltime 4 h.
     #[serde(default)]
-    pub lifecycle: Option<crate::control::LifecycleIn>,
+    pub lifecycle: Option<lattice_control::LifecycleIn>,
     #[serde(default)]
-    pub environment: Option<crate::control::EnvironmentIn>,
+    pub environment: Option<lattice_control::EnvironmentIn>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
 }
@@ -288,7 +288,7 @@ pub async fn services(
     s: &Shared,
     p: &Principal,
     asked: Option<&str>,
-) -> Result<BTreeMap<String, Vec<crate::control::ServiceEndpoint>>, ApiError> {
+) -> Result<BTreeMap<String, Vec<lattice_control::ServiceEndpoint>>, ApiError> {
     readable(s).await?;
     let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
     let scope = match (asked.filter(|t| !t.is_empty()), wide) {
@@ -319,11 +319,11 @@ pub async fn create_session(s: &Arc<Shared>, p: &Principal, r: SessionRequest) -
         vcluster: r.vcluster,
         user: r.user,
         entrypoint: Some("exec sleep infinity".into()),
-        resources: r.resources.unwrap_or(crate::control::Resources {
-            nodes: crate::control::NodesIn::Exact(1),
+        resources: r.resources.unwrap_or(lattice_control::Resources {
+            nodes: lattice_control::NodesIn::Exact(1),
             constraints: None,
         }),
-        lifecycle: Some(r.lifecycle.unwrap_or(crate::control::LifecycleIn {
+        lifecycle: Some(r.lifecycle.unwrap_or(lattice_control::LifecycleIn {
             kind: "bounded".into(),
             walltime: Some("4h".into()),
             min_nodes: None,
@@ -412,7 +412,7 @@ pub async fn live_logs(
     id: &str,
     stream: Stream,
     after: &BTreeMap<String, u64>,
-) -> Result<BTreeMap<String, crate::control::LiveOutput>, ApiError> {
+) -> Result<BTreeMap<String, lattice_control::LiveOutput>, ApiError> {
     get(s, p, id).await?;
     let mut c = s.control.lock().await;
     c.follow(id, stream, after).ok_or_else(|| not_found("allocation", id))

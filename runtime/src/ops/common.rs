@@ -3,10 +3,10 @@
 
 use crate::auth::Principal;
 use crate::context::Shared;
-use crate::control::SubmitRequest;
 use crate::effects::execute;
 use crate::error::ApiError;
 use crate::mirror::MirrorOp;
+use lattice_control::SubmitRequest;
 use std::sync::Arc;
 
 pub(super) fn not_found(what: &str, id: &str) -> ApiError {
@@ -75,7 +75,7 @@ pub(super) type Recorded = (MirrorOp, u64, crate::mirror::Durable);
 /// Queues `items` (one submission or a DAG's members) in this member's copy of the queue.
 pub(super) fn record_submit(
     s: &Shared,
-    c: &crate::control::Control,
+    c: &lattice_control::Control,
     items: Vec<(String, SubmitRequest)>,
     dag: Option<(String, Vec<(String, String)>)>,
 ) -> Recorded {
@@ -152,7 +152,7 @@ pub(super) async fn may_change(s: &Shared, p: &Principal, id: &str, what: &str) 
     }
 }
 
-pub(super) fn bad_request(e: crate::control::FieldError) -> ApiError {
+pub(super) fn bad_request(e: lattice_control::FieldError) -> ApiError {
     ApiError::BadRequest {
         field: e.field,
         message: e.message,
@@ -202,7 +202,7 @@ where
     })
 }
 
-pub(super) fn field_error(node: &str, e: crate::control::FieldError) -> ApiError {
+pub(super) fn field_error(node: &str, e: lattice_control::FieldError) -> ApiError {
     if e.field == "id" && e.message.starts_with("no node") {
         not_found("node", node)
     } else {

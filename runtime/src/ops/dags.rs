@@ -4,9 +4,9 @@ use super::allocations::cancel;
 use super::common::*;
 use crate::auth::Principal;
 use crate::context::Shared;
-use crate::control::{AllocationView, SubmitRequest};
 use crate::error::ApiError;
 use crate::mirror::MirrorOp;
+use lattice_control::{AllocationView, SubmitRequest};
 use std::sync::Arc;
 
 /// One DAG's summary: id, overall state, members.
@@ -168,7 +168,7 @@ pub async fn submit_dag(
         let entries: Vec<crate::mirror::Entry> = {
             let m = s.mirror.lock().unwrap_or_else(|e| e.into_inner());
             ids.iter()
-                .filter_map(|n| m.entries.get(&crate::control::id_number(n)?))
+                .filter_map(|n| m.entries.get(&lattice_control::id_number(n)?))
                 .cloned()
                 .collect()
         };
@@ -256,7 +256,7 @@ pub(super) fn dag_key(dag: &str, i: usize) -> String {
 /// Whether a DAG's record still names its own members: each (keyed by the DAG) is the allocation
 /// its key names here. A number handed out again by a later leader breaks it.
 pub(super) fn dag_record_holds(
-    c: &crate::control::Control,
+    c: &lattice_control::Control,
     dag: &str,
     req: &DagRequest,
     existing: &[(String, String)],

@@ -5,11 +5,11 @@ use super::allocations::get;
 use super::common::*;
 use crate::auth::Principal;
 use crate::context::Shared;
-use crate::control::{NodeOp, NodeView};
 use crate::effects::execute;
 use crate::error::ApiError;
 use crate::mirror::MirrorOp;
 use lattice_adapters::logstore::Stream;
+use lattice_control::{NodeOp, NodeView};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -72,7 +72,7 @@ pub async fn retry_wipe(s: &Arc<Shared>, p: &Principal, id: &str, force: bool) -
 pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Result<String, ApiError> {
     may_operate_nodes(p)?;
     writable(s).await?;
-    let refused = |e: crate::control::FieldError| {
+    let refused = |e: lattice_control::FieldError| {
         if e.message.starts_with("no node") {
             not_found("node", id)
         } else {
@@ -200,8 +200,8 @@ pub async fn launch_tasks(
     s: &Shared,
     p: &Principal,
     id: &str,
-    req: &crate::tasks::TaskRequest,
-) -> Result<crate::tasks::LaunchView, ApiError> {
+    req: &lattice_control::tasks::TaskRequest,
+) -> Result<lattice_control::tasks::LaunchView, ApiError> {
     writable(s).await?;
     may_change(s, p, id, "launching tasks in").await?;
     let token = random_token();
@@ -217,7 +217,7 @@ pub async fn attach_target(
     p: &Principal,
     id: &str,
     node: Option<&str>,
-    terminal: crate::tasks::TerminalRequest,
+    terminal: lattice_control::tasks::TerminalRequest,
 ) -> Result<(lattice_adapters::peer::AttachStart, String, String, bool), ApiError> {
     readable(s).await?;
     may_change(s, p, id, "attaching to").await?;
@@ -253,7 +253,7 @@ pub async fn cache_order(
     s: &Shared,
     p: &Principal,
     op: &str,
-    req: &crate::cache::CacheRequest,
+    req: &lattice_control::cache::CacheRequest,
 ) -> Result<Vec<String>, ApiError> {
     if !p.can_operate() {
         return Err(ApiError::Forbidden {
@@ -271,13 +271,17 @@ pub async fn cache_list(
     s: &Shared,
     _p: &Principal,
     node: Option<&str>,
-) -> Result<BTreeMap<String, crate::cache::NodeCache>, ApiError> {
+) -> Result<BTreeMap<String, lattice_control::cache::NodeCache>, ApiError> {
     readable(s).await?;
     Ok(s.control.lock().await.caches.view(node))
 }
 
 /// The task launches of allocation `id` (whoever may see it).
-pub async fn task_launches(s: &Shared, p: &Principal, id: &str) -> Result<Vec<crate::tasks::LaunchView>, ApiError> {
+pub async fn task_launches(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+) -> Result<Vec<lattice_control::tasks::LaunchView>, ApiError> {
     get(s, p, id).await?;
     Ok(s.control.lock().await.task_launches(id))
 }
@@ -287,7 +291,7 @@ pub async fn task_launch(
     p: &Principal,
     id: &str,
     launch: &str,
-) -> Result<crate::tasks::LaunchView, ApiError> {
+) -> Result<lattice_control::tasks::LaunchView, ApiError> {
     get(s, p, id).await?;
     let found = s.control.lock().await.task_launch(id, launch);
     found.ok_or_else(|| not_found("task launch", launch))
@@ -297,7 +301,7 @@ pub async fn heartbeat(
     s: &Shared,
     p: &Principal,
     node: &str,
-    buffered: &[crate::control::BufferedBeat],
+    buffered: &[lattice_control::BufferedBeat],
     (seq, rtt_ms): (u64, Option<f64>),
 ) -> Result<(String, u64), ApiError> {
     agent_allowed(p, node)?;
@@ -340,9 +344,9 @@ pub async fn work(
     p: &Principal,
     node: &str,
     running: &[String],
-    output: Vec<crate::control::OutputIn>,
-    reports: &crate::control::AgentReports,
-) -> Result<crate::control::Work, ApiError> {
+    output: Vec<lattice_control::OutputIn>,
+    reports: &lattice_control::AgentReports,
+) -> Result<lattice_control::Work, ApiError> {
     agent_allowed(p, node)?;
     writable(s).await?;
     let mut c = s.control.lock().await;
@@ -366,7 +370,7 @@ pub async fn agent_exit(
     p: &Principal,
     id: &str,
     node: &str,
-    kind: crate::control::ExitKind,
+    kind: lattice_control::ExitKind,
     code: i32,
     tails: &[(Stream, &str)],
 ) -> Result<bool, ApiError> {
@@ -389,7 +393,7 @@ pub async fn agent_exit(
     })?;
     let preemption = matches!(
         kind,
-        crate::control::ExitKind::Checkpointed | crate::control::ExitKind::Preempted
+        lattice_control::ExitKind::Checkpointed | lattice_control::ExitKind::Preempted
     );
     if !ended && preemption {
         // One node of a victim stopped: the victim is suspended (or fails) once all did. A

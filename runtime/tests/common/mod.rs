@@ -7,7 +7,7 @@ pub use lattice_testkit::*;
 /// A control plane (no server) on `nodes` plain nodes with `profiles/balanced.yaml`'s vClusters, for
 /// tests that drive it directly on a virtual clock.
 #[allow(dead_code)]
-pub fn balanced_control(nodes: u32) -> lattice_runtime::control::Control {
+pub fn balanced_control(nodes: u32) -> lattice_control::Control {
     let inv = lattice_traces::homogeneous(nodes);
     let prof = lattice_traces::read_profile(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -19,5 +19,5 @@ pub fn balanced_control(nodes: u32) -> lattice_runtime::control::Control {
         .iter()
         .map(|(n, p)| (n.clone(), p.config(None)))
         .collect();
-    lattice_runtime::control::Control::new(&inv, vcs, &Default::default(), None).unwrap()
+    lattice_control::Control::new(&inv, vcs, &Default::default(), None).unwrap()
 }

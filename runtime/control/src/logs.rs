@@ -1,8 +1,8 @@
 //! Allocation output: the stored tail, followed allocations' live output, and who may read it.
 
 use super::*;
-use lattice_adapters::logstore::Stream;
 use lattice_agent_protocol::Output as OutputIn;
+use lattice_agent_protocol::Stream;
 use std::collections::BTreeMap;
 
 impl Control {

@@ -1,5 +1,5 @@
 //! The real world's side of the controller's ports. The controller runs under the control plane's
-//! lock, so its ports here only record each decision ([`Outbox`]); [`crate::control::Control`] turns
+//! lock, so its ports here only record each decision ([`Outbox`]); [`crate::Control`] turns
 //! them into [`Action`]s with names the quorum and the agents know, and the server carries each out
 //! (openraft proposals, agent orders, VAST, the fabric manager) after the lock is released — one
 //! exhaustive `match` on each side, so a new kind of decision does not compile until the runtime

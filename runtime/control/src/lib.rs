@@ -1,3 +1,7 @@
+//! `lattice-control` — the control plane without its transports: no tokio, no sockets, no quorum.
+//! `lattice-runtime` wraps it in the scheduling loop, the effects that carry its actions out and the
+//! REST/gRPC services; the parity replay drives it on a virtual clock.
+//!
 //! The control plane's local (eventually consistent) state: the very same `lattice-engine` the
 //! simulator drives, fed from the API and the wall clock, plus the names and request details the API
 //! shows. Node ownership itself is decided by the quorum; this side only proposes.
@@ -10,22 +14,26 @@
 
 mod admin;
 mod agents;
+pub mod cache;
 mod fabric;
 mod launches;
 mod lifecycle;
 mod logs;
+pub mod network;
 mod queries;
 mod request;
 mod submit;
+pub mod tasks;
 mod types;
 mod wipes;
+pub mod world;
 
 pub use request::*;
 pub use types::*;
 
 pub use crate::world::PendingProposal;
 use crate::world::{Action, Outbox};
-use lattice_adapters::logstore::Stream;
+use lattice_agent_protocol::Stream;
 /// The agent wire types (declared once, with the agent: `lattice-agent-protocol`).
 pub use lattice_agent_protocol::{
     Buffered as BufferedBeat, ExitKind, Launch, Metric as MetricIn, Outcome, Output as OutputIn, PreemptWork,

@@ -11,30 +11,33 @@ use std::collections::BTreeMap;
 /// The control plane's clock in production: the wall clock read once, when the member starts,
 /// advanced by the monotonic clock from then on. A jump of the system clock afterwards moves
 /// nothing — heartbeat timeouts, walltimes, preemption deadlines and rate-limit windows all read
-/// this. (Under a deterministic simulation the monotonic clock is the simulation's.)
+/// this. The monotonic clock is a parameter: the runtime passes its async runtime's, so that under a
+/// deterministic simulation it is the simulation's.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     base_ms: u64,
-    since: tokio::time::Instant,
+    since: std::time::Instant,
+    monotonic: fn() -> std::time::Instant,
 }
 
 impl Clock {
-    /// Starts at `wall_ms` (ms since the epoch) now.
-    pub fn starting_at(wall_ms: u64) -> Clock {
+    /// Starts at `wall_ms` (ms since the epoch) now, advanced by `monotonic`.
+    pub fn starting_at(wall_ms: u64, monotonic: fn() -> std::time::Instant) -> Clock {
         Clock {
             base_ms: wall_ms,
-            since: tokio::time::Instant::now(),
+            since: monotonic(),
+            monotonic,
         }
     }
 
-    /// Starts at the system's wall clock.
+    /// Starts at the system's wall clock, advanced by the operating system's monotonic clock.
     pub fn system() -> Clock {
-        Clock::starting_at(wall_now().0)
+        Clock::starting_at(wall_now().0, std::time::Instant::now)
     }
 
     /// Milliseconds since the epoch by this clock.
     pub fn now_ms(&self) -> u64 {
-        self.base_ms + self.since.elapsed().as_millis() as u64
+        self.base_ms + (self.monotonic)().saturating_duration_since(self.since).as_millis() as u64
     }
 }
 
