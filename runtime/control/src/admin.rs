@@ -7,41 +7,22 @@ use lattice_engine::{AllocState, Input, TenantId, Time};
 impl Control {
     /// Tenants the engine already has (a replay registers the trace's up front).
     pub fn known_tenants(&mut self, tenants: &[(String, TenantId)]) {
-        self.tenants.extend(tenants.iter().cloned());
+        self.registry.tenants.extend(tenants.iter().cloned());
     }
 
     /// Projects the engine already has: (tenant, project, id) (a replay's, up front).
     pub fn known_projects(&mut self, projects: &[(String, String, lattice_engine::ProjectId)]) {
         for (t, p, id) in projects {
-            self.name_project(t, p, *id);
+            self.registry.name_project(t, p, *id);
         }
-    }
-
-    pub(super) fn name_project(&mut self, tenant: &str, project: &str, id: lattice_engine::ProjectId) {
-        self.projects.insert((tenant.to_string(), project.to_string()), id);
-        if self.project_of_id.len() <= id.index() {
-            self.project_of_id.resize(id.index() + 1, String::new());
-        }
-        self.project_of_id[id.index()] = project.to_string();
-    }
-
-    /// The engine's id of `tenant`'s project `project`, registering it if new.
-    pub(super) fn project_id(&mut self, tenant: &str, project: &str) -> lattice_engine::ProjectId {
-        let key = (tenant.to_string(), project.to_string());
-        if let Some(id) = self.projects.get(&key) {
-            return *id;
-        }
-        let id = lattice_engine::ProjectId(self.project_of_id.len() as u32);
-        self.name_project(tenant, project, id);
-        id
     }
 
     pub(super) fn tenant_id(&mut self, name: &str) -> TenantId {
-        if let Some(id) = self.tenants.get(name) {
+        if let Some(id) = self.registry.tenants.get(name) {
             return *id;
         }
         let id = self.ctl.engine.add_tenant(name);
-        self.tenants.insert(name.to_string(), id);
+        self.registry.tenants.insert(name.to_string(), id);
         id
     }
 
@@ -52,7 +33,7 @@ impl Control {
 
     /// A node by name (O(log n): heartbeats of thousands of agents look nodes up constantly).
     pub fn node_index(&self, name: &str) -> Option<lattice_engine::NodeId> {
-        self.node_by_name.get(name).map(|&i| lattice_engine::NodeId(i))
+        self.registry.node_by_name.get(name).map(|&i| lattice_engine::NodeId(i))
     }
 
     /// Drain (`true`) or undrain a node; the node's state afterwards.
@@ -144,6 +125,7 @@ impl Control {
     /// Hot-reloads a vCluster's weights: they take effect at its next pass.
     pub fn set_weights(&mut self, vcluster: &str, weights: lattice_engine::CostWeights) -> Result<(), FieldError> {
         let id = *self
+            .registry
             .vclusters
             .get(vcluster)
             .ok_or_else(|| bad("vcluster", format!("vCluster \"{vcluster}\" not found")))?;
@@ -152,7 +134,7 @@ impl Control {
     }
 
     pub fn tenant_names(&self) -> Vec<String> {
-        self.tenants.keys().cloned().collect()
+        self.registry.tenants.keys().cloned().collect()
     }
 
     /// A tenant's contract as the quorum committed it: the engine scores and admits with it from its
@@ -167,19 +149,21 @@ impl Control {
     /// A deleted tenant: its quotas are gone and it is no longer listed (its past allocations keep
     /// their tenant's name; a tenant created again under the name starts afresh).
     pub fn remove_tenant(&mut self, name: &str) {
-        let Some(&id) = self.tenants.get(name) else { return };
+        let Some(&id) = self.registry.tenants.get(name) else {
+            return;
+        };
         for p in self.project_names(name) {
             self.remove_project(name, &p);
         }
         if let Err(e) = self.input(Input::TenantQuota(id, lattice_engine::TenantQuota::default())) {
             tracing::warn!("tenant {name}: quota not cleared: {e}");
         }
-        self.tenants.remove(name);
+        self.registry.tenants.remove(name);
     }
 
     /// A project's contract as the quorum committed it (as a tenant's: from the next pass).
     pub fn set_project(&mut self, tenant: &str, project: &str, quota: lattice_engine::ProjectQuota) {
-        let (t, p) = (self.tenant_id(tenant), self.project_id(tenant, project));
+        let (t, p) = (self.tenant_id(tenant), self.registry.project_id(tenant, project));
         if let Err(e) = self.input(Input::ProjectQuota(p, t, quota)) {
             tracing::warn!("project {tenant}/{project}: quota not applied: {e}");
         }
@@ -188,7 +172,7 @@ impl Control {
     /// A deleted project: its quotas are gone (its allocations keep their project's name).
     pub fn remove_project(&mut self, tenant: &str, project: &str) {
         let key = (tenant.to_string(), project.to_string());
-        let (Some(&t), Some(&p)) = (self.tenants.get(tenant), self.projects.get(&key)) else {
+        let (Some(&t), Some(&p)) = (self.registry.tenants.get(tenant), self.registry.projects.get(&key)) else {
             return;
         };
         if let Err(e) = self.input(Input::ProjectQuota(p, t, lattice_engine::ProjectQuota::default())) {
@@ -198,7 +182,7 @@ impl Control {
 
     /// Allocations of `tenant`'s project still queued or running.
     pub fn project_live_allocations(&self, tenant: &str, project: &str) -> usize {
-        let Some(&id) = self.projects.get(&(tenant.to_string(), project.to_string())) else {
+        let Some(&id) = self.registry.projects.get(&(tenant.to_string(), project.to_string())) else {
             return 0;
         };
         self.ctl
@@ -212,7 +196,7 @@ impl Control {
     /// One project of a tenant: its contract, what its hard quotas count now, how many of its
     /// allocations wait. `None` when the tenant has never used it and it has no contract.
     pub fn project_view(&self, tenant: &str, project: &str) -> Option<serde_json::Value> {
-        let id = *self.projects.get(&(tenant.to_string(), project.to_string()))?;
+        let id = *self.registry.projects.get(&(tenant.to_string(), project.to_string()))?;
         let (nodes, running) = self.ctl.engine.project_committed(id);
         let pending = self
             .ctl
@@ -233,7 +217,8 @@ impl Control {
 
     /// The projects a tenant has used or given a contract, by name.
     pub fn project_names(&self, tenant: &str) -> Vec<String> {
-        self.projects
+        self.registry
+            .projects
             .keys()
             .filter(|(t, _)| t == tenant)
             .map(|(_, p)| p.clone())
@@ -242,7 +227,9 @@ impl Control {
 
     /// Allocations of `name` still queued or running (a tenant is deleted only when there are none).
     pub fn tenant_live_allocations(&self, name: &str) -> usize {
-        let Some(&id) = self.tenants.get(name) else { return 0 };
+        let Some(&id) = self.registry.tenants.get(name) else {
+            return 0;
+        };
         self.ctl
             .engine
             .allocations()
@@ -255,7 +242,7 @@ impl Control {
     /// count now (nodes held, running allocations), how many wait, and its usage over the last 90 days
     /// (the budget period).
     pub fn tenant_view(&self, name: &str) -> Option<serde_json::Value> {
-        let id = *self.tenants.get(name)?;
+        let id = *self.registry.tenants.get(name)?;
         let (nodes, running) = self.ctl.engine.tenant_committed(id);
         let pending = self
             .ctl

@@ -29,11 +29,11 @@ impl Control {
             return Err(bad("fingerprint", "a SHA-256 in hex (64 characters)"));
         }
         let now = self.now();
-        self.agents[id.index()] = Some((0, now.0));
+        self.fleet.agents[id.index()] = Some((0, now.0));
         if fingerprint.is_some() {
-            self.fingerprint_ms.insert(id.0, now.0);
+            self.conformance.fingerprint_ms.insert(id.0, now.0);
         }
-        self.agent_info.insert(id.0, (fingerprint.clone(), capabilities));
+        self.fleet.agent_info.insert(id.0, (fingerprint.clone(), capabilities));
         if self
             .ctl
             .engine
@@ -44,7 +44,10 @@ impl Control {
             let _ = self.input(Input::Node(id, lattice_engine::NodeEvent::HealthOk));
         }
         if let Some(f) = fingerprint {
-            self.first_fingerprint.entry(id.0).or_insert_with(|| f.clone());
+            self.conformance
+                .first_fingerprint
+                .entry(id.0)
+                .or_insert_with(|| f.clone());
             self.check_conformance(id, &f);
         }
         Ok(self.node_state(id))
@@ -69,12 +72,15 @@ impl Control {
         for n in &mut nodes {
             if let Some(v) = &n.vcluster {
                 n.spec.home_vcluster =
-                    Some(*self.vclusters.get(v.as_str()).ok_or_else(|| {
+                    Some(*self.registry.vclusters.get(v.as_str()).ok_or_else(|| {
                         format!("{}: vcluster `{v}` is not one of this site's vClusters", n.spec.name)
                     })?);
             }
         }
-        if let Some(n) = nodes.iter().find(|n| self.node_by_name.contains_key(&n.spec.name)) {
+        if let Some(n) = nodes
+            .iter()
+            .find(|n| self.registry.node_by_name.contains_key(&n.spec.name))
+        {
             return Err(lattice_engine::EngineError::DuplicateNode(n.spec.name.clone()).to_string());
         }
         let now = self.now();
@@ -85,11 +91,11 @@ impl Control {
                 spec.state = lattice_engine::NodeState::Booting;
             }
             let id = self.ctl.add_node(now, spec).map_err(|e| e.to_string())?;
-            self.node_by_name.insert(name.clone(), id.0);
-            self.node_names.push(name.clone());
-            self.agents.push(None);
+            self.registry.node_by_name.insert(name.clone(), id.0);
+            self.registry.node_names.push(name.clone());
+            self.fleet.agents.push(None);
             if let Some(b) = baseline {
-                self.baselines.insert(id.0, b.to_ascii_lowercase());
+                self.conformance.baselines.insert(id.0, b.to_ascii_lowercase());
             }
             if capture {
                 let ts = now.0 as f64 / 1000.0;
@@ -101,7 +107,7 @@ impl Control {
     }
 
     pub fn set_baselines(&mut self, baselines: &BTreeMap<String, String>) {
-        self.baselines = baselines
+        self.conformance.baselines = baselines
             .iter()
             .filter_map(|(n, f)| Some((self.node_index(n)?.0, f.to_ascii_lowercase())))
             .collect();
@@ -111,13 +117,13 @@ impl Control {
     /// majority of its group): its configured baseline; else the fingerprint more than half of the
     /// other reporting nodes of its class share (at least two of them); else the first it reported.
     pub(super) fn expected_fingerprint(&self, node: lattice_engine::NodeId) -> Option<String> {
-        if let Some(b) = self.baselines.get(&node.0) {
+        if let Some(b) = self.conformance.baselines.get(&node.0) {
             return Some(b.clone());
         }
         let class = self.ctl.engine.class_of(node);
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
         let mut reporting = 0;
-        for (n, (f, _)) in &self.agent_info {
+        for (n, (f, _)) in &self.fleet.agent_info {
             if *n == node.0 || self.ctl.engine.class_of(lattice_engine::NodeId(*n)) != class {
                 continue;
             }
@@ -129,7 +135,7 @@ impl Control {
         let top = counts.iter().max_by_key(|(_, c)| **c);
         match top {
             Some((f, c)) if reporting >= 2 && 2 * c > reporting => Some(f.to_string()),
-            _ => self.first_fingerprint.get(&node.0).cloned(),
+            _ => self.conformance.first_fingerprint.get(&node.0).cloned(),
         }
     }
 
@@ -141,12 +147,14 @@ impl Control {
         };
         let drifted = expected != actual;
         if drifted {
-            self.drift_seen.insert(node.0, (expected, actual.to_string()));
+            self.conformance
+                .drift_seen
+                .insert(node.0, (expected, actual.to_string()));
         }
         if drifted == self.ctl.is_drifted(node) {
             return;
         }
-        let name = self.node_names[node.index()].clone();
+        let name = self.registry.node_names[node.index()].clone();
         // (The trace capture writes it as a `drift` or `conform` event.)
         if let Err(e) = self.input(Input::Conformance(node, drifted)) {
             tracing::warn!("node {name}: conformance not applied: {e}");
@@ -155,7 +163,8 @@ impl Control {
 
     /// `expected=…, actual=…` for a node's last drift (empty if none).
     pub fn drift_message(&self, node: u32) -> String {
-        self.drift_seen
+        self.conformance
+            .drift_seen
             .get(&node)
             .map(|(e, a)| format!("conformance_drift: expected={e}, actual={a}"))
             .unwrap_or_default()
@@ -177,8 +186,8 @@ impl Control {
             return Err(bad("peer", "host:port of the agent's service"));
         }
         match addr {
-            Some(a) => self.peer_addr.insert(id.0, a),
-            None => self.peer_addr.remove(&id.0),
+            Some(a) => self.fleet.peer_addr.insert(id.0, a),
+            None => self.fleet.peer_addr.remove(&id.0),
         };
         Ok(())
     }
@@ -203,17 +212,17 @@ impl Control {
             return;
         }
         // Until each agent polls (or its lease is surely over), it may run an earlier start.
-        self.unheard = (0..self.node_names.len() as u32).collect();
-        self.took_over_ms = self.now().0;
-        self.taken_over = self.by_name.values().copied().collect();
-        for i in 0..self.node_names.len() {
+        self.fleet.unheard = (0..self.registry.node_names.len() as u32).collect();
+        self.fleet.took_over_ms = self.now().0;
+        self.fleet.taken_over = self.registry.by_name.values().copied().collect();
+        for i in 0..self.registry.node_names.len() {
             let id = lattice_engine::NodeId(i as u32);
             let idle_ready = self
                 .ctl
                 .engine
                 .node(id)
                 .is_some_and(|n| n.owner.is_none() && n.state == NodeState::Ready);
-            if self.agents[i].is_none() && idle_ready {
+            if self.fleet.agents[i].is_none() && idle_ready {
                 let _ = self.input(Input::Node(id, NodeEvent::HardwareFailure));
                 let _ = self.input(Input::Node(id, NodeEvent::Boot));
             }
@@ -225,7 +234,7 @@ impl Control {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
-        self.fingerprint_asked.insert(id.0);
+        self.conformance.fingerprint_asked.insert(id.0);
         Ok(())
     }
 
@@ -255,7 +264,7 @@ impl Control {
         let id = self
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
-        let Some((last, _)) = self.agents[id.index()].filter(|(seq, _)| *seq != SEQ_UNKNOWN) else {
+        let Some((last, _)) = self.fleet.agents[id.index()].filter(|(seq, _)| *seq != SEQ_UNKNOWN) else {
             return Err(bad("id", format!("node {node}: the agent has not registered")));
         };
         for (i, w) in buffered.windows(2).enumerate() {
@@ -275,7 +284,7 @@ impl Control {
         }
         let fresh: Vec<&BufferedBeat> = buffered.iter().filter(|b| b.seq > last).collect();
         if let (Some(first), Some(lastb)) = (fresh.first(), fresh.last()) {
-            self.partitions.insert(
+            self.fleet.partitions.insert(
                 id.0,
                 Partition {
                     from_ms: first.at_ms,
@@ -285,7 +294,7 @@ impl Control {
             );
         }
         let now = self.now();
-        self.agents[id.index()] = Some((seq, now.0));
+        self.fleet.agents[id.index()] = Some((seq, now.0));
         if self
             .ctl
             .engine
@@ -293,7 +302,7 @@ impl Control {
             .is_some_and(|n| n.state == lattice_engine::NodeState::Degraded)
         {
             let _ = self.input(Input::Node(id, lattice_engine::NodeEvent::HeartbeatResume));
-            self.grace_until.remove(&id.0);
+            self.fleet.grace_until.remove(&id.0);
         }
         Ok(self.node_state(id))
     }
@@ -304,8 +313,10 @@ impl Control {
     pub fn check_agents(&mut self, timeout_ms: u64) {
         use lattice_engine::NodeState;
         let now = self.now();
-        for i in 0..self.agents.len() {
-            let Some((_, last)) = self.agents[i] else { continue };
+        for i in 0..self.fleet.agents.len() {
+            let Some((_, last)) = self.fleet.agents[i] else {
+                continue;
+            };
             let id = lattice_engine::NodeId(i as u32);
             let Some(state) = self.ctl.engine.node(id).map(|n| n.state) else {
                 continue;
@@ -316,7 +327,7 @@ impl Control {
                     Some(Input::Node(id, lattice_engine::NodeEvent::HeartbeatMiss))
                 }
                 // The grace the controller gave it (by what it runs) is over.
-                NodeState::Degraded if self.grace_until.get(&id.0).is_none_or(|&t| now.0 >= t) => {
+                NodeState::Degraded if self.fleet.grace_until.get(&id.0).is_none_or(|&t| now.0 >= t) => {
                     Some(Input::GraceExpired(id))
                 }
                 _ => None,
@@ -324,7 +335,7 @@ impl Control {
             if let Some(input) = input
                 && let Err(e) = self.input(input)
             {
-                tracing::warn!("node {}: {e}", self.node_names[i]);
+                tracing::warn!("node {}: {e}", self.registry.node_names[i]);
             }
         }
     }
@@ -336,26 +347,30 @@ impl Control {
             .node_index(node)
             .ok_or_else(|| bad("id", format!("no node {node} in the inventory")))?;
         let mut w = Work {
-            refresh_fingerprint: self.fingerprint_asked.remove(&nid.0),
+            refresh_fingerprint: self.conformance.fingerprint_asked.remove(&nid.0),
             ..Work::default()
         };
         // What this node's agent runs now (where each allocation runs, for the start gate below).
-        self.unheard.remove(&nid.0);
-        let before = self.agent_running.insert(nid.0, running.to_vec()).unwrap_or_default();
+        self.fleet.unheard.remove(&nid.0);
+        let before = self
+            .fleet
+            .agent_running
+            .insert(nid.0, running.to_vec())
+            .unwrap_or_default();
         for gone in before.iter().filter(|a| !running.contains(a)) {
-            if let Some(on) = self.running_where.get_mut(gone) {
+            if let Some(on) = self.fleet.running_where.get_mut(gone) {
                 on.remove(&nid.0);
                 if on.is_empty() {
-                    self.running_where.remove(gone);
+                    self.fleet.running_where.remove(gone);
                 }
             }
         }
         for a in running {
-            self.running_where.entry(a.clone()).or_default().insert(nid.0);
+            self.fleet.running_where.entry(a.clone()).or_default().insert(nid.0);
         }
         // This node's agent no longer runs these: their stop here is confirmed.
-        let names = &self.meta;
-        self.stopping_on.retain(|a, on| {
+        let names = &self.registry.meta;
+        self.fleet.stopping_on.retain(|a, on| {
             let runs_here = names.get(a.index()).is_some_and(|m| running.contains(&m.name));
             if !runs_here {
                 on.remove(&nid.0);
@@ -369,21 +384,21 @@ impl Control {
             && a.state == AllocState::Running
         {
             let name = self.name_of(id);
-            let reported = self.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0));
+            let reported = self.fleet.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0));
             let vni = self.ctl.vni_of(id);
             // With a fabric manager, a job on a VNI starts once its CXI service exists.
-            let fabric_ready = !self.fabric || vni.is_none() || self.cxi.contains_key(&name);
-            let cxi_auth_key = self.cxi.get(&name).map(|c| c.1.clone());
+            let fabric_ready = !self.fabric || vni.is_none() || self.services.cxi.contains_key(&name);
+            let cxi_auth_key = self.services.cxi.get(&name).map(|c| c.1.clone());
             // A victim being preempted is not started where it does not run yet; a claim whose nodes
             // boot the hardened image starts once they all have.
-            let stopping = self.preempting.contains_key(&id) || self.ctl.is_booting(id);
-            if self.fresh_starts.contains(&(nid.0, id)) {
+            let stopping = self.stops.preempting.contains_key(&id) || self.ctl.is_booting(id);
+            if self.fleet.fresh_starts.contains(&(nid.0, id)) {
                 if running.contains(&name) {
                     // An earlier start's process: stopped before this start runs here (else the
                     // node would run the old run as part of the new one, with the old nodes).
                     w.kill.push(name.clone());
                 } else if !reported && fabric_ready && !stopping {
-                    self.fresh_starts.remove(&(nid.0, id));
+                    self.fleet.fresh_starts.remove(&(nid.0, id));
                 }
             }
             // An earlier run still to be stopped elsewhere (its nodes' agents have not polled since):
@@ -395,28 +410,32 @@ impl Control {
                     .is_some_and(|x| x.state == lattice_engine::NodeState::Down)
             };
             // (A Down node's agent stopped it by its lease.)
-            let since = self.now().0.saturating_sub(self.took_over_ms);
+            let since = self.now().0.saturating_sub(self.fleet.took_over_ms);
             let within_lease =
                 |n: u32| since < self.heartbeat_timeout_ms + self.ctl.node_grace(lattice_engine::NodeId(n)).0;
-            let stale = self.fresh_starts.contains(&(nid.0, id))
+            let stale = self.fleet.fresh_starts.contains(&(nid.0, id))
                 || self
-                    .stopping_on
+                    .fleet.stopping_on
                     .get(&id)
                     .is_some_and(|on| on.iter().any(|n| *n != nid.0 && !down(*n)))
                 // A node outside this start still runs it (an earlier start)...
-                || self.running_where.get(&name).is_some_and(|on| {
+                || self.fleet.running_where.get(&name).is_some_and(|on| {
                     on.iter()
                         .any(|n| !a.nodes.contains(&lattice_engine::NodeId(*n)) && !down(*n))
                 })
                 // ...or may, not having polled since the take-over, within a predecessor's lease.
-                || (self.taken_over.contains(&id)
-                    && self.unheard.iter().any(|n| *n != nid.0 && !down(*n) && within_lease(*n)));
+                || (self.fleet.taken_over.contains(&id)
+                    && self.fleet.unheard.iter().any(|n| *n != nid.0 && !down(*n) && within_lease(*n)));
             if !reported && !stale && !running.contains(&name) && fabric_ready && !stopping {
-                let m = &self.meta[id.index()];
+                let m = &self.registry.meta[id.index()];
                 w.launch.push(Launch {
                     id: name,
                     entrypoint: m.entrypoint.clone().unwrap_or_default(),
-                    nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                    nodes: a
+                        .nodes
+                        .iter()
+                        .map(|n| self.registry.node_names[n.index()].clone())
+                        .collect(),
                     task_index: a.nodes.iter().position(|n| *n == nid).unwrap_or(0) as u32,
                     walltime_s: a.spec.lifecycle.walltime().map(|d| d.as_secs_f64()),
                     tenant: self.tenant_name(a.spec.tenant),
@@ -434,7 +453,12 @@ impl Control {
                     agents: a
                         .nodes
                         .iter()
-                        .filter_map(|n| Some((self.node_names[n.index()].clone(), self.peer_addr.get(&n.0)?.clone())))
+                        .filter_map(|n| {
+                            Some((
+                                self.registry.node_names[n.index()].clone(),
+                                self.fleet.peer_addr.get(&n.0)?.clone(),
+                            ))
+                        })
                         .collect(),
                     mounts: m
                         .data
@@ -455,7 +479,7 @@ impl Control {
             }
             // Someone follows its output: the agent sends what is new with its next polls.
             let name = self.name_of(id);
-            if running.contains(&name) && self.followed.get(&id).is_some_and(|until| *until > self.now().0) {
+            if running.contains(&name) && self.output.followed.get(&id).is_some_and(|until| *until > self.now().0) {
                 w.tail.push(name);
             }
         }
@@ -463,11 +487,11 @@ impl Control {
         // A checkpoint hint is handed out once per node (a hint, not a guarantee: the application
         // decides whether and when to checkpoint).
         if let Some(id) = mine
-            && let Some(nodes) = self.checkpoint_hints.get_mut(&id)
+            && let Some(nodes) = self.stops.checkpoint_hints.get_mut(&id)
             && nodes.remove(&nid.0)
         {
             if nodes.is_empty() {
-                self.checkpoint_hints.remove(&id);
+                self.stops.checkpoint_hints.remove(&id);
             }
             if let Some(n) = &mine_name
                 && running.contains(n)
@@ -481,12 +505,13 @@ impl Control {
         if let Some(id) = mine
             && let Some(name) = mine_name.clone()
             && let Some(how) = self
+                .stops
                 .preempting
                 .get(&id)
                 .filter(|p| p.at <= now && p.to_tell.contains(&nid.0))
                 .map(|p| p.how)
         {
-            if let Some(p) = self.preempting.get_mut(&id) {
+            if let Some(p) = self.stops.preempting.get_mut(&id) {
                 p.to_tell.remove(&nid.0);
             }
             let wants_checkpoint = matches!(how, PreemptHow::CheckpointThenStop { .. });
@@ -502,17 +527,22 @@ impl Control {
                     deadline_s,
                     grace_s,
                 });
-            } else if !self.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0)) {
+            } else if !self.fleet.exits.get(&id).is_some_and(|e| e.contains_key(&nid.0)) {
                 // It does not run here (never started): nothing to stop on this node.
                 let n = self.ctl.engine.allocation(id).map_or(0, |a| a.nodes.len());
                 self.preempted_on(id, nid.0, n, wants_checkpoint);
             }
         }
         // A released claim's node: the agent wipes it with the site's command.
-        for (id, wipe) in self.wiping.iter_mut() {
+        for (id, wipe) in self.wipes.wiping.iter_mut() {
             if wipe.to_tell.remove(&nid.0) {
-                w.wipe
-                    .push(self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default());
+                w.wipe.push(
+                    self.registry
+                        .meta
+                        .get(id.index())
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default(),
+                );
             }
         }
         w.kill
@@ -547,7 +577,7 @@ impl Control {
         for m in metrics {
             let Some(id) = self.id_of(&m.id) else { continue };
             if !m.value.is_finite()
-                || self.meta.get(id.index()).and_then(|x| x.metric.as_deref()) != Some(m.name.as_str())
+                || self.registry.meta.get(id.index()).and_then(|x| x.metric.as_deref()) != Some(m.name.as_str())
             {
                 continue;
             }
@@ -575,11 +605,11 @@ impl Control {
                 continue; // a late report of a run that ended
             }
             let n = a.nodes.len();
-            let r = self.hint_reports.entry(id).or_default();
+            let r = self.stops.hint_reports.entry(id).or_default();
             r.insert(nid.0, o.ok);
             if !o.ok || r.len() == n {
                 let ok = r.values().all(|v| *v);
-                self.hint_reports.remove(&id);
+                self.stops.hint_reports.remove(&id);
                 self.checkpointed(id, ok);
             }
         }
@@ -609,14 +639,14 @@ impl Control {
         if kind == ExitKind::Prologue {
             // The run ends on every node (the others are told to stop theirs); the engine requeues it
             // away from this node, or fails it once its retries are spent.
-            self.exits.remove(&id);
+            self.fleet.exits.remove(&id);
             if let Err(e) = self.input(Input::PrologueFailed(id, nid)) {
                 tracing::warn!("{name}: prologue failure not applied: {e}");
                 return Ok(false);
             }
             return Ok(true);
         }
-        let e = self.exits.entry(id).or_default();
+        let e = self.fleet.exits.entry(id).or_default();
         e.insert(nid.0, code);
         let reason = match kind {
             ExitKind::Fenced => Some(EndReason::NodeFailure),
@@ -633,7 +663,7 @@ impl Control {
             ExitKind::Exited | ExitKind::Checkpointed | ExitKind::Preempted | ExitKind::Prologue => None,
         };
         let Some(reason) = reason else { return Ok(false) };
-        self.exits.remove(&id);
+        self.fleet.exits.remove(&id);
         Ok(self.completed(id, reason))
     }
 
@@ -643,7 +673,7 @@ impl Control {
     /// a kill; otherwise it is suspended once every node stopped — resuming from the checkpoint when
     /// every node wrote it. Returns whether the allocation ended its run now.
     pub(super) fn preempted_on(&mut self, id: AllocId, node: u32, n: usize, checkpointed: bool) -> bool {
-        let Some(p) = self.preempting.get(&id) else {
+        let Some(p) = self.stops.preempting.get(&id) else {
             return false; // not being preempted: a late or stray report
         };
         let wants_checkpoint = matches!(p.how, PreemptHow::CheckpointThenStop { .. });
@@ -652,15 +682,15 @@ impl Control {
                 self.tally.failed_checkpoints += 1;
                 self.tally.checkpoints_failed += 1;
             }
-            self.exits.remove(&id);
+            self.fleet.exits.remove(&id);
             return self.completed(id, EndReason::PreemptionKilled);
         }
-        let e = self.exits.entry(id).or_default();
+        let e = self.fleet.exits.entry(id).or_default();
         e.insert(node, if checkpointed { 0 } else { 1 });
         if e.len() < n {
             return false;
         }
-        self.exits.remove(&id);
+        self.fleet.exits.remove(&id);
         self.suspended(id, wants_checkpoint)
     }
 }

@@ -54,7 +54,7 @@ impl Control {
     /// The allocation no longer runs (the controller took it out of its network domain when it
     /// released its nodes): the CXI service to revoke, if one was created.
     pub fn left_network(&mut self, name: &str) -> Option<String> {
-        self.cxi.remove(name).map(|(service, _)| service)
+        self.services.cxi.remove(name).map(|(service, _)| service)
     }
 
     /// Staging allocations whose prefetch is still to be asked of VAST: (name, sources to bring to the
@@ -69,9 +69,9 @@ impl Control {
             .filter(|a| a.state == AllocState::Staging)
             .map(|a| a.id)
             .collect();
-        self.prefetched.retain(|id, _| staging.contains(id));
+        self.services.prefetched.retain(|id, _| staging.contains(id));
         for id in staging {
-            let entry = self.prefetched.entry(id).or_insert((false, 0));
+            let entry = self.services.prefetched.entry(id).or_insert((false, 0));
             if entry.0 {
                 continue;
             }
@@ -98,7 +98,7 @@ impl Control {
     pub fn prefetch_failed(&mut self, name: &str) -> bool {
         let Some(id) = self.id_of(name) else { return false };
         let _ = self.input(Input::StagingFailed(id));
-        let e = self.prefetched.entry(id).or_insert((true, 0));
+        let e = self.services.prefetched.entry(id).or_insert((true, 0));
         e.1 += 1;
         // Asked again next cycle, unless the retries are spent (the engine raised its alert).
         e.0 = e.1 > lattice_engine::STAGING_RETRIES;
@@ -107,7 +107,7 @@ impl Control {
 
     /// The fabric manager created `name`'s CXI service (its launch may go out now).
     pub fn cxi_ready(&mut self, name: &str, service: String, auth_key: String) {
-        self.cxi.insert(name.to_string(), (service, auth_key));
+        self.services.cxi.insert(name.to_string(), (service, auth_key));
     }
 
     /// The fabric manager could not set `name` up: a prologue failure (retried on other nodes first,

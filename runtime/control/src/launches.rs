@@ -18,7 +18,12 @@ impl Control {
         let nodes: Vec<(String, Option<String>)> = a
             .nodes
             .iter()
-            .map(|n| (self.node_names[n.index()].clone(), self.peer_addr.get(&n.0).cloned()))
+            .map(|n| {
+                (
+                    self.registry.node_names[n.index()].clone(),
+                    self.fleet.peer_addr.get(&n.0).cloned(),
+                )
+            })
             .collect();
         let now_ms = self.now().0;
         self.launches
@@ -44,7 +49,7 @@ impl Control {
         let now = self.now().0;
         self.launches.reconcile(node, running, now);
         let engine = &self.ctl.engine;
-        let by_name = &self.by_name;
+        let by_name = &self.registry.by_name;
         let here = |alloc: &str| {
             by_name
                 .get(alloc)
@@ -87,7 +92,7 @@ impl Control {
     /// whether it is a sensitive claim (attach is audited).
     pub fn attach_target(&self, name: &str, node: Option<&str>) -> Result<(String, String, String, bool), FieldError> {
         let (id, a) = self.allocation_named(name)?;
-        if self.preempting.contains_key(&id) {
+        if self.stops.preempting.contains_key(&id) {
             return Err(bad(
                 "id",
                 "allocation is being checkpointed — attach unavailable until rescheduled",
@@ -106,20 +111,21 @@ impl Control {
                 .filter(|nid| a.nodes.contains(nid))
                 .ok_or_else(|| bad("node", format!("{n} is not a node of {name}")))?,
         };
-        let node_name = self.node_names[target.index()].clone();
+        let node_name = self.registry.node_names[target.index()].clone();
         // Its agent must have started it there (or seen its part end there).
         let started_there = self
+            .fleet
             .agent_running
             .get(&target.0)
             .is_some_and(|r| r.iter().any(|x| x == name))
-            || self.exits.get(&id).is_some_and(|e| e.contains_key(&target.0));
+            || self.fleet.exits.get(&id).is_some_and(|e| e.contains_key(&target.0));
         if !started_there {
             return Err(bad(
                 "node",
                 format!("{name} has not started on {node_name} yet; retry in a moment"),
             ));
         }
-        let addr = self.peer_addr.get(&target.0).cloned().ok_or_else(|| {
+        let addr = self.fleet.peer_addr.get(&target.0).cloned().ok_or_else(|| {
             bad(
                 "node",
                 format!("the agent of {node_name} serves no terminals (its --peer-listen)"),
@@ -143,7 +149,7 @@ impl Control {
             }
             req.nodes.clone()
         } else {
-            (0..self.node_names.len() as u32)
+            (0..self.registry.node_names.len() as u32)
                 .filter(|i| {
                     req.group.is_none_or(|g| {
                         self.ctl
@@ -152,7 +158,7 @@ impl Control {
                             .is_some_and(|n| n.spec.group.0 == g)
                     })
                 })
-                .map(|i| self.node_names[i as usize].clone())
+                .map(|i| self.registry.node_names[i as usize].clone())
                 .collect()
         };
         if nodes.is_empty() {

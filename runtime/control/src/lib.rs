@@ -22,6 +22,7 @@ mod logs;
 pub mod network;
 mod queries;
 mod request;
+mod state;
 mod submit;
 pub mod tasks;
 mod types;
@@ -33,15 +34,14 @@ pub use types::*;
 
 pub use crate::world::PendingProposal;
 use crate::world::{Action, Outbox};
-use lattice_agent_protocol::Stream;
 /// The agent wire types (declared once, with the agent: `lattice-agent-protocol`).
 pub use lattice_agent_protocol::{
     Buffered as BufferedBeat, ExitKind, Launch, Metric as MetricIn, Outcome, Output as OutputIn, PreemptWork,
     TaskGroup as TaskGroupView, Work,
 };
 use lattice_engine::PreemptHow;
-use lattice_engine::{AllocId, Controller, Decision, Input, Policy, TenantId, Time, VClusterConfig, VClusterId};
-use serde::Serialize;
+use lattice_engine::{AllocId, Controller, Decision, Input, Policy, Time, VClusterConfig, VClusterId};
+use state::{Acks, Conformance, Fleet, Meta, Output, Preempting, Registry, Services, Stops, Wipes, Wiping};
 use std::collections::BTreeMap;
 
 /// What happened since the metrics last took it ([`Control::take_tally`]): the events behind the
@@ -79,61 +79,9 @@ fn sample<T>(v: &mut Vec<T>, x: T) {
     }
 }
 
-/// Per-allocation details the engine does not keep.
-#[derive(Clone, Debug)]
-struct Meta {
-    name: String,
-    user: Option<String>,
-    project: Option<String>,
-    entrypoint: Option<String>,
-    tags: BTreeMap<String, String>,
-    run: std::time::Duration,
-    last_rejection: Option<String>,
-    telemetry: String,
-    checkpoints: u32,
-    last_checkpoint_ms: Option<u64>,
-    /// Why it was last preempted ("priority for a-000009").
-    preempted_for: Option<String>,
-    /// Reactive: the metric it scales on.
-    metric: Option<String>,
-    environment: Option<EnvironmentIn>,
-    data: Option<DataIn>,
-    /// Its exposed ports and its liveness probe.
-    expose: Vec<ExposeIn>,
-    liveness: Option<lattice_agent_protocol::ProbeSpec>,
-}
-
-impl Meta {
-    fn new(name: String, run: std::time::Duration) -> Meta {
-        Meta {
-            name,
-            user: None,
-            project: None,
-            entrypoint: None,
-            tags: BTreeMap::new(),
-            run,
-            last_rejection: None,
-            telemetry: "prod".into(),
-            checkpoints: 0,
-            last_checkpoint_ms: None,
-            preempted_for: None,
-            metric: None,
-            environment: None,
-            data: None,
-            expose: Vec::new(),
-            liveness: None,
-        }
-    }
-}
-
 pub struct Control {
     /// The controller `rm-replay` runs, with the engine it owns.
     pub ctl: Controller,
-    /// (tenant, idempotency key) → the id its first submission got.
-    keys: BTreeMap<(String, String), String>,
-    /// Submissions queued here not yet known to be on a majority's disks: id → whether a request
-    /// is mirroring it right now.
-    unacked: BTreeMap<String, bool>,
     /// The Raft term in which this control plane adopted the durable queue (`None`: it did not; a
     /// follower's, or a fresh one).
     pub adopted_term: Option<u64>,
@@ -141,117 +89,47 @@ pub struct Control {
     pub incarnation: u64,
     /// The controller's decisions not yet turned into [`Action`]s.
     outbox: Outbox,
-    /// Victims being preempted (until their agents report them stopped): how, from when, and the
-    /// nodes whose (real) agent has not been told yet.
-    preempting: BTreeMap<AllocId, Preempting>,
-    /// Real agents: per allocation with a checkpoint hint out, what each node's agent reported.
-    hint_reports: BTreeMap<AllocId, BTreeMap<u32, bool>>,
     /// Reactive allocations: each node's latest sample of the metric they scale on.
     metric_samples: BTreeMap<AllocId, BTreeMap<u32, f64>>,
-    /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
-    /// each node's outcome.
-    wiping: BTreeMap<AllocId, Wiping>,
     /// OpenCHAMI wipes released claims' nodes (agents are not told to).
     pub wipe_by_openchami: bool,
-    /// Per (claim, node): when its wipe started and why it failed, for the audit entry.
-    wipe_notes: BTreeMap<(AllocId, u32), String>,
-    /// Per node: when its heartbeat grace runs out (ms), once it missed one.
-    grace_until: BTreeMap<u32, u64>,
     /// The fabric manager is in use: a launch waits for its CXI service.
     pub fabric: bool,
-    /// Staging allocations: whether their VAST prefetch is issued, and how many times it failed.
-    prefetched: BTreeMap<AllocId, (bool, u32)>,
-    /// CXI services created for running allocations: name → (service id, auth key).
-    cxi: BTreeMap<String, (String, String)>,
-    tenants: BTreeMap<String, TenantId>,
-    /// (tenant, project) → the engine's project id (a project belongs to one tenant).
-    projects: BTreeMap<(String, String), lattice_engine::ProjectId>,
-    /// Project names by id (the inverse of `projects`).
-    project_of_id: Vec<String>,
-    vclusters: BTreeMap<String, VClusterId>,
-    default_vcluster: String,
     /// A replay's virtual clock (`None`: [`Control::wall`]).
     clock: Option<Time>,
     /// The member's clock ([`Clock`]).
     pub wall: Clock,
-    meta: Vec<Meta>,
-    by_name: BTreeMap<String, AllocId>,
-    node_names: Vec<String>,
-    next: u64,
     capture: Option<std::fs::File>,
-    /// DAG id → (member name, allocation id) in submission order.
-    dags: BTreeMap<String, Vec<(String, String)>>,
-    /// Per node: the agent's last heartbeat sequence number and when it arrived (ms), once registered
-    /// ([`SEQ_UNKNOWN`] for a node taken over with a re-attached allocation, until its agent registers).
-    agents: Vec<Option<(u64, u64)>>,
-    /// Ends the controller asked to be put on a majority ([`Decision::Persist`]): recorded there by
-    /// the scheduling loop.
-    settle_wanted: std::collections::BTreeSet<String>,
-    /// Dependencies that ended before this control plane took over (in `history`), by the number
-    /// the controller knows them by ([`lattice_engine::Durable::PriorEnd`]).
-    prior_ends: BTreeMap<String, u64>,
-    /// Real agents: per running allocation, the nodes whose agent reported its exit (node → code).
-    exits: BTreeMap<AllocId, BTreeMap<u32, i32>>,
-    /// The output tails agents reported with exits: allocation → node → text (the newest
-    /// [`LOGS_KEPT`] allocations).
-    logs: BTreeMap<AllocId, BTreeMap<(String, Stream), String>>,
-    /// Allocations that ended before this control plane took over: their final records (from the
-    /// durable copy), by id.
-    history: BTreeMap<String, AllocationView>,
     /// Re-attached allocations whose simulated agents must resume (drained by the loop).
     resumed: Vec<AllocId>,
     /// Real agents run the work: a node is Booting (not schedulable) until its agent registers.
     pub real_agents: bool,
-    /// (node, allocation) of starts not yet launched on that node: a process of the allocation the
-    /// node's agent still runs there is from an earlier start, stopped first ([`Control::work`]).
-    fresh_starts: std::collections::BTreeSet<(u32, AllocId)>,
-    /// Allocations that left nodes (ended, requeued, preempted) whose agents have not yet shown
-    /// they stopped them there: a next start waits for these ([`Control::work`]).
-    stopping_on: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
-    /// Where agents last said (in their work polls) each allocation runs: node indexes.
-    running_where: BTreeMap<String, std::collections::BTreeSet<u32>>,
-    /// Each node's last running list.
-    agent_running: BTreeMap<u32, Vec<String>>,
-    /// Nodes whose agents have not polled this control plane since it took over, and when it did:
-    /// they may still run anything (under a predecessor's lease) until that lease is surely over.
-    unheard: std::collections::BTreeSet<u32>,
-    took_over_ms: u64,
-    /// Allocations taken over from the durable queue (a predecessor may have started them; ones
-    /// submitted since cannot run anywhere yet).
-    taken_over: std::collections::BTreeSet<AllocId>,
     /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
     pub heartbeat_timeout_ms: u64,
-    /// Checkpoint hints not yet handed to the agents: allocation → nodes still to tell.
-    checkpoint_hints: BTreeMap<AllocId, std::collections::BTreeSet<u32>>,
-    /// Per node: the fingerprint and capabilities its agent reported.
-    agent_info: BTreeMap<u32, (Option<String>, Option<serde_json::Value>)>,
-    /// Per node: where its agent's own service listens (task launches' fences between agents).
-    peer_addr: BTreeMap<u32, String>,
     /// Task launches within running allocations (`lattice launch`): leader state, not replicated.
     pub launches: crate::tasks::Launches,
     /// The secret each allocation's launch token is derived from (random per leader; zeros in tests).
     pub launch_secret: [u8; 32],
     /// The nodes' image caches: operators' warm/evict orders and what the agents report.
     pub caches: crate::cache::Caches,
-    /// Per node: when its agent last reported the fingerprint (ms), and whether a fresh one is asked.
-    fingerprint_ms: BTreeMap<u32, u64>,
-    fingerprint_asked: std::collections::BTreeSet<u32>,
-    /// Per node: the conformance baseline it must match (from the inventory: OpenCHAMI's groups).
-    baselines: BTreeMap<u32, String>,
-    /// Per node: the first fingerprint this control plane saw (the baseline when nothing else says).
-    first_fingerprint: BTreeMap<u32, String>,
-    /// Per drifted node: (expected, actual) fingerprints.
-    drift_seen: BTreeMap<u32, (String, String)>,
-    /// Allocations someone follows (until when, ms) and the live output their agents sent.
-    followed: BTreeMap<AllocId, u64>,
-    live: BTreeMap<AllocId, BTreeMap<(String, Stream), std::collections::VecDeque<OutputIn>>>,
     /// Events for the metrics since they last took them.
     tally: Tally,
-    /// When each allocation's last checkpoint hint went out (its duration ends at the report).
-    hinted_at: BTreeMap<AllocId, Time>,
-    /// Per node: the last partition its agent replayed heartbeats for.
-    partitions: BTreeMap<u32, Partition>,
-    node_by_name: BTreeMap<String, u32>,
+    /// Names, ids and request details ([`Registry`]).
+    registry: Registry,
+    /// The node agents as heard here ([`Fleet`]).
+    fleet: Fleet,
+    /// The nodes' conformance fingerprints ([`Conformance`]).
+    conformance: Conformance,
+    /// Allocations' output tails and live output ([`Output`]).
+    output: Output,
+    /// Preemptions and checkpoint hints in flight ([`Stops`]).
+    stops: Stops,
+    /// Released claims' wipes ([`Wipes`]).
+    wipes: Wipes,
+    /// What is not yet on a majority's disks ([`Acks`]).
+    acks: Acks,
+    /// VAST prefetches and CXI services ([`Services`]).
+    services: Services,
 }
 
 /// What a submission queued: its id (a task group's own id) and each allocation with the request
@@ -260,40 +138,6 @@ pub struct Control {
 pub struct Submitted {
     pub id: String,
     pub elements: Vec<(String, SubmitRequest)>,
-}
-
-/// Live output of one allocation on one node (the newest [`LIVE_BYTES`] at most).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct LiveOutput {
-    /// Output offset of `data`'s first byte.
-    pub offset: u64,
-    pub data: String,
-    /// Offset after `data`: pass it back as `after` for what follows.
-    pub next: u64,
-}
-
-/// Live output kept per allocation and node.
-pub const LIVE_BYTES: usize = 1 << 20;
-
-/// How long a follow request keeps an allocation's output streaming from its agents (ms).
-pub const FOLLOW_MS: u64 = 10_000;
-
-/// A victim's preemption in progress.
-#[derive(Clone, Debug)]
-struct Preempting {
-    how: PreemptHow,
-    /// When the sequence starts (a reclaim's grace period later).
-    at: Time,
-    /// Nodes whose agent has not been told yet.
-    to_tell: std::collections::BTreeSet<u32>,
-}
-
-/// A released claim's wipe on real agents (the controller awaits the outcomes and times them out).
-#[derive(Clone, Debug)]
-struct Wiping {
-    to_tell: std::collections::BTreeSet<u32>,
-    /// When the wipe started (ms since the epoch).
-    started_ms: u64,
 }
 
 /// What an agent reports with a poll besides what it runs.
@@ -313,12 +157,6 @@ pub struct AgentReports {
     pub cache_done: Vec<crate::cache::CacheOutcome>,
     pub cache: Option<Vec<crate::cache::CachedImage>>,
 }
-
-/// How many allocations' output tails the control plane keeps (the full logs stay on the nodes).
-pub const LOGS_KEPT: usize = 1000;
-
-/// The most of one node's output an exit report carries.
-pub const LOG_TAIL_BYTES: usize = 64 * 1024;
 
 impl Control {
     /// The site's engine (the same builder `rm-replay` uses: [`lattice_traces::site_engine`]) with the
@@ -372,7 +210,7 @@ impl Control {
             c.ctl.engine.set_tenant_quota(id, *q);
         }
         for (t, p, q) in contracts.project_list() {
-            let (tenant, project) = (c.tenant_id(t), c.project_id(t, p));
+            let (tenant, project) = (c.tenant_id(t), c.registry.project_id(t, p));
             c.ctl.engine.set_project_quota(project, tenant, *q);
         }
         if let Some(path) = capture {
@@ -392,12 +230,15 @@ impl Control {
         vclusters: BTreeMap<String, VClusterId>,
         default_vcluster: String,
     ) -> anyhow::Result<Control> {
-        let vcs = vclusters;
-        let mut c = Control {
+        let node_by_name = node_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u32))
+            .collect();
+        let agents = vec![None; node_names.len()];
+        Ok(Control {
             clock: None,
             wall: Clock::system(),
-            keys: BTreeMap::new(),
-            unacked: BTreeMap::new(),
             adopted_term: None,
             incarnation: {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -405,69 +246,36 @@ impl Control {
             },
             ctl,
             outbox: Outbox::default(),
-            grace_until: BTreeMap::new(),
-            preempting: BTreeMap::new(),
-            hint_reports: BTreeMap::new(),
             metric_samples: BTreeMap::new(),
-            wiping: BTreeMap::new(),
             wipe_by_openchami: false,
-            wipe_notes: BTreeMap::new(),
             fabric: false,
-            prefetched: BTreeMap::new(),
-            cxi: BTreeMap::new(),
-            tenants: BTreeMap::new(),
-            projects: BTreeMap::new(),
-            project_of_id: Vec::new(),
-            vclusters: vcs,
-            default_vcluster,
-            meta: Vec::new(),
-            by_name: BTreeMap::new(),
-            node_names,
-            next: 1,
             capture: None,
-            dags: BTreeMap::new(),
-            agents: Vec::new(),
-            settle_wanted: Default::default(),
-            prior_ends: BTreeMap::new(),
-            exits: BTreeMap::new(),
-            agent_info: BTreeMap::new(),
-            peer_addr: BTreeMap::new(),
             launches: Default::default(),
             launch_secret: [0; 32],
             caches: Default::default(),
-            fingerprint_ms: BTreeMap::new(),
-            fingerprint_asked: Default::default(),
-            baselines: BTreeMap::new(),
-            first_fingerprint: BTreeMap::new(),
-            drift_seen: BTreeMap::new(),
-            partitions: BTreeMap::new(),
-            followed: BTreeMap::new(),
-            live: BTreeMap::new(),
             tally: Tally::default(),
-            hinted_at: BTreeMap::new(),
-            checkpoint_hints: BTreeMap::new(),
-            logs: BTreeMap::new(),
-            history: BTreeMap::new(),
             resumed: Vec::new(),
             real_agents: false,
             heartbeat_timeout_ms: 30_000,
-            fresh_starts: std::collections::BTreeSet::new(),
-            stopping_on: BTreeMap::new(),
-            running_where: BTreeMap::new(),
-            agent_running: BTreeMap::new(),
-            unheard: std::collections::BTreeSet::new(),
-            took_over_ms: 0,
-            taken_over: std::collections::BTreeSet::new(),
-            node_by_name: BTreeMap::new(),
-        };
-        c.node_by_name = c
-            .node_names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), i as u32))
-            .collect();
-        c.agents = vec![None; c.node_names.len()];
-        Ok(c)
+            registry: Registry {
+                vclusters,
+                default_vcluster,
+                node_names,
+                node_by_name,
+                next: 1,
+                ..Default::default()
+            },
+            fleet: Fleet {
+                agents,
+                ..Default::default()
+            },
+            conformance: Conformance::default(),
+            output: Output::default(),
+            stops: Stops::default(),
+            wipes: Wipes::default(),
+            acks: Acks::default(),
+            services: Services::default(),
+        })
     }
 
     /// The engine's clock never goes back ([`Clock`] is monotonic; and never before the engine's
@@ -527,8 +335,8 @@ impl Control {
     /// checkpoint order or a kill failed them, a stop suspended them): logged and counted.
     fn unreported_preemptions(&mut self) {
         for (id, how) in self.ctl.take_unreported() {
-            self.preempting.remove(&id);
-            self.exits.remove(&id);
+            self.stops.preempting.remove(&id);
+            self.fleet.exits.remove(&id);
             tracing::warn!(
                 "{}: its agents did not report the preemption in time; taken as stopped without a checkpoint",
                 self.name_of(id)
@@ -559,7 +367,7 @@ impl Control {
             return;
         }
         let ts = now.0 as f64 / 1000.0;
-        let node = |n: lattice_engine::NodeId| self.node_names.get(n.index()).cloned().unwrap_or_default();
+        let node = |n: lattice_engine::NodeId| self.registry.node_names.get(n.index()).cloned().unwrap_or_default();
         let line = match input {
             Input::Cancel(id) => serde_json::json!({"ts": ts, "type": "cancel", "alloc_id": self.name_of(id)}),
             Input::Walltime(id, w) => serde_json::json!({
@@ -568,7 +376,7 @@ impl Control {
             Input::Metric(id, value) => {
                 let mut v =
                     serde_json::json!({"ts": ts, "type": "metric", "alloc_id": self.name_of(id), "value": value});
-                if let Some(m) = self.meta.get(id.index()).and_then(|m| m.metric.clone()) {
+                if let Some(m) = self.registry.meta.get(id.index()).and_then(|m| m.metric.clone()) {
                     v["metric"] = m.into();
                 }
                 v
@@ -630,14 +438,18 @@ impl Control {
                         };
                         let tenant = self.tenant_name(a.spec.tenant);
                         let sensitive = a.spec.sensitive_claim;
-                        let m = self.meta.get(p.alloc.index());
+                        let m = self.registry.meta.get(p.alloc.index());
                         out.push(Action::Propose(PendingProposal {
                             incarnation: self.incarnation,
                             alloc: p.alloc,
                             name: m.map(|m| m.name.clone()).unwrap_or_default(),
                             tenant,
                             user: m.and_then(|m| m.user.clone()).unwrap_or_default(),
-                            nodes: p.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            nodes: p
+                                .nodes
+                                .iter()
+                                .map(|n| self.registry.node_names[n.index()].clone())
+                                .collect(),
                             sensitive,
                             backfilled: p.backfilled,
                             project: m.and_then(|m| m.project.clone()),
@@ -645,13 +457,13 @@ impl Control {
                     }
                     Decision::Persist(record) => {
                         let name = self.record_name(record);
-                        self.settle_wanted.insert(name.clone());
+                        self.acks.settle_wanted.insert(name.clone());
                         out.push(Action::Persist { record, name });
                     }
                     Decision::Refuse { alloc, why } => {
                         let message = self.refusal_message(&why);
                         tracing::info!("{}: start refused: {message}", self.name_of(alloc));
-                        if let Some(m) = self.meta.get_mut(alloc.index()) {
+                        if let Some(m) = self.registry.meta.get_mut(alloc.index()) {
                             m.last_rejection = Some(message.clone());
                         }
                         out.push(Action::Refuse {
@@ -662,14 +474,15 @@ impl Control {
                         });
                     }
                     Decision::Release { alloc, nodes } => {
-                        self.checkpoint_hints.remove(&alloc);
+                        self.stops.checkpoint_hints.remove(&alloc);
                         // A victim that gave its nodes back is no longer being preempted.
-                        self.preempting.remove(&alloc);
+                        self.stops.preempting.remove(&alloc);
                         if self.real_agents {
                             // Until each of these nodes' agents shows it no longer runs the
                             // allocation (or the node is Down: its agent fenced it), a next start
                             // of it waits: never two runs at once.
-                            self.stopping_on
+                            self.fleet
+                                .stopping_on
                                 .entry(alloc)
                                 .or_default()
                                 .extend(nodes.iter().map(|n| n.0));
@@ -677,13 +490,16 @@ impl Control {
                         out.push(Action::Release {
                             alloc,
                             name: self.name_of(alloc),
-                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            nodes: nodes
+                                .iter()
+                                .map(|n| self.registry.node_names[n.index()].clone())
+                                .collect(),
                         })
                     }
                     Decision::Scale { alloc, node, added } => out.push(Action::Scale {
                         alloc,
                         name: self.name_of(alloc),
-                        node: self.node_names[node.index()].clone(),
+                        node: self.registry.node_names[node.index()].clone(),
                         added,
                     }),
                     Decision::Audit { alloc, event, nodes } => {
@@ -691,6 +507,7 @@ impl Control {
                         out.push(Action::Audit {
                             alloc,
                             user: self
+                                .registry
                                 .meta
                                 .get(alloc.index())
                                 .and_then(|m| m.user.clone())
@@ -698,7 +515,10 @@ impl Control {
                             name: self.name_of(alloc),
                             event,
                             note,
-                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            nodes: nodes
+                                .iter()
+                                .map(|n| self.registry.node_names[n.index()].clone())
+                                .collect(),
                         })
                     }
                     Decision::Launch {
@@ -711,19 +531,22 @@ impl Control {
                         let name = self.name_of(alloc);
                         // A new start: exits reported in an earlier one (before a requeue) are not
                         // this one's.
-                        self.exits.remove(&alloc);
+                        self.fleet.exits.remove(&alloc);
                         // A new start: a process of this allocation still running on one of its
                         // nodes belongs to an earlier start (a requeue onto overlapping nodes).
                         if self.real_agents {
                             for n in &nodes {
-                                self.fresh_starts.insert((n.0, alloc));
+                                self.fleet.fresh_starts.insert((n.0, alloc));
                             }
                         }
                         out.push(Action::Launch {
                             alloc,
                             vni,
                             name,
-                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            nodes: nodes
+                                .iter()
+                                .map(|n| self.registry.node_names[n.index()].clone())
+                                .collect(),
                             resume_from,
                             staging_remaining_s,
                         });
@@ -757,7 +580,7 @@ impl Control {
                             .preemptions
                             .entry((vcluster, o.reason.as_str().to_string()))
                             .or_default() += 1;
-                        if let Some(m) = self.meta.get_mut(o.alloc.index()) {
+                        if let Some(m) = self.registry.meta.get_mut(o.alloc.index()) {
                             m.preempted_for = Some(why);
                         }
                         let to_tell = self
@@ -766,7 +589,7 @@ impl Control {
                             .allocation(o.alloc)
                             .map(|a| a.nodes.iter().map(|n| n.0).collect())
                             .unwrap_or_default();
-                        self.preempting.insert(
+                        self.stops.preempting.insert(
                             o.alloc,
                             Preempting {
                                 how: o.how,
@@ -780,12 +603,12 @@ impl Control {
                         });
                     }
                     Decision::Checkpoint { alloc } => {
-                        self.hinted_at.insert(alloc, self.now());
+                        self.stops.hinted_at.insert(alloc, self.now());
                         // Real agents deliver it at their next poll, by the allocation's mechanism.
                         if let Some(a) = self.ctl.engine.allocation(alloc) {
                             let nodes = a.nodes.iter().map(|n| n.0).collect();
-                            self.checkpoint_hints.insert(alloc, nodes);
-                            self.hint_reports.remove(&alloc);
+                            self.stops.checkpoint_hints.insert(alloc, nodes);
+                            self.stops.hint_reports.remove(&alloc);
                         }
                         out.push(Action::Checkpoint {
                             alloc,
@@ -801,7 +624,7 @@ impl Control {
                             nodes.iter().map(|n| n.0).collect()
                         };
                         // An operator's retry of one node joins the claim's wipe, if under way.
-                        let w = self.wiping.entry(alloc).or_insert(Wiping {
+                        let w = self.wipes.wiping.entry(alloc).or_insert(Wiping {
                             to_tell: Default::default(),
                             started_ms: t.0,
                         });
@@ -810,7 +633,10 @@ impl Control {
                         out.push(Action::Wipe {
                             alloc,
                             name: self.name_of(alloc),
-                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            nodes: nodes
+                                .iter()
+                                .map(|n| self.registry.node_names[n.index()].clone())
+                                .collect(),
                         })
                     }
                     Decision::Boot { alloc, nodes } => {
@@ -821,11 +647,14 @@ impl Control {
                         out.push(Action::Boot {
                             alloc,
                             name: self.name_of(alloc),
-                            nodes: nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+                            nodes: nodes
+                                .iter()
+                                .map(|n| self.registry.node_names[n.index()].clone())
+                                .collect(),
                         })
                     }
                     Decision::Watch { node, grace } => {
-                        self.grace_until.insert(node.0, t.0 + grace.0);
+                        self.fleet.grace_until.insert(node.0, t.0 + grace.0);
                         out.push(Action::Watch { node, grace });
                     }
                     Decision::Drift {
@@ -842,7 +671,7 @@ impl Control {
                             .map(|o| self.name_of(o.alloc));
                         out.push(Action::Drift {
                             node,
-                            name: self.node_names[node.index()].clone(),
+                            name: self.registry.node_names[node.index()].clone(),
                             drifted,
                             sensitive,
                             message: self.drift_message(node.0),

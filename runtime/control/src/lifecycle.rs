@@ -14,9 +14,9 @@ impl Control {
             return;
         }
         // A new run: earlier exit reports (of a requeued run) do not count.
-        self.exits.remove(&id);
-        self.preempting.remove(&id);
-        if let Some(m) = self.meta.get_mut(id.index()) {
+        self.fleet.exits.remove(&id);
+        self.stops.preempting.remove(&id);
+        if let Some(m) = self.registry.meta.get_mut(id.index()) {
             m.last_rejection = None;
         }
     }
@@ -24,14 +24,18 @@ impl Control {
     /// How long a simulated agent runs the allocation from `resume_from` (its duration less the work a
     /// checkpoint kept).
     pub fn simulated_run(&self, id: AllocId, resume_from: Duration) -> std::time::Duration {
-        let run = self.meta.get(id.index()).map_or(std::time::Duration::ZERO, |m| m.run);
+        let run = self
+            .registry
+            .meta
+            .get(id.index())
+            .map_or(std::time::Duration::ZERO, |m| m.run);
         run.saturating_sub(std::time::Duration::from_millis(resume_from.0))
     }
 
     /// The quorum rejected it: back to the queue, retried next cycle.
     pub fn rejected(&mut self, id: AllocId, why: String) {
         let _ = self.input(Input::Rejected(id));
-        if let Some(m) = self.meta.get_mut(id.index()) {
+        if let Some(m) = self.registry.meta.get_mut(id.index()) {
             m.last_rejection = Some(why);
         }
     }
@@ -54,8 +58,13 @@ impl Control {
             tracing::warn!("{}: end not applied: {e}", self.name_of(id));
             return false;
         }
-        self.preempting.remove(&id);
-        let name = self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default();
+        self.stops.preempting.remove(&id);
+        let name = self
+            .registry
+            .meta
+            .get(id.index())
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         // Killed for a preemption: the replay's world decides that again (its run's natural length is
         // unknown). Killed at the walltime: it wanted more than it got.
         if reason != EndReason::PreemptionKilled {
@@ -79,7 +88,7 @@ impl Control {
     /// waits again, and resumes from the checkpoint when it runs. Returns whether it was being
     /// preempted.
     pub fn suspended(&mut self, id: AllocId, checkpointed: bool) -> bool {
-        let Some(p) = self.preempting.remove(&id) else {
+        let Some(p) = self.stops.preempting.remove(&id) else {
             return false;
         };
         match self.input(Input::Suspended(id, checkpointed)) {
@@ -104,13 +113,13 @@ impl Control {
     pub fn checkpointed(&mut self, id: AllocId, ok: bool) {
         if ok {
             self.tally.checkpoints_ok += 1;
-            if let Some(at) = self.hinted_at.remove(&id) {
+            if let Some(at) = self.stops.hinted_at.remove(&id) {
                 let s = self.now().0.saturating_sub(at.0) as f64 / 1000.0;
                 sample(&mut self.tally.checkpoint_s, s);
             }
         } else {
             self.tally.checkpoints_failed += 1;
-            self.hinted_at.remove(&id);
+            self.stops.hinted_at.remove(&id);
         }
         let _ = self.input(Input::Checkpointed(id, ok));
     }
@@ -142,9 +151,9 @@ impl Control {
     /// Cancels; returns whether it held nodes (their release is in the actions). `None` = no such
     /// allocation.
     pub fn cancel(&mut self, name: &str) -> Option<bool> {
-        let Some(&id) = self.by_name.get(name) else {
+        let Some(&id) = self.registry.by_name.get(name) else {
             // Ended before this control plane took over: nothing to cancel.
-            return self.history.contains_key(name).then_some(false);
+            return self.registry.history.contains_key(name).then_some(false);
         };
         let held = self
             .ctl
@@ -155,28 +164,29 @@ impl Control {
         if let Err(e) = self.input(Input::Cancel(id)) {
             tracing::warn!("{name}: cancel not applied: {e}");
         }
-        self.preempting.remove(&id);
+        self.stops.preempting.remove(&id);
         Some(held)
     }
 
     pub fn next_dag_id(&self) -> String {
-        format!("dag-{:04}", self.dags.len() + 1)
+        format!("dag-{:04}", self.registry.dags.len() + 1)
     }
 
     pub fn add_dag(&mut self, id: &str, members: Vec<(String, String)>) {
-        self.dags.insert(id.to_string(), members);
+        self.registry.dags.insert(id.to_string(), members);
     }
 
     /// New ids start above `n` (ids are never reused, across fail-overs too).
     pub fn ids_above(&mut self, n: u64) {
-        self.next = self.next.max(n + 1);
+        self.registry.next = self.registry.next.max(n + 1);
     }
 
     /// The ids of `names` whose allocations have ended (or are unknown here).
     pub fn ended_among<'a>(&self, names: impl Iterator<Item = &'a String>) -> Vec<String> {
         names
             .filter(|n| {
-                self.by_name
+                self.registry
+                    .by_name
                     .get(*n)
                     .and_then(|i| self.ctl.engine.allocation(*i))
                     .is_none_or(|a| a.state.is_terminal())
@@ -188,10 +198,10 @@ impl Control {
     /// These ends are on a majority's copies (the controller's dependents may start on them).
     pub fn ends_settled(&mut self, ids: &[String]) {
         for id in ids {
-            self.settle_wanted.remove(id);
-            let record = match self.by_name.get(id) {
+            self.acks.settle_wanted.remove(id);
+            let record = match self.registry.by_name.get(id) {
                 Some(&a) => lattice_engine::Durable::End(a),
-                None => match self.prior_ends.get(id) {
+                None => match self.acks.prior_ends.get(id) {
                     Some(&n) => lattice_engine::Durable::PriorEnd(n),
                     None => continue,
                 },
@@ -202,8 +212,8 @@ impl Control {
 
     /// The number the controller knows a prior end by (see [`Input::AwaitsPrior`]).
     pub(super) fn prior_end(&mut self, name: &str) -> u64 {
-        let next = self.prior_ends.len() as u64;
-        *self.prior_ends.entry(name.to_string()).or_insert(next)
+        let next = self.acks.prior_ends.len() as u64;
+        *self.acks.prior_ends.entry(name.to_string()).or_insert(next)
     }
 
     /// The allocation a durable record is about, by name.
@@ -212,6 +222,7 @@ impl Control {
         match record {
             Durable::Submission(a) | Durable::End(a) => self.name_of(a),
             Durable::PriorEnd(n) => self
+                .acks
                 .prior_ends
                 .iter()
                 .find(|&(_, &k)| k == n)
@@ -222,17 +233,18 @@ impl Control {
 
     /// The ends dependents wait for, to record on a majority.
     pub fn take_settle_wanted(&mut self) -> Vec<String> {
-        self.settle_wanted.iter().cloned().collect()
+        self.acks.settle_wanted.iter().cloned().collect()
     }
 
     /// Forgets a DAG's record (an unacknowledged attempt's, superseded by its retry).
     pub fn remove_dag(&mut self, id: &str) {
-        self.dags.remove(id);
+        self.registry.dags.remove(id);
     }
 
     /// When `name` was submitted (ms since the epoch).
     pub fn submitted_ms(&self, name: &str) -> u64 {
-        self.by_name
+        self.registry
+            .by_name
             .get(name)
             .and_then(|&id| self.ctl.engine.allocation(id))
             .map_or(0, |a| a.submitted.0)
@@ -240,13 +252,13 @@ impl Control {
 
     /// Recovery: `view` ended before this control plane took over (served as is; its id is taken).
     pub fn add_ended(&mut self, view: AllocationView) {
-        self.next = self.next.max(id_number(&view.id).map_or(0, |k| k + 1));
-        self.history.insert(view.id.clone(), view);
+        self.registry.next = self.registry.next.max(id_number(&view.id).map_or(0, |k| k + 1));
+        self.registry.history.insert(view.id.clone(), view);
     }
 
     /// Recovery: the queued `name` was first submitted at `submitted_ms`.
     pub fn resubmitted(&mut self, name: &str, submitted_ms: u64) {
-        if let Some(&id) = self.by_name.get(name) {
+        if let Some(&id) = self.registry.by_name.get(name) {
             let now = self.now();
             let _ = self.ctl.resubmitted(now, id, Time(submitted_ms));
         }
@@ -265,6 +277,7 @@ impl Control {
         exits: &BTreeMap<String, i32>,
     ) -> Result<(), String> {
         let id = *self
+            .registry
             .by_name
             .get(name)
             .ok_or_else(|| format!("{name}: not queued here"))?;
@@ -287,13 +300,13 @@ impl Control {
         let all = !ids.is_empty() && ids.iter().all(|n| reported.contains_key(&n.0));
         let failed = reported.values().any(|c| *c != 0);
         if !reported.is_empty() {
-            self.exits.insert(id, reported);
+            self.fleet.exits.insert(id, reported);
         }
         for n in &ids {
             // Its silence times out from now; its sequence is unknown here, so its next heartbeat is
             // answered "has not registered" and the agent registers (its sequence restarts with this
             // control plane: an earlier heartbeat delivered again is never taken).
-            let slot = &mut self.agents[n.index()];
+            let slot = &mut self.fleet.agents[n.index()];
             if slot.is_none() {
                 *slot = Some((SEQ_UNKNOWN, now.0));
             }
@@ -301,7 +314,7 @@ impl Control {
         if all || failed {
             // Every node had exited (or one failed) before the end was recorded: it ends now
             // (nobody would run it or report it again).
-            self.exits.remove(&id);
+            self.fleet.exits.remove(&id);
             self.completed(
                 id,
                 if failed {
@@ -322,16 +335,18 @@ impl Control {
         if !self.real_agents {
             return;
         }
-        let Some(&id) = self.by_name.get(name) else { return };
+        let Some(&id) = self.registry.by_name.get(name) else {
+            return;
+        };
         let ids: Vec<u32> = nodes.iter().filter_map(|n| self.node_index(n)).map(|n| n.0).collect();
-        self.stopping_on.entry(id).or_default().extend(ids);
+        self.fleet.stopping_on.entry(id).or_default().extend(ids);
     }
 
     /// Re-attached allocations whose simulated agents should resume them (once).
     pub fn take_resumed(&mut self) -> Vec<(AllocId, std::time::Duration)> {
         std::mem::take(&mut self.resumed)
             .into_iter()
-            .filter_map(|id| self.meta.get(id.index()).map(|m| (id, m.run)))
+            .filter_map(|id| self.registry.meta.get(id.index()).map(|m| (id, m.run)))
             .collect()
     }
 
@@ -384,7 +399,7 @@ impl Control {
             self.input(Input::Walltime(id, d))
                 .map_err(|e| bad("walltime", e.to_string()))?;
         }
-        let m = &mut self.meta[id.index()];
+        let m = &mut self.registry.meta[id.index()];
         for (k, v) in &req.tags {
             if v.is_empty() {
                 m.tags.remove(k);
@@ -414,8 +429,8 @@ impl Control {
         let now = self.now();
         // Real agents deliver the hint (SIGUSR1 to the task's process group) at their next poll.
         let nodes: std::collections::BTreeSet<u32> = a.nodes.iter().map(|n| n.0).collect();
-        self.checkpoint_hints.insert(id, nodes);
-        let m = &mut self.meta[id.index()];
+        self.stops.checkpoint_hints.insert(id, nodes);
+        let m = &mut self.registry.meta[id.index()];
         m.checkpoints += 1;
         m.last_checkpoint_ms = Some(now.0);
         Ok(m.checkpoints)

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 impl Control {
     /// Every node's name, in inventory order.
     pub fn node_names(&self) -> &[String] {
-        &self.node_names
+        &self.registry.node_names
     }
 
     /// A node's state by name (`ready`, `drained`, ...).
@@ -26,7 +26,8 @@ impl Control {
 
     /// The DAGs any of `ids` belongs to, with their members.
     pub fn dags_of(&self, ids: &[String]) -> Vec<(String, Vec<(String, String)>)> {
-        self.dags
+        self.registry
+            .dags
             .iter()
             .filter(|(_, members)| members.iter().any(|(_, id)| ids.contains(id)))
             .map(|(d, members)| (d.clone(), members.clone()))
@@ -34,27 +35,27 @@ impl Control {
     }
 
     pub fn dag_ids(&self) -> Vec<String> {
-        self.dags.keys().cloned().collect()
+        self.registry.dags.keys().cloned().collect()
     }
 
     pub fn dag(&self, id: &str) -> Option<&Vec<(String, String)>> {
-        self.dags.get(id)
+        self.registry.dags.get(id)
     }
 
     pub fn id_of(&self, name: &str) -> Option<AllocId> {
-        self.by_name.get(name).copied()
+        self.registry.by_name.get(name).copied()
     }
 
     pub fn name_of(&self, id: AllocId) -> String {
-        self.meta.get(id.index()).map(|m| m.name.clone()).unwrap_or_default()
+        self.registry.name_of(id)
     }
 
     /// What the API shows of `name`: a live allocation, or the final record of one that ended
     /// before this control plane took over.
     pub fn view_named(&self, name: &str) -> Option<AllocationView> {
-        match self.by_name.get(name) {
+        match self.registry.by_name.get(name) {
             Some(&id) => self.view(id),
-            None => self.history.get(name).cloned(),
+            None => self.registry.history.get(name).cloned(),
         }
     }
 
@@ -62,16 +63,16 @@ impl Control {
     /// nodes with their dragonfly groups, network domain and VNI, its declared data, the storage
     /// bandwidth it asked for and its data readiness. `None` for an unknown or forgotten one.
     pub fn diagnostics_facts(&self, name: &str) -> Option<DiagnosticsFacts> {
-        let id = *self.by_name.get(name)?;
+        let id = *self.registry.by_name.get(name)?;
         let a = self.ctl.engine.allocation(id)?;
-        let m = self.meta.get(id.index())?;
+        let m = self.registry.meta.get(id.index())?;
         Some(DiagnosticsFacts {
             nodes: a
                 .nodes
                 .iter()
                 .filter_map(|n| {
                     Some((
-                        self.node_names[n.index()].clone(),
+                        self.registry.node_names[n.index()].clone(),
                         self.ctl.engine.node(*n)?.spec.group.0,
                     ))
                 })
@@ -91,7 +92,9 @@ impl Control {
     pub fn services(&self, tenant: Option<&str>) -> BTreeMap<String, Vec<ServiceEndpoint>> {
         let mut out: BTreeMap<String, Vec<ServiceEndpoint>> = BTreeMap::new();
         for a in self.ctl.engine.allocations() {
-            let Some(m) = self.meta.get(a.id.index()) else { continue };
+            let Some(m) = self.registry.meta.get(a.id.index()) else {
+                continue;
+            };
             if a.state != AllocState::Running || m.expose.is_empty() {
                 continue;
             }
@@ -100,8 +103,9 @@ impl Control {
                 continue;
             }
             for n in &a.nodes {
-                let node = self.node_names[n.index()].clone();
+                let node = self.registry.node_names[n.index()].clone();
                 let host = self
+                    .fleet
                     .peer_addr
                     .get(&n.0)
                     .and_then(|addr| addr.parse::<std::net::SocketAddr>().ok())
@@ -123,13 +127,13 @@ impl Control {
 
     /// The final records of allocations that ended before this control plane took over.
     pub fn history(&self) -> impl Iterator<Item = &AllocationView> + '_ {
-        self.history.values()
+        self.registry.history.values()
     }
 
     /// The state the API names. A preempted allocation waits again: `suspended` when it resumes
     /// from its checkpoint, `preempted` when it restarts; `suspending` while its agents stop it.
     pub(super) fn state_name(&self, id: AllocId, a: &lattice_engine::Allocation) -> &'static str {
-        if self.preempting.contains_key(&id) {
+        if self.stops.preempting.contains_key(&id) {
             "suspending"
         } else if a.state == AllocState::Pending && a.preempted > 0 {
             if a.resume_from_checkpoint {
@@ -145,10 +149,10 @@ impl Control {
     /// What [`Control::view_named`] says of `name`'s state, end and nodes, without building the
     /// whole view (the simulation's checker reads it for every allocation after every step).
     pub fn brief(&self, name: &str) -> Option<Brief<'_>> {
-        match self.by_name.get(name) {
+        match self.registry.by_name.get(name) {
             Some(&id) => {
                 let a = self.ctl.engine.allocation(id)?;
-                self.meta.get(id.index())?;
+                self.registry.meta.get(id.index())?;
                 Some(Brief {
                     state: self.state_name(id, a),
                     end_reason: a.end_reason.map(|r| r.as_str()),
@@ -156,7 +160,7 @@ impl Control {
                     holds_nodes: !a.nodes.is_empty(),
                 })
             }
-            None => self.history.get(name).map(|v| Brief {
+            None => self.registry.history.get(name).map(|v| Brief {
                 state: &v.state,
                 end_reason: v.end_reason.as_deref(),
                 ended_ms: v.ended_ms,
@@ -167,7 +171,7 @@ impl Control {
 
     pub fn view(&self, id: AllocId) -> Option<AllocationView> {
         let a = self.ctl.engine.allocation(id)?;
-        let m = self.meta.get(id.index())?;
+        let m = self.registry.meta.get(id.index())?;
         Some(AllocationView {
             id: m.name.clone(),
             tenant: self.tenant_name(a.spec.tenant),
@@ -180,7 +184,11 @@ impl Control {
             user: m.user.clone(),
             project: m.project.clone(),
             state: self.state_name(id, a).to_string(),
-            nodes: a.nodes.iter().map(|n| self.node_names[n.index()].clone()).collect(),
+            nodes: a
+                .nodes
+                .iter()
+                .map(|n| self.registry.node_names[n.index()].clone())
+                .collect(),
             requested_nodes: a.spec.nodes.min,
             walltime_s: a.spec.lifecycle.walltime().map(|w| w.as_secs_f64()),
             preemption_class: a.spec.preemption_class.get(),
@@ -232,14 +240,14 @@ impl Control {
     /// Every allocation: those that ended before this control plane took over first, then the live
     /// ones in submission order.
     pub fn list(&self) -> Vec<AllocationView> {
-        let mut out: Vec<AllocationView> = self.history.values().cloned().collect();
+        let mut out: Vec<AllocationView> = self.registry.history.values().cloned().collect();
         out.sort_by_key(|v| id_number(&v.id));
         out.extend(self.ctl.engine.allocations().iter().filter_map(|a| self.view(a.id)));
         out
     }
 
     pub fn nodes(&self) -> Vec<NodeView> {
-        (0..self.node_names.len())
+        (0..self.registry.node_names.len())
             .filter_map(|i| self.node_view(lattice_engine::NodeId(i as u32)))
             .collect()
     }
@@ -247,17 +255,17 @@ impl Control {
     pub fn node_view(&self, id: lattice_engine::NodeId) -> Option<NodeView> {
         let n = self.ctl.engine.node(id)?;
         Some(NodeView {
-            name: self.node_names[id.index()].clone(),
+            name: self.registry.node_names[id.index()].clone(),
             state: format!("{:?}", n.state).to_lowercase(),
             owner: n.owner.map(|o| self.name_of(o.alloc)),
             gpu_type: n.spec.capabilities.gpu_type.clone(),
             gpu_count: n.spec.capabilities.gpu_count,
             group: n.spec.group.0,
-            fingerprint: self.agent_info.get(&id.0).and_then(|a| a.0.clone()),
-            agent_capabilities: self.agent_info.get(&id.0).and_then(|a| a.1.clone()),
-            fingerprint_ms: self.fingerprint_ms.get(&id.0).copied(),
+            fingerprint: self.fleet.agent_info.get(&id.0).and_then(|a| a.0.clone()),
+            agent_capabilities: self.fleet.agent_info.get(&id.0).and_then(|a| a.1.clone()),
+            fingerprint_ms: self.conformance.fingerprint_ms.get(&id.0).copied(),
             drifted: self.ctl.is_drifted(id),
-            last_partition: self.partitions.get(&id.0).copied(),
+            last_partition: self.fleet.partitions.get(&id.0).copied(),
         })
     }
 
@@ -294,7 +302,7 @@ impl Control {
                 continue;
             }
             let t = self.tenant_name(a.spec.tenant);
-            let m = &self.meta[a.id.index()];
+            let m = &self.registry.meta[a.id.index()];
             if tenant.is_some_and(|w| w != t) || user.is_some_and(|w| Some(w) != m.user.as_deref()) {
                 continue;
             }
@@ -334,12 +342,13 @@ impl Control {
     pub fn accounting_rows(&self, since_ms: u64) -> Vec<AccountingRow> {
         let live = self.ctl.engine.allocations().iter().filter(|a| {
             a.started.is_some() && a.ended.is_none_or(|e| e.0 >= since_ms)
-                || self.meta[a.id.index()]
+                || self.registry.meta[a.id.index()]
                     .last_checkpoint_ms
                     .is_some_and(|c| c >= since_ms)
         });
         let live = live.filter_map(|a| self.view(a.id).map(|v| (v, a.spec.sensitive_claim)));
         let ended = self
+            .registry
             .history
             .values()
             .filter(|v| v.started_ms.is_some() && v.ended_ms.is_none_or(|e| e >= since_ms))
@@ -360,12 +369,13 @@ impl Control {
     }
 
     pub fn vcluster_names(&self) -> Vec<String> {
-        self.vclusters.keys().cloned().collect()
+        self.registry.vclusters.keys().cloned().collect()
     }
 
     /// Hard node quotas, by tenant name (tenants that have one).
     pub fn node_quotas(&self) -> Vec<(String, u32)> {
-        self.tenants
+        self.registry
+            .tenants
             .iter()
             .filter_map(|(name, id)| Some((name.clone(), self.ctl.engine.tenant_quota(*id)?.max_nodes?)))
             .collect()
@@ -373,10 +383,11 @@ impl Control {
 
     /// When each registered node's agent was last heard from (ms since the epoch), by node name.
     pub fn last_heard(&self) -> Vec<(String, u64)> {
-        self.agents
+        self.fleet
+            .agents
             .iter()
             .enumerate()
-            .filter_map(|(i, a)| Some((self.node_names.get(i)?.clone(), a.as_ref()?.1)))
+            .filter_map(|(i, a)| Some((self.registry.node_names.get(i)?.clone(), a.as_ref()?.1)))
             .collect()
     }
 

@@ -57,10 +57,10 @@ impl Control {
         }
         let base = match name {
             Some(n) => group_element(n).map_or(n, |(b, _)| b).to_string(),
-            None => format!("a-{:06}", self.next),
+            None => format!("a-{:06}", self.registry.next),
         };
         let group = id_number(&base).ok_or_else(|| bad("id", format!("`{base}` is not an allocation id")))?;
-        self.next = self.next.max(group + 1);
+        self.registry.next = self.registry.next.max(group + 1);
         let mut elements = Vec::new();
         for index in start..=end {
             let mut r = req.clone();
@@ -81,7 +81,7 @@ impl Control {
             elements.push((id, r));
         }
         if let Some((first, _)) = elements.first()
-            && let Some(&id) = self.by_name.get(first)
+            && let Some(&id) = self.registry.by_name.get(first)
         {
             self.capture_submit(id, &base, Some(&tg));
         }
@@ -94,7 +94,8 @@ impl Control {
     pub fn remember_key(&mut self, req: &SubmitRequest, id: &str) {
         if let Some(k) = &req.idempotency_key {
             let base = group_element(id).map_or(id, |(b, _)| b);
-            self.keys
+            self.registry
+                .keys
                 .entry((req.tenant.clone(), k.clone()))
                 .or_insert_with(|| base.to_string());
         }
@@ -102,12 +103,14 @@ impl Control {
 
     /// The key names `id` from now on (the one kept of duplicates).
     pub fn set_key(&mut self, tenant: &str, key: &str, id: &str) {
-        self.keys.insert((tenant.to_string(), key.to_string()), id.to_string());
+        self.registry
+            .keys
+            .insert((tenant.to_string(), key.to_string()), id.to_string());
     }
 
     /// The id the first submission with this tenant and key got.
     pub fn by_key(&self, tenant: &str, key: &str) -> Option<&String> {
-        self.keys.get(&(tenant.to_string(), key.to_string()))
+        self.registry.keys.get(&(tenant.to_string(), key.to_string()))
     }
 
     /// `id` is queued but not known to be on a majority's disks; `in_flight`: a request is
@@ -115,14 +118,14 @@ impl Control {
     /// Until it is acknowledged, it does not start (the controller holds it: a retry after a lost
     /// answer could otherwise make it run twice).
     pub fn unacked(&mut self, id: &str, in_flight: bool) {
-        if self.unacked.insert(id.to_string(), in_flight).is_none() {
+        if self.acks.unacked.insert(id.to_string(), in_flight).is_none() {
             self.submission_durable(id, false);
         }
     }
 
     /// `id` is on a majority's disks (acknowledged).
     pub fn acked(&mut self, id: &str) {
-        if self.unacked.remove(id).is_some() {
+        if self.acks.unacked.remove(id).is_some() {
             self.submission_durable(id, true);
         }
     }
@@ -137,7 +140,7 @@ impl Control {
             members
         };
         for n in names {
-            if let Some(&a) = self.by_name.get(&n) {
+            if let Some(&a) = self.registry.by_name.get(&n) {
                 let record = lattice_engine::Durable::Submission(a);
                 let input = if durable {
                     Input::Durable(record)
@@ -151,12 +154,13 @@ impl Control {
 
     /// `None`: acknowledged (or unknown); `Some(in_flight)`: not yet.
     pub fn ack_state(&self, id: &str) -> Option<bool> {
-        self.unacked.get(id).copied()
+        self.acks.unacked.get(id).copied()
     }
 
     /// Up to `n` unacknowledged submissions no request is mirroring now.
     pub fn unacked_idle(&self, n: usize) -> Vec<String> {
-        self.unacked
+        self.acks
+            .unacked
             .iter()
             .filter(|(_, in_flight)| !**in_flight)
             .map(|(id, _)| id.clone())
@@ -168,6 +172,7 @@ impl Control {
     pub fn group_members(&self, base: &str) -> Vec<String> {
         let prefix = format!("{base}[");
         let mut out: Vec<(u32, String)> = self
+            .registry
             .by_name
             .range(prefix.clone()..)
             .take_while(|(n, _)| n.starts_with(&prefix))
@@ -239,12 +244,12 @@ impl Control {
         }
         let name = match name {
             Some(n) => {
-                self.next = self.next.max(id_number(n).map_or(0, |k| k + 1));
+                self.registry.next = self.registry.next.max(id_number(n).map_or(0, |k| k + 1));
                 n.to_string()
             }
             None => {
-                self.next += 1;
-                format!("a-{:06}", self.next - 1)
+                self.registry.next += 1;
+                format!("a-{:06}", self.registry.next - 1)
             }
         };
         let meta = Meta {
@@ -279,12 +284,13 @@ impl Control {
     ) -> Result<AllocId, lattice_engine::SubmitError> {
         let now = self.now();
         let project = self
+            .registry
             .project_of_id
             .get(spec.project.index())
             .filter(|p| !p.is_empty() && *p != "default")
             .cloned();
         let id = self.ctl.submit(now, spec)?;
-        self.next = self.next.max(id_number(name).map_or(0, |k| k + 1));
+        self.registry.next = self.registry.next.max(id_number(name).map_or(0, |k| k + 1));
         self.enqueued(
             id,
             Meta {
@@ -298,15 +304,15 @@ impl Control {
     }
 
     pub(super) fn enqueued(&mut self, id: AllocId, meta: Meta) {
-        while self.meta.len() <= id.index() {
-            self.meta.push(Meta::new(String::new(), meta.run));
+        while self.registry.meta.len() <= id.index() {
+            self.registry.meta.push(Meta::new(String::new(), meta.run));
         }
-        self.by_name.insert(meta.name.clone(), id);
+        self.registry.by_name.insert(meta.name.clone(), id);
         // A submission recorded as unacknowledged before it was queued here (a take-over adopts
         // keyed records so) is held from the start, as one that becomes so later.
         let base = group_element(&meta.name).map_or(meta.name.as_str(), |(b, _)| b);
-        let unacknowledged = self.unacked.contains_key(base);
-        self.meta[id.index()] = meta;
+        let unacknowledged = self.acks.unacked.contains_key(base);
+        self.registry.meta[id.index()] = meta;
         if unacknowledged {
             let _ = self.input(Input::NotDurable(lattice_engine::Durable::Submission(id)));
         }
@@ -327,7 +333,7 @@ impl Control {
             .map(|v| v.name)
             .unwrap_or_default();
         let tenant = self.tenant_name(a.spec.tenant);
-        let m = self.meta.get(id.index());
+        let m = self.registry.meta.get(id.index());
         let names = lattice_traces::SpecNames {
             tenant: &tenant,
             project: m.and_then(|m| m.project.as_deref()).unwrap_or("default"),
@@ -437,21 +443,21 @@ impl lattice_traces::request::Names for ControlNames<'_> {
     }
 
     fn project(&mut self, tenant: &str, name: &str) -> lattice_engine::ProjectId {
-        self.c.project_id(tenant, name)
+        self.c.registry.project_id(tenant, name)
     }
 
     fn vcluster(&mut self, name: Option<&str>) -> Result<lattice_engine::VClusterId, String> {
-        let name = name.unwrap_or(&self.c.default_vcluster);
-        self.c.vclusters.get(name).copied().ok_or_else(|| {
+        let name = name.unwrap_or(&self.c.registry.default_vcluster);
+        self.c.registry.vclusters.get(name).copied().ok_or_else(|| {
             format!(
                 "vCluster \"{name}\" not found. Available: {}",
-                self.c.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
+                self.c.registry.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
             )
         })
     }
 
     fn cluster_nodes(&self) -> Option<u32> {
-        Some(self.c.node_names.len() as u32)
+        Some(self.c.registry.node_names.len() as u32)
     }
 
     /// A reference that ended before this control plane took over is decided by its outcome now
@@ -466,8 +472,8 @@ impl lattice_traces::request::Names for ControlNames<'_> {
                 "ref `{reference}`: `corresponding` relates two task groups of a trace; name each element"
             ));
         };
-        if !self.c.by_name.contains_key(reference)
-            && let Some(v) = self.c.history.get(reference)
+        if !self.c.registry.by_name.contains_key(reference)
+            && let Some(v) = self.c.registry.history.get(reference)
         {
             let ok = v.end_reason.as_deref() == Some("success");
             let met = match condition {
@@ -491,6 +497,7 @@ impl lattice_traces::request::Names for ControlNames<'_> {
         }
         let on = *self
             .c
+            .registry
             .by_name
             .get(reference)
             .ok_or_else(|| format!("ref `{reference}`: no such allocation"))?;

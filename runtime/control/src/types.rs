@@ -222,3 +222,25 @@ pub fn group_element(name: &str) -> Option<(&str, u32)> {
     let (base, rest) = name.split_once('[')?;
     Some((base, rest.strip_suffix(']')?.parse().ok()?))
 }
+
+/// Live output of one allocation on one node (the newest [`LIVE_BYTES`] at most).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LiveOutput {
+    /// Output offset of `data`'s first byte.
+    pub offset: u64,
+    pub data: String,
+    /// Offset after `data`: pass it back as `after` for what follows.
+    pub next: u64,
+}
+
+/// Live output kept per allocation and node.
+pub const LIVE_BYTES: usize = 1 << 20;
+
+/// How long a follow request keeps an allocation's output streaming from its agents (ms).
+pub const FOLLOW_MS: u64 = 10_000;
+
+/// How many allocations' output tails the control plane keeps (the full logs stay on the nodes).
+pub const LOGS_KEPT: usize = 1000;
+
+/// The most of one node's output an exit report carries.
+pub const LOG_TAIL_BYTES: usize = 64 * 1024;

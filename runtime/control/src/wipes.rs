@@ -32,7 +32,7 @@ impl Control {
             tracing::warn!(
                 "{}: {} failed to boot the hardened image; the node is out (Failed) and the claim fails",
                 self.name_of(id),
-                self.node_names[node.index()]
+                self.registry.node_names[node.index()]
             );
         }
         if let Err(e) = self.input(Input::Booted(id, node, ok)) {
@@ -82,20 +82,20 @@ impl Control {
         if !self.ctl.wipe_awaited(id, nid) {
             return false; // not this node's wipe, already reported, or timed out
         }
-        let started_ms = self.wiping.get(&id).map_or(0, |w| w.started_ms);
+        let started_ms = self.wipes.wiping.get(&id).map_or(0, |w| w.started_ms);
         if !ok {
             self.tally.wipe_failures += 1;
         }
-        let mut note = format!("{} started_ms={started_ms}", self.node_names[nid.index()]);
+        let mut note = format!("{} started_ms={started_ms}", self.registry.node_names[nid.index()]);
         if let Some(r) = &reason {
             note.push_str(&format!(" reason={r}"));
         }
-        self.wipe_notes.insert((id, nid.0), note);
+        self.wipes.wipe_notes.insert((id, nid.0), note);
         if let Err(e) = self.input(Input::NodeWiped(id, nid, ok)) {
             tracing::warn!(
                 "{}: wipe result of {} not applied: {e}",
                 self.name_of(id),
-                self.node_names[nid.index()]
+                self.registry.node_names[nid.index()]
             );
         }
         true
@@ -115,7 +115,8 @@ impl Control {
                 format!("node {node} is not quarantined after a failed wipe (it is {state}): nothing to retry"),
             ));
         }
-        self.wipe_notes
+        self.wipes
+            .wipe_notes
             .insert((self.quarantine_claim(nid), nid.0), format!("{node} retried by {by}"));
         self.input(Input::RetryWipe(nid))
             .map_err(|e| bad("id", format!("node {node}: {e}")))?;
@@ -149,17 +150,17 @@ impl Control {
     /// a node whose outcome never came failed for the controller's wipe timeout. A wipe all of whose
     /// outcomes are in is forgotten here too.
     pub(super) fn audit_note(&mut self, alloc: AllocId, event: AuditEvent, nodes: &[lattice_engine::NodeId]) -> String {
-        let started_ms = self.wiping.get(&alloc).map_or(0, |w| w.started_ms);
+        let started_ms = self.wipes.wiping.get(&alloc).map_or(0, |w| w.started_ms);
         let timeout_s = self.ctl.wipe_timeout.map_or(0, |t| t.0 / 1000);
         let note = nodes
             .iter()
-            .filter_map(|n| match self.wipe_notes.remove(&(alloc, n.0)) {
+            .filter_map(|n| match self.wipes.wipe_notes.remove(&(alloc, n.0)) {
                 Some(note) => Some(note),
                 None if event == AuditEvent::Quarantine => {
                     self.tally.wipe_failures += 1;
                     Some(format!(
                         "{} started_ms={started_ms} reason=no wipe confirmation within {timeout_s} s",
-                        self.node_names[n.index()]
+                        self.registry.node_names[n.index()]
                     ))
                 }
                 None => None,
@@ -167,7 +168,7 @@ impl Control {
             .collect::<Vec<_>>()
             .join("; ");
         if matches!(event, AuditEvent::Wipe | AuditEvent::Quarantine) && !self.ctl.is_wiping(alloc) {
-            self.wiping.remove(&alloc);
+            self.wipes.wiping.remove(&alloc);
         }
         note
     }
