@@ -120,6 +120,8 @@ pub(crate) struct Meta {
     pub preempting: bool,
     /// The allocation this one is being preempted for.
     pub preempt_for: Option<AllocId>,
+    /// Being preempted: when it is surely off its nodes (its stop order's start plus its limit).
+    pub released_by: Option<Time>,
     /// Victims still releasing nodes for this pending allocation.
     pub awaiting_victims: u32,
     /// Victims were preempted for it: it is first in its pool's queue until it starts.
@@ -734,6 +736,16 @@ impl Engine {
         self.running.iter().copied()
     }
 
+    /// When `id`, being preempted, is surely off its nodes (its stop order's start plus its limit;
+    /// `None`: it is not being preempted). Reservations count its nodes free from then, whatever its
+    /// walltime said: they are for the allocation it is preempted for.
+    pub fn released_by(&self, id: AllocId) -> Option<Time> {
+        self.meta
+            .get(id.index())
+            .filter(|m| m.preempting)
+            .and_then(|m| m.released_by)
+    }
+
     /// The earliest time at which the engine wants [`Engine::schedule`] called without a new input: the
     /// next cycle tick of a pool with a pass due, or the next energy-price change while allocations wait
     /// for a cheaper window.
@@ -1013,6 +1025,7 @@ impl Engine {
             m.awaiting_victims = m.awaiting_victims.saturating_sub(1);
         }
         self.meta[id.index()].preempting = false;
+        self.meta[id.index()].released_by = None;
         let a = &self.allocs[id.index()];
         if let Some(s) = a.started {
             if let Some(w) = a.spec.lifecycle.walltime() {

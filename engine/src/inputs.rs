@@ -145,6 +145,9 @@ impl Engine {
         }
         let m = &mut self.meta[id.index()];
         m.proposed_at = None;
+        // It runs: the nodes its victims freed were for this start. Should it wait again (requeued,
+        // preempted), it queues as anyone else, not ahead of the pool.
+        m.preemptor = false;
         if self.scored_any {
             self.ledger.start(now, tenant, m.usage_rate);
             let p = self.allocs[id.index()].spec.project.index();

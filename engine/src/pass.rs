@@ -942,6 +942,10 @@ impl Engine {
             }
         }
         for &(t, id) in on_pool {
+            // A victim being preempted frees its nodes by its stop order's limit, whatever its
+            // walltime said: they are for its preemptor, so what would start on them must not
+            // delay it past then.
+            let t = self.released_by(id).map_or(t, |r| r.min(t));
             let held = &self.meta[id.index()].held;
             match withheld.get(&id) {
                 None => p.add_release(t, held),

@@ -90,6 +90,36 @@ impl Default for PreemptionConfig {
 /// Minutes a checkpoint is assumed to take when the request gives no estimate.
 pub const DEFAULT_CHECKPOINT_MINUTES: f64 = 5.0;
 
+/// How a preempted allocation leaves its nodes (book: "Preemption Sequence").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PreemptHow {
+    /// Checkpoint hint through its declared mechanism; once the checkpoint is written the process stops
+    /// and the world reports `Suspended(checkpointed = true)`. Not written by `deadline` (the
+    /// checkpoint timeout extended by 50 % once): SIGTERM, then SIGKILL, reported as an exit with
+    /// `EndReason::PreemptionKilled`.
+    CheckpointThenStop { deadline: Duration },
+    /// It does not checkpoint: SIGTERM, `grace`, SIGKILL; reported as `Suspended(checkpointed =
+    /// false)` (it restarts from its last checkpoint, if any, when it runs again).
+    Stop { grace: Duration },
+    /// It would checkpoint but checkpoint storage is down: no checkpoint can be written; SIGTERM,
+    /// `grace`, SIGKILL, reported as an exit with `EndReason::PreemptionKilled`.
+    Kill { grace: Duration },
+}
+
+impl PreemptHow {
+    /// How long after its start the victim is surely off its nodes (the SIGTERM → SIGKILL grace after
+    /// a checkpoint's deadline).
+    pub fn limit(self) -> Duration {
+        match self {
+            PreemptHow::CheckpointThenStop { deadline } => deadline + PREEMPT_GRACE,
+            PreemptHow::Stop { grace } | PreemptHow::Kill { grace } => grace,
+        }
+    }
+}
+
+/// SIGTERM → SIGKILL grace of a preempted allocation that does not checkpoint.
+pub const PREEMPT_GRACE: Duration = Duration(30_000);
+
 impl Engine {
     /// May `victim` be preempted for an allocation of class `class`?
     pub fn preemptible_by(&self, victim: AllocId, class: u8, now: Time) -> bool {
@@ -149,6 +179,46 @@ impl Engine {
         checkpoint * nodes * per_node + recompute + remaining_value
     }
 
+    /// How victim `v` leaves its nodes when preempted now for `reason`, and from when (a reclaim
+    /// leaves the borrower its return grace first) (book: "Preemption Sequence"). Slow but responding
+    /// applications get the checkpoint timeout extended by 50 %, once.
+    pub fn preemption_how(&self, v: AllocId, reason: PreemptReason, now: Time) -> (Time, PreemptHow) {
+        let pc = self.preemption;
+        let deadline = Duration(pc.checkpoint_timeout.0 + pc.checkpoint_timeout.0 / 2);
+        let at = if reason == PreemptReason::Reclaim {
+            now + pc.reclaim_grace
+        } else {
+            now
+        };
+        let kind = self
+            .allocs
+            .get(v.index())
+            .map_or(CheckpointKind::None, |a| a.spec.checkpoint.kind);
+        let how = if kind == CheckpointKind::None {
+            PreemptHow::Stop { grace: PREEMPT_GRACE }
+        } else if !self.storage_available() {
+            PreemptHow::Kill { grace: PREEMPT_GRACE }
+        } else {
+            PreemptHow::CheckpointThenStop { deadline }
+        };
+        (at, how)
+    }
+
+    /// Marks `v` preempted for `id` and orders it stopped; its nodes count as free for `id` from
+    /// when it is surely off them.
+    fn order_preemption(&mut self, now: Time, v: AllocId, id: AllocId, reason: PreemptReason) {
+        let (at, how) = self.preemption_how(v, reason, now);
+        let m = &mut self.meta[v.index()];
+        m.preempting = true;
+        m.preempt_for = Some(id);
+        m.released_by = Some(at + how.limit());
+        self.commands.push_back(Command::Preempt {
+            alloc: v,
+            for_alloc: id,
+            reason,
+        });
+    }
+
     /// `PreemptionDecision(pending_job, candidates)`: emits preemption commands and returns the number of
     /// victims, or 0 when no valid victim set exists (the job stays queued).
     pub(crate) fn try_preempt(&mut self, now: Time, id: AllocId, key: u32, rules: PickRules) -> u32 {
@@ -198,13 +268,7 @@ impl Engine {
             return 0;
         }
         for &v in &victims {
-            self.meta[v.index()].preempting = true;
-            self.meta[v.index()].preempt_for = Some(id);
-            self.commands.push_back(Command::Preempt {
-                alloc: v,
-                for_alloc: id,
-                reason: PreemptReason::Priority,
-            });
+            self.order_preemption(now, v, id, PreemptReason::Priority);
         }
         let m = &mut self.meta[id.index()];
         m.awaiting_victims = victims.len() as u32;
@@ -261,13 +325,7 @@ impl Engine {
             return 0;
         }
         for &v in &victims {
-            self.meta[v.index()].preempting = true;
-            self.meta[v.index()].preempt_for = Some(id);
-            self.commands.push_back(Command::Preempt {
-                alloc: v,
-                for_alloc: id,
-                reason: PreemptReason::Reclaim,
-            });
+            self.order_preemption(now, v, id, PreemptReason::Reclaim);
         }
         let m = &mut self.meta[id.index()];
         m.awaiting_victims = victims.len() as u32;
@@ -323,13 +381,7 @@ impl Engine {
             return 0;
         }
         for &v in &victims {
-            self.meta[v.index()].preempting = true;
-            self.meta[v.index()].preempt_for = Some(id);
-            self.commands.push_back(Command::Preempt {
-                alloc: v,
-                for_alloc: id,
-                reason: PreemptReason::Sensitive,
-            });
+            self.order_preemption(now, v, id, PreemptReason::Sensitive);
         }
         let m = &mut self.meta[id.index()];
         m.awaiting_victims = victims.len() as u32;

@@ -15,6 +15,7 @@
 use crate::engine::{Engine, Proposal};
 use crate::ids::{AllocId, NodeId};
 use crate::network::DomainName;
+pub use crate::preempt::PreemptHow;
 use crate::preempt::PreemptReason;
 use crate::time::{Duration, Time};
 
@@ -46,22 +47,6 @@ impl AuditEvent {
             AuditEvent::WipeRetry => "wipe_retry",
         }
     }
-}
-
-/// How a preempted allocation leaves its nodes (book: "Preemption Sequence").
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum PreemptHow {
-    /// Checkpoint hint through its declared mechanism; once the checkpoint is written the process stops
-    /// and the world reports `Suspended(checkpointed = true)`. Not written by `deadline` (the
-    /// checkpoint timeout extended by 50 % once): SIGTERM, then SIGKILL, reported as an exit with
-    /// `EndReason::PreemptionKilled`.
-    CheckpointThenStop { deadline: Duration },
-    /// It does not checkpoint: SIGTERM, `grace`, SIGKILL; reported as `Suspended(checkpointed =
-    /// false)` (it restarts from its last checkpoint, if any, when it runs again).
-    Stop { grace: Duration },
-    /// It would checkpoint but checkpoint storage is down: no checkpoint can be written; SIGTERM,
-    /// `grace`, SIGKILL, reported as an exit with `EndReason::PreemptionKilled`.
-    Kill { grace: Duration },
 }
 
 /// One victim of a preemption decision.

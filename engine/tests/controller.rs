@@ -799,3 +799,128 @@ fn an_undrain_during_a_wipe_waits_for_the_wipe() {
     pass(&mut c, Time(4_000), &mut w);
     assert!(launched(&w, next), "{:?}", w.0);
 }
+
+fn launched_now(w: &Recorder) -> Vec<lattice_engine::AllocId> {
+    w.0.iter()
+        .filter_map(|d| match d {
+            Decision::Launch { alloc, .. } => Some(*alloc),
+            _ => None,
+        })
+        .collect()
+}
+
+fn preempted_now(w: &Recorder) -> Vec<lattice_engine::AllocId> {
+    w.0.iter()
+        .filter_map(|d| match d {
+            Decision::Preempt(o) => Some(o.alloc),
+            _ => None,
+        })
+        .collect()
+}
+
+fn classed(t: lattice_engine::TenantId, v: lattice_engine::VClusterId, nodes: u32, hours: u64, class: u8) -> AllocSpec {
+    let mut s = AllocSpec::simple(t, v, nodes, Duration::from_hours(hours));
+    s.preemption_class = PreemptionClass::new(class).unwrap();
+    s
+}
+
+/// The book's preemption: the freed nodes are assigned to the pending allocation. While one victim
+/// still writes its checkpoint, the nodes another victim already freed take only what ends before
+/// the victims' stop orders run out (15 min 30 s for a checkpoint): not a job that would end before
+/// the victims' walltimes, which would leave the preemptor short again, preempting anew.
+#[test]
+fn nodes_a_victim_freed_wait_for_its_preemptor_while_the_others_stop() {
+    let (mut c, t, v) = controller(6);
+    let mut w = Recorder::default();
+    let quick = c.submit(Time(0), classed(t, v, 3, 8, 1)).unwrap();
+    let mut slow = classed(t, v, 3, 8, 1);
+    slow.checkpoint = CheckpointSpec {
+        kind: CheckpointKind::Auto,
+        estimated_minutes: Some(10.0),
+        ..Default::default()
+    };
+    let slow = c.submit(Time(0), slow).unwrap();
+    pass(&mut c, Time(0), &mut w);
+    assert_eq!(launched_now(&w), vec![quick, slow]);
+    // A short job waits for nodes, then a class-9 allocation needs all six.
+    let t1 = Time::from_secs(600);
+    let short = c.submit(t1, classed(t, v, 3, 2, 0)).unwrap();
+    let mut tiny = classed(t, v, 3, 1, 0);
+    tiny.lifecycle = lattice_engine::Lifecycle::Bounded {
+        walltime: Duration::from_mins(5),
+    };
+    let tiny = c.submit(t1, tiny).unwrap();
+    let high = c.submit(t1, classed(t, v, 6, 1, 9)).unwrap();
+    w.0.clear();
+    pass(&mut c, t1, &mut w);
+    assert_eq!(preempted_now(&w), vec![quick, slow], "{:?}", w.0);
+    // The victim without a checkpoint stops at once; the other is still writing its checkpoint.
+    let t2 = Time::from_secs(630);
+    w.0.clear();
+    c.apply(t2, Input::Suspended(quick, false), &mut w).unwrap();
+    pass(&mut c, t2, &mut w);
+    assert_eq!(
+        launched_now(&w),
+        vec![tiny],
+        "the freed nodes are the preemptor's but for what ends before its victims must be off theirs: {:?}",
+        w.0
+    );
+    w.0.clear();
+    c.apply(
+        Time::from_secs(930),
+        Input::Exited(tiny, lattice_engine::EndReason::Success),
+        &mut w,
+    )
+    .unwrap();
+    pass(&mut c, Time::from_secs(930), &mut w);
+    assert_eq!(launched_now(&w), vec![], "{:?}", w.0);
+    // Its checkpoint written, the second victim stops: the preemptor starts on all six.
+    let t3 = Time::from_secs(1200);
+    w.0.clear();
+    c.apply(t3, Input::Suspended(slow, true), &mut w).unwrap();
+    pass(&mut c, t3, &mut w);
+    assert_eq!(launched_now(&w), vec![high], "{:?}", w.0);
+    assert_eq!(preempted_now(&w), vec![]);
+    assert!(c.engine.allocation(short).is_some_and(|a| a.started.is_none()));
+}
+
+/// An allocation goes ahead of its pool only while its victims' nodes are coming free for it. Once
+/// it ran, it queues as anyone else: preempted in turn, it does not take the nodes back ahead of an
+/// allocation that scores higher (a stale mark once let two victims of one preemptor swap nodes for
+/// ever).
+#[test]
+fn a_preemptor_that_ran_queues_as_anyone_else() {
+    let (mut c, t, v) = controller(4);
+    let mut w = Recorder::default();
+    let low = c.submit(Time(0), classed(t, v, 4, 8, 1)).unwrap();
+    pass(&mut c, Time(0), &mut w);
+    // `mid` preempts `low` and runs.
+    let t1 = Time::from_secs(600);
+    let mid = c.submit(t1, classed(t, v, 4, 4, 5)).unwrap();
+    w.0.clear();
+    pass(&mut c, t1, &mut w);
+    assert_eq!(preempted_now(&w), vec![low]);
+    c.apply(t1, Input::Suspended(low, false), &mut w).unwrap();
+    w.0.clear();
+    pass(&mut c, t1, &mut w);
+    assert_eq!(launched_now(&w), vec![mid]);
+    // `top` preempts `mid` and runs; meanwhile `next` (class 8) arrives.
+    let t2 = Time::from_secs(1200);
+    let top = c.submit(t2, classed(t, v, 4, 1, 9)).unwrap();
+    w.0.clear();
+    pass(&mut c, t2, &mut w);
+    assert_eq!(preempted_now(&w), vec![mid]);
+    c.apply(t2, Input::Suspended(mid, false), &mut w).unwrap();
+    w.0.clear();
+    pass(&mut c, t2, &mut w);
+    assert_eq!(launched_now(&w), vec![top]);
+    let next = c.submit(Time::from_secs(1300), classed(t, v, 4, 1, 8)).unwrap();
+    // `top` ends: the class-8 allocation scores above the class-5 one and takes the nodes.
+    let t3 = Time::from_secs(1800);
+    w.0.clear();
+    c.apply(t3, Input::Exited(top, lattice_engine::EndReason::Success), &mut w)
+        .unwrap();
+    pass(&mut c, t3, &mut w);
+    assert_eq!(launched_now(&w), vec![next], "{:?}", w.0);
+    assert!(c.engine.allocation(mid).is_some_and(|a| a.started.is_none()));
+}

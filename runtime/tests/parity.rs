@@ -601,12 +601,12 @@ proptest! {
 }
 
 /// Found by a 2,000-case search (seed 659, node failures): two victims preempted one at a time for an
-/// allocation that never starts — each victim, stopped without a checkpoint, is started
-/// again on its own freed nodes while the other is preempted, from zero each time, so the replay
-/// never ends. Not fixed yet (the preemption's choice of victims and the pass's placement of the
-/// preemptor disagree); run with `--ignored` once it is.
+/// allocation that never started — each victim had once preempted someone itself, so it still went
+/// ahead of the pool and started again on its own freed nodes, from zero each time, and the replay
+/// never ended. A preemptor goes first only until it runs, and the nodes its victims free are its own
+/// meanwhile (engine tests `a_preemptor_that_ran_queues_as_anyone_else` and
+/// `nodes_a_victim_freed_wait_for_its_preemptor_while_the_others_stop`).
 #[test]
-#[ignore = "livelock not fixed yet: the replay does not end"]
 fn a_preemption_that_cannot_place_its_preemptor_ends() {
     generated_case(include_str!("fixtures/parity-preemption-ping-pong.jsonl"), 659, true);
 }

@@ -153,6 +153,10 @@ impl InvariantChecker {
         let mut deltas: BTreeMap<(Time, u8), Vec<(u16, i64)>> = BTreeMap::new();
         let mut usage_now = vec![0i64; classes];
         for (end, id) in engine.running_estimates() {
+            // A victim being preempted releases its nodes by its stop order's limit, as the engine
+            // plans it (should it take longer, its preemptor's reservation waits for it, not for a
+            // backfill).
+            let end = engine.released_by(id).map_or(end, |r| r.min(end));
             let a = engine.allocation(id).expect("running alloc exists");
             for n in &a.nodes {
                 if engine

@@ -12,7 +12,7 @@
 //! checkpoint) resumes from the last kept checkpoint, and only the work since it counts as lost.
 
 use crate::AllocSpec;
-use crate::alloc::{AllocState, CheckpointKind, EndReason};
+use crate::alloc::{AllocState, EndReason};
 use crate::engine::{Engine, PassStats};
 use crate::error::{EngineError, SubmitError};
 use crate::ids::{AllocId, NodeId, VClusterId};
@@ -156,8 +156,7 @@ impl Default for DriftTimeout {
     }
 }
 
-/// SIGTERM → SIGKILL grace of a preempted allocation that does not checkpoint.
-pub const PREEMPT_GRACE: Duration = Duration(30_000);
+pub use crate::preempt::PREEMPT_GRACE;
 
 /// Counters of what the controller did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -802,11 +801,8 @@ impl Controller {
                     let order = self.preempt_order(now, alloc, for_alloc, reason)?;
                     *self.stats.preemptions.entry(reason.as_str()).or_default() += 1;
                     if let Some(grace) = self.preemption_report_grace {
-                        let limit = match order.how {
-                            PreemptHow::CheckpointThenStop { deadline } => deadline + PREEMPT_GRACE,
-                            PreemptHow::Stop { grace } | PreemptHow::Kill { grace } => grace,
-                        };
-                        self.preempting.insert(alloc, (order.how, order.at + limit + grace));
+                        self.preempting
+                            .insert(alloc, (order.how, order.at + order.how.limit() + grace));
                     }
                     self.emit(world, now, Decision::Preempt(order));
                 }

@@ -72,23 +72,7 @@ impl Controller {
                 )));
             }
         }
-        let kind = v.spec.checkpoint.kind;
-        let pc = self.engine.preemption_config();
-        // Slow but responding applications get the timeout extended by 50 %, once.
-        let deadline = Duration(pc.checkpoint_timeout.0 + pc.checkpoint_timeout.0 / 2);
-        // A reclaim leaves the borrower its return grace period before the hint.
-        let at = if reason == PreemptReason::Reclaim {
-            now + pc.reclaim_grace
-        } else {
-            now
-        };
-        let how = if kind == CheckpointKind::None {
-            PreemptHow::Stop { grace: PREEMPT_GRACE }
-        } else if !self.engine.storage_available() {
-            PreemptHow::Kill { grace: PREEMPT_GRACE }
-        } else {
-            PreemptHow::CheckpointThenStop { deadline }
-        };
+        let (at, how) = self.engine.preemption_how(alloc, reason, now);
         let r = self.run(alloc);
         r.pending = Some(r.progress(at));
         Ok(PreemptOrder {
