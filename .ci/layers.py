@@ -13,6 +13,10 @@
    edge to the parent; declaring `mod child` is not). `#[cfg(test)]` items are ignored. A cycle means
    neither module can be understood, tested or moved without the other.
 
+3. Sizes. No source file (src/, up to its `#[cfg(test)] mod`) over MAX_FILE_LINES lines and no function
+   there over MAX_FN_LINES lines (from its `fn` line to its closing brace at the same indentation, as
+   rustfmt lays it out): a file or function past them is asking to be split.
+
 Usage: .ci/layers.py [--report] [--crates a,b] [--self-test]   (exits 1 on any finding, except --report)
 """
 import argparse, glob, re, shutil, subprocess, sys, tempfile, tomllib
@@ -38,6 +42,7 @@ KNOWN_CYCLES = {
 # (crate, crate it must not depend on, transitively, through normal dependencies with any features)
 FORBIDDEN = [("lattice-control", "tokio"), ("lattice-agent", "openraft"), ("lattice-runtime", "turmoil"), ("lattice-runtime", "lattice-agent")]
 DEP_TABLES = ("dependencies", "build-dependencies")
+MAX_FILE_LINES, MAX_FN_LINES = 1500, 250
 
 # ---------------------------------------------------------------------------------------------- crates
 
@@ -299,6 +304,37 @@ def show(mod):
 
 # ---------------------------------------------------------------------------------------------- main
 
+# ----------------------------------------------------------------------------------------------- sizes
+
+FN_START = re.compile(r"^(\s*)(pub(\([^)]*\))? )?((const|async|unsafe|extern \"C\") )*fn \w+")
+
+def size_errors(root, crate_dir, max_file=MAX_FILE_LINES, max_fn=MAX_FN_LINES):
+    """Files and functions under crate_dir/src past the limits (test modules at a file's end excluded)."""
+    errors = []
+    for f in sorted((crate_dir / "src").rglob("*.rs")):
+        lines = f.read_text().split("\n")
+        for i in range(len(lines) - 1):
+            if lines[i].strip() == "#[cfg(test)]" and lines[i + 1].lstrip().startswith(("mod ", "pub mod ")):
+                lines = lines[:i]
+                break
+        rel = f.resolve().relative_to(root.resolve())
+        if len(lines) > max_file:
+            errors.append(f"sizes: {rel} has {len(lines)} lines (at most {max_file}): split it")
+        i = 0
+        while i < len(lines):
+            m = FN_START.match(lines[i])
+            if m and not lines[i].rstrip().endswith(";"):
+                indent, j = m[1], i + 1
+                while j < len(lines) and lines[j] != indent + "}" and not lines[j].startswith(indent + "} "):
+                    j += 1
+                if j - i + 1 > max_fn:
+                    name = lines[i].split("fn ", 1)[1].split("(")[0].split("<")[0]
+                    errors.append(f"sizes: {rel}:{i + 1}: fn {name} has {j - i + 1} lines (at most {max_fn}): "
+                                  "split it")
+                i = j
+            i += 1
+    return errors
+
 def self_test():
     """Build a tiny workspace with one layer violation, one module cycle and traps for the lexer."""
     files = {
@@ -321,6 +357,9 @@ def self_test():
         "t/src/c/mod.rs": "pub mod d;\n",
         "t/src/c/d.rs": "use crate::{a::f as af, e};\npub fn h() -> u8 { af() + e::one() }\n",
         "t/src/e.rs": "pub fn one() -> u8 { 1 }\n",
+        # Sizes: one function of 251 lines (a test module's longer one is not counted).
+        "t/src/long.rs": "pub fn long() {\n" + "    let _ = 1;\n" * 249 + "}\n\nfn short() {}\n#[cfg(test)]\n"
+                         "mod tests {\n    fn longer() {\n" + "        let _ = 1;\n" * 300 + "    }\n}\n",
     }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -335,7 +374,9 @@ def self_test():
         assert set(found) == {("lattice-engine", "lib"), ("lattice-engine", "bin tool"), ("lattice-traces", "lib")}
         assert {k: v for k, v in found.items() if v} == {("lattice-traces", "lib"): [
             ([("a",), ("b",), ("c", "d"), ("a",)], [("a",), ("b",), ("c", "d")])]}, found
-    print("layers: self-test passed (one crate-layer violation and exactly one module cycle found)")
+        sizes = size_errors(root, root / "t", max_file=1500, max_fn=250)
+        assert len(sizes) == 1 and "fn long has 251 lines" in sizes[0], sizes
+    print("layers: self-test passed (one crate-layer violation, exactly one module cycle, one long function found)")
     return 0
 
 def main():
@@ -375,6 +416,9 @@ def main():
         if args.report:
             print(f"modules: {name}: {len(graph)} modules, {sum(map(len, graph.values()))} edges, "
                   f"{len(found)} cycle(s)")
+    for c in only:
+        if c in crates:
+            errors += size_errors(args.root, crates[c][0])
     print("\n".join(errors + ["layers: ok" if not errors else f"layers: {len(errors)} finding(s)"]))
     return 1 if errors and not args.report else 0
 

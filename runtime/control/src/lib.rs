@@ -431,259 +431,247 @@ impl Control {
         while !self.outbox.0.is_empty() {
             let decisions = std::mem::take(&mut self.outbox.0);
             for (t, d) in decisions {
-                match d {
-                    Decision::Propose(p) => {
-                        let Some(a) = self.ctl.engine.allocation(p.alloc) else {
-                            continue;
-                        };
-                        let tenant = self.tenant_name(a.spec.tenant);
-                        let sensitive = a.spec.sensitive_claim;
-                        let m = self.registry.meta.get(p.alloc.index());
-                        out.push(Action::Propose(PendingProposal {
-                            incarnation: self.incarnation,
-                            alloc: p.alloc,
-                            name: m.map(|m| m.name.clone()).unwrap_or_default(),
-                            tenant,
-                            user: m.and_then(|m| m.user.clone()).unwrap_or_default(),
-                            nodes: p
-                                .nodes
-                                .iter()
-                                .map(|n| self.registry.node_names[n.index()].clone())
-                                .collect(),
-                            sensitive,
-                            backfilled: p.backfilled,
-                            project: m.and_then(|m| m.project.clone()),
-                        }));
-                    }
-                    Decision::Persist(record) => {
-                        let name = self.record_name(record);
-                        self.acks.settle_wanted.insert(name.clone());
-                        out.push(Action::Persist { record, name });
-                    }
-                    Decision::Refuse { alloc, why } => {
-                        let message = self.refusal_message(&why);
-                        tracing::info!("{}: start refused: {message}", self.name_of(alloc));
-                        if let Some(m) = self.registry.meta.get_mut(alloc.index()) {
-                            m.last_rejection = Some(message.clone());
-                        }
-                        out.push(Action::Refuse {
-                            alloc,
-                            name: self.name_of(alloc),
-                            why,
-                            message,
-                        });
-                    }
-                    Decision::Release { alloc, nodes } => {
-                        self.stops.checkpoint_hints.remove(&alloc);
-                        // A victim that gave its nodes back is no longer being preempted.
-                        self.stops.preempting.remove(&alloc);
-                        if self.real_agents {
-                            // Until each of these nodes' agents shows it no longer runs the
-                            // allocation (or the node is Down: its agent fenced it), a next start
-                            // of it waits: never two runs at once.
-                            self.fleet
-                                .stopping_on
-                                .entry(alloc)
-                                .or_default()
-                                .extend(nodes.iter().map(|n| n.0));
-                        }
-                        out.push(Action::Release {
-                            alloc,
-                            name: self.name_of(alloc),
-                            nodes: nodes
-                                .iter()
-                                .map(|n| self.registry.node_names[n.index()].clone())
-                                .collect(),
-                        })
-                    }
-                    Decision::Scale { alloc, node, added } => out.push(Action::Scale {
-                        alloc,
-                        name: self.name_of(alloc),
-                        node: self.registry.node_names[node.index()].clone(),
-                        added,
-                    }),
-                    Decision::Audit { alloc, event, nodes } => {
-                        let note = self.audit_note(alloc, event, &nodes);
-                        out.push(Action::Audit {
-                            alloc,
-                            user: self
-                                .registry
-                                .meta
-                                .get(alloc.index())
-                                .and_then(|m| m.user.clone())
-                                .unwrap_or_default(),
-                            name: self.name_of(alloc),
-                            event,
-                            note,
-                            nodes: nodes
-                                .iter()
-                                .map(|n| self.registry.node_names[n.index()].clone())
-                                .collect(),
-                        })
-                    }
-                    Decision::Launch {
-                        alloc,
-                        nodes,
-                        resume_from,
-                        staging_remaining_s,
-                        vni,
-                    } => {
-                        let name = self.name_of(alloc);
-                        // A new start: exits reported in an earlier one (before a requeue) are not
-                        // this one's.
-                        self.fleet.exits.remove(&alloc);
-                        // A new start: a process of this allocation still running on one of its
-                        // nodes belongs to an earlier start (a requeue onto overlapping nodes).
-                        if self.real_agents {
-                            for n in &nodes {
-                                self.fleet.fresh_starts.insert((n.0, alloc));
-                            }
-                        }
-                        out.push(Action::Launch {
-                            alloc,
-                            vni,
-                            name,
-                            nodes: nodes
-                                .iter()
-                                .map(|n| self.registry.node_names[n.index()].clone())
-                                .collect(),
-                            resume_from,
-                            staging_remaining_s,
-                        });
-                    }
-                    Decision::Stop { alloc, why } => {
-                        tracing::info!("{} stops: {why:?}", self.name_of(alloc));
-                        out.push(Action::Stop {
-                            alloc,
-                            name: self.name_of(alloc),
-                            why,
-                        });
-                    }
-                    Decision::Preempt(o) => {
-                        tracing::info!(
-                            "{} preempted for {} ({}): {:?}",
-                            self.name_of(o.alloc),
-                            self.name_of(o.for_alloc),
-                            o.reason.as_str(),
-                            o.how
-                        );
-                        let why = format!("{} for {}", o.reason.as_str(), self.name_of(o.for_alloc));
-                        let vcluster = self
-                            .ctl
-                            .engine
-                            .allocation(o.alloc)
-                            .and_then(|a| self.ctl.engine.vcluster(a.spec.vcluster))
-                            .map(|v| v.name)
-                            .unwrap_or_default();
-                        *self
-                            .tally
-                            .preemptions
-                            .entry((vcluster, o.reason.as_str().to_string()))
-                            .or_default() += 1;
-                        if let Some(m) = self.registry.meta.get_mut(o.alloc.index()) {
-                            m.preempted_for = Some(why);
-                        }
-                        let to_tell = self
-                            .ctl
-                            .engine
-                            .allocation(o.alloc)
-                            .map(|a| a.nodes.iter().map(|n| n.0).collect())
-                            .unwrap_or_default();
-                        self.stops.preempting.insert(
-                            o.alloc,
-                            Preempting {
-                                how: o.how,
-                                at: o.at,
-                                to_tell,
-                            },
-                        );
-                        out.push(Action::Preempt {
-                            name: self.name_of(o.alloc),
-                            order: o,
-                        });
-                    }
-                    Decision::Checkpoint { alloc } => {
-                        self.stops.hinted_at.insert(alloc, self.now());
-                        // Real agents deliver it at their next poll, by the allocation's mechanism.
-                        if let Some(a) = self.ctl.engine.allocation(alloc) {
-                            let nodes = a.nodes.iter().map(|n| n.0).collect();
-                            self.stops.checkpoint_hints.insert(alloc, nodes);
-                            self.stops.hint_reports.remove(&alloc);
-                        }
-                        out.push(Action::Checkpoint {
-                            alloc,
-                            name: self.name_of(alloc),
-                        });
-                    }
-                    Decision::Wipe { alloc, nodes } => {
-                        // Real agents run the site's wipe command at their next poll, unless
-                        // OpenCHAMI wipes the nodes.
-                        let to_tell: std::collections::BTreeSet<u32> = if self.wipe_by_openchami {
-                            Default::default()
-                        } else {
-                            nodes.iter().map(|n| n.0).collect()
-                        };
-                        // An operator's retry of one node joins the claim's wipe, if under way.
-                        let w = self.wipes.wiping.entry(alloc).or_insert(Wiping {
-                            to_tell: Default::default(),
-                            started_ms: t.0,
-                        });
-                        w.to_tell.extend(to_tell);
-                        w.started_ms = t.0;
-                        out.push(Action::Wipe {
-                            alloc,
-                            name: self.name_of(alloc),
-                            nodes: nodes
-                                .iter()
-                                .map(|n| self.registry.node_names[n.index()].clone())
-                                .collect(),
-                        })
-                    }
-                    Decision::Boot { alloc, nodes } => {
-                        tracing::info!(
-                            "{}: its nodes boot the hardened image before it starts",
-                            self.name_of(alloc)
-                        );
-                        out.push(Action::Boot {
-                            alloc,
-                            name: self.name_of(alloc),
-                            nodes: nodes
-                                .iter()
-                                .map(|n| self.registry.node_names[n.index()].clone())
-                                .collect(),
-                        })
-                    }
-                    Decision::Watch { node, grace } => {
-                        self.fleet.grace_until.insert(node.0, t.0 + grace.0);
-                        out.push(Action::Watch { node, grace });
-                    }
-                    Decision::Drift {
-                        node,
-                        drifted,
-                        sensitive,
-                    } => {
-                        let claim = self
-                            .ctl
-                            .engine
-                            .node(node)
-                            .and_then(|n| n.owner)
-                            .filter(|o| self.ctl.engine.is_sensitive(o.alloc))
-                            .map(|o| self.name_of(o.alloc));
-                        out.push(Action::Drift {
-                            node,
-                            name: self.registry.node_names[node.index()].clone(),
-                            drifted,
-                            sensitive,
-                            message: self.drift_message(node.0),
-                            claim,
-                        })
-                    }
-                    // Asked again after every input ([`Control::next_wakeup`]): the quorum commits
-                    // after the pass decided, and what it commits moves the engine's next wake-up.
-                    Decision::WakeAt(_) => {}
-                }
+                out.extend(self.action_of(t, d));
             }
         }
         out
+    }
+
+    /// A preemption ordered: noted for the victim's owners and the metrics, and for its agents.
+    fn preempt_action(&mut self, o: lattice_engine::PreemptOrder) -> Action {
+        tracing::info!(
+            "{} preempted for {} ({}): {:?}",
+            self.name_of(o.alloc),
+            self.name_of(o.for_alloc),
+            o.reason.as_str(),
+            o.how
+        );
+        let why = format!("{} for {}", o.reason.as_str(), self.name_of(o.for_alloc));
+        let vcluster = self
+            .ctl
+            .engine
+            .allocation(o.alloc)
+            .and_then(|a| self.ctl.engine.vcluster(a.spec.vcluster))
+            .map(|v| v.name)
+            .unwrap_or_default();
+        *self
+            .tally
+            .preemptions
+            .entry((vcluster, o.reason.as_str().to_string()))
+            .or_default() += 1;
+        if let Some(m) = self.registry.meta.get_mut(o.alloc.index()) {
+            m.preempted_for = Some(why);
+        }
+        let to_tell = self
+            .ctl
+            .engine
+            .allocation(o.alloc)
+            .map(|a| a.nodes.iter().map(|n| n.0).collect())
+            .unwrap_or_default();
+        self.stops.preempting.insert(
+            o.alloc,
+            Preempting {
+                how: o.how,
+                at: o.at,
+                to_tell,
+            },
+        );
+        Action::Preempt {
+            name: self.name_of(o.alloc),
+            order: o,
+        }
+    }
+
+    /// The action that carries out decision `d` (made at `t`), with the bookkeeping it needs here
+    /// (`None`: nothing to carry out).
+    fn action_of(&mut self, t: Time, d: Decision) -> Option<Action> {
+        match d {
+            Decision::Propose(p) => {
+                let a = self.ctl.engine.allocation(p.alloc)?;
+                let tenant = self.tenant_name(a.spec.tenant);
+                let sensitive = a.spec.sensitive_claim;
+                let m = self.registry.meta.get(p.alloc.index());
+                Some(Action::Propose(PendingProposal {
+                    incarnation: self.incarnation,
+                    alloc: p.alloc,
+                    name: m.map(|m| m.name.clone()).unwrap_or_default(),
+                    tenant,
+                    user: m.and_then(|m| m.user.clone()).unwrap_or_default(),
+                    nodes: self.registry.names_of(&p.nodes),
+                    sensitive,
+                    backfilled: p.backfilled,
+                    project: m.and_then(|m| m.project.clone()),
+                }))
+            }
+            Decision::Persist(record) => {
+                let name = self.record_name(record);
+                self.acks.settle_wanted.insert(name.clone());
+                Some(Action::Persist { record, name })
+            }
+            Decision::Refuse { alloc, why } => {
+                let message = self.refusal_message(&why);
+                tracing::info!("{}: start refused: {message}", self.name_of(alloc));
+                if let Some(m) = self.registry.meta.get_mut(alloc.index()) {
+                    m.last_rejection = Some(message.clone());
+                }
+                Some(Action::Refuse {
+                    alloc,
+                    name: self.name_of(alloc),
+                    why,
+                    message,
+                })
+            }
+            Decision::Release { alloc, nodes } => {
+                self.stops.checkpoint_hints.remove(&alloc);
+                // A victim that gave its nodes back is no longer being preempted.
+                self.stops.preempting.remove(&alloc);
+                if self.real_agents {
+                    // Until each of these nodes' agents shows it no longer runs the
+                    // allocation (or the node is Down: its agent fenced it), a next start
+                    // of it waits: never two runs at once.
+                    self.fleet
+                        .stopping_on
+                        .entry(alloc)
+                        .or_default()
+                        .extend(nodes.iter().map(|n| n.0));
+                }
+                Some(Action::Release {
+                    alloc,
+                    name: self.name_of(alloc),
+                    nodes: self.registry.names_of(&nodes),
+                })
+            }
+            Decision::Scale { alloc, node, added } => Some(Action::Scale {
+                alloc,
+                name: self.name_of(alloc),
+                node: self.registry.node_names[node.index()].clone(),
+                added,
+            }),
+            Decision::Audit { alloc, event, nodes } => {
+                let note = self.audit_note(alloc, event, &nodes);
+                Some(Action::Audit {
+                    alloc,
+                    user: self
+                        .registry
+                        .meta
+                        .get(alloc.index())
+                        .and_then(|m| m.user.clone())
+                        .unwrap_or_default(),
+                    name: self.name_of(alloc),
+                    event,
+                    note,
+                    nodes: self.registry.names_of(&nodes),
+                })
+            }
+            Decision::Launch {
+                alloc,
+                nodes,
+                resume_from,
+                staging_remaining_s,
+                vni,
+            } => {
+                let name = self.name_of(alloc);
+                // A new start: exits reported in an earlier one (before a requeue) are not
+                // this one's.
+                self.fleet.exits.remove(&alloc);
+                // A new start: a process of this allocation still running on one of its
+                // nodes belongs to an earlier start (a requeue onto overlapping nodes).
+                if self.real_agents {
+                    for n in &nodes {
+                        self.fleet.fresh_starts.insert((n.0, alloc));
+                    }
+                }
+                Some(Action::Launch {
+                    alloc,
+                    vni,
+                    name,
+                    nodes: self.registry.names_of(&nodes),
+                    resume_from,
+                    staging_remaining_s,
+                })
+            }
+            Decision::Stop { alloc, why } => {
+                tracing::info!("{} stops: {why:?}", self.name_of(alloc));
+                Some(Action::Stop {
+                    alloc,
+                    name: self.name_of(alloc),
+                    why,
+                })
+            }
+            Decision::Preempt(o) => Some(self.preempt_action(o)),
+            Decision::Checkpoint { alloc } => {
+                self.stops.hinted_at.insert(alloc, self.now());
+                // Real agents deliver it at their next poll, by the allocation's mechanism.
+                if let Some(a) = self.ctl.engine.allocation(alloc) {
+                    let nodes = a.nodes.iter().map(|n| n.0).collect();
+                    self.stops.checkpoint_hints.insert(alloc, nodes);
+                    self.stops.hint_reports.remove(&alloc);
+                }
+                Some(Action::Checkpoint {
+                    alloc,
+                    name: self.name_of(alloc),
+                })
+            }
+            Decision::Wipe { alloc, nodes } => {
+                // Real agents run the site's wipe command at their next poll, unless
+                // OpenCHAMI wipes the nodes.
+                let to_tell: std::collections::BTreeSet<u32> = if self.wipe_by_openchami {
+                    Default::default()
+                } else {
+                    nodes.iter().map(|n| n.0).collect()
+                };
+                // An operator's retry of one node joins the claim's wipe, if under way.
+                let w = self.wipes.wiping.entry(alloc).or_insert(Wiping {
+                    to_tell: Default::default(),
+                    started_ms: t.0,
+                });
+                w.to_tell.extend(to_tell);
+                w.started_ms = t.0;
+                Some(Action::Wipe {
+                    alloc,
+                    name: self.name_of(alloc),
+                    nodes: self.registry.names_of(&nodes),
+                })
+            }
+            Decision::Boot { alloc, nodes } => {
+                tracing::info!(
+                    "{}: its nodes boot the hardened image before it starts",
+                    self.name_of(alloc)
+                );
+                Some(Action::Boot {
+                    alloc,
+                    name: self.name_of(alloc),
+                    nodes: self.registry.names_of(&nodes),
+                })
+            }
+            Decision::Watch { node, grace } => {
+                self.fleet.grace_until.insert(node.0, t.0 + grace.0);
+                Some(Action::Watch { node, grace })
+            }
+            Decision::Drift {
+                node,
+                drifted,
+                sensitive,
+            } => {
+                let claim = self
+                    .ctl
+                    .engine
+                    .node(node)
+                    .and_then(|n| n.owner)
+                    .filter(|o| self.ctl.engine.is_sensitive(o.alloc))
+                    .map(|o| self.name_of(o.alloc));
+                Some(Action::Drift {
+                    node,
+                    name: self.registry.node_names[node.index()].clone(),
+                    drifted,
+                    sensitive,
+                    message: self.drift_message(node.0),
+                    claim,
+                })
+            }
+            // Asked again after every input ([`Control::next_wakeup`]): the quorum commits
+            // after the pass decided, and what it commits moves the engine's next wake-up.
+            Decision::WakeAt(_) => None,
+        }
     }
 }

@@ -305,6 +305,11 @@ impl Output {
 }
 
 impl Registry {
+    /// The names of `nodes`.
+    pub(crate) fn names_of(&self, nodes: &[lattice_engine::NodeId]) -> Vec<String> {
+        nodes.iter().map(|n| self.node_names[n.index()].clone()).collect()
+    }
+
     /// Names `tenant`'s project `project` with the engine's `id`.
     pub(crate) fn name_project(&mut self, tenant: &str, project: &str, id: ProjectId) {
         self.projects.insert((tenant.to_string(), project.to_string()), id);
