@@ -101,6 +101,14 @@ pub enum QuorumCommand {
     /// The accounting pipeline delivered every event that happened before `ms` (ms since the
     /// epoch): a new leader's pipeline regenerates events from there (it never moves back).
     AccountingMark { ms: u64 },
+    /// An operator's cost-function weights for a vCluster (`PUT /v1/vclusters/{id}/weights`): every
+    /// leader schedules the vCluster with them from the commit on, a new one too.
+    SetWeights {
+        vcluster: String,
+        weights: lattice_engine::CostWeights,
+        at_ms: u64,
+        by: String,
+    },
     /// Federation (book: "Adding a Federation Peer"): a peer site's broker endpoints and the shared
     /// workspace its requests are signed under (replaces the peer's earlier entry). The workspace's
     /// key is exchanged out of band and stays in each member's config, never in the log.
@@ -281,6 +289,9 @@ pub struct QuorumState {
     /// [`QuorumCommand::AccountingMark`] (0: none yet).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accounting_mark: u64,
+    /// Operators' weights by vCluster ([`QuorumCommand::SetWeights`]), over the profile's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weights: BTreeMap<String, lattice_engine::CostWeights>,
     /// Federation peers by site name ([`QuorumCommand::PutFederationPeer`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub federation_peers: BTreeMap<String, FederationPeer>,
@@ -424,6 +435,17 @@ impl QuorumState {
                 detail,
             } => {
                 lattice_engine::audit::append(&mut self.audit, *at_ms, user, alloc, action, detail);
+                QuorumResponse::Applied
+            }
+            QuorumCommand::SetWeights {
+                vcluster,
+                weights,
+                at_ms,
+                by,
+            } => {
+                self.weights.insert(vcluster.clone(), *weights);
+                let detail = serde_json::to_string(weights).unwrap_or_default();
+                self.admin(*at_ms, by, "vcluster.weights", vcluster, &detail);
                 QuorumResponse::Applied
             }
             QuorumCommand::AccountingMark { ms } => {

@@ -152,6 +152,16 @@ fn lattice_cli_drives_the_runtime() {
         "priority=0.5,wait_time=0.5",
     ]);
     assert!(o.status.success(), "{}", err(&o));
+    // The weights in force, as the leader schedules with them.
+    let o = run(&["admin", "vcluster", "show", "default"]);
+    let shown = out(&o);
+    assert!(
+        o.status.success()
+            && shown.lines().any(|l| l.split_whitespace().eq(["priority", "0.5"]))
+            && shown.lines().any(|l| l.split_whitespace().eq(["fair_share", "0.0"])),
+        "{shown}{}",
+        err(&o)
+    );
 
     // Cancel a long one.
     let o = run(&["submit", "--nodes=1", "--walltime=1h", "--", "sleep", "100"]);

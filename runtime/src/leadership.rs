@@ -239,6 +239,13 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             control.set_project(tenant, name, *quota);
         }
     }
+    // Operators' weights as the quorum committed them (over the profile's).
+    let weights = shared.member.read(|q| q.weights.clone()).await;
+    for (vcluster, w) in &weights {
+        if let Err(e) = control.set_weights(vcluster, *w) {
+            tracing::warn!("weights committed for vCluster {vcluster} not applied: {}", e.message);
+        }
+    }
     control.adopted_term = Some(term);
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
     // reads the control plane, whose lock is held here).

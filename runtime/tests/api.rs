@@ -942,6 +942,8 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
         [
             ("tenant.seed", "physics"),
             ("tenant.create", "chem"),
+            // The weights set above are committed at the quorum too.
+            ("vcluster.weights", "default"),
             ("tenant.update", "chem"),
             ("tenant.update", "chem"),
             ("tenant.delete", "chem"),

@@ -147,11 +147,12 @@ async fn killing_the_leader_while_submitting_loses_no_acknowledged_allocation() 
     }
 }
 
-/// An operator's drain is a standing order at the quorum: the leader that took it is killed, and the
-/// new leader still keeps the node drained (nothing is placed there) until it is undrained. A drain
-/// or undrain the node's state refuses records nothing.
+/// An operator's drain and a vCluster's weights are quorum state: the leader that took them is
+/// killed, and the new leader still keeps the node drained (nothing is placed there) until it is
+/// undrained, and schedules with the weights. A drain or undrain the node's state refuses records
+/// nothing; weights sent to a follower change nothing there and answer so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_drain_outlives_the_leader_that_took_it() {
+async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
     let dir = std::env::temp_dir().join(format!("lattice-runtime-drain-failover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut rts: Vec<Option<lattice_runtime::Running>> = common::start_quorum(&dir, 3, 3, "")
@@ -179,6 +180,39 @@ async fn a_drain_outlives_the_leader_that_took_it() {
     );
     let (status, v) = common::http("POST", format!("{base}/v1/nodes/sim-001/drain"), Some(json!({}))).await;
     assert_eq!((status, v["state"].as_str()), (200, Some("drained")), "{v}");
+    // Weights sent to a follower: refused (naming the leader), nothing recorded, nothing changed there.
+    let follower = (first + 1) % 3;
+    let weights = json!({"priority": 0.7, "wait_time": 0.2, "fair_share": 0.1});
+    let before = rts[follower]
+        .as_ref()
+        .unwrap()
+        .shared
+        .control
+        .lock()
+        .await
+        .vcluster_view("default");
+    let (status, v) = common::http(
+        "PUT",
+        format!("http://{}/v1/vclusters/default/weights", rest[follower]),
+        Some(weights.clone()),
+    )
+    .await;
+    assert_eq!(status, 421, "{v}");
+    assert!(shared.member.read(|q| q.weights.is_empty()).await, "nothing recorded");
+    let after = rts[follower]
+        .as_ref()
+        .unwrap()
+        .shared
+        .control
+        .lock()
+        .await
+        .vcluster_view("default");
+    assert_eq!(before, after, "the follower's scheduler is unchanged");
+    // The leader commits them, and schedules with them.
+    let (status, v) = common::http("PUT", format!("{base}/v1/vclusters/default/weights"), Some(weights)).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = common::http("GET", format!("{base}/v1/vclusters/default"), None).await;
+    assert_eq!((status, v["weights"]["priority"].as_f64()), (200, Some(0.7)), "{v}");
 
     let killed = rts[first].take().unwrap();
     let killed_at = Instant::now();
@@ -208,6 +242,19 @@ async fn a_drain_outlives_the_leader_that_took_it() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The weights came along: the new leader schedules with the committed ones.
+    let (status, v) = common::http("GET", format!("{base}/v1/vclusters/default"), None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (
+            v["weights"]["priority"].as_f64(),
+            v["weights"]["wait_time"].as_f64(),
+            v["weights"]["fair_share"].as_f64(),
+            v["weights"]["energy"].as_f64()
+        ),
+        (Some(0.7), Some(0.2), Some(0.1), Some(0.0)),
+        "{v}"
+    );
     // Three one-node allocations on the two nodes left: none is placed on the drained node.
     let mut ids = Vec::new();
     for _ in 0..3 {

@@ -220,6 +220,9 @@ impl QuotaFlags {
 
 #[derive(Subcommand)]
 pub enum VclusterCmd {
+    /// A vCluster's scheduler configuration and the weights in force (the quorum's, as the leader
+    /// schedules with them).
+    Show { vcluster: String },
     /// Replace a vCluster's weights (`--weights priority=0.3,wait_time=0.2,...` or a profile YAML's
     /// entry with `--profile FILE`); they take effect at its next cycle.
     SetWeights {
@@ -278,6 +281,9 @@ pub fn run(client: &Client, output: Output, cmd: AdminCmd) -> Result<()> {
             })?;
         }
         AdminCmd::Project { cmd } => project(client, output, cmd)?,
+        AdminCmd::Vcluster {
+            cmd: VclusterCmd::Show { vcluster },
+        } => show_vcluster(client, output, &vcluster)?,
         AdminCmd::Vcluster { cmd } => set_weights(client, output, cmd)?,
     }
     Ok(())
@@ -420,13 +426,40 @@ fn project(client: &Client, output: Output, cmd: ProjectCmd) -> Result<()> {
     Ok(())
 }
 
+/// `lattice admin vcluster show VCLUSTER`.
+fn show_vcluster(client: &Client, output: Output, vcluster: &str) -> Result<()> {
+    let v = client.call("GET", &format!("/v1/vclusters/{vcluster}"), None)?;
+    print_value(&v, output, |v| {
+        let mut out = format!(
+            "{vcluster}: {} (cycle {} s, preemption {}, lend cap {})\n",
+            v["policy"].as_str().unwrap_or_default(),
+            v["cycle_interval_s"],
+            v["preemption"],
+            v["lend_cap"]
+        );
+        match v["weights"].as_object() {
+            Some(w) => {
+                for (k, x) in w {
+                    out.push_str(&format!("  {k:<15} {x}\n"));
+                }
+            }
+            None => out.push_str("  no weights: the queue is in arrival order\n"),
+        }
+        out
+    })?;
+    Ok(())
+}
+
 /// `lattice admin vcluster set-weights VCLUSTER`.
 fn set_weights(client: &Client, output: Output, cmd: VclusterCmd) -> Result<()> {
     let VclusterCmd::SetWeights {
         vcluster,
         weights,
         profile,
-    } = cmd;
+    } = cmd
+    else {
+        bail!("not a weights change");
+    };
     let body: serde_json::Map<String, Value> = match (weights, profile) {
         (Some(w), None) => w
             .split(',')

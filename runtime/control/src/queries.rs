@@ -368,6 +368,23 @@ impl Control {
             .collect()
     }
 
+    /// A vCluster's scheduler configuration and weights in force (`None`: no such vCluster).
+    pub fn vcluster_view(&self, name: &str) -> Option<serde_json::Value> {
+        let id = *self.registry.vclusters.get(name)?;
+        let c = self.ctl.engine.vcluster_config(id)?;
+        Some(serde_json::json!({
+            "name": name,
+            "policy": c.policy.to_string(),
+            "weights": c.weights,
+            "cycle_interval_s": c.cycle_interval.as_secs_f64(),
+            "reference_wait_s": c.reference_wait.as_secs_f64(),
+            "slo_wait_target_s": c.slo_wait_target.map(|d| d.as_secs_f64()),
+            "gpu_hours_budget": c.gpu_hours_budget,
+            "preemption": c.preemption,
+            "lend_cap": c.lend_cap,
+        }))
+    }
+
     pub fn vcluster_names(&self) -> Vec<String> {
         self.registry.vclusters.keys().cloned().collect()
     }

@@ -373,6 +373,13 @@ pub(super) async fn vclusters(State(s): S) -> Json<Value> {
     Json(json!({ "vclusters": s.control.lock().await.vcluster_names() }))
 }
 
+pub(super) async fn vcluster(State(s): S, Path(id): Path<String>) -> Response {
+    match ops::vcluster(&s, &id).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 pub(super) async fn queue(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::queue(&s, &p, &id).await {
         Ok(q) => Json(json!({ "vcluster": id, "queue": q })).into_response(),

@@ -335,6 +335,11 @@ fn administration() -> Vec<Op> {
         .answer::<crate::accounting::Reconciled>(),
         Op::get("/v1/vclusters", "vclusters", "vCluster names"),
         Op::get(
+            "/v1/vclusters/{id}",
+            "vclusters",
+            "A vCluster's scheduler configuration and the weights in force (the quorum's)",
+        ),
+        Op::get(
             "/v1/vclusters/{id}/queue",
             "vclusters",
             "A vCluster's queue in score order",

@@ -100,6 +100,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
             axum::routing::post(accounting_reconcile),
         )
         .route("/v1/vclusters", get(vclusters))
+        .route("/v1/vclusters/{id}", get(vcluster))
         .route("/v1/vclusters/{id}/queue", get(queue))
         .route("/v1/vclusters/{id}/weights", put(set_weights))
         .route("/api/v1/services", get(services))

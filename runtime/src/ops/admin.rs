@@ -9,6 +9,20 @@ use lattice_control::{AllocationView, Usage};
 use std::collections::BTreeMap;
 
 /// A vCluster's pending allocations the caller may see, in queue order.
+/// A vCluster's scheduler configuration and the weights in force (the leader's, which it took from
+/// the quorum).
+pub async fn vcluster(s: &Shared, vcluster: &str) -> Result<serde_json::Value, ApiError> {
+    readable(s).await?;
+    s.control
+        .lock()
+        .await
+        .vcluster_view(vcluster)
+        .ok_or_else(|| ApiError::NotFound {
+            field: "vcluster".into(),
+            message: format!("vCluster \"{vcluster}\" not found"),
+        })
+}
+
 pub async fn queue(s: &Shared, p: &Principal, vcluster: &str) -> Result<Vec<AllocationView>, ApiError> {
     readable(s).await?;
     let c = s.control.lock().await;
@@ -60,6 +74,26 @@ pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap
         checkpoint: get("checkpoint"),
         conformance: get("conformance"),
     };
+    writable(s).await?;
+    let at_ms = {
+        let c = s.control.lock().await;
+        if !c.vcluster_names().iter().any(|v| v == vcluster) {
+            return Err(ApiError::NotFound {
+                field: "vcluster".into(),
+                message: format!("vCluster \"{vcluster}\" not found"),
+            });
+        }
+        c.now().0
+    };
+    // At the quorum first: every leader schedules with them from the commit on (a new one reads
+    // them when it takes over), and a member that is not the leader changes nothing.
+    let cmd = lattice_adapters::QuorumCommand::SetWeights {
+        vcluster: vcluster.to_string(),
+        weights,
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, vcluster).await?;
     let r = s.control.lock().await.set_weights(vcluster, weights);
     r.map_err(|e| {
         if e.field == "vcluster" {
