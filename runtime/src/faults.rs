@@ -8,6 +8,8 @@ pub struct Bugs {
     pub ack_without_majority: bool,
     /// Agent hosts never fence: a cut-off agent keeps running work the control plane requeues.
     pub agent_no_fence: bool,
+    /// A vCluster's weights change in the leader's memory only, never at the quorum.
+    pub weights_leader_local: bool,
 }
 
 impl Bugs {
@@ -21,8 +23,12 @@ impl Bugs {
                 agent_no_fence: true,
                 ..Bugs::default()
             }),
+            "weights-leader-local" => Ok(Bugs {
+                weights_leader_local: true,
+                ..Bugs::default()
+            }),
             other => Err(format!(
-                "--bug: unknown `{other}` (known: ack-without-majority, agent-no-fence)"
+                "--bug: unknown `{other}` (known: ack-without-majority, agent-no-fence, weights-leader-local)"
             )),
         }
     }
@@ -33,6 +39,8 @@ impl Bugs {
             Some("ack-without-majority")
         } else if self.agent_no_fence {
             Some("agent-no-fence")
+        } else if self.weights_leader_local {
+            Some("weights-leader-local")
         } else {
             None
         }

@@ -249,11 +249,18 @@ pub async fn run(i: usize, members: u64, fence: bool, obs: SharedObs) -> turmoil
 /// so the site does not shrink for good with every agent fault. With `drains` (a seed for its own
 /// stream of choices) it also drains a node now and then for 1–4 s, and lifts every drain once the
 /// faults have healed; what it was told is in [`crate::obs::Obs::drained`].
-pub async fn operator(members: u64, nodes: usize, drains: Option<u64>, obs: SharedObs) -> turmoil::Result {
+pub async fn operator(
+    members: u64,
+    nodes: usize,
+    drains: Option<u64>,
+    weights: Option<u64>,
+    obs: SharedObs,
+) -> turmoil::Result {
     use rand_core::{Rng, SeedableRng};
     let mut target = 1u64;
     let mut down_since: BTreeMap<String, u64> = BTreeMap::new();
     let mut rng = drains.map(rand_chacha::ChaCha8Rng::seed_from_u64);
+    let mut weights_rng = weights.map(rand_chacha::ChaCha8Rng::seed_from_u64);
     // Drained nodes (acknowledged or not) → when to lift the drain (ms).
     let mut lift_at: BTreeMap<String, u64> = BTreeMap::new();
     loop {
@@ -291,6 +298,16 @@ pub async fn operator(members: u64, nodes: usize, drains: Option<u64>, obs: Shar
                         }
                     }
                 }
+            }
+        }
+        // Now and then, new weights for vCluster `default` (a tenth of priority, the rest wait time).
+        if let Some(rng) = weights_rng.as_mut()
+            && !lock(&obs).healed
+            && rng.next_u64().is_multiple_of(4)
+        {
+            let tenths = 1 + (rng.next_u64() % 9) as u32;
+            if let Order::Elsewhere(leader) = set_weights(target, tenths, &obs).await {
+                target = leader.unwrap_or(target % members + 1);
             }
         }
         let Some((200, v)) = request(target, "GET", "/v1/nodes", &serde_json::Value::Null).await else {
@@ -356,6 +373,48 @@ async fn node_order(member: u64, node: &str, what: &str, obs: &SharedObs) -> Ord
             Order::Refused
         }
         Some((421, v)) => Order::Elsewhere(v["leader_id"].as_u64()),
+        _ => Order::Elsewhere(None),
+    }
+}
+
+/// New weights for vCluster `default` at `member`: `priority` `tenths`/10, `wait_time` the rest.
+/// While in flight (or unanswered: the change may still commit) they may be in force; once taken,
+/// they must be, or one of those.
+async fn set_weights(member: u64, tenths: u32, obs: &SharedObs) -> Order {
+    if let Some((_, since)) = lock(obs).weights.as_mut() {
+        since.push(tenths);
+    }
+    let body = serde_json::json!({
+        "priority": f64::from(tenths) / 10.0,
+        "wait_time": f64::from(10 - tenths) / 10.0,
+    });
+    let answer = request(member, "PUT", "/v1/vclusters/default/weights", &body).await;
+    let mut o = lock(obs);
+    // This attempt's entry among those that may be in force (unanswered ones stay: their change
+    // may still commit, after later ones).
+    let forget = |o: &mut crate::obs::Obs| {
+        if let Some((_, maybe)) = o.weights.as_mut()
+            && let Some(i) = maybe.iter().position(|t| *t == tenths)
+        {
+            maybe.remove(i);
+        }
+    };
+    match answer {
+        Some((200, _)) => {
+            o.event(format!("operator weights default: priority {tenths}/10"));
+            forget(&mut o);
+            let maybe = o.weights.take().map(|(_, m)| m).unwrap_or_default();
+            o.weights = Some((tenths, maybe));
+            Order::Taken
+        }
+        Some((421, v)) => {
+            forget(&mut o);
+            Order::Elsewhere(v["leader_id"].as_u64())
+        }
+        Some((status, v)) if status < 500 => {
+            o.violation(format!("weights refused by m{member}: {status} {v}"));
+            Order::Refused
+        }
         _ => Order::Elsewhere(None),
     }
 }

@@ -37,6 +37,20 @@ fn serving(o: &Obs) -> Option<(u64, u64, Arc<Shared>)> {
         .find(|(_, t, _)| *t >= newest)
 }
 
+/// Weights the operator was told were taken (or ones it sent and never heard of) are those the
+/// serving leader `m` (of `term`) schedules vCluster `default` with.
+fn weights_violation(o: &Obs, c: &lattice_control::Control, m: u64, term: u64) -> Option<String> {
+    let (acked, since) = o.weights.as_ref()?;
+    let view = c.vcluster_view("default").unwrap_or_default();
+    let in_force = view["weights"]["priority"].as_f64().map(|p| (p * 10.0).round() as u32);
+    (!in_force.is_some_and(|p| p == *acked || since.contains(&p))).then(|| {
+        format!(
+            "vCluster default schedules with weights {} at m{m} (term {term}), not the acknowledged priority {acked}/10 (nor one never answered: {since:?})",
+            view["weights"]
+        )
+    })
+}
+
 fn terminal(state: &str) -> bool {
     matches!(state, "completed" | "failed" | "cancelled")
 }
@@ -249,6 +263,7 @@ impl Checker {
                 }
             }
         }
+        violations.extend(weights_violation(&o, &c, m, term));
         // A drain the operator was told was taken holds at every later leader until it is lifted.
         for (node, sure) in &o.drained {
             if *sure && c.node_state_of(node).as_deref() == Some("ready") {

@@ -453,8 +453,10 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             let obs = obs.clone();
             // Its drains draw from their own stream: the other plans stay as the seed made them.
             let drains = full.then_some(seed ^ 0x6472_6169_6e73);
+            // So do its weight changes.
+            let weights = full.then_some(seed ^ 0x7765_6967_6874);
             sim.host("operator", move || {
-                agents::operator(n, opts.agents, drains, obs.clone())
+                agents::operator(n, opts.agents, drains, weights, obs.clone())
             });
         }
         let plan = client::plan(&mut rng, opts.steps);

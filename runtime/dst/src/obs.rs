@@ -48,6 +48,10 @@ pub struct Obs {
     /// The operator's drains: node → true once a drain was acknowledged (the serving leader must
     /// hold it), false while an order for it is in flight (either outcome is allowed).
     pub drained: BTreeMap<String, bool>,
+    /// The operator's weights for vCluster `default` (their `priority`, in tenths): the last
+    /// acknowledged, and those in flight or never answered (each may have been committed, even
+    /// after a later one). The serving leader must schedule with one of them.
+    pub weights: Option<(u32, Vec<u32>)>,
     /// Acknowledged DAG members → the members they depend on (condition `success`).
     pub dag_deps: BTreeMap<String, Vec<String>>,
     /// The faults have healed (the operator lifts its drains).

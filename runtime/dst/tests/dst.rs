@@ -261,6 +261,31 @@ fn agents_that_do_not_fence_are_caught_running_work_twice() {
     assert!(out.contains(" fenced a-"), "no agent ever fenced");
 }
 
+/// Weights kept in the leader's memory only (a test-only switch) are caught: after a fail-over the
+/// new leader schedules without the weights the operator was told were taken. With them at the
+/// quorum the same seed passes.
+#[test]
+fn weights_kept_only_by_the_leader_are_caught_after_a_fail_over() {
+    let args = ["--seeds", "100", "--seed", "1", "--steps", "2000", "--faults", "all"];
+    let (code, out) = dst(&[
+        &args[..],
+        &["--bug", "weights-leader-local", "--fail-fast", "--threads", "1"],
+    ]
+    .concat());
+    assert_eq!(code, 1, "{out}");
+    let fail = out
+        .lines()
+        .find(|l| l.starts_with("FAIL seed "))
+        .expect("a failing seed");
+    assert!(
+        fail.contains("schedules with weights") && fail.contains("not the acknowledged"),
+        "{fail}"
+    );
+    let seed = fail["FAIL seed ".len()..].split(':').next().unwrap();
+    let (code, out) = dst(&["--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", "all"]);
+    assert_eq!(code, 0, "{}", last_line(&out));
+}
+
 #[test]
 fn bad_arguments_are_refused_naming_the_flag() {
     let (code, out) = dst(&["--faults", "meteor"]);

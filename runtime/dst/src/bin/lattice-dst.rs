@@ -35,7 +35,8 @@ struct Args {
     /// (the gRPC clients only: the workload the earliest regression seeds were found with).
     #[arg(long, default_value = "full")]
     workload: String,
-    /// A test-only injected bug the run must catch: ack-without-majority, agent-no-fence.
+    /// A test-only injected bug the run must catch: ack-without-majority, agent-no-fence,
+    /// weights-leader-local.
     #[arg(long)]
     bug: Option<String>,
     /// Seeds run in parallel (default: the machine's cores).
