@@ -15,6 +15,39 @@ fn lattice(endpoint: &str, home: &std::path::Path, args: &[&str]) -> Output {
         .expect("lattice runs")
 }
 
+/// A member that is not the leader: every request answered 421 (nothing done). Its address and how
+/// many requests it got.
+fn not_the_leader() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = count.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming().flatten() {
+            let mut r = std::io::BufReader::new(conn);
+            let mut len = 0usize;
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let answer = r#"{"error":"not the quorum leader","leader_id":1}"#;
+            let _ = write!(
+                r.get_mut(),
+                "HTTP/1.1 421 Misdirected Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (addr, count)
+}
+
 fn out(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -160,6 +193,39 @@ fn lattice_cli_drives_the_runtime() {
             && shown.lines().any(|l| l.split_whitespace().eq(["priority", "0.5"]))
             && shown.lines().any(|l| l.split_whitespace().eq(["fair_share", "0.0"])),
         "{shown}{}",
+        err(&o)
+    );
+
+    // Several endpoints, as a quorum's members: a dead one and one that is not the leader (421,
+    // nothing done) are passed over, once each, and the submission is made once.
+    let (fake, misdirected) = not_the_leader();
+    let members = format!("http://127.0.0.1:1, http://{fake}/,{ep}");
+    let o = lattice(&members, &dir, &["submit", "--nodes=1", "--walltime=10m", "--", "true"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let moved = out(&o).trim().to_string();
+    assert_eq!(misdirected.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let o = lattice(&members, &dir, &["status", "-o", "json"]);
+    let all: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    let entrypoints: Vec<&serde_json::Value> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["entrypoint"] == "true")
+        .collect();
+    assert_eq!(entrypoints.len(), 1, "submitted once: {all}");
+    assert_eq!(entrypoints[0]["id"], moved.as_str());
+    let o = lattice(&members, &dir, &["config"]);
+    assert!(
+        out(&o).contains(&format!("http://127.0.0.1:1,http://{fake},{ep}")),
+        "{}",
+        out(&o)
+    );
+    // Only dead members: the error names the last one tried and what the others said.
+    let o = lattice("http://127.0.0.1:1,http://127.0.0.1:2", &dir, &["status"]);
+    assert!(
+        !o.status.success()
+            && err(&o).contains("cannot reach the Lattice API at http://127.0.0.1:2 (after http://127.0.0.1:1"),
+        "{}",
         err(&o)
     );
 

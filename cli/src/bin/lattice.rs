@@ -1,7 +1,9 @@
 //! `lattice` — the command-line client of `lattice-runtime` (REST): submit (flags, or a script's
 //! `#LATTICE`/`#SBATCH` directives), status, cancel, nodes and admin. The endpoint and tenant come from
 //! `--endpoint`/`--tenant`, else `LATTICE_ENDPOINT`/`LATTICE_TENANT`, else
-//! `~/.config/lattice/config.yaml` (`endpoint:`, `tenant:`), else `http://127.0.0.1:8080`; the bearer
+//! `~/.config/lattice/config.yaml` (`endpoint:` or `endpoints:`, `tenant:`), else
+//! `http://127.0.0.1:8080`; several endpoints (a comma list: the quorum's members) are tried in turn
+//! past one that is down or not the leader. The bearer
 //! token from `LATTICE_TOKEN`, the file's `token:`, or what `lattice login` cached for the endpoint
 //! (`~/.config/lattice/tokens.json`, refreshed when it expires). For an `https://` endpoint the site CA comes from
 //! `LATTICE_CA` or `ca:` (PEM; default: the system's roots), and under mTLS the client certificate from
@@ -18,7 +20,9 @@ use lattice_cli::client::{
 #[derive(Parser)]
 #[command(name = "lattice", version, about = "Lattice client: submit and manage allocations")]
 struct Cli {
-    /// Runtime REST endpoint (default: LATTICE_ENDPOINT, the config file, http://127.0.0.1:8080).
+    /// Runtime REST endpoint, or several (the quorum's members, comma-separated: requests move on
+    /// from one that is down or not the leader) (default: LATTICE_ENDPOINT, the config file,
+    /// http://127.0.0.1:8080).
     #[arg(long, global = true)]
     endpoint: Option<String>,
     /// Output format: table (the default), wide, json or yaml — for every command (json and yaml
@@ -151,19 +155,24 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     let fc = file_config()?;
     let agent = http_agent(&fc)?;
-    let base = cli
+    // One endpoint or several (a quorum's members, "A,B,C"): requests move on from a member that
+    // is down or not the leader.
+    let endpoints = cli
         .endpoint
         .clone()
         .or_else(|| std::env::var("LATTICE_ENDPOINT").ok())
-        .or(fc.endpoint)
-        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
+        .or(fc.endpoint.clone())
+        .or_else(|| fc.endpoints.as_ref().map(|e| e.join(",")))
+        .map(|e| lattice_cli::client::http::endpoints(&e))
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| vec!["http://127.0.0.1:8080".into()]);
+    let base = endpoints[0].clone();
     let tenant = cli
         .tenant
         .clone()
         .or_else(|| std::env::var("LATTICE_TENANT").ok())
         .or(fc.tenant);
     let default_vcluster = fc.vcluster.clone();
-    let base = base.trim_end_matches('/').to_string();
     let store = lattice_cli::login::tokens_path().map(lattice_cli::login::Store::new);
     match &cli.cmd {
         Cmd::Login {
@@ -180,7 +189,7 @@ fn run() -> Result<()> {
             None => None,
         },
     };
-    let client = Client { base, agent, token };
+    let client = Client::new(endpoints, agent, token);
     let output = cli.output.unwrap_or(Output::Table);
     match cli.cmd {
         Cmd::Login { .. } | Cmd::Logout => unreachable!("handled above"),

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub endpoint: Option<String>,
+    /// The quorum's members (requests move on from one that is down or not the leader).
+    pub endpoints: Option<Vec<String>>,
     pub tenant: Option<String>,
     /// The vCluster submissions go to when `--vcluster` is not given.
     pub vcluster: Option<String>,
@@ -96,8 +98,12 @@ pub fn show(client: &Client, tenant: &Option<String>, endpoint_flag: bool, tenan
     );
     println!(
         "endpoint:    {} ({})",
-        client.base,
-        from("LATTICE_ENDPOINT", endpoint_flag, fc.endpoint.is_some())
+        client.endpoints.join(","),
+        from(
+            "LATTICE_ENDPOINT",
+            endpoint_flag,
+            fc.endpoint.is_some() || fc.endpoints.is_some()
+        )
     );
     println!(
         "tenant:      {} ({})",

@@ -5,15 +5,87 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 pub struct Client {
-    pub base: String,
+    /// The members' REST endpoints (`LATTICE_ENDPOINT=A,B,C`, the config file's `endpoints:`), in
+    /// the order given; a request moves on from one that is down or not the leader.
+    pub endpoints: Vec<String>,
+    /// The endpoint that answered last (where the next request goes first).
+    current: std::sync::atomic::AtomicUsize,
     pub agent: ureq::Agent,
     /// `Authorization: Bearer` token (LATTICE_TOKEN or the config file's `token:`).
     pub token: Option<String>,
 }
 
+/// One endpoint's answer, or why there was none.
+enum Attempt {
+    Answer(u16, Value),
+    /// Not reached: nothing was sent (refused, unknown host) — any request may go elsewhere.
+    NotConnected(anyhow::Error),
+    /// Sent, but no answer came back: only a read may be sent elsewhere.
+    Lost(anyhow::Error),
+}
+
+/// The endpoints in `spec` ("A,B,C"; spaces and trailing slashes dropped).
+pub fn endpoints(spec: &str) -> Vec<String> {
+    spec.split(',')
+        .map(|e| e.trim().trim_end_matches('/').to_string())
+        .filter(|e| !e.is_empty())
+        .collect()
+}
+
 impl Client {
+    /// A client of `endpoints` (at least one).
+    pub fn new(endpoints: Vec<String>, agent: ureq::Agent, token: Option<String>) -> Client {
+        Client {
+            endpoints,
+            current: std::sync::atomic::AtomicUsize::new(0),
+            agent,
+            token,
+        }
+    }
+
+    /// The endpoint requests go to first (the one that answered last).
+    pub fn base(&self) -> &str {
+        &self.endpoints[self
+            .current
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .min(self.endpoints.len() - 1)]
+    }
+
+    /// Sends the request to the endpoints in turn, from the one that answered last: a member that is
+    /// down (nothing sent) or not the leader (HTTP 421, nothing done) passes it on to the next; a
+    /// read also moves on from one that took it and never answered.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
-        let url = format!("{}{path}", self.base);
+        let n = self.endpoints.len();
+        let first = self.current.load(std::sync::atomic::Ordering::Relaxed) % n;
+        let mut tried = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let last = k + 1 == n;
+            match self.send(&self.endpoints[i], method, path, body) {
+                Attempt::Answer(421, _) if !last => tried.push(format!("{}: not the leader", self.endpoints[i])),
+                Attempt::Answer(status, v) => {
+                    self.current.store(i, std::sync::atomic::Ordering::Relaxed);
+                    return self.answer(status, v, path);
+                }
+                Attempt::NotConnected(e) if !last => tried.push(format!("{}: {e:#}", self.endpoints[i])),
+                Attempt::Lost(e) if !last && method == "GET" => tried.push(format!("{}: {e:#}", self.endpoints[i])),
+                Attempt::NotConnected(e) | Attempt::Lost(e) => {
+                    let before = if tried.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (after {})", tried.join("; "))
+                    };
+                    return Err(e.context(format!("cannot reach the Lattice API at {}{before}", self.endpoints[i])));
+                }
+            }
+        }
+        unreachable!("the last endpoint always answers or fails")
+    }
+
+    /// One endpoint's answer (a request refused by the rate limit, 429, was not processed: it is
+    /// sent again after the server's Retry-After, a few times).
+    fn send(&self, base: &str, method: &str, path: &str, body: Option<&Value>) -> Attempt {
+        let url = format!("{base}{path}");
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
         macro_rules! authed {
             ($req:expr) => {{
@@ -24,8 +96,6 @@ impl Client {
                 }
             }};
         }
-        // A request refused by the rate limit (429) was not processed: it is sent again after the
-        // server's Retry-After (a few times).
         let mut tries = 0;
         let (mut resp, status) = loop {
             let resp = match (method, body) {
@@ -35,9 +105,18 @@ impl Client {
                 ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
                 ("PUT", Some(b)) => authed!(self.agent.put(&url)).send_json(b),
                 ("PATCH", Some(b)) => authed!(self.agent.patch(&url)).send_json(b),
-                _ => bail!("unsupported request {method} {path}"),
+                _ => return Attempt::NotConnected(anyhow::anyhow!("unsupported request {method} {path}")),
             };
-            let resp = resp.with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
+            let resp = match resp {
+                Ok(r) => r,
+                Err(e @ (ureq::Error::ConnectionFailed | ureq::Error::HostNotFound | ureq::Error::BadUri(_))) => {
+                    return Attempt::NotConnected(e.into());
+                }
+                Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    return Attempt::NotConnected(e.into());
+                }
+                Err(e) => return Attempt::Lost(e.into()),
+            };
             let status = resp.status().as_u16();
             tries += 1;
             if status != 429 || tries > 5 {
@@ -54,7 +133,11 @@ impl Client {
             std::thread::sleep(std::time::Duration::from_secs_f64(wait));
         };
         let text = resp.body_mut().read_to_string().unwrap_or_default();
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Attempt::Answer(status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// The answer's JSON, or the error it says.
+    fn answer(&self, status: u16, v: Value, path: &str) -> Result<Value> {
         if status == 401 && self.token.is_none() {
             bail!("Not logged in. Run `lattice login` first.");
         }
@@ -79,14 +162,31 @@ impl Client {
     /// returns false or the server closes the stream.
     pub fn events(&self, path: &str, mut each: impl FnMut(&str, &Value) -> bool) -> Result<()> {
         use std::io::BufRead;
-        let url = format!("{}{path}", self.base);
-        let mut req = self.agent.get(&url).header("Accept", "text/event-stream");
-        if let Some(t) = &self.token {
-            req = req.header("Authorization", format!("Bearer {t}"));
-        }
-        let mut resp = req
-            .call()
-            .with_context(|| format!("cannot reach the Lattice API at {}", self.base))?;
+        // From the member that answered last, moving on from one that is down or not the leader.
+        let n = self.endpoints.len();
+        let first = self.current.load(std::sync::atomic::Ordering::Relaxed) % n;
+        let mut k = 0;
+        let (mut resp, url) = loop {
+            let i = (first + k) % n;
+            k += 1;
+            let url = format!("{}{path}", self.endpoints[i]);
+            let mut req = self.agent.get(&url).header("Accept", "text/event-stream");
+            if let Some(t) = &self.token {
+                req = req.header("Authorization", format!("Bearer {t}"));
+            }
+            match req.call() {
+                Ok(r) if r.status().as_u16() == 421 && k < n => continue,
+                Ok(r) => {
+                    self.current.store(i, std::sync::atomic::Ordering::Relaxed);
+                    break (r, url);
+                }
+                Err(_) if k < n => continue,
+                Err(e) => {
+                    return Err(anyhow::Error::from(e))
+                        .with_context(|| format!("cannot reach the Lattice API at {}", self.endpoints[i]));
+                }
+            }
+        };
         let status = resp.status().as_u16();
         if status >= 400 {
             let text = resp.body_mut().read_to_string().unwrap_or_default();

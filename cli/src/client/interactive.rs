@@ -34,7 +34,7 @@ pub struct SessionArgs {
 pub fn attach(client: &Client, args: AttachArgs) -> Result<()> {
     let AttachArgs { id, node, command } = args;
     let (rows, cols) = crate::terminal::size().unwrap_or((24, 80));
-    let url = crate::terminal::url(&client.base, &id, node.as_deref(), command.as_deref(), rows, cols)?;
+    let url = crate::terminal::url(client.base(), &id, node.as_deref(), command.as_deref(), rows, cols)?;
     let code = crate::terminal::run(&url, client.token.as_deref())?;
     std::process::exit(code.clamp(0, 255));
 }
@@ -76,7 +76,7 @@ pub fn session(client: &Client, tenant: &Option<String>, args: SessionArgs) -> R
         match a["state"].as_str() {
             Some("running") => {
                 let (rows, cols) = crate::terminal::size().unwrap_or((24, 80));
-                let url = crate::terminal::session_url(&client.base, &id, rows, cols)?;
+                let url = crate::terminal::session_url(client.base(), &id, rows, cols)?;
                 break crate::terminal::run(&url, client.token.as_deref());
             }
             Some("completed" | "failed" | "cancelled") => {
