@@ -29,8 +29,8 @@ pub use lattice_node_adapters::{checkpoint, logstore, peer};
 /// openraft, for its `Config` (a simulation sets its own timings).
 pub use openraft;
 pub use quorum_state::{
-    AdminEntry, AuditEntry, FederatedEnd, FederationPeer, NodeAdmin, QuorumCommand, QuorumResponse, QuorumState,
-    TenantWrite,
+    AdminEntry, AuditEntry, FederatedEnd, FederationPeer, NetworkGrant, NodeAdmin, QuorumCommand, QuorumResponse,
+    QuorumState, TenantWrite,
 };
 pub use raft_store::{NodeId, Raft, TypeConfig};
 

@@ -45,7 +45,15 @@ pub enum QuorumCommand {
         /// with the tenant's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         project: Option<String>,
+        /// Its network domain and the domain's VNI (an allocation on a VNI): a new leader keeps
+        /// them for it, and no two domains ever hold one VNI.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<NetworkGrant>,
     },
+    /// The fabric manager created the running allocation's CXI service (book: "Network Domains"):
+    /// its tasks launch once this is recorded, and a new leader keeps (and at the end revokes) it
+    /// rather than creating another. Ignored for an allocation that holds no nodes.
+    CxiService { alloc: String, service: String },
     /// The allocation ended, was cancelled or preempted: its nodes are free again.
     Release { alloc: String },
     /// A reactive allocation grew by `node` (`added`) or gave it back. Growing onto a node someone
@@ -128,6 +136,13 @@ pub enum QuorumCommand {
     /// results, Site A's user notified"): a peer reported that an allocation this site forwarded
     /// there ended. Kept for its user (the newest [`FEDERATED_ENDS_KEPT`]); a repeat changes nothing.
     FederatedEnd(FederatedEnd),
+}
+
+/// A running allocation's network domain (its API name, within its tenant) and the domain's VNI.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkGrant {
+    pub domain: String,
+    pub vni: u32,
 }
 
 /// The federated ends a site keeps (older ones are dropped first).
@@ -254,6 +269,12 @@ pub struct Assignment {
     /// Its project (`None`: `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// Its network domain and VNI, when it is on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkGrant>,
+    /// Its CXI service at the fabric manager, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cxi_service: Option<String>,
 }
 
 impl Assignment {
@@ -389,14 +410,13 @@ impl QuorumState {
                 self.sensitive_pool_size = *size;
                 QuorumResponse::Applied
             }
-            QuorumCommand::Assign {
-                alloc,
-                tenant,
-                nodes,
-                sensitive,
-                at_ms,
-                project,
-            } => self.assign(alloc, tenant, project.as_deref(), nodes, *sensitive, *at_ms),
+            QuorumCommand::Assign { .. } => self.assign(cmd),
+            QuorumCommand::CxiService { alloc, service } => {
+                if let Some(a) = self.assignments.get_mut(alloc) {
+                    a.cxi_service = Some(service.clone());
+                }
+                QuorumResponse::Applied
+            }
             QuorumCommand::Release { alloc } => {
                 if let Some(a) = self.assignments.remove(alloc) {
                     for n in &a.nodes {
@@ -668,15 +688,20 @@ impl QuorumState {
         }
     }
 
-    fn assign(
-        &mut self,
-        alloc: &str,
-        tenant: &str,
-        project: Option<&str>,
-        nodes: &[String],
-        sensitive: bool,
-        since_ms: u64,
-    ) -> QuorumResponse {
+    fn assign(&mut self, cmd: &QuorumCommand) -> QuorumResponse {
+        let QuorumCommand::Assign {
+            alloc,
+            tenant,
+            nodes,
+            sensitive,
+            at_ms: since_ms,
+            project,
+            network,
+        } = cmd
+        else {
+            return QuorumResponse::Applied;
+        };
+        let (sensitive, since_ms, project) = (*sensitive, *since_ms, project.as_deref());
         if self.assignments.contains_key(alloc) {
             return self.reject("duplicate", format!("allocation rejected: {alloc} already holds nodes"));
         }
@@ -689,7 +714,7 @@ impl QuorumState {
         let (held, running) = self
             .assignments
             .values()
-            .filter(|a| a.tenant == tenant)
+            .filter(|a| a.tenant == *tenant)
             .fold((0u64, 0u64), |(h, r), a| (h + a.nodes.len() as u64, r + 1));
         let (max_nodes, max_concurrent) = self.quotas.get(tenant).copied().unwrap_or_default();
         let quota = TenantQuota {
@@ -727,6 +752,21 @@ impl QuorumState {
                 return self.reject(v.quota.as_str(), v.to_string());
             }
         }
+        if let Some(g) = network
+            && let Some((other, a)) = self.assignments.iter().find_map(|(id, a)| {
+                let h = a.network.as_ref()?;
+                let same_domain = a.tenant == *tenant && h.domain == g.domain;
+                (same_domain != (h.vni == g.vni)).then_some((id, h))
+            })
+        {
+            return self.reject(
+                "vni_conflict",
+                format!(
+                    "allocation rejected: network domain {} on VNI {} conflicts with {other}'s domain {} on VNI {}",
+                    g.domain, g.vni, a.domain, a.vni
+                ),
+            );
+        }
         for n in nodes {
             self.owners.insert(n.clone(), alloc.to_string());
         }
@@ -738,6 +778,8 @@ impl QuorumState {
                 sensitive,
                 since_ms,
                 project: project.map(str::to_string),
+                network: network.clone(),
+                cxi_service: None,
             },
         );
         self.commits += 1;
@@ -770,6 +812,7 @@ mod tests {
             sensitive: false,
             at_ms: 7,
             project: project.map(Into::into),
+            network: None,
         }
     }
 
@@ -789,6 +832,55 @@ mod tests {
             QuorumResponse::Rejected { reason, .. } => reason,
             QuorumResponse::Applied => "applied".into(),
         }
+    }
+
+    /// A start is recorded with its network domain's VNI and the CXI service created for it; no
+    /// two domains hold one VNI, and a domain has one VNI; the release frees both.
+    #[test]
+    fn starts_record_their_vni_and_no_two_domains_share_one() {
+        let mut s = QuorumState::default();
+        let on = |alloc: &str, tenant: &str, node: &str, domain: &str, vni: u32| {
+            let mut c = assign(alloc, tenant, &[node]);
+            if let QuorumCommand::Assign { network, .. } = &mut c {
+                *network = Some(NetworkGrant {
+                    domain: domain.into(),
+                    vni,
+                });
+            }
+            c
+        };
+        assert_eq!(s.apply(&on("a1", "t", "n1", "ml", 1000)), QuorumResponse::Applied);
+        assert_eq!(
+            s.apply(&on("a2", "t", "n2", "ml", 1000)),
+            QuorumResponse::Applied,
+            "joins"
+        );
+        assert_eq!(
+            reason(s.apply(&on("a3", "u", "n3", "ml", 1000))),
+            "vni_conflict",
+            "another tenant's"
+        );
+        assert_eq!(
+            reason(s.apply(&on("a3", "t", "n3", "ml", 1001))),
+            "vni_conflict",
+            "ml has 1000"
+        );
+        assert!(!s.owners.contains_key("n3"), "a rejected start holds nothing");
+        assert_eq!(s.apply(&on("a3", "u", "n3", "ml", 1001)), QuorumResponse::Applied);
+        let cxi = QuorumCommand::CxiService {
+            alloc: "a1".into(),
+            service: "svc-1".into(),
+        };
+        s.apply(&cxi);
+        assert_eq!(s.assignments["a1"].cxi_service.as_deref(), Some("svc-1"));
+        assert_eq!(s.assignments["a1"].network.as_ref().map(|g| g.vni), Some(1000));
+        s.apply(&QuorumCommand::Release { alloc: "a1".into() });
+        s.apply(&QuorumCommand::Release { alloc: "a2".into() });
+        assert_eq!(
+            s.apply(&on("a4", "t", "n4", "other", 1000)),
+            QuorumResponse::Applied,
+            "free again"
+        );
     }
 
     /// A project's hard limits apply with its tenant's, counted over the project's assignments only;
@@ -1087,6 +1179,7 @@ mod tests {
             sensitive: true,
             at_ms: 0,
             project: None,
+            network: None,
         };
         assert_eq!(s.apply(&claim("c1", "n1")), QuorumResponse::Applied);
         assert_eq!(s.apply(&claim("c2", "n2")), QuorumResponse::Applied);

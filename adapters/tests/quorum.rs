@@ -51,6 +51,7 @@ fn assign(alloc: &str, tenant: &str, nodes: &[&str]) -> QuorumCommand {
         sensitive: false,
         at_ms: 0,
         project: None,
+        network: None,
     }
 }
 

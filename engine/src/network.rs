@@ -75,6 +75,12 @@ impl VniPool {
     pub fn release(&mut self, vni: u32) -> bool {
         self.used.remove(&vni)
     }
+
+    /// Takes `vni` itself (a recovery: a running allocation keeps the VNI the quorum recorded for
+    /// it); `false` when it is outside the pool or in use.
+    pub fn take(&mut self, vni: u32) -> bool {
+        (self.start..=self.end).contains(&vni) && self.used.insert(vni)
+    }
 }
 
 /// A domain's name within its tenant.
@@ -139,8 +145,11 @@ pub struct NetworkDomains {
     domains: BTreeMap<DomainKey, Domain>,
     /// Allocation → its domain's key (members).
     member_of: BTreeMap<AllocId, DomainKey>,
-    /// Proposals at the quorum → the domain they will join (a new one's VNI is held for them).
+    /// Proposals at the quorum → the domain they will join.
     reserved: BTreeMap<AllocId, DomainKey>,
+    /// The VNIs of domains proposals at the quorum will create, taken from the pool when the first
+    /// of them was proposed: the proposal carries it, so the quorum records it with the start.
+    creating: BTreeMap<DomainKey, u32>,
 }
 
 impl NetworkDomains {
@@ -151,50 +160,89 @@ impl NetworkDomains {
             domains: BTreeMap::new(),
             member_of: BTreeMap::new(),
             reserved: BTreeMap::new(),
+            creating: BTreeMap::new(),
         }
-    }
-
-    /// Domains a reservation will create (they do not exist yet).
-    fn reserved_new(&self) -> BTreeSet<&DomainKey> {
-        self.reserved
-            .values()
-            .filter(|k| !self.domains.contains_key(*k))
-            .collect()
     }
 
     /// (total, in use) of the pool: VNIs of existing domains and of domains proposals will create.
     pub fn pool(&self) -> (usize, usize) {
-        (self.pool.total(), self.pool.in_use() + self.reserved_new().len())
+        (self.pool.total(), self.pool.in_use())
     }
 
-    /// A proposal of `alloc` will join `key`: held until the quorum answers. Refused when the domain
-    /// does not exist (and no other proposal creates it) and the pool has no VNI left.
-    pub fn reserve(&mut self, alloc: AllocId, key: DomainKey) -> Result<(), PoolExhausted> {
-        let (total, used) = self.pool();
-        let creates = !self.domains.contains_key(&key) && !self.reserved_new().contains(&key);
-        if creates && used >= total {
-            return Err(PoolExhausted {
-                domain: key.1,
-                used,
-                total,
-            });
-        }
+    /// A proposal of `alloc` will join `key`: held until the quorum answers; its VNI (a new domain's
+    /// is taken from the pool now). Refused when the domain does not exist (and no other proposal
+    /// creates it) and the pool has no VNI left.
+    pub fn reserve(&mut self, alloc: AllocId, key: DomainKey) -> Result<u32, PoolExhausted> {
+        let vni = match self.domains.get(&key) {
+            Some(d) => d.vni,
+            None => match self.creating.get(&key) {
+                Some(&v) => v,
+                None => {
+                    let (total, used) = self.pool();
+                    let v = self.pool.allocate().map_err(|_| PoolExhausted {
+                        domain: key.1.clone(),
+                        used,
+                        total,
+                    })?;
+                    self.creating.insert(key.clone(), v);
+                    v
+                }
+            },
+        };
+        self.drop_reservation(alloc);
         self.reserved.insert(alloc, key);
-        Ok(())
+        Ok(vni)
+    }
+
+    /// The domain and VNI `alloc`'s proposal carries (`None`: it joins no domain, or is not at the
+    /// quorum).
+    pub fn reserved(&self, alloc: AllocId) -> Option<(&DomainKey, u32)> {
+        let key = self.reserved.get(&alloc)?;
+        let vni = self
+            .domains
+            .get(key)
+            .map(|d| d.vni)
+            .or_else(|| self.creating.get(key).copied())?;
+        Some((key, vni))
+    }
+
+    /// `alloc`'s hold ends; a VNI taken for a domain no proposal creates any more goes back.
+    fn drop_reservation(&mut self, alloc: AllocId) {
+        let Some(key) = self.reserved.remove(&alloc) else {
+            return;
+        };
+        if !self.reserved.values().any(|k| *k == key)
+            && let Some(vni) = self.creating.remove(&key)
+        {
+            self.pool.release(vni);
+        }
     }
 
     /// The quorum rejected `alloc`'s proposal: its hold goes.
     pub fn unreserve(&mut self, alloc: AllocId) {
-        self.reserved.remove(&alloc);
+        self.drop_reservation(alloc);
     }
 
     /// `alloc` started (its proposal committed, or a run adopted): it joins its reserved domain, or
     /// `key` (created with a new VNI if absent, or taken back from draining). Its VNI, or `None` when
     /// the pool had none left (an adopted run beyond the pool).
     pub fn join(&mut self, alloc: AllocId, key: Option<DomainKey>) -> Option<u32> {
-        let key = self.reserved.remove(&alloc).or(key)?;
+        self.join_with(alloc, key, None)
+    }
+
+    /// As [`NetworkDomains::join`]; a domain it creates takes `recorded` (the VNI the quorum holds
+    /// for a run adopted after a fail-over) when the pool has it free.
+    pub fn join_with(&mut self, alloc: AllocId, key: Option<DomainKey>, recorded: Option<u32>) -> Option<u32> {
+        let reserved = self.reserved.get(&alloc).cloned();
+        let key = reserved.or(key)?;
         if !self.domains.contains_key(&key) {
-            let vni = self.pool.allocate().ok()?;
+            let vni = match self.creating.remove(&key) {
+                Some(v) => v,
+                None => match recorded.filter(|v| self.pool.take(*v)) {
+                    Some(v) => v,
+                    None => self.pool.allocate().ok()?,
+                },
+            };
             self.domains.insert(
                 key.clone(),
                 Domain {
@@ -204,6 +252,7 @@ impl NetworkDomains {
                 },
             );
         }
+        self.reserved.remove(&alloc);
         let d = self.domains.get_mut(&key)?;
         d.members.insert(alloc);
         d.empty_since = None;
@@ -214,7 +263,7 @@ impl NetworkDomains {
 
     /// `alloc` ended (or lost its nodes): its domain drains when it was the last member.
     pub fn leave(&mut self, alloc: AllocId, now: Time) {
-        self.reserved.remove(&alloc);
+        self.drop_reservation(alloc);
         let Some(key) = self.member_of.remove(&alloc) else {
             return;
         };
@@ -349,6 +398,37 @@ mod tests {
         n.reserve(AllocId(5), named(0, "a")).unwrap();
         assert!(n.expire(Time(10_000_000)).is_empty());
         assert_eq!(n.join(AllocId(5), None), Some(1000));
+    }
+
+    /// A proposal carries the VNI it will have (the quorum records it with the start); an adopted
+    /// run takes back the VNI recorded for it, not the pool's next one.
+    #[test]
+    fn proposals_carry_their_vni_and_an_adopted_run_keeps_the_recorded_one() {
+        let mut n = domains(1000, 1009);
+        assert_eq!(n.reserve(AllocId(1), named(0, "a")), Ok(1000));
+        assert_eq!(n.reserve(AllocId(2), named(0, "a")), Ok(1000), "same new domain");
+        assert_eq!(n.reserved(AllocId(2)), Some((&named(0, "a"), 1000)));
+        assert_eq!(n.join(AllocId(1), None), Some(1000));
+        assert_eq!(n.join(AllocId(2), None), Some(1000));
+        // A new leader's fresh bookkeeping: the run keeps 1007, and the next domain does not get it.
+        let mut fresh = domains(1000, 1009);
+        assert_eq!(fresh.join_with(AllocId(9), Some(named(0, "a")), Some(1007)), Some(1007));
+        assert_eq!(
+            fresh.join_with(AllocId(8), Some(named(0, "a")), Some(1003)),
+            Some(1007),
+            "joins"
+        );
+        assert_eq!(
+            fresh.join_with(AllocId(7), Some(named(0, "b")), Some(1007)),
+            Some(1000),
+            "in use"
+        );
+        assert_eq!(
+            fresh.join_with(AllocId(6), Some(named(0, "c")), Some(99)),
+            Some(1001),
+            "outside"
+        );
+        assert_eq!(fresh.pool(), (10, 3));
     }
 
     #[test]

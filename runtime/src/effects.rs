@@ -317,6 +317,10 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
         sensitive: p.sensitive,
         at_ms: shared.control.lock().await.now().0,
         project: p.project.clone(),
+        network: p
+            .network
+            .clone()
+            .map(|(domain, vni)| lattice_adapters::NetworkGrant { domain, vni }),
     };
     let t0 = std::time::Instant::now();
     let r = shared.member.propose(cmd).await;
@@ -392,6 +396,26 @@ async fn setup_fabric(shared: Arc<Shared>, name: String, vni: u32, nodes: Vec<St
         Ok::<_, lattice_adapters::http::HttpError>((s.id, key))
     }
     .await;
+    // Recorded at the quorum before its tasks launch: a new leader keeps (and revokes) this one.
+    let r = match r {
+        Ok((service, key)) => {
+            let cmd = QuorumCommand::CxiService {
+                alloc: name.clone(),
+                service: service.clone(),
+            };
+            match shared.member.propose(cmd).await {
+                Ok(_) => Ok((service, key)),
+                Err(e) => {
+                    // Not recorded: revoked again, and the start fails as any fabric failure does.
+                    if let Err(e) = fabric.revoke(&service).await {
+                        tracing::warn!("{name}: revoking CXI service {service}: {e}");
+                    }
+                    Err(format!("recording its CXI service at the quorum: {e}"))
+                }
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    };
     match r {
         Ok((service, key)) => shared.control.lock().await.cxi_ready(&name, service, key),
         Err(e) => {
@@ -404,6 +428,19 @@ async fn setup_fabric(shared: Arc<Shared>, name: String, vni: u32, nodes: Vec<St
             };
             execute(shared.clone(), actions).await;
             shared.wake.notify_one();
+        }
+    }
+}
+
+/// A new leader reads the auth keys of the CXI services it took over from the quorum (their
+/// allocations keep running on them); one the fabric manager no longer has is left to the end of
+/// its allocation (its revoke is then a no-op).
+pub(crate) async fn take_over_fabric(shared: Arc<Shared>, services: Vec<(String, String)>) {
+    let Some(fabric) = &shared.fabric else { return };
+    for (name, service) in services {
+        match fabric.auth_key(&service).await {
+            Ok(key) => shared.control.lock().await.cxi_ready(&name, service, key),
+            Err(e) => tracing::warn!("{name}: CXI service {service} taken over: {e}"),
         }
     }
 }

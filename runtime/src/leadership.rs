@@ -200,9 +200,13 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             } else {
                 BTreeMap::new()
             };
-            match control.reattach(&e.id, &a.nodes, a.since_ms, e.submitted_ms, &exits) {
+            let vni = a.network.as_ref().map(|g| g.vni);
+            match control.reattach(&e.id, &a.nodes, (a.since_ms, e.submitted_ms), &exits, vni) {
                 Ok(()) => {
                     attached.insert(e.id.clone());
+                    if let Some(service) = &a.cxi_service {
+                        control.cxi_recorded(&e.id, service);
+                    }
                 }
                 Err(err) => {
                     tracing::warn!("{err}; it runs again");

@@ -555,6 +555,11 @@ async fn scheduling_loop(
         remirror_unacked(&shared).await;
         settle_ends(&shared).await;
         release_ended_holdings(&shared).await;
+        // CXI services a new leader took over: their auth keys are read again.
+        let services = shared.control.lock().await.cxi_to_read();
+        if !services.is_empty() {
+            tokio::spawn(crate::effects::take_over_fabric(shared.clone(), services));
+        }
         if shared.simulate_agents {
             // Re-attached runs: their simulated agents carry on.
             for (alloc, run) in shared.control.lock().await.take_resumed() {

@@ -148,3 +148,139 @@ async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations
     }
     rt.shutdown().await;
 }
+
+/// A leader change changes no running allocation's network: the VNI and the CXI service are
+/// recorded with its start, and a new leader keeps both (it creates no second service, and revokes
+/// the recorded one at the end), though its fresh pool would hand out another VNI first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_allocation_keeps_its_vni_and_cxi_service_across_a_fail_over() {
+    let fabric = Arc::new(Fabric::default());
+    let app = Router::new()
+        .route("/fabric/cxi/services", post(create))
+        .route("/fabric/cxi/services/{id}", delete(revoke))
+        .route("/fabric/cxi/services/{id}/auth", get(auth))
+        .with_state(fabric.clone());
+    let fabric_url = common::serve_stand_in(app).await;
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-vni-failover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let extra = format!(
+        "network:\n  vni_pool_start: 1000\n  vni_pool_end: 1009\n  grace: 1s\nservices:\n  fabric:\n    url: {fabric_url}\n    timeout: 2s\n"
+    );
+    let mut rts: Vec<Option<lattice_runtime::Running>> = common::start_quorum(&dir, 3, 4, &extra)
+        .await
+        .into_iter()
+        .map(Some)
+        .collect();
+    let leader = |rts: &[Option<lattice_runtime::Running>]| {
+        rts.iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.shared.member.is_leader()))
+    };
+    let t0 = Instant::now();
+    let first = loop {
+        if let Some(i) = leader(&rts) {
+            break i;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "a first leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let rest: Vec<String> = rts.iter().map(|r| r.as_ref().unwrap().rest_addr.to_string()).collect();
+    let submit = |base: String, nodes: u32, domain: Option<&str>, secs: &str| {
+        let mut b = json!({"tenant": "physics", "resources": {"nodes": nodes}, "duration": secs,
+                           "lifecycle": {"walltime": "5m"}});
+        if let Some(d) = domain {
+            b["connectivity"] = json!({"network_domain": d});
+        }
+        async move {
+            let (s, v) = http("POST", format!("{base}/v1/allocations"), Some(b)).await;
+            assert_eq!(s, 201, "{v}");
+            v["id"].as_str().unwrap().to_string()
+        }
+    };
+    let wait_for = |base: String, id: String, what: fn(&Value) -> bool| async move {
+        let t0 = Instant::now();
+        loop {
+            let (s, v) = http("GET", format!("{base}/v1/allocations/{id}"), None).await;
+            if s == 200 && what(&v) {
+                return v;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{id}: {s} {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let base = format!("http://{}", rest[first]);
+    // A short one takes the pool's first VNI, the long one the second; the short one ends.
+    let short = submit(base.clone(), 2, None, "1s").await;
+    let v = wait_for(base.clone(), short.clone(), |v| v["state"] == "running").await;
+    assert_eq!(v["vni"], 1000, "{v}");
+    let long = submit(base.clone(), 2, Some("ml"), "60s").await;
+    let v = wait_for(base.clone(), long.clone(), |v| v["state"] == "running").await;
+    assert_eq!(v["vni"], 1001, "{v}");
+    wait_for(base.clone(), short.clone(), |v| v["ended_ms"].is_u64()).await;
+    // Its CXI service exists and is recorded at the quorum with its VNI.
+    let shared = rts[first].as_ref().unwrap().shared.clone();
+    let t0 = Instant::now();
+    let held = loop {
+        let a = shared.member.read(|q| q.assignments.get(&long).cloned()).await.unwrap();
+        if a.cxi_service.is_some() {
+            break a;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{a:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        held.network.as_ref().map(|g| (g.domain.as_str(), g.vni)),
+        Some(("ml", 1001))
+    );
+    let service = held.cxi_service.clone().unwrap();
+
+    let killed = rts[first].take().unwrap();
+    let killed_at = Instant::now();
+    killed.shutdown().await;
+    let next = loop {
+        if let Some(i) = leader(&rts) {
+            break i;
+        }
+        assert!(killed_at.elapsed() < Duration::from_secs(10), "a new leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let base = format!("http://{}", rest[next]);
+    let v = wait_for(base.clone(), long.clone(), |v| v["state"] == "running").await;
+    assert_eq!(v["vni"], 1001, "the new leader keeps its VNI: {v}");
+    let (_, domains) = http("GET", format!("{base}/v1/network/domains"), None).await;
+    let ml: Vec<&Value> = domains["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["name"] == "ml")
+        .collect();
+    assert_eq!(ml.len(), 1, "{domains}");
+    assert_eq!(
+        (ml[0]["vni"].as_u64(), &ml[0]["allocations"]),
+        (Some(1001), &json!([long]))
+    );
+    // A new domain now does not get 1001 (in use), and the long one's service is not created again.
+    let other = submit(base.clone(), 2, Some("other"), "1s").await;
+    let v = wait_for(base.clone(), other.clone(), |v| {
+        v["state"] == "running" || v["ended_ms"].is_u64()
+    })
+    .await;
+    assert_ne!(v["vni"], 1001, "{v}");
+    let created: Vec<Value> = fabric.created.lock().unwrap().clone();
+    let for_long = created.iter().filter(|s| s["name"] == long.as_str()).count();
+    assert_eq!(for_long, 1, "one CXI service for it: {created:?}");
+    // Ending it revokes the service the old leader created.
+    let (s, v) = http("DELETE", format!("{base}/v1/allocations/{long}"), None).await;
+    assert!(s == 200 || s == 202, "{s} {v}");
+    let t0 = Instant::now();
+    while !fabric.revoked.lock().unwrap().contains(&service) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{service} not revoked: {:?}",
+            fabric.revoked.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for r in rts.into_iter().flatten() {
+        r.shutdown().await;
+    }
+}

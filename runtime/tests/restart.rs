@@ -372,8 +372,14 @@ fn a_taken_over_nodes_agent_registers_before_its_heartbeats_count() {
     .unwrap();
     let id = c.submit(req).unwrap();
     let node = c.nodes()[0].name.clone();
-    c.reattach(&id, std::slice::from_ref(&node), 999_000, 998_000, &Default::default())
-        .unwrap();
+    c.reattach(
+        &id,
+        std::slice::from_ref(&node),
+        (999_000, 998_000),
+        &Default::default(),
+        None,
+    )
+    .unwrap();
     let e = c.heartbeat(&node, 14).unwrap_err();
     assert!(e.message.contains("has not registered"), "{e}");
     c.register_agent(&node).unwrap();

@@ -13,12 +13,20 @@ impl Controller {
     }
 
     /// The started allocation joins its network domain (the one its proposal reserved).
-    pub(super) fn join_domain(&mut self, id: AllocId) {
+    /// `recorded`: the VNI the quorum holds for an adopted run (its domain keeps it when the pool
+    /// has it free).
+    pub(super) fn join_domain(&mut self, id: AllocId, recorded: Option<u32>) {
         let nodes = self.engine.allocation(id).map_or(0, |a| a.nodes.len());
         let key = self.domain_key(id, nodes);
         if let Some(n) = self.network.as_mut() {
-            n.join(id, key);
+            n.join_with(id, key, recorded);
         }
+    }
+
+    /// The VNI a proposal at the quorum carries (its domain's, existing or to be created by it):
+    /// the start is recorded with it, so a new leader keeps a running allocation's VNI.
+    pub fn proposal_domain(&self, id: AllocId) -> Option<(&crate::network::DomainName, u32)> {
+        self.network.as_ref()?.reserved(id).map(|((_, name), vni)| (name, vni))
     }
 
     /// The VNI of the allocation's network domain, once it joined one.
@@ -33,11 +41,14 @@ impl Controller {
             return Ok(());
         };
         match self.network.as_mut() {
-            Some(n) => n.reserve(id, key).map_err(|e| crate::world::Refusal::VniPoolExhausted {
-                domain: e.domain,
-                used: e.used,
-                total: e.total,
-            }),
+            Some(n) => n
+                .reserve(id, key)
+                .map(|_| ())
+                .map_err(|e| crate::world::Refusal::VniPoolExhausted {
+                    domain: e.domain,
+                    used: e.used,
+                    total: e.total,
+                }),
             None => Ok(()),
         }
     }

@@ -371,17 +371,18 @@ impl Controller {
 
     /// Recovery: a queued allocation that still holds `nodes` at the quorum since `started` (its
     /// agents kept running it) runs there again. Its run counts from `started`, from the work the
-    /// controller knows it kept (none, in a fresh controller).
+    /// controller knows it kept (none, in a fresh controller). Its network domain keeps `vni`, the
+    /// VNI its start was recorded with, when the pool has it free.
     pub fn adopt(
         &mut self,
         now: Time,
         id: AllocId,
         nodes: &[NodeId],
-        submitted: Time,
-        started: Time,
+        (submitted, started): (Time, Time),
+        vni: Option<u32>,
     ) -> Result<(), ControlError> {
         self.engine.handle_adopt(now, id, nodes, submitted, started)?;
-        self.join_domain(id);
+        self.join_domain(id, vni);
         let r = self.run(id);
         r.start = started;
         r.base = r.saved;
@@ -683,7 +684,7 @@ impl Controller {
             self.run_lost(now, id, node, nodes, 0.0, world);
             return Ok(());
         }
-        self.join_domain(id);
+        self.join_domain(id, None);
         if claim && let Some(timeout) = self.hardened_boot {
             // Its nodes boot the hardened image first (those not running it already).
             let boot: Vec<NodeId> = nodes.iter().copied().filter(|n| !self.hardened.contains(n)).collect();
@@ -839,11 +840,12 @@ mod tests {
         let spec = AllocSpec::simple(t, vc, 2, Duration::from_hours(1));
         let now = Time(100_000);
         let id = c.submit(now, spec).unwrap();
-        c.adopt(now, id, &[NodeId(0), NodeId(1)], Time(10_000), Time(40_000))
+        c.adopt(now, id, &[NodeId(0), NodeId(1)], (Time(10_000), Time(40_000)), None)
             .unwrap();
         assert_eq!(c.work_done(id, Time(160_000)), Duration(120_000));
         assert!(
-            c.adopt(now, id, &[NodeId(2)], Time(10_000), Time(40_000)).is_err(),
+            c.adopt(now, id, &[NodeId(2)], (Time(10_000), Time(40_000)), None)
+                .is_err(),
             "adopted once"
         );
         c.resubmitted(now, id, Time(5_000)).unwrap();

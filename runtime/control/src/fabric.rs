@@ -54,7 +54,31 @@ impl Control {
     /// The allocation no longer runs (the controller took it out of its network domain when it
     /// released its nodes): the CXI service to revoke, if one was created.
     pub fn left_network(&mut self, name: &str) -> Option<String> {
-        self.services.cxi.remove(name).map(|(service, _)| service)
+        let taken_over = self.services.cxi_taken_over.remove(name).map(|(s, _)| s);
+        self.services
+            .cxi
+            .remove(name)
+            .map(|(service, _)| service)
+            .or(taken_over)
+    }
+
+    /// Recovery: the quorum records `service` as the running `name`'s CXI service. This control
+    /// plane keeps it (and revokes it at the end) rather than creating another.
+    pub fn cxi_recorded(&mut self, name: &str, service: &str) {
+        self.services
+            .cxi_taken_over
+            .insert(name.to_string(), (service.to_string(), false));
+    }
+
+    /// CXI services taken over whose auth key is to be read from the fabric manager: (name,
+    /// service), each returned once.
+    pub fn cxi_to_read(&mut self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (n, (s, asked)) in self.services.cxi_taken_over.iter_mut().filter(|(_, (_, a))| !*a) {
+            *asked = true;
+            out.push((n.clone(), s.clone()));
+        }
+        out
     }
 
     /// Staging allocations whose prefetch is still to be asked of VAST: (name, sources to bring to the
@@ -107,6 +131,7 @@ impl Control {
 
     /// The fabric manager created `name`'s CXI service (its launch may go out now).
     pub fn cxi_ready(&mut self, name: &str, service: String, auth_key: String) {
+        self.services.cxi_taken_over.remove(name);
         self.services.cxi.insert(name.to_string(), (service, auth_key));
     }
 

@@ -491,6 +491,10 @@ impl Control {
                 let tenant = self.tenant_name(a.spec.tenant);
                 let sensitive = a.spec.sensitive_claim;
                 let m = self.registry.meta.get(p.alloc.index());
+                let network = self
+                    .ctl
+                    .proposal_domain(p.alloc)
+                    .map(|(d, vni)| (crate::network::domain_name(d, |a| self.name_of(a)), vni));
                 Some(Action::Propose(PendingProposal {
                     incarnation: self.incarnation,
                     alloc: p.alloc,
@@ -501,6 +505,7 @@ impl Control {
                     sensitive,
                     backfilled: p.backfilled,
                     project: m.and_then(|m| m.project.clone()),
+                    network,
                 }))
             }
             Decision::Persist(record) => {

@@ -267,14 +267,15 @@ impl Control {
     /// Recovery: the queued `name` still holds `nodes` at the quorum since `since_ms` — its agents
     /// kept running it. It runs there again from that start (with the exits its agents already
     /// reported), its agents are expected to report in (else its nodes time out as usual), and a
-    /// simulated agent resumes it.
+    /// simulated agent resumes it. Its network domain keeps `vni`, the VNI its start was recorded
+    /// with.
     pub fn reattach(
         &mut self,
         name: &str,
         nodes: &[String],
-        since_ms: u64,
-        submitted_ms: u64,
+        (since_ms, submitted_ms): (u64, u64),
         exits: &BTreeMap<String, i32>,
+        vni: Option<u32>,
     ) -> Result<(), String> {
         let id = *self
             .registry
@@ -291,7 +292,7 @@ impl Control {
         let now = self.now();
         let started = if since_ms == 0 { now } else { Time(since_ms) };
         self.ctl
-            .adopt(now, id, &ids, Time(submitted_ms.min(started.0)), started)
+            .adopt(now, id, &ids, (Time(submitted_ms.min(started.0)), started), vni)
             .map_err(|e| format!("{name}: {e}"))?;
         let reported: BTreeMap<u32, i32> = exits
             .iter()

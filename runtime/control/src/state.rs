@@ -209,6 +209,9 @@ pub(crate) struct Services {
     pub(crate) prefetched: BTreeMap<AllocId, (bool, u32)>,
     /// CXI services created for running allocations: name → (service id, auth key).
     pub(crate) cxi: BTreeMap<String, (String, String)>,
+    /// CXI services a new leader took over from the quorum whose auth key is still to be read:
+    /// name → (service id, whether its key was asked for).
+    pub(crate) cxi_taken_over: BTreeMap<String, (String, bool)>,
 }
 
 impl Output {

@@ -27,6 +27,8 @@ pub struct PendingProposal {
     pub backfilled: bool,
     /// Its project within the tenant (as submitted; `None`: `default`).
     pub project: Option<String>,
+    /// Its network domain (the API's name) and the VNI it will have, recorded with the start.
+    pub network: Option<(String, u32)>,
 }
 
 /// The decisions of one or more controller calls, in order, with their times.
