@@ -67,6 +67,9 @@ pub enum QuorumCommand {
         drained: bool,
         disabled: bool,
     },
+    /// Where member `id` serves its REST API: recorded by each leader when it takes over, so a
+    /// member that is not the leader names the leader's URL in its 421 answers.
+    MemberUrl { id: u64, url: String },
     /// Changes nothing: a new leader's first write, which commits (and applies here) everything
     /// earlier leaders committed before it reads the state.
     Barrier,
@@ -114,6 +117,16 @@ pub enum QuorumCommand {
     SetWeights {
         vcluster: String,
         weights: lattice_engine::CostWeights,
+        at_ms: u64,
+        by: String,
+    },
+    /// A vCluster's whole scheduler configuration (`POST /v1/vclusters`, `PATCH
+    /// /v1/vclusters/{id}`; the profile seeds it): created, replaced, or seeded as
+    /// [`QuorumCommand::PutTenant`]. Every leader schedules the vCluster with it from the commit on.
+    PutVCluster {
+        name: String,
+        config: lattice_engine::VClusterConfig,
+        write: TenantWrite,
         at_ms: u64,
         by: String,
     },
@@ -313,6 +326,13 @@ pub struct QuorumState {
     /// Operators' weights by vCluster ([`QuorumCommand::SetWeights`]), over the profile's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub weights: BTreeMap<String, lattice_engine::CostWeights>,
+    /// vClusters' scheduler configurations ([`QuorumCommand::PutVCluster`], with the weights of
+    /// later [`QuorumCommand::SetWeights`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vclusters: BTreeMap<String, lattice_engine::VClusterConfig>,
+    /// Members' REST URLs by member id ([`QuorumCommand::MemberUrl`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub member_urls: BTreeMap<u64, String>,
     /// Federation peers by site name ([`QuorumCommand::PutFederationPeer`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub federation_peers: BTreeMap<String, FederationPeer>,
@@ -429,6 +449,10 @@ impl QuorumState {
             }
             QuorumCommand::Scale { alloc, node, added } => self.scale(alloc, node, *added),
             QuorumCommand::Barrier => QuorumResponse::Applied,
+            QuorumCommand::MemberUrl { id, url } => {
+                self.member_urls.insert(*id, url.clone());
+                QuorumResponse::Applied
+            }
             QuorumCommand::NodeAdmin {
                 node,
                 drained,
@@ -464,8 +488,41 @@ impl QuorumState {
                 by,
             } => {
                 self.weights.insert(vcluster.clone(), *weights);
+                if let Some(c) = self.vclusters.get_mut(vcluster) {
+                    c.weights = Some(*weights);
+                }
                 let detail = serde_json::to_string(weights).unwrap_or_default();
                 self.admin(*at_ms, by, "vcluster.weights", vcluster, &detail);
+                QuorumResponse::Applied
+            }
+            QuorumCommand::PutVCluster {
+                name,
+                config,
+                write,
+                at_ms,
+                by,
+            } => {
+                let action = match write_action("vcluster", name, *write, self.vclusters.contains_key(name)) {
+                    Ok(Some(action)) => action,
+                    Ok(None) => return QuorumResponse::Applied,
+                    Err(r) => return r,
+                };
+                let mut config = *config;
+                if *write == TenantWrite::Seed
+                    && let Some(w) = self.weights.get(name)
+                {
+                    // Weights an operator set before configurations were kept here win over the
+                    // profile's.
+                    config.weights = Some(*w);
+                }
+                self.vclusters.insert(name.clone(), config);
+                // The weights in force are this configuration's from now on.
+                match config.weights {
+                    Some(w) => self.weights.insert(name.clone(), w),
+                    None => self.weights.remove(name),
+                };
+                let detail = serde_json::to_string(&config).unwrap_or_default();
+                self.admin(*at_ms, by, &action, name, &detail);
                 QuorumResponse::Applied
             }
             QuorumCommand::AccountingMark { ms } => {
@@ -832,6 +889,45 @@ mod tests {
             QuorumResponse::Rejected { reason, .. } => reason,
             QuorumResponse::Applied => "applied".into(),
         }
+    }
+
+    /// A vCluster's configuration: created once, updated when it exists, seeded only when absent;
+    /// the weights in force follow the configuration and later weight changes, in log order.
+    #[test]
+    fn vcluster_configurations_are_created_updated_and_seeded_in_log_order() {
+        let mut s = QuorumState::default();
+        let mut cfg = lattice_engine::VClusterConfig::new(lattice_engine::Policy::Fcfs);
+        let put = |config: lattice_engine::VClusterConfig, write| QuorumCommand::PutVCluster {
+            name: "ml".into(),
+            config,
+            write,
+            at_ms: 3,
+            by: "root".into(),
+        };
+        assert_eq!(reason(s.apply(&put(cfg, TenantWrite::Update))), "no_vcluster");
+        assert_eq!(s.apply(&put(cfg, TenantWrite::Create)), QuorumResponse::Applied);
+        assert_eq!(reason(s.apply(&put(cfg, TenantWrite::Create))), "vcluster_exists");
+        cfg.cycle_interval = lattice_engine::Duration::from_secs(15);
+        cfg.weights = Some(lattice_engine::CostWeights::default());
+        assert_eq!(s.apply(&put(cfg, TenantWrite::Update)), QuorumResponse::Applied);
+        let seeded = lattice_engine::VClusterConfig::new(lattice_engine::Policy::EASY);
+        assert_eq!(s.apply(&put(seeded, TenantWrite::Seed)), QuorumResponse::Applied);
+        assert_eq!(s.vclusters["ml"], cfg, "a seed never overrides");
+        assert_eq!(s.weights.get("ml"), cfg.weights.as_ref());
+        let w = lattice_engine::CostWeights {
+            priority: 0.9,
+            ..Default::default()
+        };
+        s.apply(&QuorumCommand::SetWeights {
+            vcluster: "ml".into(),
+            weights: w,
+            at_ms: 4,
+            by: "root".into(),
+        });
+        assert_eq!(s.vclusters["ml"].weights, Some(w));
+        assert_eq!(s.vclusters["ml"].cycle_interval, cfg.cycle_interval);
+        let actions: Vec<&str> = s.admin_log.iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(actions, ["vcluster.create", "vcluster.update", "vcluster.weights"]);
     }
 
     /// A start is recorded with its network domain's VNI and the CXI service created for it; no

@@ -196,6 +196,35 @@ fn lattice_cli_drives_the_runtime() {
         err(&o)
     );
 
+    // A vCluster created and configured at the quorum; a refused change names its key and changes
+    // nothing.
+    let o = run(&[
+        "admin",
+        "vcluster",
+        "create",
+        "--name=ml",
+        "--policy=fcfs",
+        "--cycle-interval=2s",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&["admin", "vcluster", "set-config", "ml", "--cycle-interval=5s"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&["admin", "vcluster", "set-config", "ml", "--lend-cap=2"]);
+    assert!(!o.status.success() && err(&o).contains("lend_cap"), "{}", err(&o));
+    let o = run(&["admin", "config", "set", "vclusters.ml.weights.priority=0.9"]);
+    assert!(o.status.success(), "{}", err(&o));
+    for (key, want) in [
+        ("vclusters.ml.cycle_interval", "5.0"),
+        ("vclusters.ml.policy", "\"fcfs\""),
+        ("vclusters.ml.lend_cap", "0.5"),
+        ("vclusters.ml.weights.priority", "0.9"),
+    ] {
+        let o = run(&["admin", "config", "get", key]);
+        assert_eq!((out(&o).trim(), o.status.success()), (want, true), "{key}: {}", err(&o));
+    }
+    let o = run(&["admin", "config", "get", "accounting.enabled"]);
+    assert!(!o.status.success() && err(&o).contains("config file"), "{}", err(&o));
+
     // Several endpoints, as a quorum's members: a dead one and one that is not the leader (421,
     // nothing done) are passed over, once each, and the submission is made once.
     let (fake, misdirected) = not_the_leader();

@@ -633,7 +633,7 @@ impl Engine {
             return Err(EngineError::PyssHeterogeneous(self.class_keys.len()));
         }
         self.scored_any |= config.weights.is_some();
-        self.vc_config[v.index()] = config.clone();
+        self.vc_config[v.index()] = config;
         let pool = self.pools.get_mut(&key).expect("pool exists");
         if key != 0 || pool.vclusters.len() == 1 {
             pool.config = config;

@@ -61,7 +61,7 @@ impl fmt::Display for Policy {
 }
 
 /// One vCluster's scheduler settings (the per-vCluster part of a weight profile).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VClusterConfig {
     pub policy: Policy,
     /// `Some`: the queue is ordered by `Score(j) = Σ wᵢ·fᵢ(j)`; `None`: by arrival (literature policies).

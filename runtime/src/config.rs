@@ -13,6 +13,11 @@ pub struct RuntimeConfig {
     /// REST API, `/healthz` and `/metrics`.
     #[serde(default = "rest_default")]
     pub rest_listen: String,
+    /// The URL clients reach this member's REST API at: a member that is not the leader names the
+    /// leader's in its 421 answers, and clients go there. Default: the bound address (this host's
+    /// name when bound to every interface), `https` with `tls`.
+    #[serde(default)]
+    pub rest_url: Option<String>,
     /// gRPC: the quorum's Raft service (peers reach this member here).
     #[serde(default = "grpc_default")]
     pub grpc_listen: String,

@@ -65,6 +65,8 @@ pub struct Shared {
     pub wipe_time: std::time::Duration,
     /// The quorum's data folder (backups go to `backups/`, a staged restore to `restore-pending.json`).
     pub data_dir: std::path::PathBuf,
+    /// Where clients reach this member's REST API (recorded at the quorum when it leads).
+    pub rest_url: String,
     /// VAST, when configured (data locality at submission, prefetch while staging).
     pub vast: Option<lattice_adapters::vast::VastClient>,
     /// The TSDB's query API, when configured (per-allocation metrics, compare, diagnostics).

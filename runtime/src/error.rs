@@ -25,6 +25,8 @@ pub enum ApiError {
     NotLeader {
         leader_id: Option<u64>,
         leader: Option<String>,
+        /// The leader's REST URL, when the quorum holds it: clients go there.
+        leader_url: Option<String>,
     },
     /// The request conflicts with the current state (a tenant that exists, or is still in use).
     Conflict {

@@ -101,10 +101,15 @@ impl From<ApiError> for Status {
             ApiError::NotFound { .. } => Status::not_found(msg),
             ApiError::Unavailable { .. } => Status::unavailable(msg),
             ApiError::Conflict { .. } => Status::already_exists(msg),
-            ApiError::NotLeader { leader_id, leader } => Status::failed_precondition(format!(
-                "not the quorum leader (leader {}, {})",
+            ApiError::NotLeader {
+                leader_id,
+                leader,
+                leader_url,
+            } => Status::failed_precondition(format!(
+                "not the quorum leader (leader {}, {}{})",
                 leader_id.map_or("unknown".into(), |l| l.to_string()),
-                leader.unwrap_or_default()
+                leader.unwrap_or_default(),
+                leader_url.map(|u| format!(", REST {u}")).unwrap_or_default()
             )),
         }
     }

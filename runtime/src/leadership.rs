@@ -67,6 +67,18 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         .propose(QuorumCommand::Barrier)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Where clients reach this leader: the others name it in their 421 answers.
+    let known = shared
+        .member
+        .read(|q| q.member_urls.get(&shared.member.id).cloned())
+        .await;
+    if known.as_deref() != Some(shared.rest_url.as_str()) {
+        let cmd = QuorumCommand::MemberUrl {
+            id: shared.member.id,
+            url: shared.rest_url.clone(),
+        };
+        shared.member.propose(cmd).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let copies = crate::mirror::net::fetch_all(shared, term, std::time::Duration::from_secs(1))
         .await
         .map_err(anyhow::Error::msg)?;
@@ -225,6 +237,26 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     }
     settle_keys(&mut control, &keyed);
     control.await_agents();
+    adopt_decision_state(shared, &mut control).await;
+    control.adopted_term = Some(term);
+    // Nodes held for allocations that are not running here any more are freed (not `release`: that
+    // reads the control plane, whose lock is held here).
+    for alloc in held.keys().filter(|a| !attached.contains(*a)) {
+        propose_retried(shared, QuorumCommand::Release { alloc: alloc.clone() }).await;
+    }
+    *current = control;
+    drop(current);
+    shared.wake.notify_one();
+    tracing::info!(
+        "leader: adopted {adopted} allocation(s) from the durable queue ({} re-attached to their nodes, {rerun} run again) and {ended} ended record(s)",
+        attached.len()
+    );
+    Ok(())
+}
+
+/// What decisions read that the quorum holds, into a new leader's control plane: operators'
+/// standing orders, tenants' and projects' contracts, vClusters' weights and configurations.
+async fn adopt_decision_state(shared: &Shared, control: &mut Control) {
     // Operators' standing orders (drains, disables) live at the quorum: a fail-over keeps them.
     let orders = shared.member.read(|q| q.node_admin.clone()).await;
     tracing::trace!("m{}: standing orders at adoption: {orders:?}", shared.member.id);
@@ -250,20 +282,16 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
             tracing::warn!("weights committed for vCluster {vcluster} not applied: {}", e.message);
         }
     }
-    control.adopted_term = Some(term);
-    // Nodes held for allocations that are not running here any more are freed (not `release`: that
-    // reads the control plane, whose lock is held here).
-    for alloc in held.keys().filter(|a| !attached.contains(*a)) {
-        propose_retried(shared, QuorumCommand::Release { alloc: alloc.clone() }).await;
+    // vClusters' configurations as the quorum holds them (created here when the API created them).
+    let vclusters = shared.member.read(|q| q.vclusters.clone()).await;
+    for (vcluster, config) in vclusters {
+        if let Err(e) = control.put_vcluster(&vcluster, config) {
+            tracing::warn!(
+                "configuration committed for vCluster {vcluster} not applied: {}",
+                e.message
+            );
+        }
     }
-    *current = control;
-    drop(current);
-    shared.wake.notify_one();
-    tracing::info!(
-        "leader: adopted {adopted} allocation(s) from the durable queue ({} re-attached to their nodes, {rerun} run again) and {ended} ended record(s)",
-        attached.len()
-    );
-    Ok(())
 }
 
 /// Mirrors again, whole, submissions that are not yet on a majority's disks (a retry that could not

@@ -212,7 +212,12 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         Some(f) if f.enabled => Some(Arc::new(crate::federation::broker::Broker::new(f.clone(), &metrics)?)),
         _ => None,
     };
+    let rest_url = match &cfg.rest_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => advertised(rest.local_addr()?, cfg.tls.is_some()),
+    };
     let shared = Arc::new(Shared {
+        rest_url,
         control: ControlLock::new(control),
         member,
         metrics,
@@ -469,6 +474,21 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
     Ok((control, fresh_control))
 }
 
+/// The REST URL of a member bound to `addr`: this host's name when bound to every interface.
+fn advertised(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    if addr.ip().is_unspecified() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into());
+        format!("{scheme}://{host}:{}", addr.port())
+    } else {
+        format!("{scheme}://{addr}")
+    }
+}
+
 /// Nanoseconds on this process's monotonic clock (the engine's cost-function stopwatch).
 fn mono_ns() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -508,6 +528,16 @@ async fn push_quotas(
     if sensitive_pool.is_some() {
         cmds.push(QuorumCommand::SetSensitivePool { size: sensitive_pool });
     }
+    // So does the profile: a vCluster the quorum does not know yet is created with the profile's
+    // configuration; one it knows keeps what the API set.
+    let vclusters = shared.control.lock().await.vcluster_configs();
+    cmds.extend(vclusters.into_iter().map(|(name, config)| QuorumCommand::PutVCluster {
+        name,
+        config,
+        write,
+        at_ms,
+        by: "profile".to_string(),
+    }));
     while !cmds.is_empty() && !*stopped.borrow() {
         if shared.member.is_leader() {
             let cmd = cmds[0].clone();

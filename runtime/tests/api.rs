@@ -263,6 +263,58 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
         .await;
     assert_eq!(status, 200);
 
+    // vClusters: created and configured at the quorum; refusals name the key and change nothing.
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/vclusters",
+            Some(json!({"name": "interactive", "policy": "fcfs", "cycle_interval": "1s"})),
+        )
+        .await;
+    assert_eq!(
+        (status, &v["policy"], &v["cycle_interval"]),
+        (201, &json!("fcfs"), &json!(1.0)),
+        "{v}"
+    );
+    let (status, _) = api
+        .call("POST", "/v1/vclusters", Some(json!({"name": "interactive"})))
+        .await;
+    assert_eq!(status, 409, "exists");
+    let (status, v) = api
+        .call(
+            "PATCH",
+            "/v1/vclusters/interactive",
+            Some(json!({"lend_cap": 3, "cycle_interval": "5s"})),
+        )
+        .await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("lend_cap")), "{v}");
+    let (status, _) = api
+        .call("PATCH", "/v1/vclusters/nope", Some(json!({"lend_cap": 0.1})))
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        api.get("/v1/vclusters/interactive").await["cycle_interval"],
+        1.0,
+        "unchanged"
+    );
+    let (status, v) = api
+        .call(
+            "PATCH",
+            "/v1/vclusters/interactive",
+            Some(json!({"cycle_interval": 30})),
+        )
+        .await;
+    assert_eq!(
+        (status, &v["cycle_interval"], &v["policy"]),
+        (200, &json!(30.0), &json!("fcfs")),
+        "{v}"
+    );
+    let names = api.get("/v1/vclusters").await;
+    assert!(
+        names["vclusters"].as_array().unwrap().contains(&json!("interactive")),
+        "{names}"
+    );
+
     // Metrics with the seed's names.
     let (_, m) = api.call("GET", "/metrics", None).await;
     let m = m.as_str().unwrap().to_string();
@@ -308,6 +360,21 @@ async fn allocations_run_through_the_api_quorum_and_engine() {
             "undrain sim-001".into(),
             "weights default 0.5 0.5 0".into()
         ]
+    );
+    // And the vCluster's creation and change, replayable as they were made.
+    let configs: Vec<(String, Value)> = w
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            K::VCluster { vcluster, config } if vcluster == "interactive" => {
+                Some((config["policy"].as_str()?.to_string(), config["cycle_interval"].clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        configs,
+        [("fcfs".to_string(), json!(1.0)), ("fcfs".to_string(), json!(30.0))]
     );
 }
 
@@ -937,6 +1004,10 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
         .iter()
         .map(|e| (e["action"].as_str().unwrap(), e["target"].as_str().unwrap()))
         .collect();
+    // The profile seeds the quorum's vClusters as the tenants file its tenants (concurrently with
+    // the requests here).
+    assert!(actions.contains(&("vcluster.seed", "default")), "{log}");
+    let actions: Vec<(&str, &str)> = actions.into_iter().filter(|a| a.0 != "vcluster.seed").collect();
     assert_eq!(
         actions,
         [
@@ -951,7 +1022,12 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
         ],
         "{log}"
     );
-    assert_eq!(log["entries"][1]["user"], "dev");
+    let created = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["action"] == "tenant.create");
+    assert_eq!(created.unwrap()["user"], "dev");
     // The passes that placed chem's jobs timed their cost function.
     let exposition = api.get("/metrics").await;
     let count = exposition

@@ -213,6 +213,15 @@ async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
     assert_eq!(status, 200, "{v}");
     let (status, v) = common::http("GET", format!("{base}/v1/vclusters/default"), None).await;
     assert_eq!((status, v["weights"]["priority"].as_f64()), (200, Some(0.7)), "{v}");
+    // A vCluster created, and the default's configuration changed: at the quorum too.
+    let ml = json!({"name": "ml", "policy": "bin-pack", "cycle_interval": "15s", "lend_cap": 0.25});
+    let (status, v) = common::http("POST", format!("{base}/v1/vclusters"), Some(ml)).await;
+    assert_eq!(status, 201, "{v}");
+    let change = json!({"reference_wait": "2h", "slo_wait_target": "4h"});
+    let (status, v) = common::http("PATCH", format!("{base}/v1/vclusters/default"), Some(change)).await;
+    assert_eq!(status, 200, "{v}");
+    let (_, before_ml) = common::http("GET", format!("{base}/v1/vclusters/ml"), None).await;
+    let (_, before_default) = common::http("GET", format!("{base}/v1/vclusters/default"), None).await;
 
     let killed = rts[first].take().unwrap();
     let killed_at = Instant::now();
@@ -255,6 +264,16 @@ async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
         (Some(0.7), Some(0.2), Some(0.1), Some(0.0)),
         "{v}"
     );
+    // So did the configurations, exactly.
+    let (_, after_ml) = common::http("GET", format!("{base}/v1/vclusters/ml"), None).await;
+    let (_, after_default) = common::http("GET", format!("{base}/v1/vclusters/default"), None).await;
+    assert_eq!(after_ml, before_ml);
+    assert_eq!(after_default, before_default);
+    assert_eq!(
+        (&after_ml["policy"], &after_ml["cycle_interval"]),
+        (&json!("bin-pack"), &json!(15.0))
+    );
+    assert_eq!(after_default["reference_wait"], 7200.0);
     // Three one-node allocations on the two nodes left: none is placed on the drained node.
     let mut ids = Vec::new();
     for _ in 0..3 {

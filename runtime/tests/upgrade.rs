@@ -1,7 +1,11 @@
 //! The rolling upgrade (docs/operators.md "Upgrades"): a 3-member quorum and two real agents, a
 //! 2-node allocation running. Each member is stopped and started again in turn (followers first,
 //! the leader last — a fail-over), waiting for it to catch up before the next; then each agent is
-//! restarted. The allocation runs throughout, keeps its start, and each node started it once.
+//! restarted. The allocation runs throughout, keeps its start, and each node started it once. Then
+//! the leader is killed (SIGKILL) after weights and a configuration change were sent through a
+//! follower: the new leader schedules with them (and its capture records them), the allocation keeps
+//! its VNI, and `lattice` with the dead member first and a follower second submits, lists and
+//! follows logs.
 
 mod common;
 use common::{Proc, agent_process, call, free_port, runtime_process_with, wait_until};
@@ -66,7 +70,7 @@ fn members_then_agents_are_replaced_one_at_a_time_while_an_allocation_runs() {
             std::fs::write(
                 &c,
                 format!(
-                    "node_id: {id}\nrest_listen: 127.0.0.1:{r}\ngrpc_listen: 127.0.0.1:{g}\ndata_dir: data-{id}\ninventory: nodes.yaml\ncycle: 100ms\nmembers:\n{members}",
+                    "node_id: {id}\nrest_listen: 127.0.0.1:{r}\ngrpc_listen: 127.0.0.1:{g}\ndata_dir: data-{id}\ninventory: nodes.yaml\ncycle: 100ms\nscheduler:\n  trace_capture: capture-{id}.jsonl\nmembers:\n{members}",
                     id = i + 1,
                     r = rest[i],
                     g = grpc[i]
@@ -101,7 +105,7 @@ fn members_then_agents_are_replaced_one_at_a_time_while_an_allocation_runs() {
         &format!("{lead}/v1/allocations"),
         Some(
             json!({"tenant": "physics", "resources": {"nodes": 2}, "lifecycle": {"walltime": "10m"},
-                    "entrypoint": format!("echo \"$LATTICE_TASK_INDEX\" >> {}; sleep 40", starts.display())}),
+                    "entrypoint": format!("echo \"$LATTICE_TASK_INDEX\" >> {}; sleep 60", starts.display())}),
         ),
     );
     assert_eq!(code, 201, "{v}");
@@ -148,6 +152,102 @@ fn members_then_agents_are_replaced_one_at_a_time_while_an_allocation_runs() {
         std::thread::sleep(Duration::from_secs(1));
         still_running(&format!("after the agent of {node}"));
     }
+
+    // A leader change changes nothing (SIGKILL, no goodbye): weights set through a follower (`lattice`
+    // moves on to the leader it names), a configuration change, and the running allocation's VNI.
+    let lattice = |endpoints: &str, args: &[&str]| {
+        std::process::Command::new(lattice_testkit::process::bin("lattice"))
+            .args(args)
+            .env("LATTICE_ENDPOINT", endpoints)
+            .env("LATTICE_TENANT", "physics")
+            .env("HOME", &dir)
+            .output()
+            .expect("lattice runs")
+    };
+    let said = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let lead = leader(&bases).unwrap();
+    let lead_i = bases.iter().position(|b| *b == lead).unwrap();
+    let follower = bases[(lead_i + 1) % 3].clone();
+    let through_follower = format!("{follower},{lead}");
+    let weights = [
+        "admin",
+        "vcluster",
+        "set-weights",
+        "default",
+        "--weights",
+        "priority=0.7,wait_time=0.3",
+    ];
+    let o = lattice(&through_follower, &weights);
+    assert!(o.status.success(), "{}", said(&o));
+    let change = ["admin", "vcluster", "set-config", "default", "--reference-wait=2h"];
+    let o = lattice(&through_follower, &change);
+    assert!(o.status.success(), "{}", said(&o));
+    let shown = call("GET", &format!("{lead}/v1/vclusters/default"), None).1;
+    assert_eq!(
+        (shown["weights"]["priority"].as_f64(), shown["reference_wait"].as_f64()),
+        (Some(0.7), Some(7200.0))
+    );
+    let vni = get(&bases, &id)["vni"].clone();
+    assert!(vni.is_u64(), "a 2-node allocation has a network domain of its own");
+    let mut killed = procs[lead_i].take().unwrap();
+    assert_eq!(unsafe { libc::kill(killed.0.id() as i32, libc::SIGKILL) }, 0);
+    let _ = killed.0.wait();
+    let live: Vec<String> = (0..3).filter(|i| *i != lead_i).map(|i| bases[i].clone()).collect();
+    wait_until("a new leader serves", Duration::from_secs(30), || {
+        leader(&live).is_some_and(|l| call("GET", &format!("{l}/v1/vclusters/default"), None).0 == 200)
+    });
+    let new_lead = leader(&live).unwrap();
+    let now_shown = call("GET", &format!("{new_lead}/v1/vclusters/default"), None).1;
+    assert_eq!(now_shown, shown, "the new leader schedules with what was acknowledged");
+    still_running("after the leader's SIGKILL");
+    assert_eq!(get(&live, &id)["vni"], vni, "its VNI outlived the leader");
+    // The new leader's capture records the configuration it took over.
+    let new_i = bases.iter().position(|b| *b == new_lead).unwrap();
+    let capture = std::fs::read_to_string(dir.join(format!("capture-{}.jsonl", new_i + 1))).unwrap_or_default();
+    let taken_over = capture
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|e| {
+            e["type"] == "vcluster"
+                && e["config"]["reference_wait"] == 7200.0
+                && e["config"]["weights"]["priority"] == 0.7
+        });
+    assert!(taken_over, "{capture}");
+    // `lattice` with the dead member first and a follower second: submits, lists, follows logs.
+    let new_follower = live.iter().find(|b| **b != new_lead).unwrap();
+    let dead_first = format!("{lead},{new_follower}");
+    let o = lattice(
+        &dead_first,
+        &[
+            "submit",
+            "--nodes=1",
+            "--walltime=5m",
+            "--",
+            "echo",
+            "after-the-fail-over",
+        ],
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let echo = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let o = lattice(&dead_first, &["status", "-o", "json"]);
+    assert!(o.status.success() && said(&o).contains(&echo), "{}", said(&o));
+    let o = lattice(&dead_first, &["logs", "--follow", &echo]);
+    let plain = lattice(&dead_first, &["logs", &echo]);
+    let st = lattice(&dead_first, &["status", &echo, "-o", "json"]);
+    assert!(
+        o.status.success() && said(&o).contains("after-the-fail-over"),
+        "{:?} [{}] plain [{}] status [{}]",
+        o.status,
+        said(&o),
+        said(&plain),
+        said(&st)
+    );
 
     // It ends once, having started once on each node.
     wait_until("the allocation to end", Duration::from_secs(60), || {

@@ -632,6 +632,20 @@ impl<'w, H: Host> Replay<'w, H> {
                 }
                 None
             }
+            K::VCluster { vcluster, config } => {
+                let engine = &self.ctl.controller().engine;
+                let vc = (0..engine_vclusters(engine))
+                    .map(|i| VClusterId(i as u32))
+                    .find(|&v| engine.vcluster(v).is_some_and(|x| &x.name == vcluster));
+                // The keys given change; the others stay as the vCluster has them now.
+                let cfg = vc.and_then(|v| engine.vcluster_config(v).map(|c| (v, c)));
+                match cfg.map(|(v, c)| (v, lattice_traces::apply_config(c, config))) {
+                    Some((v, Ok(c))) if self.ctl.apply(now, Input::VCluster(v, c), &mut self.world).is_ok() => {}
+                    Some(_) => *self.rejected.entry("change_refused".into()).or_default() += 1,
+                    None => *self.rejected.entry("unknown_vcluster".into()).or_default() += 1,
+                }
+                None
+            }
             K::Cancel { alloc } | K::Walltime { alloc, .. } => {
                 // A change by its owner: refused (and counted) when it cannot apply, e.g. the
                 // allocation already ended.
@@ -981,7 +995,7 @@ fn build_engine(workload: &Workload, inventory: &Inventory, cfg: &SimConfig) -> 
             .map(|i| VClusterId(i as u32))
             .find(|&v| engine.vcluster(v).is_some_and(|x| &x.name == name))
             .ok_or_else(|| SimError::UnusedVCluster(name.clone()))?;
-        engine.configure_vcluster(id, vc.clone())?;
+        engine.configure_vcluster(id, *vc)?;
     }
     Ok(Site {
         engine,

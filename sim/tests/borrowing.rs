@@ -34,7 +34,7 @@ fn two_vclusters(jobs: Vec<(lattice_traces::TraceJob, u32)>) -> SimResult {
     let mut c = VClusterConfig::new(Policy::EASY);
     c.weights = Some(CostWeights::default());
     let cfg = SimConfig {
-        vclusters: [("a".to_string(), c.clone()), ("b".to_string(), c)].into(),
+        vclusters: [("a".to_string(), c), ("b".to_string(), c)].into(),
         check_invariants: true,
         ..SimConfig::default()
     };

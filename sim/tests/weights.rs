@@ -258,3 +258,39 @@ fn require_unified_memory_is_hard() {
     let r = run_inv(&w, &inv, Policy::EASY);
     assert_eq!((start_of(&r, "U"), start_of(&r, "U2")), (0.0, 10.0));
 }
+
+/// A trace's `vcluster` event changes the vCluster's scheduler configuration from its time on (the
+/// keys it gives; the others stay). 4 nodes: A (2 nodes, 100 s) runs, B (4 nodes) waits for it, C
+/// (1 node, 10 s) arrives at t=2. Under fcfs C waits behind B (starts at 200); switched to easy at
+/// t=1, C backfills at once. A bad key skips the line and names it.
+#[test]
+fn a_vcluster_event_changes_the_policy_from_its_time_on() {
+    let text = |change: &str| {
+        format!(
+            r#"{{"ts": 0, "type": "submit", "alloc": {{"id": "A", "tenant": "t", "nodes": 2, "walltime": 100, "duration": 100}}}}
+{{"ts": 1, "type": "submit", "alloc": {{"id": "B", "tenant": "t", "nodes": 4, "walltime": 100, "duration": 100}}}}
+{change}
+{{"ts": 2, "type": "submit", "alloc": {{"id": "C", "tenant": "t", "nodes": 1, "walltime": 10, "duration": 10}}}}"#
+        )
+    };
+    let run = |change: &str| {
+        let w = lattice_traces::parse_jsonl("v.jsonl", &text(change));
+        let cfg = weighted(Policy::Fcfs, zero_weights());
+        (
+            w.skipped_total(),
+            w.problems.clone(),
+            simulate(&w, &nodes(4), &cfg, &mut |_, _| {}).unwrap(),
+        )
+    };
+    let (skipped, _, r) = run("");
+    assert_eq!((skipped, start_of(&r, "C")), (0, 200.0), "fcfs");
+    let (skipped, _, r) =
+        run(r#"{"ts": 1.5, "type": "vcluster", "vcluster": "default", "config": {"policy": "easy"}}"#);
+    assert_eq!((skipped, start_of(&r, "C")), (0, 2.0), "easy from t=1.5");
+    assert_eq!(start_of(&r, "B"), 100.0);
+    let (skipped, problems, r) =
+        run(r#"{"ts": 1.5, "type": "vcluster", "vcluster": "default", "config": {"policy": "easy", "cycle": 5}}"#);
+    assert_eq!((skipped, start_of(&r, "C")), (1, 200.0), "skipped");
+    let p = format!("{problems:?}");
+    assert!(p.contains("config.cycle"), "{p}");
+}

@@ -37,6 +37,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "cancel",
     "walltime",
     "weights",
+    "vcluster",
     "wipe_retry",
     "node_added",
 ];
@@ -316,6 +317,19 @@ pub(crate) struct WeightsEvent {
     pub(crate) kind: String,
     pub(crate) vcluster: String,
     pub(crate) weights: lattice_engine::CostWeights,
+}
+
+/// `vcluster`: a vCluster's scheduler configuration (its keys; those given change).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VClusterEvent {
+    #[allow(dead_code)]
+    pub(crate) ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) vcluster: String,
+    pub(crate) config: serde_json::Map<String, serde_json::Value>,
 }
 
 /// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).

@@ -7,7 +7,8 @@ use crate::error::{Problem, TraceError};
 use crate::jsonl::{
     BareEventIn, ChangeEvent, ClaimEvent, CompleteEvent, DagEvent, Deps, EVENT_TYPES, EventHead, LoadCurveEventIn,
     MAX_DAG_SIZE, MetricEventIn, NodeAddedIn, NodeEventIn, PriceEventIn, ReleaseEvent, SubmitEvent, SubmitIn,
-    WeightsEvent, duration_value, field_of, load_curve, submit_job, ts_millis, validate_dag, walltime_value,
+    VClusterEvent, WeightsEvent, duration_value, field_of, load_curve, submit_job, ts_millis, validate_dag,
+    walltime_value,
 };
 use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 use lattice_engine::{DependencyCondition, Duration, TaskGroupRef, Time};
@@ -130,6 +131,7 @@ impl<'f> Parser<'f> {
             "load_curve" => self.load_curve(t, ts_ms, line),
             "storage_outage" | "storage_recover" => self.storage(t, ts_ms, line, head.kind == "storage_outage"),
             "weights" => self.weights(t, ts_ms, line),
+            "vcluster" => self.vcluster(t, ts_ms, line),
             "cancel" | "walltime" => self.change(t, ts_ms, line, head.kind == "cancel"),
             "release" => {
                 if let Some(e) = self.event::<ReleaseEvent>(t, line) {
@@ -317,6 +319,27 @@ impl<'f> Parser<'f> {
                 self.cluster_event(ts_ms, line, kind)
             }
         }
+    }
+
+    /// A vCluster's scheduler configuration (checked here: a bad key skips the line, naming it).
+    /// The vCluster exists from the start of the replay.
+    fn vcluster(&mut self, t: &str, ts_ms: i64, line: u64) {
+        let Some(e) = self.event::<VClusterEvent>(t, line) else {
+            return;
+        };
+        let base = lattice_engine::VClusterConfig::new(lattice_engine::Policy::Backfill {
+            depth: lattice_engine::Depth::Limited(10),
+        });
+        if let Err(err) = crate::vcluster_config::apply_config(&base, &e.config) {
+            let field = format!("config.{}", err.field);
+            return self.skip(line, Some(&field), "invalid_field", err.message);
+        }
+        self.w.vclusters.intern(&e.vcluster);
+        let kind = TraceEventKind::VCluster {
+            vcluster: e.vcluster,
+            config: e.config,
+        };
+        self.cluster_event(ts_ms, line, kind)
     }
 
     /// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).

@@ -32,6 +32,7 @@ pub mod scale;
 pub mod swf;
 pub mod synth;
 pub mod tenants;
+pub mod vcluster_config;
 pub mod workload;
 
 pub use duration::{
@@ -48,6 +49,7 @@ pub use profile::{VClusterProfile, WeightProfile, parse_policy, parse_profile, p
 pub use request::{checkpoint_spec, parse_tier};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{Contracts, parse_tenants, read_tenants};
+pub use vcluster_config::{ConfigKeyError, apply_config, config_json};
 pub use workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 
 use std::path::Path;

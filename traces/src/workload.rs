@@ -77,6 +77,13 @@ pub enum TraceEventKind {
         vcluster: String,
         weights: lattice_engine::CostWeights,
     },
+    /// An administrator sets (or, naming a vCluster the trace has not used yet, creates) a
+    /// vCluster's scheduler configuration from this time on: the keys given change, the others stay
+    /// ([`crate::vcluster_config`]).
+    VCluster {
+        vcluster: String,
+        config: serde_json::Map<String, serde_json::Value>,
+    },
     /// The allocation is cancelled (waiting or running).
     Cancel {
         alloc: String,

@@ -3,7 +3,7 @@
 import asyncio
 import ssl
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, List, Optional, Union
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 from urllib.parse import quote
 
 import httpx
@@ -37,7 +37,12 @@ class LogLine:
 class LatticeClient:
     """A client of one Lattice control plane.
 
-    ``LatticeClient("lattice-api.example.com", 8080)`` or ``LatticeClient(base_url="https://...")``.
+    ``LatticeClient("lattice-api.example.com", 8080)`` or ``LatticeClient(base_url="https://...")``;
+    a quorum's members as ``base_url=["https://m1:8080", "https://m2:8080", ...]`` (or one string,
+    comma-separated, as ``LATTICE_ENDPOINT``): a member that cannot be reached, or that is not the
+    leader (421), is passed over for the next, starting from the one that answered last. A write is
+    never sent twice: only a refused connection moves it on; a read also moves on from a member that
+    never answered.
     ``token``: a bearer token (OIDC access token); ``verify``: a CA bundle path (or False for no check,
     never in production); ``cert``: a client certificate (``(cert, key)`` paths) for mTLS. A 429 is
     retried after its ``Retry-After`` up to ``retries`` times; transport errors are not retried (a
@@ -52,7 +57,7 @@ class LatticeClient:
         token: Optional[str] = None,
         headers: Optional[Dict[str, str]] = None,
         *,
-        base_url: Optional[str] = None,
+        base_url: Optional[Union[str, Sequence[str]]] = None,
         tls: bool = False,
         verify: Union[bool, str, ssl.SSLContext] = True,
         cert: Optional[Any] = None,
@@ -66,12 +71,16 @@ class LatticeClient:
         h = dict(headers or {})
         if token:
             h["Authorization"] = f"Bearer {token}"
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = members(base_url)
+        self._current = 0
         self.retries = retries
         self.max_retry_wait = max_retry_wait
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=h, verify=_tls(verify, cert), timeout=timeout, transport=transport
-        )
+        self._http = httpx.AsyncClient(headers=h, verify=_tls(verify, cert), timeout=timeout, transport=transport)
+
+    @property
+    def base_url(self) -> str:
+        """The member requests go to first (the one that answered last)."""
+        return self.base_urls[self._current]
 
     async def __aenter__(self) -> "LatticeClient":
         return self
@@ -96,11 +105,7 @@ class LatticeClient:
         params = {k: v for k, v in (params or {}).items() if v is not None}
         attempt = 0
         while True:
-            try:
-                r = await self._http.request(method, path, json=json, params=params, headers=headers)
-            except (httpx.HTTPError, ssl.SSLError, OSError) as e:
-                # (A TLS 1.3 server's refusal of the client certificate arrives as an SSLError.)
-                raise LatticeError(f"{method} {self.base_url}{path}: {e}") from e
+            r = await self._send(method, path, json=json, params=params, headers=headers)
             if r.status_code == 429 and attempt < self.retries:
                 attempt += 1
                 await asyncio.sleep(min(_retry_after(r), self.max_retry_wait))
@@ -116,6 +121,53 @@ class LatticeClient:
             if r.status_code >= 400:
                 raise from_response(r.status_code, body)
             return body
+
+    async def _send(self, method: str, path: str, **kw) -> httpx.Response:
+        """One request, to the members in turn from the one that answered last: passed over when
+        it refuses the connection, is not the leader (421), or — a read — never answers."""
+        n = len(self.base_urls)
+        queue = [self.base_urls[(self._current + k) % n] for k in range(n)]
+        seen = set()
+        passed = []
+        while queue:
+            base = queue.pop(0)
+            if base in seen:
+                continue
+            seen.add(base)
+            more = any(b not in seen for b in queue)
+            try:
+                r = await self._http.request(method, base + path, **kw)
+            except httpx.ConnectError as e:
+                # Never sent: safe to try the next member, a write too.
+                if more:
+                    passed.append(f"{base}: {e}")
+                    continue
+                raise LatticeError(f"{method} {base}{path}: {e}" + _after(passed)) from e
+            except (httpx.HTTPError, ssl.SSLError, OSError) as e:
+                # (A TLS 1.3 server's refusal of the client certificate arrives as an SSLError.)
+                if method == "GET" and isinstance(e, httpx.TransportError) and more:
+                    passed.append(f"{base}: {e}")
+                    continue
+                raise LatticeError(f"{method} {base}{path}: {e}" + _after(passed)) from e
+            if r.status_code == 421:
+                # Not the leader: on to the leader it names (its REST URL), else the next member.
+                named = _leader_url(r)
+                if named and named not in seen:
+                    queue.insert(0, named)
+                    passed.append(f"{base}: not the leader")
+                    continue
+                if more:
+                    passed.append(f"{base}: not the leader")
+                    continue
+                return r
+            if base in self.base_urls:
+                self._current = self.base_urls.index(base)
+            else:
+                # A leader a member named: tried first from now on.
+                self.base_urls.insert(0, base)
+                self._current = 0
+            return r
+        raise LatticeError(f"{method} {path}: no member answered" + _after(passed))
 
     # -- allocations -------------------------------------------------------------------------
 
@@ -395,6 +447,23 @@ class LatticeClient:
     async def list_vclusters(self) -> List[VCluster]:
         return [VCluster(name=v) for v in (await self._call("GET", "/v1/vclusters"))["vclusters"]]
 
+    async def vcluster(self, name: str) -> Dict[str, Any]:
+        """A vCluster's scheduler configuration and the weights in force (the keys
+        :meth:`configure_vcluster` takes)."""
+        return await self._call("GET", f"/v1/vclusters/{_seg(name)}")
+
+    async def create_vcluster(self, name: str, **config: Any) -> Dict[str, Any]:
+        """Creates a vCluster (SystemAdmin): ``policy``, ``cycle_interval`` ("15s"), ``weights``, ..."""
+        return await self._call("POST", "/v1/vclusters", json={"name": name, **config})
+
+    async def configure_vcluster(self, name: str, **config: Any) -> Dict[str, Any]:
+        """Changes the configuration keys given (SystemAdmin); committed at the quorum."""
+        return await self._call("PATCH", f"/v1/vclusters/{_seg(name)}", json=config)
+
+    async def set_weights(self, name: str, weights: Dict[str, float]) -> Dict[str, Any]:
+        """Replaces a vCluster's nine cost weights (missing ones 0; SystemAdmin)."""
+        return await self._call("PUT", f"/v1/vclusters/{_seg(name)}/weights", json=weights)
+
     async def queue(self, vcluster: str) -> List[Dict[str, Any]]:
         return (await self._call("GET", f"/v1/vclusters/{_seg(vcluster)}/queue"))["queue"]
 
@@ -432,6 +501,25 @@ def _tls(verify: Union[bool, str, ssl.SSLContext], cert: Optional[Any]) -> Union
 def _seg(s: str) -> str:
     """``s`` as one URL path segment (an element id ``a-000001[3]`` included)."""
     return quote(s, safe="")
+
+
+def members(base_url: Union[str, Sequence[str]]) -> List[str]:
+    """A member list: URLs, or one string of comma-separated URLs (``LATTICE_ENDPOINT``)."""
+    items = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+    urls = [u.strip().rstrip("/") for u in items if u.strip()]
+    if not urls:
+        raise ValueError("no Lattice endpoint given")
+    return urls
+
+
+def _leader_url(r: httpx.Response) -> Optional[str]:
+    body = _body(r)
+    url = body.get("leader_url") if isinstance(body, dict) else None
+    return url.rstrip("/") if isinstance(url, str) and url else None
+
+
+def _after(passed: List[str]) -> str:
+    return f" (after {'; '.join(passed)})" if passed else ""
 
 
 def _body(r: httpx.Response) -> Any:

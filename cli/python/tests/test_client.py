@@ -254,6 +254,74 @@ def test_the_sync_client(runtime):
         assert c.logs(r.id)[a.nodes[0]] == "sync\n"
 
 
+def test_vcluster_configuration(runtime):
+    async def main():
+        async with LatticeClient(base_url=runtime.url) as c:
+            v = await c.create_vcluster("sdk-batch", policy="fcfs", cycle_interval="2s")
+            assert (v["policy"], v["cycle_interval"]) == ("fcfs", 2.0)
+            v = await c.configure_vcluster("sdk-batch", reference_wait="2h")
+            assert (v["reference_wait"], v["cycle_interval"]) == (7200.0, 2.0)
+            await c.set_weights("sdk-batch", {"priority": 0.6, "wait_time": 0.4})
+            assert (await c.vcluster("sdk-batch"))["weights"]["priority"] == 0.6
+            with pytest.raises(LatticeValidationError) as e:
+                await c.configure_vcluster("sdk-batch", lend_cap=2)
+            assert e.value.field == "lend_cap"
+            assert (await c.vcluster("sdk-batch"))["lend_cap"] == 0.5
+
+    run(main())
+
+
+def test_members_that_are_down_or_not_the_leader_are_passed_over(runtime):
+    """A quorum's members: a dead one and one answering 421 are passed over (the write sent once to
+    the member that took it); a member that never answers is passed over by reads only."""
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.host))
+        if request.url.host == "dead":
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.host == "silent":
+            raise httpx.ReadTimeout("no answer", request=request)
+        if request.url.host == "follower":
+            return httpx.Response(421, json={"error": "not the quorum leader", "leader_id": 1})
+        if request.url.host == "pointer":
+            return httpx.Response(421, json={"error": "not the quorum leader", "leader_url": "http://leader/"})
+        return httpx.Response(201, json={"id": "a-000007"})
+
+    async def main():
+        mock = httpx.MockTransport(handler)
+        async with LatticeClient(base_url="http://dead,http://follower,http://leader", transport=mock) as c:
+            assert c.base_urls == ["http://dead", "http://follower", "http://leader"]
+            r = await c.submit({"tenant": "bio", "entrypoint": "true"})
+            assert r.id == "a-000007"
+            assert seen == [("POST", "dead"), ("POST", "follower"), ("POST", "leader")]
+            # The next request starts from the member that answered.
+            seen.clear()
+            await c.submit({"tenant": "bio", "entrypoint": "true"})
+            assert seen == [("POST", "leader")]
+        seen.clear()
+        async with LatticeClient(base_url=["http://silent", "http://leader"], transport=mock) as c:
+            with pytest.raises(LatticeError):
+                await c.submit({"tenant": "bio", "entrypoint": "true"})
+            assert seen == [("POST", "silent")], "a write that may have been received is not sent again"
+            seen.clear()
+            await c._call("GET", "/v1/allocations/a-000007")
+            assert seen == [("GET", "silent"), ("GET", "leader")]
+        # A member that is not the leader names it: it is tried next, and first from then on.
+        seen.clear()
+        async with LatticeClient(base_url="http://dead,http://pointer", transport=mock) as c:
+            r = await c.submit({"tenant": "bio", "entrypoint": "true"})
+            assert seen == [("POST", "dead"), ("POST", "pointer"), ("POST", "leader")]
+            seen.clear()
+            await c.submit({"tenant": "bio", "entrypoint": "true"})
+            assert seen == [("POST", "leader")]
+        # A real member after a dead one.
+        async with LatticeClient(base_url=f"http://127.0.0.1:1,{runtime.url}") as c:
+            assert "default" in [v.name for v in await c.list_vclusters()]
+
+    run(main())
+
+
 def test_a_429_is_retried_after_retry_after_then_raised():
     calls = []
 

@@ -1,11 +1,10 @@
 //! `lattice admin`: nodes, the quorum (status, backups), tenants and their projects, vClusters'
-//! weights, the accounting pipeline and federation.
+//! configuration ([`super::vcluster`]), the accounting pipeline and federation.
 
 use super::{Client, Output, print_value};
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::Subcommand;
 use serde_json::{Value, json};
-use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum AdminCmd {
@@ -36,10 +35,16 @@ pub enum AdminCmd {
         #[arg(long)]
         path: Option<String>,
     },
-    /// vCluster administration.
+    /// vCluster administration: `show`, `create`, `set-config`, `set-weights` (committed at the
+    /// quorum; every leader schedules with them).
     Vcluster {
         #[command(subcommand)]
-        cmd: VclusterCmd,
+        cmd: super::vcluster::VclusterCmd,
+    },
+    /// Runtime configuration by key: `get vclusters.NAME[.KEY]`, `set vclusters.NAME.KEY=VALUE`.
+    Config {
+        #[command(subcommand)]
+        cmd: super::vcluster::ConfigCmd,
     },
     /// The accounting pipeline (Waldur): `status`, or `reconcile --since 2026-03-01 --until
     /// 2026-03-02` to send a window's events again from the allocation records (after drops).
@@ -218,22 +223,6 @@ impl QuotaFlags {
     }
 }
 
-#[derive(Subcommand)]
-pub enum VclusterCmd {
-    /// A vCluster's scheduler configuration and the weights in force (the quorum's, as the leader
-    /// schedules with them).
-    Show { vcluster: String },
-    /// Replace a vCluster's weights (`--weights priority=0.3,wait_time=0.2,...` or a profile YAML's
-    /// entry with `--profile FILE`); they take effect at its next cycle.
-    SetWeights {
-        vcluster: String,
-        #[arg(long)]
-        weights: Option<String>,
-        #[arg(long)]
-        profile: Option<PathBuf>,
-    },
-}
-
 /// `lattice admin ...`.
 pub fn run(client: &Client, output: Output, cmd: AdminCmd) -> Result<()> {
     match cmd {
@@ -281,10 +270,8 @@ pub fn run(client: &Client, output: Output, cmd: AdminCmd) -> Result<()> {
             })?;
         }
         AdminCmd::Project { cmd } => project(client, output, cmd)?,
-        AdminCmd::Vcluster {
-            cmd: VclusterCmd::Show { vcluster },
-        } => show_vcluster(client, output, &vcluster)?,
-        AdminCmd::Vcluster { cmd } => set_weights(client, output, cmd)?,
+        AdminCmd::Vcluster { cmd } => super::vcluster::vcluster(client, output, cmd)?,
+        AdminCmd::Config { cmd } => super::vcluster::config(client, output, cmd)?,
     }
     Ok(())
 }
@@ -423,86 +410,5 @@ fn project(client: &Client, output: Output, cmd: ProjectCmd) -> Result<()> {
             print_value(&v, output, |_| format!("deleted project {tenant}/{name}\n"))?;
         }
     }
-    Ok(())
-}
-
-/// `lattice admin vcluster show VCLUSTER`.
-fn show_vcluster(client: &Client, output: Output, vcluster: &str) -> Result<()> {
-    let v = client.call("GET", &format!("/v1/vclusters/{vcluster}"), None)?;
-    print_value(&v, output, |v| {
-        let mut out = format!(
-            "{vcluster}: {} (cycle {} s, preemption {}, lend cap {})\n",
-            v["policy"].as_str().unwrap_or_default(),
-            v["cycle_interval_s"],
-            v["preemption"],
-            v["lend_cap"]
-        );
-        match v["weights"].as_object() {
-            Some(w) => {
-                for (k, x) in w {
-                    out.push_str(&format!("  {k:<15} {x}\n"));
-                }
-            }
-            None => out.push_str("  no weights: the queue is in arrival order\n"),
-        }
-        out
-    })?;
-    Ok(())
-}
-
-/// `lattice admin vcluster set-weights VCLUSTER`.
-fn set_weights(client: &Client, output: Output, cmd: VclusterCmd) -> Result<()> {
-    let VclusterCmd::SetWeights {
-        vcluster,
-        weights,
-        profile,
-    } = cmd
-    else {
-        bail!("not a weights change");
-    };
-    let body: serde_json::Map<String, Value> = match (weights, profile) {
-        (Some(w), None) => w
-            .split(',')
-            .map(|kv| {
-                let (k, v) = kv
-                    .split_once('=')
-                    .with_context(|| format!("`{kv}`: expected NAME=VALUE"))?;
-                let v: f64 = v.trim().parse().with_context(|| format!("`{kv}`: not a number"))?;
-                Ok((k.trim().to_string(), json!(v)))
-            })
-            .collect::<Result<_>>()?,
-        (None, Some(p)) => {
-            let prof = lattice_traces::read_profile(&p)?;
-            let entry = prof
-                .vclusters
-                .get(&vcluster)
-                .or_else(|| prof.vclusters.values().next().filter(|_| prof.vclusters.len() == 1))
-                .with_context(|| format!("{}: no entry for vCluster `{vcluster}`", p.display()))?;
-            let w = entry.weights;
-            [
-                ("priority", w.priority),
-                ("wait_time", w.wait_time),
-                ("fair_share", w.fair_share),
-                ("topology", w.topology),
-                ("data_readiness", w.data_readiness),
-                ("backlog", w.backlog),
-                ("energy", w.energy),
-                ("checkpoint", w.checkpoint),
-                ("conformance", w.conformance),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect()
-        }
-        _ => bail!("give exactly one of --weights NAME=VALUE,... and --profile FILE"),
-    };
-    let v = client.call(
-        "PUT",
-        &format!("/v1/vclusters/{vcluster}/weights"),
-        Some(&Value::Object(body)),
-    )?;
-    print_value(&v, output, |_| {
-        format!("weights of {vcluster} set; they apply from its next cycle\n")
-    })?;
     Ok(())
 }

@@ -10,6 +10,9 @@ pub struct Client {
     pub endpoints: Vec<String>,
     /// The endpoint that answered last (where the next request goes first).
     current: std::sync::atomic::AtomicUsize,
+    /// A leader a member named (its 421's `leader_url`) that is not among the endpoints, once it
+    /// answered: tried first.
+    named: std::sync::Mutex<Option<String>>,
     pub agent: ureq::Agent,
     /// `Authorization: Bearer` token (LATTICE_TOKEN or the config file's `token:`).
     pub token: Option<String>,
@@ -22,6 +25,14 @@ enum Attempt {
     NotConnected(anyhow::Error),
     /// Sent, but no answer came back: only a read may be sent elsewhere.
     Lost(anyhow::Error),
+}
+
+/// The leader's REST URL a 421 names.
+fn leader_url(v: &Value) -> Option<String> {
+    v["leader_url"]
+        .as_str()
+        .map(|u| u.trim_end_matches('/').to_string())
+        .filter(|u| !u.is_empty())
 }
 
 /// The endpoints in `spec` ("A,B,C"; spaces and trailing slashes dropped).
@@ -38,6 +49,7 @@ impl Client {
         Client {
             endpoints,
             current: std::sync::atomic::AtomicUsize::new(0),
+            named: std::sync::Mutex::new(None),
             agent,
             token,
         }
@@ -51,31 +63,65 @@ impl Client {
             .min(self.endpoints.len() - 1)]
     }
 
-    /// Sends the request to the endpoints in turn, from the one that answered last: a member that is
-    /// down (nothing sent) or not the leader (HTTP 421, nothing done) passes it on to the next; a
-    /// read also moves on from one that took it and never answered.
-    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+    /// Where a request goes, in order: the leader a member named (when it answered), then the
+    /// endpoints from the one that answered last.
+    fn candidates(&self) -> std::collections::VecDeque<String> {
         let n = self.endpoints.len();
         let first = self.current.load(std::sync::atomic::Ordering::Relaxed) % n;
+        let named = self.named.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        named
+            .into_iter()
+            .chain((0..n).map(|k| self.endpoints[(first + k) % n].clone()))
+            .collect()
+    }
+
+    /// `base` answered: the next request goes there first.
+    fn answered(&self, base: &str) {
+        let mut named = self.named.lock().unwrap_or_else(|e| e.into_inner());
+        match self.endpoints.iter().position(|e| e == base) {
+            Some(i) => {
+                self.current.store(i, std::sync::atomic::Ordering::Relaxed);
+                *named = None;
+            }
+            None => *named = Some(base.to_string()),
+        }
+    }
+
+    /// Sends the request to the endpoints in turn, from the one that answered last: a member that is
+    /// down (nothing sent) or not the leader (HTTP 421, nothing done) passes it on — to the leader
+    /// it names (`leader_url`) first, else to the next; a read also moves on from one that took it
+    /// and never answered.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let mut queue = self.candidates();
+        let mut seen = std::collections::BTreeSet::new();
         let mut tried = Vec::new();
-        for k in 0..n {
-            let i = (first + k) % n;
-            let last = k + 1 == n;
-            match self.send(&self.endpoints[i], method, path, body) {
-                Attempt::Answer(421, _) if !last => tried.push(format!("{}: not the leader", self.endpoints[i])),
+        while let Some(base) = queue.pop_front() {
+            if !seen.insert(base.clone()) {
+                continue;
+            }
+            let last = queue.iter().all(|b| seen.contains(b));
+            match self.send(&base, method, path, body) {
+                Attempt::Answer(421, v) if !last || leader_url(&v).is_some_and(|u| !seen.contains(&u)) => {
+                    tried.push(format!("{base}: not the leader"));
+                    if let Some(u) = leader_url(&v) {
+                        queue.push_front(u);
+                    }
+                }
                 Attempt::Answer(status, v) => {
-                    self.current.store(i, std::sync::atomic::Ordering::Relaxed);
+                    if status != 421 {
+                        self.answered(&base);
+                    }
                     return self.answer(status, v, path);
                 }
-                Attempt::NotConnected(e) if !last => tried.push(format!("{}: {e:#}", self.endpoints[i])),
-                Attempt::Lost(e) if !last && method == "GET" => tried.push(format!("{}: {e:#}", self.endpoints[i])),
+                Attempt::NotConnected(e) if !last => tried.push(format!("{base}: {e:#}")),
+                Attempt::Lost(e) if !last && method == "GET" => tried.push(format!("{base}: {e:#}")),
                 Attempt::NotConnected(e) | Attempt::Lost(e) => {
                     let before = if tried.is_empty() {
                         String::new()
                     } else {
                         format!(" (after {})", tried.join("; "))
                     };
-                    return Err(e.context(format!("cannot reach the Lattice API at {}{before}", self.endpoints[i])));
+                    return Err(e.context(format!("cannot reach the Lattice API at {base}{before}")));
                 }
             }
         }
@@ -162,28 +208,41 @@ impl Client {
     /// returns false or the server closes the stream.
     pub fn events(&self, path: &str, mut each: impl FnMut(&str, &Value) -> bool) -> Result<()> {
         use std::io::BufRead;
-        // From the member that answered last, moving on from one that is down or not the leader.
-        let n = self.endpoints.len();
-        let first = self.current.load(std::sync::atomic::Ordering::Relaxed) % n;
-        let mut k = 0;
+        // From the member that answered last, moving on from one that is down or not the leader
+        // (to the leader it names first).
+        let mut queue = self.candidates();
+        let mut seen = std::collections::BTreeSet::new();
         let (mut resp, url) = loop {
-            let i = (first + k) % n;
-            k += 1;
-            let url = format!("{}{path}", self.endpoints[i]);
+            let Some(base) = queue.pop_front() else {
+                bail!("no Lattice API endpoint answered");
+            };
+            if !seen.insert(base.clone()) {
+                continue;
+            }
+            let more = queue.iter().any(|b| !seen.contains(b));
+            let url = format!("{base}{path}");
             let mut req = self.agent.get(&url).header("Accept", "text/event-stream");
             if let Some(t) = &self.token {
                 req = req.header("Authorization", format!("Bearer {t}"));
             }
             match req.call() {
-                Ok(r) if r.status().as_u16() == 421 && k < n => continue,
+                Ok(mut r) if r.status().as_u16() == 421 => {
+                    let text = r.body_mut().read_to_string().unwrap_or_default();
+                    let named = serde_json::from_str(&text).ok().and_then(|v| leader_url(&v));
+                    match named.filter(|u| !seen.contains(u)) {
+                        Some(u) => queue.push_front(u),
+                        None if more => {}
+                        None => bail!("not the quorum leader (HTTP 421) at {base}"),
+                    }
+                }
                 Ok(r) => {
-                    self.current.store(i, std::sync::atomic::Ordering::Relaxed);
+                    self.answered(&base);
                     break (r, url);
                 }
-                Err(_) if k < n => continue,
+                Err(_) if more => continue,
                 Err(e) => {
                     return Err(anyhow::Error::from(e))
-                        .with_context(|| format!("cannot reach the Lattice API at {}", self.endpoints[i]));
+                        .with_context(|| format!("cannot reach the Lattice API at {base}"));
                 }
             }
         };

@@ -16,6 +16,7 @@ pub mod nodes;
 pub mod status;
 pub mod submit;
 pub mod tasks;
+pub mod vcluster;
 
 use anyhow::Result;
 use clap::ValueEnum;

@@ -66,6 +66,9 @@ pub enum Input {
     StagingFailed(AllocId),
     /// An administrator set a vCluster's cost weights (hot reload).
     Weights(VClusterId, CostWeights),
+    /// An administrator set a vCluster's whole scheduler configuration (policy, cycle interval,
+    /// weights, ...): it schedules with it from its next pass.
+    VCluster(VClusterId, crate::policy::VClusterConfig),
     /// A tenant's contract changed (committed at the quorum): every pool runs a pass, since a raised
     /// hard quota may let the tenant's waiting work start anywhere.
     TenantQuota(crate::ids::TenantId, crate::quota::TenantQuota),
@@ -565,6 +568,10 @@ impl Controller {
                     .ok_or(EngineError::UnknownVCluster(vc))?;
                 cfg.weights = Some(weights);
                 self.engine.configure_vcluster(vc, cfg)?;
+            }
+            Input::VCluster(vc, cfg) => {
+                self.engine.configure_vcluster(vc, cfg)?;
+                self.engine.mark_all_due(now);
             }
             Input::TenantQuota(tenant, quota) => {
                 self.engine.set_tenant_quota(tenant, quota);

@@ -133,6 +133,36 @@ impl Control {
             .map_err(|e| bad("weights", e.to_string()))
     }
 
+    /// A vCluster's scheduler configuration as the quorum committed it: created here when new (it
+    /// schedules the shared pool), it schedules with this configuration from its next pass.
+    pub fn put_vcluster(&mut self, name: &str, config: VClusterConfig) -> Result<(), FieldError> {
+        let id = match self.registry.vclusters.get(name) {
+            Some(&id) => id,
+            None => {
+                let id = self.ctl.engine.add_vcluster(name);
+                self.registry.vclusters.insert(name.to_string(), id);
+                id
+            }
+        };
+        self.input(Input::VCluster(id, config))
+            .map_err(|e| bad("config", e.to_string()))
+    }
+
+    /// A vCluster's scheduler configuration in force (`None`: no such vCluster).
+    pub fn vcluster_config(&self, name: &str) -> Option<VClusterConfig> {
+        let id = *self.registry.vclusters.get(name)?;
+        self.ctl.engine.vcluster_config(id).copied()
+    }
+
+    /// Every vCluster's configuration in force, by name (what the quorum is seeded with).
+    pub fn vcluster_configs(&self) -> BTreeMap<String, VClusterConfig> {
+        self.registry
+            .vclusters
+            .keys()
+            .filter_map(|n| Some((n.clone(), self.vcluster_config(n)?)))
+            .collect()
+    }
+
     pub fn tenant_names(&self) -> Vec<String> {
         self.registry.tenants.keys().cloned().collect()
     }

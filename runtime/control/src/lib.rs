@@ -390,6 +390,12 @@ impl Control {
                 "vcluster": self.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default(),
                 "weights": weights,
             }),
+            Input::VCluster(vc, config) => serde_json::json!({
+                "ts": ts,
+                "type": "vcluster",
+                "vcluster": self.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default(),
+                "config": lattice_traces::config_json(&config),
+            }),
             Input::Node(n, ev) => {
                 let (kind, mode) = match ev {
                     E::Drain => ("drain", None),

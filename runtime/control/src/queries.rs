@@ -158,6 +158,7 @@ impl Control {
                     end_reason: a.end_reason.map(|r| r.as_str()),
                     ended_ms: a.ended.map(|t| t.0),
                     holds_nodes: !a.nodes.is_empty(),
+                    run: a.started.map(|t| (t.0, self.ctl.vni_of(id))),
                 })
             }
             None => self.registry.history.get(name).map(|v| Brief {
@@ -165,6 +166,7 @@ impl Control {
                 end_reason: v.end_reason.as_deref(),
                 ended_ms: v.ended_ms,
                 holds_nodes: !v.nodes.is_empty(),
+                run: None,
             }),
         }
     }
@@ -368,21 +370,14 @@ impl Control {
             .collect()
     }
 
-    /// A vCluster's scheduler configuration and weights in force (`None`: no such vCluster).
+    /// A vCluster's scheduler configuration and weights in force (`None`: no such vCluster): its
+    /// name and the keys `PATCH /v1/vclusters/{id}` takes ([`lattice_traces::config_json`]).
     pub fn vcluster_view(&self, name: &str) -> Option<serde_json::Value> {
-        let id = *self.registry.vclusters.get(name)?;
-        let c = self.ctl.engine.vcluster_config(id)?;
-        Some(serde_json::json!({
-            "name": name,
-            "policy": c.policy.to_string(),
-            "weights": c.weights,
-            "cycle_interval_s": c.cycle_interval.as_secs_f64(),
-            "reference_wait_s": c.reference_wait.as_secs_f64(),
-            "slo_wait_target_s": c.slo_wait_target.map(|d| d.as_secs_f64()),
-            "gpu_hours_budget": c.gpu_hours_budget,
-            "preemption": c.preemption,
-            "lend_cap": c.lend_cap,
-        }))
+        let c = self.vcluster_config(name)?;
+        let mut m = serde_json::Map::new();
+        m.insert("name".into(), name.into());
+        m.extend(lattice_traces::config_json(&c));
+        Some(serde_json::Value::Object(m))
     }
 
     pub fn vcluster_names(&self) -> Vec<String> {

@@ -147,6 +147,8 @@ pub struct Brief<'a> {
     pub end_reason: Option<&'a str>,
     pub ended_ms: Option<u64>,
     pub holds_nodes: bool,
+    /// When its current run started, and its network domain's VNI (a queued allocation's).
+    pub run: Option<(u64, Option<u32>)>,
 }
 
 /// A node operation of `lattice node ...`/`lattice admin ...`.

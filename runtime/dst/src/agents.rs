@@ -300,13 +300,19 @@ pub async fn operator(
                 }
             }
         }
-        // Now and then, new weights for vCluster `default` (a tenth of priority, the rest wait time).
+        // Now and then, new weights for vCluster `default` (a tenth of priority, the rest wait
+        // time), or a new reference wait in its configuration.
         if let Some(rng) = weights_rng.as_mut()
             && !lock(&obs).healed
             && rng.next_u64().is_multiple_of(4)
         {
             let tenths = 1 + (rng.next_u64() % 9) as u32;
-            if let Order::Elsewhere(leader) = set_weights(target, tenths, &obs).await {
+            let setting = if rng.next_u64().is_multiple_of(3) {
+                Setting::ReferenceWait
+            } else {
+                Setting::Weights
+            };
+            if let Order::Elsewhere(leader) = set(target, setting, tenths, &obs).await {
                 target = leader.unwrap_or(target % members + 1);
             }
         }
@@ -377,42 +383,83 @@ async fn node_order(member: u64, node: &str, what: &str, obs: &SharedObs) -> Ord
     }
 }
 
-/// New weights for vCluster `default` at `member`: `priority` `tenths`/10, `wait_time` the rest.
-/// While in flight (or unanswered: the change may still commit) they may be in force; once taken,
-/// they must be, or one of those.
-async fn set_weights(member: u64, tenths: u32, obs: &SharedObs) -> Order {
-    if let Some((_, since)) = lock(obs).weights.as_mut() {
-        since.push(tenths);
+/// A setting of vCluster `default` the operator changes now and then: its weights (`priority` in
+/// tenths, `wait_time` the rest) or its configuration's `reference_wait` (in hours).
+#[derive(Clone, Copy)]
+pub enum Setting {
+    Weights,
+    ReferenceWait,
+}
+
+impl Setting {
+    /// Where its acknowledged value and those that may be in force are kept.
+    pub fn slot(self, o: &mut crate::obs::Obs) -> &mut Option<(u32, Vec<u32>)> {
+        match self {
+            Setting::Weights => &mut o.weights,
+            Setting::ReferenceWait => &mut o.reference_wait,
+        }
     }
-    let body = serde_json::json!({
-        "priority": f64::from(tenths) / 10.0,
-        "wait_time": f64::from(10 - tenths) / 10.0,
-    });
-    let answer = request(member, "PUT", "/v1/vclusters/default/weights", &body).await;
+
+    /// The request that sets it to `v`.
+    fn request(self, v: u32) -> (&'static str, &'static str, serde_json::Value) {
+        match self {
+            Setting::Weights => (
+                "PUT",
+                "/v1/vclusters/default/weights",
+                serde_json::json!({
+                    "priority": f64::from(v) / 10.0,
+                    "wait_time": f64::from(10 - v) / 10.0,
+                }),
+            ),
+            Setting::ReferenceWait => (
+                "PATCH",
+                "/v1/vclusters/default",
+                serde_json::json!({ "reference_wait": v * 3600 }),
+            ),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Setting::Weights => "weights default: priority (tenths)",
+            Setting::ReferenceWait => "config default: reference_wait (h)",
+        }
+    }
+}
+
+/// Sets `setting` of vCluster `default` to `v` at `member`. While in flight (or unanswered: the
+/// change may still commit) the value may be in force; once taken, it must be, or one of those.
+async fn set(member: u64, setting: Setting, v: u32, obs: &SharedObs) -> Order {
+    if let Some((_, since)) = setting.slot(&mut lock(obs)).as_mut() {
+        since.push(v);
+    }
+    let (method, path, body) = setting.request(v);
+    let answer = request(member, method, path, &body).await;
     let mut o = lock(obs);
     // This attempt's entry among those that may be in force (unanswered ones stay: their change
     // may still commit, after later ones).
     let forget = |o: &mut crate::obs::Obs| {
-        if let Some((_, maybe)) = o.weights.as_mut()
-            && let Some(i) = maybe.iter().position(|t| *t == tenths)
+        if let Some((_, maybe)) = setting.slot(o).as_mut()
+            && let Some(i) = maybe.iter().position(|t| *t == v)
         {
             maybe.remove(i);
         }
     };
     match answer {
         Some((200, _)) => {
-            o.event(format!("operator weights default: priority {tenths}/10"));
+            o.event(format!("operator {} {v}", setting.name()));
             forget(&mut o);
-            let maybe = o.weights.take().map(|(_, m)| m).unwrap_or_default();
-            o.weights = Some((tenths, maybe));
+            let slot = setting.slot(&mut o);
+            let maybe = slot.take().map(|(_, m)| m).unwrap_or_default();
+            *slot = Some((v, maybe));
             Order::Taken
         }
-        Some((421, v)) => {
+        Some((421, l)) => {
             forget(&mut o);
-            Order::Elsewhere(v["leader_id"].as_u64())
+            Order::Elsewhere(l["leader_id"].as_u64())
         }
-        Some((status, v)) if status < 500 => {
-            o.violation(format!("weights refused by m{member}: {status} {v}"));
+        Some((status, e)) if status < 500 => {
+            o.violation(format!("{} refused by m{member}: {status} {e}", setting.name()));
             Order::Refused
         }
         _ => Order::Elsewhere(None),

@@ -37,18 +37,25 @@ fn serving(o: &Obs) -> Option<(u64, u64, Arc<Shared>)> {
         .find(|(_, t, _)| *t >= newest)
 }
 
-/// Weights the operator was told were taken (or ones it sent and never heard of) are those the
-/// serving leader `m` (of `term`) schedules vCluster `default` with.
-fn weights_violation(o: &Obs, c: &lattice_control::Control, m: u64, term: u64) -> Option<String> {
-    let (acked, since) = o.weights.as_ref()?;
+/// Weights and configuration the operator was told were taken (or ones it sent and never heard of)
+/// are those the serving leader `m` (of `term`) schedules vCluster `default` with.
+fn settings_violations(o: &Obs, c: &lattice_control::Control, m: u64, term: u64) -> Vec<String> {
     let view = c.vcluster_view("default").unwrap_or_default();
-    let in_force = view["weights"]["priority"].as_f64().map(|p| (p * 10.0).round() as u32);
-    (!in_force.is_some_and(|p| p == *acked || since.contains(&p))).then(|| {
-        format!(
-            "vCluster default schedules with weights {} at m{m} (term {term}), not the acknowledged priority {acked}/10 (nor one never answered: {since:?})",
-            view["weights"]
-        )
-    })
+    let weights = view["weights"]["priority"].as_f64().map(|p| (p * 10.0).round() as u32);
+    let wait = view["reference_wait"].as_f64().map(|s| (s / 3600.0).round() as u32);
+    let mut out = Vec::new();
+    for (what, seen, in_force) in [
+        ("weights (priority, tenths)", &o.weights, weights),
+        ("reference_wait (h)", &o.reference_wait, wait),
+    ] {
+        let Some((acked, since)) = seen else { continue };
+        if !in_force.is_some_and(|p| p == *acked || since.contains(&p)) {
+            out.push(format!(
+                "vCluster default schedules with {what} {in_force:?} at m{m} (term {term}), not the acknowledged {acked} (nor one never answered: {since:?}); in force: {view}"
+            ));
+        }
+    }
+    out
 }
 
 fn terminal(state: &str) -> bool {
@@ -71,6 +78,8 @@ pub struct Checker {
     /// how many allocations were acknowledged and final. While it is the same, nothing they are
     /// checked on changed.
     acked_seen: Option<(u64, u64, u64, usize, usize)>,
+    /// The VNI each running allocation's run (by its start) was seen on: a leader change keeps it.
+    vnis: BTreeMap<String, (u64, u32, (u64, u64))>,
 }
 
 /// The states the API names: the engine's, and a preempted allocation's (`suspending` while its
@@ -90,6 +99,22 @@ const KNOWN_STATES: [&str; 9] = [
 impl Checker {
     pub fn new(_members: u64) -> Checker {
         Checker::default()
+    }
+
+    /// A run keeps its network domain's VNI whoever leads: `run` (its start, its VNI) as the
+    /// leader `at` (member, term) shows it.
+    fn vni_kept(&mut self, id: &str, run: Option<(u64, Option<u32>)>, at: (u64, u64)) -> Option<String> {
+        let (started, Some(vni)) = run? else { return None };
+        match self.vnis.get(id) {
+            Some((s0, vni0, was)) if *s0 == started && *vni0 != vni => Some(format!(
+                "{id}'s run since {started} ms is on VNI {vni} at m{} (term {}), on VNI {vni0} at m{} (term {})",
+                at.0, at.1, was.0, was.1
+            )),
+            _ => {
+                self.vnis.insert(id.to_string(), (started, vni, at));
+                None
+            }
+        }
     }
 
     pub fn after_step(&mut self, obs: &SharedObs, _clients_done: bool) {
@@ -219,6 +244,9 @@ impl Checker {
             if v.state == "running" && !v.holds_nodes {
                 violations.push(format!("{id} is running at m{m} (term {term}) on no nodes"));
             }
+            if v.state == "running" {
+                violations.extend(self.vni_kept(id, v.run, (m, term)));
+            }
             let changed = |state: &str| {
                 if terminal(v.state) {
                     format!("{id} ended {state}")
@@ -263,7 +291,7 @@ impl Checker {
                 }
             }
         }
-        violations.extend(weights_violation(&o, &c, m, term));
+        violations.extend(settings_violations(&o, &c, m, term));
         // A drain the operator was told was taken holds at every later leader until it is lifted.
         for (node, sure) in &o.drained {
             if *sure && c.node_state_of(node).as_deref() == Some("ready") {

@@ -52,6 +52,8 @@ pub struct Obs {
     /// acknowledged, and those in flight or never answered (each may have been committed, even
     /// after a later one). The serving leader must schedule with one of them.
     pub weights: Option<(u32, Vec<u32>)>,
+    /// The same for its configuration's `reference_wait` (in hours).
+    pub reference_wait: Option<(u32, Vec<u32>)>,
     /// Acknowledged DAG members → the members they depend on (condition `success`).
     pub dag_deps: BTreeMap<String, Vec<String>>,
     /// The faults have healed (the operator lifts its drains).

@@ -380,6 +380,41 @@ pub(super) async fn vcluster(State(s): S, Path(id): Path<String>) -> Response {
     }
 }
 
+/// `lattice admin vcluster create`: `{"name": N, ...configuration keys}`.
+pub(super) async fn create_vcluster(
+    State(s): S,
+    Extension(p): P,
+    JsonIn(mut body): JsonIn<serde_json::Map<String, Value>>,
+) -> Response {
+    let name = match body.remove("name") {
+        Some(Value::String(n)) => n,
+        other => {
+            return ops::ApiError::BadRequest {
+                field: "name".into(),
+                message: format!("expected the vCluster's name, got {}", other.unwrap_or(Value::Null)),
+            }
+            .into_response();
+        }
+    };
+    match ops::put_vcluster(&s, &p, &name, &body, true).await {
+        Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `lattice admin vcluster set-config`: the configuration keys to change.
+pub(super) async fn configure_vcluster(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    JsonIn(body): JsonIn<serde_json::Map<String, Value>>,
+) -> Response {
+    match ops::put_vcluster(&s, &p, &id, &body, false).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 pub(super) async fn queue(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::queue(&s, &p, &id).await {
         Ok(q) => Json(json!({ "vcluster": id, "queue": q })).into_response(),

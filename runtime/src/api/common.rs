@@ -37,9 +37,15 @@ impl IntoResponse for ApiError {
             ApiError::NotFound { field, message } => error(StatusCode::NOT_FOUND, Some(field), message.clone()),
             ApiError::Unavailable { message } => error(StatusCode::SERVICE_UNAVAILABLE, None, message.clone()),
             ApiError::Conflict { message } => error(StatusCode::CONFLICT, None, message.clone()),
-            ApiError::NotLeader { leader_id, leader } => (
+            ApiError::NotLeader {
+                leader_id,
+                leader,
+                leader_url,
+            } => (
                 StatusCode::MISDIRECTED_REQUEST,
-                Json(json!({"error": "not the quorum leader", "leader_id": leader_id, "leader_grpc": leader})),
+                Json(
+                    json!({"error": "not the quorum leader", "leader_id": leader_id, "leader_grpc": leader, "leader_url": leader_url}),
+                ),
             )
                 .into_response(),
         }

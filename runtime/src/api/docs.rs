@@ -334,11 +334,23 @@ fn administration() -> Vec<Op> {
         .body::<crate::accounting::ReconcileIn>()
         .answer::<crate::accounting::Reconciled>(),
         Op::get("/v1/vclusters", "vclusters", "vCluster names"),
+        Op::post(
+            "/v1/vclusters",
+            "vclusters",
+            "Create a vCluster (SystemAdmin): `name` and any configuration keys (policy, backfill_depth, cycle_interval, reference_wait, slo_wait_target, gpu_hours_budget, preemption, lend_cap, weights); committed at the quorum",
+        )
+        .body::<serde_json::Map<String, serde_json::Value>>(),
         Op::get(
             "/v1/vclusters/{id}",
             "vclusters",
-            "A vCluster's scheduler configuration and the weights in force (the quorum's)",
+            "A vCluster's scheduler configuration and the weights in force (the quorum's), as the keys PATCH takes",
         ),
+        Op::patch(
+            "/v1/vclusters/{id}",
+            "vclusters",
+            "Change a vCluster's scheduler configuration (SystemAdmin): the keys given (e.g. `{\"cycle_interval\": \"15s\"}`); committed at the quorum",
+        )
+        .body::<serde_json::Map<String, serde_json::Value>>(),
         Op::get(
             "/v1/vclusters/{id}/queue",
             "vclusters",

@@ -99,8 +99,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/api/v1/admin/accounting/reconcile",
             axum::routing::post(accounting_reconcile),
         )
-        .route("/v1/vclusters", get(vclusters))
-        .route("/v1/vclusters/{id}", get(vcluster))
+        .route("/v1/vclusters", get(vclusters).post(create_vcluster))
+        .route("/v1/vclusters/{id}", get(vcluster).patch(configure_vcluster))
         .route("/v1/vclusters/{id}/queue", get(queue))
         .route("/v1/vclusters/{id}/weights", put(set_weights))
         .route("/api/v1/services", get(services))

@@ -342,8 +342,9 @@ pub(super) const STREAM_POLL: std::time::Duration = std::time::Duration::from_mi
 
 /// `GET /v1/allocations/{id}/logs/stream`: the live tail pushed as Server-Sent Events. Each new piece
 /// of a node's output is an `output` event; once the allocation has ended and three looks in a row
-/// found nothing new (its agents' final output has arrived), one `end` event with its state closes
-/// the stream. A client that goes away ends the relay.
+/// found nothing new (its agents' final output has arrived), the tail reported with the exit of a
+/// node whose output never came live (a run shorter than its agent's polls), then one `end` event
+/// with its state closes the stream. A client that goes away ends the relay.
 pub(super) async fn stream_logs(
     State(s): S,
     Extension(p): P,
@@ -406,6 +407,22 @@ pub(super) async fn stream_logs(
             if quiet >= 3 {
                 match ops::get(&s, &p, &id).await {
                     Ok(v) if v.ended_ms.is_some() => {
+                        // A node whose output never came live (a run shorter than its agent's
+                        // polls): the tail its agent reported with the exit.
+                        let tails = s.control.lock().await.logs(&id, stream).unwrap_or_default();
+                        for (node, tail) in tails
+                            .into_iter()
+                            .filter(|(n, t)| !after.contains_key(n) && !t.is_empty())
+                        {
+                            let ev = json!({"node": node, "offset": 0, "data": tail, "next": tail.len()});
+                            if tx
+                                .send(Ok(Event::default().event("output").data(ev.to_string())))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
                         let _ = tx
                             .send(Ok(Event::default()
                                 .event("end")

@@ -401,7 +401,7 @@ async fn inbound_ended(s: &Arc<Shared>, site: &str, body: &[u8]) -> Response {
                 tracing::info!("federation: {what}");
             }
             Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
-                return ApiError::NotLeader { leader_id, leader }.into_response();
+                return crate::ops::redirect(s, leader_id, leader).into_response();
             }
             Err(e) => {
                 return err(
@@ -985,7 +985,7 @@ async fn commit(s: &Shared, p: &Principal, cmd: QuorumCommand, what: &str) -> Re
             err(status, message)
         }
         Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
-            ApiError::NotLeader { leader_id, leader }.into_response()
+            crate::ops::redirect(s, leader_id, leader).into_response()
         }
         Err(e) => err(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -117,6 +117,98 @@ pub async fn set_weights(s: &Shared, p: &Principal, vcluster: &str, w: &BTreeMap
     Ok(())
 }
 
+/// Creates a vCluster (`create`: it must not exist; it starts from backfill with depth 10 and the
+/// default weights) or changes an existing one's configuration (the keys given; the others stay).
+/// Committed at the quorum first, then applied as the quorum holds it; its view afterwards.
+pub async fn put_vcluster(
+    s: &Shared,
+    p: &Principal,
+    name: &str,
+    changes: &serde_json::Map<String, serde_json::Value>,
+    create: bool,
+) -> Result<serde_json::Value, ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("configuring vClusters needs SystemAdmin"));
+    }
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if !valid {
+        return Err(ApiError::BadRequest {
+            field: "name".into(),
+            message: format!("`{name}`: 1-63 characters of letters, digits, `-`, `_` and `.`"),
+        });
+    }
+    writable(s).await?;
+    let (config, at_ms) = {
+        let c = s.control.lock().await;
+        let base = match (c.vcluster_config(name), create) {
+            (Some(_), true) => {
+                return Err(ApiError::Conflict {
+                    message: format!("vCluster {name} exists"),
+                });
+            }
+            (Some(cfg), false) => cfg,
+            (None, true) => {
+                let mut cfg = lattice_engine::VClusterConfig::new(lattice_engine::Policy::Backfill {
+                    depth: lattice_engine::Depth::Limited(10),
+                });
+                cfg.weights = Some(lattice_engine::CostWeights::default());
+                cfg
+            }
+            (None, false) => {
+                return Err(ApiError::NotFound {
+                    field: "vcluster".into(),
+                    message: format!("vCluster \"{name}\" not found"),
+                });
+            }
+        };
+        let config = lattice_traces::apply_config(&base, changes).map_err(|e| ApiError::BadRequest {
+            field: e.field,
+            message: e.message,
+        })?;
+        (config, c.now().0)
+    };
+    let write = if create {
+        lattice_adapters::TenantWrite::Create
+    } else {
+        // One the profile defines that the quorum is not seeded with yet (the seeding is under way
+        // at start): seeded with the configuration in force first.
+        if s.member.read(|q| !q.vclusters.contains_key(name)).await {
+            let base = s.control.lock().await.vcluster_config(name);
+            if let Some(config) = base {
+                let seed = lattice_adapters::QuorumCommand::PutVCluster {
+                    name: name.to_string(),
+                    config,
+                    write: lattice_adapters::TenantWrite::Seed,
+                    at_ms,
+                    by: "profile".into(),
+                };
+                committed(s, seed, name).await?;
+            }
+        }
+        lattice_adapters::TenantWrite::Update
+    };
+    let cmd = lattice_adapters::QuorumCommand::PutVCluster {
+        name: name.to_string(),
+        config,
+        write,
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, name).await?;
+    // What the quorum holds now (a change committed after this one wins, in log order).
+    let held = s.member.read(|q| q.vclusters.get(name).copied()).await;
+    let mut c = s.control.lock().await;
+    c.put_vcluster(name, held.unwrap_or(config)).map_err(bad_request)?;
+    let view = c.vcluster_view(name).unwrap_or_default();
+    drop(c);
+    s.wake.notify_one();
+    Ok(view)
+}
+
 /// A backup written by this member: where, at which log index, its checksum.
 pub struct BackupMade {
     pub path: std::path::PathBuf,

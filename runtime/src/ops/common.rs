@@ -22,10 +22,22 @@ pub fn leader_only(s: &Shared) -> Result<(), ApiError> {
         return Ok(());
     }
     let st = s.member.status();
-    Err(ApiError::NotLeader {
-        leader_id: st.leader,
-        leader: st.leader.and_then(|l| st.members.get(&l).cloned()),
-    })
+    Err(redirect(
+        s,
+        st.leader,
+        st.leader.and_then(|l| st.members.get(&l).cloned()),
+    ))
+}
+
+/// "Not the leader", naming the leader (its quorum address and, when the quorum holds it, its REST
+/// URL: clients go there).
+pub fn redirect(s: &Shared, leader_id: Option<u64>, leader: Option<String>) -> ApiError {
+    let leader_url = leader_id.and_then(|id| s.member.try_read(|q| q.member_urls.get(&id).cloned()).flatten());
+    ApiError::NotLeader {
+        leader_id,
+        leader,
+        leader_url,
+    }
 }
 
 /// Acknowledges the submission `op` (already queued here and applied to this member's copy, which
@@ -126,9 +138,7 @@ pub(super) async fn absent_as(s: &Shared, kind: &str, id: &str) -> ApiError {
         Ok(()) => ApiError::Unavailable {
             message: "the leader is taking over the queue; retry".into(),
         },
-        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
-            ApiError::NotLeader { leader_id, leader }
-        }
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => redirect(s, leader_id, leader),
         Err(e) => ApiError::Unavailable {
             message: format!("id: could not confirm leadership to look up {id}: {e}"),
         },
@@ -175,12 +185,11 @@ pub(super) async fn committed(s: &Shared, cmd: lattice_adapters::QuorumCommand, 
         Ok(lattice_adapters::QuorumResponse::Applied) => Ok(()),
         Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => Err(match reason.as_str() {
             "no_tenant" => not_found("tenant", what),
+            "no_vcluster" => not_found("vcluster", what),
             "no_project" => not_found("project", what),
             _ => ApiError::Conflict { message },
         }),
-        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => {
-            Err(ApiError::NotLeader { leader_id, leader })
-        }
+        Err(lattice_adapters::ProposeError::NotLeader { leader_id, leader }) => Err(redirect(s, leader_id, leader)),
         Err(e) => Err(ApiError::Unavailable {
             message: format!("{what}: the change could not be committed at the quorum ({e}); retry"),
         }),

@@ -109,9 +109,7 @@ pub async fn node_op(s: &Arc<Shared>, p: &Principal, id: &str, op: NodeOp) -> Re
             disabled: order.disabled,
         };
         s.member.propose(cmd).await.map_err(|e| match e {
-            lattice_adapters::ProposeError::NotLeader { leader_id, leader } => {
-                ApiError::NotLeader { leader_id, leader }
-            }
+            lattice_adapters::ProposeError::NotLeader { leader_id, leader } => redirect(s, leader_id, leader),
             e => ApiError::Unavailable {
                 message: format!("node {id}: the order could not be recorded at the quorum ({e}); retry"),
             },

@@ -28,13 +28,14 @@ pub fn call(method: &'static str, url: &str, body: Option<Value>) -> (u16, Value
 }
 
 /// A REST call off the async runtime (for tests whose members run in-process on tokio): POST when
-/// there is a body (PUT when `method` says so), else GET (or DELETE when `method` says so); (status, JSON body or the text as a
+/// there is a body (PUT or PATCH when `method` says so), else GET (or DELETE when `method` says so); (status, JSON body or the text as a
 /// string). No time limit, and a call that gets no answer fails the test.
 pub async fn http(method: &'static str, url: String, body: Option<Value>) -> (u16, Value) {
     tokio::task::spawn_blocking(move || {
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
         let mut r = match (method, body) {
             ("PUT", Some(b)) => agent.put(&url).send_json(b),
+            ("PATCH", Some(b)) => agent.patch(&url).send_json(b),
             (_, Some(b)) => agent.post(&url).send_json(b),
             ("DELETE", None) => agent.delete(&url).call(),
             _ => agent.get(&url).call(),
