@@ -248,14 +248,21 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             max: res.max_nodes as i64,
         }
     };
-    let constraints = (!res.gpu_type.is_empty() || res.gpu_count > 0 || !res.features.is_empty()).then(|| {
-        lattice_control::ConstraintsIn {
-            gpu_type: none_if_empty(res.gpu_type),
-            gpu_count: (res.gpu_count > 0).then_some(res.gpu_count),
-            features: res.features,
-            topology: None,
-            ..Default::default()
-        }
+    let asked = !res.gpu_type.is_empty()
+        || res.gpu_count > 0
+        || !res.features.is_empty()
+        || !res.topology.is_empty()
+        || res.cpu_cores > 0
+        || res.memory_gb > 0
+        || res.require_unified_memory;
+    let constraints = asked.then(|| lattice_control::ConstraintsIn {
+        gpu_type: none_if_empty(res.gpu_type),
+        gpu_count: (res.gpu_count > 0).then_some(res.gpu_count),
+        features: res.features,
+        topology: none_if_empty(res.topology),
+        cpu_cores: (res.cpu_cores > 0).then_some(res.cpu_cores),
+        memory_gb: (res.memory_gb > 0).then_some(res.memory_gb),
+        require_unified_memory: res.require_unified_memory,
     });
     Ok(SubmitRequest {
         tenant: r.tenant,
@@ -366,10 +373,10 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             view: none_if_empty(e.view),
             image: none_if_empty(e.image),
         }),
-        requeue: None,
-        max_requeues: None,
-        mutex: None,
-        storage_gbps: None,
+        requeue: none_if_empty(r.requeue),
+        max_requeues: r.max_requeues.map(i64::from),
+        mutex: none_if_empty(r.mutex),
+        storage_gbps: r.storage_gbps,
     })
 }
 

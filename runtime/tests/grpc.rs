@@ -181,6 +181,42 @@ async fn allocations_nodes_and_admin_over_grpc() {
         .into_inner();
     assert_eq!(c.state, "cancelled");
 
+    // Every field a trace's submission can carry can be asked for over gRPC too.
+    let asked = allocs
+        .submit(authed(
+            pb::AllocationRequest {
+                requeue: "always".into(),
+                max_requeues: Some(4),
+                mutex: "nightly".into(),
+                storage_gbps: Some(2.5),
+                resources: Some(pb::Resources {
+                    nodes: 1,
+                    topology: "tight".into(),
+                    ..Default::default()
+                }),
+                ..request("physics", 1, "10m", None)
+            },
+            &alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    {
+        let c = rt.shared.control.lock().await;
+        let id = c.id_of(&asked).unwrap();
+        let spec = &c.ctl.engine.allocation(id).unwrap().spec;
+        assert_eq!(
+            (
+                spec.requeue,
+                spec.max_requeues,
+                spec.mutex.as_deref(),
+                spec.storage_gbps
+            ),
+            (lattice_engine::RequeuePolicy::Always, 4, Some("nightly"), Some(2.5))
+        );
+    }
+
     // A task group: one allocation per index, one at a time; each knows its group and index.
     let group = allocs
         .submit(authed(
