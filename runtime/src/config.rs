@@ -89,6 +89,10 @@ pub struct ServicesConfig {
     /// OpenCHAMI: the node inventory from SMD (when no `inventory` is given), kept in step with it;
     /// drifted nodes flagged there.
     pub openchami: Option<crate::openchami::OpenChamiConfig>,
+    /// The checkpoint store as the members mount it: probed (a file written, synced, read back and
+    /// removed); `failures` failed probes in a row are a checkpoint-storage outage for the engine
+    /// (and `lattice_checkpoint_storage_unavailable`), one good probe ends it.
+    pub checkpoint_store: Option<crate::storage_probe::ProbeConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

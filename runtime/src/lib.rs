@@ -38,6 +38,7 @@ pub mod ops;
 pub mod pb;
 pub mod replay;
 pub mod server;
+pub mod storage_probe;
 pub mod tls;
 
 pub use config::RuntimeConfig;

@@ -280,6 +280,10 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             stopped.clone(),
         )));
     }
+    if let Some(probe) = &cfg.services.checkpoint_store {
+        let task = crate::storage_probe::run(shared.clone(), probe.clone(), stopped.clone());
+        tasks.push(tokio::spawn(task));
+    }
     if let (Some(oc), Some(c)) = (openchami, &cfg.services.openchami) {
         let refresh = crate::openchami::sync::refresh(shared.clone(), oc, c.clone(), smd_down, stopped.clone());
         tasks.push(tokio::spawn(refresh));

@@ -113,10 +113,11 @@ fn a_real_prometheus_scrapes_the_seeds_metrics_and_evaluates_the_rules() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tenants.yaml"), "physics:\n  max_nodes: 3\n").unwrap();
+    std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
     let cfg = RuntimeConfig::parse(
         "t.yaml",
         &format!(
-            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\nsimulate_agents: false\ncycle: 100ms\ntenants: {d}/tenants.yaml\n",
+            "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {d}/q\nsimulated_nodes: 4\nsimulate_agents: false\ncycle: 100ms\ntenants: {d}/tenants.yaml\nservices:\n  checkpoint_store: {{path: {d}/checkpoints, interval: 200ms, failures: 2}}\n",
             d = dir.display()
         ),
     )
@@ -272,6 +273,42 @@ fn a_real_prometheus_scrapes_the_seeds_metrics_and_evaluates_the_rules() {
         assert!(t0.elapsed() < Duration::from_secs(30), "{v}");
         std::thread::sleep(Duration::from_millis(250));
     }
+    // The checkpoint store goes away: the probe finds it, the engine knows, the alert fires; it comes
+    // back and the outage ends.
+    std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let mut r = ureq::get(&format!("{api}/alerts")).call().unwrap();
+        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        let firing = v["data"]["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|a| a["labels"]["alertname"] == "LatticeCheckpointStorageUnavailable" && a["state"] == "firing");
+        if firing {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "no storage alert: {v}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        !rt.block_on(running.shared.control.lock())
+            .checkpoint_storage_available()
+    );
+    std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+    let t0 = Instant::now();
+    while !rt
+        .block_on(running.shared.control.lock())
+        .checkpoint_storage_available()
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the outage ends");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, metrics) = http("GET", &format!("{base}/metrics"), None);
+    assert!(
+        metrics.contains("lattice_checkpoint_storage_unavailable 0"),
+        "{metrics}"
+    );
     rt.block_on(running.shutdown());
 }
 

@@ -421,4 +421,20 @@ impl Control {
     pub fn checkpoint_storage_available(&self) -> bool {
         self.ctl.engine.storage_available()
     }
+
+    /// The checkpoint store's health as probed: an outage (or its end) is the engine's storage
+    /// input when it changes what the engine believes; whether it did.
+    pub fn storage_health(&mut self, up: bool) -> bool {
+        if self.ctl.engine.storage_available() == up {
+            return false;
+        }
+        if let Err(e) = self.input(lattice_engine::Input::Storage(up)) {
+            tracing::warn!(
+                "checkpoint storage {}: not applied: {e}",
+                if up { "up" } else { "down" }
+            );
+            return false;
+        }
+        true
+    }
 }
