@@ -61,6 +61,7 @@ pub struct Metrics {
     pub vni_total: IntGauge,
     pub vni_available: IntGauge,
     pub checkpoint_storage_unavailable: IntGauge,
+    pub node_capability_mismatch: IntGauge,
     pub raft_leader: IntGaugeVec,
     pub raft_term: IntGauge,
     pub accounting_buffered: IntGauge,
@@ -268,6 +269,10 @@ impl Metrics {
             checkpoint_storage_unavailable: reg!(IntGauge::new(
                 "lattice_checkpoint_storage_unavailable",
                 "1 while checkpoint storage is down (preemptions kill instead of checkpointing)."
+            )),
+            node_capability_mismatch: reg!(IntGauge::new(
+                "lattice_node_capability_mismatch",
+                "Nodes whose agent's discovered capabilities (GPUs, cores, memory) disagree with the inventory."
             )),
             raft_leader: reg!(int_gauges(
                 "lattice_raft_leader",

@@ -245,6 +245,7 @@ fn a_real_prometheus_scrapes_the_seeds_metrics_and_evaluates_the_rules() {
         "lattice_quota_max_nodes{tenant=\"physics\"} == 3",
         "lattice_network_vni_pool_total",
         "lattice_checkpoint_storage_unavailable == 0",
+        "lattice_node_capability_mismatch == 0",
         "lattice_agent_last_heartbeat_timestamp{node_id=\"sim-003\"} > 1.7e9",
         "lattice_agent_heartbeat_latency_seconds_count{node_id=\"sim-000\"} == 1",
         "lattice_preemptions_total{vcluster=\"default\",reason=\"priority\"} == 0",

@@ -207,6 +207,8 @@ class Node:
     #: Off its conformance baseline: drained until it conforms (OpenCHAMI remediates it).
     drifted: bool = False
     last_partition: Optional[Dict[str, Any]] = None
+    #: Where its agent's discovered capabilities disagree with the inventory.
+    capability_mismatch: List[str] = field(default_factory=list)
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

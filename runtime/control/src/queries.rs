@@ -268,7 +268,51 @@ impl Control {
             fingerprint_ms: self.conformance.fingerprint_ms.get(&id.0).copied(),
             drifted: self.ctl.is_drifted(id),
             last_partition: self.fleet.partitions.get(&id.0).copied(),
+            capability_mismatch: self.capability_mismatch(id),
         })
+    }
+
+    /// Where the capabilities the node's agent reported disagree with the inventory's: GPU count and
+    /// model, and — where the inventory sets them — CPU cores and memory (discovered memory below
+    /// 90 % of the inventory's; usable memory is a little under what is installed).
+    pub fn capability_mismatch(&self, id: lattice_engine::NodeId) -> Vec<String> {
+        let (Some(n), Some(found)) = (
+            self.ctl.engine.node(id),
+            self.fleet.agent_info.get(&id.0).and_then(|a| a.1.as_ref()),
+        ) else {
+            return Vec::new();
+        };
+        let want = &n.spec.capabilities;
+        let mut out = Vec::new();
+        let gpus = found["gpu_count"].as_u64().unwrap_or(0);
+        if gpus != u64::from(want.gpu_count) {
+            out.push(format!("gpu_count: inventory {}, agent {gpus}", want.gpu_count));
+        }
+        let model = found["gpu_model"].as_str();
+        match (&want.gpu_type, model) {
+            (Some(t), Some(m)) if !m.to_lowercase().contains(&t.to_lowercase()) => {
+                out.push(format!("gpu_type: inventory {t}, agent {m}"));
+            }
+            (Some(t), None) if gpus == 0 => out.push(format!("gpu_type: inventory {t}, agent none")),
+            (None, Some(m)) => out.push(format!("gpu_type: inventory none, agent {m}")),
+            _ => {}
+        }
+        let cores = found["cpu_cores"].as_u64().unwrap_or(0);
+        if want.cpu_cores > 0 && cores != u64::from(want.cpu_cores) {
+            out.push(format!("cpu_cores: inventory {}, agent {cores}", want.cpu_cores));
+        }
+        let gb = found["memory_gib"].as_f64().unwrap_or(0.0) * 1.073_741_824;
+        if want.memory_gb > 0 && gb < 0.9 * f64::from(want.memory_gb) {
+            out.push(format!("memory_gb: inventory {}, agent {gb:.1}", want.memory_gb));
+        }
+        out
+    }
+
+    /// Nodes whose agents' capabilities disagree with the inventory.
+    pub fn capability_mismatches(&self) -> usize {
+        (0..self.registry.node_names.len())
+            .filter(|&i| !self.capability_mismatch(lattice_engine::NodeId(i as u32)).is_empty())
+            .count()
     }
 
     /// Node-hours and GPU-hours held in `[since, until)` by allocations matching the filters.

@@ -129,6 +129,10 @@ pub struct NodeView {
     /// The last time its agent lost the control plane and replayed the heartbeats it buffered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_partition: Option<Partition>,
+    /// Where what its agent discovered disagrees with the inventory (e.g. `gpu_count: inventory 0,
+    /// agent 1`): it is scheduled as the inventory says until the inventory is corrected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capability_mismatch: Vec<String>,
 }
 
 /// A partition an agent lived through: from its first buffered heartbeat to its last (agent clock,

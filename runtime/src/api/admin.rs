@@ -74,6 +74,7 @@ pub(super) async fn metrics(State(s): S) -> Response {
         m.vni_available.set(vni_total.saturating_sub(vni_used) as i64);
         m.checkpoint_storage_unavailable
             .set(i64::from(!c.checkpoint_storage_available()));
+        m.node_capability_mismatch.set(c.capability_mismatches() as i64);
     }
     let member = s.member.id.to_string();
     let member = member.as_str();
