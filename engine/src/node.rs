@@ -2,8 +2,9 @@
 //! book's "Node Lifecycle" chapter.
 
 use crate::ids::{AllocId, GroupId, NodeId, TenantId, VClusterId};
+use crate::time::Duration;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// What a node offers. Two nodes with equal capabilities are interchangeable for constraint matching.
@@ -170,6 +171,26 @@ pub struct Node {
     pub spec: NodeSpec,
     pub state: NodeState,
     pub owner: Option<Owner>,
+}
+
+/// How long a node may boot before it is Failed, by node kind: its GPU model (`cpu` for a node
+/// without GPUs), else `default`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BootTimeouts {
+    pub default: Option<Duration>,
+    pub by_kind: BTreeMap<String, Duration>,
+}
+
+impl BootTimeouts {
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.by_kind.is_empty()
+    }
+
+    /// The timeout of a node with these capabilities (`None`: it boots as long as it takes).
+    pub fn of(&self, caps: &NodeCapabilities) -> Option<Duration> {
+        let kind = caps.gpu_type.as_deref().unwrap_or("cpu");
+        self.by_kind.get(kind).copied().or(self.default)
+    }
 }
 
 #[cfg(test)]

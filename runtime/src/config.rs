@@ -206,6 +206,13 @@ pub struct AgentsConfig {
     /// The same for a sensitive node. Default 4 h.
     #[serde(default = "sensitive_drift_remediation_timeout")]
     pub sensitive_drift_remediation_timeout: String,
+    /// A node whose agent is not healthy this long after it started booting is Failed. Default 10 min.
+    #[serde(default = "node_boot_timeout_default")]
+    pub boot_timeout: String,
+    /// The boot timeout of a node kind (its GPU model, `cpu` for nodes without GPUs), over
+    /// `boot_timeout`.
+    #[serde(default)]
+    pub boot_timeout_by_kind: BTreeMap<String, String>,
 }
 
 impl Default for AgentsConfig {
@@ -218,8 +225,14 @@ impl Default for AgentsConfig {
             preemption_report_grace: preemption_report_grace(),
             drift_remediation_timeout: drift_remediation_timeout(),
             sensitive_drift_remediation_timeout: sensitive_drift_remediation_timeout(),
+            boot_timeout: node_boot_timeout_default(),
+            boot_timeout_by_kind: BTreeMap::new(),
         }
     }
+}
+
+fn node_boot_timeout_default() -> String {
+    "10m".into()
 }
 
 fn drift_remediation_timeout() -> String {
@@ -247,6 +260,19 @@ fn hb_grace() -> String {
 }
 
 impl AgentsConfig {
+    /// The controller's node boot timeouts (a duration that does not parse: the runtime does not start).
+    pub fn boot_timeouts(&self) -> Result<lattice_engine::BootTimeouts, String> {
+        let d = |what: &str, s: &str| lattice_traces::parse_duration(s).map_err(|m| format!("agents.{what}: {m}"));
+        Ok(lattice_engine::BootTimeouts {
+            default: Some(d("boot_timeout", &self.boot_timeout)?),
+            by_kind: self
+                .boot_timeout_by_kind
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), d(&format!("boot_timeout_by_kind.{k}"), v)?)))
+                .collect::<Result<_, String>>()?,
+        })
+    }
+
     /// The controller's heartbeat grace per node kind (borrowed nodes: 30 s, or less when the grace
     /// is shorter).
     pub fn grace(&self) -> lattice_engine::HeartbeatGrace {

@@ -448,6 +448,7 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         .and_then(|o| o.hardened.as_ref())
         .map(|_| cfg.sensitive.boot_timeout());
     let heartbeat_timeout_ms = cfg.agents.durations().0;
+    let node_boot = cfg.agents.boot_timeouts().map_err(anyhow::Error::msg)?;
     let make = move |inv: &lattice_traces::Inventory,
                      vcs,
                      quotas: &lattice_traces::Contracts,
@@ -457,6 +458,7 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         c.ctl.grace = heartbeat_grace;
         c.ctl.drift_timeout = drift_timeout;
         c.ctl.hardened_boot = hardened_boot;
+        c.ctl.node_boot = node_boot.clone();
         c.heartbeat_timeout_ms = heartbeat_timeout_ms;
         c.launch_secret = launch_secret;
         c.ctl.network = Some(network.domains()?);

@@ -180,6 +180,8 @@ pub struct ControlStats {
     pub drifts: u64,
     /// Drifted nodes not remediated within the drift remediation timeout (taken Down).
     pub drift_timeouts: u64,
+    /// Nodes that did not finish booting within their kind's boot timeout (Failed).
+    pub boot_timeouts: u64,
     /// Nodes booted into the hardened image for a sensitive claim.
     pub hardened_boots: u64,
     /// Hardened boots that failed or timed out (the node Down, the claim failed).
@@ -262,6 +264,11 @@ pub struct Controller {
     pub check_preemptions: bool,
     /// Network domains and their VNI pool (`None`: not modelled — no domains, no refusals).
     pub network: Option<crate::network::NetworkDomains>,
+    /// How long a node may stay Booting (its agent not yet healthy) before it is Failed, by node
+    /// kind (none: nodes boot for as long as it takes).
+    pub node_boot: crate::node::BootTimeouts,
+    /// Booting nodes and when they fail unless healthy by then.
+    node_boot_due: BTreeMap<NodeId, Time>,
     /// Every end counts as not durable until the world reports it is ([`Input::Durable`]): a
     /// dependent starts only once its dependencies' ends are on a majority (the runtime's mirrors).
     /// `false`: ends are durable at once (and only submissions the world names are waited for).
@@ -315,6 +322,8 @@ impl Controller {
             unreported: Vec::new(),
             wiping: Default::default(),
             network: None,
+            node_boot: Default::default(),
+            node_boot_due: Default::default(),
             durable_ends: false,
             durability: Default::default(),
             stats: ControlStats::default(),
@@ -410,7 +419,9 @@ impl Controller {
     /// A node joins the running site ([`Engine::add_node`]): the inventory (SMD) gained it. It is
     /// scheduled from the next pass on.
     pub fn add_node(&mut self, now: Time, spec: crate::NodeSpec) -> Result<NodeId, ControlError> {
-        Ok(self.engine.add_node(now, spec)?)
+        let id = self.engine.add_node(now, spec)?;
+        self.track_boot(now, id);
+        Ok(id)
     }
 
     /// Applies one input at `now` (inputs of one timestamp in DESIGN.md's order, then
@@ -639,8 +650,10 @@ impl Controller {
         let wipe_due = self.wiping.values().filter_map(|w| w.1).min();
         let report_due = self.preempting.values().map(|p| p.1).min();
         let domain_due = self.network.as_ref().and_then(|n| n.next_expiry());
+        let node_boot_due = self.node_boot_due.values().min().copied();
         [
             self.engine.next_wakeup(),
+            node_boot_due,
             drift_due,
             boot_due,
             wipe_due,
@@ -746,7 +759,8 @@ impl Controller {
         let drifts = self.expire_drifts(now, world)?;
         let wipes = self.expire_wipes(now, world);
         let reports = self.expire_preemptions(now, world)?;
-        if self.expire_boots(now, world)? || drifts || wipes || reports {
+        let failed_boots = self.expire_node_boots(now, world)?;
+        if self.expire_boots(now, world)? || drifts || wipes || reports || failed_boots {
             self.engine.schedule(now);
         }
         for (alloc, node, added) in self.engine.drain_scale_log() {

@@ -137,6 +137,51 @@ impl Controller {
         }
     }
 
+    /// Keeps `node`'s boot deadline: set when it is Booting (from the first time it is seen so),
+    /// dropped otherwise.
+    pub(super) fn track_boot(&mut self, now: Time, node: NodeId) {
+        if self.node_boot.is_empty() {
+            return;
+        }
+        let Some(n) = self.engine.node(node) else { return };
+        match (
+            n.state == crate::NodeState::Booting,
+            self.node_boot.of(&n.spec.capabilities),
+        ) {
+            (true, Some(t)) => {
+                self.node_boot_due.entry(node).or_insert(now + t);
+            }
+            _ => {
+                self.node_boot_due.remove(&node);
+            }
+        }
+    }
+
+    /// Nodes still Booting at their deadline fail (book: "Booting → Failed: boot timeout"); whether
+    /// any did.
+    pub(super) fn expire_node_boots(&mut self, now: Time, world: &mut dyn World) -> Result<bool, ControlError> {
+        let due: Vec<NodeId> = self
+            .node_boot_due
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(n, _)| *n)
+            .collect();
+        let mut failed = false;
+        for node in due {
+            self.node_boot_due.remove(&node);
+            if self
+                .engine
+                .node(node)
+                .is_some_and(|n| n.state == crate::NodeState::Booting)
+            {
+                self.node_event(now, node, NodeEvent::BootFail, world)?;
+                self.stats.boot_timeouts += 1;
+                failed = true;
+            }
+        }
+        Ok(failed)
+    }
+
     pub(super) fn node_event(
         &mut self,
         now: Time,
@@ -160,6 +205,7 @@ impl Controller {
         });
         let grace = self.node_grace(node);
         let affected = self.engine.handle_node_event(now, node, event)?;
+        self.track_boot(now, node);
         if event == NodeEvent::HeartbeatMiss {
             self.emit(world, now, Decision::Watch { node, grace });
         }

@@ -60,3 +60,34 @@ fn discovered_capabilities_that_disagree_with_the_inventory_show_on_the_node() {
     );
     assert_eq!(c.capability_mismatches(), 2);
 }
+
+/// A node whose agent never comes up fails after its kind's boot timeout (book: "Booting → Failed");
+/// one whose agent registers in time is Ready.
+#[test]
+fn a_node_that_never_finishes_booting_fails_after_its_kinds_boot_timeout() {
+    let mut c = control();
+    c.real_agents = true;
+    c.ctl.node_boot = lattice_engine::BootTimeouts {
+        default: Some(lattice_engine::Duration::from_mins(5)),
+        by_kind: [("H200".to_string(), lattice_engine::Duration::from_mins(20))].into(),
+    };
+    let t0 = c.now();
+    c.await_agents();
+    assert_eq!(c.node_state_of("cpu-1").as_deref(), Some("booting"));
+    c.set_clock(t0 + lattice_engine::Duration::from_mins(5) - lattice_engine::Duration(1));
+    c.schedule();
+    assert_eq!(c.node_state_of("cpu-1").as_deref(), Some("booting"), "not yet");
+    c.set_clock(t0 + lattice_engine::Duration::from_mins(5));
+    c.schedule();
+    assert_eq!(c.node_state_of("cpu-1").as_deref(), Some("failed"));
+    assert_eq!(
+        c.node_state_of("gpu-1").as_deref(),
+        Some("booting"),
+        "an H200 node boots for 20 min"
+    );
+    c.register_agent_with("gpu-1", None, None).unwrap();
+    c.set_clock(t0 + lattice_engine::Duration::from_mins(30));
+    c.schedule();
+    assert_eq!(c.node_state_of("gpu-1").as_deref(), Some("ready"));
+    assert_eq!(c.ctl.stats.boot_timeouts, 1);
+}
