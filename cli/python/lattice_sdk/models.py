@@ -155,6 +155,13 @@ class Allocation:
     waiting: Optional[Dict[str, Any]] = None
     #: What it waits for: ``[{"ref": allocation id, "condition": success|failure|any}]``.
     depends_on: List[Dict[str, str]] = field(default_factory=list)
+    #: Its placement constraints as asked (gpu_type, gpu_count, cpu_cores, memory_gb, features, ...).
+    constraints: Optional[Dict[str, Any]] = None
+    #: never | on_node_failure | always, and how many times at most.
+    requeue: str = "on_node_failure"
+    max_requeues: int = 3
+    mutex: Optional[str] = None
+    storage_gbps: Optional[float] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

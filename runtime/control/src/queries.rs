@@ -225,6 +225,27 @@ impl Control {
                     .to_string(),
                 })
                 .collect(),
+            constraints: (!a.spec.constraints.is_empty()).then(|| {
+                let c = &a.spec.constraints;
+                ConstraintsIn {
+                    gpu_type: c.gpu_type.clone(),
+                    gpu_count: c.gpu_count,
+                    features: c.features.iter().cloned().collect(),
+                    topology: None,
+                    cpu_cores: c.cpu_cores,
+                    memory_gb: c.memory_gb,
+                    require_unified_memory: c.require_unified_memory,
+                }
+            }),
+            requeue: match a.spec.requeue {
+                lattice_engine::RequeuePolicy::Never => "never",
+                lattice_engine::RequeuePolicy::OnNodeFailure => "on_node_failure",
+                lattice_engine::RequeuePolicy::Always => "always",
+            }
+            .to_string(),
+            max_requeues: a.spec.max_requeues,
+            mutex: a.spec.mutex.clone(),
+            storage_gbps: a.spec.storage_gbps,
         })
     }
 

@@ -332,7 +332,7 @@ pub enum NodesIn {
     Range { min: i64, max: i64 },
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConstraintsIn {
     pub gpu_type: Option<String>,

@@ -109,6 +109,21 @@ pub struct AllocationView {
     /// What it waits for: each dependency's allocation id and condition (success, failure, any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<DependsIn>,
+    /// Its placement constraints, as asked (`None`: any node of its pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<ConstraintsIn>,
+    /// What a lost run (or any failed one) does: `never`, `on_node_failure`, `always`; and how
+    /// many times at most.
+    #[serde(default)]
+    pub requeue: String,
+    #[serde(default)]
+    pub max_requeues: u32,
+    /// Allocations naming the same mutex never run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutex: Option<String>,
+    /// Checkpoint-storage bandwidth it needs while it runs, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_gbps: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]

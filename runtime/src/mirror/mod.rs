@@ -670,6 +670,11 @@ mod tests {
             task_group: None,
             waiting: None,
             depends_on: vec![],
+            constraints: None,
+            requeue: "on_node_failure".into(),
+            max_requeues: 3,
+            mutex: None,
+            storage_gbps: None,
         }
     }
 
