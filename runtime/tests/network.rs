@@ -36,15 +36,21 @@ async fn revoke(State(f): State<Arc<Fabric>>, Path(id): Path<String>) -> Json<Va
     Json(json!({}))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations() {
+/// The fabric manager's stand-in: what it created and revoked, and its URL.
+async fn fabric_manager() -> (Arc<Fabric>, String) {
     let fabric = Arc::new(Fabric::default());
     let app = Router::new()
         .route("/fabric/cxi/services", post(create))
         .route("/fabric/cxi/services/{id}", delete(revoke))
         .route("/fabric/cxi/services/{id}/auth", get(auth))
         .with_state(fabric.clone());
-    let fabric_url = common::serve_stand_in(app).await;
+    let url = common::serve_stand_in(app).await;
+    (fabric, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations() {
+    let (fabric, fabric_url) = fabric_manager().await;
 
     let dir = std::env::temp_dir().join(format!("lattice-runtime-network-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -154,13 +160,7 @@ async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations
 /// the recorded one at the end), though its fresh pool would hand out another VNI first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_allocation_keeps_its_vni_and_cxi_service_across_a_fail_over() {
-    let fabric = Arc::new(Fabric::default());
-    let app = Router::new()
-        .route("/fabric/cxi/services", post(create))
-        .route("/fabric/cxi/services/{id}", delete(revoke))
-        .route("/fabric/cxi/services/{id}/auth", get(auth))
-        .with_state(fabric.clone());
-    let fabric_url = common::serve_stand_in(app).await;
+    let (fabric, fabric_url) = fabric_manager().await;
     let dir = std::env::temp_dir().join(format!("lattice-runtime-vni-failover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let extra = format!(
