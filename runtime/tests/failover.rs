@@ -301,6 +301,34 @@ async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    // The remaining follower serves reads: it forwards them to the new leader (naming it), a
+    // stream too, and answers what the leader does.
+    let other = (0..3).find(|&i| i != first && i != next).unwrap();
+    for path in [
+        format!("/v1/allocations/{}", ids[0]),
+        "/v1/allocations".to_string(),
+        "/v1/vclusters/ml".to_string(),
+        format!("/v1/allocations/{}/logs/stream?stream=stdout", ids[0]),
+    ] {
+        let (status, served_by, body) = forwarded_get(format!("http://{}{path}", rest[other])).await;
+        assert_eq!(status, 200, "{path} via a follower: {body}");
+        assert_eq!(
+            served_by.as_deref(),
+            Some(base.as_str()),
+            "{path} was served by the leader"
+        );
+        let (_, at_leader, direct) = forwarded_get(format!("{base}{path}")).await;
+        assert_eq!(at_leader, None, "the leader serves {path} itself");
+        assert_eq!(body, direct, "{path}: the follower relays the leader's answer");
+    }
+    // Writes are not forwarded: a follower names the leader's URL, which clients follow.
+    let (status, v) = common::http(
+        "POST",
+        format!("http://{}/v1/nodes/sim-001/undrain", rest[other]),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!((status, v["leader_url"].as_str()), (421, Some(base.as_str())), "{v}");
     let (status, v) = common::http("POST", format!("{base}/v1/nodes/sim-001/undrain"), Some(json!({}))).await;
     assert_eq!((status, v["state"].as_str()), (200, Some("ready")), "{v}");
     let shared = rts[next].as_ref().unwrap().shared.clone();
@@ -311,4 +339,25 @@ async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
     for r in rts.into_iter().flatten() {
         r.shutdown().await;
     }
+}
+
+/// A GET: (status, the `x-lattice-served-by` header, the body's text).
+async fn forwarded_get(url: String) -> (u16, Option<String>, String) {
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        let mut r = agent.get(&url).call().unwrap();
+        let served_by = r
+            .headers()
+            .get("x-lattice-served-by")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (r.status().as_u16(), served_by, text)
+    })
+    .await
+    .unwrap()
 }

@@ -1,12 +1,14 @@
 //! The REST API (axum): the seed's `/v1/...` paths with JSON bodies for curl and the Python users,
 //! `/healthz`, Prometheus `/metrics`, and the quorum's status at `/api/v1/raft/status`. Writes are
-//! served by the quorum leader; a follower answers 421 with the leader's id so clients can redirect.
+//! served by the quorum leader; a follower answers 421 with the leader's id and URL so clients can
+//! redirect, and forwards reads to the leader (`forward`).
 //! Bad requests get 400 with `{"error", "field"}` naming the field.
 
 mod admin;
 mod allocations;
 mod common;
 mod docs;
+mod forward;
 mod nodes;
 mod observe;
 mod terminal;
@@ -119,6 +121,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
     );
     let guarded = guarded.layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate));
     open.merge(guarded)
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            forward::forward_reads,
+        ))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), count_request))
         .with_state(shared)
 }
@@ -148,10 +154,7 @@ async fn authenticate(State(s): S, mut req: axum::extract::Request, next: axum::
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let path = req.uri().path();
-    let agent_call = (path.starts_with("/v1/nodes/")
-        && (path.ends_with("/register") || path.ends_with("/heartbeat") || path.ends_with("/work")))
-        || (path.starts_with("/v1/allocations/") && path.ends_with("/exit"));
-    let checked = if agent_call {
+    let checked = if forward::agent_call(path) {
         let cn = req.extensions().get::<crate::tls::PeerCn>().map(|c| c.0.as_str());
         s.auth.check_agent(header, cn)
     } else {
