@@ -67,6 +67,12 @@ pub enum QuorumCommand {
         drained: bool,
         disabled: bool,
     },
+    /// What `node`'s agent discovered for the capabilities its inventory leaves unset (GPUs, cores,
+    /// memory): every leader schedules the node with them (replaces an earlier record).
+    Discovered {
+        node: String,
+        capabilities: lattice_engine::DiscoveredCapabilities,
+    },
     /// Where member `id` serves its REST API: recorded by each leader when it takes over, so a
     /// member that is not the leader names the leader's URL in its 421 answers.
     MemberUrl { id: u64, url: String },
@@ -330,6 +336,10 @@ pub struct QuorumState {
     /// later [`QuorumCommand::SetWeights`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub vclusters: BTreeMap<String, lattice_engine::VClusterConfig>,
+    /// What agents discovered where the inventory leaves capabilities unset, by node
+    /// ([`QuorumCommand::Discovered`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub discovered: BTreeMap<String, lattice_engine::DiscoveredCapabilities>,
     /// Members' REST URLs by member id ([`QuorumCommand::MemberUrl`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub member_urls: BTreeMap<u64, String>,
@@ -449,6 +459,10 @@ impl QuorumState {
             }
             QuorumCommand::Scale { alloc, node, added } => self.scale(alloc, node, *added),
             QuorumCommand::Barrier => QuorumResponse::Applied,
+            QuorumCommand::Discovered { node, capabilities } => {
+                self.discovered.insert(node.clone(), capabilities.clone());
+                QuorumResponse::Applied
+            }
             QuorumCommand::MemberUrl { id, url } => {
                 self.member_urls.insert(*id, url.clone());
                 QuorumResponse::Applied

@@ -16,6 +16,9 @@ pub struct Capabilities {
     pub memory_gib: f64,
     pub gpu_count: u32,
     pub gpu_model: Option<String>,
+    /// Memory of each GPU, GiB (the checkpoint broker's size estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_gib: Option<f64>,
     /// e.g. `nvme_scratch` when /local or /scratch is mounted.
     pub features: Vec<String>,
 }
@@ -96,6 +99,7 @@ impl Sources<'_> {
             memory_gib: (memory_gib * 10.0).round() / 10.0,
             gpu_count: 0,
             gpu_model: None,
+            gpu_memory_gib: None,
             features,
         }
     }

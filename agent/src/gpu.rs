@@ -73,13 +73,25 @@ pub fn default_provider() -> Box<dyn GpuProvider> {
 
 /// What the capabilities carry: count and (first) model, or none when unavailable.
 pub fn summary(p: &dyn GpuProvider) -> (u32, Option<String>, Option<String>) {
+    let (n, model, driver, _) = summary_with_memory(p);
+    (n, model, driver)
+}
+
+/// [`summary`] with each GPU's memory (the smallest of them, GiB; `None` without GPUs): the
+/// checkpoint broker's size estimate.
+pub fn summary_with_memory(p: &dyn GpuProvider) -> (u32, Option<String>, Option<String>, Option<f64>) {
     match p.report() {
         Ok(r) => (
             r.gpus.len() as u32,
             r.gpus.first().map(|g| g.model.clone()),
             r.driver_version,
+            r.gpus
+                .iter()
+                .map(|g| g.memory_total_mib as f64 / 1024.0)
+                .reduce(f64::min)
+                .map(|g| (g * 10.0).round() / 10.0),
         ),
-        Err(_) => (0, None, None),
+        Err(_) => (0, None, None, None),
     }
 }
 
@@ -202,6 +214,7 @@ mod tests {
         assert_eq!(summary(&four), (4, Some("NVIDIA GH200".into()), Some("550.54".into())));
         let none = FakeGpus(Err(GpuError::Unavailable("driver not loaded".into())));
         assert_eq!(summary(&none), (0, None, None));
+        assert_eq!(summary_with_memory(&four).3, Some(1.0), "1000 MiB each");
         assert_eq!(
             NoGpus.report().unwrap_err().to_string(),
             "no NVIDIA GPUs: built without the `nvidia` feature"

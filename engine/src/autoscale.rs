@@ -240,6 +240,7 @@ impl Engine {
         let key = self.pool_key_of(id);
         let now = self.clock.now();
         self.mark_due(key, now);
+        self.settle_capabilities(node);
     }
 
     /// Node changes made by the autoscaler since the last call: `(allocation, node, added)` — the

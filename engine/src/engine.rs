@@ -15,7 +15,7 @@ use crate::classes::{ClassInfo, ClassKey};
 use crate::error::EngineError;
 use crate::fairshare::{FairShareConfig, UsageLedger};
 use crate::ids::{AllocId, NodeId, ProjectId, TenantId, VClusterId};
-use crate::node::{Node, NodeSpec, NodeState, Owner};
+use crate::node::{Node, NodeCapabilities, NodeSpec, NodeState, Owner};
 use crate::nodeset::NodeSet;
 use crate::policy::{Policy, VClusterConfig};
 use crate::preempt::{Command, PreemptionConfig};
@@ -195,6 +195,8 @@ pub struct Engine {
     pub(crate) free_by_class: Vec<u32>,
     /// Nodes that are not schedulable (down, draining, drained, ...).
     pub(crate) nodes_not_ready: BTreeSet<NodeId>,
+    /// New capabilities of held nodes, taken when they are released ([`Engine::set_capabilities`]).
+    pub(crate) pending_caps: BTreeMap<NodeId, NodeCapabilities>,
     pub(crate) allocs: Vec<Allocation>,
     pub(crate) meta: Vec<Meta>,
     /// Pools by key: 0 = shared (nodes without a home), `v + 1` = home nodes of vCluster `v`.
@@ -229,6 +231,8 @@ pub struct Engine {
     pub(crate) vast_write_gbps: f64,
     pub(crate) preemption: PreemptionConfig,
     pub(crate) broker: BrokerConfig,
+    /// GPU memory per GPU by node, GB, where agents reported it (else `broker.gpu_memory_gb`).
+    pub(crate) gpu_memory_gb: BTreeMap<NodeId, f64>,
     pub(crate) broker_next: Option<Time>,
     pub(crate) storage_available: bool,
     pub(crate) dependents: BTreeMap<AllocId, Vec<AllocId>>,
@@ -331,6 +335,7 @@ impl Engine {
             free,
             free_by_class,
             nodes_not_ready,
+            pending_caps: BTreeMap::new(),
             allocs: Vec::new(),
             meta: Vec::new(),
             pools,
@@ -356,6 +361,7 @@ impl Engine {
             vast_write_gbps: 100.0,
             preemption: PreemptionConfig::default(),
             broker: BrokerConfig::default(),
+            gpu_memory_gb: BTreeMap::new(),
             broker_next: None,
             storage_available: true,
             dependents: BTreeMap::new(),
@@ -564,41 +570,8 @@ impl Engine {
             group: spec.group,
             conformance: spec.conformance,
         };
-        let class = self.class_keys.iter().position(|k| *k == key);
-        let pyss =
-            self.config.policy == Policy::PyssEasy || self.vc_config.iter().any(|c| c.policy == Policy::PyssEasy);
-        if class.is_none() && pyss && !self.class_keys.is_empty() {
-            return Err(EngineError::PyssHeterogeneous(self.class_keys.len() + 1));
-        }
+        let c = self.class_for(key)?;
         self.clock.advance(now);
-        let c = match class {
-            Some(c) => c,
-            None => {
-                self.class_info.push(ClassInfo {
-                    group: spec.group,
-                    conformance: spec.conformance,
-                    power_w: spec.capabilities.power_w,
-                    gpus: spec.capabilities.gpu_count,
-                });
-                self.class_keys.push(key);
-                self.class_total.push(0);
-                self.free_by_class.push(0);
-                let c = self.class_keys.len() - 1;
-                // Allocations not ended may run on it (their own pool's) or borrow it (another's).
-                let key = &self.class_keys[c];
-                for a in self.allocs.iter().filter(|a| a.ended.is_none()) {
-                    if a.spec.constraints.satisfied_by(&key.capabilities) {
-                        let m = &mut self.meta[a.id.index()];
-                        if self.pool_of_vc[a.spec.vcluster.index()] == key.pool {
-                            m.eligible.push(c as u16);
-                        } else {
-                            m.borrow_eligible.push(c as u16);
-                        }
-                    }
-                }
-                c
-            }
-        };
         let policy = self.config.policy;
         let new_pool = !self.pools.contains_key(&pool);
         self.pools.entry(pool).or_insert_with(|| Pool::empty(policy)).has_gpus |= spec.capabilities.gpu_count > 0;
@@ -623,6 +596,93 @@ impl Engine {
         });
         self.mark_due(pool, now);
         Ok(id)
+    }
+
+    /// The class of nodes like `key`: an existing one, or a new one (allocations not ended that
+    /// its capabilities satisfy may run on it, or borrow it). Refused under the pyss-compatible
+    /// policy, which schedules one class only.
+    fn class_for(&mut self, key: ClassKey) -> Result<usize, EngineError> {
+        if let Some(c) = self.class_keys.iter().position(|k| *k == key) {
+            return Ok(c);
+        }
+        let pyss =
+            self.config.policy == Policy::PyssEasy || self.vc_config.iter().any(|c| c.policy == Policy::PyssEasy);
+        if pyss && !self.class_keys.is_empty() {
+            return Err(EngineError::PyssHeterogeneous(self.class_keys.len() + 1));
+        }
+        self.class_info.push(ClassInfo {
+            group: key.group,
+            conformance: key.conformance,
+            power_w: key.capabilities.power_w,
+            gpus: key.capabilities.gpu_count,
+        });
+        self.class_keys.push(key);
+        self.class_total.push(0);
+        self.free_by_class.push(0);
+        let c = self.class_keys.len() - 1;
+        let key = &self.class_keys[c];
+        for a in self.allocs.iter().filter(|a| a.ended.is_none()) {
+            if a.spec.constraints.satisfied_by(&key.capabilities) {
+                let m = &mut self.meta[a.id.index()];
+                if self.pool_of_vc[a.spec.vcluster.index()] == key.pool {
+                    m.eligible.push(c as u16);
+                } else {
+                    m.borrow_eligible.push(c as u16);
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// The node's capabilities are now `caps` (what its agent discovered where the inventory left
+    /// them unset, as the quorum recorded it): it moves to the class of nodes like it, and its pool
+    /// runs a pass (work that waited for such a node may start). A node that is held takes them
+    /// when it is released (an allocation's resources are counted by the class it started on):
+    /// `Ok(false)` until then. Refused, with nothing changed, under the pyss-compatible policy when
+    /// no node is like it. The same capabilities again change nothing.
+    pub fn set_capabilities(&mut self, now: Time, id: NodeId, caps: NodeCapabilities) -> Result<bool, EngineError> {
+        let n = self.nodes.get(id.index()).ok_or(EngineError::UnknownNode(id))?;
+        if n.owner.is_some() {
+            if n.spec.capabilities == caps {
+                self.pending_caps.remove(&id);
+            } else {
+                self.pending_caps.insert(id, caps);
+            }
+            return Ok(false);
+        }
+        self.pending_caps.remove(&id);
+        if n.spec.capabilities == caps {
+            return Ok(true);
+        }
+        let old = self.class_of[id.index()] as usize;
+        let key = ClassKey {
+            capabilities: caps.clone(),
+            ..self.class_keys[old].clone()
+        };
+        let pool = key.pool;
+        let c = self.class_for(key)?;
+        self.clock.advance(now);
+        self.class_total[old] -= 1;
+        self.class_total[c] += 1;
+        if self.free.contains(id) {
+            self.free_by_class[old] -= 1;
+            self.free_by_class[c] += 1;
+        }
+        self.class_of[id.index()] = c as u16;
+        self.pools.get_mut(&pool).expect("pool exists").has_gpus |= caps.gpu_count > 0;
+        self.nodes[id.index()].spec.capabilities = caps;
+        self.mark_due(pool, now);
+        Ok(true)
+    }
+
+    /// A released node takes the capabilities recorded while it was held.
+    pub(crate) fn settle_capabilities(&mut self, id: NodeId) {
+        if let Some(caps) = self.pending_caps.remove(&id) {
+            let now = self.clock.now();
+            if let Err(e) = self.set_capabilities(now, id, caps) {
+                debug_assert!(false, "node {id}: recorded capabilities refused on release: {e}");
+            }
+        }
     }
 
     /// Sets a vCluster's scheduler config. A pool's policy and cycle are its vCluster's; the shared pool
@@ -970,6 +1030,11 @@ impl Engine {
                 self.free_by_class[c] += 1;
             } else if node.state == NodeState::Draining {
                 node.state = NodeState::Drained;
+            }
+        }
+        if !self.pending_caps.is_empty() {
+            for i in 0..self.allocs[id.index()].nodes.len() {
+                self.settle_capabilities(self.allocs[id.index()].nodes[i]);
             }
         }
     }

@@ -65,7 +65,10 @@ pub use error::{EngineError, SubmitError, user_error_report};
 pub use fairshare::{FairShareConfig, UsageLedger};
 pub use ids::{AllocId, GroupId, NodeId, ProjectId, TenantId, VClusterId};
 pub use network::{DomainName, NetworkDomains, VniError, VniPool};
-pub use node::{BootTimeouts, ConformanceFingerprint, Node, NodeCapabilities, NodeEvent, NodeSpec, NodeState, Owner};
+pub use node::{
+    BootTimeouts, ConformanceFingerprint, DiscoveredCapabilities, Node, NodeCapabilities, NodeEvent, NodeSpec,
+    NodeState, Owner, UnsetCapabilities, gpu_type_of,
+};
 pub use nodeset::NodeSet;
 pub use policy::{Depth, Policy, VClusterConfig};
 pub use preempt::{Command, PreemptReason, PreemptionConfig};

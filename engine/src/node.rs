@@ -23,6 +23,93 @@ pub struct NodeCapabilities {
     pub unified_memory: bool,
 }
 
+/// Which of a node's capabilities its inventory left unset: what its agent discovers fills them
+/// (the GPUs — count and model — when the inventory names neither; cores; memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsetCapabilities {
+    pub gpus: bool,
+    pub cpu_cores: bool,
+    pub memory_gb: bool,
+}
+
+impl UnsetCapabilities {
+    pub fn any(&self) -> bool {
+        self.gpus || self.cpu_cores || self.memory_gb
+    }
+
+    /// The discovered values of the unset capabilities: GPU count and model (the model's short
+    /// name, [`gpu_type_of`]), cores, and memory in GB rounded down to a multiple of 8 (what the
+    /// kernel reports varies a little between identical nodes; they must stay one class).
+    pub fn fill(
+        &self,
+        gpu_count: u32,
+        gpu_model: Option<&str>,
+        cpu_cores: u32,
+        memory_bytes: u64,
+    ) -> DiscoveredCapabilities {
+        let gb = memory_bytes / 1_000_000_000;
+        DiscoveredCapabilities {
+            gpu_count: self.gpus.then_some(gpu_count),
+            gpu_type: if self.gpus && gpu_count > 0 {
+                gpu_model.and_then(gpu_type_of)
+            } else {
+                None
+            },
+            cpu_cores: (self.cpu_cores && cpu_cores > 0).then_some(cpu_cores),
+            memory_gb: (self.memory_gb && gb >= 8).then(|| u32::try_from(gb - gb % 8).unwrap_or(u32::MAX)),
+        }
+    }
+}
+
+/// A GPU model's short name as users ask for it: `NVIDIA H200` → `H200`, `NVIDIA GH200 480GB` →
+/// `GH200`, `NVIDIA A100-SXM4-80GB` → `A100`, `AMD Instinct MI300A` → `MI300A`.
+pub fn gpu_type_of(model: &str) -> Option<String> {
+    const VENDOR: [&str; 6] = ["nvidia", "amd", "instinct", "tesla", "geforce", "radeon"];
+    model
+        .split_whitespace()
+        .find(|w| !VENDOR.contains(&w.to_lowercase().as_str()))
+        .and_then(|w| w.split('-').next())
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+}
+
+/// What a node's agent discovered for the capabilities its inventory left unset, as the quorum
+/// records it (`None`: set by the inventory, or nothing to fill).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveredCapabilities {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cores: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<u32>,
+}
+
+impl DiscoveredCapabilities {
+    pub fn is_empty(&self) -> bool {
+        *self == DiscoveredCapabilities::default()
+    }
+
+    /// The inventory's capabilities with the discovered ones filled in.
+    pub fn filled(&self, inventory: &NodeCapabilities) -> NodeCapabilities {
+        let mut c = inventory.clone();
+        if let Some(n) = self.gpu_count {
+            c.gpu_count = n;
+            c.gpu_type = self.gpu_type.clone();
+        }
+        if let Some(n) = self.cpu_cores {
+            c.cpu_cores = n;
+        }
+        if let Some(n) = self.memory_gb {
+            c.memory_gb = n;
+        }
+        c
+    }
+}
+
 /// Hash of GPU driver, NIC firmware, BIOS/BMC firmware and kernel parameters (the agent computes it).
 /// Nodes with equal fingerprints form a conformance group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -198,6 +285,54 @@ mod tests {
     use super::*;
     use NodeEvent as E;
     use NodeState as S;
+
+    #[test]
+    fn gpu_models_have_short_names() {
+        for (model, short) in [
+            ("NVIDIA H200", "H200"),
+            ("NVIDIA GH200 480GB", "GH200"),
+            ("NVIDIA A100-SXM4-80GB", "A100"),
+            ("AMD Instinct MI300A", "MI300A"),
+            ("Tesla V100-SXM2-16GB", "V100"),
+        ] {
+            assert_eq!(gpu_type_of(model).as_deref(), Some(short), "{model}");
+        }
+        assert_eq!(gpu_type_of("NVIDIA"), None);
+    }
+
+    #[test]
+    fn discovery_fills_only_what_is_unset() {
+        let unset = UnsetCapabilities {
+            gpus: true,
+            cpu_cores: false,
+            memory_gb: true,
+        };
+        // 125.9 GiB installed: 135.2 GB, 128 in steps of 8.
+        let fill = unset.fill(1, Some("NVIDIA H200"), 16, 135_183_000_000);
+        assert_eq!(
+            fill,
+            DiscoveredCapabilities {
+                gpu_count: Some(1),
+                gpu_type: Some("H200".into()),
+                cpu_cores: None,
+                memory_gb: Some(128),
+            }
+        );
+        let inventory = NodeCapabilities {
+            cpu_cores: 72,
+            ..NodeCapabilities::default()
+        };
+        let c = fill.filled(&inventory);
+        assert_eq!(
+            (c.gpu_count, c.gpu_type.as_deref(), c.cpu_cores, c.memory_gb),
+            (1, Some("H200"), 72, 128)
+        );
+        assert!(
+            UnsetCapabilities::default()
+                .fill(4, Some("H100"), 8, 1 << 40)
+                .is_empty()
+        );
+    }
 
     #[test]
     fn lifecycle_happy_path() {

@@ -174,3 +174,56 @@ fn waiting_work_may_run_on_a_class_that_joined_after_it() {
     assert_eq!(e.class_count(), 2);
     assert_eq!(pass(&mut e, Time(60)), [(waiting, joined)]);
 }
+
+/// A node's capabilities change (its agent discovered GPUs the inventory left unset): it moves to
+/// the class of nodes like it, a pass is due, and work that needs it runs there.
+#[test]
+fn discovered_capabilities_move_a_node_to_its_class() {
+    let (mut e, t, v) = site(2, Policy::EASY);
+    let at = Time::from_secs(30);
+    let caps = gpu_node("x").capabilities;
+    assert!(e.set_capabilities(at, NodeId(1), caps.clone()).unwrap());
+    assert_eq!(e.class_count(), 2);
+    assert_eq!(e.free_by_class(), &[1, 1]);
+    assert_eq!(e.node(NodeId(1)).unwrap().spec.capabilities, caps);
+    assert_eq!(e.next_wakeup(), Some(at), "a pass is due");
+    let mut gpu_job = AllocSpec::simple(t, v, 1, Duration::from_hours(1));
+    gpu_job.constraints.gpu_count = Some(4);
+    let id = e.handle_submit(at, gpu_job).unwrap();
+    assert_eq!(pass(&mut e, at), [(id, vec![NodeId(1)])]);
+    // Node 0 joins the same class: the emptied class keeps no node.
+    assert!(e.set_capabilities(at, NodeId(0), caps).unwrap());
+    assert_eq!(e.class_count(), 2);
+    assert_eq!(e.free_by_class(), &[0, 1]);
+}
+
+/// A held node takes its new capabilities when it is released (its allocation's resources were
+/// counted by the class it started on); the same capabilities again change nothing; under the
+/// pyss-compatible policy a second class is refused, with nothing changed.
+#[test]
+fn a_held_node_takes_its_capabilities_when_released() {
+    let (mut e, t, v) = site(2, Policy::EASY);
+    let id = e
+        .handle_submit(Time(0), AllocSpec::simple(t, v, 2, Duration::from_hours(1)))
+        .unwrap();
+    assert_eq!(pass(&mut e, Time(0)).len(), 1);
+    let caps = gpu_node("x").capabilities;
+    assert!(
+        !e.set_capabilities(Time(5), NodeId(0), caps.clone()).unwrap(),
+        "held: later"
+    );
+    assert_eq!(e.class_count(), 1);
+    assert_eq!(e.node(NodeId(0)).unwrap().spec.capabilities.gpu_count, 0);
+    e.handle_completion(Time(10), id, EndReason::Success).unwrap();
+    assert_eq!(e.node(NodeId(0)).unwrap().spec.capabilities, caps);
+    assert_eq!(e.class_count(), 2);
+    assert_eq!(e.free_by_class(), &[1, 1]);
+    assert!(e.set_capabilities(Time(11), NodeId(0), caps).unwrap());
+
+    let (mut p, _, _) = site(2, Policy::PyssEasy);
+    assert!(matches!(
+        p.set_capabilities(Time(0), NodeId(0), gpu_node("x").capabilities),
+        Err(EngineError::PyssHeterogeneous(2))
+    ));
+    assert_eq!((p.class_count(), p.free_by_class()), (1, &[2][..]));
+}

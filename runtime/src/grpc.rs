@@ -621,7 +621,7 @@ impl NodeService for Api {
     async fn list(&self, req: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.principal(&req)?;
         Ok(Response::new(pb::ListNodesResponse {
-            nodes: ops::nodes(&self.shared).await.into_iter().map(node_pb).collect(),
+            nodes: ops::nodes(&self.shared).await?.into_iter().map(node_pb).collect(),
         }))
     }
 

@@ -255,7 +255,8 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
 }
 
 /// What decisions read that the quorum holds, into a new leader's control plane: operators'
-/// standing orders, tenants' and projects' contracts, vClusters' weights and configurations.
+/// standing orders, tenants' and projects' contracts, vClusters' weights and configurations, and
+/// the capabilities agents discovered.
 async fn adopt_decision_state(shared: &Shared, control: &mut Control) {
     // Operators' standing orders (drains, disables) live at the quorum: a fail-over keeps them.
     let orders = shared.member.read(|q| q.node_admin.clone()).await;
@@ -280,6 +281,14 @@ async fn adopt_decision_state(shared: &Shared, control: &mut Control) {
     for (vcluster, w) in &weights {
         if let Err(e) = control.set_weights(vcluster, *w) {
             tracing::warn!("weights committed for vCluster {vcluster} not applied: {}", e.message);
+        }
+    }
+    // What agents discovered where the inventory leaves capabilities unset (a held node takes
+    // them once free).
+    let discovered = shared.member.read(|q| q.discovered.clone()).await;
+    for (node, fill) in discovered {
+        if let Err(e) = control.apply_discovered(&node, fill) {
+            tracing::warn!("capabilities recorded for node {node} not applied: {}", e.message);
         }
     }
     // vClusters' configurations as the quorum holds them (created here when the API created them).

@@ -61,6 +61,7 @@ pub struct Metrics {
     pub vni_total: IntGauge,
     pub vni_available: IntGauge,
     pub checkpoint_storage_unavailable: IntGauge,
+    pub checkpoint_storage_write_gbps: prometheus::Gauge,
     pub node_capability_mismatch: IntGauge,
     pub raft_leader: IntGaugeVec,
     pub raft_term: IntGauge,
@@ -269,6 +270,10 @@ impl Metrics {
             checkpoint_storage_unavailable: reg!(IntGauge::new(
                 "lattice_checkpoint_storage_unavailable",
                 "1 while checkpoint storage is down (preemptions kill instead of checkpointing)."
+            )),
+            checkpoint_storage_write_gbps: reg!(prometheus::Gauge::new(
+                "lattice_checkpoint_storage_write_gbps",
+                "The checkpoint store's write bandwidth as last probed, GB/s (the checkpoint broker's write-time estimate)."
             )),
             node_capability_mismatch: reg!(IntGauge::new(
                 "lattice_node_capability_mismatch",

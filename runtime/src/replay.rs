@@ -170,6 +170,21 @@ impl Host for ReplayHost {
         Ok(self.node(&added[0]))
     }
 
+    /// As the quorum's record reaches the leader ([`Control::apply_discovered`]).
+    fn set_capabilities(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        found: &lattice_engine::DiscoveredCapabilities,
+    ) -> Result<(), String> {
+        self.control.set_clock(now);
+        let name = self.control.node_names()[node.index()].clone();
+        self.control
+            .apply_discovered(&name, found.clone())
+            .map(|_| ())
+            .map_err(|e| e.message)
+    }
+
     /// Each input through the control plane's own entry point for it (what an agent report, a
     /// quorum answer or an API call invokes in production).
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
@@ -214,6 +229,15 @@ impl Host for ReplayHost {
                 if let Err(e) = self.control.set_weights(&name, weights) {
                     return Err(ControlError::Invariant(format!("{}: {}", e.field, e.message)));
                 }
+            }
+            Input::VCluster(vc, config) => {
+                let name = self.control.ctl.engine.vcluster(vc).map(|v| v.name).unwrap_or_default();
+                if let Err(e) = self.control.put_vcluster(&name, config) {
+                    return Err(ControlError::Invariant(format!("{}: {}", e.field, e.message)));
+                }
+            }
+            Input::CheckpointBandwidth(gbps) => {
+                self.control.checkpoint_bandwidth(gbps);
             }
             other => self.control.input(other)?,
         }

@@ -2,7 +2,8 @@
 //! The leader probes the checkpoint store as the members mount it — a small file written, synced,
 //! read back and removed, within a timeout — and feeds the engine the outage and its end
 //! ([`lattice_control::Control::storage_health`]), as a trace's `storage_outage`/`storage_recover`
-//! events feed `rm-replay`'s.
+//! events feed `rm-replay`'s. The probe's timed write is the store's measured write bandwidth, the
+//! broker's write-time estimate ([`lattice_control::Control::checkpoint_bandwidth`]).
 
 use crate::context::Shared;
 use serde::Deserialize;
@@ -24,6 +25,14 @@ pub struct ProbeConfig {
     /// Failed probes in a row that make an outage.
     #[serde(default = "failures_default")]
     pub failures: u32,
+    /// MiB each probe writes: the write (to the disk, synced) is timed, and the bandwidth it shows
+    /// is the checkpoint broker's write-time estimate.
+    #[serde(default = "probe_mib_default")]
+    pub probe_mib: u32,
+}
+
+fn probe_mib_default() -> u32 {
+    8
 }
 
 fn interval_default() -> String {
@@ -41,19 +50,23 @@ fn duration(text: &str, what: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_millis(d.0.max(1)))
 }
 
-/// One probe: a file written, synced, read back and removed under `dir`.
-pub fn probe(dir: &Path) -> std::io::Result<()> {
+/// One probe: `bytes` written to a file under `dir` and synced (timed), read back and removed; the
+/// write bandwidth it showed, GB/s.
+pub fn probe(dir: &Path, bytes: usize) -> std::io::Result<f64> {
     use std::io::Write;
     let file = dir.join(format!(".lattice-probe-{}", std::process::id()));
-    let body = b"lattice checkpoint-store probe";
+    let mut body = b"lattice checkpoint-store probe ".repeat(bytes / 31 + 1);
+    body.truncate(bytes.max(1));
     let result = (|| {
+        let t0 = std::time::Instant::now();
         let mut f = std::fs::File::create(&file)?;
-        f.write_all(body)?;
+        f.write_all(&body)?;
         f.sync_all()?;
+        let took = t0.elapsed().as_secs_f64().max(1e-6);
         if std::fs::read(&file)? != body {
             return Err(std::io::Error::other("read back differs"));
         }
-        Ok(())
+        Ok(body.len() as f64 / took / 1e9)
     })();
     let _ = std::fs::remove_file(&file);
     result
@@ -83,9 +96,19 @@ pub async fn run(shared: Arc<Shared>, cfg: ProbeConfig, mut stopped: tokio::sync
             continue;
         }
         let dir = cfg.path.clone();
-        let outcome = tokio::time::timeout(timeout, tokio::task::spawn_blocking(move || probe(&dir))).await;
+        let bytes = cfg.probe_mib as usize * 1024 * 1024;
+        let outcome = tokio::time::timeout(timeout, tokio::task::spawn_blocking(move || probe(&dir, bytes))).await;
+        if let Ok(Ok(Ok(gbps))) = outcome {
+            shared.metrics.checkpoint_storage_write_gbps.set(gbps);
+            if shared.control.lock().await.probed_bandwidth(gbps) {
+                tracing::info!(
+                    "checkpoint store {}: write bandwidth {gbps:.2} GB/s",
+                    cfg.path.display()
+                );
+            }
+        }
         let error = match outcome {
-            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Ok(_))) => None,
             Ok(Ok(Err(e))) => Some(e.to_string()),
             Ok(Err(e)) => Some(e.to_string()),
             Err(_) => Some(format!("no answer within {timeout:?}")),
@@ -119,9 +142,10 @@ mod tests {
     fn a_probe_writes_reads_back_and_removes_its_file() {
         let dir = std::env::temp_dir().join(format!("lattice-probe-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        probe(&dir).unwrap();
+        let gbps = probe(&dir, 1 << 20).unwrap();
+        assert!(gbps.is_finite() && gbps > 0.0, "{gbps}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing left behind");
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(probe(&dir).is_err(), "a store that is gone fails the probe");
+        assert!(probe(&dir, 1 << 20).is_err(), "a store that is gone fails the probe");
     }
 }

@@ -361,3 +361,77 @@ async fn forwarded_get(url: String) -> (u16, Option<String>, String) {
     .await
     .unwrap()
 }
+
+/// What an agent discovers where the inventory leaves GPUs, cores and memory unset is recorded at
+/// the quorum at its registration: the node is scheduled with it there, and the member that starts
+/// again on the same data (a new leader's case: a fresh control plane) schedules it alike before
+/// the agent registers again. A node whose inventory sets them keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_capabilities_are_recorded_at_the_quorum() {
+    let dir = std::env::temp_dir().join(format!("lattice-runtime-discovered-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let inv = dir.join("inventory.yaml");
+    std::fs::write(
+        &inv,
+        "nodes:\n  - name: open-1\n  - name: set-1\n    gpu_count: 0\n    cpu_cores: 8\n    memory_gb: 64\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\ninventory: {}\ncycle: 100ms\n",
+        dir.display(),
+        inv.display()
+    );
+    let node = |base: String, name: &'static str| async move {
+        let (status, v) = common::http("GET", format!("{base}/v1/nodes/{name}"), None).await;
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    let rt = common::start_leader(&yaml).await;
+    let base = format!("http://{}", rt.rest_addr);
+    let h200 = json!({"capabilities": {"cpu_cores": 16, "memory_gib": 125.9, "gpu_count": 1,
+                                       "gpu_model": "NVIDIA H200", "features": []}});
+    for n in ["open-1", "set-1"] {
+        let (status, v) = common::http("POST", format!("{base}/v1/nodes/{n}/register"), Some(h200.clone())).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let v = node(base.clone(), "open-1").await;
+    assert_eq!(
+        (v["gpu_count"].as_u64(), v["gpu_type"].as_str()),
+        (Some(1), Some("H200")),
+        "{v}"
+    );
+    assert_eq!(
+        (v["cpu_cores"].as_u64(), v["memory_gb"].as_u64()),
+        (Some(16), Some(128)),
+        "{v}"
+    );
+    let recorded = rt.shared.member.read(|q| q.discovered.clone()).await;
+    assert_eq!(
+        recorded.keys().collect::<Vec<_>>(),
+        ["open-1"],
+        "set-1's inventory sets everything"
+    );
+    let v = node(base.clone(), "set-1").await;
+    assert_eq!(v["gpu_count"].as_u64(), Some(0), "{v}");
+    rt.shutdown().await;
+
+    let rt = common::start_leader(&yaml).await;
+    let base = format!("http://{}", rt.rest_addr);
+    let t0 = Instant::now();
+    loop {
+        let (status, v) = common::http("GET", format!("{base}/v1/nodes/open-1"), None).await;
+        if status == 200 {
+            assert_eq!(
+                (v["gpu_count"].as_u64(), v["gpu_type"].as_str()),
+                (Some(1), Some("H200")),
+                "{v}"
+            );
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{status} {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -205,7 +205,8 @@ fn burst_and_unfair_decide_the_same_in_both_worlds() {
 /// A generated workload on 16 nodes: sizes, run times, walltimes (some too short), classes,
 /// checkpointable or not, a few sensitive claims, cancels and walltime extensions, a reweighting,
 /// node failures, conformance drifts (some remediated, some not: taken Down after 24 h), nodes that
-/// join the site, network domains (a pool of 4 VNIs for even seeds: exhausted, starts refused),
+/// join the site, what agents discover, the broker's measured inputs, a vCluster's configuration
+/// change, network domains (a pool of 4 VNIs for even seeds: exhausted, starts refused),
 /// wipes that time out (odd seeds), lost preemption reports (seeds 2 mod 3), operators' standing
 /// drains, dependencies (on the job before) whose ends and submissions reach the mirrors' majority
 /// late (seeds 1 mod 5).
@@ -302,6 +303,25 @@ fn workload() -> impl Strategy<Value = String> {
             if special == 6 {
                 let n = serde_json::json!({"name": format!("late{i}"), "cpu_cores": 64 * (i % 2)});
                 out.push_str(&serde_json::json!({"ts": ts + run / 3, "type": "node_added", "node": n}).to_string());
+                out.push('\n');
+            }
+            // What a node's agent discovered where the inventory leaves it unset (a class of its
+            // own; a node busy then takes it once free), and the broker's measured inputs.
+            if special == 15 {
+                let found = serde_json::json!({"cpu_cores": 32 + 16 * (i % 2)});
+                out.push_str(&serde_json::json!({"ts": ts, "type": "node_capabilities", "node": node, "capabilities": found}).to_string());
+                out.push('\n');
+            }
+            if special == 16 {
+                out.push_str(&serde_json::json!({"ts": ts, "type": "gpu_memory", "node": node, "gb": 40 + i}).to_string());
+                out.push('\n');
+                out.push_str(&serde_json::json!({"ts": ts, "type": "checkpoint_bandwidth", "gbps": 5 + i}).to_string());
+                out.push('\n');
+            }
+            // An administrator changes the vCluster's configuration once, three hours in.
+            if i == 4 {
+                let config = serde_json::json!({"backfill_depth": 3, "reference_wait": "2h"});
+                out.push_str(&serde_json::json!({"ts": 10_800, "type": "vcluster", "vcluster": "default", "config": config}).to_string());
                 out.push('\n');
             }
             // An administrator reweights the queue once, a few hours in.

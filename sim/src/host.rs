@@ -26,6 +26,14 @@ pub trait Host {
     fn submit(&mut self, now: Time, job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError>;
     /// A node joins the site (a `node_added` event; `node.spec` has its home vCluster's id set).
     fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String>;
+    /// What a node's agent discovered where the inventory leaves its capabilities unset (a
+    /// `node_capabilities` event): the node is scheduled with them (a held node once released).
+    fn set_capabilities(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        found: &lattice_engine::DiscoveredCapabilities,
+    ) -> Result<(), String>;
     /// Applies one input at `now`; what it caused reaches `world`.
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError>;
     /// A scheduling pass at `now` (then [`Host::dispatch`]).
@@ -46,6 +54,17 @@ impl Host for Controller {
     }
     fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String> {
         Controller::add_node(self, now, node.spec.clone()).map_err(|e| e.to_string())
+    }
+    fn set_capabilities(
+        &mut self,
+        now: Time,
+        node: NodeId,
+        found: &lattice_engine::DiscoveredCapabilities,
+    ) -> Result<(), String> {
+        let caps = found.filled(&self.engine.node(node).ok_or("unknown node")?.spec.capabilities);
+        Controller::set_capabilities(self, now, node, caps)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
         Controller::apply(self, now, input, world)

@@ -587,7 +587,39 @@ impl<'w, H: Host> Replay<'w, H> {
                 None
             }
             K::EnergyPrice { .. } => None, // merged into the price series up front
-            K::NodeAdded(_) => None,       // added by `node_added`
+            K::CheckpointBandwidth { gbps } => {
+                let input = Input::CheckpointBandwidth(*gbps);
+                self.ctl
+                    .apply(now, input, &mut self.world)
+                    .map_err(|e| refused(now, input, e))?;
+                None
+            }
+            K::GpuMemory { node, gb } => {
+                match node_of(node) {
+                    Some(n) => {
+                        let input = Input::GpuMemory(n, *gb);
+                        self.ctl
+                            .apply(now, input, &mut self.world)
+                            .map_err(|e| refused(now, input, e))?;
+                    }
+                    None => *self.rejected.entry("unknown_node".into()).or_default() += 1,
+                }
+                None
+            }
+            K::NodeAdded(_) => None, // added by `node_added`
+            K::NodeCapabilities { node, capabilities } => {
+                match node_of(node) {
+                    Some(n) => {
+                        if let Err(e) = self.ctl.set_capabilities(now, n, capabilities) {
+                            *self.rejected.entry("node_capabilities_refused".into()).or_default() += 1;
+                            self.notes
+                                .push(format!("trace line {}: node_capabilities refused: {e}", ev.line));
+                        }
+                    }
+                    None => *self.rejected.entry("unknown_node".into()).or_default() += 1,
+                }
+                None
+            }
             K::Metric { alloc, value } => {
                 match self.job_index.get(alloc.as_str()).and_then(|&i| self.alloc_of[i]) {
                     Some(id) => {

@@ -174,3 +174,47 @@ fn checkpoints_bound_the_work_a_failure_loses() {
     assert_eq!(a.summary.broker_checkpoints, a.summary.checkpoint_hints);
     assert_eq!(a.summary.preemption_checkpoints, 0);
 }
+
+/// The broker's measured inputs as production's capture writes them: a slow store
+/// (`checkpoint_bandwidth`) makes checkpoints too dear to hint; small GPUs (`gpu_memory`, what the
+/// agents reported) make them cheaper, so they come more often than with the 96 GB setting. A
+/// value that is not a positive number skips the line naming the field.
+#[test]
+fn measured_bandwidth_and_gpu_memory_feed_the_broker() {
+    let run_with = |events: &[&str]| {
+        let mut text = vec![
+            r#"{"ts": 0, "type": "submit", "alloc": {"id": "J", "nodes": 4, "walltime": 90000, "duration": 86400, "preemption_class": 1, "checkpoint": {"strategy": "auto"}}}"#.to_string(),
+        ];
+        text.extend(events.iter().map(|e| e.to_string()));
+        let w = lattice_traces::parse_jsonl("b.jsonl", &text.join("\n"));
+        let inv = lattice_traces::parse_inventory(
+            "i.yaml",
+            "nodes:\n  - prefix: g\n    count: 4\n    gpu_count: 4\n    gpu_type: GH200\n",
+        )
+        .unwrap();
+        let r = simulate(
+            &w,
+            &inv,
+            &weighted(Policy::EASY, CostWeights::default()),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        (w.problems.len(), r.summary.checkpoint_hints)
+    };
+    let (_, base) = run_with(&[]);
+    assert!(base > 0, "{base}");
+    let (problems, slow) = run_with(&[r#"{"ts": 0, "type": "checkpoint_bandwidth", "gbps": 0.001}"#]);
+    assert_eq!((problems, slow), (0, 0));
+    let small: Vec<String> = (0..4)
+        .map(|i| format!(r#"{{"ts": 0, "type": "gpu_memory", "node": "g{i:04}", "gb": 1}}"#))
+        .collect();
+    let small: Vec<&str> = small.iter().map(String::as_str).collect();
+    let (problems, cheap) = run_with(&small);
+    assert_eq!(problems, 0);
+    assert!(cheap > base, "{cheap} > {base}");
+    let (problems, _) = run_with(&[
+        r#"{"ts": 0, "type": "checkpoint_bandwidth", "gbps": -1}"#,
+        r#"{"ts": 0, "type": "gpu_memory", "gb": 1}"#,
+    ]);
+    assert_eq!(problems, 2);
+}

@@ -412,3 +412,40 @@ fn nodes_that_join_are_scheduled_and_counted_from_their_join() {
     // The joined nodes are nodes like the others: the drain event finds one.
     assert_eq!(r.summary.skipped.get("unknown_node"), None);
 }
+
+/// A `node_capabilities` event (what production's agent discovered where the inventory leaves
+/// GPUs unset): n00000, held by A when it comes, takes 4 GH200 GPUs when A ends at 100 s, and G,
+/// asking for a GH200 at 150 s, runs there; without the event G cannot run anywhere. A node the
+/// site does not have is reported, and an unknown key skips the line naming it.
+#[test]
+fn discovered_capabilities_schedule_the_node_from_when_it_is_free() {
+    let text = |event: &str| {
+        [
+            r#"{"ts": 0, "type": "submit", "alloc": {"id": "A", "nodes": 2, "walltime": 100, "duration": 100}}"#,
+            event,
+            r#"{"ts": 2, "type": "node_capabilities", "node": "nowhere", "capabilities": {"gpu_count": 1}}"#,
+            r#"{"ts": 3, "type": "node_capabilities", "node": "n00001", "capabilities": {"gpus": 1}}"#,
+            r#"{"ts": 150, "type": "submit", "alloc": {"id": "G", "nodes": 1, "walltime": 10, "duration": 10, "constraints": {"gpu_type": "GH200"}}}"#,
+        ]
+        .join("\n")
+    };
+    let cfg = SimConfig {
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    let event = r#"{"ts": 1, "type": "node_capabilities", "node": "n00000", "capabilities": {"gpu_count": 4, "gpu_type": "GH200"}}"#;
+    let w = lattice_traces::parse_jsonl("t.jsonl", &text(event));
+    assert_eq!(w.skipped.get("invalid_field"), Some(&1), "{:?}", w.problems);
+    assert!(w.problems[0].message.contains("gpus"), "{:?}", w.problems);
+    let r = simulate(&w, &nodes(2), &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!(start_of(&r, "A"), 0.0);
+    assert_eq!(start_of(&r, "G"), 150.0);
+    assert_eq!(r.summary.skipped.get("unknown_node"), Some(&1));
+
+    let w = lattice_traces::parse_jsonl("t.jsonl", &text(r#"{"ts": 1, "type": "storage_recover"}"#));
+    let r = simulate(&w, &nodes(2), &cfg, &mut |_, _| {}).unwrap();
+    assert!(
+        r.jobs.iter().find(|j| j.id == "G").is_none_or(|g| g.start_s.is_none()),
+        "no GH200 without the event"
+    );
+}

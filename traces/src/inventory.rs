@@ -18,7 +18,8 @@
 use crate::duration::parse_duration;
 use crate::error::TraceError;
 use lattice_engine::{
-    ConformanceFingerprint, GroupId, NodeCapabilities, NodeSpec, NodeState, Registry, Time, VClusterId,
+    ConformanceFingerprint, GroupId, NodeCapabilities, NodeSpec, NodeState, Registry, Time, UnsetCapabilities,
+    VClusterId,
 };
 use serde::Deserialize;
 use std::path::Path;
@@ -53,12 +54,9 @@ struct EntryIn {
     #[serde(default = "one")]
     count: u32,
     gpu_type: Option<String>,
-    #[serde(default)]
-    gpu_count: u32,
-    #[serde(default)]
-    cpu_cores: u32,
-    #[serde(default)]
-    memory_gb: u32,
+    gpu_count: Option<u32>,
+    cpu_cores: Option<u32>,
+    memory_gb: Option<u32>,
     #[serde(default)]
     features: Vec<String>,
     #[serde(default)]
@@ -93,6 +91,19 @@ pub struct Inventory {
     pub sensitive_pool_size: Option<u32>,
     /// `(from, price)` sorted by time.
     pub energy_prices: Vec<(Time, f64)>,
+    /// Nodes whose entry leaves GPUs (`gpu_count` and `gpu_type`), `cpu_cores` or `memory_gb` unset:
+    /// what their agents discover fills them in production (absent: all set).
+    pub unset: std::collections::BTreeMap<String, UnsetCapabilities>,
+}
+
+impl EntryIn {
+    fn unset(&self) -> UnsetCapabilities {
+        UnsetCapabilities {
+            gpus: self.gpu_count.is_none() && self.gpu_type.is_none(),
+            cpu_cores: self.cpu_cores.is_none(),
+            memory_gb: self.memory_gb.is_none(),
+        }
+    }
 }
 
 /// Reads an inventory: YAML, or (`.csv`) the Alibaba GPU-cluster node list.
@@ -202,6 +213,9 @@ pub fn parse_inventory(file: &str, text: &str) -> Result<Inventory, TraceError> 
                 return Err(err(format!("{at}: duplicate node name `{}`", spec.name)));
             }
             spec.home_vcluster = home;
+            if e.unset().any() {
+                out.unset.insert(spec.name.clone(), e.unset());
+            }
             out.nodes.push(spec);
         }
     }
@@ -219,9 +233,9 @@ fn expand(e: &EntryIn, first: Option<usize>) -> Result<Vec<NodeSpec>, String> {
     }
     let caps = NodeCapabilities {
         gpu_type: e.gpu_type.clone(),
-        gpu_count: e.gpu_count,
-        cpu_cores: e.cpu_cores,
-        memory_gb: e.memory_gb,
+        gpu_count: e.gpu_count.unwrap_or(0),
+        cpu_cores: e.cpu_cores.unwrap_or(0),
+        memory_gb: e.memory_gb.unwrap_or(0),
         features: e.features.iter().cloned().collect(),
         power_w: if e.power_kw.is_finite() && e.power_kw >= 0.0 {
             (e.power_kw * 1000.0).round() as u32
@@ -260,6 +274,8 @@ pub struct JoiningNode {
     pub vcluster: Option<String>,
     /// The node's own entry (`name` set; no `prefix` or `count`), as a trace capture writes it.
     pub entry: serde_json::Value,
+    /// What the entry leaves for the node's agent to discover.
+    pub unset: UnsetCapabilities,
 }
 
 /// A node entry as the inventory file writes one (a `node_added` trace event's `node`, a node SMD
@@ -280,6 +296,7 @@ pub fn parse_node_entry(value: &serde_json::Value) -> Result<Vec<JoiningNode>, S
                 spec,
                 vcluster: e.vcluster.clone(),
                 entry,
+                unset: e.unset(),
             }
         })
         .collect())

@@ -40,6 +40,9 @@ pub const EVENT_TYPES: &[&str] = &[
     "vcluster",
     "wipe_retry",
     "node_added",
+    "node_capabilities",
+    "checkpoint_bandwidth",
+    "gpu_memory",
 ];
 
 #[derive(Deserialize)]
@@ -317,6 +320,35 @@ pub(crate) struct WeightsEvent {
     pub(crate) kind: String,
     pub(crate) vcluster: String,
     pub(crate) weights: lattice_engine::CostWeights,
+}
+
+/// `checkpoint_bandwidth` (`gbps`): the checkpoint store's measured write bandwidth; `gpu_memory`
+/// (`node`, `gb`): the memory of each of the node's GPUs as its agent reported it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BrokerEventIn {
+    #[allow(dead_code)]
+    pub(crate) ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) gbps: Option<f64>,
+    pub(crate) node: Option<String>,
+    pub(crate) gb: Option<f64>,
+}
+
+/// `node_capabilities`: what a node's agent discovered where the inventory leaves its GPUs, cores
+/// or memory unset (as the quorum recorded it).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NodeCapabilitiesIn {
+    #[allow(dead_code)]
+    pub(crate) ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) node: String,
+    pub(crate) capabilities: lattice_engine::DiscoveredCapabilities,
 }
 
 /// `vcluster`: a vCluster's scheduler configuration (its keys; those given change).

@@ -5,10 +5,10 @@
 
 use crate::error::{Problem, TraceError};
 use crate::jsonl::{
-    BareEventIn, ChangeEvent, ClaimEvent, CompleteEvent, DagEvent, Deps, EVENT_TYPES, EventHead, LoadCurveEventIn,
-    MAX_DAG_SIZE, MetricEventIn, NodeAddedIn, NodeEventIn, PriceEventIn, ReleaseEvent, SubmitEvent, SubmitIn,
-    VClusterEvent, WeightsEvent, duration_value, field_of, load_curve, submit_job, ts_millis, validate_dag,
-    walltime_value,
+    BareEventIn, BrokerEventIn, ChangeEvent, ClaimEvent, CompleteEvent, DagEvent, Deps, EVENT_TYPES, EventHead,
+    LoadCurveEventIn, MAX_DAG_SIZE, MetricEventIn, NodeAddedIn, NodeCapabilitiesIn, NodeEventIn, PriceEventIn,
+    ReleaseEvent, SubmitEvent, SubmitIn, VClusterEvent, WeightsEvent, duration_value, field_of, load_curve, submit_job,
+    ts_millis, validate_dag, walltime_value,
 };
 use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 use lattice_engine::{DependencyCondition, Duration, TaskGroupRef, Time};
@@ -132,6 +132,16 @@ impl<'f> Parser<'f> {
             "storage_outage" | "storage_recover" => self.storage(t, ts_ms, line, head.kind == "storage_outage"),
             "weights" => self.weights(t, ts_ms, line),
             "vcluster" => self.vcluster(t, ts_ms, line),
+            "checkpoint_bandwidth" | "gpu_memory" => self.broker_input(t, ts_ms, line, head.kind == "gpu_memory"),
+            "node_capabilities" => {
+                if let Some(e) = self.event::<NodeCapabilitiesIn>(t, line) {
+                    let kind = TraceEventKind::NodeCapabilities {
+                        node: e.node,
+                        capabilities: e.capabilities,
+                    };
+                    self.cluster_event(ts_ms, line, kind);
+                }
+            }
             "cancel" | "walltime" => self.change(t, ts_ms, line, head.kind == "cancel"),
             "release" => {
                 if let Some(e) = self.event::<ReleaseEvent>(t, line) {
@@ -250,6 +260,39 @@ impl<'f> Parser<'f> {
             }
             Err((field, m)) => self.skip(line, field.as_deref(), "invalid_field", m),
         }
+    }
+
+    /// The broker's measured inputs: the store's write bandwidth (`gbps`), a node's GPU memory
+    /// (`node`, `gb`); each a positive number, else the line is skipped naming the field.
+    fn broker_input(&mut self, t: &str, ts_ms: i64, line: u64, gpu: bool) {
+        let Some(e) = self.event::<BrokerEventIn>(t, line) else {
+            return;
+        };
+        let positive = |v: Option<f64>| v.filter(|x| x.is_finite() && *x > 0.0);
+        let kind = match (gpu, e.node, positive(e.gb), positive(e.gbps)) {
+            (true, Some(node), Some(gb), None) => TraceEventKind::GpuMemory { node, gb },
+            (false, None, None, Some(gbps)) => TraceEventKind::CheckpointBandwidth { gbps },
+            (true, None, ..) => {
+                return self.skip(line, Some("node"), "invalid_field", "gpu_memory names its node".into());
+            }
+            (true, ..) => {
+                return self.skip(
+                    line,
+                    Some("gb"),
+                    "invalid_field",
+                    "gb: a positive number of GB per GPU".into(),
+                );
+            }
+            (false, ..) => {
+                return self.skip(
+                    line,
+                    Some("gbps"),
+                    "invalid_field",
+                    "gbps: a positive number of GB/s".into(),
+                );
+            }
+        };
+        self.cluster_event(ts_ms, line, kind);
     }
 
     fn energy_price(&mut self, t: &str, ts_ms: i64, line: u64) {

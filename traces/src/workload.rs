@@ -66,6 +66,21 @@ pub enum TraceEventKind {
     /// A node joins the site (`node_added`: SMD gained it; the event's `node` is an inventory entry,
     /// one event per node it names).
     NodeAdded(Box<crate::inventory::JoiningNode>),
+    /// What a node's agent discovered where the inventory leaves its GPUs, cores or memory unset
+    /// (`node_capabilities`): the node is scheduled with them from this time on (once it is free).
+    NodeCapabilities {
+        node: String,
+        capabilities: lattice_engine::DiscoveredCapabilities,
+    },
+    /// The checkpoint store's measured write bandwidth (GB/s) from this time on.
+    CheckpointBandwidth {
+        gbps: f64,
+    },
+    /// The memory of each of the node's GPUs (GB) as its agent reported it, from this time on.
+    GpuMemory {
+        node: String,
+        gb: f64,
+    },
     /// The electricity price from this time on.
     EnergyPrice {
         price: f64,

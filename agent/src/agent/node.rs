@@ -55,9 +55,10 @@ fn advertise(configured: Option<&str>, bound: std::net::SocketAddr) -> String {
 pub fn discover(sources: &Sources, gpu: &dyn crate::gpu::GpuProvider) -> (Capabilities, String) {
     let mut caps: Capabilities = sources.capabilities();
     let mut components = sources.components();
-    let (gpus, model, driver) = crate::gpu::summary(gpu);
+    let (gpus, model, driver, memory) = crate::gpu::summary_with_memory(gpu);
     caps.gpu_count = gpus;
     caps.gpu_model = model;
+    caps.gpu_memory_gib = memory;
     if let Some(d) = driver {
         components.insert("gpu_driver".into(), d);
     }

@@ -207,7 +207,11 @@ class Node:
     owner: Optional[str] = None
     gpu_type: Optional[str] = None
     gpu_count: int = 0
+    cpu_cores: int = 0
+    memory_gb: int = 0
     group: int = 0
+    #: What its agent discovered where the inventory leaves GPUs, cores or memory unset.
+    discovered: Optional[Dict[str, Any]] = None
     fingerprint: Optional[str] = None
     agent_capabilities: Optional[Dict[str, Any]] = None
     fingerprint_ms: Optional[int] = None

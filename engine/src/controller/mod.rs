@@ -57,6 +57,12 @@ pub enum Input {
     GraceExpired(NodeId),
     /// Checkpoint storage went down (`false`) or came back.
     Storage(bool),
+    /// The checkpoint store's measured write bandwidth, GB/s: the broker's write-time estimate from
+    /// now on (a value that is not a positive number changes nothing).
+    CheckpointBandwidth(f64),
+    /// The memory of each of the node's GPUs, GB, as its agent reported it: the broker's estimate
+    /// of checkpoint sizes there from now on (a value that is not a positive number changes nothing).
+    GpuMemory(NodeId, f64),
     /// A reactive allocation's scaling metric.
     Metric(AllocId, f64),
     Cancel(AllocId),
@@ -424,6 +430,19 @@ impl Controller {
         Ok(id)
     }
 
+    /// The node's capabilities are now `caps` ([`Engine::set_capabilities`]): what its agent
+    /// discovered where the inventory left them unset, as the quorum recorded it. Its pool runs a
+    /// pass, so work waiting for such a node starts; a held node takes them when it is released
+    /// (`Ok(false)` until then).
+    pub fn set_capabilities(
+        &mut self,
+        now: Time,
+        id: NodeId,
+        caps: crate::NodeCapabilities,
+    ) -> Result<bool, ControlError> {
+        Ok(self.engine.set_capabilities(now, id, caps)?)
+    }
+
     /// Applies one input at `now` (inputs of one timestamp in DESIGN.md's order, then
     /// [`Controller::schedule`] and [`Controller::dispatch`]).
     pub fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError> {
@@ -541,6 +560,8 @@ impl Controller {
                 }
             }
             Input::Storage(up) => self.engine.handle_storage(now, up),
+            Input::CheckpointBandwidth(gbps) => self.engine.set_checkpoint_bandwidth(gbps),
+            Input::GpuMemory(node, gb) => self.engine.set_gpu_memory(node, gb)?,
             Input::Metric(id, value) => self.engine.handle_metric(now, id, value)?,
             Input::Cancel(id) => {
                 let (state, nodes) = match self.engine.allocation(id) {

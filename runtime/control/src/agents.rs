@@ -33,7 +33,15 @@ impl Control {
         if fingerprint.is_some() {
             self.conformance.fingerprint_ms.insert(id.0, now.0);
         }
+        // Each GPU's memory as the agent reports it: the broker's checkpoint size there.
+        let gpu_gib = capabilities
+            .as_ref()
+            .and_then(|c| c["gpu_memory_gib"].as_f64())
+            .filter(|g| g.is_finite() && *g > 0.0);
         self.fleet.agent_info.insert(id.0, (fingerprint.clone(), capabilities));
+        if let Some(gib) = gpu_gib {
+            let _ = self.input(Input::GpuMemory(id, gib * 1.073_741_824));
+        }
         if self
             .ctl
             .engine
@@ -85,7 +93,10 @@ impl Control {
         }
         let now = self.now();
         let mut added = Vec::new();
-        for lattice_traces::JoiningNode { mut spec, entry, .. } in nodes {
+        for lattice_traces::JoiningNode {
+            mut spec, entry, unset, ..
+        } in nodes
+        {
             let name = spec.name.clone();
             if self.real_agents && spec.state == lattice_engine::NodeState::Ready {
                 spec.state = lattice_engine::NodeState::Booting;
@@ -94,6 +105,7 @@ impl Control {
             self.registry.node_by_name.insert(name.clone(), id.0);
             self.registry.node_names.push(name.clone());
             self.fleet.agents.push(None);
+            self.leave_to_discovery(id, unset);
             if let Some(b) = baseline {
                 self.conformance.baselines.insert(id.0, b.to_ascii_lowercase());
             }

@@ -15,6 +15,7 @@
 mod admin;
 mod agents;
 pub mod cache;
+mod discovery;
 mod fabric;
 mod launches;
 mod lifecycle;
@@ -205,6 +206,11 @@ impl Control {
         let mut ctl = Controller::new(engine);
         ctl.network = Some(crate::network::NetworkConfig::default().domains()?);
         let mut c = Control::with_controller(ctl, node_names, vcs, default_vcluster)?;
+        for (name, unset) in &inventory.unset {
+            if let Some(id) = c.node_index(name) {
+                c.leave_to_discovery(id, *unset);
+            }
+        }
         for (t, q) in &contracts.tenants {
             let id = c.tenant_id(t);
             c.ctl.engine.set_tenant_quota(id, *q);
@@ -417,6 +423,10 @@ impl Control {
                 "ts": ts, "type": if drifted { "drift" } else { "conform" }, "node": node(n)
             }),
             Input::RetryWipe(n) => serde_json::json!({"ts": ts, "type": "wipe_retry", "node": node(n)}),
+            Input::CheckpointBandwidth(gbps) => {
+                serde_json::json!({"ts": ts, "type": "checkpoint_bandwidth", "gbps": gbps})
+            }
+            Input::GpuMemory(n, gb) => serde_json::json!({"ts": ts, "type": "gpu_memory", "node": node(n), "gb": gb}),
             _ => return,
         };
         self.capture_line(line);

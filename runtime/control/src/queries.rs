@@ -283,7 +283,10 @@ impl Control {
             owner: n.owner.map(|o| self.name_of(o.alloc)),
             gpu_type: n.spec.capabilities.gpu_type.clone(),
             gpu_count: n.spec.capabilities.gpu_count,
+            cpu_cores: n.spec.capabilities.cpu_cores,
+            memory_gb: n.spec.capabilities.memory_gb,
             group: n.spec.group.0,
+            discovered: self.fleet.discovered.get(&id.0).cloned(),
             fingerprint: self.fleet.agent_info.get(&id.0).and_then(|a| a.0.clone()),
             agent_capabilities: self.fleet.agent_info.get(&id.0).and_then(|a| a.1.clone()),
             fingerprint_ms: self.conformance.fingerprint_ms.get(&id.0).copied(),
@@ -485,6 +488,28 @@ impl Control {
 
     pub fn checkpoint_storage_available(&self) -> bool {
         self.ctl.engine.storage_available()
+    }
+
+    /// The checkpoint store's write bandwidth as the probe measured it (GB/s): the broker's from
+    /// now on when it differs from what the broker uses by more than a tenth (a probe's small
+    /// jitter changes nothing); whether it did.
+    pub fn probed_bandwidth(&mut self, gbps: f64) -> bool {
+        let used = self.ctl.engine.checkpoint_bandwidth();
+        (gbps - used).abs() > 0.1 * used && self.checkpoint_bandwidth(gbps)
+    }
+
+    /// The checkpoint store's write bandwidth (GB/s): the broker's from now on (a value that is
+    /// not a positive number, or the one in use, changes nothing); whether it did.
+    pub fn checkpoint_bandwidth(&mut self, gbps: f64) -> bool {
+        let used = self.ctl.engine.checkpoint_bandwidth();
+        if !(gbps.is_finite() && gbps > 0.0) || gbps == used {
+            return false;
+        }
+        if let Err(e) = self.input(lattice_engine::Input::CheckpointBandwidth(gbps)) {
+            tracing::warn!("checkpoint bandwidth {gbps} GB/s: not applied: {e}");
+            return false;
+        }
+        true
     }
 
     /// The checkpoint store's health as probed: an outage (or its end) is the engine's storage

@@ -133,6 +133,10 @@ pub(crate) struct Fleet {
     pub(crate) peer_addr: BTreeMap<u32, String>,
     /// Per node: the last partition its agent replayed heartbeats for.
     pub(crate) partitions: BTreeMap<u32, Partition>,
+    /// Per node whose inventory entry leaves capabilities unset: which, and the entry's own.
+    pub(crate) unset: BTreeMap<u32, (lattice_engine::UnsetCapabilities, lattice_engine::NodeCapabilities)>,
+    /// Per node: what its agent discovered, as the quorum recorded it.
+    pub(crate) discovered: BTreeMap<u32, lattice_engine::DiscoveredCapabilities>,
 }
 
 /// The nodes' conformance fingerprints: what each must match, what it reported and when, and the

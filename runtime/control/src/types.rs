@@ -133,7 +133,15 @@ pub struct NodeView {
     pub owner: Option<String>,
     pub gpu_type: Option<String>,
     pub gpu_count: u32,
+    /// Cores and memory (GB) it is scheduled with (0: not known).
+    pub cpu_cores: u32,
+    pub memory_gb: u32,
     pub group: u32,
+    /// What its agent discovered where the inventory leaves GPUs, cores or memory unset, as the
+    /// quorum recorded it (a node held when it was recorded takes it once free).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<std::collections::BTreeMap<String, serde_json::Value>>")]
+    pub discovered: Option<lattice_engine::DiscoveredCapabilities>,
     /// What its agent reported at registration: the conformance fingerprint and capabilities.
     pub fingerprint: Option<String>,
     pub agent_capabilities: Option<serde_json::Value>,

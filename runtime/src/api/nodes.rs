@@ -13,7 +13,7 @@ use lattice_adapters::logstore::Stream;
 use lattice_agent_protocol::{ExitReport, HeartbeatBody, RegisterBody, WorkPoll};
 use lattice_control::NodeOp;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
 
 #[derive(Deserialize, Default, schemars::JsonSchema)]
@@ -23,13 +23,16 @@ pub(super) struct NodesIn {
     state: Option<String>,
 }
 
-pub(super) async fn nodes(State(s): S, QueryIn(q): QueryIn<NodesIn>) -> Json<Value> {
-    let all = ops::nodes(&s).await;
+pub(super) async fn nodes(State(s): S, QueryIn(q): QueryIn<NodesIn>) -> Response {
+    let all = match ops::nodes(&s).await {
+        Ok(all) => all,
+        Err(e) => return e.into_response(),
+    };
     let nodes: Vec<_> = all
         .into_iter()
         .filter(|n| q.state.as_deref().is_none_or(|st| n.state == st))
         .collect();
-    Json(json!({ "nodes": nodes }))
+    Json(json!({ "nodes": nodes })).into_response()
 }
 
 pub(super) async fn node(State(s): S, Path(id): Path<String>) -> Response {

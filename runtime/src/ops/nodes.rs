@@ -13,11 +13,15 @@ use lattice_control::{NodeOp, NodeView};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub async fn nodes(s: &Shared) -> Vec<NodeView> {
-    s.control.lock().await.nodes()
+/// The nodes as the leader schedules them (a member that has not taken over yet would show the
+/// inventory without what the quorum recorded: it answers 421 naming the leader).
+pub async fn nodes(s: &Shared) -> Result<Vec<NodeView>, ApiError> {
+    readable(s).await?;
+    Ok(s.control.lock().await.nodes())
 }
 
 pub async fn node(s: &Shared, id: &str) -> Result<NodeView, ApiError> {
+    readable(s).await?;
     let c = s.control.lock().await;
     c.node_index(id)
         .and_then(|i| c.node_view(i))
@@ -166,12 +170,35 @@ pub async fn register(
     // Only the leader that took over the queue watches agents (a follower's registration would
     // be a lease nobody keeps); a leadership change resets the control plane first.
     writable(s).await?;
-    let r = s
-        .control
-        .lock()
-        .await
-        .register_agent_with(node, fingerprint, capabilities);
-    r.map_err(|e| field_error(node, e))
+    let (r, fill) = {
+        let mut c = s.control.lock().await;
+        let r = c.register_agent_with(node, fingerprint, capabilities);
+        (r, c.discovery_fill(node))
+    };
+    let state = r.map_err(|e| field_error(node, e))?;
+    if let Some(fill) = fill {
+        record_discovery(s, node, fill).await;
+    }
+    Ok(state)
+}
+
+/// What `node`'s agent discovered where its inventory leaves capabilities unset: recorded at the
+/// quorum, then applied (every leader schedules the node alike). A record that fails changes
+/// nothing here: the node stays as the inventory says until its agent registers again.
+async fn record_discovery(s: &Shared, node: &str, fill: lattice_engine::DiscoveredCapabilities) {
+    let cmd = lattice_adapters::QuorumCommand::Discovered {
+        node: node.to_string(),
+        capabilities: fill.clone(),
+    };
+    match s.member.propose(cmd).await {
+        Ok(_) => match s.control.lock().await.apply_discovered(node, fill) {
+            Ok(_) => {
+                s.wake.notify_one();
+            }
+            Err(e) => tracing::warn!("node {node}: discovered capabilities: {}", e.message),
+        },
+        Err(e) => tracing::warn!("node {node}: what its agent discovered could not be recorded at the quorum: {e}"),
+    }
 }
 
 /// [`register`] with the address of the agent's own service (task launches' fences).
