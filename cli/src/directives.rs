@@ -31,7 +31,40 @@ pub struct SubmitFields {
     /// Dependencies: (allocation id, success | failure | any), from `--depends-on=ID:COND,...` or
     /// Slurm's `--dependency=afterok:ID[:ID],afterany:ID`.
     pub depends_on: Vec<(String, String)>,
+    /// The tenant's project (`--project`).
+    pub project: Option<String>,
+    /// `bounded` (the default), `unbounded` (`--service`), `reactive` (`--reactive`).
+    pub lifecycle: Option<String>,
+    /// A reactive allocation's node range, metric and target, and its policy's windows
+    /// (`--scale-policy KEY=VALUE`, repeatable).
+    pub min_nodes: Option<u32>,
+    pub max_nodes: Option<u32>,
+    pub scale_metric: Option<String>,
+    pub scale_target: Option<String>,
+    pub scale_policy: BTreeMap<String, String>,
+    /// Per-node minimums and placement: `--cpu-cores`, `--memory-gb`, `--topology`,
+    /// `--unified-memory`.
+    pub cpu_cores: Option<u32>,
+    pub memory_gb: Option<u32>,
+    pub topology: Option<String>,
+    pub unified_memory: Option<bool>,
+    /// `--checkpoint=auto|manual|none|signal|grpc|shmem|dmtcp` (a mechanism means `auto` by it)
+    /// and `--checkpoint-minutes` (the write's estimate).
+    pub checkpoint: Option<String>,
+    pub checkpoint_minutes: Option<f64>,
+    /// `--requeue=never|on_node_failure|always`, `--max-requeues`, `--mutex`, `--storage-gbps`.
+    pub requeue: Option<String>,
+    pub max_requeues: Option<u32>,
+    pub mutex: Option<String>,
+    pub storage_gbps: Option<f64>,
+    /// `--no-data-defaults`: no home, output and checkpoint mounts by default.
+    pub data_defaults: Option<bool>,
+    /// Simulated agents only: how long the run takes (`--duration`).
+    pub duration: Option<String>,
 }
+
+/// The checkpoint strategies and mechanisms `--checkpoint` takes.
+const CHECKPOINT: [&str; 7] = ["auto", "manual", "none", "signal", "grpc", "shmem", "dmtcp"];
 
 /// `--depends-on=a-000012:success,a-000013:any` (the condition defaults to success).
 pub fn parse_depends_on(s: &str) -> Result<Vec<(String, String)>, String> {
@@ -185,8 +218,27 @@ impl SubmitFields {
             task_group,
             uenv,
             view,
-            image
+            image,
+            project,
+            lifecycle,
+            min_nodes,
+            max_nodes,
+            scale_metric,
+            scale_target,
+            cpu_cores,
+            memory_gb,
+            topology,
+            unified_memory,
+            checkpoint,
+            checkpoint_minutes,
+            requeue,
+            max_requeues,
+            mutex,
+            storage_gbps,
+            data_defaults,
+            duration
         );
+        self.scale_policy.extend(other.scale_policy.clone());
         if !other.features.is_empty() {
             self.features = other.features.clone();
         }
@@ -194,6 +246,202 @@ impl SubmitFields {
         self.depends_on.extend(other.depends_on.iter().cloned());
         self.tags.extend(other.tags.clone());
         self
+    }
+
+    /// One Lattice option (`#LATTICE --KEY=VALUE` or the command line's `--KEY VALUE`) of those
+    /// the trace format has beyond Slurm's; `Ok(false)` when `key` is not one of them. A bad
+    /// value names the option and what it takes.
+    pub fn set(&mut self, key: &str, val: Option<&str>) -> Result<bool, String> {
+        let text = || {
+            val.map(str::to_string)
+                .ok_or_else(|| format!("--{key}: a value is needed"))
+        };
+        fn number<T: std::str::FromStr>(key: &str, v: String, what: &str) -> Result<T, String> {
+            v.parse().map_err(|_| format!("--{key}={v}: {what}"))
+        }
+        match key {
+            "project" => self.project = Some(text()?),
+            "service" => self.lifecycle = Some("unbounded".into()),
+            "reactive" => self.lifecycle = Some("reactive".into()),
+            "lifecycle" => match text()?.as_str() {
+                l @ ("bounded" | "unbounded" | "reactive") => self.lifecycle = Some(l.into()),
+                l => return Err(format!("--lifecycle={l}: bounded, unbounded or reactive")),
+            },
+            "min-nodes" => self.min_nodes = Some(number(key, text()?, "a node count")?),
+            "max-nodes" => self.max_nodes = Some(number(key, text()?, "a node count")?),
+            "scale-metric" => self.scale_metric = Some(text()?),
+            "scale-target" => self.scale_target = Some(text()?),
+            "scale-policy" => {
+                let v = text()?;
+                let (k, x) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--scale-policy={v}: KEY=VALUE, e.g. cooldown=5m"))?;
+                self.scale_policy.insert(k.to_string(), x.to_string());
+            }
+            "cpu-cores" => self.cpu_cores = Some(number(key, text()?, "a number of cores")?),
+            "memory-gb" => self.memory_gb = Some(number(key, text()?, "a number of GB")?),
+            "topology" => self.topology = Some(text()?),
+            "unified-memory" => self.unified_memory = Some(true),
+            "checkpoint" => match text()?.as_str() {
+                c if CHECKPOINT.contains(&c) => self.checkpoint = Some(c.into()),
+                c => return Err(format!("--checkpoint={c}: one of {}", CHECKPOINT.join(", "))),
+            },
+            "checkpoint-minutes" => self.checkpoint_minutes = Some(number(key, text()?, "minutes")?),
+            "requeue" => match text()?.as_str() {
+                r @ ("never" | "on_node_failure" | "always") => self.requeue = Some(r.into()),
+                r => return Err(format!("--requeue={r}: never, on_node_failure or always")),
+            },
+            "max-requeues" => self.max_requeues = Some(number(key, text()?, "a count")?),
+            "mutex" => self.mutex = Some(text()?),
+            "storage-gbps" => self.storage_gbps = Some(number(key, text()?, "GB/s")?),
+            "no-data-defaults" => self.data_defaults = Some(false),
+            "duration" => self.duration = Some(text()?),
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// `--constraint` items: `KEY=VALUE` for `gpu_type`, `gpu_count`, `cpu_cores`, `memory_gb`,
+    /// `topology`; anything else is a node feature.
+    pub fn constraint(&mut self, item: &str) -> Result<(), String> {
+        let Some((k, v)) = item.split_once('=') else {
+            self.features.push(item.to_string());
+            return Ok(());
+        };
+        let n = |v: &str| {
+            v.parse::<u32>()
+                .map_err(|_| format!("--constraint {item}: {k} takes a number"))
+        };
+        match k {
+            "gpu_type" => self.gpu_type = Some(v.to_string()),
+            "gpu_count" => self.gpu_count = Some(n(v)?),
+            "cpu_cores" => self.cpu_cores = Some(n(v)?),
+            "memory_gb" => self.memory_gb = Some(n(v)?),
+            "topology" => self.topology = Some(v.to_string()),
+            _ => {
+                return Err(format!(
+                    "--constraint {item}: gpu_type, gpu_count, cpu_cores, memory_gb or topology (or a feature)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The REST request (`POST /v1/allocations`) these fields make, running `entrypoint` for
+    /// `tenant`'s `user`.
+    pub fn request(&self, tenant: &str, user: &str, entrypoint: &str) -> serde_json::Value {
+        use serde_json::json;
+        let mut body = json!({
+            "tenant": tenant,
+            "user": user,
+            "entrypoint": entrypoint,
+            "resources": {"nodes": self.node_count()},
+            "lifecycle": {"type": self.lifecycle.as_deref().unwrap_or("bounded")},
+            "tags": self.tags,
+        });
+        // A bounded allocation runs an hour unless told; the others until they are cancelled.
+        match (&self.walltime, self.lifecycle.as_deref()) {
+            (Some(w), _) => body["lifecycle"]["walltime"] = json!(w),
+            (None, None | Some("bounded")) => body["lifecycle"]["walltime"] = json!("1h"),
+            _ => {}
+        }
+        if self.min_nodes.is_some() || self.max_nodes.is_some() {
+            let n = self.node_count();
+            body["resources"]["nodes"] =
+                json!({"min": self.min_nodes.unwrap_or(n), "max": self.max_nodes.unwrap_or(n)});
+        }
+        let lifecycle = &mut body["lifecycle"];
+        for (k, v) in [("min_nodes", self.min_nodes), ("max_nodes", self.max_nodes)] {
+            if let (Some(v), true) = (v, self.lifecycle.as_deref() == Some("reactive")) {
+                lifecycle[k] = json!(v);
+            }
+        }
+        if let Some(m) = &self.scale_metric {
+            lifecycle["metric"] = json!(m);
+        }
+        if let Some(t) = &self.scale_target {
+            lifecycle["target"] = t.parse::<f64>().map_or_else(|_| json!(t), |x| json!(x));
+        }
+        if !self.scale_policy.is_empty() {
+            lifecycle["scale_policy"] = self
+                .scale_policy
+                .iter()
+                .map(|(k, v)| (k.clone(), v.parse::<f64>().map_or_else(|_| json!(v), |x| json!(x))))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+        }
+        if !self.depends_on.is_empty() {
+            body["depends_on"] = json!(
+                self.depends_on
+                    .iter()
+                    .map(|(r, c)| json!({"ref": r, "condition": c}))
+                    .collect::<Vec<_>>()
+            );
+        }
+        let fields: [(&str, Option<serde_json::Value>); 9] = [
+            ("project", self.project.as_ref().map(|v| json!(v))),
+            ("vcluster", self.vcluster.as_ref().map(|v| json!(v))),
+            ("preemption_class", self.preemption_class.map(|v| json!(v))),
+            ("requeue", self.requeue.as_ref().map(|v| json!(v))),
+            ("max_requeues", self.max_requeues.map(|v| json!(v))),
+            ("mutex", self.mutex.as_ref().map(|v| json!(v))),
+            ("storage_gbps", self.storage_gbps.map(|v| json!(v))),
+            ("duration", self.duration.as_ref().map(|v| json!(v))),
+            ("task_group", self.task_group.map(TaskGroupSpec::to_json)),
+        ];
+        for (k, v) in fields {
+            if let Some(v) = v {
+                body[k] = v;
+            }
+        }
+        let mut constraints = serde_json::Map::new();
+        let wanted: [(&str, Option<serde_json::Value>); 6] = [
+            ("gpu_type", self.gpu_type.as_ref().map(|v| json!(v))),
+            ("gpu_count", self.gpu_count.map(|v| json!(v))),
+            ("cpu_cores", self.cpu_cores.map(|v| json!(v))),
+            ("memory_gb", self.memory_gb.map(|v| json!(v))),
+            ("topology", self.topology.as_ref().map(|v| json!(v))),
+            ("require_unified_memory", self.unified_memory.map(|v| json!(v))),
+        ];
+        for (k, v) in wanted {
+            if let Some(v) = v {
+                constraints.insert(k.into(), v);
+            }
+        }
+        if !self.features.is_empty() {
+            constraints.insert("features".into(), json!(self.features));
+        }
+        if !constraints.is_empty() {
+            body["resources"]["constraints"] = constraints.into();
+        }
+        if let Some(c) = &self.checkpoint {
+            let (strategy, mechanism) = match c.as_str() {
+                s @ ("auto" | "manual" | "none") => (s, None),
+                m => ("auto", Some(m)),
+            };
+            body["checkpoint"] = json!({"strategy": strategy});
+            if let Some(m) = mechanism {
+                body["checkpoint"]["mechanism"] = json!(m);
+            }
+        }
+        if let Some(m) = self.checkpoint_minutes {
+            if body.get("checkpoint").is_none() {
+                body["checkpoint"] = json!({"strategy": "auto"});
+            }
+            body["checkpoint"]["estimated_minutes"] = json!(m);
+        }
+        if self.image.is_some() {
+            body["environment"] = json!({"image": self.image, "uenv": self.uenv});
+        } else if self.uenv.is_some() || self.view.is_some() {
+            body["environment"] = json!({"uenv": self.uenv, "view": self.view});
+        }
+        if !self.data_mounts.is_empty() || self.data_defaults.is_some() {
+            body["data"] = json!({"mounts": self.data_mounts.iter().map(|m| m.to_json()).collect::<Vec<_>>()});
+            if let Some(d) = self.data_defaults {
+                body["data"]["defaults"] = json!(d);
+            }
+        }
+        body
     }
 
     /// Nodes: `--nodes` wins; else `ceil(ntasks / ntasks_per_node)` (1 task per node by default).
@@ -308,7 +556,14 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                 "job-name" => {
                     f.tags.insert("name".into(), val);
                 }
-                "constraint" => f.features = val.split(['&', ',']).map(str::to_string).collect(),
+                "constraint" => {
+                    f.features.clear();
+                    for item in val.split(['&', ',']).filter(|i| !i.is_empty()) {
+                        if let Err(e) = f.constraint(item) {
+                            warnings.push(format!("{e}; ignored"));
+                        }
+                    }
+                }
                 "gres" => match val.strip_prefix("gpu:") {
                     Some(g) => {
                         let mut parts = g.rsplitn(2, ':');
@@ -355,6 +610,16 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                 "depends-on" => match parse_depends_on(&val) {
                     Ok(d) => f.depends_on.extend(d),
                     Err(e) => warnings.push(format!("--depends-on: {e}; ignored")),
+                },
+                "requeue" if is_slurm => f.requeue = Some("on_node_failure".into()),
+                "no-requeue" if is_slurm => f.requeue = Some("never".into()),
+                other if !is_slurm => match f.set(other, v.as_deref()) {
+                    Ok(true) => {}
+                    Ok(false) => warnings.push(format!(
+                        "--{other}{} ignored (not supported)",
+                        v.map(|v| format!("={v}")).unwrap_or_default()
+                    )),
+                    Err(e) => warnings.push(format!("{e}; ignored")),
                 },
                 other => warnings.push(format!("--{other}{} ignored (not supported)", v.map(|v| format!("={v}")).unwrap_or_default())),
             }
@@ -565,5 +830,168 @@ mod tests {
         assert_eq!(slurm_time("30"), Some("1800s".into()));
         assert_eq!(slurm_time("10:00"), Some("600s".into()));
         assert_eq!(slurm_time("x"), None);
+    }
+
+    /// The object paths of a JSON value (`a`, `a.b`, ...), not into arrays.
+    fn paths(v: &serde_json::Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+        for (k, x) in v.as_object().into_iter().flatten() {
+            let p = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            out.insert(p.clone());
+            paths(x, &p, out);
+        }
+    }
+
+    /// Every field of the trace format's submit event (`traces/jsonl-schema.json`, derived from
+    /// the schema, so a new field fails here until the CLI can ask for it) can be asked for by a
+    /// `#LATTICE` directive and by the same `lattice submit` flag: the request both make carries
+    /// it, and they make the same request.
+    #[test]
+    fn every_trace_field_has_a_directive_and_a_flag() {
+        // (trace field, where the request has it, the option that sets it).
+        let options: [(&str, &str, &str); 30] = [
+            ("tenant", "tenant", "--tenant=t"),
+            ("project", "project", "--project=p"),
+            ("vcluster", "vcluster", "--vcluster=v"),
+            ("user", "user", ""),
+            ("nodes", "resources.nodes", "--nodes=2"),
+            (
+                "gpu_type",
+                "resources.constraints.gpu_type",
+                "--constraint=gpu_type=GH200",
+            ),
+            ("constraints", "resources.constraints", "--gpus=4"),
+            (
+                "constraints.gpu_type",
+                "resources.constraints.gpu_type",
+                "--gpu-type=GH200",
+            ),
+            ("constraints.gpu_count", "resources.constraints.gpu_count", "--gpus=4"),
+            (
+                "constraints.cpu_cores",
+                "resources.constraints.cpu_cores",
+                "--cpu-cores=64",
+            ),
+            (
+                "constraints.memory_gb",
+                "resources.constraints.memory_gb",
+                "--memory-gb=512",
+            ),
+            (
+                "constraints.features",
+                "resources.constraints.features",
+                "--constraint=nvme",
+            ),
+            (
+                "constraints.topology",
+                "resources.constraints.topology",
+                "--topology=tight",
+            ),
+            (
+                "constraints.require_unified_memory",
+                "resources.constraints.require_unified_memory",
+                "--unified-memory",
+            ),
+            ("walltime", "lifecycle.walltime", "--walltime=2h"),
+            ("lifecycle", "lifecycle", "--reactive"),
+            ("lifecycle.type", "lifecycle.type", "--reactive"),
+            ("lifecycle.walltime", "lifecycle.walltime", "--walltime=2h"),
+            ("lifecycle.min_nodes", "lifecycle.min_nodes", "--min-nodes=1"),
+            ("lifecycle.max_nodes", "lifecycle.max_nodes", "--max-nodes=4"),
+            ("lifecycle.metric", "lifecycle.metric", "--scale-metric=queue_depth"),
+            ("lifecycle.target", "lifecycle.target", "--scale-target=10"),
+            (
+                "lifecycle.scale_policy",
+                "lifecycle.scale_policy",
+                "--scale-policy=cooldown=5m",
+            ),
+            ("preemption_class", "preemption_class", "--preemption-class=3"),
+            ("priority", "preemption_class", "--preemption-class=3"),
+            ("checkpoint", "checkpoint", "--checkpoint=signal"),
+            ("checkpoint.strategy", "checkpoint.strategy", "--checkpoint=signal"),
+            (
+                "checkpoint.estimated_minutes",
+                "checkpoint.estimated_minutes",
+                "--checkpoint-minutes=2",
+            ),
+            ("checkpoint.mechanism", "checkpoint.mechanism", "--checkpoint=signal"),
+            ("depends_on", "depends_on", "--depends-on=a-000001:any"),
+        ];
+        let more: [(&str, &str, &str); 11] = [
+            ("duration", "duration", "--duration=10m"),
+            ("storage_gbps", "storage_gbps", "--storage-gbps=2.5"),
+            ("requeue", "requeue", "--requeue=always"),
+            ("max_requeues", "max_requeues", "--max-requeues=2"),
+            ("task_group", "task_group", "--task-group=0-9%2"),
+            ("task_group.range", "task_group.range", "--task-group=0-9%2"),
+            ("task_group.concurrency", "task_group.concurrency", "--task-group=0-9%2"),
+            ("mutex", "mutex", "--mutex=db"),
+            ("data", "data", "--data-mount=s3://b/d:/data:ro"),
+            ("data.mounts", "data.mounts", "--data-mount=s3://b/d:/data:ro"),
+            ("data.defaults", "data.defaults", "--no-data-defaults"),
+        ];
+        // The API names allocations itself (a capture writes the names it gave).
+        let not_asked = ["id"];
+        let table: Vec<_> = options.iter().chain(more.iter()).collect();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../traces/jsonl-schema.json");
+        let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut trace = std::collections::BTreeSet::new();
+        fn fields(node: &serde_json::Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+            for (k, v) in node["properties"].as_object().into_iter().flatten() {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                out.insert(p.clone());
+                if !p.contains("scale_policy") && !p.contains("range") {
+                    fields(v, &p, out);
+                }
+            }
+        }
+        fields(&schema["$defs"]["alloc"], "", &mut trace);
+        let mut missing = Vec::new();
+        for f in &trace {
+            if !not_asked.contains(&f.as_str()) && !table.iter().any(|t| t.0 == f) {
+                missing.push(f.clone());
+            }
+        }
+        assert!(missing.is_empty(), "trace fields without a CLI option: {missing:?}");
+
+        let opts: std::collections::BTreeSet<&str> = table.iter().map(|t| t.2).filter(|o| !o.is_empty()).collect();
+        let script: String = opts.iter().map(|o| format!("#LATTICE {o}\n")).collect();
+        let (f, warnings) = parse_script(&script);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let body = f.request(f.tenant.as_deref().unwrap(), "u", "true");
+        let mut have = std::collections::BTreeSet::new();
+        paths(&body, "", &mut have);
+        for (field, at, _) in &table {
+            assert!(have.contains(*at), "{field}: the request has no {at}: {body}");
+        }
+        // The request is one the API takes.
+        let req: Result<lattice_control::SubmitRequest, _> = serde_json::from_value(body.clone());
+        assert!(req.is_ok(), "{req:?}: {body}");
+
+        // The command line's flags make the same request.
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[arg(long)]
+            tenant: Option<String>,
+            #[command(flatten)]
+            submit: crate::client::submit::SubmitArgs,
+        }
+        let mut argv = vec!["lattice".to_string()];
+        for o in &opts {
+            match o.split_once('=') {
+                Some((k, v)) => argv.extend([k.to_string(), v.to_string()]),
+                None => argv.push(o.to_string()),
+            }
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        let flags = cli.submit.fields(cli.tenant.clone()).unwrap();
+        assert_eq!(flags.request("t", "u", "true"), body);
     }
 }

@@ -12,11 +12,15 @@ use common::{Proc, agent_process, call, free_port, runtime_process_with, wait_un
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// The REST base of the member that serves reads now (the leader), if any.
+/// The REST base of the leader once it serves (it says it leads and has taken the queue over; a
+/// follower serves reads too, forwarding them), if any.
 fn leader(bases: &[String]) -> Option<String> {
     bases
         .iter()
-        .find(|b| call("GET", &format!("{b}/v1/allocations"), None).0 == 200)
+        .find(|b| {
+            call("GET", &format!("{b}/healthz"), None).1["raft_state"] == "Leader"
+                && call("GET", &format!("{b}/v1/allocations"), None).0 == 200
+        })
         .cloned()
 }
 

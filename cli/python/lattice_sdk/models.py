@@ -40,7 +40,8 @@ class DataMount:
 
 @dataclass
 class AllocationSpec:
-    """A submission (``POST /v1/allocations``). ``constraints``: ``gpu_type``, ``gpu_count``, ``features``.
+    """A submission (``POST /v1/allocations``). ``constraints``: ``gpu_type``, ``gpu_count``, ``features``,
+    ``cpu_cores``, ``memory_gb``, ``topology``, ``require_unified_memory``.
     ``task_group``: ``(start, end)`` or ``(start, end, concurrency)``. ``depends_on``: ``{id: condition}``
     with ``success``, ``failure`` or ``any``."""
 
@@ -73,6 +74,18 @@ class AllocationSpec:
     liveness_probe: Optional[Dict[str, Any]] = None
     idempotency_key: Optional[str] = None
     duration: Optional[str] = None
+    #: Reactive: the metric it scales on, its target, and the policy's windows
+    #: (``{"cooldown": "5m", ...}``).
+    metric: Optional[str] = None
+    target: Optional[Any] = None
+    scale_policy: Optional[Dict[str, Any]] = None
+    #: After a node failure: ``never``, ``on_node_failure`` (the default), ``always``.
+    requeue: Optional[str] = None
+    max_requeues: Optional[int] = None
+    #: At most one running allocation holds this name at a time.
+    mutex: Optional[str] = None
+    #: The storage bandwidth it uses, GB/s.
+    storage_gbps: Optional[float] = None
 
     def to_json(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {
@@ -82,10 +95,22 @@ class AllocationSpec:
         }
         if self.walltime is not None and self.lifecycle == "bounded":
             body["lifecycle"]["walltime"] = self.walltime
-        for k in ("min_nodes", "max_nodes"):
+        for k in ("min_nodes", "max_nodes", "metric", "target", "scale_policy"):
             if getattr(self, k) is not None:
                 body["lifecycle"][k] = getattr(self, k)
-        for k in ("tenant", "project", "user", "vcluster", "preemption_class", "idempotency_key", "duration"):
+        for k in (
+            "tenant",
+            "project",
+            "user",
+            "vcluster",
+            "preemption_class",
+            "idempotency_key",
+            "duration",
+            "requeue",
+            "max_requeues",
+            "mutex",
+            "storage_gbps",
+        ):
             if getattr(self, k) is not None:
                 body[k] = getattr(self, k)
         if self.constraints:

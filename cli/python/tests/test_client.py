@@ -468,3 +468,91 @@ def test_tls_and_client_certificates(mtls_runtime):
                 await c.list_allocations()
 
     run(main())
+
+
+def test_every_trace_field_can_be_submitted(runtime):
+    """Every field of the trace format's submit event (``traces/jsonl-schema.json``) can be asked for
+    through ``AllocationSpec`` (derived from the schema: a new trace field fails here until the SDK
+    has it), and the runtime takes the request and shows what was asked."""
+    import json
+    import pathlib
+
+    schema = json.loads((pathlib.Path(__file__).parents[3] / "traces" / "jsonl-schema.json").read_text())
+
+    def paths(node, prefix=""):
+        for k, v in node.get("properties", {}).items():
+            p = f"{prefix}.{k}" if prefix else k
+            yield p
+            if "scale_policy" not in p and "range" not in p:
+                yield from paths(v, p)
+
+    moved = {
+        "nodes": "resources.nodes",
+        "gpu_type": "resources.constraints.gpu_type",
+        "constraints": "resources.constraints",
+        "walltime": "lifecycle.walltime",
+        "priority": "preemption_class",
+    }
+
+    def in_api(p):
+        for src, dst in moved.items():
+            if p == src or p.startswith(src + "."):
+                return dst + p[len(src):]
+        return p
+
+    wanted = {in_api(p) for p in paths(schema["$defs"]["alloc"])} - {"id"}
+    from lattice_sdk import DataMount
+
+    full = spec(
+        "true",
+        nodes=2,
+        project="p",
+        user="alice",
+        vcluster="default",
+        constraints={"gpu_count": 0, "features": [], "topology": "any", "cpu_cores": 1, "memory_gb": 1},
+        preemption_class=3,
+        checkpoint={"strategy": "auto", "estimated_minutes": 2, "mechanism": "signal"},
+        depends_on={"a-999999": "any"},
+        duration="1s",
+        storage_gbps=0.5,
+        requeue="always",
+        max_requeues=2,
+        task_group=(0, 1, 1),
+        mutex="m",
+        data_mounts=[DataMount(source="s3://b/d", target="/data")],
+        data_defaults=False,
+    )
+    body = full.to_json()
+    reactive = spec(
+        "true",
+        lifecycle="reactive",
+        min_nodes=1,
+        max_nodes=2,
+        metric="queue_depth",
+        target=5,
+        scale_policy={"cooldown": "5m"},
+    ).to_json()
+    body["resources"]["constraints"]["gpu_type"] = "H200"
+    body["resources"]["constraints"]["require_unified_memory"] = True
+
+    def have(v, prefix=""):
+        for k, x in v.items():
+            p = f"{prefix}.{k}" if prefix else k
+            yield p
+            if isinstance(x, dict):
+                yield from have(x, p)
+
+    got = set(have(body)) | set(have(reactive))
+    assert wanted <= got, sorted(wanted - got)
+    # The runtime takes them and shows what was asked (without what would reach the real agents'
+    # storage, other tenants' names or a dependency that is not there).
+    r = httpx.post(runtime.url + "/v1/allocations", json=reactive)
+    assert r.status_code == 201, r.text
+    for k in ("depends_on", "data", "task_group", "project", "vcluster", "user"):
+        del body[k]
+    body["resources"] = {"nodes": 1, "constraints": {"topology": "any"}}
+    r = httpx.post(runtime.url + "/v1/allocations", json=body)
+    assert r.status_code == 201, r.text
+    with SyncLatticeClient(base_url=runtime.url) as c:
+        shown = c.status(r.json()["id"])
+    assert (shown.requeue, shown.max_requeues, shown.mutex, shown.storage_gbps) == ("always", 2, "m", 0.5)

@@ -13,14 +13,69 @@ pub struct SubmitArgs {
     pub walltime: Option<String>,
     #[arg(long)]
     pub vcluster: Option<String>,
+    /// The tenant's project.
     #[arg(long)]
+    pub project: Option<String>,
+    #[arg(long, alias = "priority")]
     pub preemption_class: Option<i64>,
     #[arg(long)]
     pub gpu_type: Option<String>,
     #[arg(long)]
     pub gpus: Option<u32>,
+    /// A node feature, or `KEY=VALUE` for gpu_type, gpu_count, cpu_cores, memory_gb, topology
+    /// (repeatable; `--constraint gpu_type=GH200`).
     #[arg(long)]
     pub constraint: Vec<String>,
+    /// At least this many cores per node.
+    #[arg(long)]
+    pub cpu_cores: Option<u32>,
+    /// At least this much memory per node, GB.
+    #[arg(long)]
+    pub memory_gb: Option<u32>,
+    /// Placement: `tight` (one dragonfly group), `spread`, `any`.
+    #[arg(long)]
+    pub topology: Option<String>,
+    /// Nodes with unified CPU-GPU memory only (GH200, MI300A).
+    #[arg(long)]
+    pub unified_memory: bool,
+    /// An unbounded allocation (a service: runs until cancelled).
+    #[arg(long, conflicts_with = "reactive")]
+    pub service: bool,
+    /// A reactive allocation: scales between --min-nodes and --max-nodes on --scale-metric.
+    #[arg(long)]
+    pub reactive: bool,
+    #[arg(long)]
+    pub min_nodes: Option<u32>,
+    #[arg(long)]
+    pub max_nodes: Option<u32>,
+    /// `gpu_utilization`, `cpu_utilization`, or a metric the tasks report.
+    #[arg(long)]
+    pub scale_metric: Option<String>,
+    #[arg(long)]
+    pub scale_target: Option<String>,
+    /// The scaling policy's windows, `KEY=VALUE` (`cooldown=5m`, `scale_up_window=2m`, ...).
+    #[arg(long)]
+    pub scale_policy: Vec<String>,
+    /// `auto`, `manual`, `none`, or a mechanism (`signal`, `grpc`, `shmem`, `dmtcp`: auto by it).
+    #[arg(long)]
+    pub checkpoint: Option<String>,
+    /// The checkpoint write's estimate, minutes.
+    #[arg(long)]
+    pub checkpoint_minutes: Option<f64>,
+    /// After a node failure: `never`, `on_node_failure` (the default), `always`.
+    #[arg(long)]
+    pub requeue: Option<String>,
+    #[arg(long)]
+    pub max_requeues: Option<u32>,
+    /// At most one running allocation holds this name at a time.
+    #[arg(long)]
+    pub mutex: Option<String>,
+    /// The storage bandwidth it uses, GB/s.
+    #[arg(long)]
+    pub storage_gbps: Option<f64>,
+    /// No home, output and checkpoint mounts by default.
+    #[arg(long)]
+    pub no_data_defaults: bool,
     #[arg(long)]
     pub name: Option<String>,
     /// Simulated agents only: how long the run takes.
@@ -57,6 +112,71 @@ pub struct SubmitArgs {
     pub command: Vec<String>,
 }
 
+impl SubmitArgs {
+    /// The fields the flags set (over a script's directives), through the same names
+    /// `#LATTICE` lines use.
+    pub fn fields(&self, tenant: Option<String>) -> Result<SubmitFields> {
+        let mut f = SubmitFields {
+            nodes: self.nodes,
+            walltime: self.walltime.clone(),
+            tenant,
+            vcluster: self.vcluster.clone(),
+            preemption_class: self.preemption_class,
+            gpu_type: self.gpu_type.clone(),
+            gpu_count: self.gpus,
+            tags: self
+                .name
+                .clone()
+                .map(|n| [("name".to_string(), n)].into_iter().collect())
+                .unwrap_or_default(),
+            task_group: self.task_group,
+            uenv: self.uenv.clone(),
+            view: self.view.clone(),
+            image: self.image.clone(),
+            data_mounts: self.data_mount.clone(),
+            depends_on: match &self.depends_on {
+                Some(d) => crate::directives::parse_depends_on(d).map_err(anyhow::Error::msg)?,
+                None => Vec::new(),
+            },
+            ..SubmitFields::default()
+        };
+        for c in &self.constraint {
+            f.constraint(c).map_err(anyhow::Error::msg)?;
+        }
+        let num = |v: Option<u32>| v.map(|n| n.to_string());
+        let float = |v: Option<f64>| v.map(|n| n.to_string());
+        let flag = |b: bool| b.then(String::new);
+        let mut set: Vec<(&str, Option<String>)> = vec![
+            ("project", self.project.clone()),
+            ("service", flag(self.service)),
+            ("reactive", flag(self.reactive)),
+            ("min-nodes", num(self.min_nodes)),
+            ("max-nodes", num(self.max_nodes)),
+            ("scale-metric", self.scale_metric.clone()),
+            ("scale-target", self.scale_target.clone()),
+            ("cpu-cores", num(self.cpu_cores)),
+            ("memory-gb", num(self.memory_gb)),
+            ("topology", self.topology.clone()),
+            ("unified-memory", flag(self.unified_memory)),
+            ("checkpoint", self.checkpoint.clone()),
+            ("checkpoint-minutes", float(self.checkpoint_minutes)),
+            ("requeue", self.requeue.clone()),
+            ("max-requeues", num(self.max_requeues)),
+            ("mutex", self.mutex.clone()),
+            ("storage-gbps", float(self.storage_gbps)),
+            ("no-data-defaults", flag(self.no_data_defaults)),
+            ("duration", self.duration.clone()),
+        ];
+        set.extend(self.scale_policy.iter().map(|p| ("scale-policy", Some(p.clone()))));
+        for (k, v) in set {
+            if let Some(v) = v {
+                f.set(k, Some(&v)).map_err(anyhow::Error::msg)?;
+            }
+        }
+        Ok(f)
+    }
+}
+
 /// `lattice submit`: prints the new allocation's id (`SITE/ID` when it went to a peer site).
 pub fn run(
     client: &Client,
@@ -65,30 +185,11 @@ pub fn run(
     default_vcluster: &Option<String>,
     args: SubmitArgs,
 ) -> Result<()> {
-    let SubmitArgs {
-        nodes,
-        walltime,
-        vcluster,
-        preemption_class,
-        gpu_type,
-        gpus,
-        constraint,
-        name,
-        duration,
-        task_group,
-        uenv,
-        view,
-        image,
-        data_mount,
-        depends_on,
-        site,
-        command,
-    } = args;
     // A script file: its directives, then the flags on top.
     let mut fields = SubmitFields::default();
     // Quoted for `/bin/sh -c`: the job runs exactly the arguments typed after `--`.
-    let mut entrypoint = crate::directives::shell_join(&command);
-    if let [script] = command.as_slice()
+    let mut entrypoint = crate::directives::shell_join(&args.command);
+    if let [script] = args.command.as_slice()
         && std::path::Path::new(script).is_file()
     {
         let text = std::fs::read_to_string(script).with_context(|| format!("reading {script}"))?;
@@ -99,30 +200,7 @@ pub fn run(
         fields = f;
         entrypoint = format!("bash {}", crate::directives::shell_join(&[script]));
     }
-    let flags = SubmitFields {
-        nodes,
-        walltime,
-        tenant: tenant.clone(),
-        vcluster,
-        preemption_class,
-        gpu_type,
-        gpu_count: gpus,
-        features: constraint,
-        tags: name
-            .map(|n| [("name".to_string(), n)].into_iter().collect())
-            .unwrap_or_default(),
-        ntasks: None,
-        ntasks_per_node: None,
-        task_group,
-        uenv,
-        view,
-        image,
-        data_mounts: data_mount,
-        depends_on: match &depends_on {
-            Some(d) => crate::directives::parse_depends_on(d).map_err(anyhow::Error::msg)?,
-            None => Vec::new(),
-        },
-    };
+    let flags = args.fields(tenant.clone())?;
     let f = fields.overlay(&flags);
     let Some(tenant) = f.tenant.clone() else {
         bail!("no tenant: pass --tenant, set LATTICE_TENANT, or `tenant:` in ~/.config/lattice/config.yaml");
@@ -130,47 +208,14 @@ pub fn run(
     if entrypoint.is_empty() {
         bail!("nothing to run: `lattice submit [flags] -- COMMAND` or `lattice submit SCRIPT`");
     }
-    let mut body = json!({
-        "tenant": tenant,
-        "user": std::env::var("USER").unwrap_or_else(|_| "unknown".into()),
-        "entrypoint": entrypoint,
-        "resources": {"nodes": f.node_count()},
-        "lifecycle": {"type": "bounded", "walltime": f.walltime.clone().unwrap_or_else(|| "1h".into())},
-        "tags": f.tags,
-    });
-    if !f.depends_on.is_empty() {
-        body["depends_on"] = json!(
-            f.depends_on
-                .iter()
-                .map(|(r, c)| json!({"ref": r, "condition": c}))
-                .collect::<Vec<_>>()
-        );
-    }
-    if let Some(v) = f.vcluster.as_ref().or(default_vcluster.as_ref()) {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let mut body = f.request(&tenant, &user, &entrypoint);
+    if f.vcluster.is_none()
+        && let Some(v) = default_vcluster
+    {
         body["vcluster"] = json!(v);
     }
-    if let Some(c) = f.preemption_class {
-        body["preemption_class"] = json!(c);
-    }
-    if f.gpu_type.is_some() || f.gpu_count.is_some() || !f.features.is_empty() {
-        body["resources"]["constraints"] =
-            json!({"gpu_type": f.gpu_type, "gpu_count": f.gpu_count, "features": f.features});
-    }
-    if let Some(d) = duration {
-        body["duration"] = json!(d);
-    }
-    if f.image.is_some() {
-        body["environment"] = json!({"image": f.image, "uenv": f.uenv});
-    } else if f.uenv.is_some() || f.view.is_some() {
-        body["environment"] = json!({"uenv": f.uenv, "view": f.view});
-    }
-    if let Some(t) = f.task_group {
-        body["task_group"] = t.to_json();
-    }
-    if !f.data_mounts.is_empty() {
-        body["data"] = json!({"mounts": f.data_mounts.iter().map(|m| m.to_json()).collect::<Vec<_>>()});
-    }
-    if let Some(site) = site {
+    if let Some(site) = &args.site {
         let v = client.call(
             "POST",
             "/api/v1/federation/allocations",

@@ -307,10 +307,10 @@ pub async fn operator(
             && rng.next_u64().is_multiple_of(4)
         {
             let tenths = 1 + (rng.next_u64() % 9) as u32;
-            let setting = if rng.next_u64().is_multiple_of(3) {
-                Setting::ReferenceWait
-            } else {
-                Setting::Weights
+            let setting = match rng.next_u64() % 6 {
+                0 | 1 => Setting::ReferenceWait,
+                2 => Setting::FairShare,
+                _ => Setting::Weights,
             };
             if let Order::Elsewhere(leader) = set(target, setting, tenths, &obs).await {
                 target = leader.unwrap_or(target % members + 1);
@@ -383,12 +383,14 @@ async fn node_order(member: u64, node: &str, what: &str, obs: &SharedObs) -> Ord
     }
 }
 
-/// A setting of vCluster `default` the operator changes now and then: its weights (`priority` in
-/// tenths, `wait_time` the rest) or its configuration's `reference_wait` (in hours).
+/// A setting the operator changes now and then: vCluster `default`'s weights (`priority` in
+/// tenths, `wait_time` the rest) or its configuration's `reference_wait` (in hours), or tenant
+/// `physics`'s contract (`fair_share_target` in tenths).
 #[derive(Clone, Copy)]
 pub enum Setting {
     Weights,
     ReferenceWait,
+    FairShare,
 }
 
 impl Setting {
@@ -397,6 +399,7 @@ impl Setting {
         match self {
             Setting::Weights => &mut o.weights,
             Setting::ReferenceWait => &mut o.reference_wait,
+            Setting::FairShare => &mut o.fair_share,
         }
     }
 
@@ -416,6 +419,11 @@ impl Setting {
                 "/v1/vclusters/default",
                 serde_json::json!({ "reference_wait": v * 3600 }),
             ),
+            Setting::FairShare => (
+                "PUT",
+                "/api/v1/tenants/physics",
+                serde_json::json!({ "fair_share_target": f64::from(v) / 10.0 }),
+            ),
         }
     }
 
@@ -423,6 +431,7 @@ impl Setting {
         match self {
             Setting::Weights => "weights default: priority (tenths)",
             Setting::ReferenceWait => "config default: reference_wait (h)",
+            Setting::FairShare => "tenant physics: fair_share_target (tenths)",
         }
     }
 }

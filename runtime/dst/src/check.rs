@@ -43,15 +43,20 @@ fn settings_violations(o: &Obs, c: &lattice_control::Control, m: u64, term: u64)
     let view = c.vcluster_view("default").unwrap_or_default();
     let weights = view["weights"]["priority"].as_f64().map(|p| (p * 10.0).round() as u32);
     let wait = view["reference_wait"].as_f64().map(|s| (s / 3600.0).round() as u32);
+    let share = c
+        .tenant_view("physics")
+        .and_then(|t| t["quota"]["fair_share_target"].as_f64());
+    let share = share.map(|s| (s * 10.0).round() as u32);
     let mut out = Vec::new();
     for (what, seen, in_force) in [
         ("weights (priority, tenths)", &o.weights, weights),
         ("reference_wait (h)", &o.reference_wait, wait),
+        ("tenant physics's fair_share_target (tenths)", &o.fair_share, share),
     ] {
         let Some((acked, since)) = seen else { continue };
         if !in_force.is_some_and(|p| p == *acked || since.contains(&p)) {
             out.push(format!(
-                "vCluster default schedules with {what} {in_force:?} at m{m} (term {term}), not the acknowledged {acked} (nor one never answered: {since:?}); in force: {view}"
+                "the leader schedules with {what} {in_force:?} at m{m} (term {term}), not the acknowledged {acked} (nor one never answered: {since:?}); in force: {view}"
             ));
         }
     }

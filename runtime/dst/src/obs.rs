@@ -54,6 +54,8 @@ pub struct Obs {
     pub weights: Option<(u32, Vec<u32>)>,
     /// The same for its configuration's `reference_wait` (in hours).
     pub reference_wait: Option<(u32, Vec<u32>)>,
+    /// The same for tenant `physics`'s `fair_share_target` (in tenths): a tenant's contract.
+    pub fair_share: Option<(u32, Vec<u32>)>,
     /// Acknowledged DAG members → the members they depend on (condition `success`).
     pub dag_deps: BTreeMap<String, Vec<String>>,
     /// The faults have healed (the operator lifts its drains).

@@ -4,8 +4,9 @@
 //! one DNS name or VIP never sees a read refused. Writes are not forwarded: they answer 421 with the
 //! leader's URL, which `lattice` and the SDK follow, so a write is sent once and answered by the
 //! member that applied it. Not forwarded either: requests already forwarded once (no loops while
-//! members disagree about who leads), WebSocket upgrades (attach), and node agents' own calls
-//! (they carry their own member list and their certificate is their identity).
+//! members disagree about who leads), WebSocket upgrades (attach), node agents' own calls (they
+//! carry their own member list and their certificate is their identity), and anything under the
+//! deterministic simulation (its network carries the members' gRPC only).
 
 use crate::context::Shared;
 use axum::body::Body;
@@ -36,7 +37,10 @@ pub(super) async fn forward_reads(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let forwardable = matches!(*req.method(), Method::GET | Method::HEAD)
+    // Under the deterministic simulation members reach each other only through its network
+    // (`Shared::dial`), which carries gRPC alone: reads there are refused naming the leader.
+    let forwardable = s.dial.is_none()
+        && matches!(*req.method(), Method::GET | Method::HEAD)
         && !req.headers().contains_key(FORWARDED_BY)
         && !req.headers().contains_key(header::UPGRADE)
         && !agent_call(req.uri().path());
