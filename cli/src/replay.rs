@@ -53,6 +53,35 @@ pub struct Prepared {
     pub config: SimConfig,
     /// Human notes about how options were resolved (printed, and added to the summary notes).
     pub notes: Vec<String>,
+    /// What another profile's configurations are resolved against ([`Prepared::for_profile`]).
+    plan: VClusterPlan,
+}
+
+/// The trace's vClusters a profile configures (before the trace's jobs were put in the one a
+/// profile names), the default policy, and the trace's own notes.
+#[derive(Clone, Debug, Default)]
+struct VClusterPlan {
+    names: Vec<String>,
+    default_policy: Option<Policy>,
+    trace_notes: Vec<String>,
+}
+
+impl Prepared {
+    /// The configuration and notes this replay has with `o`'s profile instead (`o` differs from
+    /// the prepared options in `weights` only): what [`prepare`] would give, without reading and
+    /// parsing the trace again — a sweep's points share one parsed trace.
+    pub fn for_profile(&self, o: &ReplayOptions) -> Result<(SimConfig, Vec<String>)> {
+        let mut notes = Vec::new();
+        let (vclusters, _) = vcluster_configs(o, &self.plan.names, self.plan.default_policy, &mut notes)?;
+        notes.extend(self.plan.trace_notes.iter().cloned());
+        Ok((
+            SimConfig {
+                vclusters,
+                ..self.config.clone()
+            },
+            notes,
+        ))
+    }
 }
 
 /// The default policy from `--policy/--depth/--compat` (`None` when none was given).
@@ -80,29 +109,34 @@ pub fn cli_policy(o: &ReplayOptions) -> Result<Option<Policy>> {
 
 /// Per-vCluster configs from the profile: every vCluster of the trace needs an entry (a trace with the
 /// single vCluster `default` takes the profile's only entry, or the one named by `--vcluster`).
-fn vcluster_configs(
-    o: &ReplayOptions,
-    workload: &mut Workload,
-    default_policy: Option<Policy>,
-    notes: &mut Vec<String>,
-) -> Result<BTreeMap<String, VClusterConfig>> {
-    let mut out = BTreeMap::new();
-    let Some(path) = &o.weights else {
-        return Ok(out);
-    };
-    let prof = read_profile(path)?;
-    // Only the vClusters the trace's jobs actually use need an entry (an SWF read with
-    // `--vcluster-by-queue` also registers `default`, which no job may be in).
+/// The vClusters a profile must configure: those the trace's jobs use (an SWF read with
+/// `--vcluster-by-queue` also registers `default`, which no job may be in), or all without jobs.
+fn used_vclusters(workload: &Workload) -> Vec<String> {
     let used: std::collections::BTreeSet<u32> = workload.jobs.iter().map(|j| j.spec.vcluster.0).collect();
     let all = workload.vclusters.names();
-    let names: Vec<String> = if workload.jobs.is_empty() {
+    if workload.jobs.is_empty() {
         all.to_vec()
     } else {
         (0..all.len())
             .filter(|i| used.contains(&(*i as u32)))
             .map(|i| all[i].clone())
             .collect()
+    }
+}
+
+/// The profile's configurations of the trace's vClusters `names`; and, when the trace names none
+/// but `default` and the profile has no `default`, the one vCluster of the profile its jobs run in.
+fn vcluster_configs(
+    o: &ReplayOptions,
+    names: &[String],
+    default_policy: Option<Policy>,
+    notes: &mut Vec<String>,
+) -> Result<(BTreeMap<String, VClusterConfig>, Option<String>)> {
+    let mut out = BTreeMap::new();
+    let Some(path) = &o.weights else {
+        return Ok((out, None));
     };
+    let prof = read_profile(path)?;
     let only_default = names.len() == 1 && names[0] == "default" && !prof.vclusters.contains_key("default");
     if only_default {
         let (name, entry) = match &o.vcluster {
@@ -123,14 +157,11 @@ fn vcluster_configs(
                 prof.vclusters.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
         };
-        // The trace's jobs run in the chosen vCluster.
-        workload.vclusters = lattice_engine::Registry::default();
-        workload.vclusters.intern(&name);
         notes.push(format!("trace jobs run in vCluster `{name}` of {}", path.display()));
-        out.insert(name, entry.config(default_policy));
-        return Ok(out);
+        out.insert(name.clone(), entry.config(default_policy));
+        return Ok((out, Some(name)));
     }
-    for n in &names {
+    for n in names {
         let entry = prof.vclusters.get(n).with_context(|| {
             format!(
                 "{}: the trace uses vCluster `{n}`, which the profile does not define (it defines {})",
@@ -140,7 +171,7 @@ fn vcluster_configs(
         })?;
         out.insert(n.clone(), entry.config(default_policy));
     }
-    Ok(out)
+    Ok((out, None))
 }
 
 pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
@@ -173,7 +204,17 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             lattice_traces::homogeneous(n)
         }
     };
-    let vclusters = vcluster_configs(o, &mut workload, default_policy, &mut notes)?;
+    let plan = VClusterPlan {
+        names: used_vclusters(&workload),
+        default_policy,
+        trace_notes: workload.notes.clone(),
+    };
+    let (vclusters, chosen) = vcluster_configs(o, &plan.names, default_policy, &mut notes)?;
+    if let Some(name) = chosen {
+        // The trace's jobs run in the chosen vCluster.
+        workload.vclusters = lattice_engine::Registry::default();
+        workload.vclusters.intern(&name);
+    }
     notes.extend(workload.notes.iter().cloned());
     let contracts = match &o.tenants {
         Some(p) => lattice_traces::read_tenants(p)?,
@@ -229,6 +270,7 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         inventory,
         config,
         notes,
+        plan,
     })
 }
 
@@ -242,8 +284,19 @@ pub fn run_keeping(
     p: &Prepared,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(SimResult, lattice_engine::Controller)> {
-    let (mut r, ctl) = lattice_sim::simulate_with(&p.workload, &p.inventory, &p.config, progress, |ctl, _| ctl)?;
-    for n in &p.notes {
+    run_with(p, &p.config, &p.notes, progress)
+}
+
+/// [`run_keeping`] with another configuration and notes ([`Prepared::for_profile`]) over the same
+/// parsed trace and inventory.
+pub fn run_with(
+    p: &Prepared,
+    config: &SimConfig,
+    notes: &[String],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(SimResult, lattice_engine::Controller)> {
+    let (mut r, ctl) = lattice_sim::simulate_with(&p.workload, &p.inventory, config, progress, |ctl, _| ctl)?;
+    for n in notes {
         if !r.summary.notes.contains(n) {
             r.summary.notes.push(n.clone());
         }
@@ -315,4 +368,75 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
     std::fs::write(dir.join("engine_cost.json"), cost)
         .with_context(|| format!("writing {}/engine_cost.json", dir.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep point over the shared parsed trace ([`Prepared::for_profile`]) replays exactly as a
+    /// replay prepared from scratch with that point's profile: the same jobs, summary and notes.
+    #[test]
+    fn a_profile_over_a_shared_trace_replays_as_prepared_afresh() {
+        let profiles = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles");
+        let dir = std::env::temp_dir().join(format!("lattice-for-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let other = dir.join("other.yaml");
+        let text = std::fs::read_to_string(format!("{profiles}/hpc-batch.yaml")).unwrap();
+        std::fs::write(
+            &other,
+            text.replace("fair_share: 0.20", "fair_share: 0.60")
+                .replace("policy: easy", "policy: fcfs"),
+        )
+        .unwrap();
+        let o = |weights: &Path| ReplayOptions {
+            trace: None,
+            inventory: None,
+            procs_per_node: 1,
+            policy: None,
+            depth: None,
+            compat: None,
+            weights: Some(weights.to_path_buf()),
+            vcluster: None,
+            seed: 1,
+            commit_latency_ms: 0,
+            tenant_field: lattice_traces::TenantField::User,
+            vcluster_by_queue: false,
+            check_invariants: true,
+            horizon: None,
+            fairshare_half_life: None,
+            tenants: None,
+            mtbf: None,
+            repair: None,
+            walltime_grace: None,
+            hardened_boot: None,
+            vni_pool: None,
+            mirror_latency: None,
+            slo_wait: Vec::new(),
+        };
+        let base = prepare(&o(Path::new(&format!("{profiles}/hpc-batch.yaml")))).unwrap();
+        let (config, notes) = base.for_profile(&o(&other)).unwrap();
+        let (shared, _) = run_with(&base, &config, &notes, &mut |_, _| {}).unwrap();
+        let afresh = run(&prepare(&o(&other)).unwrap(), &mut |_, _| {}).unwrap();
+        let rows = |r: &SimResult| {
+            let mut s = String::new();
+            for j in &r.jobs {
+                j.csv_row(&mut s);
+            }
+            s
+        };
+        assert_eq!(rows(&shared), rows(&afresh));
+        let summary = |r: &SimResult| {
+            let mut v = serde_json::to_value(&r.summary).unwrap();
+            v.as_object_mut()
+                .unwrap()
+                .retain(|k, _| !k.contains("cpu") && !k.contains("wall"));
+            v
+        };
+        assert_eq!(summary(&shared), summary(&afresh));
+        assert!(notes.iter().any(|n| n.contains("other.yaml")), "{notes:?}");
+        // The profile mattered: the base's own run differs.
+        assert_ne!(rows(&run(&base, &mut |_, _| {}).unwrap()), rows(&afresh));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -310,6 +310,14 @@ pub fn run(
         let first = per_vc.values().next().copied().unwrap_or_default();
         jobs.push((i, path, first));
     }
+    // One parsed trace for every point (read-only, shared by the workers): each point only resolves
+    // its own profile's configurations.
+    let Some((_, first, _)) = jobs.first() else {
+        return Ok(Vec::new());
+    };
+    let mut o0 = opts.clone();
+    o0.weights = Some(first.clone());
+    let shared = replay::prepare(&o0)?;
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Result<Run>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     std::thread::scope(|s| {
@@ -324,9 +332,10 @@ pub fn run(
                     let i = *i;
                     let mut o = opts.clone();
                     o.weights = Some(path.clone());
-                    let r = replay::prepare(&o)
-                        .and_then(|p| replay::run(&p, &mut |_, _| {}))
-                        .and_then(|r| serde_json::to_value(&r.summary).map_err(anyhow::Error::from))
+                    let r = shared
+                        .for_profile(&o)
+                        .and_then(|(config, notes)| replay::run_with(&shared, &config, &notes, &mut |_, _| {}))
+                        .and_then(|(r, _)| serde_json::to_value(&r.summary).map_err(anyhow::Error::from))
                         .map(|summary| Run {
                             index: i,
                             weights: *weights,

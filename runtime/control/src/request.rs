@@ -325,11 +325,34 @@ pub struct Resources {
     pub constraints: Option<ConstraintsIn>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum NodesIn {
     Exact(i64),
     Range { min: i64, max: i64 },
+}
+
+/// `nodes` is a whole number or `{"min", "max"}`; anything else is refused saying so (serde's own
+/// untagged refusal names no rule).
+impl<'de> Deserialize<'de> for NodesIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NodesIn, D::Error> {
+        use serde::de::Error;
+        let v = serde_json::Value::deserialize(d)?;
+        let whole = |x: &serde_json::Value| x.as_i64();
+        let range = v.as_object().filter(|o| o.len() == 2).and_then(|o| {
+            Some(NodesIn::Range {
+                min: whole(o.get("min")?)?,
+                max: whole(o.get("max")?)?,
+            })
+        });
+        match (whole(&v), range) {
+            (Some(n), _) => Ok(NodesIn::Exact(n)),
+            (None, Some(r)) => Ok(r),
+            _ => Err(D::Error::custom(format!(
+                "field `resources.nodes`: a whole number of nodes, or {{\"min\": N, \"max\": M}} with whole numbers; got {v}"
+            ))),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
