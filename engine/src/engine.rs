@@ -605,11 +605,7 @@ impl Engine {
         if let Some(c) = self.class_keys.iter().position(|k| *k == key) {
             return Ok(c);
         }
-        let pyss =
-            self.config.policy == Policy::PyssEasy || self.vc_config.iter().any(|c| c.policy == Policy::PyssEasy);
-        if pyss && !self.class_keys.is_empty() {
-            return Err(EngineError::PyssHeterogeneous(self.class_keys.len() + 1));
-        }
+        self.class_admissible(&key)?;
         self.class_info.push(ClassInfo {
             group: key.group,
             conformance: key.conformance,
@@ -634,6 +630,17 @@ impl Engine {
         Ok(c)
     }
 
+    /// Whether nodes like `key` may be scheduled: an existing class, or a new one unless the
+    /// pyss-compatible policy (one class only) is in force.
+    fn class_admissible(&self, key: &ClassKey) -> Result<(), EngineError> {
+        let pyss =
+            self.config.policy == Policy::PyssEasy || self.vc_config.iter().any(|c| c.policy == Policy::PyssEasy);
+        if pyss && !self.class_keys.is_empty() && !self.class_keys.contains(key) {
+            return Err(EngineError::PyssHeterogeneous(self.class_keys.len() + 1));
+        }
+        Ok(())
+    }
+
     /// The node's capabilities are now `caps` (what its agent discovered where the inventory left
     /// them unset, as the quorum recorded it): it moves to the class of nodes like it, and its pool
     /// runs a pass (work that waited for such a node may start). A node that is held takes them
@@ -642,6 +649,15 @@ impl Engine {
     /// no node is like it. The same capabilities again change nothing.
     pub fn set_capabilities(&mut self, now: Time, id: NodeId, caps: NodeCapabilities) -> Result<bool, EngineError> {
         let n = self.nodes.get(id.index()).ok_or(EngineError::UnknownNode(id))?;
+        let old = self.class_of[id.index()] as usize;
+        let key = ClassKey {
+            capabilities: caps.clone(),
+            ..self.class_keys[old].clone()
+        };
+        if n.spec.capabilities != caps {
+            // Refused now, not when a held node is released.
+            self.class_admissible(&key)?;
+        }
         if n.owner.is_some() {
             if n.spec.capabilities == caps {
                 self.pending_caps.remove(&id);
@@ -654,11 +670,6 @@ impl Engine {
         if n.spec.capabilities == caps {
             return Ok(true);
         }
-        let old = self.class_of[id.index()] as usize;
-        let key = ClassKey {
-            capabilities: caps.clone(),
-            ..self.class_keys[old].clone()
-        };
         let pool = key.pool;
         let c = self.class_for(key)?;
         self.clock.advance(now);
@@ -675,13 +686,12 @@ impl Engine {
         Ok(true)
     }
 
-    /// A released node takes the capabilities recorded while it was held.
+    /// A released node takes the capabilities recorded while it was held (checked when recorded; a
+    /// vCluster switched to the pyss-compatible policy since keeps the node as it was).
     pub(crate) fn settle_capabilities(&mut self, id: NodeId) {
         if let Some(caps) = self.pending_caps.remove(&id) {
             let now = self.clock.now();
-            if let Err(e) = self.set_capabilities(now, id, caps) {
-                debug_assert!(false, "node {id}: recorded capabilities refused on release: {e}");
-            }
+            let _ = self.set_capabilities(now, id, caps);
         }
     }
 

@@ -226,4 +226,13 @@ fn a_held_node_takes_its_capabilities_when_released() {
         Err(EngineError::PyssHeterogeneous(2))
     ));
     assert_eq!((p.class_count(), p.free_by_class()), (1, &[2][..]));
+    // A held node's new capabilities are refused when they come, not dropped at its release.
+    let (mut p, t, v) = site(2, Policy::PyssEasy);
+    p.handle_submit(Time(0), AllocSpec::simple(t, v, 2, Duration::from_hours(1)))
+        .unwrap();
+    assert_eq!(pass(&mut p, Time(0)).len(), 1);
+    assert!(matches!(
+        p.set_capabilities(Time(1), NodeId(0), gpu_node("x").capabilities),
+        Err(EngineError::PyssHeterogeneous(2))
+    ));
 }
