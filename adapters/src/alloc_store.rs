@@ -105,16 +105,29 @@ type Reply = tokio::sync::oneshot::Sender<Result<(), String>>;
 /// Group commit over an [`AllocStore`]: a thread of its own applies every batch queued while the
 /// previous commit ran in one transaction. Batches are applied in the order they were queued.
 /// [`Writer::inline`] commits each batch in the caller instead (no thread: a deterministic
-/// simulation runs every member on one thread).
-#[derive(Clone)]
+/// simulation runs every member on one thread). Dropping the writer waits for its thread to
+/// finish what is queued and close the store, so the store can be opened again at once.
 pub struct Writer {
     to: WriterTo,
 }
 
-#[derive(Clone)]
 enum WriterTo {
-    Thread(std::sync::mpsc::Sender<(Vec<Change>, Reply)>),
-    Inline(std::sync::Arc<AllocStore>),
+    Thread {
+        tx: Option<std::sync::mpsc::Sender<(Vec<Change>, Reply)>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+    Inline(AllocStore),
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let WriterTo::Thread { tx, thread } = &mut self.to {
+            drop(tx.take());
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
 }
 
 /// A queued batch; resolves once it is durable (or the store failed).
@@ -130,10 +143,10 @@ impl Pending {
 }
 
 impl Writer {
-    /// Starts the writer thread; it ends when every `Writer` clone is dropped.
+    /// Starts the writer thread; it ends (closing the store) when the `Writer` is dropped.
     pub fn start(store: AllocStore) -> Writer {
         let (tx, rx) = std::sync::mpsc::channel::<(Vec<Change>, Reply)>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("alloc-store".into())
             .spawn(move || {
                 while let Ok(first) = rx.recv() {
@@ -153,14 +166,17 @@ impl Writer {
             })
             .expect("spawning the allocation store's writer");
         Writer {
-            to: WriterTo::Thread(tx),
+            to: WriterTo::Thread {
+                tx: Some(tx),
+                thread: Some(thread),
+            },
         }
     }
 
     /// A writer that commits each batch when it is queued, in the caller.
     pub fn inline(store: AllocStore) -> Writer {
         Writer {
-            to: WriterTo::Inline(std::sync::Arc::new(store)),
+            to: WriterTo::Inline(store),
         }
     }
 
@@ -168,8 +184,12 @@ impl Writer {
     pub fn queue(&self, changes: Vec<Change>) -> Pending {
         let (reply, rx) = tokio::sync::oneshot::channel();
         match &self.to {
-            WriterTo::Thread(tx) => {
-                if let Err(std::sync::mpsc::SendError((_, reply))) = tx.send((changes, reply)) {
+            WriterTo::Thread { tx, .. } => {
+                let sent = match tx {
+                    Some(tx) => tx.send((changes, reply)).map_err(|e| (e.0).1),
+                    None => Err(reply),
+                };
+                if let Err(reply) = sent {
                     let _ = reply.send(Err("allocation store: the writer stopped".into()));
                 }
             }
@@ -213,19 +233,17 @@ mod tests {
             }
         });
         drop(w);
-        // The writer thread ends with its last clone; the file reopens with all 51 records.
-        let t0 = std::time::Instant::now();
-        let s = loop {
-            match AllocStore::open(&dir) {
-                Ok(s) => break s,
-                Err(e) if t0.elapsed() < std::time::Duration::from_secs(5) => {
-                    let _ = e;
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => panic!("{e}"),
-            }
-        };
+        // Dropping the writer closes the store: the file reopens at once with all 51 records.
+        let mut s = AllocStore::open(&dir).unwrap();
         assert_eq!(s.load().unwrap().records.len(), 51);
+        // What is queued when the writer is dropped is written before the store closes.
+        for round in 0..20u64 {
+            let w = Writer::start(s);
+            let _unawaited = w.queue(vec![Change::Put(100 + round, vec![1])]);
+            drop(w);
+            s = AllocStore::open(&dir).unwrap();
+        }
+        assert_eq!(s.load().unwrap().records.len(), 71);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
