@@ -349,7 +349,8 @@ impl EndReason {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Allocation {
     pub id: AllocId,
-    pub spec: AllocSpec,
+    /// The request, shared with whoever submitted it (a replay's trace holds the same one).
+    pub spec: std::sync::Arc<AllocSpec>,
     pub state: AllocState,
     pub submitted: Time,
     /// When the quorum committed its nodes.

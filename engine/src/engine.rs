@@ -261,6 +261,8 @@ pub struct Engine {
     pub(crate) power_used_w: u64,
     pub(crate) storage_used_gbps: f64,
     pub(crate) passes: u64,
+    /// Allocations that ended since the last [`Engine::take_ended`] (`None`: not kept).
+    pub(crate) ended_log: Option<Vec<AllocId>>,
 }
 
 impl Engine {
@@ -383,6 +385,7 @@ impl Engine {
             power_used_w: 0,
             storage_used_gbps: 0.0,
             passes: 0,
+            ended_log: None,
         })
     }
 
@@ -395,6 +398,31 @@ impl Engine {
             .iter_mut()
             .filter_map(|a| Some((a.id, a.start_score.take()?)))
             .collect()
+    }
+
+    /// From now on, note every allocation that ends (completes, fails or is cancelled) for
+    /// [`Engine::take_ended`]: a replay takes each one's record as it ends.
+    pub fn track_ended(&mut self) {
+        self.ended_log.get_or_insert_with(Vec::new);
+    }
+
+    /// The allocations that ended since the last call, in the order they ended (empty unless
+    /// [`Engine::track_ended`] was called).
+    pub fn take_ended(&mut self) -> Vec<AllocId> {
+        self.ended_log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Moves an ended allocation's node list out (a replay that kept it elsewhere, compactly, frees
+    /// the engine's copy); empty for an allocation that has not ended, and for a sensitive one (its
+    /// wipes and audit entries name its nodes after its end).
+    pub fn take_nodes(&mut self, id: AllocId) -> Vec<NodeId> {
+        if self.is_sensitive(id) {
+            return Vec::new();
+        }
+        match self.allocs.get_mut(id.index()) {
+            Some(a) if a.state.is_terminal() => std::mem::take(&mut a.nodes),
+            _ => Vec::new(),
+        }
     }
 
     pub fn add_tenant(&mut self, name: &str) -> TenantId {
@@ -484,8 +512,18 @@ impl Engine {
             return 0;
         }
         let Some(a) = self.allocs.get(id.index()) else { return 0 };
+        self.borrowed_among(id, &a.nodes)
+    }
+
+    /// How many of `nodes` are outside allocation `id`'s home pool ([`Engine::borrowed_nodes`] of a
+    /// node list kept outside the engine).
+    pub fn borrowed_among(&self, id: AllocId, nodes: &[NodeId]) -> u32 {
+        if self.pools.len() == 1 {
+            return 0;
+        }
+        let Some(a) = self.allocs.get(id.index()) else { return 0 };
         let own = self.pool_of_vc[a.spec.vcluster.index()];
-        a.nodes
+        nodes
             .iter()
             .filter(|n| self.class_keys[self.class_of[n.index()] as usize].pool != own)
             .count() as u32
@@ -1078,6 +1116,14 @@ impl Engine {
         }
         m.held = Picks::new();
         m.avoid = Vec::new();
+        self.log_ended(id);
+    }
+
+    /// Notes that `id` ended, for [`Engine::take_ended`].
+    fn log_ended(&mut self, id: AllocId) {
+        if let Some(log) = &mut self.ended_log {
+            log.push(id);
+        }
     }
 
     /// A running allocation stops holding its nodes (it ended, or it was suspended).
@@ -1140,6 +1186,7 @@ impl Engine {
         a.state = AllocState::Cancelled;
         a.ended = Some(now);
         a.end_reason = Some(EndReason::DependencyUnsatisfied);
+        self.log_ended(id);
         self.resolve_dependents(now, id);
     }
 
@@ -1166,6 +1213,7 @@ impl Engine {
                     a.ended = Some(now);
                     a.end_reason = Some(EndReason::DependencyUnsatisfied);
                     self.meta[w.index()].unresolved_deps = 0;
+                    self.log_ended(w);
                     work.push(w);
                     continue;
                 }

@@ -12,13 +12,20 @@ use crate::policy::Policy;
 use crate::time::Time;
 
 impl Engine {
-    /// A new allocation request. Refused requests create nothing.
-    pub fn handle_submit(&mut self, now: Time, mut spec: AllocSpec) -> Result<AllocId, SubmitError> {
+    /// A new allocation request. Refused requests create nothing. The request is kept as given
+    /// (shared, not copied: a replay hands in the trace's own).
+    pub fn handle_submit(
+        &mut self,
+        now: Time,
+        spec: impl Into<std::sync::Arc<AllocSpec>>,
+    ) -> Result<AllocId, SubmitError> {
         self.clock.advance(now);
+        let mut spec: std::sync::Arc<AllocSpec> = spec.into();
         let claim = spec.sensitive_claim;
         if spec.sensitive_claim {
             // Sensitive claims are class 10: highest, never preempted.
-            spec.preemption_class = crate::alloc::PreemptionClass::new(10).expect("10 is valid");
+            std::sync::Arc::make_mut(&mut spec).preemption_class =
+                crate::alloc::PreemptionClass::new(10).expect("10 is valid");
         }
         self.release_estimated_ends(now);
         let (min, max) = (spec.nodes.min, spec.nodes.max);
@@ -308,7 +315,7 @@ impl Engine {
         {
             self.add_running(t + walltime, id);
         }
-        self.allocs[id.index()].spec.lifecycle = Lifecycle::Bounded { walltime };
+        std::sync::Arc::make_mut(&mut self.allocs[id.index()].spec).lifecycle = Lifecycle::Bounded { walltime };
         let key = self.pool_key_of(id);
         self.mark_due(key, now);
         Ok(())

@@ -924,3 +924,47 @@ fn a_preemptor_that_ran_queues_as_anyone_else() {
     assert_eq!(launched_now(&w), vec![next], "{:?}", w.0);
     assert!(c.engine.allocation(mid).is_some_and(|a| a.started.is_none()));
 }
+
+/// Every way an allocation ends is noted once for `take_ended` — a completion, a failure, a
+/// dependency's cancel and the cancels it cascades to — and only then can its node list be moved
+/// out; a running one keeps its list.
+#[test]
+fn every_end_is_noted_once_and_only_ended_allocations_give_up_their_nodes() {
+    use lattice_engine::{AllocState, Dependency, DependencyCondition, EndReason};
+    let (mut c, t, v) = controller(4);
+    c.engine.track_ended();
+    let mut w = Recorder::default();
+    let hour = Duration::from_hours(1);
+    let up = c.submit(Time(0), AllocSpec::simple(t, v, 2, hour)).unwrap();
+    let runner = c.submit(Time(0), AllocSpec::simple(t, v, 2, hour)).unwrap();
+    let after = |on| {
+        let mut s = AllocSpec::simple(t, v, 1, hour);
+        s.depends_on = vec![Dependency {
+            on,
+            condition: DependencyCondition::Success,
+        }];
+        s
+    };
+    let down = c.submit(Time(0), after(up)).unwrap();
+    let down2 = c.submit(Time(0), after(down)).unwrap();
+    pass(&mut c, Time(0), &mut w);
+    assert!(c.engine.take_ended().is_empty());
+    assert!(
+        c.engine.take_nodes(runner).is_empty(),
+        "a running allocation keeps its nodes"
+    );
+    assert_eq!(c.engine.allocation(runner).unwrap().nodes.len(), 2);
+    c.apply(Time(10_000), Input::Exited(up, EndReason::ExitFailure), &mut w)
+        .unwrap();
+    pass(&mut c, Time(10_000), &mut w);
+    let mut ended = c.engine.take_ended();
+    ended.sort();
+    assert_eq!(ended, vec![up, down, down2]);
+    assert_eq!(c.engine.allocation(down2).unwrap().state, AllocState::Cancelled);
+    assert_eq!(c.engine.take_nodes(up).len(), 2);
+    assert!(c.engine.allocation(up).unwrap().nodes.is_empty());
+    c.apply(Time(20_000), Input::Exited(runner, EndReason::Success), &mut w)
+        .unwrap();
+    assert_eq!(c.engine.take_ended(), vec![runner]);
+    assert!(c.engine.take_ended().is_empty());
+}

@@ -12,6 +12,7 @@ use lattice_engine::{
 };
 use lattice_sim::{Host, SiteNames};
 use lattice_traces::TraceJob;
+use std::sync::Arc;
 
 /// The runtime's control plane as the replay's host. `log` holds every action it carried out, as
 /// decision-log lines (`"<ms> <decision>"`).
@@ -155,12 +156,13 @@ impl Host for ReplayHost {
         &mut self.control.ctl
     }
 
-    fn submit(&mut self, now: Time, job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError> {
+    fn submit(&mut self, now: Time, job: &TraceJob, spec: Arc<AllocSpec>) -> Result<AllocId, SubmitError> {
         self.control.set_clock(now);
         let run = job
             .runtime
             .map_or(std::time::Duration::ZERO, |r| std::time::Duration::from_millis(r.0));
-        self.control.submit_spec(spec, &job.id, job.user.clone(), run)
+        self.control
+            .submit_spec(Arc::unwrap_or_clone(spec), &job.id, job.user.clone(), run)
     }
 
     /// Through the entry point SMD's new nodes take ([`Control::add_nodes`]), which also captures it.

@@ -7,6 +7,7 @@ use lattice_engine::{
     World,
 };
 use lattice_traces::TraceJob;
+use std::sync::Arc;
 
 /// The site's names as the replay registered them in the engine (node i is `NodeId(i)`).
 #[derive(Clone, Debug, Default)]
@@ -23,7 +24,7 @@ pub trait Host {
     fn controller(&self) -> &Controller;
     fn controller_mut(&mut self) -> &mut Controller;
     /// A trace job arrives (its spec with the engine's tenant, vCluster and dependency ids).
-    fn submit(&mut self, now: Time, job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError>;
+    fn submit(&mut self, now: Time, job: &TraceJob, spec: Arc<AllocSpec>) -> Result<AllocId, SubmitError>;
     /// A node joins the site (a `node_added` event; `node.spec` has its home vCluster's id set).
     fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String>;
     /// What a node's agent discovered where the inventory leaves its capabilities unset (a
@@ -49,7 +50,7 @@ impl Host for Controller {
     fn controller_mut(&mut self) -> &mut Controller {
         self
     }
-    fn submit(&mut self, now: Time, _job: &TraceJob, spec: AllocSpec) -> Result<AllocId, SubmitError> {
+    fn submit(&mut self, now: Time, _job: &TraceJob, spec: Arc<AllocSpec>) -> Result<AllocId, SubmitError> {
         Controller::submit(self, now, spec)
     }
     fn add_node(&mut self, now: Time, node: &lattice_traces::JoiningNode) -> Result<NodeId, String> {

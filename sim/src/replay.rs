@@ -89,6 +89,9 @@ pub struct Replay<'w, H: Host> {
     notes: Vec<String>,
     /// The replay is over (queue empty or horizon passed): steps do nothing.
     done: bool,
+    /// The nodes each ended allocation held at its end, as ranges, by allocation index (the engine
+    /// keeps no list for them).
+    ended_nodes: Vec<Option<NodeRanges>>,
 }
 
 impl<'w, H: Host> Replay<'w, H> {
@@ -148,6 +151,7 @@ impl<'w, H: Host> Replay<'w, H> {
                 .collect(),
         };
         let mut ctl = make(ctl, &names);
+        ctl.controller_mut().engine.track_ended();
 
         let (rank_arrival, rank_end) = if pyss {
             (PYSS_RANK_ARRIVAL, PYSS_RANK_END)
@@ -240,6 +244,7 @@ impl<'w, H: Host> Replay<'w, H> {
             arrived: 0,
             notes: workload.notes.clone(),
             done: false,
+            ended_nodes: Vec::new(),
         })
     }
 
@@ -379,17 +384,23 @@ impl<'w, H: Host> Replay<'w, H> {
         }
         let workload = self.workload;
         let job = &workload.jobs[i];
+        // The trace's own request, shared with the engine, unless its ids or dependencies must be
+        // rewritten for the engine (then the engine gets a changed copy).
         let mut spec = job.spec.clone();
-        spec.tenant = self.tenant_map[spec.tenant.index()];
-        spec.vcluster = self.vc_map[spec.vcluster.index()];
-        spec.depends_on = job
-            .deps
-            .iter()
-            .filter_map(|&(d, condition)| self.alloc_of[d].map(|on| Dependency { on, condition }))
-            .collect();
-        if spec.depends_on.len() != job.deps.len() {
-            *self.rejected.entry("dependency_rejected".into()).or_default() += 1;
-            return Ok(());
+        let (tenant, vcluster) = (self.tenant_map[spec.tenant.index()], self.vc_map[spec.vcluster.index()]);
+        if tenant != spec.tenant || vcluster != spec.vcluster || !job.deps.is_empty() {
+            let s = std::sync::Arc::make_mut(&mut spec);
+            s.tenant = tenant;
+            s.vcluster = vcluster;
+            s.depends_on = job
+                .deps
+                .iter()
+                .filter_map(|&(d, condition)| self.alloc_of[d].map(|on| Dependency { on, condition }))
+                .collect();
+            if s.depends_on.len() != job.deps.len() {
+                *self.rejected.entry("dependency_rejected".into()).or_default() += 1;
+                return Ok(());
+            }
         }
         match self.ctl.submit(now, job, spec) {
             Ok(id) => {
@@ -800,7 +811,24 @@ impl<'w, H: Host> Replay<'w, H> {
             c.after_pass(&self.ctl.controller().engine, now)
                 .map_err(|m| fail(now, m))?;
         }
+        self.keep_ended_nodes();
         Ok(())
+    }
+
+    /// Moves the node list of every allocation that ended out of the engine into ranges (a year's
+    /// ended allocations would otherwise hold some 100 node ids each until their records are taken).
+    fn keep_ended_nodes(&mut self) {
+        let engine = &mut self.ctl.controller_mut().engine;
+        for id in engine.take_ended() {
+            let nodes = engine.take_nodes(id);
+            if nodes.is_empty() {
+                continue; // held none, or the engine keeps them (sensitive)
+            }
+            if self.ended_nodes.len() <= id.index() {
+                self.ended_nodes.resize(id.index() + 1, None);
+            }
+            self.ended_nodes[id.index()] = Some(crate::timeline::node_ranges(&nodes).into_boxed_slice());
+        }
     }
 
     /// Ends the replay: one record per trace job, the metrics and the summary, the audit log, the
@@ -827,6 +855,7 @@ impl<'w, H: Host> Replay<'w, H> {
             rejected,
             pass_ns,
             mut notes,
+            ended_nodes,
             ..
         } = self;
         let decisions = ctl.controller_mut().take_log();
@@ -852,7 +881,11 @@ impl<'w, H: Host> Replay<'w, H> {
             .map(|n| (n.spec.capabilities.gpu_count, n.spec.group.0, n.spec.conformance.0))
             .collect();
         let node_power: Vec<u32> = engine.nodes().iter().map(|n| n.spec.capabilities.power_w).collect();
-        let mut jobs = records(engine, workload, &trace_of, &node_facts);
+        let held_nodes = HeldNodes {
+            engine,
+            ended: &ended_nodes,
+        };
+        let mut jobs = records(&held_nodes, workload, &trace_of, &node_facts);
         // Node-time held: the sum of each ended allocation's runs.
         let mut held = vec![0.0f64; jobs.len()];
         for r in &fake.timeline.runs {
@@ -900,7 +933,7 @@ impl<'w, H: Host> Replay<'w, H> {
         let (kwh, energy_cost) = if node_power.iter().all(|&w| w == 0) {
             (0.0, 0.0)
         } else {
-            energy_use(&summary_jobs_energy(engine, &node_power), &energy_prices)
+            energy_use(&summary_jobs_energy(&held_nodes, &node_power), &energy_prices)
         };
         summary.energy_kwh = kwh;
         summary.energy_cost = energy_cost;

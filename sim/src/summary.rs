@@ -6,7 +6,7 @@ use crate::config::{DEFAULT_SLO_WAIT, SimConfig};
 use crate::metrics::{self, GroupMetrics, JobRecord, Summary};
 use crate::quorum::FakeQuorum;
 use crate::world;
-use lattice_engine::{AllocState, Controller, Duration, EndReason, Engine, Time};
+use lattice_engine::{AllocState, Controller, Duration, EndReason, Engine, NodeId, Time};
 use lattice_traces::Workload;
 use std::collections::BTreeMap;
 
@@ -182,13 +182,35 @@ pub(crate) fn workflow_metrics(
     (dags, groups)
 }
 
+/// Inclusive ranges `(first, last)` of node indices, ascending (an ended allocation's nodes).
+pub(crate) type NodeRanges = Box<[(u32, u32)]>;
+
+/// The nodes each allocation holds, or held when it ended: the engine's list, or the ranges the
+/// replay kept for an ended allocation whose list it moved out of the engine.
+pub(crate) struct HeldNodes<'a> {
+    pub engine: &'a Engine,
+    /// By allocation index: the ranges `(first, last)` of an ended allocation's nodes.
+    pub ended: &'a [Option<NodeRanges>],
+}
+
+impl HeldNodes<'_> {
+    /// The nodes allocation `a` holds (holds still, or held at its end), in ascending order for an
+    /// ended one.
+    pub fn of<'b>(&self, a: &'b lattice_engine::Allocation) -> std::borrow::Cow<'b, [NodeId]> {
+        match self.ended.get(a.id.index()) {
+            Some(Some(r)) => r.iter().flat_map(|&(f, l)| (f..=l).map(NodeId)).collect(),
+            _ => std::borrow::Cow::Borrowed(&a.nodes[..]),
+        }
+    }
+}
+
 /// `(start, end, kW)` of every run that ended (current runs of requeued/preempted allocations only).
-pub(crate) fn summary_jobs_energy(engine: &Engine, power_w: &[u32]) -> Vec<(Time, Time, f64)> {
-    engine
+pub(crate) fn summary_jobs_energy(held: &HeldNodes, power_w: &[u32]) -> Vec<(Time, Time, f64)> {
+    held.engine
         .allocations()
         .iter()
         .filter_map(|a| {
-            let kw = a.nodes.iter().map(|n| power_w[n.index()] as f64).sum::<f64>() / 1000.0;
+            let kw = held.of(a).iter().map(|n| power_w[n.index()] as f64).sum::<f64>() / 1000.0;
             Some((a.started?, a.ended?, kw))
         })
         .collect()
@@ -265,19 +287,21 @@ pub(crate) fn placement_shape(nodes: &[lattice_engine::NodeId], facts: &NodeFact
     (groups.len() as u32, fps.iter().map(|x| x.1).max().unwrap_or(0))
 }
 
-pub(crate) fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], facts: &NodeFacts) -> Vec<JobRecord> {
+pub(crate) fn records(held: &HeldNodes, workload: &Workload, trace_of: &[usize], facts: &NodeFacts) -> Vec<JobRecord> {
     // One group and one fingerprint everywhere (every SWF replay): every placement spans 1 group.
     let uniform = facts.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
+    let engine = held.engine;
     engine
         .allocations()
         .iter()
         .map(|a| {
             let job = &workload.jobs[trace_of[a.id.index()]];
+            let nodes = held.of(a);
             let shape = a.started.map(|_| {
                 if uniform {
-                    (1, a.nodes.len() as u32)
+                    (1, nodes.len() as u32)
                 } else {
-                    placement_shape(&a.nodes, facts)
+                    placement_shape(&nodes, facts)
                 }
             });
             // A preempted allocation waited until its first start; its run spans every run since.
@@ -293,7 +317,7 @@ pub(crate) fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], 
                 start_s: first.map(Time::as_secs_f64),
                 end_s: first.and(a.ended).map(Time::as_secs_f64),
                 nodes: if a.started.is_some() {
-                    a.nodes.len() as u32
+                    nodes.len() as u32
                 } else {
                     a.spec.nodes.min
                 },
@@ -304,15 +328,15 @@ pub(crate) fn records(engine: &Engine, workload: &Workload, trace_of: &[usize], 
                 vcluster: engine.vcluster(a.spec.vcluster).map(|v| v.name).unwrap_or_default(),
                 state: a.state.as_str(),
                 reason: a.end_reason.map_or("", |r| r.as_str()),
-                gpus: a.nodes.iter().map(|n| facts[n.index()].0).sum(),
+                gpus: nodes.iter().map(|n| facts[n.index()].0).sum(),
                 groups: shape.map(|s| s.0),
                 conformance: shape
-                    .filter(|_| !a.nodes.is_empty())
-                    .map(|s| metrics::round6(s.1 as f64 / a.nodes.len() as f64)),
+                    .filter(|_| !nodes.is_empty())
+                    .map(|s| metrics::round6(s.1 as f64 / nodes.len() as f64)),
                 class: a.spec.preemption_class.get(),
                 score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
                 preempted: a.preempted,
-                borrowed: engine.borrowed_nodes(a.id),
+                borrowed: engine.borrowed_among(a.id, &nodes),
                 run_s: None,
             }
         })

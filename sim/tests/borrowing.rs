@@ -23,7 +23,7 @@ fn two_vclusters(jobs: Vec<(lattice_traces::TraceJob, u32)>) -> SimResult {
         jobs.iter()
             .map(|(j, vc)| {
                 let mut j = j.clone();
-                j.spec.vcluster = VClusterId(*vc);
+                j.spec_mut().vcluster = VClusterId(*vc);
                 j
             })
             .collect(),
@@ -42,7 +42,7 @@ fn two_vclusters(jobs: Vec<(lattice_traces::TraceJob, u32)>) -> SimResult {
 }
 
 fn ckpt(mut j: lattice_traces::TraceJob, minutes: f64) -> lattice_traces::TraceJob {
-    j.spec.checkpoint = CheckpointSpec {
+    j.spec_mut().checkpoint = CheckpointSpec {
         kind: CheckpointKind::Auto,
         estimated_minutes: Some(minutes),
         mechanism: Default::default(),
@@ -98,10 +98,10 @@ fn home_vcluster_reclaims_lent_nodes() {
 #[test]
 fn non_preemptible_allocations_do_not_borrow() {
     let mut a2 = job("A2", 1, 2, H, H);
-    a2.spec.preemption_class = PreemptionClass::new(8).unwrap();
+    a2.spec_mut().preemption_class = PreemptionClass::new(8).unwrap();
     // A1 is non-preemptible too, so A2 cannot take its nodes either.
     let mut a1 = job("A1", 0, 4, 10 * H, 10 * H);
-    a1.spec.preemption_class = PreemptionClass::new(7).unwrap();
+    a1.spec_mut().preemption_class = PreemptionClass::new(7).unwrap();
     let r = two_vclusters(vec![(a1, 0), (a2, 0)]);
     assert_eq!(start_of(&r, "A2"), (10 * H) as f64);
     assert_eq!(rec(&r, "A2").borrowed, 0);
@@ -124,7 +124,7 @@ mod properties {
             let trace: Vec<(lattice_traces::TraceJob, u32)> = jobs.iter().enumerate().map(|(i, &(gap, k, req, run, class, vc, ck))| {
                 t += gap;
                 let mut j = job(&format!("j{i}"), t, k, req, run);
-                j.spec.preemption_class = PreemptionClass::new(class).unwrap();
+                j.spec_mut().preemption_class = PreemptionClass::new(class).unwrap();
                 if let Some(m) = ck { j = ckpt(j, m); }
                 (j, vc)
             }).collect();

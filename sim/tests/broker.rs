@@ -18,8 +18,8 @@ fn checkpointable(
     minutes: Option<f64>,
 ) -> lattice_traces::TraceJob {
     let mut j = job(id, submit, nodes, req, run);
-    j.spec.preemption_class = PreemptionClass::new(class).unwrap();
-    j.spec.checkpoint = CheckpointSpec {
+    j.spec_mut().preemption_class = PreemptionClass::new(class).unwrap();
+    j.spec_mut().checkpoint = CheckpointSpec {
         kind: CheckpointKind::Auto,
         estimated_minutes: minutes,
         ..Default::default()
@@ -70,7 +70,7 @@ fn outage_blocks_priority_preemption_but_claims_kill() {
     assert_eq!(start_of(&r, "H"), (5 * H) as f64);
 
     let mut c = job("C", 200, 2, H, H);
-    c.spec.sensitive_claim = true;
+    c.spec_mut().sensitive_claim = true;
     let w = workload(vec![checkpointable("L", 0, 4, 10 * H, 5 * H, 1, Some(1.0)), c]);
     let r = run(&w, outage);
     let l = &r.jobs[0];

@@ -8,8 +8,8 @@ use lattice_sim::{SimConfig, SimResult, WipeModel, audit::AuditLog, simulate};
 
 fn claim(id: &str, submit: u64, nodes: u32, hold: u64) -> lattice_traces::TraceJob {
     let mut j = job(id, submit, nodes, hold, hold);
-    j.spec.sensitive_claim = true;
-    j.spec.lifecycle = lattice_engine::Lifecycle::Unbounded;
+    j.spec_mut().sensitive_claim = true;
+    j.spec_mut().lifecycle = lattice_engine::Lifecycle::Unbounded;
     j.user = Some("dr-x".into());
     j
 }
@@ -52,8 +52,8 @@ fn claim_starts_at_once_when_the_pool_has_capacity() {
 #[test]
 fn claim_preempts_non_sensitive_occupants() {
     let mut l = job("L", 0, 4, 10_000, 5_000);
-    l.spec.preemption_class = PreemptionClass::new(9).unwrap();
-    l.spec.checkpoint = CheckpointSpec {
+    l.spec_mut().preemption_class = PreemptionClass::new(9).unwrap();
+    l.spec_mut().checkpoint = CheckpointSpec {
         kind: CheckpointKind::Auto,
         estimated_minutes: Some(1.0),
         mechanism: Default::default(),

@@ -16,7 +16,7 @@ pub fn job(id: &str, submit_s: u64, nodes: u32, req_s: u64, run_s: u64) -> Trace
         submit: Time::from_secs(submit_s),
         runtime: Some(Duration::from_secs(run_s)),
         exit_ok: true,
-        spec,
+        spec: spec.into(),
         deps: Vec::new(),
         line: 0,
         user: None,

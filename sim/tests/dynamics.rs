@@ -70,7 +70,7 @@ fn node_failure_requeues_and_keeps_submit_time() {
 #[test]
 fn requeue_never_fails() {
     let mut a = job("A", 0, 2, 100, 100);
-    a.spec.requeue = lattice_engine::RequeuePolicy::Never;
+    a.spec_mut().requeue = lattice_engine::RequeuePolicy::Never;
     let r = run_events(
         vec![a],
         vec![ev(
@@ -305,7 +305,7 @@ mod properties {
             let trace: Vec<_> = jobs.iter().enumerate().map(|(i, &(gap, k, run, policy))| {
                 t += gap;
                 let mut j = job(&format!("j{i}"), t, k, run, run);
-                j.spec.requeue = match policy {
+                j.spec_mut().requeue = match policy {
                     0 => lattice_engine::RequeuePolicy::Never,
                     1 => lattice_engine::RequeuePolicy::OnNodeFailure,
                     _ => lattice_engine::RequeuePolicy::Always,

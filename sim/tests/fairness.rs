@@ -37,7 +37,7 @@ fn raising_fair_share_improves_demand_aware_fairness_by_the_hand_worked_amount()
         jobs.push(job(&format!("a{i}"), 0, 1, 3600, 3600));
     }
     let mut b = job("b1", 10, 1, 3600, 3600);
-    b.spec.tenant = TenantId(1);
+    b.spec_mut().tenant = TenantId(1);
     jobs.push(b);
     let mut w = workload(jobs);
     w.tenants.intern("b");
@@ -83,7 +83,7 @@ fn raising_fair_share_improves_demand_aware_fairness_by_the_hand_worked_amount()
 fn service_fairness_follows_the_tenants_slowdowns() {
     let mut jobs = vec![job("a1", 0, 2, 3600, 3600), job("a2", 0, 2, 3600, 3600)];
     let mut b = job("b1", 10, 2, 3600, 3600);
-    b.spec.tenant = TenantId(1);
+    b.spec_mut().tenant = TenantId(1);
     jobs.push(b);
     let mut w = workload(jobs);
     w.tenants.intern("b");

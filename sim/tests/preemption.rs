@@ -19,8 +19,8 @@ fn classed(
     ckpt: Option<f64>,
 ) -> lattice_traces::TraceJob {
     let mut j = job(id, submit, nodes, req, run);
-    j.spec.preemption_class = PreemptionClass::new(class).unwrap();
-    j.spec.checkpoint = CheckpointSpec {
+    j.spec_mut().preemption_class = PreemptionClass::new(class).unwrap();
+    j.spec_mut().checkpoint = CheckpointSpec {
         kind: if ckpt.is_some() {
             CheckpointKind::Auto
         } else {

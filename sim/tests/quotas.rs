@@ -48,7 +48,7 @@ fn two_schedulers() -> (lattice_traces::Inventory, lattice_traces::Workload) {
     w.vclusters = lattice_engine::Registry::default();
     w.vclusters.intern("a");
     w.vclusters.intern("b");
-    w.jobs[1].spec.vcluster = VClusterId(1);
+    w.jobs[1].spec_mut().vcluster = VClusterId(1);
     (inv, w)
 }
 
@@ -97,7 +97,7 @@ fn max_concurrent_allocations() {
 fn exhausted_budget_lowers_priority_but_does_not_reject() {
     let mut jobs = vec![job("R", 0, 1, 3600, 3600), job("a1", 1, 1, 10, 10)];
     let mut b1 = job("b1", 2, 1, 10, 10);
-    b1.spec.tenant = TenantId(1);
+    b1.spec_mut().tenant = TenantId(1);
     jobs.push(b1);
     let mut w = workload(jobs);
     w.tenants.intern("b");
@@ -134,8 +134,8 @@ proptest! {
         let trace: Vec<_> = jobs.iter().enumerate().map(|(i, &(gap, k, req, run, tenant, vc))| {
             t += gap;
             let mut j = job(&format!("j{i}"), t, k, req, run);
-            j.spec.tenant = TenantId(tenant);
-            j.spec.vcluster = VClusterId(vc);
+            j.spec_mut().tenant = TenantId(tenant);
+            j.spec_mut().vcluster = VClusterId(vc);
             j
         }).collect();
         let mut w = workload(trace);
@@ -161,7 +161,7 @@ proptest! {
 #[test]
 fn burst_allowance_caps_a_tenant_while_others_wait() {
     let mut b1 = job("b1", 10, 3, 10, 10);
-    b1.spec.tenant = TenantId(1);
+    b1.spec_mut().tenant = TenantId(1);
     let mut w = workload(vec![job("a1", 0, 1, 1000, 1000), b1, job("a2", 10, 1, 10, 10)]);
     w.tenants = lattice_engine::Registry::default();
     w.tenants.intern("a");

@@ -7,7 +7,7 @@ use lattice_sim::{SimConfig, SimResult, simulate};
 
 /// 300 GB of warm data the job wants hot; VAST writes 10 GB/s, staging may use 30 %: 3 GB/s, 100 s.
 fn with_data(mut j: lattice_traces::TraceJob, gb: f64) -> lattice_traces::TraceJob {
-    j.spec.data = vec![DataMount {
+    j.spec_mut().data = vec![DataMount {
         source: "s3://datasets/imagenet".into(),
         size_gb: gb,
         tier: Tier::Warm,

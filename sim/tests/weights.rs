@@ -56,7 +56,7 @@ fn raising_w3_lowers_share_deviation() {
     }
     for i in 0..8 {
         let mut j = job(&format!("b{i}"), 1, 4, 10, 10);
-        j.spec.tenant = lattice_engine::TenantId(1);
+        j.spec_mut().tenant = lattice_engine::TenantId(1);
         jobs.push(j);
     }
     let mut w = workload(jobs);
@@ -86,7 +86,7 @@ fn raising_w3_lowers_share_deviation() {
 #[test]
 fn raising_w1_runs_high_priority_first() {
     let mut y = job("Y", 2, 1, 10, 10);
-    y.spec.preemption_class = PreemptionClass::new(9).unwrap();
+    y.spec_mut().preemption_class = PreemptionClass::new(9).unwrap();
     let w = workload(vec![job("R", 0, 1, 10, 10), job("X", 1, 1, 10, 10), y]);
     let run_with = |priority: f64| {
         let cfg = weighted(
@@ -110,7 +110,7 @@ fn raising_w1_runs_high_priority_first() {
 #[test]
 fn energy_weight_defers_flexible_jobs_to_cheap_windows() {
     let mut urgent = job("U", 0, 1, 60, 60);
-    urgent.spec.preemption_class = PreemptionClass::new(9).unwrap();
+    urgent.spec_mut().preemption_class = PreemptionClass::new(9).unwrap();
     let w = workload(vec![job("F", 0, 1, 60, 60), urgent]);
     let mut inv = nodes(2);
     inv.energy_prices = vec![(Time::ZERO, 0.30), (Time::from_secs(600), 0.10)];
@@ -192,7 +192,7 @@ fn vclusters_schedule_their_own_nodes() {
     w.vclusters = lattice_engine::Registry::default();
     w.vclusters.intern("a");
     w.vclusters.intern("b");
-    w.jobs[2].spec.vcluster = lattice_engine::VClusterId(1);
+    w.jobs[2].spec_mut().vcluster = lattice_engine::VClusterId(1);
     let r = run_inv(&w, &inv, Policy::EASY);
     assert_eq!(
         r.summary.skipped.get("unsatisfiable"),
@@ -235,9 +235,9 @@ fn bin_pack_fills_partially_used_groups() {
 #[test]
 fn node_ranges_take_what_is_free_up_to_max() {
     let mut j = job("R", 0, 2, 10, 10);
-    j.spec.nodes = lattice_engine::NodeRange { min: 2, max: 6 };
+    j.spec_mut().nodes = lattice_engine::NodeRange { min: 2, max: 6 };
     let mut small = job("S", 0, 3, 10, 10);
-    small.spec.nodes = lattice_engine::NodeRange { min: 1, max: 3 };
+    small.spec_mut().nodes = lattice_engine::NodeRange { min: 1, max: 3 };
     let w = workload(vec![j, small]);
     let r = run_inv(&w, &nodes(4), Policy::EASY);
     assert_eq!(r.jobs[0].nodes, 4);
@@ -251,9 +251,9 @@ fn require_unified_memory_is_hard() {
     let mut inv = nodes(4);
     inv.nodes[3].capabilities.unified_memory = true;
     let mut j = job("U", 0, 1, 10, 10);
-    j.spec.constraints.require_unified_memory = true;
+    j.spec_mut().constraints.require_unified_memory = true;
     let mut j2 = job("U2", 0, 1, 10, 10);
-    j2.spec.constraints.require_unified_memory = true;
+    j2.spec_mut().constraints.require_unified_memory = true;
     let w = workload(vec![j, j2]);
     let r = run_inv(&w, &inv, Policy::EASY);
     assert_eq!((start_of(&r, "U"), start_of(&r, "U2")), (0.0, 10.0));

@@ -491,7 +491,7 @@ pub(crate) fn submit_job(
             submit: Time::ZERO,
             runtime,
             exit_ok: true,
-            spec,
+            spec: spec.into(),
             deps: Vec::new(),
             line,
             user,

@@ -446,7 +446,7 @@ impl<'f> Parser<'f> {
                         let mut e = job.clone();
                         e.id = format!("{}[{i}]", job.id);
                         e.group_name = Some(job.id.clone());
-                        e.spec.task_group = Some(TaskGroupRef {
+                        e.spec_mut().task_group = Some(TaskGroupRef {
                             group,
                             index: i,
                             concurrency: t.concurrency,

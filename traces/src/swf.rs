@@ -108,6 +108,8 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
     let mut cluster = opts.cluster_nodes;
     let default_vc = w.vclusters.intern("default");
     let mut fields = [0i64; 18];
+    let mut specs: std::collections::BTreeMap<(u32, u32, u32, u32, i64), std::sync::Arc<AllocSpec>> =
+        std::collections::BTreeMap::new();
     for (ln, line) in text.lines().enumerate() {
         let line_no = ln as u64 + 1;
         let t = line.trim();
@@ -271,13 +273,21 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
         } else {
             default_vc
         };
-        let mut spec = AllocSpec::simple(
-            TenantId(tenant),
-            VClusterId(vcluster),
-            nodes,
-            Duration::from_secs(walltime as u64),
-        );
-        spec.project = project;
+        // Jobs asking for the same share one request: a year of a site's jobs has far fewer distinct
+        // requests (owner, size, walltime) than jobs, and the replay's engine shares them too.
+        let spec = specs
+            .entry((tenant, project.0, vcluster, nodes, walltime))
+            .or_insert_with(|| {
+                let mut spec = AllocSpec::simple(
+                    TenantId(tenant),
+                    VClusterId(vcluster),
+                    nodes,
+                    Duration::from_secs(walltime as u64),
+                );
+                spec.project = project;
+                std::sync::Arc::new(spec)
+            })
+            .clone();
         w.jobs.push(TraceJob {
             id: id.to_string(),
             submit: Time::from_secs(submit as u64),

@@ -19,8 +19,9 @@ pub struct TraceJob {
     /// Exit status 0 (a non-zero exit ends the allocation `Failed`).
     pub exit_ok: bool,
     /// The request; `tenant`/`project`/`vcluster` index this workload's registries, `depends_on` is empty
-    /// (see `deps`).
-    pub spec: AllocSpec,
+    /// (see `deps`). Shared: a replay hands this very request to its engine when the tenant and
+    /// vCluster ids agree (no copy per job); [`TraceJob::spec_mut`] to change it.
+    pub spec: std::sync::Arc<AllocSpec>,
     /// Dependencies as indices into `Workload::jobs` (always earlier jobs).
     pub deps: Vec<(usize, DependencyCondition)>,
     /// Line of the trace it came from.
@@ -31,6 +32,13 @@ pub struct TraceJob {
     pub dag: Option<String>,
     /// The task group (by its submitted id) it is an element of.
     pub group_name: Option<String>,
+}
+
+impl TraceJob {
+    /// The request, to change (copied first if a replay shares it).
+    pub fn spec_mut(&mut self) -> &mut AllocSpec {
+        std::sync::Arc::make_mut(&mut self.spec)
+    }
 }
 
 /// A non-job event of the trace (cluster dynamics).

@@ -416,7 +416,7 @@ impl Controller {
     }
 
     /// A new allocation.
-    pub fn submit(&mut self, now: Time, spec: AllocSpec) -> Result<AllocId, SubmitError> {
+    pub fn submit(&mut self, now: Time, spec: impl Into<std::sync::Arc<AllocSpec>>) -> Result<AllocId, SubmitError> {
         let id = self.engine.handle_submit(now, spec)?;
         self.run(id);
         Ok(id)
