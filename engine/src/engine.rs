@@ -15,6 +15,7 @@ use crate::classes::{ClassInfo, ClassKey};
 use crate::error::EngineError;
 use crate::fairshare::{FairShareConfig, UsageLedger};
 use crate::ids::{AllocId, NodeId, ProjectId, TenantId, VClusterId};
+pub(crate) use crate::meta::{Meta, MetaTable};
 use crate::node::{Node, NodeCapabilities, NodeSpec, NodeState, Owner};
 use crate::nodeset::NodeSet;
 use crate::policy::{Policy, VClusterConfig};
@@ -103,44 +104,6 @@ pub struct PassStats {
     pub checkpoint_hints: u32,
 }
 
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Meta {
-    /// Node classes whose capabilities satisfy the constraints (in the allocation's pool).
-    pub eligible: Vec<u16>,
-    /// Nodes held per class while proposed or running.
-    pub held: Picks,
-    pub holding: bool,
-    pub proposed_at: Option<Time>,
-    pub unresolved_deps: u32,
-    /// Node-seconds (GPU-seconds on GPU pools) per second while running, for fair-share accounting.
-    pub usage_rate: f64,
-    /// Requested GPU-hours (node-hours on CPU-only pools).
-    pub requested_gpu_hours: f64,
-    /// Being preempted (checkpointing); excluded from further victim sets.
-    pub preempting: bool,
-    /// The allocation this one is being preempted for.
-    pub preempt_for: Option<AllocId>,
-    /// Being preempted: when it is surely off its nodes (its stop order's start plus its limit).
-    pub released_by: Option<Time>,
-    /// Victims still releasing nodes for this pending allocation.
-    pub awaiting_victims: u32,
-    /// Victims were preempted for it: it is first in its pool's queue until it starts.
-    pub preemptor: bool,
-    /// Classes of *other* pools whose capabilities satisfy the constraints (borrowable nodes).
-    pub borrow_eligible: Vec<u16>,
-    /// A broker checkpoint is in flight.
-    pub checkpointing: bool,
-    /// When its last checkpoint completed.
-    pub last_checkpoint: Option<Time>,
-    /// When it was last requeued (it sits out that cycle).
-    pub requeued_at: Option<Time>,
-    /// Nodes its prologue failed on: placed last (other nodes first) when it starts again.
-    pub avoid: Vec<NodeId>,
-    pub prologue_failures: u32,
-    /// Why its pool's last pass kept it waiting (cleared when it starts).
-    pub waiting: Option<crate::waiting::Waiting>,
-}
-
 /// One scheduler instance: a vCluster's nodes, queue and settings.
 #[derive(Clone, Debug)]
 pub(crate) struct Pool {
@@ -198,7 +161,7 @@ pub struct Engine {
     /// New capabilities of held nodes, taken when they are released ([`Engine::set_capabilities`]).
     pub(crate) pending_caps: BTreeMap<NodeId, NodeCapabilities>,
     pub(crate) allocs: Vec<Allocation>,
-    pub(crate) meta: Vec<Meta>,
+    pub(crate) meta: MetaTable,
     /// Pools by key: 0 = shared (nodes without a home), `v + 1` = home nodes of vCluster `v`.
     pub(crate) pools: BTreeMap<u32, Pool>,
     pub(crate) pool_of_vc: Vec<u32>,
@@ -339,7 +302,7 @@ impl Engine {
             nodes_not_ready,
             pending_caps: BTreeMap::new(),
             allocs: Vec::new(),
-            meta: Vec::new(),
+            meta: MetaTable::default(),
             pools,
             pool_of_vc: Vec::new(),
             vc_config: Vec::new(),
@@ -1110,12 +1073,8 @@ impl Engine {
         self.stop_running(now, id);
         self.resolve_dependents(now, id);
         // Only a waiting or running allocation needs its classes: a year's ended ones keep none.
-        let m = &mut self.meta[id.index()];
-        for v in [&mut m.eligible, &mut m.borrow_eligible] {
-            *v = Vec::new();
-        }
-        m.held = Picks::new();
-        m.avoid = Vec::new();
+        // Only a waiting or running allocation needs its bookkeeping: a year's ended ones keep none.
+        self.meta.release(id.index());
         self.log_ended(id);
     }
 

@@ -33,6 +33,7 @@ pub mod fairshare;
 pub mod ids;
 mod inputs;
 pub mod kai;
+mod meta;
 pub mod network;
 pub mod node;
 pub mod nodeset;

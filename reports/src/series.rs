@@ -93,7 +93,7 @@ pub fn tenant_shares(jobs: &[JobRecord], runs: &[RunSpan], bins: usize, top: usi
         .iter()
         .filter_map(|r| {
             let n: i64 = r.nodes.iter().map(|(a, b)| (b - a + 1) as i64).sum();
-            Some((jobs.get(r.job as usize)?.tenant.as_str(), r.start_s, r.end_s?, n))
+            Some((jobs.get(r.job as usize)?.tenant.as_ref(), r.start_s, r.end_s?, n))
         })
         .collect();
     let run_events = |r: &(&str, f64, f64, i64)| -> [(f64, i64); 2] { [(r.1, r.3), (r.2, -r.3)] };

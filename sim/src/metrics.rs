@@ -25,8 +25,9 @@ pub struct JobRecord {
     pub wait_s: Option<f64>,
     pub bsld: Option<f64>,
     pub backfilled: bool,
-    pub tenant: String,
-    pub vcluster: String,
+    /// Tenant and vCluster names, shared by every record that names them.
+    pub tenant: std::sync::Arc<str>,
+    pub vcluster: std::sync::Arc<str>,
     pub state: &'static str,
     pub reason: &'static str,
     /// GPUs held (Σ gpu_count over its nodes).
@@ -464,7 +465,7 @@ pub fn windowed_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<S
         while t < e {
             let w = (t / window_s).floor() as u64;
             let until = ((w + 1) as f64 * window_s).min(e);
-            *windows.entry(w).or_default().entry(j.tenant.clone()).or_default() += density * (until - t);
+            *windows.entry(w).or_default().entry(j.tenant.to_string()).or_default() += density * (until - t);
             t = until;
         }
     }

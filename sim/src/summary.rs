@@ -6,7 +6,7 @@ use crate::config::{DEFAULT_SLO_WAIT, SimConfig};
 use crate::metrics::{self, GroupMetrics, JobRecord, Summary};
 use crate::quorum::FakeQuorum;
 use crate::world;
-use lattice_engine::{AllocState, Controller, Duration, EndReason, Engine, NodeId, Time};
+use lattice_engine::{AllocState, Controller, Duration, EndReason, Engine, NodeId, TenantId, Time, VClusterId};
 use lattice_traces::Workload;
 use std::collections::BTreeMap;
 
@@ -291,6 +291,19 @@ pub(crate) fn records(held: &HeldNodes, workload: &Workload, trace_of: &[usize],
     // One group and one fingerprint everywhere (every SWF replay): every placement spans 1 group.
     let uniform = facts.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
     let engine = held.engine;
+    // Names interned once: a year's records share a few hundred tenant and vCluster names.
+    let name = |n: Option<String>| -> std::sync::Arc<str> { n.unwrap_or_default().into() };
+    let tenants: Vec<std::sync::Arc<str>> = (0..)
+        .map(TenantId)
+        .take_while(|&t| engine.tenant(t).is_some())
+        .map(|t| name(engine.tenant(t).map(|x| x.name)))
+        .collect();
+    let vclusters: Vec<std::sync::Arc<str>> = (0..)
+        .map(VClusterId)
+        .take_while(|&v| engine.vcluster(v).is_some())
+        .map(|v| name(engine.vcluster(v).map(|x| x.name)))
+        .collect();
+    let shared = |names: &[std::sync::Arc<str>], i: usize| names.get(i).cloned().unwrap_or_else(|| "".into());
     engine
         .allocations()
         .iter()
@@ -324,8 +337,8 @@ pub(crate) fn records(held: &HeldNodes, workload: &Workload, trace_of: &[usize],
                 wait_s: wait.map(Duration::as_secs_f64),
                 bsld,
                 backfilled: a.backfilled && a.started.is_some(),
-                tenant: engine.tenant(a.spec.tenant).map(|t| t.name).unwrap_or_default(),
-                vcluster: engine.vcluster(a.spec.vcluster).map(|v| v.name).unwrap_or_default(),
+                tenant: shared(&tenants, a.spec.tenant.index()),
+                vcluster: shared(&vclusters, a.spec.vcluster.index()),
                 state: a.state.as_str(),
                 reason: a.end_reason.map_or("", |r| r.as_str()),
                 gpus: nodes.iter().map(|n| facts[n.index()].0).sum(),
