@@ -861,6 +861,7 @@ impl<'w, H: Host> Replay<'w, H> {
         let decisions = ctl.controller_mut().take_log();
         let engine = &ctl.controller().engine;
         let world::FakeWorld {
+            q,
             mut quorum,
             mut fake,
             trace_of,
@@ -868,6 +869,8 @@ impl<'w, H: Host> Replay<'w, H> {
             checkpoint_ok,
             ..
         } = world;
+        // The queue's storage is not needed for the records, which are the replay's peak of memory.
+        drop(q);
         if fake.defaulted_runtime > 0 {
             notes.push(format!(
                 "{} allocations had no run time in the trace (no `complete` event): they ran to their walltime",
