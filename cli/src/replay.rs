@@ -265,6 +265,8 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
         decision_log: false,
         slo_wait: o.slo_wait.clone(),
     };
+    // The trace's requests are handed to the engine as they are (not copied) once their ids agree.
+    lattice_sim::align_ids(&mut workload, &inventory);
     Ok(Prepared {
         workload,
         inventory,

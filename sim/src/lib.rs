@@ -39,6 +39,45 @@ pub use timeline::{RunSpan, Timeline, TimelineEvent, TimelineKind};
 use lattice_engine::Controller;
 use lattice_traces::{Inventory, Workload};
 
+/// Numbers the workload's vClusters as a replay's engine numbers them — the inventory's first, in
+/// its order, then the trace's others in theirs — so each arrival hands the trace's own request to
+/// the engine rather than a copy with its vCluster id rewritten (one copy of each request). Call it
+/// on a workload before replaying it on `inventory` (or sharing it between replays on it); names,
+/// and so every output, are unchanged. Returns whether any id changed.
+pub fn align_ids(workload: &mut Workload, inventory: &Inventory) -> bool {
+    let mut engine_order = lattice_engine::Registry::default();
+    for n in inventory.vclusters.names() {
+        engine_order.intern(n);
+    }
+    let map: Vec<u32> = workload
+        .vclusters
+        .names()
+        .iter()
+        .map(|n| engine_order.intern(n))
+        .collect();
+    if map.iter().enumerate().all(|(i, &m)| i as u32 == m) {
+        return false;
+    }
+    workload.vclusters = engine_order;
+    // Jobs sharing a request share its renumbered copy: keyed by the shared request's address, the
+    // request itself kept alive beside it so no other can take that address meanwhile.
+    type Spec = std::sync::Arc<lattice_engine::AllocSpec>;
+    let mut renumbered: std::collections::BTreeMap<usize, (Spec, Spec)> = std::collections::BTreeMap::new();
+    for j in &mut workload.jobs {
+        let v = map[j.spec.vcluster.index()];
+        if v != j.spec.vcluster.0 {
+            let key = std::sync::Arc::as_ptr(&j.spec) as usize;
+            let (_, copy) = renumbered.entry(key).or_insert_with(|| {
+                let mut s = (*j.spec).clone();
+                s.vcluster = lattice_engine::VClusterId(v);
+                (j.spec.clone(), std::sync::Arc::new(s))
+            });
+            j.spec = copy.clone();
+        }
+    }
+    true
+}
+
 /// Replays `workload` on `nodes`. `progress(done, total)` is called now and then with arrivals processed.
 pub fn simulate(
     workload: &Workload,

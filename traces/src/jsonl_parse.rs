@@ -60,6 +60,8 @@ struct Parser<'f> {
     /// Cluster events: (ts, line, what).
     others: Vec<(i64, u64, TraceEventKind)>,
     next_group: u64,
+    /// Equal requests share one spec.
+    specs: crate::shared_specs::SharedSpecs,
 }
 
 impl<'f> Parser<'f> {
@@ -77,6 +79,7 @@ impl<'f> Parser<'f> {
             releases: Vec::new(),
             others: Vec::new(),
             next_group: 0,
+            specs: Default::default(),
         }
     }
 
@@ -212,6 +215,8 @@ impl<'f> Parser<'f> {
                     let why = format!("id `{}` already submitted", job.id);
                     return self.skip(line, Some("claim.id"), "duplicate_id", why);
                 }
+                let mut job = job;
+                job.spec = self.specs.share(job.spec);
                 self.pending.push(Pending { ts_ms, line, job, deps });
             }
             Err((field, msg)) => self.skip(line, Some(&field.replacen("alloc.", "claim.", 1)), "invalid_field", msg),
@@ -465,6 +470,7 @@ impl<'f> Parser<'f> {
                     format!("id `{}` already submitted", job.id),
                 ));
             }
+            job.spec = self.specs.share(job.spec);
             self.pending.push(Pending { ts_ms, line, job, deps });
         }
         Ok(())

@@ -29,6 +29,7 @@ pub mod library;
 pub mod profile;
 pub mod request;
 pub mod scale;
+mod shared_specs;
 pub mod swf;
 pub mod synth;
 pub mod tenants;
