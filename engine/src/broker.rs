@@ -11,7 +11,7 @@
 //!   higher-class jobs in the pool (more on borrowed nodes); and the pool's backlog pressure f6 times a
 //!   minute of the allocation's GPUs.
 
-use crate::alloc::{AllocState, CheckpointKind};
+use crate::alloc::AllocState;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids::AllocId;
@@ -140,7 +140,7 @@ impl Engine {
         self.pools[&key]
             .queue
             .iter()
-            .map(|&w| self.allocs[w.index()].spec.preemption_class.get())
+            .map(|&w| self.hot[w.index()].class)
             .filter(|&c| c > class)
             .map(|c| (c - class) as f64 / 10.0)
             .sum()
@@ -190,10 +190,10 @@ impl Engine {
                 let a = &self.allocs[id.index()];
                 let m = &self.meta[id.index()];
                 a.state == AllocState::Running
+                    && self.hot[id.index()].checkpoints
                     && m.proposed_at.is_none()
                     && !m.preempting
                     && !m.checkpointing
-                    && a.spec.checkpoint.kind != CheckpointKind::None
             })
             .collect();
         let mut hinted = 0;
@@ -203,7 +203,7 @@ impl Engine {
         let mut urgency: std::collections::BTreeMap<(u32, u8), f64> = std::collections::BTreeMap::new();
         for id in &candidates {
             let key = self.pool_key_of(*id);
-            let class = self.allocs[id.index()].spec.preemption_class.get();
+            let class = self.hot[id.index()].class;
             let b = *backlog.entry(key).or_insert_with(|| self.pool_backlog(key));
             let u = *urgency
                 .entry((key, class))
@@ -275,7 +275,9 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AllocSpec, CheckpointSpec, CostWeights, EngineConfig, NodeSpec, Policy, VClusterConfig};
+    use crate::{
+        AllocSpec, CheckpointKind, CheckpointSpec, CostWeights, EngineConfig, NodeSpec, Policy, VClusterConfig,
+    };
 
     fn running(minutes: Option<f64>, nodes: u32) -> (Engine, AllocId) {
         let mut e = Engine::new(

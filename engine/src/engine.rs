@@ -26,6 +26,15 @@ use crate::tenant::{Registry, Tenant, VCluster};
 use crate::time::{Clock, Time};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+/// An allocation's request fields that a pass's filters read for every queued or running
+/// allocation (its vCluster, preemption class and whether it checkpoints), kept in one array.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hot {
+    pub vcluster: u32,
+    pub class: u8,
+    pub checkpoints: bool,
+}
+
 /// Site-wide engine configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -162,6 +171,9 @@ pub struct Engine {
     pub(crate) pending_caps: BTreeMap<NodeId, NodeCapabilities>,
     pub(crate) allocs: Vec<Allocation>,
     pub(crate) meta: MetaTable,
+    /// What a pass's filters read of every queued or running allocation's request, by allocation
+    /// index, beside the request itself (which lives behind a shared pointer).
+    pub(crate) hot: Vec<Hot>,
     /// Pools by key: 0 = shared (nodes without a home), `v + 1` = home nodes of vCluster `v`.
     pub(crate) pools: BTreeMap<u32, Pool>,
     pub(crate) pool_of_vc: Vec<u32>,
@@ -303,6 +315,7 @@ impl Engine {
             pending_caps: BTreeMap::new(),
             allocs: Vec::new(),
             meta: MetaTable::default(),
+            hot: Vec::new(),
             pools,
             pool_of_vc: Vec::new(),
             vc_config: Vec::new(),
@@ -876,7 +889,7 @@ impl Engine {
     // ----- helpers ------------------------------------------------------------------------------------
 
     pub(crate) fn pool_key_of(&self, id: AllocId) -> u32 {
-        self.pool_of_vc[self.allocs[id.index()].spec.vcluster.index()]
+        self.pool_of_vc[self.hot[id.index()].vcluster as usize]
     }
 
     /// The pools whose nodes `id` holds.

@@ -95,6 +95,11 @@ impl Engine {
             .lifecycle
             .walltime()
             .map_or(f64::INFINITY, |w| per_node * min as f64 * w.as_secs_f64() / 3600.0);
+        self.hot.push(Hot {
+            vcluster: spec.vcluster.0,
+            class: spec.preemption_class.get(),
+            checkpoints: spec.checkpoint.kind != crate::alloc::CheckpointKind::None,
+        });
         self.allocs.push(Allocation {
             id,
             spec,

@@ -162,7 +162,7 @@ impl Host for ReplayHost {
             .runtime
             .map_or(std::time::Duration::ZERO, |r| std::time::Duration::from_millis(r.0));
         self.control
-            .submit_spec(Arc::unwrap_or_clone(spec), &job.id, job.user.clone(), run)
+            .submit_spec(Arc::unwrap_or_clone(spec), &job.id, job.user().map(str::to_string), run)
     }
 
     /// Through the entry point SMD's new nodes take ([`Control::add_nodes`]), which also captures it.

@@ -115,8 +115,8 @@ pub(crate) fn workflow_metrics(
     for (i, j) in workload.jobs.iter().enumerate() {
         let before = j.deps.iter().map(|&(d, _)| path[d]).fold(0.0, f64::max);
         path[i] = before + run(i);
-        let Some(d) = &j.dag else { continue };
-        let m = dags.entry(d.clone()).or_insert_with(|| metrics::DagMetrics {
+        let Some(d) = j.dag() else { continue };
+        let m = dags.entry(d.to_string()).or_insert_with(|| metrics::DagMetrics {
             submit_s: j.submit.as_secs_f64(),
             ..Default::default()
         });
@@ -150,11 +150,13 @@ pub(crate) fn workflow_metrics(
     }
     let mut groups: BTreeMap<String, metrics::TaskGroupMetrics> = BTreeMap::new();
     for (i, j) in workload.jobs.iter().enumerate() {
-        let Some(g) = &j.group_name else { continue };
-        let m = groups.entry(g.clone()).or_insert_with(|| metrics::TaskGroupMetrics {
-            first_start_s: f64::INFINITY,
-            ..Default::default()
-        });
+        let Some(g) = j.group_name() else { continue };
+        let m = groups
+            .entry(g.to_string())
+            .or_insert_with(|| metrics::TaskGroupMetrics {
+                first_start_s: f64::INFINITY,
+                ..Default::default()
+            });
         m.elements += 1;
         if let Some(r) = rec[i] {
             if r.state == "completed" {

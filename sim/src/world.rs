@@ -328,8 +328,8 @@ fn audit_claim(
     let Some(a) = engine.allocation(id) else { return };
     let job = &workload.jobs[trace_of[id.index()]];
     let user = job
-        .user
-        .clone()
+        .user()
+        .map(str::to_string)
         .or_else(|| engine.tenant(a.spec.tenant).map(|t| t.name))
         .unwrap_or_default();
     let names: Vec<&str> = nodes

@@ -10,7 +10,7 @@ fn claim(id: &str, submit: u64, nodes: u32, hold: u64) -> lattice_traces::TraceJ
     let mut j = job(id, submit, nodes, hold, hold);
     j.spec_mut().sensitive_claim = true;
     j.spec_mut().lifecycle = lattice_engine::Lifecycle::Unbounded;
-    j.user = Some("dr-x".into());
+    j.names_mut().user = Some("dr-x".into());
     j
 }
 

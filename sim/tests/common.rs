@@ -19,9 +19,7 @@ pub fn job(id: &str, submit_s: u64, nodes: u32, req_s: u64, run_s: u64) -> Trace
         spec: spec.into(),
         deps: Vec::new(),
         line: 0,
-        user: None,
-        dag: None,
-        group_name: None,
+        names: None,
     }
 }
 

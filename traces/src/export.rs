@@ -335,7 +335,7 @@ mod tests {
             prop_assert_eq!(w.skipped_total(), 0, "{:?} from {}", w.problems, line);
             let j = &w.jobs[0];
             prop_assert_eq!(&*j.spec, &spec, "{}", line);
-            prop_assert_eq!(j.user.as_deref(), Some("u"));
+            prop_assert_eq!(j.user(), Some("u"));
             prop_assert_eq!(w.project_name(&j.spec), names.project);
         }
     }

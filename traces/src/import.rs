@@ -619,7 +619,7 @@ pub fn workload_to_jsonl(w: &Workload) -> String {
             tenant: &tenant,
             project: if project.is_empty() { "default" } else { &project },
             vcluster: if vcluster.is_empty() { "default" } else { &vcluster },
-            user: j.user.as_deref(),
+            user: j.user(),
             deps: j.deps.iter().map(|&(i, c)| (w.jobs[i].id.clone(), c)).collect(),
         };
         let mut a = crate::export::alloc_json(&j.id, s, &names);

@@ -494,9 +494,12 @@ pub(crate) fn submit_job(
             spec: spec.into(),
             deps: Vec::new(),
             line,
-            user,
-            dag: None,
-            group_name: None,
+            names: user.map(|user| {
+                Box::new(crate::workload::JobNames {
+                    user: Some(user),
+                    ..Default::default()
+                })
+            }),
         },
         names.deps,
     ))
@@ -829,7 +832,7 @@ mod claim_tests {
         assert_eq!(w.jobs.len(), 1);
         let c = &w.jobs[0];
         assert!(c.spec.sensitive_claim);
-        assert_eq!(c.user.as_deref(), Some("dr-x"));
+        assert_eq!(c.user(), Some("dr-x"));
         assert_eq!(c.runtime, Some(Duration::from_hours(1)));
         assert_eq!(c.spec.lifecycle, lattice_engine::Lifecycle::Unbounded);
         let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();

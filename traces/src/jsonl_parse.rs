@@ -450,7 +450,7 @@ impl<'f> Parser<'f> {
                     .map(|i| {
                         let mut e = job.clone();
                         e.id = format!("{}[{i}]", job.id);
-                        e.group_name = Some(job.id.clone());
+                        e.names_mut().group_name = Some(job.id.clone());
                         e.spec_mut().task_group = Some(TaskGroupRef {
                             group,
                             index: i,
@@ -462,7 +462,9 @@ impl<'f> Parser<'f> {
             }
         };
         for (mut job, deps) in elements {
-            job.dag = dag.map(str::to_string);
+            if let Some(d) = dag {
+                job.names_mut().dag = Some(d.to_string());
+            }
             if self.by_id.insert(job.id.clone(), self.pending.len()).is_some() {
                 return Err((
                     "alloc.id".into(),
@@ -542,8 +544,8 @@ impl<'f> Parser<'f> {
         let index: BTreeMap<String, usize> = pending.iter().enumerate().map(|(i, p)| (p.job.id.clone(), i)).collect();
         let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, p) in pending.iter().enumerate() {
-            if let Some(g) = &p.job.group_name {
-                groups.entry(g.clone()).or_default().push(i);
+            if let Some(g) = p.job.group_name() {
+                groups.entry(g.to_string()).or_default().push(i);
             }
         }
         let mut dropped: BTreeSet<usize> = BTreeSet::new();

@@ -51,7 +51,7 @@ pub use request::{checkpoint_spec, parse_tier};
 pub use swf::{SwfOptions, TenantField, parse_swf, read_swf};
 pub use tenants::{Contracts, parse_tenants, read_tenants};
 pub use vcluster_config::{ConfigKeyError, apply_config, config_json};
-pub use workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
+pub use workload::{JobNames, TraceEvent, TraceEventKind, TraceJob, Workload};
 
 use std::path::Path;
 

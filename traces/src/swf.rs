@@ -297,9 +297,7 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
             spec,
             deps: Vec::new(),
             line: line_no,
-            user: None,
-            dag: None,
-            group_name: None,
+            names: None,
         });
     }
     w.cluster_nodes = cluster;

@@ -26,7 +26,15 @@ pub struct TraceJob {
     pub deps: Vec<(usize, DependencyCondition)>,
     /// Line of the trace it came from.
     pub line: u64,
-    /// The submitting user's identity, when the trace names it (sensitive claims must).
+    /// The user, DAG and task group, when the trace names any (boxed: most jobs of a site's
+    /// history name none); read with [`TraceJob::user`], [`TraceJob::dag`], [`TraceJob::group_name`].
+    pub names: Option<Box<JobNames>>,
+}
+
+/// What only some jobs of a trace name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobNames {
+    /// The submitting user's identity (sensitive claims must have one).
     pub user: Option<String>,
     /// The DAG it belongs to.
     pub dag: Option<String>,
@@ -38,6 +46,26 @@ impl TraceJob {
     /// The request, to change (copied first if a replay shares it).
     pub fn spec_mut(&mut self) -> &mut AllocSpec {
         std::sync::Arc::make_mut(&mut self.spec)
+    }
+
+    /// The names to change (made if it had none).
+    pub fn names_mut(&mut self) -> &mut JobNames {
+        self.names.get_or_insert_with(Default::default)
+    }
+
+    /// The submitting user's identity, when the trace names it.
+    pub fn user(&self) -> Option<&str> {
+        self.names.as_ref()?.user.as_deref()
+    }
+
+    /// The DAG it belongs to.
+    pub fn dag(&self) -> Option<&str> {
+        self.names.as_ref()?.dag.as_deref()
+    }
+
+    /// The task group (by its submitted id) it is an element of.
+    pub fn group_name(&self) -> Option<&str> {
+        self.names.as_ref()?.group_name.as_deref()
     }
 }
 

@@ -66,7 +66,7 @@ fn sacct_awkward_lines_import_with_correct_counts() {
     assert_eq!(a.spec.lifecycle.walltime().unwrap().as_secs_f64(), 7200.0);
     assert_eq!(a.spec.preemption_class.get(), 4, "QOS normal → 4");
     assert_eq!(w.tenants.names()[a.spec.tenant.0 as usize], "physics");
-    assert_eq!(a.user.as_deref(), Some("alice"));
+    assert_eq!(a.user(), Some("alice"));
     let g = job("1002_1");
     assert_eq!(
         (g.spec.constraints.gpu_count, g.spec.constraints.gpu_type.as_deref()),
