@@ -104,6 +104,7 @@ impl MetaTable {
         }
     }
 
+    #[inline]
     pub fn get(&self, i: usize) -> Option<&Meta> {
         self.slot.get(i).map(|&s| self.entry(s))
     }
@@ -112,6 +113,15 @@ impl MetaTable {
         (i < self.slot.len()).then(|| &mut self[i])
     }
 
+    /// A fresh entry for released allocation `i` (something writes its bookkeeping again).
+    #[cold]
+    fn renew(&mut self, i: usize) -> u32 {
+        let s = self.place(Meta::EMPTY);
+        self.slot[i] = s;
+        s
+    }
+
+    #[inline]
     fn entry(&self, s: u32) -> &Meta {
         if s == RELEASED {
             &EMPTY
@@ -133,18 +143,20 @@ impl MetaTable {
 
 impl std::ops::Index<usize> for MetaTable {
     type Output = Meta;
+    #[inline]
     fn index(&self, i: usize) -> &Meta {
         self.entry(self.slot[i])
     }
 }
 
 impl std::ops::IndexMut<usize> for MetaTable {
+    #[inline]
     fn index_mut(&mut self, i: usize) -> &mut Meta {
-        if self.slot[i] == RELEASED {
-            self.slot[i] = self.place(Meta::EMPTY);
+        let mut s = self.slot[i];
+        if s == RELEASED {
+            s = self.renew(i);
         }
-        let s = self.slot[i] as usize;
-        &mut self.entries[s]
+        &mut self.entries[s as usize]
     }
 }
 
