@@ -11,14 +11,27 @@ use lattice_sim::{SimConfig, SimResult, simulate};
 
 const H: u64 = 3600;
 
-/// vClusters `a` and `b`, 4 home nodes each, both scored.
-fn two_vclusters(jobs: Vec<(lattice_traces::TraceJob, u32)>) -> SimResult {
+/// 8 nodes, vClusters `a` and `b` with 4 home nodes each, both scored.
+fn two_vcluster_site() -> (lattice_traces::Inventory, SimConfig) {
     let mut inv = nodes(8);
     inv.vclusters.intern("a");
     inv.vclusters.intern("b");
     for (i, n) in inv.nodes.iter_mut().enumerate() {
         n.home_vcluster = Some(VClusterId((i / 4) as u32));
     }
+    let mut c = VClusterConfig::new(Policy::EASY);
+    c.weights = Some(CostWeights::default());
+    let cfg = SimConfig {
+        vclusters: [("a".to_string(), c), ("b".to_string(), c)].into(),
+        check_invariants: true,
+        ..SimConfig::default()
+    };
+    (inv, cfg)
+}
+
+/// vClusters `a` and `b`, 4 home nodes each, both scored.
+fn two_vclusters(jobs: Vec<(lattice_traces::TraceJob, u32)>) -> SimResult {
+    let (inv, cfg) = two_vcluster_site();
     let mut w = workload(
         jobs.iter()
             .map(|(j, vc)| {
@@ -31,13 +44,6 @@ fn two_vclusters(jobs: Vec<(lattice_traces::TraceJob, u32)>) -> SimResult {
     w.vclusters = lattice_engine::Registry::default();
     w.vclusters.intern("a");
     w.vclusters.intern("b");
-    let mut c = VClusterConfig::new(Policy::EASY);
-    c.weights = Some(CostWeights::default());
-    let cfg = SimConfig {
-        vclusters: [("a".to_string(), c), ("b".to_string(), c)].into(),
-        check_invariants: true,
-        ..SimConfig::default()
-    };
     simulate(&w, &inv, &cfg, &mut |_, _| {}).unwrap()
 }
 
@@ -160,12 +166,7 @@ mod properties {
 /// share its renumbered one.
 #[test]
 fn aligning_a_traces_vcluster_ids_changes_no_result() {
-    let mut inv = nodes(8);
-    inv.vclusters.intern("a");
-    inv.vclusters.intern("b");
-    for (i, n) in inv.nodes.iter_mut().enumerate() {
-        n.home_vcluster = Some(VClusterId((i / 4) as u32));
-    }
+    let (inv, cfg) = two_vcluster_site();
     let shared = std::sync::Arc::new({
         let mut s = job("x", 0, 3, 2 * H, H).spec.as_ref().clone();
         s.vcluster = VClusterId(0); // `b` in the trace's numbering
@@ -186,13 +187,6 @@ fn aligning_a_traces_vcluster_ids_changes_no_result() {
     w.vclusters = lattice_engine::Registry::default();
     w.vclusters.intern("b");
     w.vclusters.intern("a");
-    let mut c = VClusterConfig::new(Policy::EASY);
-    c.weights = Some(CostWeights::default());
-    let cfg = SimConfig {
-        vclusters: [("a".to_string(), c), ("b".to_string(), c)].into(),
-        check_invariants: true,
-        ..SimConfig::default()
-    };
     let before = simulate(&w, &inv, &cfg, &mut |_, _| {}).unwrap();
     let mut aligned = w.clone();
     assert!(lattice_sim::align_ids(&mut aligned, &inv));
