@@ -136,6 +136,16 @@ pub enum QuorumCommand {
         at_ms: u64,
         by: String,
     },
+    /// Site settings decisions read (the controller's timeouts, by key, in ms; `None` removes a key
+    /// that may be absent, such as one node kind's boot timeout): updated by an operator, or seeded
+    /// from a member's config file — only while the quorum holds no settings at all. Every leader
+    /// applies what the quorum holds.
+    PutSettings {
+        settings: BTreeMap<String, Option<u64>>,
+        write: TenantWrite,
+        at_ms: u64,
+        by: String,
+    },
     /// Federation (book: "Adding a Federation Peer"): a peer site's broker endpoints and the shared
     /// workspace its requests are signed under (replaces the peer's earlier entry). The workspace's
     /// key is exchanged out of band and stays in each member's config, never in the log.
@@ -336,6 +346,9 @@ pub struct QuorumState {
     /// later [`QuorumCommand::SetWeights`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub vclusters: BTreeMap<String, lattice_engine::VClusterConfig>,
+    /// Site settings decisions read, by key, in ms ([`QuorumCommand::PutSettings`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, u64>,
     /// What agents discovered where the inventory leaves capabilities unset, by node
     /// ([`QuorumCommand::Discovered`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -509,6 +522,12 @@ impl QuorumState {
                 self.admin(*at_ms, by, "vcluster.weights", vcluster, &detail);
                 QuorumResponse::Applied
             }
+            QuorumCommand::PutSettings {
+                settings,
+                write,
+                at_ms,
+                by,
+            } => self.put_settings(settings, *write, *at_ms, by),
             QuorumCommand::PutVCluster {
                 name,
                 config,
@@ -740,6 +759,30 @@ impl QuorumState {
             .fold((0, 0), |(h, r), a| (h + a.nodes.len() as u64, r + 1))
     }
 
+    /// [`QuorumCommand::PutSettings`].
+    fn put_settings(
+        &mut self,
+        settings: &BTreeMap<String, Option<u64>>,
+        write: TenantWrite,
+        at_ms: u64,
+        by: &str,
+    ) -> QuorumResponse {
+        let action = match write {
+            TenantWrite::Seed if !self.settings.is_empty() => return QuorumResponse::Applied,
+            TenantWrite::Seed => "settings.seed",
+            TenantWrite::Create | TenantWrite::Update => "settings.update",
+        };
+        for (key, value) in settings {
+            match value {
+                Some(ms) => self.settings.insert(key.clone(), *ms),
+                None => self.settings.remove(key),
+            };
+        }
+        let detail = serde_json::to_string(settings).unwrap_or_default();
+        self.admin(at_ms, by, action, "site", &detail);
+        QuorumResponse::Applied
+    }
+
     /// An entry in the administrative log.
     fn admin(&mut self, at_ms: u64, by: &str, action: &str, target: &str, detail: &str) {
         self.admin_log.push(AdminEntry {
@@ -942,6 +985,26 @@ mod tests {
         assert_eq!(s.vclusters["ml"].cycle_interval, cfg.cycle_interval);
         let actions: Vec<&str> = s.admin_log.iter().map(|e| e.action.as_str()).collect();
         assert_eq!(actions, ["vcluster.create", "vcluster.update", "vcluster.weights"]);
+    }
+
+    /// Site settings: seeded once (a later seed changes nothing), updated key by key, a key
+    /// removed by `None`; every write is in the admin log.
+    #[test]
+    fn settings_are_seeded_once_and_updated_key_by_key() {
+        let mut s = QuorumState::default();
+        let put = |pairs: &[(&str, Option<u64>)], write| QuorumCommand::PutSettings {
+            settings: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            write,
+            at_ms: 5,
+            by: "root".into(),
+        };
+        s.apply(&put(&[("a", Some(1)), ("b", Some(2))], TenantWrite::Seed));
+        s.apply(&put(&[("a", Some(9)), ("c", Some(3))], TenantWrite::Seed));
+        assert_eq!(s.settings, BTreeMap::from([("a".into(), 1), ("b".into(), 2)]));
+        s.apply(&put(&[("b", None), ("c", Some(4))], TenantWrite::Update));
+        assert_eq!(s.settings, BTreeMap::from([("a".into(), 1), ("c".into(), 4)]));
+        let actions: Vec<&str> = s.admin_log.iter().map(|e| e.action.as_str()).collect();
+        assert_eq!(actions, ["settings.seed", "settings.update"]);
     }
 
     /// A start is recorded with its network domain's VNI and the CXI service created for it; no

@@ -224,6 +224,19 @@ fn lattice_cli_drives_the_runtime() {
     }
     let o = run(&["admin", "config", "get", "accounting.enabled"]);
     assert!(!o.status.success() && err(&o).contains("config file"), "{}", err(&o));
+    // The site settings decisions read: set at the quorum, read back in seconds; a bad one names it.
+    let o = run(&["admin", "config", "set", "agents.boot_timeout_by_kind.H200=20m"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&["admin", "config", "get", "agents.boot_timeout_by_kind"]);
+    assert_eq!(out(&o).trim(), "agents.boot_timeout_by_kind.H200 = 1200.0s", "{}", err(&o));
+    let o = run(&["admin", "config", "set", "agents.boot_timeout_by_kind.H200=unset"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&["admin", "config", "get", "agents.boot_timeout_by_kind"]);
+    assert!(!o.status.success() && err(&o).contains("agents.boot_timeout,"), "{}", err(&o));
+    let o = run(&["admin", "config", "set", "agents.grace=soon"]);
+    assert!(!o.status.success() && err(&o).contains("agents.grace"), "{}", err(&o));
+    let o = run(&["admin", "config", "get", "agents.grace"]);
+    assert_eq!(out(&o).trim(), "agents.grace = 60.0s", "{}", err(&o));
 
     // Several endpoints, as a quorum's members: a dead one and one that is not the leader (421,
     // nothing done) are passed over, once each, and the submission is made once.

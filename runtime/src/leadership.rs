@@ -255,8 +255,8 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
 }
 
 /// What decisions read that the quorum holds, into a new leader's control plane: operators'
-/// standing orders, tenants' and projects' contracts, vClusters' weights and configurations, and
-/// the capabilities agents discovered.
+/// standing orders, tenants' and projects' contracts, vClusters' weights and configurations, the
+/// site settings, and the capabilities agents discovered.
 async fn adopt_decision_state(shared: &Shared, control: &mut Control) {
     // Operators' standing orders (drains, disables) live at the quorum: a fail-over keeps them.
     let orders = shared.member.read(|q| q.node_admin.clone()).await;
@@ -290,6 +290,18 @@ async fn adopt_decision_state(shared: &Shared, control: &mut Control) {
         if let Err(e) = control.apply_discovered(&node, fill) {
             tracing::warn!("capabilities recorded for node {node} not applied: {}", e.message);
         }
+    }
+    // The site settings decisions read, as the quorum holds them (over this member's config file).
+    let held = shared.member.read(|q| q.settings.clone()).await;
+    if !held.is_empty() {
+        let differ = lattice_control::settings::differences(&control.settings(), &held);
+        if !differ.is_empty() {
+            tracing::warn!(
+                "this member's config file differs from the site settings the quorum holds (in force): {}",
+                differ.join("; ")
+            );
+        }
+        control.apply_settings(&held);
     }
     // vClusters' configurations as the quorum holds them (created here when the API created them).
     let vclusters = shared.member.read(|q| q.vclusters.clone()).await;

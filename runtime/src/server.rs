@@ -253,12 +253,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
         tokio::spawn(push_quotas(shared.clone(), tenants, sensitive_pool, stopped.clone())),
-        tokio::spawn(scheduling_loop(
-            shared.clone(),
-            cfg.cycle(),
-            cfg.agents.durations().0,
-            stopped.clone(),
-        )),
+        tokio::spawn(scheduling_loop(shared.clone(), cfg.cycle(), stopped.clone())),
     ];
     if let Some(a) = accounting {
         tasks.push(tokio::spawn(crate::accounting::service::run(
@@ -448,6 +443,7 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         .and_then(|o| o.hardened.as_ref())
         .map(|_| cfg.sensitive.boot_timeout());
     let heartbeat_timeout_ms = cfg.agents.durations().0;
+    let sensitive_boot_ms = cfg.sensitive.boot_timeout().0;
     let node_boot = cfg.agents.boot_timeouts().map_err(anyhow::Error::msg)?;
     let make = move |inv: &lattice_traces::Inventory,
                      vcs,
@@ -458,6 +454,7 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         c.ctl.grace = heartbeat_grace;
         c.ctl.drift_timeout = drift_timeout;
         c.ctl.hardened_boot = hardened_boot;
+        c.hardened_boot_ms = sensitive_boot_ms;
         c.ctl.node_boot = node_boot.clone();
         c.heartbeat_timeout_ms = heartbeat_timeout_ms;
         c.launch_secret = launch_secret;
@@ -544,6 +541,14 @@ async fn push_quotas(
         at_ms,
         by: "profile".to_string(),
     }));
+    // And the site settings decisions read (this member's config file), while the quorum holds none.
+    let settings = shared.control.lock().await.settings();
+    cmds.push(QuorumCommand::PutSettings {
+        settings: settings.into_iter().map(|(k, ms)| (k, Some(ms))).collect(),
+        write,
+        at_ms,
+        by: "config".to_string(),
+    });
     while !cmds.is_empty() && !*stopped.borrow() {
         if shared.member.is_leader() {
             let cmd = cmds[0].clone();
@@ -565,7 +570,6 @@ async fn push_quotas(
 async fn scheduling_loop(
     shared: Arc<Shared>,
     cycle: std::time::Duration,
-    agent_timeout: u64,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -604,7 +608,7 @@ async fn scheduling_loop(
         }
         let actions = {
             let mut c = shared.control.lock().await;
-            c.check_agents(agent_timeout);
+            c.check_agents();
             c.take_actions()
         };
         execute(shared.clone(), actions).await;

@@ -222,6 +222,41 @@ async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
     assert_eq!(status, 200, "{v}");
     let (_, before_ml) = common::http("GET", format!("{base}/v1/vclusters/ml"), None).await;
     let (_, before_default) = common::http("GET", format!("{base}/v1/vclusters/default"), None).await;
+    // Site settings: refused by a follower and for a bad key (nothing changes anywhere), committed
+    // by the leader.
+    let settings = json!({"agents.boot_timeout": "15m", "agents.boot_timeout_by_kind.H200": "20m",
+                          "sensitive.wipe_timeout": 2400});
+    let (_, seeded) = common::http("GET", format!("{base}/v1/config"), None).await;
+    assert_eq!(seeded["agents.boot_timeout"], 600.0, "the config file's: {seeded}");
+    let (status, v) = common::http(
+        "PATCH",
+        format!("http://{}/v1/config", rest[follower]),
+        Some(settings.clone()),
+    )
+    .await;
+    assert_eq!(status, 421, "{v}");
+    let mut bad = settings.clone();
+    bad["agents.boot_timeout_by_kind"] = json!("1m");
+    let (status, v) = common::http("PATCH", format!("{base}/v1/config"), Some(bad)).await;
+    assert_eq!(
+        (status, v["field"].as_str()),
+        (400, Some("agents.boot_timeout_by_kind")),
+        "{v}"
+    );
+    let held = shared.member.read(|q| q.settings.clone()).await;
+    assert!(
+        held.is_empty() || held.get("agents.boot_timeout") == Some(&600_000),
+        "nothing recorded: {held:?}"
+    );
+    let (_, unchanged) = common::http("GET", format!("{base}/v1/config"), None).await;
+    assert_eq!(unchanged, seeded);
+    let (status, v) = common::http("PATCH", format!("{base}/v1/config"), Some(settings)).await;
+    assert_eq!(
+        (status, v["agents.boot_timeout_by_kind.H200"].as_f64()),
+        (200, Some(1200.0)),
+        "{v}"
+    );
+    let (_, before_settings) = common::http("GET", format!("{base}/v1/config"), None).await;
 
     let killed = rts[first].take().unwrap();
     let killed_at = Instant::now();
@@ -274,6 +309,25 @@ async fn a_drain_and_weights_outlive_the_leader_that_took_them() {
         (&json!("bin-pack"), &json!(15.0))
     );
     assert_eq!(after_default["reference_wait"], 7200.0);
+    // And the site settings: the new leader's controller times boots and wipes with them.
+    let (_, after_settings) = common::http("GET", format!("{base}/v1/config"), None).await;
+    assert_eq!(after_settings, before_settings);
+    assert_eq!(
+        (
+            after_settings["agents.boot_timeout"].as_f64(),
+            after_settings["sensitive.wipe_timeout"].as_f64()
+        ),
+        (Some(900.0), Some(2400.0))
+    );
+    {
+        let c = rts[next].as_ref().unwrap().shared.control.lock().await;
+        assert_eq!(c.ctl.node_boot.default, Some(lattice_engine::Duration::from_mins(15)));
+        assert_eq!(
+            c.ctl.node_boot.by_kind.get("H200"),
+            Some(&lattice_engine::Duration::from_mins(20))
+        );
+        assert_eq!(c.ctl.wipe_timeout, Some(lattice_engine::Duration::from_mins(40)));
+    }
     // Three one-node allocations on the two nodes left: none is placed on the drained node.
     let mut ids = Vec::new();
     for _ in 0..3 {

@@ -1,4 +1,5 @@
-//! `lattice admin vcluster show|create|set-config|set-weights` and `lattice admin config get|set`:
+//! `lattice admin vcluster show|create|set-config|set-weights` and `lattice admin config get|set`
+//! (vCluster keys, and the site settings `agents.*`/`sensitive.*`):
 //! a vCluster's scheduler configuration and weights, committed at the quorum (every leader
 //! schedules with what it holds). The keys are the weight profile's (`policy`, `backfill_depth`,
 //! `cycle_interval`, ...) and `weights`.
@@ -78,10 +79,12 @@ pub struct ConfigFlags {
 
 #[derive(Subcommand)]
 pub enum ConfigCmd {
-    /// `get vclusters.NAME` (the whole configuration) or `get vclusters.NAME.KEY`.
+    /// `get vclusters.NAME` (the whole configuration) or `get vclusters.NAME.KEY`; `get agents`
+    /// (the site settings under it, in seconds) or `get agents.boot_timeout`.
     Get { key: String },
     /// `set vclusters.NAME.KEY=VALUE` (a number, `true`/`false`, `null`, a duration or a name;
-    /// `weights.NAME` for one weight).
+    /// `weights.NAME` for one weight); `set agents.boot_timeout=15m` (seconds or a duration;
+    /// `agents.boot_timeout_by_kind.KIND=unset` removes a node kind's timeout).
     Set { assignment: String },
 }
 
@@ -219,7 +222,7 @@ fn show(client: &Client, output: Output, vcluster: &str) -> Result<()> {
 /// `vclusters.NAME[.KEY[.SUBKEY]]` → (NAME, the key path).
 fn split_key(key: &str) -> Result<(&str, Vec<&str>)> {
     let rest = key.strip_prefix("vclusters.").with_context(|| {
-        format!("`{key}`: the runtime's settings that decisions read are per vCluster (`vclusters.NAME.KEY`); the others are in its config file")
+        format!("`{key}`: the settings decisions read are per vCluster (`vclusters.NAME.KEY`) or the site's (`agents.KEY`, `sensitive.KEY`); the others are in the runtime's config file")
     })?;
     // A vCluster's name may hold dots: the key is what follows the last known key's dot.
     let keys: Vec<&str> = lattice_traces::vcluster_config::config_keys().collect();
@@ -238,8 +241,57 @@ fn value_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::from(text))
 }
 
+/// Whether `key` is a site setting's (or a prefix of them): `agents.…`, `sensitive.…`.
+fn site_key(key: &str) -> bool {
+    ["agents", "sensitive"]
+        .iter()
+        .any(|p| key == *p || key.starts_with(&format!("{p}.")))
+}
+
+/// `lattice admin config get|set` of the site settings (`/v1/config`): a key or a prefix of keys
+/// (`agents`), in seconds.
+fn site_config(client: &Client, output: Output, cmd: ConfigCmd) -> Result<()> {
+    match cmd {
+        ConfigCmd::Get { key } => {
+            let all = client.call("GET", "/v1/config", None)?;
+            let picked: serde_json::Map<String, Value> = all
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| *k == &key || k.starts_with(&format!("{key}.")))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if picked.is_empty() {
+                let known: Vec<&String> = all.as_object().into_iter().flatten().map(|(k, _)| k).collect();
+                bail!(
+                    "`{key}`: no such setting; the site's are {}",
+                    known.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+                );
+            }
+            print_value(&Value::Object(picked.clone()), output, |_| {
+                picked.iter().map(|(k, v)| format!("{k} = {v}s\n")).collect()
+            })
+        }
+        ConfigCmd::Set { assignment } => {
+            let (key, text) = assignment
+                .split_once('=')
+                .with_context(|| format!("`{assignment}`: expected KEY=VALUE"))?;
+            let value = if text == "unset" { Value::Null } else { value_of(text) };
+            let v = client.call("PATCH", "/v1/config", Some(&json!({ key: value })))?;
+            print_value(&v, output, |_| format!("{key} = {text}; in force at the quorum\n"))
+        }
+    }
+}
+
 /// `lattice admin config get|set`.
 pub fn config(client: &Client, output: Output, cmd: ConfigCmd) -> Result<()> {
+    let key = match &cmd {
+        ConfigCmd::Get { key } => key.as_str(),
+        ConfigCmd::Set { assignment } => assignment.split('=').next().unwrap_or_default(),
+    };
+    if site_key(key) {
+        return site_config(client, output, cmd);
+    }
     match cmd {
         ConfigCmd::Get { key } => {
             let (name, path) = split_key(&key)?;
@@ -291,6 +343,8 @@ mod tests {
         );
         let e = split_key("accounting.enabled").unwrap_err().to_string();
         assert!(e.contains("config file"), "{e}");
+        assert!(site_key("agents") && site_key("agents.boot_timeout") && site_key("sensitive.wipe_timeout"));
+        assert!(!site_key("agentsx") && !site_key("vclusters.agents"));
         assert_eq!(value_of("15s"), json!("15s"));
         assert_eq!(value_of("20"), json!(20));
         assert_eq!(value_of("false"), json!(false));

@@ -319,11 +319,12 @@ impl Control {
         Ok(self.node_state(id))
     }
 
-    /// Registered agents that went quiet: Ready → Degraded after `timeout_ms` without a heartbeat,
+    /// Registered agents that went quiet: Ready → Degraded after `agents.heartbeat_timeout` without a heartbeat,
     /// Degraded → Down after `grace_ms` more (its allocation requeued or failed by the engine). Returns
     /// the allocations that lost their nodes (to release at the quorum).
-    pub fn check_agents(&mut self, timeout_ms: u64) {
+    pub fn check_agents(&mut self) {
         use lattice_engine::NodeState;
+        let timeout_ms = self.heartbeat_timeout_ms;
         let now = self.now();
         for i in 0..self.fleet.agents.len() {
             let Some((_, last)) = self.fleet.agents[i] else {

@@ -23,6 +23,7 @@ mod logs;
 pub mod network;
 mod queries;
 mod request;
+pub mod settings;
 mod state;
 mod submit;
 pub mod tasks;
@@ -107,6 +108,9 @@ pub struct Control {
     pub real_agents: bool,
     /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
     pub heartbeat_timeout_ms: u64,
+    /// `sensitive.boot_timeout` in ms: the hardened boot's deadline where claims boot one
+    /// (`ctl.hardened_boot`), kept as a setting everywhere ([`settings`]).
+    pub hardened_boot_ms: u64,
     /// Task launches within running allocations (`lattice launch`): leader state, not replicated.
     pub launches: crate::tasks::Launches,
     /// The secret each allocation's launch token is derived from (random per leader; zeros in tests).
@@ -263,6 +267,7 @@ impl Control {
             resumed: Vec::new(),
             real_agents: false,
             heartbeat_timeout_ms: 30_000,
+            hardened_boot_ms: 600_000,
             registry: Registry {
                 vclusters,
                 default_vcluster,

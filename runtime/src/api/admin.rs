@@ -416,6 +416,26 @@ pub(super) async fn configure_vcluster(
     }
 }
 
+/// `lattice admin config get agents.KEY`: the site settings in force.
+pub(super) async fn settings(State(s): S) -> Response {
+    match ops::settings(&s).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `lattice admin config set agents.KEY=VALUE`: the settings to change.
+pub(super) async fn put_settings(
+    State(s): S,
+    Extension(p): P,
+    JsonIn(body): JsonIn<serde_json::Map<String, Value>>,
+) -> Response {
+    match ops::put_settings(&s, &p, &body).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 pub(super) async fn queue(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
     match ops::queue(&s, &p, &id).await {
         Ok(q) => Json(json!({ "vcluster": id, "queue": q })).into_response(),

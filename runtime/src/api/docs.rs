@@ -333,6 +333,17 @@ fn administration() -> Vec<Op> {
         )
         .body::<crate::accounting::ReconcileIn>()
         .answer::<crate::accounting::Reconciled>(),
+        Op::get(
+            "/v1/config",
+            "config",
+            "The site settings decisions read, in force (the quorum's): heartbeat grace, drift, boot, wipe and preemption-report timeouts, seconds by key",
+        ),
+        Op::patch(
+            "/v1/config",
+            "config",
+            "Change site settings (SystemAdmin): the keys given, seconds or a duration (e.g. `{\"agents.boot_timeout\": \"15m\"}`; `null` removes an `agents.boot_timeout_by_kind.KIND`); committed at the quorum",
+        )
+        .body::<serde_json::Map<String, serde_json::Value>>(),
         Op::get("/v1/vclusters", "vclusters", "vCluster names"),
         Op::post(
             "/v1/vclusters",

@@ -101,6 +101,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/api/v1/admin/accounting/reconcile",
             axum::routing::post(accounting_reconcile),
         )
+        .route("/v1/config", get(settings).patch(put_settings))
         .route("/v1/vclusters", get(vclusters).post(create_vcluster))
         .route("/v1/vclusters/{id}", get(vcluster).patch(configure_vcluster))
         .route("/v1/vclusters/{id}/queue", get(queue))

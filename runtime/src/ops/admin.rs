@@ -209,6 +209,58 @@ pub async fn put_vcluster(
     Ok(view)
 }
 
+/// The site settings decisions read, in force (`GET /v1/config`): seconds by key.
+pub async fn settings(s: &Shared) -> Result<serde_json::Value, ApiError> {
+    readable(s).await?;
+    let in_force = s.control.lock().await.settings();
+    Ok(serde_json::Value::Object(lattice_control::settings::settings_json(
+        &in_force,
+    )))
+}
+
+/// Changes site settings (`PATCH /v1/config`: the keys given; `null` removes a node kind's boot
+/// timeout): checked whole, committed at the quorum, then applied as the quorum holds them; the
+/// settings in force afterwards.
+pub async fn put_settings(
+    s: &Shared,
+    p: &Principal,
+    changes: &serde_json::Map<String, serde_json::Value>,
+) -> Result<serde_json::Value, ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("changing site settings needs SystemAdmin"));
+    }
+    let settings = lattice_control::settings::parse_changes(changes).map_err(bad_request)?;
+    writable(s).await?;
+    let at_ms = s.control.lock().await.now().0;
+    if s.member.read(|q| q.settings.is_empty()).await {
+        // Not seeded yet (the seeding is under way at start): the settings in force first, so the
+        // quorum holds every key.
+        let in_force = s.control.lock().await.settings();
+        let seed = lattice_adapters::QuorumCommand::PutSettings {
+            settings: in_force.into_iter().map(|(k, ms)| (k, Some(ms))).collect(),
+            write: lattice_adapters::TenantWrite::Seed,
+            at_ms,
+            by: "config".into(),
+        };
+        committed(s, seed, "settings").await?;
+    }
+    let cmd = lattice_adapters::QuorumCommand::PutSettings {
+        settings,
+        write: lattice_adapters::TenantWrite::Update,
+        at_ms,
+        by: p.user.clone(),
+    };
+    committed(s, cmd, "settings").await?;
+    // What the quorum holds now (a change committed after this one wins, in log order).
+    let held = s.member.read(|q| q.settings.clone()).await;
+    let mut c = s.control.lock().await;
+    c.apply_settings(&held);
+    let view = lattice_control::settings::settings_json(&c.settings());
+    drop(c);
+    s.wake.notify_one();
+    Ok(serde_json::Value::Object(view))
+}
+
 /// A backup written by this member: where, at which log index, its checksum.
 pub struct BackupMade {
     pub path: std::path::PathBuf,
