@@ -534,30 +534,7 @@ impl QuorumState {
                 write,
                 at_ms,
                 by,
-            } => {
-                let action = match write_action("vcluster", name, *write, self.vclusters.contains_key(name)) {
-                    Ok(Some(action)) => action,
-                    Ok(None) => return QuorumResponse::Applied,
-                    Err(r) => return r,
-                };
-                let mut config = *config;
-                if *write == TenantWrite::Seed
-                    && let Some(w) = self.weights.get(name)
-                {
-                    // Weights an operator set before configurations were kept here win over the
-                    // profile's.
-                    config.weights = Some(*w);
-                }
-                self.vclusters.insert(name.clone(), config);
-                // The weights in force are this configuration's from now on.
-                match config.weights {
-                    Some(w) => self.weights.insert(name.clone(), w),
-                    None => self.weights.remove(name),
-                };
-                let detail = serde_json::to_string(&config).unwrap_or_default();
-                self.admin(*at_ms, by, &action, name, &detail);
-                QuorumResponse::Applied
-            }
+            } => self.put_vcluster(name, *config, *write, *at_ms, by),
             QuorumCommand::AccountingMark { ms } => {
                 self.accounting_mark = self.accounting_mark.max(*ms);
                 QuorumResponse::Applied
@@ -757,6 +734,38 @@ impl QuorumState {
             .values()
             .filter(|a| a.tenant == tenant && a.project() == project)
             .fold((0, 0), |(h, r), a| (h + a.nodes.len() as u64, r + 1))
+    }
+
+    /// [`QuorumCommand::PutVCluster`].
+    fn put_vcluster(
+        &mut self,
+        name: &str,
+        mut config: lattice_engine::VClusterConfig,
+        write: TenantWrite,
+        at_ms: u64,
+        by: &str,
+    ) -> QuorumResponse {
+        let action = match write_action("vcluster", name, write, self.vclusters.contains_key(name)) {
+            Ok(Some(action)) => action,
+            Ok(None) => return QuorumResponse::Applied,
+            Err(r) => return r,
+        };
+        if write == TenantWrite::Seed
+            && let Some(w) = self.weights.get(name)
+        {
+            // Weights an operator set before configurations were kept here win over the
+            // profile's.
+            config.weights = Some(*w);
+        }
+        self.vclusters.insert(name.to_string(), config);
+        // The weights in force are this configuration's from now on.
+        match config.weights {
+            Some(w) => self.weights.insert(name.to_string(), w),
+            None => self.weights.remove(name),
+        };
+        let detail = serde_json::to_string(&config).unwrap_or_default();
+        self.admin(at_ms, by, &action, name, &detail);
+        QuorumResponse::Applied
     }
 
     /// [`QuorumCommand::PutSettings`].

@@ -228,11 +228,20 @@ fn lattice_cli_drives_the_runtime() {
     let o = run(&["admin", "config", "set", "agents.boot_timeout_by_kind.H200=20m"]);
     assert!(o.status.success(), "{}", err(&o));
     let o = run(&["admin", "config", "get", "agents.boot_timeout_by_kind"]);
-    assert_eq!(out(&o).trim(), "agents.boot_timeout_by_kind.H200 = 1200.0s", "{}", err(&o));
+    assert_eq!(
+        out(&o).trim(),
+        "agents.boot_timeout_by_kind.H200 = 1200.0s",
+        "{}",
+        err(&o)
+    );
     let o = run(&["admin", "config", "set", "agents.boot_timeout_by_kind.H200=unset"]);
     assert!(o.status.success(), "{}", err(&o));
     let o = run(&["admin", "config", "get", "agents.boot_timeout_by_kind"]);
-    assert!(!o.status.success() && err(&o).contains("agents.boot_timeout,"), "{}", err(&o));
+    assert!(
+        !o.status.success() && err(&o).contains("agents.boot_timeout,"),
+        "{}",
+        err(&o)
+    );
     let o = run(&["admin", "config", "set", "agents.grace=soon"]);
     assert!(!o.status.success() && err(&o).contains("agents.grace"), "{}", err(&o));
     let o = run(&["admin", "config", "get", "agents.grace"]);
