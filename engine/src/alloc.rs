@@ -32,6 +32,38 @@ pub struct Constraints {
     pub features: BTreeSet<String>,
     /// Hard: only nodes with a unified CPU-GPU memory domain (memory-topology chapter).
     pub require_unified_memory: bool,
+    /// The topology hint (`None`: as `tight`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologyHint>,
+}
+
+/// The book's topology hint (`constraints.topology`). `tight` packs into the fewest dragonfly
+/// groups, and with a positive topology weight (f4) the job may wait for a placement in fewer
+/// groups than it would get now (the pass's wait-for-topology rule); `any` also packs, but starts on
+/// whatever fits and never waits for topology (the book's advice for a job stuck on topology).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopologyHint {
+    Tight,
+    Any,
+}
+
+impl TopologyHint {
+    /// `tight` or `any`; anything else is `None`.
+    pub fn parse(s: &str) -> Option<TopologyHint> {
+        match s {
+            "tight" => Some(TopologyHint::Tight),
+            "any" => Some(TopologyHint::Any),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyHint::Tight => "tight",
+            TopologyHint::Any => "any",
+        }
+    }
 }
 
 impl Constraints {

@@ -52,7 +52,7 @@ pub mod world;
 
 pub use alloc::{
     AllocSpec, AllocState, Allocation, CheckpointKind, CheckpointMechanism, CheckpointSpec, Constraints, Dependency,
-    DependencyCondition, EndReason, Lifecycle, NodeRange, PreemptionClass, RequeuePolicy, TaskGroupRef,
+    DependencyCondition, EndReason, Lifecycle, NodeRange, PreemptionClass, RequeuePolicy, TaskGroupRef, TopologyHint,
 };
 pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};

@@ -22,7 +22,7 @@
 //! And how f4 can make a job *wait for good topology* (the tuning guide's "low w2, high w4"): a job whose
 //! placement now spans more groups than it would on its eligible nodes at best is deferred while the
 //! score it would gain from the better placement, `w4 · Δf4`, exceeds its wait term `w2 · f2`; as its wait
-//! grows, f2 grows and it starts anyway.
+//! grows, f2 grows and it starts anyway. A job whose topology hint is `any` never waits for topology.
 
 use std::collections::BTreeMap;
 
@@ -601,7 +601,7 @@ impl Engine {
         let Some(w) = vc.weights else {
             return false;
         };
-        if w.topology <= 0.0 || groups_now <= 1 {
+        if w.topology <= 0.0 || groups_now <= 1 || a.spec.constraints.topology == Some(crate::TopologyHint::Any) {
             return false;
         }
         let m = &self.meta[id.index()];

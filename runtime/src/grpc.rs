@@ -202,6 +202,21 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
             view: e.view.unwrap_or_default(),
             image: e.image.unwrap_or_default(),
         }),
+        constraints: a.constraints.map(|c| pb::Resources {
+            nodes: 0,
+            max_nodes: 0,
+            gpu_type: c.gpu_type.unwrap_or_default(),
+            gpu_count: c.gpu_count.unwrap_or_default(),
+            features: c.features,
+            topology: c.topology.unwrap_or_default(),
+            cpu_cores: c.cpu_cores.unwrap_or_default(),
+            memory_gb: c.memory_gb.unwrap_or_default(),
+            require_unified_memory: c.require_unified_memory,
+        }),
+        requeue: a.requeue,
+        max_requeues: a.max_requeues,
+        mutex: a.mutex.unwrap_or_default(),
+        storage_gbps: a.storage_gbps,
     }
 }
 

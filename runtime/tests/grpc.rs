@@ -215,7 +215,24 @@ async fn allocations_nodes_and_admin_over_grpc() {
             ),
             (lattice_engine::RequeuePolicy::Always, 4, Some("nightly"), Some(2.5))
         );
+        assert_eq!(spec.constraints.topology, Some(lattice_engine::TopologyHint::Tight));
     }
+    // And the gRPC view shows them as asked.
+    let shown = allocs
+        .get(authed(pb::GetAllocationRequest { id: asked.clone() }, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            shown.requeue.as_str(),
+            shown.max_requeues,
+            shown.mutex.as_str(),
+            shown.storage_gbps,
+            shown.constraints.map(|c| c.topology)
+        ),
+        ("always", 4, "nightly", Some(2.5), Some("tight".to_string()))
+    );
 
     // A task group: one allocation per index, one at a time; each knows its group and index.
     let group = allocs

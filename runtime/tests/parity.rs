@@ -247,6 +247,10 @@ fn workload() -> impl Strategy<Value = String> {
             if matches!(special, 7..=10) {
                 a["connectivity"] = serde_json::json!({"network_domain": (["ml", "cfd"][i % 2])});
             }
+            // Some give a topology hint (`any`: never waits for a placement in fewer groups).
+            if matches!(special, 17 | 18) {
+                a["constraints"] = serde_json::json!({"topology": if special == 17 { "any" } else { "tight" }});
+            }
             // Some depend on the job before: on its success, or on its end whatever it was.
             if matches!(special, 13 | 14) && i > 0 {
                 let condition = if special == 13 { "any" } else { "success" };

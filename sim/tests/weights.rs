@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use lattice_engine::{CostWeights, Policy, PreemptionClass, Time};
+use lattice_engine::{CostWeights, Policy, PreemptionClass, Time, TopologyHint};
 use lattice_sim::simulate;
 
 /// Raising w4 lowers the mean group span. 2 groups × 4 nodes. A (3 nodes, 100 s) takes group 0 (best
@@ -41,6 +41,33 @@ fn raising_w4_lowers_group_span() {
     assert_eq!(high.summary.deferred_for_topology, 1);
     // The price: C waits (the matrix's "increases wait").
     assert!(high.summary.mean_wait_s > low.summary.mean_wait_s);
+}
+
+/// The topology hint: with the same high w4 as above, C asking `topology: any` never waits for a
+/// one-group placement (it starts at once across both groups), while `tight` waits as no hint does.
+#[test]
+fn a_job_hinting_any_topology_never_waits_for_it() {
+    let run_with = |hint: Option<TopologyHint>| {
+        let mut c = job("C", 2, 2, 50, 50);
+        c.spec_mut().constraints.topology = hint;
+        let w = workload(vec![job("A", 0, 3, 100, 100), job("B", 1, 3, 100, 100), c]);
+        let cfg = weighted(
+            Policy::EASY,
+            CostWeights {
+                topology: 0.9,
+                wait_time: 0.05,
+                ..zero_weights()
+            },
+        );
+        simulate(&w, &grouped(2, 4, 1), &cfg, &mut |_, _| {}).unwrap()
+    };
+    let any = run_with(Some(TopologyHint::Any));
+    assert_eq!((start_of(&any, "C"), any.jobs[2].groups), (2.0, Some(2)));
+    assert_eq!(any.summary.deferred_for_topology, 0);
+    for hint in [Some(TopologyHint::Tight), None] {
+        let r = run_with(hint);
+        assert_eq!((start_of(&r, "C"), r.jobs[2].groups), (100.0, Some(1)), "{hint:?}");
+    }
 }
 
 /// Raising w3 lowers the max tenant share deviation. 4 nodes; tenant A submits 8 whole-machine jobs of

@@ -106,6 +106,9 @@ pub fn alloc_json(id: &str, spec: &AllocSpec, names: &SpecNames) -> Map<String, 
         if c.require_unified_memory {
             m.insert("require_unified_memory".into(), Value::from(true));
         }
+        if let Some(t) = c.topology {
+            m.insert("topology".into(), Value::from(t.as_str()));
+        }
         a.insert("constraints".into(), Value::Object(m));
     }
     let k = &s.checkpoint;
@@ -241,15 +244,20 @@ mod tests {
             proptest::option::of(1u32..2048),
             proptest::collection::btree_set("[a-z]{2,6}", 0..3),
             any::<bool>(),
+            proptest::option::of(prop_oneof![
+                Just(lattice_engine::TopologyHint::Tight),
+                Just(lattice_engine::TopologyHint::Any)
+            ]),
         )
             .prop_map(
-                |(gpu_type, gpu_count, cpu_cores, memory_gb, features, um)| Constraints {
+                |(gpu_type, gpu_count, cpu_cores, memory_gb, features, um, topology)| Constraints {
                     gpu_type,
                     gpu_count,
                     cpu_cores,
                     memory_gb,
                     features,
                     require_unified_memory: um,
+                    topology,
                 },
             );
         let data = proptest::collection::vec(

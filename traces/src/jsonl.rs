@@ -68,8 +68,7 @@ pub(crate) struct ConstraintsIn {
     memory_gb: Option<u32>,
     #[serde(default)]
     features: Vec<String>,
-    /// Scheduler hint ("tight"): placement always packs into the fewest groups, so it is accepted as is.
-    #[allow(dead_code)]
+    /// The topology hint: `tight` or `any`.
     topology: Option<String>,
     #[serde(default)]
     require_unified_memory: bool,
@@ -528,6 +527,7 @@ impl SubmitIn {
                 memory_gb: c.memory_gb,
                 features: c.features,
                 require_unified_memory: c.require_unified_memory,
+                topology: c.topology,
             },
             walltime: self.walltime,
             lifecycle: self.lifecycle,

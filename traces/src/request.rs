@@ -47,6 +47,8 @@ pub struct ConstraintsAsked {
     pub memory_gb: Option<u32>,
     pub features: Vec<String>,
     pub require_unified_memory: bool,
+    /// `tight` or `any`.
+    pub topology: Option<String>,
 }
 
 /// A checkpoint block as asked.
@@ -239,6 +241,14 @@ pub fn alloc_spec(req: &Request, origin: Origin, names: &mut dyn Names) -> Resul
         return Err(bad("storage_gbps", format!("{g}: GB/s, 0 or more")));
     }
     let c = &req.constraints;
+    let topology = c
+        .topology
+        .as_deref()
+        .map(|t| {
+            lattice_engine::TopologyHint::parse(t)
+                .ok_or_else(|| bad("constraints.topology", format!("`{t}`: `tight` or `any`")))
+        })
+        .transpose()?;
     let tenant_name = req.tenant.as_deref().unwrap_or("default");
     Ok(AllocSpec {
         tenant: names.tenant(tenant_name),
@@ -252,6 +262,7 @@ pub fn alloc_spec(req: &Request, origin: Origin, names: &mut dyn Names) -> Resul
             memory_gb: c.memory_gb,
             features: c.features.iter().cloned().collect(),
             require_unified_memory: c.require_unified_memory,
+            topology,
         },
         lifecycle,
         preemption_class,

@@ -32,7 +32,7 @@ pub struct SubmitArgs {
     /// At least this much memory per node, GB.
     #[arg(long)]
     pub memory_gb: Option<u32>,
-    /// Placement: `tight` (one dragonfly group), `spread`, `any`.
+    /// Placement: `tight` (the fewest dragonfly groups; may wait for a better placement) or `any` (never waits for topology).
     #[arg(long)]
     pub topology: Option<String>,
     /// Nodes with unified CPU-GPU memory only (GH200, MI300A).

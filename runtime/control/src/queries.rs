@@ -231,7 +231,7 @@ impl Control {
                     gpu_type: c.gpu_type.clone(),
                     gpu_count: c.gpu_count,
                     features: c.features.iter().cloned().collect(),
-                    topology: None,
+                    topology: c.topology.map(|t| t.as_str().to_string()),
                     cpu_cores: c.cpu_cores,
                     memory_gb: c.memory_gb,
                     require_unified_memory: c.require_unified_memory,

@@ -362,7 +362,9 @@ pub struct ConstraintsIn {
     pub gpu_count: Option<u32>,
     #[serde(default)]
     pub features: Vec<String>,
-    #[serde(default)]
+    /// The topology hint: `tight` (pack into the fewest dragonfly groups; with a topology weight
+    /// the job may wait for a better placement) or `any` (never waits for topology).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
     /// At least this many CPU cores per node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -482,6 +484,7 @@ impl SubmitRequest {
                 memory_gb: c.memory_gb,
                 features: c.features,
                 require_unified_memory: c.require_unified_memory,
+                topology: c.topology,
             },
             walltime: None,
             lifecycle,

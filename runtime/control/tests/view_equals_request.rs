@@ -41,11 +41,12 @@ fn request() -> impl Strategy<Value = Value> {
             proptest::option::of(1u32..=512),
             any::<bool>(),
             any::<bool>(),
+            proptest::option::of(prop_oneof![Just("tight"), Just("any")]),
         ),
         proptest::collection::btree_map("[a-z]{1,6}", "[a-z0-9]{1,6}", 0..3),
     )
         .prop_map(|(nodes, secs, class, requeue, max_requeues, mutex, gbps, c, tags)| {
-            let (gpu_count, cpu_cores, memory_gb, nvme, unified) = c;
+            let (gpu_count, cpu_cores, memory_gb, nvme, unified, topology) = c;
             let mut constraints = json!({"gpu_type": "H100"});
             if let Some(g) = gpu_count {
                 constraints["gpu_count"] = json!(g);
@@ -61,6 +62,9 @@ fn request() -> impl Strategy<Value = Value> {
             }
             if unified {
                 constraints["require_unified_memory"] = json!(true);
+            }
+            if let Some(t) = topology {
+                constraints["topology"] = json!(t);
             }
             let mut r = json!({
                 "tenant": "physics",
@@ -109,4 +113,17 @@ proptest! {
             prop_assert!(x.is_null() || *x == json!([]) || *x == json!(false), "{} = {}", k, x);
         }
     }
+}
+
+/// A topology hint other than `tight` or `any` is refused naming the field, and nothing is queued.
+#[test]
+fn an_unknown_topology_hint_is_refused_naming_it() {
+    let mut c = control();
+    let body = json!({"tenant": "physics", "entrypoint": "true", "lifecycle": {"walltime": "60"},
+                      "resources": {"nodes": 1, "constraints": {"topology": "compact"}}});
+    let req: SubmitRequest = serde_json::from_value(body).unwrap();
+    let e = c.submit(req).unwrap_err();
+    assert_eq!(e.field, "resources.constraints.topology", "{}", e.message);
+    assert!(e.message.contains("`tight` or `any`"), "{}", e.message);
+    assert!(c.list().is_empty(), "nothing queued");
 }
