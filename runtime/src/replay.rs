@@ -172,6 +172,12 @@ impl Host for ReplayHost {
         Ok(self.node(&added[0]))
     }
 
+    /// As a leader applies what the quorum holds ([`Control::apply_settings`], which captures them).
+    fn settings(&mut self, now: Time, settings: &lattice_engine::Settings) {
+        self.control.set_clock(now);
+        self.control.apply_settings(settings);
+    }
+
     /// As the quorum's record reaches the leader ([`Control::apply_discovered`]).
     fn set_capabilities(
         &mut self,

@@ -454,9 +454,9 @@ fn controls(cfg: &RuntimeConfig, made: Made) -> Result<(Control, FreshControl)> 
         c.ctl.grace = heartbeat_grace;
         c.ctl.drift_timeout = drift_timeout;
         c.ctl.hardened_boot = hardened_boot;
-        c.hardened_boot_ms = sensitive_boot_ms;
+        c.ctl.hardened_boot_timeout = lattice_engine::Duration(sensitive_boot_ms);
         c.ctl.node_boot = node_boot.clone();
-        c.heartbeat_timeout_ms = heartbeat_timeout_ms;
+        c.ctl.heartbeat_timeout = lattice_engine::Duration(heartbeat_timeout_ms);
         c.launch_secret = launch_secret;
         c.ctl.network = Some(network.domains()?);
         c.fabric = fabric_on;

@@ -114,6 +114,13 @@ fn capture_round_trip(w: &Workload, inv: &Inventory, cfg: &SimConfig, tag: &str)
     let captured = lattice_traces::parse_jsonl("capture.jsonl", &text);
     assert_eq!(captured.skipped_total(), 0, "{:?}", captured.problems);
     assert_eq!(captured.jobs.len(), w.jobs.len(), "every submission is captured");
+    let settings = |w: &Workload| {
+        w.events
+            .iter()
+            .filter(|e| matches!(e.kind, lattice_traces::TraceEventKind::Settings { .. }))
+            .count()
+    };
+    assert_eq!(settings(&captured), settings(w), "every settings change is captured");
     let replayed = lattice_sim::simulate(&captured, inv, cfg, &mut |_, _| {}).expect("rm-replay on the capture");
     // What the runtime told its world, against what rm-replay decides from the capture.
     let told = &host.log;
@@ -320,6 +327,13 @@ fn workload() -> impl Strategy<Value = String> {
                 out.push_str(&serde_json::json!({"ts": ts, "type": "gpu_memory", "node": node, "gb": 40 + i}).to_string());
                 out.push('\n');
                 out.push_str(&serde_json::json!({"ts": ts, "type": "checkpoint_bandwidth", "gbps": 5 + i}).to_string());
+                out.push('\n');
+            }
+            // An administrator changes the site settings once: a longer heartbeat grace, a wipe
+            // deadline (the capture then carries every setting in force).
+            if i == 2 {
+                let settings = serde_json::json!({"agents.grace": 120, "sensitive.wipe_timeout": "30m"});
+                out.push_str(&serde_json::json!({"ts": 5_000, "type": "settings", "settings": settings}).to_string());
                 out.push('\n');
             }
             // An administrator changes the vCluster's configuration once, three hours in.

@@ -3,7 +3,7 @@
 //! the leader last — a fail-over), waiting for it to catch up before the next; then each agent is
 //! restarted. The allocation runs throughout, keeps its start, and each node started it once. Then
 //! the leader is killed (SIGKILL) after weights and a configuration change were sent through a
-//! follower: the new leader schedules with them (and its capture records them), the allocation keeps
+//! follower (and a site setting): the new leader schedules with them (and its capture records them), the allocation keeps
 //! its VNI, and `lattice` with the dead member first and a follower second submits, lists and
 //! follows logs.
 
@@ -192,6 +192,11 @@ fn members_then_agents_are_replaced_one_at_a_time_while_an_allocation_runs() {
     let change = ["admin", "vcluster", "set-config", "default", "--reference-wait=2h"];
     let o = lattice(&through_follower, &change);
     assert!(o.status.success(), "{}", said(&o));
+    let o = lattice(
+        &through_follower,
+        &["admin", "config", "set", "agents.boot_timeout=25m"],
+    );
+    assert!(o.status.success(), "{}", said(&o));
     let shown = call("GET", &format!("{lead}/v1/vclusters/default"), None).1;
     assert_eq!(
         (shown["weights"]["priority"].as_f64(), shown["reference_wait"].as_f64()),
@@ -223,6 +228,14 @@ fn members_then_agents_are_replaced_one_at_a_time_while_an_allocation_runs() {
                 && e["config"]["weights"]["priority"] == 0.7
         });
     assert!(taken_over, "{capture}");
+    // And the site settings: in force at the new leader, recorded by its capture.
+    let settings = call("GET", &format!("{new_lead}/v1/config"), None).1;
+    assert_eq!(settings["agents.boot_timeout"], 1500.0, "{settings}");
+    let recorded = capture
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|e| e["type"] == "settings" && e["settings"]["agents.boot_timeout"] == 1500.0);
+    assert!(recorded, "{capture}");
     // `lattice` with the dead member first and a follower second: submits, lists, follows logs.
     let new_follower = live.iter().find(|b| **b != new_lead).unwrap();
     let dead_first = format!("{lead},{new_follower}");

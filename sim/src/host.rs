@@ -35,6 +35,12 @@ pub trait Host {
         node: NodeId,
         found: &lattice_engine::DiscoveredCapabilities,
     ) -> Result<(), String>;
+    /// The site settings in force from `now` on (a `settings` event): the controller decides with
+    /// them ([`Controller::apply_settings`]).
+    fn settings(&mut self, now: Time, settings: &lattice_engine::Settings) {
+        let _ = now;
+        self.controller_mut().apply_settings(settings);
+    }
     /// Applies one input at `now`; what it caused reaches `world`.
     fn apply(&mut self, now: Time, input: Input, world: &mut dyn World) -> Result<(), ControlError>;
     /// A scheduling pass at `now` (then [`Host::dispatch`]).

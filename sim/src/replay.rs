@@ -675,6 +675,10 @@ impl<'w, H: Host> Replay<'w, H> {
                 }
                 None
             }
+            K::Settings { settings } => {
+                self.ctl.settings(now, settings);
+                None
+            }
             K::VCluster { vcluster, config } => {
                 let engine = &self.ctl.controller().engine;
                 let vc = (0..engine_vclusters(engine))

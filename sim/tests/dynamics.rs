@@ -123,6 +123,30 @@ fn heartbeat_grace_period() {
     assert_eq!(lost.jobs[0].end_s, Some(300.0));
 }
 
+/// A `settings` event changes the heartbeat grace from its time on: with `agents.grace` at 300 s,
+/// the heartbeat that is back at 200 s is within the grace (nothing requeued), where the default
+/// 60 s took the node Down at 70 s.
+#[test]
+fn a_settings_event_changes_the_heartbeat_grace_from_its_time() {
+    let settings = lattice_engine::Settings::from([("agents.grace".to_string(), 300_000)]);
+    let r = run_events(
+        vec![job("A", 0, 2, 100, 100)],
+        vec![
+            ev(5, TraceEventKind::Settings { settings }),
+            ev(
+                10,
+                TraceEventKind::NodeFail {
+                    node: node("n00000"),
+                    heartbeat: true,
+                },
+            ),
+            ev(200, TraceEventKind::NodeRecover { node: node("n00000") }),
+        ],
+        2,
+    );
+    assert_eq!((r.jobs[0].end_s, r.summary.requeues), (Some(100.0), 0));
+}
+
 /// Drain waits for the running allocation, then the node is Drained (not schedulable) until undrain.
 #[test]
 fn drain_then_undrain() {

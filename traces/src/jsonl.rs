@@ -43,6 +43,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "node_capabilities",
     "checkpoint_bandwidth",
     "gpu_memory",
+    "settings",
 ];
 
 #[derive(Deserialize)]
@@ -361,6 +362,18 @@ pub(crate) struct VClusterEvent {
     pub(crate) kind: String,
     pub(crate) vcluster: String,
     pub(crate) config: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `settings`: the site settings in force from this time on (seconds by key).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettingsEvent {
+    #[allow(dead_code)]
+    pub(crate) ts: Ts,
+    #[allow(dead_code)]
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) settings: serde_json::Map<String, serde_json::Value>,
 }
 
 /// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).
@@ -897,6 +910,28 @@ mod event_tests {
         let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap();
         assert_eq!(p(8).field.as_deref(), Some("alloc.max_requeues"));
         assert_eq!(p(9).field.as_deref(), Some("mode"));
+    }
+
+    /// A `settings` event: the settings in force from its time (seconds or durations, in ms); an
+    /// unknown key, a bad value or a null skips the line naming the key.
+    #[test]
+    fn settings_events_are_read_and_bad_ones_named() {
+        let text = r#"{"ts": 5, "type": "settings", "settings": {"agents.grace": 90, "agents.boot_timeout_by_kind.H200": "20m"}}
+{"ts": 6, "type": "settings", "settings": {"agents.nope": 1}}
+{"ts": 7, "type": "settings", "settings": {"agents.grace": "soon"}}
+{"ts": 8, "type": "settings", "settings": {"agents.boot_timeout_by_kind.H200": null}}
+"#;
+        let w = parse_jsonl("t.jsonl", text);
+        assert_eq!(w.events.len(), 1);
+        let want = lattice_engine::Settings::from([
+            ("agents.grace".to_string(), 90_000),
+            ("agents.boot_timeout_by_kind.H200".to_string(), 1_200_000),
+        ]);
+        assert_eq!(w.events[0].kind, TraceEventKind::Settings { settings: want });
+        let p = |line: u64| w.problems.iter().find(|p| p.line == line).unwrap().field.clone();
+        assert_eq!(p(2).as_deref(), Some("settings.agents.nope"));
+        assert_eq!(p(3).as_deref(), Some("settings.agents.grace"));
+        assert_eq!(p(4).as_deref(), Some("settings.agents.boot_timeout_by_kind.H200"));
     }
 
     /// The documented schema names exactly the event types the parser reads.

@@ -7,8 +7,8 @@ use crate::error::{Problem, TraceError};
 use crate::jsonl::{
     BareEventIn, BrokerEventIn, ChangeEvent, ClaimEvent, CompleteEvent, DagEvent, Deps, EVENT_TYPES, EventHead,
     LoadCurveEventIn, MAX_DAG_SIZE, MetricEventIn, NodeAddedIn, NodeCapabilitiesIn, NodeEventIn, PriceEventIn,
-    ReleaseEvent, SubmitEvent, SubmitIn, VClusterEvent, WeightsEvent, duration_value, field_of, load_curve, submit_job,
-    ts_millis, validate_dag, walltime_value,
+    ReleaseEvent, SettingsEvent, SubmitEvent, SubmitIn, VClusterEvent, WeightsEvent, duration_value, field_of,
+    load_curve, submit_job, ts_millis, validate_dag, walltime_value,
 };
 use crate::workload::{TraceEvent, TraceEventKind, TraceJob, Workload};
 use lattice_engine::{DependencyCondition, Duration, TaskGroupRef, Time};
@@ -135,6 +135,7 @@ impl<'f> Parser<'f> {
             "storage_outage" | "storage_recover" => self.storage(t, ts_ms, line, head.kind == "storage_outage"),
             "weights" => self.weights(t, ts_ms, line),
             "vcluster" => self.vcluster(t, ts_ms, line),
+            "settings" => self.settings(t, ts_ms, line),
             "checkpoint_bandwidth" | "gpu_memory" => self.broker_input(t, ts_ms, line, head.kind == "gpu_memory"),
             "node_capabilities" => {
                 if let Some(e) = self.event::<NodeCapabilitiesIn>(t, line) {
@@ -388,6 +389,34 @@ impl<'f> Parser<'f> {
             config: e.config,
         };
         self.cluster_event(ts_ms, line, kind)
+    }
+
+    /// The site settings in force from this time on (a bad key or value skips the line, naming it).
+    fn settings(&mut self, t: &str, ts_ms: i64, line: u64) {
+        let Some(e) = self.event::<SettingsEvent>(t, line) else {
+            return;
+        };
+        let parsed = match crate::vcluster_config::settings_of(&e.settings) {
+            Ok(p) => p,
+            Err(err) => {
+                let field = format!("settings.{}", err.field);
+                return self.skip(line, Some(&field), "invalid_field", err.message);
+            }
+        };
+        let mut settings = lattice_engine::Settings::new();
+        for (key, ms) in parsed {
+            let Some(ms) = ms else {
+                let field = format!("settings.{key}");
+                return self.skip(
+                    line,
+                    Some(&field),
+                    "invalid_field",
+                    "a settings event carries the settings in force: a value, not null".to_string(),
+                );
+            };
+            settings.insert(key, ms);
+        }
+        self.cluster_event(ts_ms, line, TraceEventKind::Settings { settings })
     }
 
     /// `cancel` (`alloc_id`) or `walltime` (`alloc_id`, `walltime`).

@@ -135,6 +135,12 @@ pub enum TraceEventKind {
         vcluster: String,
         config: serde_json::Map<String, serde_json::Value>,
     },
+    /// The site settings decisions read (heartbeat grace, drift, boot, wipe and preemption-report
+    /// timeouts, by key in ms) from this time on: an operator's change, or a new leader applying what
+    /// the quorum holds (`settings`).
+    Settings {
+        settings: lattice_engine::Settings,
+    },
     /// The allocation is cancelled (waiting or running).
     Cancel {
         alloc: String,

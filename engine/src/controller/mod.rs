@@ -28,6 +28,7 @@ mod domains;
 mod durability;
 mod nodes;
 mod preemption;
+pub mod settings;
 
 use crate::world::Durable;
 
@@ -257,6 +258,12 @@ pub struct Controller {
     /// "OpenCHAMI boots N1-N4 with hardened sensitive image (if not already)"), each boot given this
     /// long (the book's boot timeout, 10 min); `None`: claims launch at once (no hardened image).
     pub hardened_boot: Option<Duration>,
+    /// `sensitive.boot_timeout`: the hardened boot's deadline where claims boot one (kept as a
+    /// setting everywhere, [`settings`]).
+    pub hardened_boot_timeout: Duration,
+    /// No heartbeat for this long and a node is Degraded (`agents.heartbeat_timeout`): the
+    /// runtime's agent watch reports the miss; a replay's heartbeat losses come from its trace.
+    pub heartbeat_timeout: Duration,
     /// A wipe not confirmed within this fails (book: "Wipe Failure Handling": the node is
     /// quarantined; 30 min by default in the runtime); `None`: the controller waits for every outcome.
     pub wipe_timeout: Option<Duration>,
@@ -339,6 +346,8 @@ impl Controller {
             drifted: Default::default(),
             drift_expired: Default::default(),
             hardened_boot: None,
+            hardened_boot_timeout: Duration::from_mins(10),
+            heartbeat_timeout: Duration::from_secs(30),
             hardened: Default::default(),
             booting: Default::default(),
             quarantined: Default::default(),

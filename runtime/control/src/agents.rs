@@ -269,7 +269,7 @@ impl Control {
         let grace = self
             .node_index(node)
             .map_or(self.ctl.grace.default, |n| self.ctl.node_grace(n));
-        self.heartbeat_timeout_ms + grace.0
+        self.ctl.heartbeat_timeout.0 + grace.0
     }
 
     pub fn heartbeat_with(&mut self, node: &str, buffered: &[BufferedBeat], seq: u64) -> Result<String, FieldError> {
@@ -324,7 +324,7 @@ impl Control {
     /// the allocations that lost their nodes (to release at the quorum).
     pub fn check_agents(&mut self) {
         use lattice_engine::NodeState;
-        let timeout_ms = self.heartbeat_timeout_ms;
+        let timeout_ms = self.ctl.heartbeat_timeout.0;
         let now = self.now();
         for i in 0..self.fleet.agents.len() {
             let Some((_, last)) = self.fleet.agents[i] else {
@@ -425,7 +425,7 @@ impl Control {
             // (A Down node's agent stopped it by its lease.)
             let since = self.now().0.saturating_sub(self.fleet.took_over_ms);
             let within_lease =
-                |n: u32| since < self.heartbeat_timeout_ms + self.ctl.node_grace(lattice_engine::NodeId(n)).0;
+                |n: u32| since < self.ctl.heartbeat_timeout.0 + self.ctl.node_grace(lattice_engine::NodeId(n)).0;
             let stale = self.fleet.fresh_starts.contains(&(nid.0, id))
                 || self
                     .fleet.stopping_on

@@ -106,11 +106,6 @@ pub struct Control {
     resumed: Vec<AllocId>,
     /// Real agents run the work: a node is Booting (not schedulable) until its agent registers.
     pub real_agents: bool,
-    /// `agents.heartbeat_timeout` in ms (part of the lease an agent is told, [`Control::lease_ms`]).
-    pub heartbeat_timeout_ms: u64,
-    /// `sensitive.boot_timeout` in ms: the hardened boot's deadline where claims boot one
-    /// (`ctl.hardened_boot`), kept as a setting everywhere ([`settings`]).
-    pub hardened_boot_ms: u64,
     /// Task launches within running allocations (`lattice launch`): leader state, not replicated.
     pub launches: crate::tasks::Launches,
     /// The secret each allocation's launch token is derived from (random per leader; zeros in tests).
@@ -266,8 +261,6 @@ impl Control {
             tally: Tally::default(),
             resumed: Vec::new(),
             real_agents: false,
-            heartbeat_timeout_ms: 30_000,
-            hardened_boot_ms: 600_000,
             registry: Registry {
                 vclusters,
                 default_vcluster,
