@@ -57,7 +57,6 @@ pub use alloc::{
 pub use autoscale::{ScalePolicy, ScaleStats};
 pub use broker::{BrokerConfig, CheckpointDecision};
 pub use classes::{ClassInfo, ClassKey, PickRules, Placement};
-pub use controller::settings::{BOOT_BY_KIND, SETTING_KEYS, Settings, is_setting};
 pub use controller::{
     ControlError, ControlStats, Controller, DriftTimeout, HeartbeatGrace, Input, NodeOrder, PREEMPT_GRACE,
 };

@@ -173,7 +173,7 @@ impl Host for ReplayHost {
     }
 
     /// As a leader applies what the quorum holds ([`Control::apply_settings`], which captures them).
-    fn settings(&mut self, now: Time, settings: &lattice_engine::Settings) {
+    fn settings(&mut self, now: Time, settings: &lattice_engine::controller::settings::Settings) {
         self.control.set_clock(now);
         self.control.apply_settings(settings);
     }

@@ -37,7 +37,7 @@ pub trait Host {
     ) -> Result<(), String>;
     /// The site settings in force from `now` on (a `settings` event): the controller decides with
     /// them ([`Controller::apply_settings`]).
-    fn settings(&mut self, now: Time, settings: &lattice_engine::Settings) {
+    fn settings(&mut self, now: Time, settings: &lattice_engine::controller::settings::Settings) {
         let _ = now;
         self.controller_mut().apply_settings(settings);
     }

@@ -128,7 +128,7 @@ fn heartbeat_grace_period() {
 /// 60 s took the node Down at 70 s.
 #[test]
 fn a_settings_event_changes_the_heartbeat_grace_from_its_time() {
-    let settings = lattice_engine::Settings::from([("agents.grace".to_string(), 300_000)]);
+    let settings = lattice_engine::controller::settings::Settings::from([("agents.grace".to_string(), 300_000)]);
     let r = run_events(
         vec![job("A", 0, 2, 100, 100)],
         vec![

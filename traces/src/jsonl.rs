@@ -923,7 +923,7 @@ mod event_tests {
 "#;
         let w = parse_jsonl("t.jsonl", text);
         assert_eq!(w.events.len(), 1);
-        let want = lattice_engine::Settings::from([
+        let want = lattice_engine::controller::settings::Settings::from([
             ("agents.grace".to_string(), 90_000),
             ("agents.boot_timeout_by_kind.H200".to_string(), 1_200_000),
         ]);

@@ -403,7 +403,7 @@ impl<'f> Parser<'f> {
                 return self.skip(line, Some(&field), "invalid_field", err.message);
             }
         };
-        let mut settings = lattice_engine::Settings::new();
+        let mut settings = lattice_engine::controller::settings::Settings::new();
         for (key, ms) in parsed {
             let Some(ms) = ms else {
                 let field = format!("settings.{key}");

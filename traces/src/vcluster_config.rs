@@ -82,25 +82,25 @@ fn duration_of(field: &str, v: &Value) -> Result<Duration, ConfigKeyError> {
     }
 }
 
-/// The site settings as keys (`agents.grace`, ...; [`lattice_engine::SETTING_KEYS`]) in seconds or
+/// The site settings as keys (`agents.grace`, ...; [`lattice_engine::controller::settings::SETTING_KEYS`]) in seconds or
 /// duration strings — a trace's `settings` event and the API's `PATCH /v1/config` — into ms; `null`
 /// is `None` (removes a node kind's boot timeout; refused for the others). The first bad key is
 /// refused, naming it.
 pub fn settings_of(m: &Map<String, Value>) -> Result<std::collections::BTreeMap<String, Option<u64>>, ConfigKeyError> {
     let mut out = std::collections::BTreeMap::new();
     for (key, v) in m {
-        if !lattice_engine::is_setting(key) {
+        if !lattice_engine::controller::settings::is_setting(key) {
             return Err(refuse(
                 key,
                 format!(
                     "not a setting; the settings are {} and {}KIND",
-                    lattice_engine::SETTING_KEYS.join(", "),
-                    lattice_engine::BOOT_BY_KIND
+                    lattice_engine::controller::settings::SETTING_KEYS.join(", "),
+                    lattice_engine::controller::settings::BOOT_BY_KIND
                 ),
             ));
         }
         let ms = match v {
-            Value::Null if key.starts_with(lattice_engine::BOOT_BY_KIND) => None,
+            Value::Null if key.starts_with(lattice_engine::controller::settings::BOOT_BY_KIND) => None,
             Value::Null => {
                 return Err(refuse(
                     key,
@@ -118,7 +118,7 @@ pub fn settings_of(m: &Map<String, Value>) -> Result<std::collections::BTreeMap<
 }
 
 /// Settings as the API shows them and a trace's `settings` event carries them: seconds by key.
-pub fn settings_json(s: &lattice_engine::Settings) -> Map<String, Value> {
+pub fn settings_json(s: &lattice_engine::controller::settings::Settings) -> Map<String, Value> {
     s.iter()
         .map(|(k, ms)| (k.clone(), json!(*ms as f64 / 1000.0)))
         .collect()

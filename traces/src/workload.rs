@@ -139,7 +139,7 @@ pub enum TraceEventKind {
     /// timeouts, by key in ms) from this time on: an operator's change, or a new leader applying what
     /// the quorum holds (`settings`).
     Settings {
-        settings: lattice_engine::Settings,
+        settings: lattice_engine::controller::settings::Settings,
     },
     /// The allocation is cancelled (waiting or running).
     Cancel {

@@ -111,7 +111,8 @@ mod tests {
 
     #[test]
     fn settings_applied_are_the_settings_in_force() {
-        let engine = crate::Engine::new(crate::EngineConfig::new(crate::Policy::EASY), Vec::new()).unwrap();
+        let config = crate::engine::EngineConfig::new(crate::policy::Policy::EASY);
+        let engine = crate::engine::Engine::new(config, Vec::new()).unwrap();
         let mut c = Controller::new(engine);
         c.hardened_boot = Some(Duration::from_mins(10));
         let s: Settings = [

@@ -8,7 +8,7 @@
 use super::*;
 use serde_json::{Map, Value};
 
-pub use lattice_engine::{BOOT_BY_KIND, SETTING_KEYS, Settings, is_setting};
+pub use lattice_engine::controller::settings::{BOOT_BY_KIND, SETTING_KEYS, Settings, is_setting};
 
 /// An operator's changes (`{"agents.boot_timeout": "15m", "agents.boot_timeout_by_kind.H200": null}`)
 /// as the quorum command's map: each key checked, each value a positive duration; `null` removes a
