@@ -263,6 +263,8 @@ pub fn prepare(o: &ReplayOptions) -> Result<Prepared> {
             end_latency: d,
         }),
         decision_log: false,
+        // Kept unless the command needs no report or tables (`rm-replay` turns it off then).
+        keep_timeline: true,
         slo_wait: o.slo_wait.clone(),
     };
     // The trace's requests are handed to the engine as they are (not copied) once their ids agree.

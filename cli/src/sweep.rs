@@ -334,7 +334,11 @@ pub fn run(
                     o.weights = Some(path.clone());
                     let r = shared
                         .for_profile(&o)
-                        .and_then(|(config, notes)| replay::run_with(&shared, &config, &notes, &mut |_, _| {}))
+                        .and_then(|(mut config, notes)| {
+                            // A point's summary is all the sweep keeps.
+                            config.keep_timeline = false;
+                            replay::run_with(&shared, &config, &notes, &mut |_, _| {})
+                        })
                         .and_then(|(r, _)| serde_json::to_value(&r.summary).map_err(anyhow::Error::from))
                         .map(|summary| Run {
                             index: i,

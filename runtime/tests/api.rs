@@ -1019,10 +1019,14 @@ async fn tenants_and_quotas_are_administered_through_the_quorum() {
         .iter()
         .map(|e| (e["action"].as_str().unwrap(), e["target"].as_str().unwrap()))
         .collect();
-    // The profile seeds the quorum's vClusters as the tenants file its tenants (concurrently with
-    // the requests here).
+    // The profile seeds the quorum's vClusters, and the config file the site settings, as the
+    // tenants file its tenants (concurrently with the requests here).
     assert!(actions.contains(&("vcluster.seed", "default")), "{log}");
-    let actions: Vec<(&str, &str)> = actions.into_iter().filter(|a| a.0 != "vcluster.seed").collect();
+    assert!(actions.contains(&("settings.seed", "site")), "{log}");
+    let actions: Vec<(&str, &str)> = actions
+        .into_iter()
+        .filter(|a| a.0 != "vcluster.seed" && a.0 != "settings.seed")
+        .collect();
     assert_eq!(
         actions,
         [

@@ -63,6 +63,10 @@ pub struct SimConfig {
     /// Keep the controller's decision log (every start, release, preemption, checkpoint, scale, wipe,
     /// with its time) in the result.
     pub decision_log: bool,
+    /// Keep the timeline (every run with its nodes, and the point events) for reports and tables;
+    /// `false`: [`SimResult::timeline`] is empty and only each allocation's time on nodes is kept
+    /// (a year's replay without a report holds one run span less per start).
+    pub keep_timeline: bool,
     /// Target waits per preemption class for SLO compliance: `(lowest class, highest class, target)`,
     /// the first matching range wins; classes no range covers get [`DEFAULT_SLO_WAIT`].
     pub slo_wait: Vec<(u8, u8, Duration)>,
@@ -96,6 +100,7 @@ impl Default for SimConfig {
             horizon: None,
             walltime_grace: Duration::ZERO,
             decision_log: false,
+            keep_timeline: true,
             slo_wait: Vec::new(),
         }
     }

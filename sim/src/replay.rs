@@ -894,13 +894,8 @@ impl<'w, H: Host> Replay<'w, H> {
         };
         let mut jobs = records(&held_nodes, workload, &trace_of, &node_facts);
         // Node-time held: the sum of each ended allocation's runs.
-        let mut held = vec![0.0f64; jobs.len()];
-        for r in &fake.timeline.runs {
-            if let (Some(e), Some(h)) = (r.end_s, held.get_mut(r.job as usize)) {
-                *h += e - r.start_s;
-            }
-        }
-        for (j, h) in jobs.iter_mut().zip(held) {
+        for (i, j) in jobs.iter_mut().enumerate() {
+            let h = fake.held_s.get(i).copied().unwrap_or(0.0);
             j.run_s = j.end_s.map(|_| metrics::round6(h));
         }
         let mut skipped = workload.skipped.clone();
@@ -1129,7 +1124,7 @@ fn fake_world<'w>(
         rank_end,
         quorum: FakeQuorum::new(inventory.nodes.len(), cfg.sensitive_pool_size),
         commit_latency: cfg.commit_latency,
-        fake: world::FakeNodes::default(),
+        fake: world::FakeNodes::new(cfg.keep_timeline),
         workload,
         node_names: inventory.nodes.iter().map(|n| n.name.clone()).collect(),
         trace_of: Vec::with_capacity(workload.jobs.len()),

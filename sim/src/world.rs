@@ -361,31 +361,61 @@ pub(crate) struct FakeNodes {
     /// Nodes whose local image cache is broken: every prologue there fails (until `node_recover`).
     pub bad_image: BTreeSet<NodeId>,
     pub prologue_failures: u64,
-    /// The timeline: runs (the open run of each allocation is `open[id]`) and point events.
+    /// The timeline (kept only with `keep_timeline`): runs (the open run of each allocation is
+    /// `open[id]`) and point events.
     pub timeline: Timeline,
-    open: Vec<Option<u32>>,
+    pub keep_timeline: bool,
+    open: Vec<Option<OpenRun>>,
+    /// Each allocation's time on nodes, seconds, summed over its ended runs (the `run` of the
+    /// node-time metrics).
+    pub held_s: Vec<f64>,
 }
 
+/// An allocation's current run: when it started, and its entry in the timeline's runs (`NOT_KEPT`
+/// without a timeline).
+#[derive(Clone, Copy, Debug)]
+struct OpenRun {
+    run: u32,
+    start_s: f64,
+}
+
+const NOT_KEPT: u32 = u32::MAX;
+
 impl FakeNodes {
+    /// Fake nodes; the timeline of runs and events is kept only when `keep_timeline` (reports).
+    pub fn new(keep_timeline: bool) -> FakeNodes {
+        FakeNodes {
+            keep_timeline,
+            ..FakeNodes::default()
+        }
+    }
+
     fn grow(&mut self, id: AllocId) {
         if self.epoch.len() <= id.index() {
             self.epoch.resize(id.index() + 1, 0);
             self.open.resize(id.index() + 1, None);
+            self.held_s.resize(id.index() + 1, 0.0);
         }
     }
 
     pub fn event(&mut self, now: Time, kind: TimelineKind) {
-        self.timeline.events.push(TimelineEvent {
-            time_s: now.as_secs_f64(),
-            kind,
-        });
+        if self.keep_timeline {
+            self.timeline.events.push(TimelineEvent {
+                time_s: now.as_secs_f64(),
+                kind,
+            });
+        }
     }
 
     /// Ends the allocation's open run (if any) at `now`.
     fn close(&mut self, id: AllocId, now: Time) {
         self.grow(id);
-        if let Some(r) = self.open[id.index()].take() {
-            self.timeline.runs[r as usize].end_s = Some(now.as_secs_f64());
+        if let Some(o) = self.open[id.index()].take() {
+            let end = now.as_secs_f64();
+            self.held_s[id.index()] += end - o.start_s;
+            if o.run != NOT_KEPT {
+                self.timeline.runs[o.run as usize].end_s = Some(end);
+            }
         }
     }
 
@@ -396,13 +426,18 @@ impl FakeNodes {
 
     fn started(&mut self, id: AllocId, now: Time, nodes: &[NodeId]) {
         self.close(id, now);
-        self.open[id.index()] = Some(self.timeline.runs.len() as u32);
-        self.timeline.runs.push(RunSpan {
-            job: id.index() as u32,
-            start_s: now.as_secs_f64(),
-            end_s: None,
-            nodes: timeline::node_ranges(nodes),
-        });
+        let start_s = now.as_secs_f64();
+        let mut run = NOT_KEPT;
+        if self.keep_timeline {
+            run = self.timeline.runs.len() as u32;
+            self.timeline.runs.push(RunSpan {
+                job: id.index() as u32,
+                start_s,
+                end_s: None,
+                nodes: timeline::node_ranges(nodes),
+            });
+        }
+        self.open[id.index()] = Some(OpenRun { run, start_s });
     }
 
     /// The current run ended at `now` (completion, kill, suspension, prologue failure, lost node):

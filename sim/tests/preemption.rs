@@ -64,6 +64,22 @@ fn higher_class_preempts_with_checkpoint_and_victim_resumes() {
     assert_eq!(r.summary.suspended_requeues, 1);
     // Node-time counts the runs only: L held its 4 nodes 1 h 2 min + 4 h, not its 6 h 2 min span.
     assert_eq!(l.run_s, Some((5 * H + 120) as f64));
+    assert_eq!(r.timeline.runs.len(), 3, "L twice, H once");
+    // Without the timeline (no report asks for it) the records and the summary are the same, and
+    // no run is kept.
+    let mut cfg = weighted(Policy::EASY, CostWeights::default());
+    cfg.keep_timeline = false;
+    let lean = simulate(&w, &nodes(4), &cfg, &mut |_, _| {}).unwrap();
+    assert_eq!(lean.jobs, r.jobs);
+    let untimed = |r: &SimResult| {
+        let mut v = serde_json::to_value(&r.summary).unwrap();
+        for k in lattice_sim::metrics::TIMING_KEYS {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        v
+    };
+    assert_eq!(untimed(&lean), untimed(&r));
+    assert!(lean.timeline.runs.is_empty() && lean.timeline.events.is_empty());
     assert!(
         (r.summary.node_hours - 4.0 * (5.0 + 120.0 / 3600.0 + 1.0)).abs() < 1e-5,
         "{}",

@@ -688,7 +688,9 @@ fn duration_flag(v: &Option<String>, flag: &str) -> Result<Option<lattice_engine
 
 fn run_replay(a: ReplayArgs) -> Result<()> {
     let opts = options(&a)?;
-    let prepared = replay::prepare(&opts)?;
+    let mut prepared = replay::prepare(&opts)?;
+    // Runs and point events are kept only for what draws them.
+    prepared.config.keep_timeline = a.report.is_some() || a.tables;
     if !a.quiet {
         for p in &prepared.workload.problems {
             eprintln!("skipped: {p}");
