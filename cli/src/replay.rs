@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use lattice_engine::{Depth, Policy, VClusterConfig};
-use lattice_sim::{SimConfig, SimResult};
+use lattice_sim::{JobRecord, SimConfig, SimResult};
 use lattice_traces::{
     Inventory, SwfOptions, TenantField, Workload, parse_swf, read_inventory, read_profile, read_trace,
 };
@@ -308,6 +308,96 @@ pub fn run_with(
     Ok((r, ctl))
 }
 
+/// [`run_keeping`] keeping no records: each is handed to `sink` as it is built, in submission order
+/// (the result's `jobs` is empty; its summary is the same).
+pub fn run_streaming(
+    p: &Prepared,
+    progress: &mut dyn FnMut(u64, u64),
+    sink: &mut dyn FnMut(&JobRecord),
+) -> Result<(SimResult, lattice_engine::Controller)> {
+    run_streaming_with(p, &p.config, &p.notes, progress, sink)
+}
+
+/// [`run_streaming`] with another configuration and notes, as [`run_with`].
+pub fn run_streaming_with(
+    p: &Prepared,
+    config: &SimConfig,
+    notes: &[String],
+    progress: &mut dyn FnMut(u64, u64),
+    sink: &mut dyn FnMut(&JobRecord),
+) -> Result<(SimResult, lattice_engine::Controller)> {
+    let (mut r, ctl) = lattice_sim::simulate_streaming(&p.workload, &p.inventory, config, progress, sink)?;
+    for n in notes {
+        if !r.summary.notes.contains(n) {
+            r.summary.notes.push(n.clone());
+        }
+    }
+    Ok((r, ctl))
+}
+
+/// `jobs.csv` written row by row as a streaming replay builds its records
+/// ([`run_streaming`]), keeping only the ids of the allocations that have a start score (for
+/// `scores.csv`).
+pub struct JobsCsv {
+    path: PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+    line: String,
+    next: u32,
+    scored: BTreeMap<u32, String>,
+    error: Option<std::io::Error>,
+}
+
+impl JobsCsv {
+    /// Creates `dir` and `dir/jobs.csv` with its header.
+    pub fn create(dir: &Path) -> Result<JobsCsv> {
+        use std::io::Write;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("jobs.csv");
+        let file = std::fs::File::create(&path).with_context(|| format!("writing {}", path.display()))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
+        let mut header = JobRecord::csv_header();
+        header.push('\n');
+        out.write_all(header.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(JobsCsv {
+            path,
+            out,
+            line: String::new(),
+            next: 0,
+            scored: BTreeMap::new(),
+            error: None,
+        })
+    }
+
+    /// Writes the next record's row (the first write error is kept for [`JobsCsv::finish`]).
+    pub fn push(&mut self, j: &JobRecord) {
+        use std::io::Write;
+        if j.score.is_some() {
+            self.scored.insert(self.next, j.id.clone());
+        }
+        self.next += 1;
+        if self.error.is_some() {
+            return;
+        }
+        self.line.clear();
+        j.csv_row(&mut self.line);
+        if let Err(e) = self.out.write_all(self.line.as_bytes()) {
+            self.error = Some(e);
+        }
+    }
+
+    /// Flushes the file; gives the ids of the scored allocations by allocation index.
+    pub fn finish(mut self) -> Result<BTreeMap<u32, String>> {
+        use std::io::Write;
+        let named = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", self.path.display());
+        if let Some(e) = self.error.take() {
+            return Err(named(e));
+        }
+        self.out.flush().map_err(named)?;
+        Ok(self.scored)
+    }
+}
+
 /// Writes `header` and then one row per item (`row` appends it to a reused line) to `path`, buffered.
 fn write_rows<T>(
     path: &Path,
@@ -330,17 +420,25 @@ fn write_rows<T>(
     Ok(())
 }
 
-/// Writes `summary.json`, `jobs.csv` and `engine_cost.json` into `dir`.
+/// Writes `summary.json`, `jobs.csv` and `engine_cost.json` (and `scores.csv`, `audit.jsonl` when
+/// there are any) into `dir`.
 pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Both tables are streamed row by row: a year's replay does not hold a second copy as text.
+    let mut header = lattice_sim::JobRecord::csv_header();
+    header.push('\n');
+    write_rows(&dir.join("jobs.csv"), &header, r.jobs.iter(), |j, out| j.csv_row(out))?;
+    write_outputs_but_jobs(dir, r, &|i| r.jobs.get(i as usize).map_or("", |j| j.id.as_str()))
+}
+
+/// [`write_outputs`] less `jobs.csv` (a streaming replay wrote it, [`JobsCsv`]); `id_of(i)` names
+/// allocation `i` in `scores.csv`.
+pub fn write_outputs_but_jobs<'a>(dir: &Path, r: &SimResult, id_of: &dyn Fn(u32) -> &'a str) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut json = serde_json::to_string_pretty(&r.summary)?;
     json.push('\n');
     std::fs::write(dir.join("summary.json"), json)
         .with_context(|| format!("writing {}/summary.json", dir.display()))?;
-    // Both tables are streamed row by row: a year's replay does not hold a second copy as text.
-    let mut header = lattice_sim::JobRecord::csv_header();
-    header.push('\n');
-    write_rows(&dir.join("jobs.csv"), &header, r.jobs.iter(), |j, out| j.csv_row(out))?;
     if !r.scores.is_empty() {
         use std::fmt::Write;
         let names = lattice_engine::CostWeights::NAMES;
@@ -354,7 +452,7 @@ pub fn write_outputs(dir: &Path, r: &SimResult) -> Result<()> {
         header.push('\n');
         let r6 = |x: f64| (x * 1e6).round() / 1e6;
         let row = |(i, b): &(u32, Box<lattice_engine::ScoreBreakdown>), out: &mut String| {
-            let id = r.jobs.get(*i as usize).map_or("", |j| j.id.as_str());
+            let id = id_of(*i);
             let _ = write!(out, "{},{}", lattice_sim::metrics::csv_field(id), r6(b.total));
             for v in b.components.iter().chain(b.weighted.iter()) {
                 let _ = write!(out, ",{}", r6(*v));

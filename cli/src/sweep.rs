@@ -335,9 +335,9 @@ pub fn run(
                     let r = shared
                         .for_profile(&o)
                         .and_then(|(mut config, notes)| {
-                            // A point's summary is all the sweep keeps.
+                            // A point's summary is all the sweep keeps: no timeline, no records.
                             config.keep_timeline = false;
-                            replay::run_with(&shared, &config, &notes, &mut |_, _| {})
+                            replay::run_streaming_with(&shared, &config, &notes, &mut |_, _| {}, &mut |_| {})
                         })
                         .and_then(|(r, _)| serde_json::to_value(&r.summary).map_err(anyhow::Error::from))
                         .map(|summary| Run {

@@ -251,6 +251,52 @@ fn profiles_must_cover_the_trace_vclusters_and_scores_are_written() {
     assert_eq!(scores.lines().count(), 2001);
 }
 
+/// Without `--report` or `--tables`, `jobs.csv` is written as the records are built and none is
+/// kept: every output file is byte for byte the one a replay keeping its records writes (the
+/// summary less CPU time), `scores.csv` naming the same allocations.
+#[test]
+fn streamed_outputs_equal_the_outputs_of_a_replay_keeping_its_records() {
+    let dir = tmp("streamed");
+    let run = |out: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "--trace",
+            "traces/library/sensitive-claim.jsonl",
+            "--nodes",
+            "traces/library/library-sensitive-128.yaml",
+            "--tenants",
+            "traces/library/tenants.yaml",
+            "--weights",
+            "traces/library/sensitive-claim.profile.yaml",
+            "--quiet",
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = rm_replay(&args);
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    let (streamed, kept) = (dir.join("streamed"), dir.join("kept"));
+    run(&streamed, &[]);
+    run(&kept, &["--tables"]);
+    for f in ["jobs.csv", "scores.csv", "audit.jsonl"] {
+        let a = std::fs::read(streamed.join(f)).unwrap();
+        assert!(a.len() > 1000, "{f} is written");
+        assert!(a == std::fs::read(kept.join(f)).unwrap(), "{f} differs");
+    }
+    let summary = |d: &std::path::Path| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("summary.json")).unwrap()).unwrap();
+        v.as_object_mut().unwrap().retain(|k, _| !k.contains("cpu"));
+        v
+    };
+    assert_eq!(summary(&streamed), summary(&kept));
+    let scores = std::fs::read_to_string(streamed.join("scores.csv")).unwrap();
+    assert!(
+        scores.lines().skip(1).all(|l| !l.starts_with(',')),
+        "every score row names its allocation"
+    );
+}
+
 #[test]
 fn vcluster_by_queue_needs_only_the_vclusters_jobs_use() {
     // An SWF whose queue field is 1..5 and a profile defining q1..q5 (and no `default`): the

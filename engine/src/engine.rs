@@ -376,6 +376,13 @@ impl Engine {
             .collect()
     }
 
+    /// Room for `additional` more allocations, made now: a caller that knows how many will arrive (a
+    /// replay knows its trace) spares the lists' doubling slack, up to as much again.
+    pub fn reserve_allocations(&mut self, additional: usize) {
+        self.allocs.reserve_exact(additional);
+        self.hot.reserve_exact(additional);
+    }
+
     /// From now on, note every allocation that ends (completes, fails or is cancelled) for
     /// [`Engine::take_ended`]: a replay takes each one's record as it ends.
     pub fn track_ended(&mut self) {

@@ -17,6 +17,7 @@
 pub mod audit;
 mod config;
 pub mod events;
+pub mod facts;
 mod host;
 pub mod invariants;
 pub mod metrics;
@@ -101,4 +102,19 @@ pub fn simulate_with<H: Host>(
     let mut replay = Replay::new(workload, inventory, cfg, make)?;
     while replay.step(progress)? {}
     replay.finish()
+}
+
+/// [`simulate_with`] keeping no records, with the replay's controller: each record is handed to
+/// `sink` as it is built, in submission order ([`Replay::finish_streaming`]); the result's `jobs` is
+/// empty and its summary is the one [`simulate`] gives.
+pub fn simulate_streaming(
+    workload: &Workload,
+    inventory: &Inventory,
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(u64, u64),
+    sink: &mut dyn FnMut(&JobRecord),
+) -> Result<(SimResult, Controller), SimError> {
+    let mut replay = Replay::new(workload, inventory, cfg, |ctl, _| ctl)?;
+    while replay.step(progress)? {}
+    replay.finish_streaming(sink)
 }

@@ -7,6 +7,8 @@
 //! - makespan = last end − first submit; throughput = ended allocations per hour of makespan.
 //! - backfilled = allocations started ahead of an earlier-queued allocation that still waited.
 
+use crate::facts::{self, JobFacts, JobFields};
+use lattice_engine::AllocState;
 use lattice_engine::Duration;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -103,6 +105,94 @@ impl JobRecord {
     }
 }
 
+impl JobFields for JobRecord {
+    fn submit_s(&self) -> f64 {
+        self.submit_s
+    }
+    fn start_s(&self) -> Option<f64> {
+        self.start_s
+    }
+    fn end_s(&self) -> Option<f64> {
+        self.end_s
+    }
+    fn wait_s(&self) -> Option<f64> {
+        self.wait_s
+    }
+    fn bsld(&self) -> Option<f64> {
+        self.bsld
+    }
+    fn run_s(&self) -> Option<f64> {
+        self.run_s
+    }
+    fn nodes(&self) -> u32 {
+        self.nodes
+    }
+    fn gpus(&self) -> u32 {
+        self.gpus
+    }
+    fn borrowed(&self) -> u32 {
+        self.borrowed
+    }
+    fn groups(&self) -> Option<u32> {
+        self.groups
+    }
+    fn conformance(&self) -> Option<f64> {
+        self.conformance
+    }
+    fn class(&self) -> u8 {
+        self.class
+    }
+    fn backfilled(&self) -> bool {
+        self.backfilled
+    }
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    fn vcluster(&self) -> &str {
+        &self.vcluster
+    }
+    fn state(&self) -> &'static str {
+        self.state
+    }
+}
+
+/// Every allocation state, to read a record's state name back.
+const STATES: [AllocState; 7] = [
+    AllocState::Pending,
+    AllocState::Staging,
+    AllocState::Running,
+    AllocState::Completed,
+    AllocState::Failed,
+    AllocState::Cancelled,
+    AllocState::Suspended,
+];
+
+impl From<&JobRecord> for JobFacts {
+    fn from(r: &JobRecord) -> JobFacts {
+        JobFacts {
+            submit_s: r.submit_s,
+            start_s: facts::pack(r.start_s),
+            end_s: facts::pack(r.end_s),
+            wait_s: facts::pack(r.wait_s),
+            bsld: facts::pack(r.bsld),
+            run_s: facts::pack(r.run_s),
+            conformance: facts::pack(r.conformance),
+            tenant: r.tenant.clone(),
+            vcluster: r.vcluster.clone(),
+            nodes: r.nodes,
+            gpus: r.gpus,
+            borrowed: r.borrowed,
+            groups: r.groups.unwrap_or(u32::MAX),
+            class: r.class,
+            backfilled: r.backfilled,
+            state: STATES
+                .into_iter()
+                .find(|s| s.as_str() == r.state)
+                .expect("a record's state is an allocation state"),
+        }
+    }
+}
+
 /// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
 pub fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
@@ -145,7 +235,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Computes [`GroupMetrics`] over `jobs`; `capacity_node_s` = total nodes × span, for utilization.
-pub fn group_metrics<'a>(jobs: impl Iterator<Item = &'a JobRecord>, capacity_node_s: f64) -> GroupMetrics {
+pub fn group_metrics<'a, R: JobFields + 'a>(jobs: impl Iterator<Item = &'a R>, capacity_node_s: f64) -> GroupMetrics {
     let mut m = GroupMetrics::default();
     let mut waits = Vec::new();
     let mut bslds = Vec::new();
@@ -153,16 +243,16 @@ pub fn group_metrics<'a>(jobs: impl Iterator<Item = &'a JobRecord>, capacity_nod
     let mut gpu_s = 0.0;
     for j in jobs {
         m.jobs += 1;
-        m.backfilled += j.backfilled as u64;
-        if let Some(w) = j.wait_s {
+        m.backfilled += j.backfilled() as u64;
+        if let Some(w) = j.wait_s() {
             waits.push(w);
         }
-        if let Some(b) = j.bsld {
+        if let Some(b) = j.bsld() {
             bslds.push(b);
         }
-        if let Some(run) = j.run_s {
-            node_s += j.nodes as f64 * run;
-            gpu_s += j.gpus as f64 * run;
+        if let Some(run) = j.run_s() {
+            node_s += j.nodes() as f64 * run;
+            gpu_s += j.gpus() as f64 * run;
         }
     }
     m.started = waits.len() as u64;
@@ -402,9 +492,9 @@ fn jain_of(x: &[f64]) -> f64 {
 }
 
 /// The last time anything happened to `jobs` (an end, or a submission that never ended).
-fn replay_end(jobs: &[JobRecord]) -> f64 {
+fn replay_end<R: JobFields>(jobs: &[R]) -> f64 {
     jobs.iter()
-        .map(|j| j.end_s.unwrap_or(j.submit_s).max(j.submit_s))
+        .map(|j| j.end_s().unwrap_or(j.submit_s()).max(j.submit_s()))
         .fold(0.0, f64::max)
 }
 
@@ -453,19 +543,19 @@ pub fn effective_targets<'a>(
 /// Fairness per time window: each allocation's node-seconds are split over the windows it ran in;
 /// in each window the tenants that used the machine are compared with their targets. Returns
 /// (mean Jain index, max share deviation, mean share deviation) over windows with any usage.
-pub fn windowed_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<String, f64>) -> (f64, f64, f64) {
+pub fn windowed_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTreeMap<String, f64>) -> (f64, f64, f64) {
     let mut windows: BTreeMap<u64, BTreeMap<String, f64>> = BTreeMap::new();
     for j in jobs {
-        let (Some(s), Some(e), Some(run)) = (j.start_s, j.end_s, j.run_s) else {
+        let (Some(s), Some(e), Some(run)) = (j.start_s(), j.end_s(), j.run_s()) else {
             continue;
         };
         // Its node-time, spread evenly from first start to end (exact unless it was suspended).
-        let density = if e > s { j.nodes as f64 * run / (e - s) } else { 0.0 };
+        let density = if e > s { j.nodes() as f64 * run / (e - s) } else { 0.0 };
         let mut t = s;
         while t < e {
             let w = (t / window_s).floor() as u64;
             let until = ((w + 1) as f64 * window_s).min(e);
-            *windows.entry(w).or_default().entry(j.tenant.to_string()).or_default() += density * (until - t);
+            *windows.entry(w).or_default().entry(j.tenant().to_string()).or_default() += density * (until - t);
             t = until;
         }
     }
@@ -526,24 +616,24 @@ fn spread(
 /// its span (as [`windowed_fairness`]); waiting demand is its nodes from submission to first start
 /// (to the end of the run if it never started). `targets`: configured shares; tenants without one
 /// split what is left equally among those with demand in the window.
-pub fn demand_fairness(jobs: &[JobRecord], window_s: f64, targets: &BTreeMap<String, f64>) -> DemandFairness {
+pub fn demand_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTreeMap<String, f64>) -> DemandFairness {
     let end = replay_end(jobs);
     // window → tenant → (delivered, waiting) node-seconds.
     let mut windows: BTreeMap<u64, BTreeMap<String, (f64, f64)>> = BTreeMap::new();
     for j in jobs {
-        let first_start = j.start_s.unwrap_or(end);
+        let first_start = j.start_s().unwrap_or(end);
         spread(
             &mut windows,
             window_s,
-            &j.tenant,
-            j.submit_s,
+            j.tenant(),
+            j.submit_s(),
             first_start,
-            j.nodes as f64,
+            j.nodes() as f64,
             true,
         );
-        if let (Some(s), Some(e), Some(run)) = (j.start_s, j.end_s, j.run_s) {
-            let density = if e > s { j.nodes as f64 * run / (e - s) } else { 0.0 };
-            spread(&mut windows, window_s, &j.tenant, s, e, density, false);
+        if let (Some(s), Some(e), Some(run)) = (j.start_s(), j.end_s(), j.run_s()) {
+            let density = if e > s { j.nodes() as f64 * run / (e - s) } else { 0.0 };
+            spread(&mut windows, window_s, j.tenant(), s, e, density, false);
         }
     }
     let (mut weight, mut jain, mut max_dev, mut mean_dev, mut counted) = (0.0, 0.0, 0.0, 0.0, 0u64);
@@ -626,14 +716,14 @@ pub fn service_fairness(per_tenant: &BTreeMap<String, GroupMetrics>) -> (f64, f6
 /// SLO compliance: the fraction of allocations whose wait was at most their class's target
 /// (`target_s(class)`), overall and per class. One that never started counts as met while it waited
 /// less than its target by the end of the replay, missed otherwise.
-pub fn slo_compliance(jobs: &[JobRecord], target_s: impl Fn(u8) -> f64) -> (f64, BTreeMap<String, f64>) {
+pub fn slo_compliance<R: JobFields>(jobs: &[R], target_s: impl Fn(u8) -> f64) -> (f64, BTreeMap<String, f64>) {
     let end = replay_end(jobs);
     let mut by_class: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
     for j in jobs {
-        let wait = j.wait_s.unwrap_or(end - j.submit_s);
-        let e = by_class.entry(j.class).or_default();
+        let wait = j.wait_s().unwrap_or(end - j.submit_s());
+        let e = by_class.entry(j.class()).or_default();
         e.1 += 1;
-        if wait <= target_s(j.class) {
+        if wait <= target_s(j.class()) {
             e.0 += 1;
         }
     }
@@ -685,6 +775,75 @@ fn is_zero(n: &u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(absent: bool) -> JobRecord {
+        let some = |x: f64| (!absent).then_some(x);
+        JobRecord {
+            id: "j1".into(),
+            submit_s: 1.5,
+            start_s: some(2.0),
+            end_s: some(9.25),
+            nodes: 4,
+            wait_s: some(0.5),
+            bsld: some(1.1),
+            backfilled: !absent,
+            tenant: "t".into(),
+            vcluster: "v".into(),
+            state: "completed",
+            reason: "",
+            gpus: 8,
+            groups: (!absent).then_some(2),
+            conformance: some(0.75),
+            class: 3,
+            score: None,
+            preempted: 1,
+            borrowed: 2,
+            run_s: some(0.0),
+        }
+    }
+
+    fn fields(j: &dyn JobFields) -> String {
+        format!(
+            "{} {:?} {:?} {:?} {:?} {:?} {} {} {} {:?} {:?} {} {} {} {} {}",
+            j.submit_s(),
+            j.start_s(),
+            j.end_s(),
+            j.wait_s(),
+            j.bsld(),
+            j.run_s(),
+            j.nodes(),
+            j.gpus(),
+            j.borrowed(),
+            j.groups(),
+            j.conformance(),
+            j.class(),
+            j.backfilled(),
+            j.tenant(),
+            j.vcluster(),
+            j.state()
+        )
+    }
+
+    #[test]
+    fn every_state_reads_back() {
+        for s in STATES {
+            let r = JobRecord {
+                state: s.as_str(),
+                ..record(false)
+            };
+            assert_eq!(JobFacts::from(&r).state(), s.as_str());
+        }
+    }
+
+    #[test]
+    fn facts_read_back_every_field_of_the_record_present_or_absent() {
+        for absent in [false, true] {
+            let r = record(absent);
+            assert_eq!(fields(&JobFacts::from(&r)), fields(&r));
+        }
+        // A zero run time is present, not absent.
+        assert_eq!(JobFacts::from(&record(false)).run_s(), Some(0.0));
+    }
 
     #[test]
     fn slo_compliance_per_class() {

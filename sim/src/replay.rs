@@ -4,10 +4,12 @@
 use crate::audit;
 use crate::config::{SimConfig, SimError, SimResult};
 use crate::events::{EventKind, EventQueue, PYSS_RANK_ARRIVAL, PYSS_RANK_END, RANK_ARRIVAL, RANK_END, RANK_NODE};
+use crate::facts::JobFacts;
 use crate::host::{Host, SiteNames};
 use crate::invariants::InvariantChecker;
-use crate::metrics::{self, EngineCost};
+use crate::metrics::{self, EngineCost, JobRecord};
 use crate::quorum::FakeQuorum;
+use crate::summary;
 use crate::summary::*;
 use crate::timeline::TimelineKind;
 use crate::world;
@@ -152,6 +154,7 @@ impl<'w, H: Host> Replay<'w, H> {
         };
         let mut ctl = make(ctl, &names);
         ctl.controller_mut().engine.track_ended();
+        ctl.controller_mut().reserve_allocations(workload.jobs.len());
 
         let (rank_arrival, rank_end) = if pyss {
             (PYSS_RANK_ARRIVAL, PYSS_RANK_END)
@@ -839,6 +842,18 @@ impl<'w, H: Host> Replay<'w, H> {
     /// timeline and the decision log, with the controller's host. Events still queued (past the
     /// horizon, or when stepping stopped early) are not processed: what runs or waits is unfinished.
     pub fn finish(self) -> Result<(SimResult, H), SimError> {
+        self.finish_with(None)
+    }
+
+    /// [`Replay::finish`] without keeping the records: each is handed to `sink` as it is built, in
+    /// allocation (submission) order, and only the few fields the summary reads are kept
+    /// ([`crate::facts::JobFacts`]); the result's `jobs` is empty. A year's replay that writes
+    /// `jobs.csv` and its summary needs no more.
+    pub fn finish_streaming(self, sink: &mut dyn FnMut(&JobRecord)) -> Result<(SimResult, H), SimError> {
+        self.finish_with(Some(sink))
+    }
+
+    fn finish_with(self, sink: Option<&mut dyn FnMut(&JobRecord)>) -> Result<(SimResult, H), SimError> {
         let Replay {
             workload,
             inventory,
@@ -892,27 +907,43 @@ impl<'w, H: Host> Replay<'w, H> {
             engine,
             ended: &ended_nodes,
         };
-        let mut jobs = records(&held_nodes, workload, &trace_of, &node_facts);
-        // Node-time held: the sum of each ended allocation's runs.
-        for (i, j) in jobs.iter_mut().enumerate() {
-            let h = fake.held_s.get(i).copied().unwrap_or(0.0);
-            j.run_s = j.end_s.map(|_| metrics::round6(h));
-        }
         let mut skipped = workload.skipped.clone();
         for (k, v) in rejected {
             *skipped.entry(k).or_default() += v;
         }
         let cost = EngineCost::from_nanos(pass_ns);
-        let (dags, groups) = workflow_metrics(workload, &trace_of, &jobs);
-        let mut summary = summarize(workload, engine, cfg, &jobs, skipped, &joined, &quorum, notes);
+        let records = Records::new(&held_nodes, workload, &trace_of, &node_facts, &fake.held_s);
+        let at_end = summary::AtEnd {
+            workload,
+            trace_of: &trace_of,
+            engine,
+            cfg,
+            joined: &joined,
+            quorum: &quorum,
+        };
+        let (jobs, mut summary) = match sink {
+            None => {
+                let jobs = records.all();
+                let summary = at_end.summarize(&jobs, skipped, notes);
+                (jobs, summary)
+            }
+            Some(sink) => {
+                let facts: Vec<JobFacts> = engine
+                    .allocations()
+                    .iter()
+                    .map(|a| {
+                        let r = records.record(a);
+                        sink(&r);
+                        JobFacts::from(&r)
+                    })
+                    .collect();
+                (Vec::new(), at_end.summarize(&facts, skipped, notes))
+            }
+        };
+        drop(records);
         summary.cycle_cpu_ms_mean = cost.cycle_cpu_ms_mean;
         summary.cycle_cpu_ms_p99 = cost.cycle_cpu_ms_p99;
         summary.deferred_for_energy = deferred;
-        summary.borrowed_node_hours = metrics::round6(
-            jobs.iter()
-                .filter_map(|j| Some(j.borrowed as f64 * j.run_s? / 3600.0))
-                .sum::<f64>(),
-        );
         staging_metrics(&mut summary, engine, fake.stall_ms);
         summary.scale_ups = scaling.ups as u64;
         summary.scale_downs = scaling.downs as u64;
@@ -920,13 +951,6 @@ impl<'w, H: Host> Replay<'w, H> {
         summary.scale_metric_unavailable = scaling.metric_unavailable as u64;
         summary.oscillation_alerts = scaling.oscillation_alerts as u64;
         service_metrics(&mut summary, engine, cfg.horizon.unwrap_or(trace_end));
-        summary.mean_dag_stretch = if dags.is_empty() {
-            0.0
-        } else {
-            metrics::round6(dags.values().map(|d| d.stretch).sum::<f64>() / dags.len() as f64)
-        };
-        summary.dags = dags;
-        summary.task_groups = groups;
         summary.node_failures = node_failures;
         summary.injected_failures = injected;
         summary.requeues = engine.allocations().iter().map(|a| a.requeues as u64).sum();
@@ -1124,7 +1148,7 @@ fn fake_world<'w>(
         rank_end,
         quorum: FakeQuorum::new(inventory.nodes.len(), cfg.sensitive_pool_size),
         commit_latency: cfg.commit_latency,
-        fake: world::FakeNodes::new(cfg.keep_timeline),
+        fake: world::FakeNodes::new(cfg.keep_timeline, workload.jobs.len()),
         workload,
         node_names: inventory.nodes.iter().map(|n| n.name.clone()).collect(),
         trace_of: Vec::with_capacity(workload.jobs.len()),

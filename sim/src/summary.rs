@@ -3,6 +3,7 @@
 //! replay makes (failure times, synthetic load).
 
 use crate::config::{DEFAULT_SLO_WAIT, SimConfig};
+use crate::facts::JobFields;
 use crate::metrics::{self, GroupMetrics, JobRecord, Summary};
 use crate::quorum::FakeQuorum;
 use crate::world;
@@ -96,19 +97,19 @@ pub(crate) fn sensitive_metrics(summary: &mut Summary, engine: &Engine) {
 
 /// DAG makespan and critical-path stretch, and task-group throughput, from the trace's structure and
 /// the replayed records.
-pub(crate) fn workflow_metrics(
+pub(crate) fn workflow_metrics<R: JobFields>(
     workload: &Workload,
     trace_of: &[usize],
-    jobs: &[JobRecord],
+    jobs: &[R],
 ) -> (
     BTreeMap<String, metrics::DagMetrics>,
     BTreeMap<String, metrics::TaskGroupMetrics>,
 ) {
-    let mut rec: Vec<Option<&JobRecord>> = vec![None; workload.jobs.len()];
+    let mut rec: Vec<Option<&R>> = vec![None; workload.jobs.len()];
     for (a, &t) in trace_of.iter().enumerate() {
         rec[t] = jobs.get(a);
     }
-    let run = |i: usize| rec[i].and_then(|r| r.run_s).unwrap_or(0.0);
+    let run = |i: usize| rec[i].and_then(|r| r.run_s()).unwrap_or(0.0);
     let mut dags: BTreeMap<String, metrics::DagMetrics> = BTreeMap::new();
     // Longest path (run times) ending at each job; deps always point to earlier jobs.
     let mut path = vec![0.0f64; workload.jobs.len()];
@@ -122,13 +123,13 @@ pub(crate) fn workflow_metrics(
         });
         m.allocations += 1;
         let r = rec[i];
-        match r.map(|r| r.state) {
+        match r.map(|r| r.state()) {
             Some("completed") => m.completed += 1,
             Some("failed") => m.failed += 1,
             Some("cancelled") => m.cancelled += 1,
             _ => m.unfinished += 1,
         }
-        if let Some(e) = r.and_then(|r| r.end_s) {
+        if let Some(e) = r.and_then(|r| r.end_s()) {
             m.last_end_s = m.last_end_s.max(e);
         }
         m.critical_path_s = m.critical_path_s.max(path[i]);
@@ -159,13 +160,13 @@ pub(crate) fn workflow_metrics(
             });
         m.elements += 1;
         if let Some(r) = rec[i] {
-            if r.state == "completed" {
+            if r.state() == "completed" {
                 m.completed += 1;
             }
-            if let Some(s) = r.start_s {
+            if let Some(s) = r.start_s() {
                 m.first_start_s = m.first_start_s.min(s);
             }
-            if let Some(e) = r.end_s {
+            if let Some(e) = r.end_s() {
                 m.last_end_s = m.last_end_s.max(e);
             }
         }
@@ -289,90 +290,165 @@ pub(crate) fn placement_shape(nodes: &[lattice_engine::NodeId], facts: &NodeFact
     (groups.len() as u32, fps.iter().map(|x| x.1).max().unwrap_or(0))
 }
 
-pub(crate) fn records(held: &HeldNodes, workload: &Workload, trace_of: &[usize], facts: &NodeFacts) -> Vec<JobRecord> {
-    // One group and one fingerprint everywhere (every SWF replay): every placement spans 1 group.
-    let uniform = facts.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
-    let engine = held.engine;
-    // Names interned once: a year's records share a few hundred tenant and vCluster names.
-    let name = |n: Option<String>| -> std::sync::Arc<str> { n.unwrap_or_default().into() };
-    let tenants: Vec<std::sync::Arc<str>> = (0..)
-        .map(TenantId)
-        .take_while(|&t| engine.tenant(t).is_some())
-        .map(|t| name(engine.tenant(t).map(|x| x.name)))
-        .collect();
-    let vclusters: Vec<std::sync::Arc<str>> = (0..)
-        .map(VClusterId)
-        .take_while(|&v| engine.vcluster(v).is_some())
-        .map(|v| name(engine.vcluster(v).map(|x| x.name)))
-        .collect();
-    let shared = |names: &[std::sync::Arc<str>], i: usize| names.get(i).cloned().unwrap_or_else(|| "".into());
-    engine
-        .allocations()
-        .iter()
-        .map(|a| {
-            let job = &workload.jobs[trace_of[a.id.index()]];
-            let nodes = held.of(a);
-            let shape = a.started.map(|_| {
-                if uniform {
-                    (1, nodes.len() as u32)
-                } else {
-                    placement_shape(&nodes, facts)
-                }
-            });
-            // A preempted allocation waited until its first start; its run spans every run since.
-            let first = a.first_started;
-            let wait = first.map(|s| s.since(a.submitted));
-            let bsld = match (first, a.ended) {
-                (Some(s), Some(e)) => Some(metrics::bounded_slowdown(s.since(a.submitted), e.since(s))),
-                _ => None,
-            };
-            JobRecord {
-                id: job.id.clone(),
-                submit_s: a.submitted.as_secs_f64(),
-                start_s: first.map(Time::as_secs_f64),
-                end_s: first.and(a.ended).map(Time::as_secs_f64),
-                nodes: if a.started.is_some() {
-                    nodes.len() as u32
-                } else {
-                    a.spec.nodes.min
-                },
-                wait_s: wait.map(Duration::as_secs_f64),
-                bsld,
-                backfilled: a.backfilled && a.started.is_some(),
-                tenant: shared(&tenants, a.spec.tenant.index()),
-                vcluster: shared(&vclusters, a.spec.vcluster.index()),
-                state: a.state.as_str(),
-                reason: a.end_reason.map_or("", |r| r.as_str()),
-                gpus: nodes.iter().map(|n| facts[n.index()].0).sum(),
-                groups: shape.map(|s| s.0),
-                conformance: shape
-                    .filter(|_| !nodes.is_empty())
-                    .map(|s| metrics::round6(s.1 as f64 / nodes.len() as f64)),
-                class: a.spec.preemption_class.get(),
-                score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
-                preempted: a.preempted,
-                borrowed: engine.borrowed_among(a.id, &nodes),
-                run_s: None,
+/// Builds the `jobs.csv` record of each allocation, one at a time (a year's replay need not hold them
+/// all: see [`crate::facts`]).
+pub(crate) struct Records<'a> {
+    held: &'a HeldNodes<'a>,
+    workload: &'a Workload,
+    trace_of: &'a [usize],
+    facts: &'a NodeFacts,
+    /// Node-time held by each allocation, summed as its runs ended.
+    held_s: &'a [f64],
+    /// One group and one fingerprint everywhere (every SWF replay): every placement spans 1 group.
+    uniform: bool,
+    /// Names interned once: a year's records share a few hundred tenant and vCluster names.
+    tenants: Vec<std::sync::Arc<str>>,
+    vclusters: Vec<std::sync::Arc<str>>,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(
+        held: &'a HeldNodes<'a>,
+        workload: &'a Workload,
+        trace_of: &'a [usize],
+        facts: &'a NodeFacts,
+        held_s: &'a [f64],
+    ) -> Records<'a> {
+        let engine = held.engine;
+        let name = |n: Option<String>| -> std::sync::Arc<str> { n.unwrap_or_default().into() };
+        Records {
+            held,
+            workload,
+            trace_of,
+            facts,
+            held_s,
+            uniform: facts.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2),
+            tenants: (0..)
+                .map(TenantId)
+                .take_while(|&t| engine.tenant(t).is_some())
+                .map(|t| name(engine.tenant(t).map(|x| x.name)))
+                .collect(),
+            vclusters: (0..)
+                .map(VClusterId)
+                .take_while(|&v| engine.vcluster(v).is_some())
+                .map(|v| name(engine.vcluster(v).map(|x| x.name)))
+                .collect(),
+        }
+    }
+
+    /// Every record, in allocation order — which is submission order, the workload's (trace) order.
+    pub fn all(&self) -> Vec<JobRecord> {
+        self.held.engine.allocations().iter().map(|a| self.record(a)).collect()
+    }
+
+    /// The record of allocation `a`.
+    pub fn record(&self, a: &lattice_engine::Allocation) -> JobRecord {
+        let engine = self.held.engine;
+        let facts = self.facts;
+        let shared = |names: &[std::sync::Arc<str>], i: usize| names.get(i).cloned().unwrap_or_else(|| "".into());
+        let job = &self.workload.jobs[self.trace_of[a.id.index()]];
+        let nodes = self.held.of(a);
+        let shape = a.started.map(|_| {
+            if self.uniform {
+                (1, nodes.len() as u32)
+            } else {
+                placement_shape(&nodes, facts)
             }
-        })
-        .collect()
-    // Allocation ids follow submission order, which is the workload's (trace) order: no sort needed.
+        });
+        // A preempted allocation waited until its first start; its run spans every run since.
+        let first = a.first_started;
+        let wait = first.map(|s| s.since(a.submitted));
+        let bsld = match (first, a.ended) {
+            (Some(s), Some(e)) => Some(metrics::bounded_slowdown(s.since(a.submitted), e.since(s))),
+            _ => None,
+        };
+        let end_s = first.and(a.ended).map(Time::as_secs_f64);
+        JobRecord {
+            id: job.id.clone(),
+            submit_s: a.submitted.as_secs_f64(),
+            start_s: first.map(Time::as_secs_f64),
+            end_s,
+            nodes: if a.started.is_some() {
+                nodes.len() as u32
+            } else {
+                a.spec.nodes.min
+            },
+            wait_s: wait.map(Duration::as_secs_f64),
+            bsld,
+            backfilled: a.backfilled && a.started.is_some(),
+            tenant: shared(&self.tenants, a.spec.tenant.index()),
+            vcluster: shared(&self.vclusters, a.spec.vcluster.index()),
+            state: a.state.as_str(),
+            reason: a.end_reason.map_or("", |r| r.as_str()),
+            gpus: nodes.iter().map(|n| facts[n.index()].0).sum(),
+            groups: shape.map(|s| s.0),
+            conformance: shape
+                .filter(|_| !nodes.is_empty())
+                .map(|s| metrics::round6(s.1 as f64 / nodes.len() as f64)),
+            class: a.spec.preemption_class.get(),
+            score: a.start_score.as_ref().map(|s| metrics::round6(s.total)),
+            preempted: a.preempted,
+            borrowed: engine.borrowed_among(a.id, &nodes),
+            // Node-time held: the sum of each ended allocation's runs.
+            run_s: end_s.map(|_| metrics::round6(self.held_s.get(a.id.index()).copied().unwrap_or(0.0))),
+        }
+    }
+}
+
+/// What the summary reads besides the records, at the end of a replay.
+pub(crate) struct AtEnd<'a> {
+    pub workload: &'a Workload,
+    pub trace_of: &'a [usize],
+    pub engine: &'a Engine,
+    pub cfg: &'a SimConfig,
+    pub joined: &'a [Time],
+    pub quorum: &'a FakeQuorum,
+}
+
+impl AtEnd<'_> {
+    /// The summary's metrics over `jobs` (full records or their compact facts: the same summary).
+    pub fn summarize<R: JobFields>(&self, jobs: &[R], skipped: BTreeMap<String, u64>, notes: Vec<String>) -> Summary {
+        let (dags, groups) = workflow_metrics(self.workload, self.trace_of, jobs);
+        let mut summary = summarize(
+            self.workload,
+            self.engine,
+            self.cfg,
+            jobs,
+            skipped,
+            self.joined,
+            self.quorum,
+            notes,
+        );
+        summary.borrowed_node_hours = metrics::round6(
+            jobs.iter()
+                .filter_map(|j| Some(j.borrowed() as f64 * j.run_s()? / 3600.0))
+                .sum::<f64>(),
+        );
+        summary.mean_dag_stretch = if dags.is_empty() {
+            0.0
+        } else {
+            metrics::round6(dags.values().map(|d| d.stretch).sum::<f64>() / dags.len() as f64)
+        };
+        summary.dags = dags;
+        summary.task_groups = groups;
+        summary
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn summarize(
+fn summarize<R: JobFields>(
     workload: &Workload,
     engine: &Engine,
     cfg: &SimConfig,
-    jobs: &[JobRecord],
+    jobs: &[R],
     skipped: BTreeMap<String, u64>,
     joined: &[Time],
     quorum: &FakeQuorum,
     notes: Vec<String>,
 ) -> Summary {
     let total_nodes = engine.nodes().len() as u32;
-    let first_submit = jobs.iter().map(|j| j.submit_s).fold(f64::INFINITY, f64::min);
-    let last_end = jobs.iter().filter_map(|j| j.end_s).fold(f64::NEG_INFINITY, f64::max);
+    let first_submit = jobs.iter().map(|j| j.submit_s()).fold(f64::INFINITY, f64::min);
+    let last_end = jobs.iter().filter_map(|j| j.end_s()).fold(f64::NEG_INFINITY, f64::max);
     let (first_submit, last_end) = if jobs.is_empty() || !last_end.is_finite() {
         (0.0, 0.0)
     } else {
@@ -386,20 +462,20 @@ pub(crate) fn summarize(
             .map(|t| (last_end - t.as_secs_f64().max(first_submit)).max(0.0))
             .sum::<f64>();
     let all = metrics::group_metrics(jobs.iter(), capacity);
-    let mut by_tenant: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
-    let mut by_vcluster: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
+    let mut by_tenant: BTreeMap<&str, Vec<&R>> = BTreeMap::new();
+    let mut by_vcluster: BTreeMap<&str, Vec<&R>> = BTreeMap::new();
     for j in jobs {
-        by_tenant.entry(&j.tenant).or_default().push(j);
-        by_vcluster.entry(&j.vcluster).or_default().push(j);
+        by_tenant.entry(j.tenant()).or_default().push(j);
+        by_vcluster.entry(j.vcluster()).or_default().push(j);
     }
-    let group = |m: BTreeMap<&str, Vec<&JobRecord>>| -> BTreeMap<String, GroupMetrics> {
+    let group = |m: BTreeMap<&str, Vec<&R>>| -> BTreeMap<String, GroupMetrics> {
         m.into_iter()
             .map(|(k, v)| (k.to_string(), metrics::group_metrics(v.into_iter(), capacity)))
             .collect()
     };
-    let mut by_class: BTreeMap<String, Vec<&JobRecord>> = BTreeMap::new();
+    let mut by_class: BTreeMap<String, Vec<&R>> = BTreeMap::new();
     for j in jobs {
-        by_class.entry(format!("{:02}", j.class)).or_default().push(j);
+        by_class.entry(format!("{:02}", j.class())).or_default().push(j);
     }
     let per_class: BTreeMap<String, GroupMetrics> = by_class
         .into_iter()
@@ -425,8 +501,8 @@ pub(crate) fn summarize(
             .map_or(DEFAULT_SLO_WAIT, |r| r.2)
             .as_secs_f64()
     });
-    let spans: Vec<u32> = jobs.iter().filter_map(|j| j.groups).collect();
-    let conf: Vec<f64> = jobs.iter().filter_map(|j| j.conformance).collect();
+    let spans: Vec<u32> = jobs.iter().filter_map(|j| j.groups()).collect();
+    let conf: Vec<f64> = jobs.iter().filter_map(|j| j.conformance()).collect();
     let mean = |v: &[f64]| {
         if v.is_empty() {
             0.0
@@ -435,8 +511,8 @@ pub(crate) fn summarize(
         }
     };
     let count = |s: AllocState| engine.allocations().iter().filter(|a| a.state == s).count() as u64;
-    let ended: Vec<&JobRecord> = jobs.iter().filter(|j| j.end_s.is_some()).collect();
-    let turnaround: f64 = ended.iter().map(|j| j.end_s.unwrap_or(0.0) - j.submit_s).sum();
+    let ended: Vec<&R> = jobs.iter().filter(|j| j.end_s().is_some()).collect();
+    let turnaround: f64 = ended.iter().map(|j| j.end_s().unwrap_or(0.0) - j.submit_s()).sum();
     Summary {
         trace: workload.source.clone(),
         jobs: jobs.len() as u64,
@@ -472,7 +548,7 @@ pub(crate) fn summarize(
             .iter()
             .filter(|a| a.end_reason == Some(EndReason::WalltimeExceeded))
             .count() as u64,
-        unfinished: jobs.iter().filter(|j| j.end_s.is_none()).count() as u64,
+        unfinished: jobs.iter().filter(|j| j.end_s().is_none()).count() as u64,
         mean_turnaround_s: if ended.is_empty() {
             0.0
         } else {

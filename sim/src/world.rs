@@ -383,9 +383,14 @@ const NOT_KEPT: u32 = u32::MAX;
 
 impl FakeNodes {
     /// Fake nodes; the timeline of runs and events is kept only when `keep_timeline` (reports).
-    pub fn new(keep_timeline: bool) -> FakeNodes {
+    /// Fake nodes for a replay of about `allocations` allocations (room made for them up front: a
+    /// year's lists grown by doubling would hold up to twice that).
+    pub fn new(keep_timeline: bool, allocations: usize) -> FakeNodes {
         FakeNodes {
             keep_timeline,
+            epoch: Vec::with_capacity(allocations),
+            open: Vec::with_capacity(allocations),
+            held_s: Vec::with_capacity(allocations),
             ..FakeNodes::default()
         }
     }

@@ -107,3 +107,25 @@ pub fn run_inv(w: &Workload, inv: &lattice_traces::Inventory, policy: Policy) ->
     };
     simulate(w, inv, &cfg, &mut |_, _| {}).unwrap_or_else(|e| panic!("{policy}: {e}"))
 }
+
+/// Replays `w` twice, keeping the records and streaming them ([`lattice_sim::simulate_streaming`]):
+/// the streamed records are the kept ones in the same order, and the summary computed from the
+/// compact facts is the kept records' summary (less CPU time). Returns the kept replay.
+pub fn replay_streamed_and_kept(w: &Workload, inv: &lattice_traces::Inventory, cfg: &SimConfig) -> SimResult {
+    let kept = simulate(w, inv, cfg, &mut |_, _| {}).unwrap();
+    let mut streamed = Vec::new();
+    let (r, _) =
+        lattice_sim::simulate_streaming(w, inv, cfg, &mut |_, _| {}, &mut |j| streamed.push(j.clone())).unwrap();
+    assert!(r.jobs.is_empty(), "a streaming replay keeps no records");
+    assert_eq!(streamed, kept.jobs);
+    let summary = |r: &SimResult| {
+        let mut v = serde_json::to_value(&r.summary).unwrap();
+        v.as_object_mut()
+            .unwrap()
+            .retain(|k, _| !lattice_sim::metrics::TIMING_KEYS.contains(&k.as_str()));
+        v
+    };
+    assert_eq!(summary(&r), summary(&kept));
+    assert_eq!(r.scores.len(), kept.scores.len());
+    kept
+}

@@ -34,7 +34,8 @@ fn classed(
 
 fn run_scored(w: &lattice_traces::Workload, n: u32) -> SimResult {
     let cfg = weighted(Policy::EASY, CostWeights::default());
-    simulate(w, &nodes(n), &cfg, &mut |_, _| {}).unwrap()
+    // Streamed records give the same preemption counts, scores and node-time.
+    replay_streamed_and_kept(w, &nodes(n), &cfg)
 }
 
 fn rec<'a>(r: &'a SimResult, id: &str) -> &'a lattice_sim::JobRecord {

@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use lattice_sim::{SimConfig, SimResult, simulate};
+use lattice_sim::{SimConfig, SimResult};
 use lattice_traces::parse_jsonl;
 use proptest::prelude::*;
 
@@ -13,7 +13,9 @@ fn replay(text: &str, n: u32) -> SimResult {
         check_invariants: true,
         ..SimConfig::default()
     };
-    simulate(&w, &nodes(n), &cfg, &mut |_, _| {}).unwrap()
+    // Every workflow replay also checks that streamed records give the same DAG and task-group
+    // metrics.
+    replay_streamed_and_kept(&w, &nodes(n), &cfg)
 }
 
 fn state<'a>(r: &'a SimResult, id: &str) -> &'a str {

@@ -302,6 +302,8 @@ pub fn parse_swf_with(file: &str, text: &str, opts: &SwfOptions, keep_all_proble
     }
     w.cluster_nodes = cluster;
     w.sort_by_submit();
+    // A year of jobs grows the list by doubling: give back the slack (up to half its size).
+    w.jobs.shrink_to_fit();
     w
 }
 

@@ -717,7 +717,23 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
             b.set_position(done);
         }
     };
-    let (result, controller) = replay::run_keeping(&prepared, &mut progress)?;
+    // Without a report or tables nothing reads the records after they are written: they go to
+    // jobs.csv as they are built, and only the summary's fields of each are kept.
+    let keep_records = a.report.is_some() || a.tables;
+    let mut jobs_csv = match &a.output {
+        Some(dir) if !keep_records => Some(replay::JobsCsv::create(dir)?),
+        _ => None,
+    };
+    let (result, controller) = if keep_records {
+        replay::run_keeping(&prepared, &mut progress)?
+    } else {
+        replay::run_streaming(&prepared, &mut progress, &mut |j| {
+            if let Some(w) = jobs_csv.as_mut() {
+                w.push(j);
+            }
+        })?
+    };
+    let scored = jobs_csv.map(replay::JobsCsv::finish).transpose()?;
     // The engine holds every allocation of the trace: freeing it piece by piece costs a replay of
     // LANL-CM5 about 6 % of its time, and the process ends right after (so does the workload's).
     std::mem::forget(controller);
@@ -736,7 +752,10 @@ fn run_replay(a: ReplayArgs) -> Result<()> {
         print!("{}", report::render(&name, &result));
     }
     if let Some(dir) = &a.output {
-        replay::write_outputs(dir, &result)?;
+        match &scored {
+            Some(ids) => replay::write_outputs_but_jobs(dir, &result, &|i| ids.get(&i).map_or("", String::as_str))?,
+            None => replay::write_outputs(dir, &result)?,
+        }
         if !a.quiet {
             println!("Wrote {}/summary.json, jobs.csv, engine_cost.json", dir.display());
         }

@@ -359,6 +359,13 @@ impl Controller {
         self.log.get_or_insert_with(Vec::new);
     }
 
+    /// Room for `additional` more allocations in the engine and the controller's own per-allocation
+    /// state ([`Engine::reserve_allocations`]).
+    pub fn reserve_allocations(&mut self, additional: usize) {
+        self.engine.reserve_allocations(additional);
+        self.runs.reserve_exact(additional);
+    }
+
     pub fn take_log(&mut self) -> Vec<String> {
         self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
