@@ -361,4 +361,86 @@ mod tests {
         m.record_failure(&[7], capped, 1, d(1));
         assert_eq!(m.sets.len(), 1);
     }
+
+    /// The earliest start tried at every breakpoint in turn, each window's availability its
+    /// per-class minimum — no skipping: what [`Profile::earliest`]'s skips must reproduce.
+    fn earliest_by_trying_every_start(
+        p: &Profile,
+        w: Option<Duration>,
+        eligible: &[u16],
+        k: u32,
+        info: &[ClassInfo],
+        rules: PickRules,
+    ) -> Option<(Time, Picks)> {
+        (0..p.segments()).find_map(|seg| {
+            let start = p.time_of(seg);
+            let end = w.map_or(Time::MAX, |w| start + w);
+            let window: Vec<usize> = (seg..p.segments())
+                .filter(|&i| i == seg || p.time_of(i) < end)
+                .collect();
+            let mins: Picks = eligible
+                .iter()
+                .map(|&c| {
+                    let m = window
+                        .iter()
+                        .map(|&i| p.free_at_segment(i, c).max(0))
+                        .min()
+                        .unwrap_or(0);
+                    (c, m as u32)
+                })
+                .collect();
+            let mut out = Placement::default();
+            pick_into(info, &mins, k, rules, &mut out).then_some((start, out.picks))
+        })
+    }
+
+    proptest::proptest! {
+        /// On generated profiles of up to 6 classes in 3 groups and 2 fingerprints, with releases and
+        /// reservations at random times, the earliest start and its placement are those of trying
+        /// every breakpoint — with and without the hard conformance rule and a power cap.
+        #[test]
+        fn earliest_start_is_the_first_start_that_fits(
+            free in proptest::collection::vec(0u32..6, 1..7),
+            releases in proptest::collection::vec((1u64..400, 0usize..6, 1u32..5), 0..25),
+            reservations in proptest::collection::vec((0u64..400, 1u64..200, 0usize..6, 1u32..4), 0..8),
+            w in proptest::option::weighted(0.9, 1u64..300),
+            k in 1u32..16,
+            subset in 1u8..64,
+            hard: bool,
+            cap in proptest::option::weighted(0.2, 100u64..3000),
+        ) {
+            let classes = free.len();
+            let info: Vec<ClassInfo> = (0..classes)
+                .map(|c| ClassInfo {
+                    group: GroupId((c % 3) as u32),
+                    conformance: ConformanceFingerprint((c / 3) as u64),
+                    power_w: 100 + 50 * c as u32,
+                    gpus: 0,
+                })
+                .collect();
+            let mut p = Profile::new(Time::ZERO, &free);
+            for &(t, c, n) in &releases {
+                p.add_release(Time::from_secs(t), &[((c % classes) as u16, n)]);
+            }
+            for &(t, len, c, n) in &reservations {
+                // Only what is free over the whole window is reserved (as a pass does).
+                let c = (c % classes) as u16;
+                let start = Time::from_secs(t);
+                let mut probe = p.clone();
+                let seg = probe.breakpoint(start);
+                let mut out = Placement::default();
+                if probe.fit(seg, d(len), &[c], n, &info, PickRules::default(), &mut out).is_ok() {
+                    p = probe;
+                    p.reserve(start, d(len), &[(c, n)]);
+                }
+            }
+            let eligible: Vec<u16> = (0..classes as u16).filter(|c| subset & (1 << c) != 0).collect();
+            proptest::prop_assume!(!eligible.is_empty());
+            let rules = PickRules { conformance_hard: hard, power_cap_w: cap };
+            let walltime = w.map(Duration::from_secs);
+            let mut out = Placement::default();
+            let got = p.earliest(walltime, &eligible, k, &info, rules, &mut out).map(|t| (t, out.picks.clone()));
+            proptest::prop_assert_eq!(got, earliest_by_trying_every_start(&p, walltime, &eligible, k, &info, rules));
+        }
+    }
 }

@@ -501,7 +501,10 @@ fn replay_end<R: JobFields>(jobs: &[R]) -> f64 {
 /// Jain's fairness index over tenants of (actual share / target share), and the largest
 /// |actual share − target share|; shares are of node-hours. `targets` gives configured shares; the
 /// other tenants split what is left equally.
-pub fn fairness(usage: &BTreeMap<String, f64>, targets: &BTreeMap<String, f64>) -> (f64, f64) {
+pub fn fairness<K: std::borrow::Borrow<str> + Ord>(
+    usage: &BTreeMap<K, f64>,
+    targets: &BTreeMap<String, f64>,
+) -> (f64, f64) {
     let total: f64 = usage.values().sum();
     let n = usage.len();
     if n == 0 || total <= 0.0 {
@@ -511,32 +514,32 @@ pub fn fairness(usage: &BTreeMap<String, f64>, targets: &BTreeMap<String, f64>) 
     let target = |t: &str| effective.get(t).copied().unwrap_or(0.0);
     let x: Vec<f64> = usage
         .iter()
-        .filter(|(t, _)| target(t) > 0.0)
-        .map(|(t, u)| (u / total) / target(t))
+        .filter(|(t, _)| target((*t).borrow()) > 0.0)
+        .map(|(t, u)| (u / total) / target(t.borrow()))
         .collect();
     let jain = jain_of(&x);
     let dev = usage
         .iter()
-        .map(|(t, u)| (u / total - target(t)).abs())
+        .map(|(t, u)| (u / total - target(t.borrow())).abs())
         .fold(0.0, f64::max);
     (round6(jain), round6(dev))
 }
 
 /// The target share of each of `tenants`: its configured target, or an equal split of what the
 /// configured targets (of these tenants) leave.
-pub fn effective_targets<'a>(
-    tenants: impl Iterator<Item = &'a String> + Clone,
+pub fn effective_targets<'a, K: std::borrow::Borrow<str> + 'a>(
+    tenants: impl Iterator<Item = &'a K> + Clone,
     targets: &BTreeMap<String, f64>,
 ) -> BTreeMap<String, f64> {
-    let set: f64 = tenants.clone().filter_map(|t| targets.get(t)).sum();
-    let unset = tenants.clone().filter(|t| !targets.contains_key(*t)).count();
+    let set: f64 = tenants.clone().filter_map(|t| targets.get(t.borrow())).sum();
+    let unset = tenants.clone().filter(|t| !targets.contains_key(t.borrow())).count();
     let rest = if unset > 0 {
         (1.0 - set).max(0.0) / unset as f64
     } else {
         0.0
     };
     tenants
-        .map(|t| (t.clone(), targets.get(t).copied().unwrap_or(rest)))
+        .map(|t| (t.borrow().to_string(), targets.get(t.borrow()).copied().unwrap_or(rest)))
         .collect()
 }
 
@@ -544,7 +547,8 @@ pub fn effective_targets<'a>(
 /// in each window the tenants that used the machine are compared with their targets. Returns
 /// (mean Jain index, max share deviation, mean share deviation) over windows with any usage.
 pub fn windowed_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTreeMap<String, f64>) -> (f64, f64, f64) {
-    let mut windows: BTreeMap<u64, BTreeMap<String, f64>> = BTreeMap::new();
+    // Keyed by the records' own tenant names: no string is made per job and window.
+    let mut windows: BTreeMap<u64, BTreeMap<&str, f64>> = BTreeMap::new();
     for j in jobs {
         let (Some(s), Some(e), Some(run)) = (j.start_s(), j.end_s(), j.run_s()) else {
             continue;
@@ -555,7 +559,7 @@ pub fn windowed_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTre
         while t < e {
             let w = (t / window_s).floor() as u64;
             let until = ((w + 1) as f64 * window_s).min(e);
-            *windows.entry(w).or_default().entry(j.tenant().to_string()).or_default() += density * (until - t);
+            *windows.entry(w).or_default().entry(j.tenant()).or_default() += density * (until - t);
             t = until;
         }
     }
@@ -589,10 +593,10 @@ pub struct DemandFairness {
 
 /// Splits `[from, to)` over windows of `window_s`, adding `rate × overlap` to each window's entry
 /// for `tenant`.
-fn spread(
-    windows: &mut BTreeMap<u64, BTreeMap<String, (f64, f64)>>,
+fn spread<'a>(
+    windows: &mut BTreeMap<u64, BTreeMap<&'a str, (f64, f64)>>,
     window_s: f64,
-    tenant: &str,
+    tenant: &'a str,
     from: f64,
     to: f64,
     rate: f64,
@@ -602,7 +606,7 @@ fn spread(
     while t < to {
         let w = (t / window_s).floor() as u64;
         let until = ((w + 1) as f64 * window_s).min(to);
-        let e = windows.entry(w).or_default().entry(tenant.to_string()).or_default();
+        let e = windows.entry(w).or_default().entry(tenant).or_default();
         if waiting {
             e.1 += rate * (until - t);
         } else {
@@ -619,7 +623,7 @@ fn spread(
 pub fn demand_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTreeMap<String, f64>) -> DemandFairness {
     let end = replay_end(jobs);
     // window → tenant → (delivered, waiting) node-seconds.
-    let mut windows: BTreeMap<u64, BTreeMap<String, (f64, f64)>> = BTreeMap::new();
+    let mut windows: BTreeMap<u64, BTreeMap<&str, (f64, f64)>> = BTreeMap::new();
     for j in jobs {
         let first_start = j.start_s().unwrap_or(end);
         spread(
@@ -640,7 +644,7 @@ pub fn demand_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTreeM
     for per in windows.values() {
         let waiting: f64 = per.values().map(|v| v.1).sum();
         let delivered: f64 = per.values().map(|v| v.0).sum();
-        let wanting: Vec<(&String, f64, f64)> = per
+        let wanting: Vec<(&&str, f64, f64)> = per
             .iter()
             .filter(|(_, v)| v.0 + v.1 > 0.0)
             .map(|(t, v)| (t, v.0, v.0 + v.1))
@@ -654,7 +658,7 @@ pub fn demand_fairness<R: JobFields>(jobs: &[R], window_s: f64, targets: &BTreeM
             .map(|(t, _, demand)| lattice_engine::kai::QueueSpec {
                 name: t.to_string(),
                 deserved: 0.0,
-                over_quota_weight: shares.get(*t).copied().unwrap_or(0.0),
+                over_quota_weight: shares.get(**t).copied().unwrap_or(0.0),
                 request: *demand,
                 children: Vec::new(),
             })
