@@ -1,15 +1,19 @@
 //! Authentication and authorization of the API (book: "Authentication & Authorization"): OIDC/JWT
-//! bearer tokens — RS256 against a JWKS file (the IdP's keys), or an HS256 secret for development —
-//! carrying `sub` (the user), `tenant` and `roles`; the seed's roles decide what each request may do,
+//! bearer tokens — RS256/ES256 against the IdP's keys (from its discovery document's `jwks_uri`,
+//! refetched when a token names a new key id, or from a JWKS file), or an HS256 secret for
+//! development — whose holder, tenant and role come from standard claims by the site's rules
+//! ([`crate::oidc`]); the seed's roles decide what each request may do,
 //! with tenant scoping (a user sees only their own allocations, a tenant admin their tenant's); and a
 //! per-user rate limit answering 429 with `Retry-After`. With `mode: none` (the minimal dev config)
 //! every request acts as a system administrator.
 
+use crate::oidc::{self, ClaimRules, Key};
+pub use crate::principal::{Principal, Role};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, decode, decode_header, jwk::JwkSet};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
@@ -26,8 +30,17 @@ pub enum AuthMode {
 pub struct AuthConfig {
     #[serde(default)]
     pub mode: AuthMode,
-    /// RS256: the IdP's JSON Web Key Set (a file; fetch it from the IdP's `jwks_uri`).
+    /// The IdP's JSON Web Key Set as a file (fixed keys).
     pub jwks_file: Option<PathBuf>,
+    /// Where the IdP publishes its keys (default, without `jwks_file`: the `jwks_uri` of the
+    /// issuer's `/.well-known/openid-configuration`). Fetched at start and again when a token names a
+    /// key id not yet known (key rotation), at most once per `jwks_refresh_min_s`.
+    pub jwks_uri: Option<String>,
+    #[serde(default = "default_refresh")]
+    pub jwks_refresh_min_s: u64,
+    /// How standard claims name the user, the tenant and the role ([`ClaimRules`]).
+    #[serde(default)]
+    pub claims: ClaimRules,
     /// HS256 development secret (never in production).
     pub hs256_secret: Option<String>,
     pub issuer: Option<String>,
@@ -46,11 +59,18 @@ fn default_rate() -> u32 {
     600
 }
 
+fn default_refresh() -> u64 {
+    10
+}
+
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             mode: AuthMode::None,
             jwks_file: None,
+            jwks_uri: None,
+            jwks_refresh_min_s: default_refresh(),
+            claims: ClaimRules::default(),
             hs256_secret: None,
             issuer: None,
             audience: None,
@@ -59,93 +79,6 @@ impl Default for AuthConfig {
             rate_limit_per_minute: default_rate(),
         }
     }
-}
-
-/// The seed's roles.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-pub enum Role {
-    SystemAdmin,
-    TenantAdmin,
-    Operator,
-    ClaimingUser,
-    ReadOnly,
-    User,
-}
-
-/// Who is asking.
-#[derive(Clone, Debug)]
-pub struct Principal {
-    pub user: String,
-    pub tenant: Option<String>,
-    pub roles: Vec<Role>,
-    /// A node agent authenticated by its mTLS certificate: the node its CN names (it may act for
-    /// that node only, and nothing else).
-    pub node: Option<String>,
-}
-
-impl Principal {
-    pub fn dev_admin() -> Principal {
-        Principal {
-            user: "dev".into(),
-            tenant: None,
-            roles: vec![Role::SystemAdmin],
-            node: None,
-        }
-    }
-
-    pub fn has(&self, r: Role) -> bool {
-        self.roles.contains(&r)
-    }
-
-    pub fn is_admin(&self) -> bool {
-        self.has(Role::SystemAdmin)
-    }
-
-    /// May submit allocations for `tenant` (own tenant only, unless system admin).
-    pub fn can_submit_for(&self, tenant: &str) -> bool {
-        if self.is_admin() {
-            return true;
-        }
-        let writes = self.has(Role::User) || self.has(Role::ClaimingUser) || self.has(Role::TenantAdmin);
-        writes && self.tenant.as_deref() == Some(tenant)
-    }
-
-    /// May see an allocation of `tenant` submitted by `user`.
-    pub fn can_see(&self, tenant: &str, user: Option<&str>) -> bool {
-        if self.is_admin() || self.has(Role::Operator) || self.has(Role::ReadOnly) {
-            return true;
-        }
-        if self.tenant.as_deref() != Some(tenant) {
-            return false;
-        }
-        self.has(Role::TenantAdmin) || user == Some(self.user.as_str())
-    }
-
-    /// May cancel it: its submitter, its tenant's admin, a system admin.
-    pub fn can_cancel(&self, tenant: &str, user: Option<&str>) -> bool {
-        if self.is_admin() {
-            return true;
-        }
-        if self.tenant.as_deref() != Some(tenant) {
-            return false;
-        }
-        self.has(Role::TenantAdmin)
-            || ((self.has(Role::User) || self.has(Role::ClaimingUser)) && user == Some(&self.user))
-    }
-
-    /// Node operations (drain, undrain).
-    pub fn can_operate(&self) -> bool {
-        self.is_admin() || self.has(Role::Operator)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct Claims {
-    sub: String,
-    #[serde(default)]
-    tenant: Option<String>,
-    #[serde(default)]
-    roles: Vec<Role>,
 }
 
 /// Why a request is refused before it reaches a handler.
@@ -159,7 +92,14 @@ pub enum Refusal {
 
 pub struct Authenticator {
     cfg: AuthConfig,
-    keys: Vec<(Option<String>, DecodingKey, Algorithm)>,
+    /// Fixed keys: the JWKS file's and the HS256 secret.
+    keys: Vec<Key>,
+    /// The issuer whose discovery document names where its keys are (when no URL is configured).
+    discover: Option<String>,
+    /// Where the IdP's current keys are fetched from (configured, or discovered), and the keys
+    /// last fetched with when.
+    jwks_uri: Mutex<Option<String>>,
+    fetched: RwLock<(Vec<Key>, Option<tokio::time::Instant>)>,
     /// user → (minute, requests in it).
     window: Mutex<BTreeMap<String, (u64, u32)>>,
     /// Rate-limit windows count from here on the monotonic clock (a system clock jump does not open
@@ -174,6 +114,7 @@ pub struct AuthSetupError(String);
 impl Authenticator {
     pub fn new(cfg: AuthConfig) -> Result<Authenticator, AuthSetupError> {
         let mut keys = Vec::new();
+        let mut discover = None;
         if cfg.mode == AuthMode::Jwt {
             if let Some(path) = &cfg.jwks_file {
                 let text =
@@ -181,24 +122,34 @@ impl Authenticator {
                 let set: JwkSet = serde_json::from_str(&text)
                     .map_err(|e| AuthSetupError(format!("{}: not a JWKS: {e}", path.display())))?;
                 for k in &set.keys {
-                    let key =
-                        DecodingKey::from_jwk(k).map_err(|e| AuthSetupError(format!("{}: {e}", path.display())))?;
-                    keys.push((k.common.key_id.clone(), key, Algorithm::RS256));
+                    DecodingKey::from_jwk(k).map_err(|e| AuthSetupError(format!("{}: {e}", path.display())))?;
                 }
+                keys.extend(oidc::keys_of(&set));
             }
             if let Some(secret) = &cfg.hs256_secret {
                 keys.push((None, DecodingKey::from_secret(secret.as_bytes()), Algorithm::HS256));
             }
-            if keys.is_empty() {
-                return Err(AuthSetupError("mode jwt needs `jwks_file` or `hs256_secret`".into()));
+            if cfg.jwks_uri.is_none() && cfg.jwks_file.is_none() {
+                discover = cfg.issuer.clone();
+            }
+            if keys.is_empty() && cfg.jwks_uri.is_none() && discover.is_none() {
+                return Err(AuthSetupError(
+                    "mode jwt needs `issuer` (OIDC discovery), `jwks_uri`, `jwks_file` or `hs256_secret`".into(),
+                ));
             }
         }
-        Ok(Authenticator {
+        let a = Authenticator {
+            jwks_uri: Mutex::new(cfg.jwks_uri.clone()),
             cfg,
             keys,
+            discover,
+            fetched: RwLock::new((Vec::new(), None)),
             window: Mutex::new(BTreeMap::new()),
             started: tokio::time::Instant::now(),
-        })
+        };
+        // An IdP that is down at start is not fatal: the first token with an unknown key tries again.
+        a.refresh_keys();
+        Ok(a)
     }
 
     /// What `GET /api/v1/auth/discovery` publishes so `lattice login` can find the IdP: `mode`
@@ -236,6 +187,7 @@ impl Authenticator {
                 tenant: None,
                 roles: Vec::new(),
                 node: Some(cn.to_string()),
+                expires_at: None,
             }),
             None => self.check_with(authorization, false),
         }
@@ -258,8 +210,74 @@ impl Authenticator {
 
     fn verify(&self, token: &str) -> Result<Principal, String> {
         let header = decode_header(token).map_err(|e| format!("malformed token: {e}"))?;
+        match self.verify_with_known_keys(token, &header) {
+            Err(e) if self.unknown_kid(&header) && self.refresh_keys() => {
+                // The IdP rotated its keys: verify against what it publishes now.
+                self.verify_with_known_keys(token, &header).map_err(|_| e)
+            }
+            r => r,
+        }
+    }
+
+    /// Does the token name a key id none of the known keys has (or name none while the IdP's keys
+    /// could not be fetched yet)?
+    fn unknown_kid(&self, header: &jsonwebtoken::Header) -> bool {
+        let fetched = self.fetched.read().unwrap_or_else(|p| p.into_inner());
+        match &header.kid {
+            Some(kid) => !self
+                .keys
+                .iter()
+                .chain(fetched.0.iter())
+                .any(|k| k.0.as_ref() == Some(kid)),
+            None => fetched.0.is_empty(),
+        }
+    }
+
+    /// Fetches the IdP's keys again unless they were fetched less than `jwks_refresh_min_s` ago.
+    /// Whether new keys were fetched.
+    fn refresh_keys(&self) -> bool {
+        if self.cfg.mode != AuthMode::Jwt || (self.cfg.jwks_uri.is_none() && self.discover.is_none()) {
+            return false;
+        }
+        let min = std::time::Duration::from_secs(self.cfg.jwks_refresh_min_s);
+        let recent = |f: &(Vec<Key>, Option<tokio::time::Instant>)| f.1.is_some_and(|t| t.elapsed() < min);
+        if recent(&self.fetched.read().unwrap_or_else(|p| p.into_inner())) {
+            return false;
+        }
+        let mut fetched = self.fetched.write().unwrap_or_else(|p| p.into_inner());
+        if recent(&fetched) {
+            return false; // another request refreshed meanwhile
+        }
+        fetched.1 = Some(tokio::time::Instant::now());
+        let uri = {
+            let mut known = self.jwks_uri.lock().unwrap_or_else(|p| p.into_inner());
+            if known.is_none()
+                && let Some(iss) = &self.discover
+            {
+                match oidc::blocking(|| oidc::discover_jwks_uri(iss)) {
+                    Ok(u) => *known = Some(u),
+                    Err(e) => tracing::warn!("auth: OIDC discovery of {iss}: {e}"),
+                }
+            }
+            known.clone()
+        };
+        let Some(uri) = uri else { return false };
+        match oidc::blocking(|| oidc::fetch_keys(&uri)) {
+            Ok(keys) => {
+                fetched.0 = keys;
+                true
+            }
+            Err(e) => {
+                tracing::warn!("auth: fetching the IdP's keys: {e}");
+                false
+            }
+        }
+    }
+
+    fn verify_with_known_keys(&self, token: &str, header: &jsonwebtoken::Header) -> Result<Principal, String> {
+        let fetched = self.fetched.read().unwrap_or_else(|p| p.into_inner());
         let mut last = "no key matches the token".to_string();
-        for (kid, key, alg) in &self.keys {
+        for (kid, key, alg) in self.keys.iter().chain(fetched.0.iter()) {
             if *alg != header.alg || (header.kid.is_some() && kid.is_some() && header.kid != *kid) {
                 continue;
             }
@@ -271,19 +289,8 @@ impl Authenticator {
                 Some(aud) => v.set_audience(&[aud]),
                 None => v.validate_aud = false,
             }
-            match decode::<Claims>(token, key, &v) {
-                Ok(data) => {
-                    let c = data.claims;
-                    if c.roles.is_empty() {
-                        return Err("the token carries no roles".into());
-                    }
-                    return Ok(Principal {
-                        user: c.sub,
-                        tenant: c.tenant,
-                        roles: c.roles,
-                        node: None,
-                    });
-                }
+            match decode::<serde_json::Value>(token, key, &v) {
+                Ok(data) => return self.cfg.claims.principal(&data.claims),
                 Err(e) => last = format!("invalid token: {e}"),
             }
         }
@@ -375,6 +382,7 @@ mod tests {
             tenant: Some("physics".into()),
             roles,
             node: None,
+            expires_at: None,
         };
         let ta = p(vec![Role::TenantAdmin]);
         assert!(ta.can_see("physics", Some("someone")) && !ta.can_see("bio", None));

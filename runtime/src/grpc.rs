@@ -477,8 +477,20 @@ impl AllocationService for Api {
         tokio::spawn(async move {
             let _open = open;
             let mut how = "client left";
+            let deadline = p.stream_deadline();
             loop {
                 tokio::select! {
+                    // The token it was opened with expired: the session ends.
+                    _ = async {
+                        match deadline {
+                            Some(d) => tokio::time::sleep_until(d).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        how = "token expired";
+                        let _ = tx.send(Err(Status::unauthenticated("token expired"))).await;
+                        break;
+                    }
                     m = inbound.message() => match m {
                         Ok(Some(pb::AttachRequest { msg: Some(m) })) => {
                             let i = match m {
@@ -555,6 +567,11 @@ impl AllocationService for Api {
                     }
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                if p.stream_deadline().is_some_and(|d| tokio::time::Instant::now() >= d) {
+                    // The token it was opened with expired.
+                    let _ = tx.send(Err(Status::unauthenticated("token expired"))).await;
+                    return;
+                }
                 view = ops::get(&shared, &p, &id).await;
             }
         });

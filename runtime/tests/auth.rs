@@ -321,3 +321,184 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     assert_eq!(work.0, 200);
     rt.shutdown().await;
 }
+
+/// A stand-in for an OpenID provider's two public documents: its discovery document and its key set
+/// (which the test swaps to rotate keys), counting key-set fetches.
+struct StandInIdp {
+    base: String,
+    jwks: std::sync::Arc<std::sync::Mutex<String>>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn stand_in_idp(jwks_file: &str) -> StandInIdp {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let jwks = std::sync::Arc::new(std::sync::Mutex::new(
+        std::fs::read_to_string(fixtures().join(jwks_file)).unwrap(),
+    ));
+    let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (b, j, f) = (base.clone(), jwks.clone(), fetches.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut line = String::new();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // The rest of the request head.
+            let mut h = String::new();
+            while reader.read_line(&mut h).is_ok_and(|n| n > 2) {
+                h.clear();
+            }
+            let body = if line.starts_with("GET /.well-known/openid-configuration ") {
+                json!({"issuer": b, "jwks_uri": format!("{b}/jwks")}).to_string()
+            } else if line.starts_with("GET /jwks ") {
+                f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                j.lock().unwrap().clone()
+            } else {
+                let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                continue;
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    StandInIdp { base, jwks, fetches }
+}
+
+/// A standard token as an IdP issues it: no `tenant` or `roles` claim — a subject id, a username,
+/// groups and scopes.
+fn standard_token(key_file: &str, kid: &str, claims: Value) -> String {
+    let pem = std::fs::read(fixtures().join(key_file)).unwrap();
+    let mut h = Header::new(Algorithm::RS256);
+    h.kid = Some(kid.into());
+    encode(&h, &claims, &EncodingKey::from_rsa_pem(&pem).unwrap()).unwrap()
+}
+
+/// Standard OIDC: the keys come from the issuer's discovery document, a token without any custom
+/// claim is mapped by the site's rules to a user of a tenant and a role, and a token signed with a
+/// rotated key is accepted once the IdP publishes it (the old key then refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standard_oidc_tokens_discovered_keys_and_rotation() {
+    let idp = stand_in_idp("test-jwks.json");
+    let dir = std::env::temp_dir().join(format!("lattice-oidc-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n\
+         auth:\n  mode: jwt\n  issuer: {}\n  audience: lattice\n  jwks_refresh_min_s: 0\n  claims:\n    \
+         user_claim: preferred_username\n    tenant_claim: groups\n    tenant_prefix: /tenants/\n    \
+         role_rules:\n      - {{claim: groups, value: /hpc-ops, role: Operator}}\n",
+        dir.display(),
+        idp.base
+    );
+    let rt = start(RuntimeConfig::parse("a.yaml", &text).unwrap(), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        idp.fetches.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "keys fetched at start"
+    );
+    let base = format!("http://{}", rt.rest_addr);
+    let t0 = Instant::now();
+    while !rt.shared.member.is_leader() {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exp = jsonwebtoken::get_current_timestamp() + 600;
+    let claims = |user: &str, groups: &[&str], scope: &str| {
+        json!({"iss": idp.base, "aud": "lattice", "sub": format!("uuid-of-{user}"), "preferred_username": user,
+               "groups": groups, "scope": scope, "exp": exp})
+    };
+    let alice = standard_token(
+        "test-rs256.pem",
+        "test-key",
+        claims("alice", &["/staff", "/tenants/physics"], "openid profile"),
+    );
+    let olga = standard_token("test-rs256.pem", "test-key", claims("olga", &["/hpc-ops"], "openid"));
+
+    // Alice is a User of tenant physics: she submits there (and is named the submitter), not elsewhere.
+    let (status, v, _) = call(&base, Some(&alice), "POST", "/v1/allocations", Some(job("physics"))).await;
+    assert_eq!(status, 201, "{v}");
+    let a = v["id"].as_str().unwrap().to_string();
+    let (status, v, _) = call(&base, Some(&alice), "GET", &format!("/v1/allocations/{a}"), None).await;
+    assert_eq!(
+        (status, v["user"].as_str(), v["tenant"].as_str()),
+        (200, Some("alice"), Some("physics"))
+    );
+    let (status, v, _) = call(&base, Some(&alice), "POST", "/v1/allocations", Some(job("bio"))).await;
+    assert_eq!((status, v["field"].as_str()), (403, Some("tenant")), "{v}");
+    // Olga is an operator by the site's group rule; Alice is not.
+    assert_eq!(
+        call(&base, Some(&alice), "POST", "/v1/nodes/sim-001/drain", None)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        call(&base, Some(&olga), "POST", "/v1/nodes/sim-001/drain", None)
+            .await
+            .0,
+        200
+    );
+    // The wrong issuer or audience is refused.
+    let mut other = claims("alice", &["/tenants/physics"], "openid");
+    other["iss"] = json!("https://elsewhere.example.org");
+    let forged = standard_token("test-rs256.pem", "test-key", other);
+    assert_eq!(call(&base, Some(&forged), "GET", "/v1/allocations", None).await.0, 401);
+
+    // The IdP rotates its keys: a token signed with the new key names a key id not yet known, the
+    // keys are fetched again and it is accepted; the retired key's tokens are refused.
+    let fetched = idp.fetches.load(std::sync::atomic::Ordering::SeqCst);
+    *idp.jwks.lock().unwrap() = std::fs::read_to_string(fixtures().join("test-jwks-rotated.json")).unwrap();
+    let rotated = standard_token(
+        "test-rs256-rotated.pem",
+        "rotated-key",
+        claims("alice", &["/tenants/physics"], "openid"),
+    );
+    let (status, v, _) = call(&base, Some(&rotated), "GET", &format!("/v1/allocations/{a}"), None).await;
+    assert_eq!((status, v["user"].as_str()), (200, Some("alice")), "{v}");
+    assert_eq!(idp.fetches.load(std::sync::atomic::Ordering::SeqCst), fetched + 1);
+    assert_eq!(call(&base, Some(&alice), "GET", "/v1/allocations", None).await.0, 401);
+    // A known key id fetches nothing.
+    let fetched = idp.fetches.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(call(&base, Some(&rotated), "GET", "/v1/allocations", None).await.0, 200);
+    assert_eq!(idp.fetches.load(std::sync::atomic::Ordering::SeqCst), fetched);
+
+    // A long-lived stream ends when the token it was opened with expires, saying so.
+    let mut soon = claims("alice", &["/tenants/physics"], "openid");
+    soon["exp"] = json!(jsonwebtoken::get_current_timestamp() + 3);
+    let soon = standard_token("test-rs256-rotated.pem", "rotated-key", soon);
+    let url = format!("{base}/v1/allocations/{a}/logs/stream");
+    let opened = Instant::now();
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        let mut r = agent
+            .get(&url)
+            .header("Authorization", format!("Bearer {soon}"))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("event: error") && body.contains("token expired"),
+        "{body}"
+    );
+    assert!(
+        opened.elapsed() < Duration::from_secs(20),
+        "ended by the token's expiry, not the client's timeout"
+    );
+    rt.shutdown().await;
+}

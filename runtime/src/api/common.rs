@@ -176,16 +176,31 @@ pub(super) fn seconds(field: &str, v: Option<&str>, default: f64) -> Result<f64,
 /// What a Server-Sent Events relay sends on.
 pub(super) type EventTx = tokio::sync::mpsc::Sender<Result<axum::response::sse::Event, std::convert::Infallible>>;
 
-/// A Server-Sent Events answer fed by `relay`, which runs on a task of its own until it returns or
-/// the client goes away (its sends fail); comments keep an idle connection alive.
-pub(super) fn sse<F, Fut>(relay: F) -> Response
+/// A Server-Sent Events answer fed by `relay`, which runs on a task of its own until it returns, the
+/// client goes away (its sends fail) or `until` (the caller's token expires: an `error` event says so
+/// and the stream ends); comments keep an idle connection alive.
+pub(super) fn sse<F, Fut>(until: Option<tokio::time::Instant>, relay: F) -> Response
 where
     F: FnOnce(EventTx) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    use axum::response::sse::{KeepAlive, Sse};
+    use axum::response::sse::{Event, KeepAlive, Sse};
     let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(relay(tx));
+    let last = tx.clone();
+    let relay = relay(tx);
+    tokio::spawn(async move {
+        match until {
+            None => relay.await,
+            Some(deadline) => {
+                if tokio::time::timeout_at(deadline, relay).await.is_err() {
+                    let expired = Event::default()
+                        .event("error")
+                        .data(serde_json::json!({"error": "token expired"}).to_string());
+                    let _ = last.send(Ok(expired)).await;
+                }
+            }
+        }
+    });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -190,7 +190,7 @@ pub(super) async fn stream_metrics(
     if let Err(r) = tsdb(&s) {
         return r;
     }
-    sse(move |tx| async move {
+    sse(p.stream_deadline(), move |tx| async move {
         let _open = crate::metrics::StreamGuard::open(&s.metrics, "metrics");
         let Some(t) = s.tsdb.as_ref() else { return };
         let mut last: Option<tokio::time::Instant> = None;
@@ -360,7 +360,7 @@ pub(super) async fn stream_logs(
     if let Err(e) = ops::live_logs(&s, &p, &id, stream, &BTreeMap::new()).await {
         return e.into_response();
     }
-    sse(move |tx| async move {
+    sse(p.stream_deadline(), move |tx| async move {
         let _open = crate::metrics::StreamGuard::open(&s.metrics, "logs");
         let mut quiet = 0;
         let mut trouble = 0;

@@ -267,6 +267,7 @@ fn peer_principal(site: &str, user: &str, tenant: &str) -> Principal {
         tenant: Some(tenant.to_string()),
         roles: vec![Role::User],
         node: None,
+        expires_at: None,
     }
 }
 
@@ -277,6 +278,7 @@ fn site_reader() -> Principal {
         tenant: None,
         roles: vec![Role::ReadOnly],
         node: None,
+        expires_at: None,
     }
 }
 
