@@ -97,9 +97,11 @@ pub struct Authenticator {
     /// The issuer whose discovery document names where its keys are (when no URL is configured).
     discover: Option<String>,
     /// Where the IdP's current keys are fetched from (configured, or discovered), and the keys
-    /// last fetched with when.
+    /// last fetched.
     jwks_uri: Mutex<Option<String>>,
-    fetched: RwLock<(Vec<Key>, Option<tokio::time::Instant>)>,
+    fetched: RwLock<Vec<Key>>,
+    /// When the last fetch of the IdP's keys started (refetches are rate limited).
+    last_fetch: Mutex<Option<tokio::time::Instant>>,
     /// user → (minute, requests in it).
     window: Mutex<BTreeMap<String, (u64, u32)>>,
     /// Rate-limit windows count from here on the monotonic clock (a system clock jump does not open
@@ -132,6 +134,12 @@ impl Authenticator {
             if cfg.jwks_uri.is_none() && cfg.jwks_file.is_none() {
                 discover = cfg.issuer.clone();
             }
+            if (cfg.jwks_uri.is_some() || discover.is_some()) && cfg.audience.is_none() {
+                // Every client of the IdP gets tokens its keys sign: only the audience tells ours.
+                return Err(AuthSetupError(
+                    "keys from an OIDC provider (`issuer` or `jwks_uri`) need `audience`: the client id tokens for Lattice carry".into(),
+                ));
+            }
             if keys.is_empty() && cfg.jwks_uri.is_none() && discover.is_none() {
                 return Err(AuthSetupError(
                     "mode jwt needs `issuer` (OIDC discovery), `jwks_uri`, `jwks_file` or `hs256_secret`".into(),
@@ -143,7 +151,8 @@ impl Authenticator {
             cfg,
             keys,
             discover,
-            fetched: RwLock::new((Vec::new(), None)),
+            fetched: RwLock::new(Vec::new()),
+            last_fetch: Mutex::new(None),
             window: Mutex::new(BTreeMap::new()),
             started: tokio::time::Instant::now(),
         };
@@ -227,44 +236,45 @@ impl Authenticator {
             Some(kid) => !self
                 .keys
                 .iter()
-                .chain(fetched.0.iter())
+                .chain(fetched.iter())
                 .any(|k| k.0.as_ref() == Some(kid)),
-            None => fetched.0.is_empty(),
+            None => fetched.is_empty(),
         }
     }
 
-    /// Fetches the IdP's keys again unless they were fetched less than `jwks_refresh_min_s` ago.
-    /// Whether new keys were fetched.
+    /// Fetches the IdP's keys again unless a fetch started less than `jwks_refresh_min_s` (at least
+    /// 1 s) ago. Whether new keys were fetched. No lock is held during the network calls: other
+    /// requests verify against the keys they have meanwhile (one with an unknown key id is refused).
     fn refresh_keys(&self) -> bool {
         if self.cfg.mode != AuthMode::Jwt || (self.cfg.jwks_uri.is_none() && self.discover.is_none()) {
             return false;
         }
-        let min = std::time::Duration::from_secs(self.cfg.jwks_refresh_min_s);
-        let recent = |f: &(Vec<Key>, Option<tokio::time::Instant>)| f.1.is_some_and(|t| t.elapsed() < min);
-        if recent(&self.fetched.read().unwrap_or_else(|p| p.into_inner())) {
-            return false;
-        }
-        let mut fetched = self.fetched.write().unwrap_or_else(|p| p.into_inner());
-        if recent(&fetched) {
-            return false; // another request refreshed meanwhile
-        }
-        fetched.1 = Some(tokio::time::Instant::now());
-        let uri = {
-            let mut known = self.jwks_uri.lock().unwrap_or_else(|p| p.into_inner());
-            if known.is_none()
-                && let Some(iss) = &self.discover
-            {
-                match oidc::blocking(|| oidc::discover_jwks_uri(iss)) {
-                    Ok(u) => *known = Some(u),
-                    Err(e) => tracing::warn!("auth: OIDC discovery of {iss}: {e}"),
-                }
+        let min = std::time::Duration::from_secs(self.cfg.jwks_refresh_min_s.max(1));
+        {
+            let mut last = self.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < min) {
+                return false;
             }
-            known.clone()
+            *last = Some(tokio::time::Instant::now());
+        }
+        let known = self.jwks_uri.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let uri = match (known, &self.discover) {
+            (Some(u), _) => u,
+            (None, Some(iss)) => match oidc::blocking(|| oidc::discover_jwks_uri(iss)) {
+                Ok(u) => {
+                    *self.jwks_uri.lock().unwrap_or_else(|p| p.into_inner()) = Some(u.clone());
+                    u
+                }
+                Err(e) => {
+                    tracing::warn!("auth: OIDC discovery of {iss}: {e}");
+                    return false;
+                }
+            },
+            (None, None) => return false,
         };
-        let Some(uri) = uri else { return false };
         match oidc::blocking(|| oidc::fetch_keys(&uri)) {
             Ok(keys) => {
-                fetched.0 = keys;
+                *self.fetched.write().unwrap_or_else(|p| p.into_inner()) = keys;
                 true
             }
             Err(e) => {
@@ -277,18 +287,25 @@ impl Authenticator {
     fn verify_with_known_keys(&self, token: &str, header: &jsonwebtoken::Header) -> Result<Principal, String> {
         let fetched = self.fetched.read().unwrap_or_else(|p| p.into_inner());
         let mut last = "no key matches the token".to_string();
-        for (kid, key, alg) in self.keys.iter().chain(fetched.0.iter()) {
+        for (kid, key, alg) in self.keys.iter().chain(fetched.iter()) {
             if *alg != header.alg || (header.kid.is_some() && kid.is_some() && header.kid != *kid) {
                 continue;
             }
             let mut v = Validation::new(*alg);
+            // A configured issuer or audience must be present, not only right when present.
+            let mut required = vec!["exp"];
             if let Some(iss) = &self.cfg.issuer {
                 v.set_issuer(&[iss]);
+                required.push("iss");
             }
             match &self.cfg.audience {
-                Some(aud) => v.set_audience(&[aud]),
+                Some(aud) => {
+                    v.set_audience(&[aud]);
+                    required.push("aud");
+                }
                 None => v.validate_aud = false,
             }
+            v.set_required_spec_claims(&required);
             match decode::<serde_json::Value>(token, key, &v) {
                 Ok(data) => return self.cfg.claims.principal(&data.claims),
                 Err(e) => last = format!("invalid token: {e}"),

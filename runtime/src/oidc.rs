@@ -3,10 +3,12 @@
 //! not yet known (the IdP rotated its keys); and who a token's holder is, derived from standard claims
 //! by the site's rules — no custom token mapper needed.
 //!
-//! Role derivation, first match wins (the book's `derive_role`): a token's own `roles` claim (the
-//! custom form, kept working), then its OIDC scopes (`scope`, space-separated, or `scp`), then the
-//! site's `role_rules` over any claim (`groups` membership, a claim path's value), then the
-//! cross-system claims `pact_role` and `lattice_role`, then `default_role` (the book: any
+//! Role derivation, first match wins (the book's `derive_role`: "standard OIDC scopes take
+//! precedence over role claims"): its OIDC scopes (`scope`, space-separated, or `scp`) in the order
+//! of the book's table, whatever order the token lists them in; then a `roles` claim of the seed's
+//! role names (the custom form, kept working; a `roles` claim in another vocabulary is ignored); then
+//! the site's `role_rules` over any claim (`groups` membership, a claim path's value); then the
+//! cross-system claims `pact_role` and `lattice_role`; then `default_role` (the book: any
 //! authenticated user is a `User`). The user is a claim path (`sub` by default, often
 //! `preferred_username`); the tenant is a claim path too — a string, or the first element of a list
 //! (such as `groups`) that starts with `tenant_prefix`, the prefix removed.
@@ -87,17 +89,15 @@ fn holds(claim: Option<&Value>, value: &str) -> bool {
     }
 }
 
-/// The book's scope table.
-fn role_of_scope(scope: &str) -> Option<Role> {
-    Some(match scope {
-        "admin" | "system:admin" => Role::SystemAdmin,
-        "tenant:admin" => Role::TenantAdmin,
-        "operator" => Role::Operator,
-        "sensitive:claim" => Role::ClaimingUser,
-        "readonly" => Role::ReadOnly,
-        _ => return None,
-    })
-}
+/// The book's scope table, in its order.
+const SCOPE_ROLES: [(&str, Role); 6] = [
+    ("admin", Role::SystemAdmin),
+    ("system:admin", Role::SystemAdmin),
+    ("tenant:admin", Role::TenantAdmin),
+    ("operator", Role::Operator),
+    ("sensitive:claim", Role::ClaimingUser),
+    ("readonly", Role::ReadOnly),
+];
 
 /// The book's cross-system role claims (`pact_role`, `lattice_role`).
 fn role_of_cross_claim(claim: &str, value: &str) -> Option<Role> {
@@ -126,10 +126,10 @@ impl ClaimRules {
             .ok_or_else(|| format!("the token has no `{}` claim naming its user", self.user_claim))?
             .to_string();
         let tenant = match at(claims, &self.tenant_claim) {
-            Some(Value::String(s)) => Some(match &self.tenant_prefix {
-                Some(p) => s.strip_prefix(p.as_str()).unwrap_or(s).to_string(),
-                None => s.clone(),
-            }),
+            Some(Value::String(s)) => match &self.tenant_prefix {
+                Some(p) => s.strip_prefix(p.as_str()).map(str::to_string),
+                None => Some(s.clone()),
+            },
             Some(Value::Array(a)) => a
                 .iter()
                 .filter_map(Value::as_str)
@@ -139,7 +139,8 @@ impl ClaimRules {
                 })
                 .map(str::to_string),
             _ => None,
-        };
+        }
+        .filter(|t| !t.is_empty());
         Ok(Principal {
             user,
             tenant,
@@ -150,16 +151,16 @@ impl ClaimRules {
     }
 
     fn roles(&self, claims: &Value) -> Result<Vec<Role>, String> {
+        let scopes = scopes(claims);
+        if let Some((_, r)) = SCOPE_ROLES.iter().find(|(s, _)| scopes.contains(s)) {
+            return Ok(vec![*r]);
+        }
         // The custom form: a `roles` claim of the seed's role names.
         if let Some(Value::Array(list)) = claims.get("roles")
             && !list.is_empty()
+            && let Ok(roles) = serde_json::from_value::<Vec<Role>>(Value::Array(list.clone()))
         {
-            let roles: Vec<Role> = serde_json::from_value(Value::Array(list.clone()))
-                .map_err(|e| format!("the token's `roles` claim: {e}"))?;
             return Ok(roles);
-        }
-        if let Some(r) = scopes(claims).into_iter().find_map(role_of_scope) {
-            return Ok(vec![r]);
         }
         if let Some(rule) = self.role_rules.iter().find(|r| holds(at(claims, &r.claim), &r.value)) {
             return Ok(vec![rule.role]);
@@ -214,6 +215,13 @@ fn get_json(url: &str) -> Result<Value, String> {
 pub fn discover_jwks_uri(issuer: &str) -> Result<String, String> {
     let url = format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
     let doc = get_json(&url)?;
+    // OpenID Connect Discovery 1.0 §4.3: the document must name the issuer it was fetched for.
+    let named = doc.get("issuer").and_then(Value::as_str).unwrap_or_default();
+    if named.trim_end_matches('/') != issuer.trim_end_matches('/') {
+        return Err(format!(
+            "{url}: the discovery document names issuer `{named}`, not `{issuer}`"
+        ));
+    }
     doc.get("jwks_uri")
         .and_then(Value::as_str)
         .map(str::to_string)
@@ -260,11 +268,15 @@ mod tests {
             c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             c
         };
-        // Scopes win over everything else (first match in the scope list).
+        // Scopes win over everything else, in the book's table order whatever the token's order.
         let c = base(
-            json!({"scope": "openid profile tenant:admin admin", "groups": ["/hpc-operators"], "pact_role": "pact-platform-admin"}),
+            json!({"scope": "openid profile tenant:admin admin", "groups": ["/hpc-operators"], "pact_role": "pact-platform-admin", "roles": ["User"]}),
         );
-        assert_eq!(roles(&rules, c), Ok(vec![Role::TenantAdmin]));
+        assert_eq!(roles(&rules, c), Ok(vec![Role::SystemAdmin]));
+        assert_eq!(
+            roles(&rules, base(json!({"scope": "readonly operator"}))),
+            Ok(vec![Role::Operator])
+        );
         assert_eq!(
             roles(&rules, base(json!({"scp": ["readonly"]}))),
             Ok(vec![Role::ReadOnly])
@@ -296,15 +308,15 @@ mod tests {
             ..ClaimRules::default()
         };
         assert!(roles(&strict, base(json!({}))).unwrap_err().contains("no role"));
-        // The custom form keeps working, and a bad role name in it is named.
+        // The custom form keeps working after the scopes; a `roles` claim in another vocabulary (an
+        // IdP's own app roles) is ignored.
         assert_eq!(
-            roles(&rules, base(json!({"roles": ["Operator", "User"], "scope": "admin"}))),
+            roles(&rules, base(json!({"roles": ["Operator", "User"], "scope": "openid"}))),
             Ok(vec![Role::Operator, Role::User])
         );
-        assert!(
-            roles(&rules, base(json!({"roles": ["Wizard"]})))
-                .unwrap_err()
-                .contains("`roles`")
+        assert_eq!(
+            roles(&rules, base(json!({"roles": ["Task.Write"], "pact_role": "operator"}))),
+            Ok(vec![Role::Operator])
         );
     }
 
@@ -325,6 +337,17 @@ mod tests {
                 .principal(&json!({"sub": "x"}))
                 .unwrap_err()
                 .contains("preferred_username")
+        );
+        // With a prefix, a group without it (or with nothing after it) names no tenant, list or string.
+        let tenant = |c: Value| rules.principal(&c).unwrap().tenant;
+        assert_eq!(tenant(json!({"preferred_username": "u", "groups": "/hpc-ops"})), None);
+        assert_eq!(
+            tenant(json!({"preferred_username": "u", "groups": ["/tenants/"]})),
+            None
+        );
+        assert_eq!(
+            tenant(json!({"preferred_username": "u", "groups": "/tenants/bio"})).as_deref(),
+            Some("bio")
         );
         // A nested claim path, and a plain string tenant.
         let nested = ClaimRules {

@@ -390,7 +390,7 @@ async fn standard_oidc_tokens_discovered_keys_and_rotation() {
     let _ = std::fs::remove_dir_all(&dir);
     let text = format!(
         "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\n\
-         auth:\n  mode: jwt\n  issuer: {}\n  audience: lattice\n  jwks_refresh_min_s: 0\n  claims:\n    \
+         auth:\n  mode: jwt\n  issuer: {}\n  audience: lattice\n  jwks_refresh_min_s: 1\n  claims:\n    \
          user_claim: preferred_username\n    tenant_claim: groups\n    tenant_prefix: /tenants/\n    \
          role_rules:\n      - {{claim: groups, value: /hpc-ops, role: Operator}}\n",
         dir.display(),
@@ -454,6 +454,18 @@ async fn standard_oidc_tokens_discovered_keys_and_rotation() {
 
     // The IdP rotates its keys: a token signed with the new key names a key id not yet known, the
     // keys are fetched again and it is accepted; the retired key's tokens are refused.
+    // A configured audience must be present: a token the IdP issued another client (no `aud`) is
+    // refused.
+    let mut other = claims("alice", &["/tenants/physics"], "openid");
+    other.as_object_mut().unwrap().remove("aud");
+    let elsewhere = standard_token("test-rs256.pem", "test-key", other);
+    assert_eq!(
+        call(&base, Some(&elsewhere), "GET", "/v1/allocations", None).await.0,
+        401
+    );
+
+    // Refetches are at most one per `jwks_refresh_min_s` (here 1 s) since the last.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let fetched = idp.fetches.load(std::sync::atomic::Ordering::SeqCst);
     *idp.jwks.lock().unwrap() = std::fs::read_to_string(fixtures().join("test-jwks-rotated.json")).unwrap();
     let rotated = standard_token(
@@ -465,6 +477,12 @@ async fn standard_oidc_tokens_discovered_keys_and_rotation() {
     assert_eq!((status, v["user"].as_str()), (200, Some("alice")), "{v}");
     assert_eq!(idp.fetches.load(std::sync::atomic::Ordering::SeqCst), fetched + 1);
     assert_eq!(call(&base, Some(&alice), "GET", "/v1/allocations", None).await.0, 401);
+    // Unknown key ids within the interval fetch nothing more (no refetch storm from forged tokens).
+    for kid in ["random-1", "random-2"] {
+        let forged = standard_token("test-rs256.pem", kid, claims("alice", &["/tenants/physics"], "openid"));
+        assert_eq!(call(&base, Some(&forged), "GET", "/v1/allocations", None).await.0, 401);
+    }
+    assert_eq!(idp.fetches.load(std::sync::atomic::Ordering::SeqCst), fetched + 1);
     // A known key id fetches nothing.
     let fetched = idp.fetches.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(call(&base, Some(&rotated), "GET", "/v1/allocations", None).await.0, 200);
