@@ -477,16 +477,10 @@ impl AllocationService for Api {
         tokio::spawn(async move {
             let _open = open;
             let mut how = "client left";
-            let deadline = p.stream_deadline();
             loop {
                 tokio::select! {
                     // The token it was opened with expired: the session ends.
-                    _ = async {
-                        match deadline {
-                            Some(d) => tokio::time::sleep_until(d).await,
-                            None => std::future::pending().await,
-                        }
-                    } => {
+                    _ = p.token_expired() => {
                         how = "token expired";
                         let _ = tx.send(Err(Status::unauthenticated("token expired"))).await;
                         break;

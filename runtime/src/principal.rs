@@ -40,6 +40,15 @@ impl Principal {
         }
     }
 
+    /// Resolves when the token expires (never, for a principal without one): a stream's `select!`
+    /// branch that ends it.
+    pub async fn token_expired(&self) {
+        match self.stream_deadline() {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// When a stream opened with this principal must end: its token's expiry on the monotonic clock.
     pub fn stream_deadline(&self) -> Option<tokio::time::Instant> {
         let exp = self.expires_at?;

@@ -111,16 +111,10 @@ pub(super) async fn relay_terminal(
         ops::audit_attach(&s, &p, &id, &node, "attach").await;
     }
     let mut how = "client left";
-    let deadline = p.stream_deadline();
     loop {
         tokio::select! {
             // The token it was opened with expired: the session ends (re-attach with a fresh one).
-            _ = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            } => {
+            _ = p.token_expired() => {
                 how = "token expired";
                 let _ = sink.send(Message::Text(json!({"error": "token expired"}).to_string().into())).await;
                 break;
