@@ -106,6 +106,21 @@ impl Store {
         serde_json::from_str(&text).with_context(|| format!("{}: not a token cache", self.path.display()))
     }
 
+    /// An exclusive lock on the cache (`tokens.json.lock` beside it), held until dropped.
+    pub fn lock(&self) -> Result<std::fs::File> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = self.path.with_extension("json.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        f.lock().with_context(|| format!("locking {}", path.display()))?;
+        Ok(f)
+    }
+
     /// Writes the cache whole (a temporary file made 0600 before any token is in it, then renamed).
     pub fn save(&self, all: &BTreeMap<String, Entry>) -> Result<()> {
         use std::io::Write;
@@ -249,14 +264,27 @@ pub fn device_login(
 /// A fresh access token for `e` from its refresh token.
 pub fn refresh(agent: &ureq::Agent, e: &Entry) -> Result<Entry> {
     let rt = e.refresh_token.as_deref().context("no refresh token")?;
-    let r = agent
-        .post(&e.token_endpoint)
-        .send_form([
-            ("grant_type", "refresh_token"),
-            ("refresh_token", rt),
-            ("client_id", e.client_id.as_str()),
-        ])
-        .with_context(|| format!("cannot reach {}", e.token_endpoint))?;
+    let form = [
+        ("grant_type", "refresh_token"),
+        ("refresh_token", rt),
+        ("client_id", e.client_id.as_str()),
+    ];
+    // A kept-alive connection the IdP closed meanwhile fails before the request is read: sent again
+    // once, on a new connection.
+    let r = match agent.post(&e.token_endpoint).send_form(form) {
+        Err(ureq::Error::Io(io))
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            agent.post(&e.token_endpoint).send_form(form)
+        }
+        r => r,
+    }
+    .with_context(|| format!("cannot reach {}", e.token_endpoint))?;
     let (status, v) = json_of(r, &e.token_endpoint)?;
     if status != 200 {
         bail!(
@@ -277,7 +305,12 @@ const EARLY: u64 = 30;
 
 /// The cached access token for `server`: refreshed (and the cache rewritten) when it expires within
 /// 30 s and there is a refresh token; `None` when there is none or it expired beyond repair.
+///
+/// The IdP may rotate refresh tokens (each one good for one refresh, a reused one revoking the
+/// login): refreshes of the same cache, from threads or processes, take turns under a lock on
+/// `tokens.json.lock`, and each reads the cache again once it holds the lock.
 pub fn token_for(agent: &ureq::Agent, store: &Store, server: &str) -> Result<Option<String>> {
+    let _turn = store.lock()?;
     let mut all = store.load()?;
     let Some(e) = all.get(server).cloned() else {
         return Ok(None);

@@ -182,14 +182,19 @@ fn run() -> Result<()> {
         Cmd::Logout => return auth::logout(&agent, &base, store),
         _ => {}
     }
-    let token = match std::env::var("LATTICE_TOKEN").ok().or(fc.token.clone()) {
-        Some(t) => Some(t),
-        None => match &store {
-            Some(s) => lattice_cli::login::token_for(&agent, s, &base)?,
-            None => None,
-        },
+    let client = match (std::env::var("LATTICE_TOKEN").ok().or(fc.token.clone()), store) {
+        (Some(t), _) => Client::new(endpoints, agent, Some(t)),
+        (None, Some(s)) => {
+            // `lattice login`'s token: refreshed now when it is about to expire, and again when
+            // the server ends a stream because it expired.
+            let token = lattice_cli::login::token_for(&agent, &s, &base)?;
+            let renew_agent = agent.clone();
+            Client::new(endpoints, agent, token).with_renewal(Box::new(move || {
+                lattice_cli::login::token_for(&renew_agent, &s, &base).ok().flatten()
+            }))
+        }
+        (None, None) => Client::new(endpoints, agent, None),
     };
-    let client = Client::new(endpoints, agent, token);
     let output = cli.output.unwrap_or(Output::Table);
     match cli.cmd {
         Cmd::Login { .. } | Cmd::Logout => unreachable!("handled above"),

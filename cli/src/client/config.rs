@@ -116,7 +116,7 @@ pub fn show(client: &Client, tenant: &Option<String>, endpoint_flag: bool, tenan
     );
     println!(
         "token:       {} ({})",
-        if client.token.is_some() { "set" } else { "none" },
+        if client.token().is_some() { "set" } else { "none" },
         from("LATTICE_TOKEN", false, fc.token.is_some())
     );
     for (name, env, v) in [

@@ -14,9 +14,17 @@ pub struct Client {
     /// answered: tried first.
     named: std::sync::Mutex<Option<String>>,
     pub agent: ureq::Agent,
-    /// `Authorization: Bearer` token (LATTICE_TOKEN or the config file's `token:`).
-    pub token: Option<String>,
+    /// `Authorization: Bearer` token (LATTICE_TOKEN, the config file's `token:`, or `lattice login`'s
+    /// cached one).
+    token: std::sync::RwLock<Option<String>>,
+    /// How a fresh token is had when the server ends a stream because its token expired (`lattice
+    /// login`'s refresh); `None`: the token cannot be renewed.
+    renew: Option<Renew>,
+    renewing: std::sync::Mutex<()>,
 }
+
+/// A source of fresh access tokens.
+pub type Renew = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// One endpoint's answer, or why there was none.
 enum Attempt {
@@ -51,8 +59,42 @@ impl Client {
             current: std::sync::atomic::AtomicUsize::new(0),
             named: std::sync::Mutex::new(None),
             agent,
-            token,
+            token: std::sync::RwLock::new(token),
+            renew: None,
+            renewing: std::sync::Mutex::new(()),
         }
+    }
+
+    /// The client renews its token with `renew` when a stream ends because its token expired.
+    pub fn with_renewal(mut self, renew: Renew) -> Client {
+        self.renew = Some(renew);
+        self
+    }
+
+    /// The access token requests carry.
+    pub fn token(&self) -> Option<String> {
+        self.token.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces `expired`, the token a stream was opened with, by a fresh one from the renewal
+    /// source: whether the token now differs from it (a stream ended for its token's expiry is then
+    /// opened again from where it was). Streams of one client renew one at a time, and one whose
+    /// token another already replaced takes that one.
+    pub fn renew_token(&self, expired: Option<&str>) -> bool {
+        let Some(renew) = &self.renew else {
+            return false;
+        };
+        let _turn = self.renewing.lock().unwrap_or_else(|e| e.into_inner());
+        if self.token().as_deref() != expired {
+            return true;
+        }
+        let Some(fresh) = renew() else {
+            return false;
+        };
+        let mut t = self.token.write().unwrap_or_else(|e| e.into_inner());
+        let changed = t.as_deref() != Some(fresh.as_str());
+        *t = Some(fresh);
+        changed
     }
 
     /// The endpoint requests go to first (the one that answered last).
@@ -132,7 +174,7 @@ impl Client {
     /// sent again after the server's Retry-After, a few times).
     fn send(&self, base: &str, method: &str, path: &str, body: Option<&Value>) -> Attempt {
         let url = format!("{base}{path}");
-        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let auth = self.token().map(|t| format!("Bearer {t}"));
         macro_rules! authed {
             ($req:expr) => {{
                 let r = $req;
@@ -184,7 +226,7 @@ impl Client {
 
     /// The answer's JSON, or the error it says.
     fn answer(&self, status: u16, v: Value, path: &str) -> Result<Value> {
-        if status == 401 && self.token.is_none() {
+        if status == 401 && self.token().is_none() {
             bail!("Not logged in. Run `lattice login` first.");
         }
         if status == 404 && v.as_str() == Some("") && path.contains("/federation") {
@@ -222,7 +264,7 @@ impl Client {
             let more = queue.iter().any(|b| !seen.contains(b));
             let url = format!("{base}{path}");
             let mut req = self.agent.get(&url).header("Accept", "text/event-stream");
-            if let Some(t) = &self.token {
+            if let Some(t) = self.token() {
                 req = req.header("Authorization", format!("Bearer {t}"));
             }
             match req.call() {
@@ -250,7 +292,7 @@ impl Client {
         if status >= 400 {
             let text = resp.body_mut().read_to_string().unwrap_or_default();
             let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-            if status == 401 && self.token.is_none() {
+            if status == 401 && self.token().is_none() {
                 bail!("Not logged in. Run `lattice login` first.");
             }
             let msg = v["error"].as_str().unwrap_or("request failed");

@@ -35,7 +35,7 @@ pub fn attach(client: &Client, args: AttachArgs) -> Result<()> {
     let AttachArgs { id, node, command } = args;
     let (rows, cols) = crate::terminal::size().unwrap_or((24, 80));
     let url = crate::terminal::url(client.base(), &id, node.as_deref(), command.as_deref(), rows, cols)?;
-    let code = crate::terminal::run(&url, client.token.as_deref())?;
+    let code = crate::terminal::run(&url, client.token().as_deref())?;
     std::process::exit(code.clamp(0, 255));
 }
 
@@ -77,7 +77,7 @@ pub fn session(client: &Client, tenant: &Option<String>, args: SessionArgs) -> R
             Some("running") => {
                 let (rows, cols) = crate::terminal::size().unwrap_or((24, 80));
                 let url = crate::terminal::session_url(client.base(), &id, rows, cols)?;
-                break crate::terminal::run(&url, client.token.as_deref());
+                break crate::terminal::run(&url, client.token().as_deref());
             }
             Some("completed" | "failed" | "cancelled") => {
                 bail!("session {id} ended before it started: {}", a["end_reason"])

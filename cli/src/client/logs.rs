@@ -126,10 +126,12 @@ fn follow(client: &Client, id: String, node: Option<String>, stderr: bool) -> Re
                     // Where each node's output is up to: a stream that closes before its
                     // `end` is opened again from there (nothing twice, nothing lost).
                     let mut after: std::collections::BTreeMap<String, u64> = Default::default();
-                    for _ in 0..20 {
+                    let mut reopened = 0;
+                    while reopened < 20 {
                         let q: Vec<String> = after.iter().map(|(n, o)| format!("{n}:{o}")).collect();
                         let path = format!("/v1/allocations/{id}/logs/stream?stream={stream}&after={}", q.join(","));
                         let (mut ended, mut failed) = (false, None);
+                        let token = client.token();
                         client.events(&path, |event, data| {
                             match event {
                                 "output" => {
@@ -149,12 +151,15 @@ fn follow(client: &Client, id: String, node: Option<String>, stderr: bool) -> Re
                             }
                             !ended && failed.is_none()
                         })?;
-                        if let Some(f) = failed {
-                            bail!("{id}: the log stream ended: {f}");
+                        match failed {
+                            // The server ends a stream when its token expires: with a fresh one
+                            // it is opened again from where it was.
+                            Some(f) if f == "token expired" && client.renew_token(token.as_deref()) => continue,
+                            Some(f) => bail!("{id}: the log stream ended: {f}"),
+                            None if ended => return Ok(()),
+                            None => {}
                         }
-                        if ended {
-                            return Ok(());
-                        }
+                        reopened += 1;
                         std::thread::sleep(std::time::Duration::from_millis(500));
                     }
                     bail!("{id}: the log stream kept closing before the allocation's end")

@@ -90,30 +90,40 @@ pub fn watch(client: &Client, output: Output, args: WatchArgs) -> Result<()> {
                 path.push_str(&query(&[("metrics", &Some(m.clone()))]));
             }
             let mut state = String::new();
-            client.events(&path, |event, data| {
-                let text = match (event, output) {
-                    ("end", _) => {
-                        state = data["state"].as_str().unwrap_or_default().to_string();
-                        None
+            // The server ends the stream when its token expires: with a fresh one it is opened
+            // again (a live stream: nothing to resume from).
+            let mut expired = true;
+            while std::mem::take(&mut expired) {
+                let token = client.token();
+                client.events(&path, |event, data| {
+                    let text = match (event, output) {
+                        ("end", _) => {
+                            state = data["state"].as_str().unwrap_or_default().to_string();
+                            None
+                        }
+                        ("error", _) if data["error"] == "token expired" && client.renew_token(token.as_deref()) => {
+                            expired = true;
+                            return false;
+                        }
+                        (_, Output::Json) => Some(json!({"event": event, "data": data}).to_string()),
+                        ("metrics", _) if alerts_only => None,
+                        ("metrics", _) => Some(crate::observe::metrics_line(data)),
+                        ("alert", _) => Some(format!(
+                            "ALERT {} on {} gpu {}",
+                            data["rule"].as_str().unwrap_or_default(),
+                            data["node"].as_str().unwrap_or_default(),
+                            data["gpu"].as_str().unwrap_or_default()
+                        )),
+                        ("error", _) => Some(format!("error: {}", data["error"].as_str().unwrap_or_default())),
+                        _ => None,
+                    };
+                    if let Some(t) = text {
+                        println!("{t}");
+                        let _ = std::io::Write::flush(&mut std::io::stdout());
                     }
-                    (_, Output::Json) => Some(json!({"event": event, "data": data}).to_string()),
-                    ("metrics", _) if alerts_only => None,
-                    ("metrics", _) => Some(crate::observe::metrics_line(data)),
-                    ("alert", _) => Some(format!(
-                        "ALERT {} on {} gpu {}",
-                        data["rule"].as_str().unwrap_or_default(),
-                        data["node"].as_str().unwrap_or_default(),
-                        data["gpu"].as_str().unwrap_or_default()
-                    )),
-                    ("error", _) => Some(format!("error: {}", data["error"].as_str().unwrap_or_default())),
-                    _ => None,
-                };
-                if let Some(t) = text {
-                    println!("{t}");
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                }
-                event != "end"
-            })?;
+                    event != "end"
+                })?;
+            }
             if state.is_empty() {
                 bail!("{id}: the metrics stream closed before the allocation ended");
             }
