@@ -165,3 +165,145 @@ fn the_extractor_joins_continuations_and_honours_the_skip_marker() {
         ]
     );
 }
+
+/// The marker of the blocks `the_one_machine_setup_runs_as_documented` runs, in document order, as
+/// one script.
+const ONE_MACHINE: &str = "<!-- examples: one machine -->";
+
+/// The text of each fenced block right after a line `marker`, in order.
+fn marked_blocks(text: &str, marker: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim() != marker || !lines.get(i + 1).is_some_and(|f| f.trim_start().starts_with("```")) {
+            continue;
+        }
+        let body: Vec<&str> = lines[i + 2..]
+            .iter()
+            .take_while(|l| !l.trim_start().starts_with("```"))
+            .copied()
+            .collect();
+        out.push(body.join("\n"));
+    }
+    out
+}
+
+/// docs/operators.md's "One machine with real agents", as written: a member, two real agents on one
+/// machine (each its own `--peer-listen`), a job on both nodes, and a task launch whose 4 ranks span
+/// the two agents. Run with the debug binaries in place of `./target/release/`, in a scratch copy of
+/// the repository (its own `lattice-data/`), with `/tmp/` moved into the scratch folder.
+#[test]
+fn the_one_machine_setup_runs_as_documented() {
+    let root = common::root();
+    let text = std::fs::read_to_string(root.join("docs/operators.md")).unwrap();
+    let blocks = marked_blocks(&text, ONE_MACHINE);
+    assert_eq!(blocks.len(), 2, "the setup and the task launch");
+    // The documented ports must be free (a developer's own runtime on 8080 would answer instead).
+    for port in [8080, 50051, 7011, 7012] {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "port {port} is taken: the documented setup needs it"
+        );
+    }
+    let tmp = common::tmp("one-machine");
+    let main = sandbox(&tmp);
+    // The configuration copied, not linked: the quorum's data lands in the scratch copy.
+    std::fs::remove_file(main.join("runtime")).unwrap();
+    std::fs::create_dir_all(main.join("runtime/config")).unwrap();
+    for e in std::fs::read_dir(root.join("runtime")).unwrap().flatten() {
+        if e.file_name() != "config" {
+            std::os::unix::fs::symlink(
+                e.path().canonicalize().unwrap(),
+                main.join("runtime").join(e.file_name()),
+            )
+            .unwrap();
+        }
+    }
+    for f in ["dev-agents.yaml", "dev-nodes.yaml"] {
+        std::fs::copy(root.join("runtime/config").join(f), main.join("runtime/config").join(f)).unwrap();
+    }
+    let bin = tmp.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for (name, path) in [
+        ("lattice", PathBuf::from(env!("CARGO_BIN_EXE_lattice"))),
+        ("lattice-runtime", lattice_testkit::process::bin("lattice-runtime")),
+        ("lattice-agent", lattice_testkit::process::agent_binary()),
+    ] {
+        std::os::unix::fs::symlink(path, bin.join(name)).unwrap();
+    }
+    let scratch = tmp.join("tmp");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let script: String = blocks
+        .join("\n")
+        .lines()
+        .map(|l| if l.starts_with("cargo build") { ":" } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("/tmp/", &format!("{}/", scratch.display()))
+        .replace("./target/release/", &format!("{}/", bin.display()));
+    // Its own process group, killed whole afterwards (the member and agents it started in the
+    // background), however the script ends; a minute at most.
+    let mut child = Command::new("setsid")
+        .args(["bash", "-e", "-c", &format!("{script}\n")])
+        .current_dir(&main)
+        .env_remove("LATTICE_TOKEN")
+        .env("HOME", &tmp)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("bash runs");
+    let pgid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut o = String::new();
+        let mut e = String::new();
+        let mut out = out;
+        let mut err = err;
+        let t = std::thread::spawn(move || {
+            let _ = std::io::Read::read_to_string(&mut err, &mut e);
+            e
+        });
+        let _ = std::io::Read::read_to_string(&mut out, &mut o);
+        let _ = tx.send((o, t.join().unwrap_or_default()));
+    });
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(90) {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    // SAFETY: kill takes plain integers.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = child.wait();
+    let (stdout, stderr) = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("the setup did not finish in 90 s:\n{stdout}{stderr}"));
+    assert!(
+        status.success(),
+        "the documented setup failed ({status}):\n{stdout}\n{stderr}"
+    );
+    for t in 0..2 {
+        assert!(
+            stdout.contains(&format!("hello from task {t} of 2")),
+            "{stdout}\n{stderr}"
+        );
+    }
+    // 4 ranks over the two agents, 2 per node.
+    for r in 0..4 {
+        let line = format!("rank {r} of 4 on node {}", r / 2);
+        assert!(stdout.contains(&line), "`{line}` missing:\n{stdout}\n{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn marked_blocks_are_found_in_order() {
+    let text =
+        format!("a\n{ONE_MACHINE}\n```sh\none\ntwo\n```\nb\n```sh\nnot\n```\n{ONE_MACHINE}\n```sh\nthree\n```\n");
+    assert_eq!(marked_blocks(&text, ONE_MACHINE), ["one\ntwo", "three"]);
+}
