@@ -126,6 +126,14 @@ fn lattice_cli_drives_the_runtime() {
     assert!(out(&o).contains("VCLUSTER"), "{}", out(&o));
     let o = run(&["nodes"]);
     assert!(out(&o).contains("sim-003"), "{}", out(&o));
+    // Filters: by state, by the tenant (the global flag given) of what runs there; one node in full.
+    let o = run(&["nodes", "--state", "down", "-o", "json"]);
+    assert_eq!(out(&o).trim(), "[]", "{}{}", out(&o), err(&o));
+    let o = run(&["nodes", "--tenant", "nobody", "-o", "json"]);
+    assert_eq!(out(&o).trim(), "[]", "{}{}", out(&o), err(&o));
+    let o = run(&["nodes", "sim-002", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out(&o)).unwrap();
+    assert_eq!(v["name"], "sim-002", "{v}");
 
     // Admin: drain, raft status, weights.
     let o = run(&["admin", "drain", "sim-003"]);
@@ -306,6 +314,10 @@ fn lattice_cli_drives_the_runtime() {
         assert!(t0.elapsed() < Duration::from_secs(5), "{s}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    let l = out(&run(&["dag", "list", "--state", "completed", "-o", "json"]));
+    assert!(l.contains(&dag_id), "{l}");
+    let l = out(&run(&["dag", "list", "--user", "nobody", "-o", "json"]));
+    assert_eq!(l.trim(), "[]");
     let g = out(&run(&["dag", "graph", &dag_id]));
     assert!(
         g.lines()
@@ -497,6 +509,18 @@ fn lattice_cli_drives_the_runtime() {
         out(&o),
         err(&o)
     );
+    // The book's form, with the filters: no wipe happened here.
+    let o = run(&[
+        "audit",
+        "query",
+        "--event",
+        "wipe",
+        "--data-path",
+        "/scratch",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(out(&o).trim(), "[]", "{}{}", out(&o), err(&o));
     let o = run(&["config"]);
     assert!(o.status.success(), "{}", err(&o));
     assert!(

@@ -221,9 +221,12 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
 }
 
 fn dag_pb(id: String, state: String, members: Vec<(String, AllocationView)>) -> pb::Dag {
+    let first = members.first().map(|(_, v)| v);
     pb::Dag {
         id,
         state,
+        tenant: first.map(|v| v.tenant.clone()).unwrap_or_default(),
+        user: first.and_then(|v| v.user.clone()).unwrap_or_default(),
         allocations: members
             .into_iter()
             .map(|(name, v)| pb::DagMemberStatus {
@@ -242,6 +245,8 @@ fn node_pb(n: NodeView) -> pb::Node {
         gpu_type: n.gpu_type.unwrap_or_default(),
         gpu_count: n.gpu_count,
         group: n.group,
+        vcluster: n.vcluster.unwrap_or_default(),
+        tenant: n.tenant.unwrap_or_default(),
     }
 }
 
@@ -625,7 +630,13 @@ impl AllocationService for Api {
 
     async fn list_dags(&self, req: Request<pb::ListDagsRequest>) -> Result<Response<pb::ListDagsResponse>, Status> {
         let p = self.principal(&req)?;
-        let dags = ops::dags(&self.shared, &p).await?;
+        let r = req.into_inner();
+        let q = ops::DagQuery {
+            tenant: none_if_empty(r.tenant),
+            user: none_if_empty(r.user),
+            state: none_if_empty(r.state),
+        };
+        let dags = ops::dags(&self.shared, &p, &q).await?;
         Ok(Response::new(pb::ListDagsResponse {
             dags: dags.into_iter().map(|(id, st, m)| dag_pb(id, st, m)).collect(),
         }))
@@ -646,8 +657,14 @@ impl AllocationService for Api {
 impl NodeService for Api {
     async fn list(&self, req: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.principal(&req)?;
+        let r = req.into_inner();
+        let q = ops::NodeQuery {
+            state: none_if_empty(r.state),
+            vcluster: none_if_empty(r.vcluster),
+            tenant: none_if_empty(r.tenant),
+        };
         Ok(Response::new(pb::ListNodesResponse {
-            nodes: ops::nodes(&self.shared).await?.into_iter().map(node_pb).collect(),
+            nodes: ops::nodes(&self.shared, &q).await?.into_iter().map(node_pb).collect(),
         }))
     }
 
@@ -847,6 +864,10 @@ impl AdminService for Api {
             node: none_if_empty(r.node),
             since: none_if_empty(r.since),
             until: none_if_empty(r.until),
+            event: none_if_empty(r.event),
+            data_path: none_if_empty(r.data_path),
+            tenant: none_if_empty(r.tenant),
+            scope: None,
         };
         let (entries, chain_valid) = ops::audit(&self.shared, &p, &q).await?;
         Ok(Response::new(pb::AuditQueryResponse {

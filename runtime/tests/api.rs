@@ -1241,3 +1241,162 @@ async fn projects_and_their_quotas_are_administered_through_the_quorum() {
     );
     rt.shutdown().await;
 }
+
+/// The book's filters: nodes by state and by the vCluster and tenant of what runs on them; DAGs by
+/// their members' tenant and user and by state; the audit log by event type, data path and tenant
+/// (also at the admin guide's `/api/v1/audit`, `from` and `scope=sensitive`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_dags_and_audit_entries_are_selected_by_the_books_filters() {
+    let (rt, api, _, _) = one_member("filters", None, false).await;
+    let names = |v: &Value, list: &str, key: &str| -> Vec<String> {
+        let mut n: Vec<String> = v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[key].as_str().unwrap().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    let (status, v) = api.call("POST", "/v1/vclusters", Some(json!({"name": "ml"}))).await;
+    assert_eq!(status, 201, "{v}");
+    // physics/alice on the default vCluster, bio/bob on `ml`: one node each.
+    let a = api.submit(job("physics", 1, 60.0)).await;
+    let mut b = job("bio", 1, 60.0);
+    b["user"] = json!("bob");
+    b["vcluster"] = json!("ml");
+    let b = api.submit(b).await;
+    let a_nodes = api.wait_state(&a, "running", Duration::from_secs(10)).await["nodes"].clone();
+    let b_nodes = api.wait_state(&b, "running", Duration::from_secs(10)).await["nodes"].clone();
+    let a_node = a_nodes[0].as_str().unwrap().to_string();
+    let b_node = b_nodes[0].as_str().unwrap().to_string();
+
+    let v = api.get("/v1/nodes?tenant=physics").await;
+    assert_eq!(names(&v, "nodes", "name"), [a_node.as_str()], "{v}");
+    assert_eq!(
+        (v["nodes"][0]["vcluster"].as_str(), v["nodes"][0]["tenant"].as_str()),
+        (Some("default"), Some("physics"))
+    );
+    let v = api.get("/v1/nodes?vcluster=ml").await;
+    assert_eq!(names(&v, "nodes", "name"), [b_node.as_str()], "{v}");
+    assert_eq!(
+        api.get("/v1/nodes?vcluster=ml&tenant=physics").await["nodes"],
+        json!([])
+    );
+    // Ownership is not a state: all four are ready; the free ones name no tenant.
+    let ready = api.get("/v1/nodes?state=ready").await;
+    assert_eq!(ready["nodes"].as_array().unwrap().len(), 4, "{ready}");
+    let unowned = ready["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n.get("tenant").is_none())
+        .count();
+    assert_eq!(unowned, 2, "{ready}");
+    api.call("POST", &format!("/v1/nodes/{b_node}/drain"), None).await;
+    let v = api.get("/v1/nodes?state=draining").await;
+    assert_eq!(names(&v, "nodes", "name"), [b_node.as_str()], "{v}");
+    api.call("POST", &format!("/v1/nodes/{b_node}/undrain"), None).await;
+    let (status, v) = api.call("GET", "/v1/nodes?colour=red", None).await;
+    assert_eq!(status, 400, "an unknown filter is refused: {v}");
+
+    // DAGs: alice's (done at once) and bob's (still running).
+    let dag = |tenant: &str, user: &str, secs: f64| {
+        let mut m = job(tenant, 1, secs);
+        m["user"] = json!(user);
+        m["name"] = json!("only");
+        json!({"allocations": [m]})
+    };
+    let (status, v) = api.call("POST", "/v1/dags", Some(dag("physics", "alice", 0.0))).await;
+    assert_eq!(status, 201, "{v}");
+    let alice_dag = v["id"].as_str().unwrap().to_string();
+    let (status, v) = api.call("POST", "/v1/dags", Some(dag("bio", "bob", 60.0))).await;
+    assert_eq!(status, 201, "{v}");
+    let bob_dag = v["id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    while api.get(&format!("/v1/dags/{alice_dag}")).await["state"] != "completed" {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(names(&api.get("/v1/dags").await, "dags", "id").len(), 2);
+    let v = api.get("/v1/dags?tenant=bio").await;
+    assert_eq!(names(&v, "dags", "id"), [bob_dag.as_str()], "{v}");
+    assert_eq!(
+        (v["dags"][0]["tenant"].as_str(), v["dags"][0]["user"].as_str()),
+        (Some("bio"), Some("bob"))
+    );
+    assert_eq!(
+        names(&api.get("/v1/dags?user=alice").await, "dags", "id"),
+        [alice_dag.as_str()]
+    );
+    assert_eq!(
+        names(&api.get("/v1/dags?state=completed").await, "dags", "id"),
+        [alice_dag.as_str()]
+    );
+    assert_eq!(api.get("/v1/dags?user=alice&state=running").await["dags"], json!([]));
+
+    // Audit: two sensitive claims, one reading data under s3://sensitive-data/subject-001/.
+    api.call("DELETE", &format!("/v1/allocations/{b}"), None).await;
+    api.call("DELETE", &format!("/v1/allocations/{a}"), None).await;
+    let mut c = job("physics", 1, 0.2);
+    c["sensitive"] = json!(true);
+    c["data"] = json!({"mounts": [{"source": "s3://sensitive-data/subject-001/scan.h5", "target": "/in"}]});
+    let c = api.submit(c).await;
+    let mut d = job("bio", 1, 0.2);
+    d["user"] = json!("bob");
+    d["sensitive"] = json!(true);
+    let d = api.submit(d).await;
+    api.wait_state(&c, "completed", Duration::from_secs(10)).await;
+    api.wait_state(&d, "completed", Duration::from_secs(10)).await;
+    let t0 = Instant::now();
+    while api.get("/v1/audit/logs?event=release").await["entries"]
+        .as_array()
+        .unwrap()
+        .len()
+        < 2
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let allocs = |v: &Value| -> Vec<(String, String)> {
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["alloc"].as_str().unwrap().to_string(),
+                    e["action"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let claims = allocs(&api.get("/v1/audit/logs?event=claim").await);
+    assert_eq!(
+        claims,
+        [(c.clone(), "claim".to_string()), (d.clone(), "claim".to_string())]
+    );
+    let both = allocs(&api.get("/v1/audit/logs?event=claim,release").await);
+    assert_eq!(both.len(), 4, "{both:?}");
+    let under = allocs(
+        &api.get("/v1/audit/logs?data_path=s3://sensitive-data/subject-001/&event=claim,release")
+            .await,
+    );
+    assert_eq!(under, [(c.clone(), "claim".into()), (c.clone(), "release".into())]);
+    // A path is matched by whole components: a sibling's prefix is not under it.
+    assert_eq!(
+        api.get("/v1/audit/logs?data_path=s3://sensitive-data/subject-00").await["entries"],
+        json!([])
+    );
+    let bio = api
+        .get("/api/v1/audit?tenant=bio&from=2020-01-01&scope=sensitive")
+        .await;
+    assert!(
+        !allocs(&bio).is_empty() && allocs(&bio).iter().all(|(x, _)| *x == d),
+        "{bio}"
+    );
+    assert_eq!(bio["chain_valid"], true);
+    let (status, v) = api.call("GET", "/api/v1/audit?scope=everything", None).await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("scope")), "{v}");
+    rt.shutdown().await;
+}

@@ -696,7 +696,10 @@ async fn grpc_messages_never_panic_or_break_the_member() {
                     allocation: id(),
                     node: "sim-001".into(),
                     since: "2026-03-01".into(),
-                    until: "1767225600000".into()
+                    until: "1767225600000".into(),
+                    event: "claim,release".into(),
+                    data_path: "s3://sensitive-data/subject-001/".into(),
+                    tenant: "bio".into()
                 },
                 |a, m| a.query_audit(tonic::Request::new(m))
             ),

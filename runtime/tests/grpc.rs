@@ -289,11 +289,39 @@ async fn allocations_nodes_and_admin_over_grpc() {
 
     // Nodes: anyone reads, only operators/admins drain.
     let all = nodes
-        .list(authed(pb::ListNodesRequest {}, &alice))
+        .list(authed(pb::ListNodesRequest::default(), &alice))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(all.nodes.len(), 4);
+    // The REST filters: by state, and by the tenant of what runs there (nothing of `bio` does).
+    let ready = pb::ListNodesRequest {
+        state: "ready".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        nodes
+            .list(authed(ready, &alice))
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes
+            .len(),
+        4
+    );
+    let bio = pb::ListNodesRequest {
+        tenant: "bio".into(),
+        ..Default::default()
+    };
+    assert!(
+        nodes
+            .list(authed(bio, &alice))
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes
+            .is_empty()
+    );
     let e = nodes
         .drain(authed(pb::NodeRequest { id: "sim-002".into() }, &alice))
         .await
@@ -454,11 +482,24 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
     };
     assert!(at("prep").ended_ms.unwrap() <= at("train").started_ms.unwrap());
     let listed = allocs
-        .list_dags(authed(pb::ListDagsRequest {}, &alice))
+        .list_dags(authed(pb::ListDagsRequest::default(), &alice))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(listed.dags.len(), 1);
+    assert_eq!(listed.dags[0].tenant, "physics");
+    let of = |user: &str, state: &str| pb::ListDagsRequest {
+        user: user.into(),
+        state: state.into(),
+        ..Default::default()
+    };
+    let d = allocs
+        .list_dags(authed(of(&listed.dags[0].user, "completed"), &alice))
+        .await
+        .unwrap();
+    assert_eq!(d.into_inner().dags.len(), 1);
+    let d = allocs.list_dags(authed(of("nobody", ""), &alice)).await.unwrap();
+    assert!(d.into_inner().dags.is_empty());
     let cyclic = allocs
         .submit_dag(authed(
             pb::SubmitDagRequest {
@@ -771,6 +812,23 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
         ("claim", "carol")
     );
     assert!(log.chain_valid);
+    let by_event = |event: &str| pb::AuditQueryRequest {
+        allocation: c.clone(),
+        event: event.into(),
+        ..Default::default()
+    };
+    let claims = admin
+        .query_audit(authed(by_event("claim"), &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(claims.entries.len(), 1);
+    let wipes = admin
+        .query_audit(authed(by_event("wipe"), &root))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(wipes.entries.is_empty());
     let mine = admin
         .query_audit(authed(pb::AuditQueryRequest::default(), &alice))
         .await

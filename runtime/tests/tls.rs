@@ -165,13 +165,13 @@ async fn a_three_member_quorum_over_mtls_schedules_and_refuses_clients_without_c
     let addr = rts[leader].grpc_addr;
     let ch = grpc_channel(addr, Some("client")).await.unwrap();
     let mut nodes = pb::node_service_client::NodeServiceClient::new(ch);
-    let all = nodes.list(pb::ListNodesRequest {}).await.unwrap().into_inner();
+    let all = nodes.list(pb::ListNodesRequest::default()).await.unwrap().into_inner();
     assert_eq!(all.nodes.len(), 4);
     for who in [None, Some("rogue-client")] {
         let refused = match grpc_channel(addr, who).await {
             Err(_) => true,
             Ok(ch) => pb::node_service_client::NodeServiceClient::new(ch)
-                .list(pb::ListNodesRequest {})
+                .list(pb::ListNodesRequest::default())
                 .await
                 .is_err(),
         };
@@ -202,7 +202,7 @@ async fn tls_without_client_certificates_serves_clients_that_trust_the_ca() {
     let mut nodes = pb::node_service_client::NodeServiceClient::new(ch);
     assert_eq!(
         nodes
-            .list(pb::ListNodesRequest {})
+            .list(pb::ListNodesRequest::default())
             .await
             .unwrap()
             .into_inner()

@@ -334,8 +334,12 @@ class LatticeClient:
     async def dag(self, dag_id: str) -> Dag:
         return Dag.from_json(await self._call("GET", f"/v1/dags/{_seg(dag_id)}"))
 
-    async def list_dags(self) -> List[Dag]:
-        return [Dag.from_json(d) for d in (await self._call("GET", "/v1/dags"))["dags"]]
+    async def list_dags(
+        self, tenant: Optional[str] = None, user: Optional[str] = None, state: Optional[str] = None
+    ) -> List[Dag]:
+        """DAGs, filtered by their members' tenant and user and by the DAG's overall state."""
+        v = await self._call("GET", "/v1/dags", params={"tenant": tenant, "user": user, "state": state})
+        return [Dag.from_json(d) for d in v["dags"]]
 
     async def cancel_dag(self, dag_id: str) -> int:
         """Cancels every allocation of the DAG: how many were cancelled."""
@@ -393,9 +397,38 @@ class LatticeClient:
 
     # -- nodes, tenants, vClusters, usage ----------------------------------------------------
 
-    async def list_nodes(self, state: Optional[str] = None) -> List[Node]:
-        v = await self._call("GET", "/v1/nodes", params={"state": state})
+    async def list_nodes(
+        self, state: Optional[str] = None, vcluster: Optional[str] = None, tenant: Optional[str] = None
+    ) -> List[Node]:
+        """Nodes, filtered by state and by the vCluster or tenant of the allocation on them."""
+        v = await self._call("GET", "/v1/nodes", params={"state": state, "vcluster": vcluster, "tenant": tenant})
         return [Node.from_json(n) for n in v["nodes"]]
+
+    async def audit(
+        self,
+        user: Optional[str] = None,
+        allocation: Optional[str] = None,
+        node: Optional[str] = None,
+        since: Optional[str] = None,
+        until: Optional[str] = None,
+        event: Optional[str] = None,
+        data_path: Optional[str] = None,
+        tenant: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """The audit log's entries the filters select (``entries``) and whether its hash chain holds
+        (``chain_valid``). ``event``: types, comma-separated; ``data_path``: entries of allocations
+        whose data is under that path."""
+        params = {
+            "user": user,
+            "allocation": allocation,
+            "node": node,
+            "since": since,
+            "until": until,
+            "event": event,
+            "data_path": data_path,
+            "tenant": tenant,
+        }
+        return await self._call("GET", "/v1/audit/logs", params=params)
 
     async def node(self, name: str) -> Node:
         return Node.from_json(await self._call("GET", f"/v1/nodes/{_seg(name)}"))

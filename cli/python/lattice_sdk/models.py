@@ -218,6 +218,9 @@ class Dag:
     id: str
     state: Optional[str] = None
     allocations: Any = None
+    #: Its members' tenant and user.
+    tenant: Optional[str] = None
+    user: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -230,6 +233,9 @@ class Node:
     name: str
     state: str
     owner: Optional[str] = None
+    #: The vCluster and tenant of the allocation on it.
+    vcluster: Optional[str] = None
+    tenant: Optional[str] = None
     gpu_type: Optional[str] = None
     gpu_count: int = 0
     cpu_cores: int = 0

@@ -29,7 +29,8 @@ struct Cli {
     /// print the API's answer).
     #[arg(short, long, global = true, value_enum)]
     output: Option<Output>,
-    /// Tenant to submit as (default: LATTICE_TENANT or the config file).
+    /// Tenant to submit as (default: LATTICE_TENANT or the config file); given here, it also selects
+    /// what `nodes`, `dag list` and `audit` show.
     #[arg(long, global = true)]
     tenant: Option<String>,
     #[command(subcommand)]
@@ -73,10 +74,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cache::CacheCmd,
     },
-    /// Nodes and their state.
-    Nodes,
+    /// Nodes and their state, and the vCluster and tenant of the allocation on each (`--state`,
+    /// `--vcluster`, `--tenant` select); `lattice nodes NODE`: one node in full.
+    Nodes(nodes::NodesArgs),
     /// DAGs of allocations: `submit FILE` (YAML or JSON: `allocations:` with `name` and `depends_on`),
-    /// `status ID`, `cancel ID`.
+    /// `status ID`, `list [--tenant T --user U --state S]`, `cancel ID`.
     Dag {
         #[command(subcommand)]
         cmd: dag::DagCmd,
@@ -108,7 +110,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: nodes::NodeCmd,
     },
-    /// The quorum's sensitive audit log, and whether its hash chain holds.
+    /// The quorum's sensitive audit log, and whether its hash chain holds: `lattice audit [query]
+    /// [--user U] [--alloc ID] [--node N] [--event claim,release] [--data-path P] [--tenant T]
+    /// [--since D] [--until D]`.
     Audit(accounting::AuditArgs),
     /// Usage history (sacct): each allocation's node-hours and GPU-hours, and the totals, of a tenant
     /// (`--tenant`) or a user (`--user`) over the last `--days` (90).
@@ -207,14 +211,14 @@ fn run() -> Result<()> {
         Cmd::Attach(args) => interactive::attach(&client, args)?,
         Cmd::Session(args) => interactive::session(&client, &tenant, args)?,
         Cmd::Cache { cmd } => cache::run(&client, output, cmd)?,
-        Cmd::Nodes => nodes::list(&client, output)?,
-        Cmd::Dag { cmd } => dag::run(&client, output, &tenant, cmd)?,
+        Cmd::Nodes(args) => nodes::list(&client, output, cli.tenant.clone(), args)?,
+        Cmd::Dag { cmd } => dag::run(&client, output, &tenant, cli.tenant.clone(), cmd)?,
         Cmd::Watch(args) => monitor::watch(&client, output, args)?,
         Cmd::Diag(args) => monitor::diag(&client, output, args)?,
         Cmd::Compare(args) => monitor::compare(&client, output, args)?,
         Cmd::Top(args) => monitor::top(&client, &tenant, args)?,
         Cmd::Node { cmd } => nodes::node(&client, output, cmd)?,
-        Cmd::Audit(args) => accounting::audit(&client, output, args)?,
+        Cmd::Audit(args) => accounting::audit(&client, output, cli.tenant.clone(), args)?,
         Cmd::History(args) => accounting::history(&client, output, &tenant, args)?,
         Cmd::Telemetry(args) => monitor::telemetry(&client, output, args)?,
         Cmd::Config => config::show(&client, &tenant, cli.endpoint.is_some(), cli.tenant.is_some())?,

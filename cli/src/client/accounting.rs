@@ -5,12 +5,21 @@ use anyhow::Result;
 
 #[derive(clap::Args)]
 pub struct AuditArgs {
+    /// `query` (the book's `lattice audit query …`; the same as without it).
+    #[arg(value_parser = ["query"], hide_possible_values = true)]
+    pub verb: Option<String>,
     #[arg(long)]
     pub user: Option<String>,
-    #[arg(long)]
+    #[arg(long, alias = "alloc")]
     pub allocation: Option<String>,
     #[arg(long)]
     pub node: Option<String>,
+    /// Event types, comma-separated: claim, release, wipe, quarantine, attach, …
+    #[arg(long)]
+    pub event: Option<String>,
+    /// Entries of allocations whose data (a mount's source) is under this path.
+    #[arg(long)]
+    pub data_path: Option<String>,
     /// `YYYY-MM-DD` or ms since the epoch.
     #[arg(long)]
     pub since: Option<String>,
@@ -27,11 +36,15 @@ pub struct HistoryArgs {
 }
 
 /// `lattice audit`: the entries and whether the hash chain holds.
-pub fn audit(client: &Client, output: Output, args: AuditArgs) -> Result<()> {
+/// `tenant`: the `--tenant` given on the command line (entries of that tenant's allocations).
+pub fn audit(client: &Client, output: Output, tenant: Option<String>, args: AuditArgs) -> Result<()> {
     let AuditArgs {
+        verb: _,
         user,
         allocation,
         node,
+        event,
+        data_path,
         since,
         until,
     } = args;
@@ -39,6 +52,9 @@ pub fn audit(client: &Client, output: Output, args: AuditArgs) -> Result<()> {
         ("user", &user),
         ("allocation", &allocation),
         ("node", &node),
+        ("event", &event),
+        ("data_path", &data_path),
+        ("tenant", &tenant),
         ("since", &since),
         ("until", &until),
     ]);

@@ -21,10 +21,26 @@ pub enum DagCmd {
     Cancel {
         id: String,
     },
+    /// DAGs, selected by their members' user (and tenant: the global `--tenant`, when given) and
+    /// by their overall state.
+    List {
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        state: Option<String>,
+    },
 }
 
 /// `lattice dag ...`.
-pub fn run(client: &Client, output: Output, tenant: &Option<String>, cmd: DagCmd) -> Result<()> {
+/// `tenant`: the client's tenant (members without one submit as it); `tenant_flag`: the `--tenant`
+/// given on the command line (what `list` selects).
+pub fn run(
+    client: &Client,
+    output: Output,
+    tenant: &Option<String>,
+    tenant_flag: Option<String>,
+    cmd: DagCmd,
+) -> Result<()> {
     match cmd {
         DagCmd::Submit { file } => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -64,6 +80,16 @@ pub fn run(client: &Client, output: Output, tenant: &Option<String>, cmd: DagCmd
         DagCmd::Graph { id } => {
             let v = client.call("GET", &format!("/v1/dags/{id}/graph"), None)?;
             print_value(&v, output, crate::observe::graph_view)?;
+        }
+        DagCmd::List { user, state } => {
+            let q = super::query(&[("tenant", &tenant_flag), ("user", &user), ("state", &state)]);
+            let v = client.call("GET", &format!("/v1/dags{q}"), None)?;
+            super::print_rows(
+                v["dags"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+                output,
+                false,
+                "dag",
+            )?;
         }
         DagCmd::Cancel { id } => {
             let v = client.call("DELETE", &format!("/v1/dags/{id}"), None)?;

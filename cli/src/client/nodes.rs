@@ -22,9 +22,31 @@ pub enum NodeCmd {
     },
 }
 
-/// `lattice nodes`.
-pub fn list(client: &Client, output: Output) -> Result<()> {
-    let v = client.call("GET", "/v1/nodes", None)?;
+/// `lattice nodes [--state S] [--vcluster V] [--tenant T] [NODE]` (`--tenant` is the global flag).
+#[derive(clap::Args)]
+pub struct NodesArgs {
+    /// Only nodes in this state (ready, allocated, draining, drained, down, booting, …).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only nodes running an allocation of this vCluster.
+    #[arg(long)]
+    pub vcluster: Option<String>,
+    /// One node, in full.
+    pub node: Option<String>,
+}
+
+/// `lattice nodes`; `tenant`: the `--tenant` given on the command line (only nodes running an
+/// allocation of that tenant).
+pub fn list(client: &Client, output: Output, tenant: Option<String>, args: NodesArgs) -> Result<()> {
+    let NodesArgs { state, vcluster, node } = args;
+    if let Some(n) = node {
+        let v = client.call("GET", &format!("/v1/nodes/{}", lattice_util::url::component(&n)), None)?;
+        return print_value(&v, output, |v| {
+            serde_json::to_string_pretty(v).map(|s| s + "\n").unwrap_or_default()
+        });
+    }
+    let q = super::query(&[("state", &state), ("vcluster", &vcluster), ("tenant", &tenant)]);
+    let v = client.call("GET", &format!("/v1/nodes{q}"), None)?;
     print_rows(
         v["nodes"].as_array().map(Vec::as_slice).unwrap_or(&[]),
         output,

@@ -50,6 +50,15 @@ impl Control {
         self.registry.name_of(id)
     }
 
+    /// The data paths `name` declared (its mounts' sources; none once it is only history).
+    pub fn data_sources(&self, name: &str) -> Vec<String> {
+        self.id_of(name)
+            .and_then(|id| self.registry.meta.get(id.index()))
+            .and_then(|m| m.data.as_ref())
+            .map(|d| d.mounts.iter().map(|m| m.source.clone()).collect())
+            .unwrap_or_default()
+    }
+
     /// What the API shows of `name`: a live allocation, or the final record of one that ended
     /// before this control plane took over.
     pub fn view_named(&self, name: &str) -> Option<AllocationView> {
@@ -277,10 +286,13 @@ impl Control {
 
     pub fn node_view(&self, id: lattice_engine::NodeId) -> Option<NodeView> {
         let n = self.ctl.engine.node(id)?;
+        let held = n.owner.and_then(|o| self.ctl.engine.allocation(o.alloc));
         Some(NodeView {
             name: self.registry.node_names[id.index()].clone(),
             state: format!("{:?}", n.state).to_lowercase(),
             owner: n.owner.map(|o| self.name_of(o.alloc)),
+            vcluster: held.and_then(|a| self.ctl.engine.vcluster(a.spec.vcluster).map(|v| v.name)),
+            tenant: held.map(|a| self.tenant_name(a.spec.tenant)),
             gpu_type: n.spec.capabilities.gpu_type.clone(),
             gpu_count: n.spec.capabilities.gpu_count,
             cpu_cores: n.spec.capabilities.cpu_cores,

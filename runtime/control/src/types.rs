@@ -131,6 +131,11 @@ pub struct NodeView {
     pub name: String,
     pub state: String,
     pub owner: Option<String>,
+    /// The vCluster and tenant of the allocation on it (the book's `lattice nodes` columns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vcluster: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub gpu_type: Option<String>,
     pub gpu_count: u32,
     /// Cores and memory (GB) it is scheduled with (0: not known).

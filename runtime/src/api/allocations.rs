@@ -140,11 +140,15 @@ pub(super) async fn checkpoint(State(s): S, Extension(p): P, Path(id): Path<Stri
     }
 }
 
-pub(super) async fn list_dags(State(s): S, Extension(p): P) -> Response {
-    let dags: Vec<Value> = match ops::dags(&s, &p).await {
+pub(super) async fn list_dags(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::DagQuery>) -> Response {
+    let dags: Vec<Value> = match ops::dags(&s, &p, &q).await {
         Ok(d) => d
             .into_iter()
-            .map(|(id, state, m)| json!({"id": id, "state": state, "allocations": m.len()}))
+            .map(|(id, state, m)| {
+                let first = m.first().map(|(_, v)| v);
+                json!({"id": id, "state": state, "allocations": m.len(),
+                       "tenant": first.map(|v| v.tenant.clone()), "user": first.and_then(|v| v.user.clone())})
+            })
             .collect(),
         Err(e) => return e.into_response(),
     };

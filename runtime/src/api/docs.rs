@@ -175,7 +175,7 @@ fn sessions_and_dags() -> Vec<Op> {
         )
         .query::<TerminalRequest>()
         .status(101),
-        Op::get("/v1/dags", "dags", "List DAGs"),
+        Op::get("/v1/dags", "dags", "List DAGs").query::<ops::DagQuery>(),
         Op::post("/v1/dags", "dags", "Submit a DAG")
             .body::<ops::DagRequest>()
             .status(201),
@@ -201,7 +201,7 @@ fn nodes() -> Vec<Op> {
     let n = "nodes";
     vec![
         Op::get("/v1/nodes", n, "List nodes")
-            .query::<NodesIn>()
+            .query::<ops::NodeQuery>()
             .answer_list::<NodeView>("nodes"),
         Op::get("/v1/nodes/{id}", n, "A node").answer::<NodeView>(),
         Op::post(
@@ -252,6 +252,12 @@ fn nodes() -> Vec<Op> {
             "/v1/audit/logs",
             "audit",
             "The sensitive audit log and whether its hash chain holds",
+        )
+        .query::<ops::AuditQuery>(),
+        Op::get(
+            "/api/v1/audit",
+            "audit",
+            "The audit log (the admin guide's path: tenant, from, scope=sensitive)",
         )
         .query::<ops::AuditQuery>(),
     ]

@@ -16,23 +16,11 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
 
-#[derive(Deserialize, Default, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct NodesIn {
-    /// Only nodes in this state (`ready`, `allocated`, `draining`, `down`, …).
-    state: Option<String>,
-}
-
-pub(super) async fn nodes(State(s): S, QueryIn(q): QueryIn<NodesIn>) -> Response {
-    let all = match ops::nodes(&s).await {
-        Ok(all) => all,
-        Err(e) => return e.into_response(),
-    };
-    let nodes: Vec<_> = all
-        .into_iter()
-        .filter(|n| q.state.as_deref().is_none_or(|st| n.state == st))
-        .collect();
-    Json(json!({ "nodes": nodes })).into_response()
+pub(super) async fn nodes(State(s): S, QueryIn(q): QueryIn<ops::NodeQuery>) -> Response {
+    match ops::nodes(&s, &q).await {
+        Ok(nodes) => Json(json!({ "nodes": nodes })).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 pub(super) async fn node(State(s): S, Path(id): Path<String>) -> Response {

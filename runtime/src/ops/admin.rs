@@ -299,9 +299,41 @@ pub struct AuditQuery {
     pub user: Option<String>,
     pub allocation: Option<String>,
     pub node: Option<String>,
-    /// `YYYY-MM-DD` (UTC midnight) or milliseconds since the epoch.
+    /// `YYYY-MM-DD` (UTC midnight) or milliseconds since the epoch (`from`, the admin guide's name,
+    /// is the same).
+    #[serde(alias = "from")]
     pub since: Option<String>,
     pub until: Option<String>,
+    /// The event types (`claim`, `release`, `wipe`, `quarantine`, `attach`, …), comma-separated.
+    pub event: Option<String>,
+    /// Entries of allocations whose data (a mount's source) is under this path, or that name it.
+    pub data_path: Option<String>,
+    /// Entries of this tenant's allocations.
+    pub tenant: Option<String>,
+    /// `sensitive` (the admin guide's `scope=sensitive`): the audit log holds sensitive workloads'
+    /// entries only, so it is every entry; another scope is refused.
+    pub scope: Option<String>,
+}
+
+/// What an audit query needs to know of each allocation its entries name: tenant and data paths.
+fn audit_context(
+    c: &lattice_control::Control,
+    entries: &[lattice_adapters::AuditEntry],
+) -> BTreeMap<String, (String, Vec<String>)> {
+    let mut out = BTreeMap::new();
+    for e in entries {
+        if !out.contains_key(&e.alloc) {
+            let tenant = c.view_named(&e.alloc).map(|v| v.tenant).unwrap_or_default();
+            out.insert(e.alloc.clone(), (tenant, c.data_sources(&e.alloc)));
+        }
+    }
+    out
+}
+
+/// Whether `path` is `under` or below it (`under` with or without its trailing `/`).
+fn path_under(path: &str, under: &str) -> bool {
+    let base = under.trim_end_matches('/');
+    path == base || path.strip_prefix(base).is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// `2026-03-01` → ms at UTC midnight; a bare integer is taken as ms.
@@ -345,8 +377,19 @@ pub async fn audit(
 ) -> Result<(Vec<lattice_adapters::AuditEntry>, bool), ApiError> {
     let since = q.since.as_deref().map(|v| parse_instant("since", v)).transpose()?;
     let until = q.until.as_deref().map(|v| parse_instant("until", v)).transpose()?;
+    if let Some(scope) = q.scope.as_deref().filter(|s| !s.is_empty() && *s != "sensitive") {
+        return Err(ApiError::BadRequest {
+            field: "scope".into(),
+            message: format!("`{scope}`: the audit log's one scope is `sensitive`"),
+        });
+    }
     let all = p.is_admin() || p.can_operate();
     let want = |w: &Option<String>, have: &str| w.as_deref().is_none_or(|w| w.is_empty() || w == have);
+    let events: Option<Vec<&str>> = q
+        .event
+        .as_deref()
+        .filter(|e| !e.is_empty())
+        .map(|e| e.split(',').map(str::trim).collect());
     let (entries, valid) = s
         .member
         .read(|st| {
@@ -361,11 +404,26 @@ pub async fn audit(
                         .is_none_or(|n| n.is_empty() || e.detail.split(',').any(|d| d == n))
                 })
                 .filter(|e| since.is_none_or(|t| e.at_ms >= t) && until.is_none_or(|t| e.at_ms < t))
+                .filter(|e| events.as_ref().is_none_or(|ev| ev.contains(&e.action.as_str())))
                 .cloned()
                 .collect();
             (e, st.verify_audit().is_ok())
         })
         .await;
+    let tenant = q.tenant.as_deref().filter(|t| !t.is_empty());
+    let data_path = q.data_path.as_deref().filter(|d| !d.is_empty());
+    if tenant.is_none() && data_path.is_none() {
+        return Ok((entries, valid));
+    }
+    let context = audit_context(&*s.control.lock().await, &entries);
+    let entries = entries
+        .into_iter()
+        .filter(|e| {
+            let (t, paths) = &context[&e.alloc];
+            tenant.is_none_or(|w| w == t)
+                && data_path.is_none_or(|d| e.detail.contains(d) || paths.iter().any(|p| path_under(p, d)))
+        })
+        .collect();
     Ok((entries, valid))
 }
 

@@ -9,14 +9,36 @@ use crate::mirror::MirrorOp;
 use lattice_control::{AllocationView, SubmitRequest};
 use std::sync::Arc;
 
-/// One DAG's summary: id, overall state, members.
-pub async fn dags(s: &Shared, p: &Principal) -> Result<Vec<(String, String, Vec<(String, AllocationView)>)>, ApiError> {
+/// `GET /v1/dags` and `lattice dag list`: which DAGs (empty = any). A DAG's tenant and user are
+/// its members'.
+#[derive(Clone, Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DagQuery {
+    pub tenant: Option<String>,
+    pub user: Option<String>,
+    /// The DAG's overall state (`pending`, `running`, `completed`, `failed`, `cancelled`).
+    pub state: Option<String>,
+}
+
+/// One DAG's summary: id, overall state, members — those the caller may see that `q` selects.
+pub async fn dags(
+    s: &Shared,
+    p: &Principal,
+    q: &DagQuery,
+) -> Result<Vec<(String, String, Vec<(String, AllocationView)>)>, ApiError> {
     readable(s).await?;
     let ids: Vec<String> = s.control.lock().await.dag_ids();
+    let want = |w: &Option<String>, have: Option<&str>| w.as_deref().is_none_or(|w| w.is_empty() || Some(w) == have);
     let mut out = Vec::new();
     for id in ids {
         if let Ok((state, members)) = dag_view(s, p, &id).await {
-            out.push((id, state, members));
+            let first = members.first().map(|(_, v)| v);
+            if want(&q.state, Some(&state))
+                && want(&q.tenant, first.map(|v| v.tenant.as_str()))
+                && want(&q.user, first.and_then(|v| v.user.as_deref()))
+            {
+                out.push((id, state, members));
+            }
         }
     }
     Ok(out)

@@ -15,9 +15,32 @@ use std::sync::Arc;
 
 /// The nodes as the leader schedules them (a member that has not taken over yet would show the
 /// inventory without what the quorum recorded: it answers 421 naming the leader).
-pub async fn nodes(s: &Shared) -> Result<Vec<NodeView>, ApiError> {
+/// `GET /v1/nodes` and `lattice nodes`: which nodes (empty = any).
+#[derive(Clone, Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeQuery {
+    /// Only nodes in this state (`ready`, `allocated`, `draining`, `down`, …).
+    pub state: Option<String>,
+    /// Only nodes running an allocation of this vCluster.
+    pub vcluster: Option<String>,
+    /// Only nodes running an allocation of this tenant.
+    pub tenant: Option<String>,
+}
+
+pub async fn nodes(s: &Shared, q: &NodeQuery) -> Result<Vec<NodeView>, ApiError> {
     readable(s).await?;
-    Ok(s.control.lock().await.nodes())
+    let want = |w: &Option<String>, have: Option<&str>| w.as_deref().is_none_or(|w| w.is_empty() || Some(w) == have);
+    Ok(s.control
+        .lock()
+        .await
+        .nodes()
+        .into_iter()
+        .filter(|n| {
+            want(&q.state, Some(&n.state))
+                && want(&q.vcluster, n.vcluster.as_deref())
+                && want(&q.tenant, n.tenant.as_deref())
+        })
+        .collect())
 }
 
 pub async fn node(s: &Shared, id: &str) -> Result<NodeView, ApiError> {
