@@ -141,7 +141,9 @@ pub fn execute(
                     } else if shared.simulate_agents {
                         tokio::spawn(simulated_wipe(shared.clone(), alloc, nodes, shared.wipe_time));
                     } else {
-                        // Each node's agent runs the site's wipe command at its next poll and reports.
+                        // Each node's agent runs the site's wipe command at its next poll and reports:
+                        // told only now, after the actions before this one (the release's audit entry).
+                        shared.control.lock().await.wipe_orders_out(alloc);
                         tracing::info!("{name}: its agents wipe {}", nodes.join(","));
                     }
                 }

@@ -641,10 +641,11 @@ impl Control {
                 };
                 // An operator's retry of one node joins the claim's wipe, if under way.
                 let w = self.wipes.wiping.entry(alloc).or_insert(Wiping {
+                    pending: Default::default(),
                     to_tell: Default::default(),
                     started_ms: t.0,
                 });
-                w.to_tell.extend(to_tell);
+                w.pending.extend(to_tell);
                 w.started_ms = t.0;
                 Some(Action::Wipe {
                     alloc,

@@ -68,6 +68,11 @@ pub(crate) struct Preempting {
 /// A released claim's wipe on real agents (the controller awaits the outcomes and times them out).
 #[derive(Clone, Debug)]
 pub(crate) struct Wiping {
+    /// Nodes whose agents are to be told, once the wipe is carried out — after the release's audit
+    /// entry is committed ([`crate::Control::wipe_orders_out`]): an agent never reports a wipe the
+    /// audit log has no release before.
+    pub(crate) pending: BTreeSet<u32>,
+    /// Nodes whose agent may be told at its next poll.
     pub(crate) to_tell: BTreeSet<u32>,
     /// When the wipe started (ms since the epoch).
     pub(crate) started_ms: u64,

@@ -4,6 +4,15 @@ use super::*;
 use lattice_engine::{AllocId, AuditEvent, Input};
 
 impl Control {
+    /// The wipe of `alloc` is carried out (the actions before it — the release's audit entry — are
+    /// done): its nodes' agents are told at their next poll.
+    pub fn wipe_orders_out(&mut self, alloc: AllocId) {
+        if let Some(w) = self.wipes.wiping.get_mut(&alloc) {
+            let pending = std::mem::take(&mut w.pending);
+            w.to_tell.extend(pending);
+        }
+    }
+
     /// OpenCHAMI's wipe of `node` for the released claim `name` ended (`reason`: why it failed).
     /// Returns whether that outcome was still awaited.
     pub fn node_wiped(&mut self, name: &str, node: &str, ok: bool, reason: Option<String>) -> bool {

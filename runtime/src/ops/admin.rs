@@ -384,7 +384,7 @@ pub async fn audit(
         });
     }
     let all = p.is_admin() || p.can_operate();
-    let want = |w: &Option<String>, have: &str| w.as_deref().is_none_or(|w| w.is_empty() || w == have);
+    let want = |w: &Option<String>, have: &str| selects(w, Some(have));
     let events: Option<Vec<&str>> = q
         .event
         .as_deref()

@@ -9,6 +9,12 @@ use crate::mirror::MirrorOp;
 use lattice_control::SubmitRequest;
 use std::sync::Arc;
 
+/// Whether a list filter lets `have` through: an absent or empty filter lets everything through,
+/// else only the value it names.
+pub(super) fn selects(filter: &Option<String>, have: Option<&str>) -> bool {
+    filter.as_deref().is_none_or(|w| w.is_empty() || Some(w) == have)
+}
+
 pub(super) fn not_found(what: &str, id: &str) -> ApiError {
     ApiError::NotFound {
         field: "id".into(),

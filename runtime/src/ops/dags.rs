@@ -28,14 +28,13 @@ pub async fn dags(
 ) -> Result<Vec<(String, String, Vec<(String, AllocationView)>)>, ApiError> {
     readable(s).await?;
     let ids: Vec<String> = s.control.lock().await.dag_ids();
-    let want = |w: &Option<String>, have: Option<&str>| w.as_deref().is_none_or(|w| w.is_empty() || Some(w) == have);
     let mut out = Vec::new();
     for id in ids {
         if let Ok((state, members)) = dag_view(s, p, &id).await {
             let first = members.first().map(|(_, v)| v);
-            if want(&q.state, Some(&state))
-                && want(&q.tenant, first.map(|v| v.tenant.as_str()))
-                && want(&q.user, first.and_then(|v| v.user.as_deref()))
+            if selects(&q.state, Some(&state))
+                && selects(&q.tenant, first.map(|v| v.tenant.as_str()))
+                && selects(&q.user, first.and_then(|v| v.user.as_deref()))
             {
                 out.push((id, state, members));
             }

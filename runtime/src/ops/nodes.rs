@@ -29,16 +29,15 @@ pub struct NodeQuery {
 
 pub async fn nodes(s: &Shared, q: &NodeQuery) -> Result<Vec<NodeView>, ApiError> {
     readable(s).await?;
-    let want = |w: &Option<String>, have: Option<&str>| w.as_deref().is_none_or(|w| w.is_empty() || Some(w) == have);
     Ok(s.control
         .lock()
         .await
         .nodes()
         .into_iter()
         .filter(|n| {
-            want(&q.state, Some(&n.state))
-                && want(&q.vcluster, n.vcluster.as_deref())
-                && want(&q.tenant, n.tenant.as_deref())
+            selects(&q.state, Some(&n.state))
+                && selects(&q.vcluster, n.vcluster.as_deref())
+                && selects(&q.tenant, n.tenant.as_deref())
         })
         .collect())
 }
