@@ -275,9 +275,7 @@ pub fn refresh(agent: &ureq::Agent, e: &Entry) -> Result<Entry> {
         Err(ureq::Error::Io(io))
             if matches!(
                 io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::BrokenPipe
-                    | std::io::ErrorKind::UnexpectedEof
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
             ) =>
         {
             agent.post(&e.token_endpoint).send_form(form)
@@ -310,13 +308,20 @@ const EARLY: u64 = 30;
 /// login): refreshes of the same cache, from threads or processes, take turns under a lock on
 /// `tokens.json.lock`, and each reads the cache again once it holds the lock.
 pub fn token_for(agent: &ureq::Agent, store: &Store, server: &str) -> Result<Option<String>> {
+    let stale = |e: &Entry| e.expires_at.is_some_and(|t| t <= now() + EARLY);
+    // Without a login, or with a fresh token, no lock (nothing is written).
+    match store.load()?.get(server) {
+        None => return Ok(None),
+        Some(e) if !stale(e) => return Ok(Some(e.access_token.clone())),
+        Some(_) => {}
+    }
     let _turn = store.lock()?;
     let mut all = store.load()?;
     let Some(e) = all.get(server).cloned() else {
         return Ok(None);
     };
-    let stale = e.expires_at.is_some_and(|t| t <= now() + EARLY);
-    if !stale {
+    // Another process may have refreshed it while this one waited for the lock.
+    if !stale(&e) {
         return Ok(Some(e.access_token));
     }
     if e.refresh_token.is_none() {
@@ -339,6 +344,7 @@ pub fn token_for(agent: &ureq::Agent, store: &Store, server: &str) -> Result<Opt
 /// Forgets `server`'s tokens and revokes its refresh token (else its access token) at the IdP, best
 /// effort. Whether there were any.
 pub fn logout(agent: &ureq::Agent, store: &Store, server: &str) -> Result<bool> {
+    let _turn = store.lock()?;
     let mut all = store.load()?;
     let Some(e) = all.remove(server) else {
         return Ok(false);

@@ -209,7 +209,7 @@ fn lattice_login_against_a_real_openid_provider() {
     );
 
     // Mapped to user alice of tenant physics.
-    let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "24"]);
+    let o = run(&["submit", "--nodes=1", "--walltime=10m", "--", "sleep", "30"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let id = text(&o.stdout).trim().to_string();
     let o = run(&["status", &id, "-o", "json"]);

@@ -31,6 +31,7 @@ pub fn login(agent: &ureq::Agent, base: &str, store: Option<Store>, scope: &str)
         std::thread::sleep,
     )?;
     let store = store.context("HOME is not set: nowhere to keep the token")?;
+    let _turn = store.lock()?;
     let mut all = store.load()?;
     all.insert(base.to_string(), entry);
     store.save(&all)?;

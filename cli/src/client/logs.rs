@@ -127,11 +127,15 @@ fn follow(client: &Client, id: String, node: Option<String>, stderr: bool) -> Re
                     // `end` is opened again from there (nothing twice, nothing lost).
                     let mut after: std::collections::BTreeMap<String, u64> = Default::default();
                     let mut reopened = 0;
+                    // Renewals in a row of streams ended at once: a token the server ends at once (its
+                    // clock ahead of the IdP's by more than a token's life) must not loop.
+                    let mut renewals = 0;
                     while reopened < 20 {
                         let q: Vec<String> = after.iter().map(|(n, o)| format!("{n}:{o}")).collect();
                         let path = format!("/v1/allocations/{id}/logs/stream?stream={stream}&after={}", q.join(","));
                         let (mut ended, mut failed) = (false, None);
                         let token = client.token();
+                        let opened = std::time::Instant::now();
                         client.events(&path, |event, data| {
                             match event {
                                 "output" => {
@@ -151,10 +155,17 @@ fn follow(client: &Client, id: String, node: Option<String>, stderr: bool) -> Re
                             }
                             !ended && failed.is_none()
                         })?;
+                        // A stream that lasted is not a token ended at once.
+                        if opened.elapsed() >= std::time::Duration::from_secs(1) {
+                            renewals = 0;
+                        }
                         match failed {
                             // The server ends a stream when its token expires: with a fresh one
                             // it is opened again from where it was.
-                            Some(f) if f == "token expired" && client.renew_token(token.as_deref()) => continue,
+                            Some(f) if f == "token expired" && renewals < 3 && client.renew_token(token.as_deref()) => {
+                                renewals += 1;
+                                continue;
+                            }
                             Some(f) => bail!("{id}: the log stream ended: {f}"),
                             None if ended => return Ok(()),
                             None => {}
