@@ -352,10 +352,20 @@ fn serve_grpc(
             api.clone(),
         ))
         .add_service(crate::pb::node_service_server::NodeServiceServer::new(api.clone()))
-        .add_service(crate::pb::admin_service_server::AdminServiceServer::new(api))
+        .add_service(crate::pb::admin_service_server::AdminServiceServer::new(api.clone()))
+        .add_service(crate::pb::observe_service_server::ObserveServiceServer::new(
+            api.clone(),
+        ))
+        .add_service(crate::pb::task_service_server::TaskServiceServer::new(api.clone()))
+        .add_service(crate::pb::site_service_server::SiteServiceServer::new(api.clone()))
         .add_service(crate::pb::queue_mirror_server::QueueMirrorServer::new(
             crate::mirror::net::MirrorService { shared: shared.clone() },
         ));
+    #[cfg(feature = "federation")]
+    let grpc_server = grpc_server.add_service(crate::pb::federation_service_server::FederationServiceServer::new(
+        api.clone(),
+    ));
+    drop(api);
     let grpc_stopped = async move {
         let _ = grpc_stop.changed().await;
     };

@@ -45,9 +45,27 @@ fn request(tenant: &str, nodes: u32, walltime: &str, class: Option<i32>) -> pb::
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn allocations_nodes_and_admin_over_grpc() {
-    let dir = std::env::temp_dir().join(format!("lattice-grpc-test-{}", std::process::id()));
+/// A DAG member of physics running `entrypoint` after `deps` succeeded.
+fn dag_member(name: &str, deps: &[&str], entrypoint: &str) -> pb::DagMember {
+    pb::DagMember {
+        name: name.into(),
+        request: Some(pb::AllocationRequest {
+            entrypoint: entrypoint.into(),
+            depends_on: deps
+                .iter()
+                .map(|d| pb::Dependency {
+                    r#ref: d.to_string(),
+                    condition: "success".into(),
+                })
+                .collect(),
+            ..request("physics", 1, "10m", None)
+        }),
+    }
+}
+
+/// A single member with JWT authentication and 4 simulated nodes, once it leads; its data directory.
+async fn leader(tag: &str) -> (lattice_runtime::Running, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let text = format!(
         "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nauth:\n  mode: jwt\n  hs256_secret: {SECRET}\n",
@@ -61,6 +79,12 @@ async fn allocations_nodes_and_admin_over_grpc() {
         assert!(t0.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (rt, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn allocations_nodes_and_admin_over_grpc() {
+    let (rt, _) = leader("lattice-grpc-test").await;
     let url = format!("http://{}", rt.grpc_addr);
     let mut allocs = pb::allocation_service_client::AllocationServiceClient::connect(url.clone())
         .await
@@ -405,20 +429,7 @@ async fn allocations_nodes_and_admin_over_grpc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dags_updates_nodes_and_admin_calls_over_grpc() {
-    let dir = std::env::temp_dir().join(format!("lattice-grpc-admin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "rest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:0\ndata_dir: {}/q\nsimulated_nodes: 4\ncycle: 100ms\nauth:\n  mode: jwt\n  hs256_secret: {SECRET}\n",
-        dir.display()
-    );
-    let rt = start(RuntimeConfig::parse("a.yaml", &text).unwrap(), true)
-        .await
-        .unwrap();
-    let t0 = Instant::now();
-    while !rt.shared.member.is_leader() {
-        assert!(t0.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (rt, _) = leader("lattice-grpc-admin").await;
     let url = format!("http://{}", rt.grpc_addr);
     let mut allocs = pb::allocation_service_client::AllocationServiceClient::connect(url.clone())
         .await
@@ -434,20 +445,7 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
     let root = token("root", None, &["SystemAdmin"]);
 
     // A DAG: train after prep; get, list, and it completes in order.
-    let member = |name: &str, deps: &[&str]| pb::DagMember {
-        name: name.into(),
-        request: Some(pb::AllocationRequest {
-            entrypoint: "sleep 0.1".into(),
-            depends_on: deps
-                .iter()
-                .map(|d| pb::Dependency {
-                    r#ref: d.to_string(),
-                    condition: "success".into(),
-                })
-                .collect(),
-            ..request("physics", 1, "10m", None)
-        }),
-    };
+    let member = |name: &str, deps: &[&str]| dag_member(name, deps, "sleep 0.1");
     let dag = allocs
         .submit_dag(authed(
             pb::SubmitDagRequest {
@@ -881,4 +879,537 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
         .unwrap_err();
     assert!(e.message().starts_with("name"), "{}", e.message());
     rt.shutdown().await;
+}
+
+/// A REST call with a bearer token (off the async runtime): (status, JSON answer).
+async fn rest(
+    method: &'static str,
+    url: String,
+    tok: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let tok = tok.to_string();
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let auth = format!("Bearer {tok}");
+        let mut r = match (method, body) {
+            ("PATCH", Some(b)) => agent.patch(&url).header("authorization", &auth).send_json(b),
+            (_, Some(b)) => agent.post(&url).header("authorization", &auth).send_json(b),
+            ("DELETE", None) => agent.delete(&url).header("authorization", &auth).call(),
+            _ => agent.get(&url).header("authorization", &auth).call(),
+        }
+        .unwrap();
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        (
+            r.status().as_u16(),
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// A gRPC document as JSON.
+fn doc(r: Result<tonic::Response<pb::Document>, tonic::Status>) -> serde_json::Value {
+    let d = r.unwrap().into_inner().document.unwrap_or_default();
+    lattice_runtime::grpc::json::from_struct(d)
+}
+
+/// A document with every number as a double (a Struct's numbers are) and without the windows that
+/// move with the clock between two calls (`since_ms`, `until_ms`).
+fn same(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => serde_json::json!(n.as_f64()),
+        Value::Array(a) => Value::Array(a.iter().map(same).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "since_ms" | "until_ms"))
+                .map(|(k, v)| (k.clone(), same(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The gRPC code a REST refusal's status stands for.
+fn code_of(status: u16) -> Code {
+    match status {
+        400 => Code::InvalidArgument,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::AlreadyExists,
+        503 => Code::Unavailable,
+        other => panic!("unexpected REST status {other}"),
+    }
+}
+
+/// The operations added beyond the typed services (`operations.proto`): each answers over gRPC what
+/// REST answers — the same document, or the same refusal — and the streams end as REST's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_operation_answers_over_grpc_as_over_rest() {
+    let (rt, dir) = leader("lattice-grpc-ops").await;
+    let url = format!("http://{}", rt.grpc_addr);
+    let base = format!("http://{}", rt.rest_addr);
+    let mut allocs = pb::allocation_service_client::AllocationServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    let alice = token("alice", Some("physics"), &["User"]);
+    let root = token("root", None, &["SystemAdmin"]);
+
+    let id = observe_calls(&url, &base, &mut allocs, &alice).await;
+    task_calls(&url, &base, &mut allocs, &alice, &id).await;
+    site_calls(&url, &base, &dir, &alice, &root, &id).await;
+    rt.shutdown().await;
+}
+
+/// Logs, metrics, diagnostics, comparisons and network domains of an allocation that ran; its id.
+async fn observe_calls(
+    url: &str,
+    base: &str,
+    allocs: &mut pb::allocation_service_client::AllocationServiceClient<tonic::transport::Channel>,
+    alice: &str,
+) -> String {
+    let mut observe = pb::observe_service_client::ObserveServiceClient::connect(url.to_string())
+        .await
+        .unwrap();
+    // An allocation that ran: its logs, live tail and graph-free documents match REST's.
+    let id = allocs
+        .submit(authed(request("physics", 1, "10m", None), alice))
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let t0 = Instant::now();
+    loop {
+        let v = allocs
+            .get(authed(pb::GetAllocationRequest { id: id.clone() }, alice))
+            .await
+            .unwrap()
+            .into_inner();
+        if v.state == "completed" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{v:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = doc(observe
+        .get_logs(authed(
+            pb::LogsRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            alice,
+        ))
+        .await);
+    let (st, rest_logs) = rest("GET", format!("{base}/v1/allocations/{id}/logs"), alice, None).await;
+    assert_eq!((st, same(&logs)), (200, same(&rest_logs)));
+    assert_eq!(logs["stream"], "stdout");
+    let live = doc(observe
+        .live_logs(authed(
+            pb::LiveLogsRequest {
+                id: id.clone(),
+                stream: "stderr".into(),
+                ..Default::default()
+            },
+            alice,
+        ))
+        .await);
+    let (_, rest_live) = rest(
+        "GET",
+        format!("{base}/v1/allocations/{id}/logs/live?stream=stderr"),
+        alice,
+        None,
+    )
+    .await;
+    assert_eq!(same(&live), same(&rest_live));
+    // The log stream of an ended allocation: its end, with the state.
+    let mut events = observe
+        .stream_logs(authed(
+            pb::LiveLogsRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), events.message())
+        .await
+        .expect("the stream ends")
+        .unwrap()
+    {
+        last = Some(ev);
+    }
+    let last = last.expect("an end event");
+    assert_eq!(last.event, "end");
+    assert_eq!(
+        lattice_runtime::grpc::json::from_struct(last.data.unwrap())["state"],
+        "completed"
+    );
+    // Refusals as REST's: a bad parameter names its field; no TSDB is unavailable; another
+    // tenant's allocation is not found.
+    let e = observe
+        .live_logs(authed(
+            pb::LiveLogsRequest {
+                id: id.clone(),
+                after: "node-001".into(),
+                ..Default::default()
+            },
+            alice,
+        ))
+        .await
+        .unwrap_err();
+    let (st, _) = rest(
+        "GET",
+        format!("{base}/v1/allocations/{id}/logs/live?after=node-001"),
+        alice,
+        None,
+    )
+    .await;
+    assert_eq!((e.code(), code_of(st)), (Code::InvalidArgument, Code::InvalidArgument));
+    assert!(e.message().starts_with("after:"), "{}", e.message());
+    let metrics = pb::MetricsRequest {
+        id: id.clone(),
+        ..Default::default()
+    };
+    let e = observe.query_metrics(authed(metrics.clone(), alice)).await.unwrap_err();
+    let (st, _) = rest("GET", format!("{base}/v1/allocations/{id}/metrics"), alice, None).await;
+    assert_eq!((e.code(), code_of(st)), (Code::Unavailable, Code::Unavailable));
+    assert!(observe.stream_metrics(authed(metrics.clone(), alice)).await.is_err());
+    let dave = token("dave", Some("bio"), &["User"]);
+    let e = observe
+        .get_logs(authed(
+            pb::LogsRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            &dave,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let diag = doc(observe.diagnostics(authed(metrics.clone(), alice)).await);
+    assert_eq!(diag["id"], id.as_str());
+    let e = observe
+        .diagnostics(authed(
+            pb::MetricsRequest {
+                part: "cpu".into(),
+                ..metrics.clone()
+            },
+            alice,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = observe
+        .compare(authed(pb::CompareRequest::default(), alice))
+        .await
+        .unwrap_err();
+    assert!(e.message().starts_with("ids:"), "{}", e.message());
+    let domains = doc(observe
+        .network_domains(authed(pb::NetworkDomainsRequest {}, alice))
+        .await);
+    let (_, rest_domains) = rest("GET", format!("{base}/v1/network/domains"), alice, None).await;
+    assert_eq!(same(&domains), same(&rest_domains));
+    id
+}
+
+/// Task launches, sessions and a DAG's graph.
+async fn task_calls(
+    url: &str,
+    base: &str,
+    allocs: &mut pb::allocation_service_client::AllocationServiceClient<tonic::transport::Channel>,
+    alice: &str,
+    id: &str,
+) {
+    let id = id.to_string();
+    let mut tasks = pb::task_service_client::TaskServiceClient::connect(url.to_string())
+        .await
+        .unwrap();
+    // Task launches: none yet, and none in an ended allocation.
+    let l = doc(tasks
+        .list_tasks(authed(pb::AllocationRef { id: id.clone() }, alice))
+        .await);
+    assert_eq!(l, serde_json::json!({"launches": []}));
+    let launch = pb::LaunchTasksRequest {
+        id: id.clone(),
+        entrypoint: "hostname".into(),
+        ntasks: Some(2),
+        ..Default::default()
+    };
+    let e = tasks.launch_tasks(authed(launch, alice)).await.unwrap_err();
+    let (st, _) = rest(
+        "POST",
+        format!("{base}/v1/allocations/{id}/tasks"),
+        alice,
+        Some(serde_json::json!({"entrypoint": "hostname", "ntasks": 2})),
+    )
+    .await;
+    assert_eq!(e.code(), code_of(st), "{e:?}");
+
+    // A session: created, read (as REST reads it), ended.
+    let s = tasks
+        .create_session(authed(
+            pb::AllocationRequest {
+                tenant: "physics".into(),
+                resources: Some(pb::Resources {
+                    nodes: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.session_id, s.allocation_id);
+    let got = tasks
+        .get_session(authed(
+            pb::SessionRef {
+                id: s.session_id.clone(),
+            },
+            alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.tags.get("session").map(String::as_str), Some("true"), "{got:?}");
+    let e = tasks
+        .get_session(authed(pb::SessionRef { id: id.clone() }, alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "a batch allocation is not a session");
+    let ended = tasks
+        .delete_session(authed(
+            pb::SessionRef {
+                id: s.session_id.clone(),
+            },
+            alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ended.state, "cancelled");
+
+    // A DAG's graph, as REST draws it.
+    let member = |name: &str, deps: &[&str]| dag_member(name, deps, "sleep 0.3");
+    let dag = allocs
+        .submit_dag(authed(
+            pb::SubmitDagRequest {
+                id: String::new(),
+                allocations: vec![member("a", &[]), member("b", &["a"])],
+            },
+            alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let graph = doc(tasks
+        .dag_graph(authed(pb::DagRequest { id: dag.id.clone() }, alice))
+        .await);
+    let (_, rest_graph) = rest("GET", format!("{base}/v1/dags/{}/graph", dag.id), alice, None).await;
+    assert_eq!(
+        graph["edges"],
+        serde_json::json!([{"from": "a", "to": "b", "condition": "success"}])
+    );
+    assert_eq!(graph["edges"], rest_graph["edges"]);
+    let ids = |g: &serde_json::Value| {
+        g["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| (a["name"].clone(), a["id"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&graph), ids(&rest_graph));
+}
+
+/// The site's administration and the agents' calls.
+async fn site_calls(url: &str, base: &str, dir: &std::path::Path, alice: &str, root: &str, id: &str) {
+    let mut site = pb::site_service_client::SiteServiceClient::connect(url.to_string())
+        .await
+        .unwrap();
+    // The site: health and discovery need no token; reads match REST's; writes need their role,
+    // and a refused write changed nothing.
+    let empty = || tonic::Request::new(pb::Empty {});
+    assert_eq!(doc(site.health(empty()).await)["status"], "ok");
+    assert_eq!(doc(site.auth_discovery(empty()).await)["mode"], "jwt");
+    let tenant = doc(site
+        .get_tenant(authed(pb::TenantRequest { name: "physics".into() }, alice))
+        .await);
+    let (_, rest_tenant) = rest("GET", format!("{base}/api/v1/tenants/physics"), alice, None).await;
+    // (Its counts move as the DAG runs: the quotas and the projects' names are compared.)
+    assert_eq!(
+        (&tenant["name"], same(&tenant["quota"])),
+        (&rest_tenant["name"], same(&rest_tenant["quota"]))
+    );
+    assert_eq!(tenant["projects"][0]["name"], rest_tenant["projects"][0]["name"]);
+    let e = site
+        .get_tenant(authed(pb::TenantRequest { name: "bio".into() }, alice))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let history = doc(site
+        .accounting(authed(
+            pb::UsageRequest {
+                tenant: "physics".into(),
+                ..Default::default()
+            },
+            root,
+        ))
+        .await);
+    let (_, rest_history) = rest("GET", format!("{base}/v1/accounting?tenant=physics"), root, None).await;
+    // (The running DAG's records grow between the two reads: the ended allocation's is compared.)
+    let record = |h: &serde_json::Value| {
+        h["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .map(same)
+    };
+    assert_eq!(record(&history), record(&rest_history));
+    assert!(record(&history).is_some(), "{history}");
+    assert!(
+        history["records"].as_array().unwrap().iter().any(|r| r["id"] == id),
+        "{history}"
+    );
+    let settings = doc(site.get_settings(authed(pb::Empty {}, alice)).await);
+    let write = |who: &str, changes: serde_json::Value| {
+        authed(
+            pb::ConfigWrite {
+                name: String::new(),
+                config: Some(lattice_runtime::grpc::json::to_struct(changes)),
+            },
+            who,
+        )
+    };
+    let (key, secs) = settings
+        .as_object()
+        .and_then(|m| m.iter().find(|(k, _)| k.starts_with("agents.")))
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+        .expect("an agents setting");
+    let twice = serde_json::json!({ key.clone(): format!("{}s", (secs * 2.0).round() as u64) });
+    let e = site.set_settings(write(alice, twice.clone())).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert_eq!(doc(site.get_settings(authed(pb::Empty {}, alice)).await), settings);
+    let changed = doc(site.set_settings(write(root, twice)).await);
+    assert_eq!(changed[&key].as_f64(), Some((secs * 2.0).round()), "{changed}");
+    let settings = changed;
+    let (_, rest_settings) = rest("GET", format!("{base}/v1/config"), alice, None).await;
+    assert_eq!(same(&settings), same(&rest_settings));
+    // vClusters: created and configured by an administrator, read as REST reads them.
+    let vc = |who: &str, name: &str, config: serde_json::Value| {
+        authed(
+            pb::ConfigWrite {
+                name: name.into(),
+                config: Some(lattice_runtime::grpc::json::to_struct(config)),
+            },
+            who,
+        )
+    };
+    let e = site
+        .create_v_cluster(vc(alice, "grpc-vc", serde_json::json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let (st, _) = rest("GET", format!("{base}/v1/vclusters/grpc-vc"), alice, None).await;
+    assert_eq!(st, 404, "a refused create created nothing");
+    doc(site.create_v_cluster(vc(root, "grpc-vc", serde_json::json!({}))).await);
+    let e = site
+        .create_v_cluster(vc(root, "grpc-vc", serde_json::json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists);
+    let before = doc(site
+        .get_v_cluster(authed(pb::VClusterRef { name: "grpc-vc".into() }, alice))
+        .await);
+    let depth = before["backfill_depth"].as_u64().expect("a backfill depth") + 5;
+    let changed = doc(site
+        .configure_v_cluster(vc(root, "grpc-vc", serde_json::json!({ "backfill_depth": depth })))
+        .await);
+    let (_, rest_vc) = rest("GET", format!("{base}/v1/vclusters/grpc-vc"), alice, None).await;
+    assert_eq!(same(&changed), same(&rest_vc));
+    assert_eq!(changed["backfill_depth"].as_u64(), Some(depth), "{changed}");
+    // The administrative log records it; a User may not read it.
+    let log = doc(site.admin_log(authed(pb::Empty {}, root)).await);
+    let (_, rest_log) = rest("GET", format!("{base}/api/v1/admin/log"), root, None).await;
+    assert_eq!(same(&log), same(&rest_log));
+    assert!(log.to_string().contains("grpc-vc"), "{log}");
+    assert_eq!(
+        site.admin_log(authed(pb::Empty {}, alice)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    // Restores and membership: SystemAdmin only; a missing backup is refused naming `path`, and
+    // nothing is staged.
+    let restore = |who: &str, path: &str| authed(pb::RestoreRequest { path: path.into() }, who);
+    assert_eq!(
+        site.restore(restore(alice, "/nope")).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let e = site.restore(restore(root, "/nope/backup.json")).await.unwrap_err();
+    assert!(e.message().starts_with("path:"), "{}", e.message());
+    assert!(!dir.join("q").join(lattice_runtime::context::RESTORE_PENDING).exists());
+    let m = pb::MemberRequest {
+        id: 9,
+        addr: "127.0.0.1:1".into(),
+    };
+    assert_eq!(
+        site.add_member(authed(m.clone(), alice)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        site.remove_member(authed(m, alice)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let (_, listed) = rest("GET", format!("{base}/v1/nodes"), root, None).await;
+    let node0 = listed["nodes"][0]["name"].as_str().unwrap().to_string();
+    // Caches, fingerprints and wipes: operators'; the cache list as REST lists it.
+    let caches = doc(site.list_cache(authed(pb::CacheListRequest::default(), root)).await);
+    let (_, rest_caches) = rest("GET", format!("{base}/v1/cache"), root, None).await;
+    assert_eq!(same(&caches), same(&rest_caches));
+    let order = pb::CacheOrderRequest {
+        image: "prgenv/24.1:v1".into(),
+        nodes: vec![node0.clone()],
+        ..Default::default()
+    };
+    assert_eq!(
+        site.warm_cache(authed(order.clone(), alice)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let warmed = doc(site.warm_cache(authed(order, root)).await);
+    assert_eq!(warmed["nodes"], serde_json::json!([node0.clone()]));
+    let fp = authed(pb::NodeRequest { id: node0.clone() }, alice);
+    assert_eq!(
+        site.request_fingerprint(fp).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let wipe = pb::WipeRequest {
+        node: node0.clone(),
+        force: false,
+    };
+    let e = site.retry_wipe(authed(wipe, root)).await.unwrap_err();
+    let (st, _) = rest(
+        "POST",
+        format!("{base}/v1/nodes/{node0}/wipe"),
+        root,
+        Some(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(e.code(), code_of(st), "{e:?}");
+    // Agents' calls: a user's token is not an agent's.
+    let call = pb::AgentCall {
+        id: node0.clone(),
+        body: Some(lattice_runtime::grpc::json::to_struct(
+            serde_json::json!({"running": []}),
+        )),
+    };
+    assert_eq!(
+        site.work(authed(call, alice)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
 }

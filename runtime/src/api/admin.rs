@@ -170,13 +170,7 @@ pub(super) async fn tenants(State(s): S) -> Json<Value> {
 
 /// `GET /v1/tenants/{id}`: for its own members, operators, read-only callers and administrators.
 pub(super) async fn tenant(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    if let Err(r) = may_read_tenant(&p, &id) {
-        return r;
-    }
-    match s.control.lock().await.tenant_view(&id) {
-        Some(v) => Json(v).into_response(),
-        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no tenant {id}")),
-    }
+    answer(ops::tenant_document(&s, &p, &id).await)
 }
 
 /// A tenant's quotas in a request (documentation of the accepted keys; the handlers read the body as
@@ -270,28 +264,12 @@ pub(super) async fn delete_tenant(State(s): S, Extension(p): P, Path(id): Path<S
 
 /// `GET /api/v1/tenants/{id}/projects`.
 pub(super) async fn projects(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    if let Err(r) = may_read_tenant(&p, &id) {
-        return r;
-    }
-    match s.control.lock().await.tenant_view(&id) {
-        Some(v) => Json(json!({ "tenant": id, "projects": v["projects"] })).into_response(),
-        None => error(StatusCode::NOT_FOUND, Some("id"), format!("no tenant {id}")),
-    }
+    answer(ops::projects_document(&s, &p, &id).await)
 }
 
 /// `GET /api/v1/tenants/{id}/projects/{project}`.
 pub(super) async fn project(State(s): S, Extension(p): P, Path((id, project)): Path<(String, String)>) -> Response {
-    if let Err(r) = may_read_tenant(&p, &id) {
-        return r;
-    }
-    match s.control.lock().await.project_view(&id, &project) {
-        Some(v) => Json(v).into_response(),
-        None => error(
-            StatusCode::NOT_FOUND,
-            Some("project"),
-            format!("no project {id}/{project}"),
-        ),
-    }
+    answer(ops::project_document(&s, &p, &id, &project).await)
 }
 
 pub(super) async fn create_project(
@@ -345,11 +323,7 @@ pub(super) async fn delete_project(
 
 /// `GET /api/v1/admin/log` (SystemAdmin, Operator, ReadOnly).
 pub(super) async fn admin_log(State(s): S, Extension(p): P) -> Response {
-    if !(p.can_operate() || p.has(crate::auth::Role::ReadOnly)) {
-        return forbidden("the administrative log");
-    }
-    let entries = s.member.read(|q| q.admin_log.clone()).await;
-    Json(json!({ "entries": entries })).into_response()
+    answer(ops::admin_log(&s, &p).await)
 }
 
 pub(super) async fn accounting_status(State(s): S, Extension(p): P) -> Response {
@@ -506,20 +480,7 @@ pub(super) async fn verify_backup(State(s): S, Extension(p): P, QueryIn(q): Quer
 
 /// Stages a verified backup; it is installed when the member restarts ("requires restart").
 pub(super) async fn restore(State(s): S, Extension(p): P, JsonIn(q): JsonIn<PathQuery>) -> Response {
-    if !p.is_admin() {
-        return forbidden("restores need SystemAdmin");
-    }
-    let Some(path) = q.path else {
-        return error(StatusCode::BAD_REQUEST, Some("path"), "which backup? {\"path\": ...}");
-    };
-    if let Err(e) = lattice_adapters::raft_store::Backup::read_verified(std::path::Path::new(&path)) {
-        return error(StatusCode::BAD_REQUEST, Some("path"), e);
-    }
-    let staged = s.data_dir.join(crate::context::RESTORE_PENDING);
-    match std::fs::copy(&path, &staged) {
-        Ok(_) => Json(json!({"staged": staged.display().to_string(), "restart_required": true})).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, None, e.to_string()),
-    }
+    answer(ops::restore(&s, &p, q.path.as_deref()).await)
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -529,29 +490,11 @@ pub(super) struct MemberIn {
 }
 
 pub(super) async fn add_member(State(s): S, Extension(p): P, JsonIn(m): JsonIn<MemberIn>) -> Response {
-    if !p.is_admin() {
-        return forbidden("membership changes need SystemAdmin");
-    }
-    if let Some(r) = not_leader(&s) {
-        return r;
-    }
-    match s.member.add_member(m.id, &m.addr).await {
-        Ok(()) => Json(json!({"members": s.member.status().members})).into_response(),
-        Err(e) => error(StatusCode::CONFLICT, None, e.to_string()),
-    }
+    answer(ops::add_member(&s, &p, m.id, &m.addr).await)
 }
 
 pub(super) async fn remove_member(State(s): S, Extension(p): P, PathIn(id): PathIn<u64>) -> Response {
-    if !p.is_admin() {
-        return forbidden("membership changes need SystemAdmin");
-    }
-    if let Some(r) = not_leader(&s) {
-        return r;
-    }
-    match s.member.remove_member(id).await {
-        Ok(()) => Json(json!({"members": s.member.status().members})).into_response(),
-        Err(e) => error(StatusCode::CONFLICT, None, e.to_string()),
-    }
+    answer(ops::remove_member(&s, &p, id).await)
 }
 
 pub(super) async fn raft_status(State(s): S) -> Json<Value> {

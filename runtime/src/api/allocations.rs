@@ -72,25 +72,7 @@ pub(super) async fn get_dag(State(s): S, Extension(p): P, Path(id): Path<String>
 /// `GET /v1/dags/{id}/graph`: the members (name, id, state) and one edge per dependency between
 /// two members, from the upstream to the dependent with its condition.
 pub(super) async fn dag_graph(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    match ops::dag(&s, &p, &id).await {
-        Ok((state, members)) => {
-            let name_of: BTreeMap<&str, &str> = members.iter().map(|(n, v)| (v.id.as_str(), n.as_str())).collect();
-            let nodes: Vec<Value> = members
-                .iter()
-                .map(|(name, v)| json!({"name": name, "id": v.id, "state": v.state}))
-                .collect();
-            let mut edges = Vec::new();
-            for (name, v) in &members {
-                for d in &v.depends_on {
-                    if let Some(from) = name_of.get(d.reference.as_str()) {
-                        edges.push(json!({"from": from, "to": name, "condition": d.condition}));
-                    }
-                }
-            }
-            Json(json!({"id": id, "state": state, "allocations": nodes, "edges": edges})).into_response()
-        }
-        Err(e) => e.into_response(),
-    }
+    answer(ops::dag_graph(&s, &p, &id).await)
 }
 
 pub(super) async fn services(State(s): S, Extension(p): P, headers: axum::http::HeaderMap) -> Response {

@@ -52,10 +52,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub(super) fn not_leader(shared: &Shared) -> Option<Response> {
-    ops::leader_only(shared).err().map(IntoResponse::into_response)
-}
-
 /// The `x-lattice-tenant` header.
 pub(super) fn tenant_header(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers.get("x-lattice-tenant").and_then(|v| v.to_str().ok())
@@ -137,39 +133,11 @@ pub(super) fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Resp
     }
 }
 
-/// Who may read a tenant's quotas and usage: its members, operators, read-only callers, administrators.
-#[allow(clippy::result_large_err)]
-pub(super) fn may_read_tenant(p: &crate::auth::Principal, tenant: &str) -> Result<(), Response> {
-    let wide = p.can_operate() || p.has(crate::auth::Role::ReadOnly);
-    if !wide && p.tenant.as_deref() != Some(tenant) {
-        return Err(forbidden("another tenant's quotas and usage"));
-    }
-    Ok(())
-}
-
-impl IntoResponse for crate::observe::ObserveError {
-    fn into_response(self) -> Response {
-        match self {
-            crate::observe::ObserveError::Bad(field, m) => error(StatusCode::BAD_REQUEST, Some(field), m),
-            crate::observe::ObserveError::Unavailable(m) => error(StatusCode::SERVICE_UNAVAILABLE, None, m),
-        }
-    }
-}
-
-/// A duration parameter in seconds (`default` when absent); 400 naming `field` when unreadable.
-#[allow(clippy::result_large_err)]
-pub(super) fn seconds(field: &str, v: Option<&str>, default: f64) -> Result<f64, Response> {
-    match v {
-        None => Ok(default),
-        Some(v) => match lattice_traces::parse_duration(v) {
-            Ok(t) if t.0 > 0 => Ok(t.0 as f64 / 1000.0),
-            Ok(_) => Err(error(
-                StatusCode::BAD_REQUEST,
-                Some(field),
-                format!("`{v}`: must be positive"),
-            )),
-            Err(m) => Err(error(StatusCode::BAD_REQUEST, Some(field), format!("`{v}`: {m}"))),
-        },
+/// A document as the answer (200), or the refusal.
+pub(super) fn answer(r: Result<Value, ops::ApiError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -204,4 +172,26 @@ where
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// A Server-Sent Events answer of an [`ops::EventTx`] relay's named events (each one's data as JSON).
+pub(super) fn sse_events<F, Fut>(until: Option<tokio::time::Instant>, relay: F) -> Response
+where
+    F: FnOnce(ops::EventTx) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (etx, mut erx) = tokio::sync::mpsc::channel(16);
+    let producer = relay(etx);
+    sse(until, move |tx| async move {
+        let forward = async move {
+            while let Some((name, data)) = erx.recv().await {
+                let ev = axum::response::sse::Event::default().event(name).data(data.to_string());
+                if tx.send(Ok(ev)).await.is_err() {
+                    // The client went away: dropping the receiver ends the relay.
+                    break;
+                }
+            }
+        };
+        tokio::join!(producer, forward);
+    })
 }

@@ -2,7 +2,6 @@
 
 use super::admin::*;
 use super::nodes::*;
-use super::observe::*;
 use crate::openapi::Op;
 use crate::ops;
 use lattice_control::tasks::{LaunchView, TaskRequest, TerminalRequest};
@@ -102,53 +101,53 @@ fn allocations() -> Vec<Op> {
             "agents",
             "An agent reports its process's end (agents only)",
         ),
-        Op::get("/v1/allocations/{id}/logs", a, "Stored output of one stream, by node").query::<LogsIn>(),
+        Op::get("/v1/allocations/{id}/logs", a, "Stored output of one stream, by node").query::<ops::LogsQuery>(),
         Op::get(
             "/v1/allocations/{id}/logs/live",
             a,
             "Live tail of one stream after the given offsets",
         )
-        .query::<LiveIn>(),
+        .query::<ops::LiveQuery>(),
         Op::get(
             "/v1/allocations/{id}/logs/stream",
             a,
             "Live log tail as Server-Sent Events: `output` events ({node, offset, data, next}) until \
          it ended and its agents' output has arrived, then one `end` event ({state})",
         )
-        .query::<LiveIn>()
+        .query::<ops::LiveQuery>()
         .text(),
         Op::get(
             "/v1/allocations/{id}/metrics",
             a,
             "Its metrics from the TSDB: summary, per node or per GPU, over `duration` (default 5m)",
         )
-        .query::<MetricsIn>(),
+        .query::<ops::MetricsQuery>(),
         Op::get(
             "/v1/allocations/{id}/metrics/stream",
             a,
             "Live metrics as Server-Sent Events at its telemetry mode's resolution (prod 30 s, debug \
          1 s): `metrics` events (per node), `alert` events, then `end` ({state}) once it ended",
         )
-        .query::<MetricsIn>()
+        .query::<ops::MetricsQuery>()
         .text(),
         Op::get(
             "/v1/allocations/{id}/diagnostics",
             a,
             "Network (nodes, dragonfly groups, VNI) and storage (mounts, QoS floor vs measured) diagnostics",
         )
-        .query::<MetricsIn>(),
+        .query::<ops::MetricsQuery>(),
         Op::get(
             "/v1/allocations/{id}/diagnostics/{part}",
             a,
             "One part of the diagnostics: `network` or `storage`",
         )
-        .query::<MetricsIn>(),
+        .query::<ops::MetricsQuery>(),
         Op::get(
             "/v1/compare",
             "allocations",
             "Allocations' metric series side by side, aligned to their starts",
         )
-        .query::<CompareIn>(),
+        .query::<ops::CompareQuery>(),
     ]
 }
 

@@ -9,7 +9,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use lattice_adapters::logstore::Stream;
 use lattice_agent_protocol::{ExitReport, HeartbeatBody, RegisterBody, WorkPoll};
 use lattice_control::NodeOp;
 use serde::Deserialize;
@@ -130,33 +129,9 @@ pub(super) async fn node_op(s: Arc<Shared>, p: Principal, id: String, op: NodeOp
 }
 
 pub(super) async fn work(State(s): S, Extension(p): P, Path(id): Path<String>, body: axum::body::Bytes) -> Response {
-    let w: WorkPoll = match serde_json::from_slice(&body) {
-        Ok(w) => w,
-        Err(e) => return body_error(e),
-    };
-    if let Some(p) = w.collection_overhead_pct.filter(|p| p.is_finite() && *p >= 0.0) {
-        s.metrics.agent_overhead.with_label_values(&[id.as_str()]).set(p);
-    }
-    for st in &w.startups {
-        if st.seconds.is_finite() && st.seconds >= 0.0 {
-            s.metrics
-                .agent_startup
-                .with_label_values(&[id.as_str()])
-                .observe(st.seconds);
-        }
-    }
-    let reports = lattice_control::AgentReports {
-        checkpointed: w.checkpointed,
-        wiped: w.wiped,
-        metrics: w.metrics,
-        task_ends: w.task_ends,
-        tasks_running: w.tasks,
-        cache_done: w.cache_done,
-        cache: w.cache,
-    };
-    match ops::work(&s, &p, &id, &w.running, w.output, &reports).await {
-        Ok(w) => Json(w).into_response(),
-        Err(e) => e.into_response(),
+    match serde_json::from_slice::<WorkPoll>(&body) {
+        Ok(w) => answer(ops::work_poll(&s, &p, &id, w).await),
+        Err(e) => body_error(e),
     }
 }
 
@@ -207,17 +182,9 @@ pub(super) async fn agent_exit(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let x: ExitReport = match serde_json::from_slice(&body) {
-        Ok(x) => x,
-        Err(e) => return body_error(e),
-    };
-    let tails: Vec<(Stream, &str)> = [(Stream::Stdout, &x.log_tail), (Stream::Stderr, &x.err_tail)]
-        .into_iter()
-        .filter_map(|(s, t)| Some((s, t.as_deref()?)))
-        .collect();
-    match ops::agent_exit(&s, &p, &id, &x.node, x.kind, x.exit_code, &tails).await {
-        Ok(ended) => Json(json!({"id": id, "ended": ended})).into_response(),
-        Err(e) => e.into_response(),
+    match serde_json::from_slice::<ExitReport>(&body) {
+        Ok(x) => answer(ops::exit_report(&s, &p, &id, &x).await),
+        Err(e) => body_error(e),
     }
 }
 
@@ -235,11 +202,5 @@ pub(super) async fn ask_fingerprint(State(s): S, Extension(p): P, Path(id): Path
 /// `GET /v1/network/domains`: the network domains (operators and admins see every tenant's, others
 /// their tenant's) and the VNI pool.
 pub(super) async fn network_domains(State(s): S, Extension(p): P) -> Response {
-    let c = s.control.lock().await;
-    let (domains, (total, used)) = c.network_views();
-    let domains: Vec<_> = domains
-        .into_iter()
-        .filter(|d| p.can_operate() || p.tenant.as_deref() == Some(d.tenant.as_str()))
-        .collect();
-    Json(json!({"domains": domains, "vni_pool": {"total": total, "in_use": used}})).into_response()
+    Json(ops::network_domains(&s, &p).await).into_response()
 }

@@ -31,13 +31,7 @@ pub(super) async fn get_session(State(s): S, Extension(p): P, Path(id): Path<Str
 }
 
 pub(super) async fn delete_session(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    if let Err(e) = ops::session(&s, &p, &id).await {
-        return e.into_response();
-    }
-    match ops::cancel(&s, &p, &id).await {
-        Ok(state) => Json(json!({"session_id": id, "state": state})).into_response(),
-        Err(e) => e.into_response(),
-    }
+    answer(ops::delete_session(&s, &p, &id).await)
 }
 
 /// `GET /v1/sessions/{id}/terminal`: a session's terminal, as `attach` opens it.

@@ -460,7 +460,7 @@ pub async fn report_ends(s: &Shared, b: &Broker, reported: &mut std::collections
 
 /// `GET /api/v1/federation/ended`: the caller's allocations that ran at peers and ended there
 /// (everyone's for an administrator or a read-only auditor), newest first.
-async fn ended(State(s): S, Extension(p): P) -> Response {
+pub(crate) async fn ended(State(s): S, Extension(p): P) -> Response {
     if let Err(r) = broker(&s) {
         return r;
     }
@@ -643,7 +643,7 @@ fn site_of(c: &super::Catalog, local: bool, status: PeerStatus, authorized: bool
 }
 
 /// `POST /api/v1/federation/allocations`: routed, then submitted here or forwarded.
-async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+pub(crate) async fn submit(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -832,7 +832,7 @@ async fn fetch_view(s: &Shared, b: &Broker, p: &Principal, site: &str, id: &str)
 }
 
 /// `GET /api/v1/federation/allocations/{site}/{id}`: the allocation's state at the peer.
-async fn get_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
+pub(crate) async fn get_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -843,7 +843,7 @@ async fn get_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String
     }
 }
 
-async fn cancel_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
+pub(crate) async fn cancel_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -862,7 +862,7 @@ async fn cancel_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(Str
     }
 }
 
-async fn logs_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
+pub(crate) async fn logs_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(String, String)>) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -881,13 +881,13 @@ async fn logs_remote(State(s): S, Extension(p): P, Path((site, id)): Path<(Strin
 }
 
 #[derive(Deserialize)]
-struct ListIn {
-    site: Option<String>,
+pub(crate) struct ListIn {
+    pub(crate) site: Option<String>,
 }
 
 /// `GET /api/v1/federation/allocations`: the caller's allocations at every peer (each peer asked
 /// now; one that does not answer is listed under `unreachable`).
-async fn list_remote(State(s): S, Extension(p): P, Query(q): Query<ListIn>) -> Response {
+pub(crate) async fn list_remote(State(s): S, Extension(p): P, Query(q): Query<ListIn>) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -927,7 +927,7 @@ fn encode(s: &str) -> String {
 }
 
 /// `GET /api/v1/admin/federation`: this site's catalog and every peer's status and catalog.
-async fn status(State(s): S, Extension(p): P) -> Response {
+pub(crate) async fn status(State(s): S, Extension(p): P) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -996,7 +996,7 @@ async fn commit(s: &Shared, p: &Principal, cmd: QuorumCommand, what: &str) -> Re
     }
 }
 
-async fn add_peer(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
+pub(crate) async fn add_peer(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Response {
     let b = match broker(&s) {
         Ok(b) => b,
         Err(r) => return r,
@@ -1034,13 +1034,13 @@ async fn add_peer(State(s): S, Extension(p): P, body: axum::body::Bytes) -> Resp
     commit(&s, &p, cmd, &format!("peer {} added", r.name)).await
 }
 
-async fn remove_peer(State(s): S, Extension(p): P, Path(name): Path<String>) -> Response {
+pub(crate) async fn remove_peer(State(s): S, Extension(p): P, Path(name): Path<String>) -> Response {
     let (at_ms, by) = (now_ms(), p.user.clone());
     let what = format!("peer {name} removed");
     change(&s, &p, QuorumCommand::RemoveFederationPeer { name, at_ms, by }, &what).await
 }
 
-async fn revoke(State(s): S, Extension(p): P, Path(workspace): Path<String>) -> Response {
+pub(crate) async fn revoke(State(s): S, Extension(p): P, Path(workspace): Path<String>) -> Response {
     let (at_ms, by) = (now_ms(), p.user.clone());
     let what = format!("workspace {workspace} revoked");
     change(&s, &p, QuorumCommand::RevokeWorkspace { workspace, at_ms, by }, &what).await

@@ -24,6 +24,7 @@
 
 pub mod api;
 pub mod broker;
+pub mod grpc;
 pub mod route;
 pub mod sign;
 pub mod state;

@@ -6,6 +6,8 @@ mod allocations;
 mod common;
 mod dags;
 mod nodes;
+mod observe;
+mod site;
 
 pub use crate::error::{ApiError, forbidden};
 pub use admin::*;
@@ -13,3 +15,5 @@ pub use allocations::*;
 pub use common::*;
 pub use dags::*;
 pub use nodes::*;
+pub use observe::*;
+pub use site::*;

@@ -5,6 +5,11 @@
 //! on the member's gRPC port next to the quorum's Raft service. Every call goes through the same
 //! operations as REST ([`crate::ops`]); the bearer token travels in the `authorization` metadata.
 
+pub mod coverage;
+pub mod json;
+mod observe;
+mod site;
+
 use crate::auth::{Principal, Refusal};
 use crate::context::Shared;
 use crate::ops::{self, ApiError};
@@ -134,7 +139,7 @@ impl Api {
         Ok(Response::new(project_answer(&w.view, w.warning)))
     }
 
-    fn principal<T>(&self, req: &Request<T>) -> Result<Principal, Status> {
+    pub(crate) fn principal<T>(&self, req: &Request<T>) -> Result<Principal, Status> {
         self.principal_with(req, true)
     }
 
@@ -250,7 +255,7 @@ fn node_pb(n: NodeView) -> pb::Node {
     }
 }
 
-fn none_if_empty(s: String) -> Option<String> {
+pub(crate) fn none_if_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 

@@ -1,0 +1,174 @@
+//! The rest of the API's documents, for REST and gRPC alike: a tenant's and a project's quotas and
+//! usage, the administrative log, staging a restore, quorum membership, a DAG's graph, agents' work
+//! polls and exits, and deleting a session.
+
+use super::allocations::{cancel, session};
+use super::common::leader_only;
+use super::dags::dag;
+use super::nodes::{agent_exit, work};
+use crate::auth::{Principal, Role};
+use crate::context::Shared;
+use crate::error::{ApiError, forbidden};
+use lattice_adapters::logstore::Stream;
+use lattice_agent_protocol::{ExitReport, WorkPoll};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Who may read a tenant's quotas and usage: its members, operators, read-only callers, administrators.
+pub fn may_read_tenant(p: &Principal, tenant: &str) -> Result<(), ApiError> {
+    let wide = p.can_operate() || p.has(Role::ReadOnly);
+    if !wide && p.tenant.as_deref() != Some(tenant) {
+        return Err(forbidden("another tenant's quotas and usage"));
+    }
+    Ok(())
+}
+
+/// A tenant's quotas, holdings and projects.
+pub async fn tenant_document(s: &Shared, p: &Principal, id: &str) -> Result<Value, ApiError> {
+    may_read_tenant(p, id)?;
+    s.control
+        .lock()
+        .await
+        .tenant_view(id)
+        .ok_or_else(|| ApiError::NotFound {
+            field: "id".into(),
+            message: format!("no tenant {id}"),
+        })
+}
+
+/// A tenant's projects.
+pub async fn projects_document(s: &Shared, p: &Principal, id: &str) -> Result<Value, ApiError> {
+    let v = tenant_document(s, p, id).await?;
+    Ok(json!({ "tenant": id, "projects": v["projects"] }))
+}
+
+/// One project's quotas and holdings.
+pub async fn project_document(s: &Shared, p: &Principal, id: &str, project: &str) -> Result<Value, ApiError> {
+    may_read_tenant(p, id)?;
+    s.control
+        .lock()
+        .await
+        .project_view(id, project)
+        .ok_or_else(|| ApiError::NotFound {
+            field: "project".into(),
+            message: format!("no project {id}/{project}"),
+        })
+}
+
+/// The administrative log (SystemAdmin, Operator, ReadOnly).
+pub async fn admin_log(s: &Shared, p: &Principal) -> Result<Value, ApiError> {
+    if !(p.can_operate() || p.has(Role::ReadOnly)) {
+        return Err(forbidden("the administrative log"));
+    }
+    let entries = s.member.read(|q| q.admin_log.clone()).await;
+    Ok(json!({ "entries": entries }))
+}
+
+/// Stages a verified backup (SystemAdmin); it is installed when the member restarts.
+pub async fn restore(s: &Shared, p: &Principal, path: Option<&str>) -> Result<Value, ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("restores need SystemAdmin"));
+    }
+    let bad = |message: String| ApiError::BadRequest {
+        field: "path".into(),
+        message,
+    };
+    let Some(path) = path.filter(|p| !p.is_empty()) else {
+        return Err(bad("which backup? {\"path\": ...}".into()));
+    };
+    lattice_adapters::raft_store::Backup::read_verified(std::path::Path::new(path)).map_err(bad)?;
+    let staged = s.data_dir.join(crate::context::RESTORE_PENDING);
+    std::fs::copy(path, &staged).map_err(|e| ApiError::Unavailable {
+        message: format!("could not stage {path} at {}: {e}", staged.display()),
+    })?;
+    Ok(json!({"staged": staged.display().to_string(), "restart_required": true}))
+}
+
+/// Adds a quorum member (SystemAdmin, on the leader): the members afterwards.
+pub async fn add_member(s: &Shared, p: &Principal, id: u64, addr: &str) -> Result<Value, ApiError> {
+    membership(s, p)?;
+    s.member
+        .add_member(id, addr)
+        .await
+        .map_err(|e| ApiError::Conflict { message: e.to_string() })?;
+    Ok(json!({"members": s.member.status().members}))
+}
+
+/// Removes a quorum member (SystemAdmin, on the leader): the members afterwards.
+pub async fn remove_member(s: &Shared, p: &Principal, id: u64) -> Result<Value, ApiError> {
+    membership(s, p)?;
+    s.member
+        .remove_member(id)
+        .await
+        .map_err(|e| ApiError::Conflict { message: e.to_string() })?;
+    Ok(json!({"members": s.member.status().members}))
+}
+
+fn membership(s: &Shared, p: &Principal) -> Result<(), ApiError> {
+    if !p.is_admin() {
+        return Err(forbidden("membership changes need SystemAdmin"));
+    }
+    leader_only(s)
+}
+
+/// A DAG's members (name, id, state) and one edge per dependency between two members, from the
+/// upstream to the dependent with its condition.
+pub async fn dag_graph(s: &Shared, p: &Principal, id: &str) -> Result<Value, ApiError> {
+    let (state, members) = dag(s, p, id).await?;
+    let name_of: BTreeMap<&str, &str> = members.iter().map(|(n, v)| (v.id.as_str(), n.as_str())).collect();
+    let nodes: Vec<Value> = members
+        .iter()
+        .map(|(name, v)| json!({"name": name, "id": v.id, "state": v.state}))
+        .collect();
+    let mut edges = Vec::new();
+    for (name, v) in &members {
+        for d in &v.depends_on {
+            if let Some(from) = name_of.get(d.reference.as_str()) {
+                edges.push(json!({"from": from, "to": name, "condition": d.condition}));
+            }
+        }
+    }
+    Ok(json!({"id": id, "state": state, "allocations": nodes, "edges": edges}))
+}
+
+/// Ends a session (its allocation): the state it reached.
+pub async fn delete_session(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<Value, ApiError> {
+    session(s, p, id).await?;
+    let state = cancel(s, p, id).await?;
+    Ok(json!({"session_id": id, "state": state}))
+}
+
+/// An agent's work poll: its overhead and startup figures go to the metrics, its reports to the
+/// quorum; the answer is its work.
+pub async fn work_poll(s: &Arc<Shared>, p: &Principal, id: &str, w: WorkPoll) -> Result<Value, ApiError> {
+    if let Some(pct) = w.collection_overhead_pct.filter(|p| p.is_finite() && *p >= 0.0) {
+        s.metrics.agent_overhead.with_label_values(&[id]).set(pct);
+    }
+    for st in &w.startups {
+        if st.seconds.is_finite() && st.seconds >= 0.0 {
+            s.metrics.agent_startup.with_label_values(&[id]).observe(st.seconds);
+        }
+    }
+    let reports = lattice_control::AgentReports {
+        checkpointed: w.checkpointed,
+        wiped: w.wiped,
+        metrics: w.metrics,
+        task_ends: w.task_ends,
+        tasks_running: w.tasks,
+        cache_done: w.cache_done,
+        cache: w.cache,
+    };
+    let work = work(s, p, id, &w.running, w.output, &reports).await?;
+    serde_json::to_value(work).map_err(|e| ApiError::Unavailable { message: e.to_string() })
+}
+
+/// An agent's report that an allocation's process on its node exited (with its output's tails).
+pub async fn exit_report(s: &Arc<Shared>, p: &Principal, id: &str, x: &ExitReport) -> Result<Value, ApiError> {
+    let tails: Vec<(Stream, &str)> = [(Stream::Stdout, &x.log_tail), (Stream::Stderr, &x.err_tail)]
+        .into_iter()
+        .filter_map(|(s, t)| Some((s, t.as_deref()?)))
+        .collect();
+    let ended = agent_exit(s, p, id, &x.node, x.kind, x.exit_code, &tails).await?;
+    Ok(json!({"id": id, "ended": ended}))
+}
