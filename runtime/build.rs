@@ -19,6 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
             &["proto"],
         )?;
-    println!("cargo:rerun-if-changed=proto");
+    // Each file (a directory's own mtime changes only when a file is added or removed, not when one
+    // is edited), and the directory for added ones.
+    println!("cargo:rerun-if-changed=proto/lattice/v1");
+    for f in std::fs::read_dir("proto/lattice/v1")? {
+        println!("cargo:rerun-if-changed={}", f?.path().display());
+    }
     Ok(())
 }

@@ -304,7 +304,12 @@ impl SubmitFields {
     /// `--constraint` items: `KEY=VALUE` for `gpu_type`, `gpu_count`, `cpu_cores`, `memory_gb`,
     /// `topology`; anything else is a node feature.
     pub fn constraint(&mut self, item: &str) -> Result<(), String> {
-        let Some((k, v)) = item.split_once('=') else {
+        const KEYS: [&str; 5] = ["gpu_type", "gpu_count", "cpu_cores", "memory_gb", "topology"];
+        // `KEY=VALUE`, or the book's `KEY:VALUE` (`--constraint=gpu_type:GH200`) for a known key.
+        let split = item
+            .split_once('=')
+            .or_else(|| item.split_once(':').filter(|(k, _)| KEYS.contains(k)));
+        let Some((k, v)) = split else {
             self.features.push(item.to_string());
             return Ok(());
         };
@@ -654,6 +659,25 @@ pub fn shell_join<S: AsRef<str>>(args: &[S]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn constraints_read_key_equals_and_the_books_key_colon_value() {
+        let mut f = super::SubmitFields::default();
+        f.constraint("gpu_type=GH200").unwrap();
+        assert_eq!(f.gpu_type.as_deref(), Some("GH200"));
+        let mut f = super::SubmitFields::default();
+        f.constraint("gpu_type:MI300A").unwrap();
+        f.constraint("gpu_count:4").unwrap();
+        f.constraint("nvme").unwrap();
+        f.constraint("site:zurich").unwrap();
+        assert_eq!((f.gpu_type.as_deref(), f.gpu_count), (Some("MI300A"), Some(4)));
+        assert_eq!(
+            f.features,
+            ["nvme", "site:zurich"],
+            "an unknown key's colon stays a feature"
+        );
+        assert!(f.constraint("gpu_count:four").is_err());
+    }
+
     use super::*;
     use proptest::prelude::*;
 
@@ -980,6 +1004,8 @@ mod tests {
         struct Cli {
             #[arg(long)]
             tenant: Option<String>,
+            #[arg(long)]
+            vcluster: Option<String>,
             #[command(flatten)]
             submit: crate::client::submit::SubmitArgs,
         }
@@ -991,7 +1017,7 @@ mod tests {
             }
         }
         let cli = <Cli as clap::Parser>::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-        let flags = cli.submit.fields(cli.tenant.clone()).unwrap();
+        let flags = cli.submit.fields(cli.tenant.clone(), cli.vcluster.clone()).unwrap();
         assert_eq!(flags.request("t", "u", "true"), body);
     }
 }

@@ -307,3 +307,48 @@ fn marked_blocks_are_found_in_order() {
         format!("a\n{ONE_MACHINE}\n```sh\none\ntwo\n```\nb\n```sh\nnot\n```\n{ONE_MACHINE}\n```sh\nthree\n```\n");
     assert_eq!(marked_blocks(&text, ONE_MACHINE), ["one\ntwo", "three"]);
 }
+
+const CLI: &str = "<!-- examples: cli -->";
+
+/// The `lattice` examples of docs/api.md, one block per command group, run as written in one shell
+/// (later blocks use the ids earlier ones made) against a live runtime with simulated agents started
+/// in-process; every command must succeed.
+#[test]
+fn the_cli_examples_of_the_api_guide_run() {
+    let root = common::root();
+    let text = std::fs::read_to_string(root.join("docs/api.md")).unwrap();
+    let blocks = marked_blocks(&text, CLI);
+    assert!(blocks.len() >= 6, "an example per command group: {}", blocks.len());
+    let tmp = common::tmp("cli-examples");
+    let (_rt, running) = lattice_testkit::control_plane(&tmp.join("member"), 8, "");
+    let bin = tmp.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_lattice"), bin.join("lattice")).unwrap();
+    let scratch = tmp.join("tmp");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let script = blocks.join("\n").replace("/tmp/", &format!("{}/", scratch.display()));
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let o = Command::new("timeout")
+        .args(["120", "bash", "-e", "-o", "pipefail", "-c", &script])
+        .env("PATH", path)
+        .env("LATTICE_ENDPOINT", format!("http://{}", running.rest_addr))
+        .env("LATTICE_TENANT", "physics")
+        .env_remove("LATTICE_TOKEN")
+        .env("HOME", &tmp)
+        .output()
+        .expect("bash runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "the examples failed ({}):\n{stdout}\n{stderr}",
+        o.status
+    );
+    // What each group shows: a finished allocation, a DAG's edge, a drained node, the raft state.
+    for want in ["completed", "train", "draining", "Leader", "cycle_interval"] {
+        assert!(
+            stdout.contains(want) || stderr.contains(want),
+            "`{want}` missing:\n{stdout}\n{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -876,3 +876,306 @@ fn lattice_login_uses_the_device_flow_caches_refreshes_and_logs_out() {
     assert!(err(&run(&["status"])).contains("Not logged in"));
     rt.block_on(running.shutdown());
 }
+
+/// An HS256 token for `sub` of physics with `roles`.
+fn physics_token(sub: &str, roles: &[&str]) -> String {
+    let claims = serde_json::json!({"sub": sub, "tenant": "physics", "roles": roles,
+                                    "exp": jsonwebtoken::get_current_timestamp() + 600});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"books-cli-secret"),
+    )
+    .unwrap()
+}
+
+/// `lattice` as `token`'s holder.
+fn lattice_as(endpoint: &str, home: &std::path::Path, token: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lattice"))
+        .args(args)
+        .env("LATTICE_ENDPOINT", endpoint)
+        .env("LATTICE_TENANT", "physics")
+        .env("LATTICE_TOKEN", token)
+        .env("HOME", home)
+        .output()
+        .expect("lattice runs")
+}
+
+fn json_of(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", err(o));
+    serde_json::from_str(&out(o)).unwrap_or_else(|e| panic!("{e}: {}", out(o)))
+}
+
+/// The book's CLI beyond the basics, against a runtime with users: global `-q`, `-v`, `--vcluster`,
+/// `--config`; `status --state --count`; `cancel --all-mine [--state]`; submit's `--sensitive`,
+/// `--expose`, `--no-preempt`, `--constraint KEY:VALUE`; `node list|status|drain --urgent`;
+/// `logs --since`; `history --since/--until`; `usage`; `metrics`, `diagnostics`. Then a Rust program
+/// drives the same runtime through `lattice-client`.
+#[test]
+fn the_books_commands_and_flags() {
+    let dir = std::env::temp_dir().join(format!("lattice-cli-book-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let auth = "auth:\n  mode: jwt\n  hs256_secret: books-cli-secret\n";
+    let (_rt, running) = lattice_testkit::control_plane(&dir, 4, auth);
+    let ep = format!("http://{}", running.rest_addr);
+    let (alice, bob, olga) = (
+        physics_token("alice", &["User"]),
+        physics_token("bob", &["User"]),
+        physics_token("olga", &["Operator"]),
+    );
+    let submit = |tok: &str, args: &[&str]| {
+        let o = lattice_as(&ep, &dir, tok, &[&["-q", "submit"], args].concat());
+        assert!(o.status.success(), "{}", err(&o));
+        out(&o).trim().to_string()
+    };
+    let state = |id: &str| json_of(&lattice_as(&ep, &dir, &olga, &["status", id, "-o", "json"]))["state"].clone();
+    // alice: one that runs, one that waits for it to succeed; bob: one that runs.
+    let a_run = submit(&alice, &["--nodes=1", "--walltime=1h", "--", "sleep", "600"]);
+    let after = format!("--depends-on={a_run}:success");
+    let a_wait = submit(&alice, &["--nodes=1", "--walltime=1h", &after, "--", "sleep", "600"]);
+    let b_run = submit(&bob, &["--nodes=1", "--walltime=1h", "--", "sleep", "600"]);
+    lattice_testkit::http::wait_until("two running", Duration::from_secs(20), || {
+        state(&a_run) == "running" && state(&b_run) == "running"
+    });
+
+    // status: `--state` (several), `--count`, `-q` ids, `--vcluster`.
+    let count = lattice_as(&ep, &dir, &alice, &["status", "--state=pending", "--count"]);
+    assert_eq!(out(&count).trim(), "1", "{}", err(&count));
+    // (A User sees their own allocations; an Operator everyone's.)
+    let counted = |tok: &str| {
+        let args = ["status", "--state=running,pending", "--count", "-o", "json"];
+        json_of(&lattice_as(&ep, &dir, tok, &args))["count"].clone()
+    };
+    assert_eq!((counted(&alice), counted(&olga)), (2.into(), 3.into()));
+    let ids = lattice_as(&ep, &dir, &olga, &["-q", "status", "--state=running"]);
+    let ids = out(&ids);
+    let mut listed: Vec<&str> = ids.lines().collect();
+    listed.sort();
+    assert_eq!(listed, [a_run.as_str(), b_run.as_str()]);
+    let none = lattice_as(&ep, &dir, &olga, &["--vcluster", "nope", "-q", "status"]);
+    assert!(none.status.success() && out(&none).is_empty(), "{}", out(&none));
+    let some = lattice_as(&ep, &dir, &olga, &["--vcluster", "default", "-q", "status"]);
+    assert_eq!(out(&some).lines().count(), 3);
+
+    // -v: each request on stderr.
+    let v = lattice_as(&ep, &dir, &alice, &["-v", "status", &a_run]);
+    assert!(
+        err(&v).contains(&format!("lattice: GET {ep}/v1/allocations/{a_run} -> 200")),
+        "{}",
+        err(&v)
+    );
+    // --config: the file named, which must exist.
+    let cfg = dir.join("other.yaml");
+    std::fs::write(&cfg, "tenant: physics\nvcluster: default\n").unwrap();
+    let c = lattice_as(&ep, &dir, &alice, &["--config", cfg.to_str().unwrap(), "config"]);
+    assert!(
+        out(&c).contains(&format!("config file: {}", cfg.display())),
+        "{}",
+        out(&c)
+    );
+    assert!(out(&c).contains("vcluster:    default"), "{}", out(&c));
+    let c = lattice_as(&ep, &dir, &alice, &["--config", "/nonexistent/lattice.yaml", "status"]);
+    assert!(!c.status.success() && err(&c).contains("no such file"), "{}", err(&c));
+
+    // cancel --all-mine: only the caller's, only in the state asked for.
+    let o = lattice_as(&ep, &dir, &alice, &["cancel", "--all-mine", "--state=pending"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(out(&o).trim(), format!("cancelled {a_wait}"));
+    assert_eq!(state(&a_wait), "cancelled");
+    assert_eq!((state(&a_run), state(&b_run)), ("running".into(), "running".into()));
+    let o = lattice_as(&ep, &dir, &alice, &["-q", "cancel", "--all-mine"]);
+    assert_eq!(out(&o).trim(), a_run, "{}", err(&o));
+    lattice_testkit::http::wait_until("alice's cancelled", Duration::from_secs(10), || {
+        state(&a_run) == "cancelled"
+    });
+    assert_eq!(state(&b_run), "running", "bob's is not alice's");
+    let refused = lattice_as(&ep, &dir, &alice, &["cancel", "--all-mine", "a-000001"]);
+    assert!(!refused.status.success());
+
+    // submit's flags: refused ones queue nothing; the others reach the request.
+    let before = json_of(&lattice_as(&ep, &dir, &olga, &["status", "--all", "-o", "json"]));
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["submit", "--sensitive", "--nodes=1", "--walltime=1h", "--", "true"],
+    );
+    assert!(!o.status.success() && err(&o).contains("403"), "{}", err(&o));
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["submit", "--no-preempt", "--preemption-class=3", "--", "true"],
+    );
+    assert!(
+        !o.status.success() && err(&o).contains("--no-preempt needs"),
+        "{}",
+        err(&o)
+    );
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["submit", "--expose", "api:99999", "--service", "--", "true"],
+    );
+    assert!(
+        !o.status.success() && err(&o).contains("--expose api:99999"),
+        "{}",
+        err(&o)
+    );
+    let after = json_of(&lattice_as(&ep, &dir, &olga, &["status", "--all", "-o", "json"]));
+    assert_eq!(
+        before.as_array().unwrap().len(),
+        after.as_array().unwrap().len(),
+        "nothing queued"
+    );
+    let np = submit(
+        &alice,
+        &["--no-preempt", "--nodes=1", "--walltime=1h", "--", "sleep", "600"],
+    );
+    let v = json_of(&lattice_as(&ep, &dir, &alice, &["status", &np, "-o", "json"]));
+    assert_eq!(v["preemption_class"], 7, "{v}");
+    // `KEY:VALUE` is the constraint, not a feature: no node has a GH200 here.
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["submit", "--constraint=gpu_type:GH200", "--", "true"],
+    );
+    assert!(
+        !o.status.success() && err(&o).contains("match its constraints"),
+        "{}",
+        err(&o)
+    );
+    let svc = submit(
+        &alice,
+        &[
+            "--service",
+            "--expose",
+            "api:8443/https",
+            "--nodes=1",
+            "--",
+            "sleep",
+            "600",
+        ],
+    );
+    lattice_testkit::http::wait_until("the service runs", Duration::from_secs(20), || state(&svc) == "running");
+    let registry = lattice_client::Client::connect(&ep, Some(alice.clone()));
+    let services = registry.call("GET", "/api/v1/services", None).unwrap();
+    assert_eq!(services["services"], serde_json::json!(["api"]), "{services}");
+
+    // node list|status, drain --urgent (Operator): the allocation on it is asked to checkpoint.
+    let listed = json_of(&lattice_as(&ep, &dir, &olga, &["node", "list", "-o", "json"]));
+    let busy = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["owner"] == np.as_str())
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .expect("the node the no-preempt job runs on");
+    let shown = json_of(&lattice_as(&ep, &dir, &olga, &["node", "status", &busy, "-o", "json"]));
+    assert_eq!(shown["owner"], np.as_str());
+    let o = lattice_as(&ep, &dir, &alice, &["node", "drain", &busy, "--urgent"]);
+    assert!(!o.status.success(), "a User drains nothing");
+    let o = lattice_as(&ep, &dir, &olga, &["node", "drain", &busy, "--urgent"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(out(&o).contains(&format!("{busy}: draining")), "{}", out(&o));
+    assert!(out(&o).contains(&format!("{np}: not checkpointed")), "{}", out(&o));
+    let n = json_of(&lattice_as(&ep, &dir, &olga, &["nodes", &busy, "-o", "json"]));
+    assert_eq!(n["state"], "draining", "{n}");
+
+    // logs --since, history --since/--until, usage, metrics, diagnostics.
+    let o = lattice_as(&ep, &dir, &alice, &["logs", &a_run, "--since", "2026-01-01"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = lattice_as(&ep, &dir, &alice, &["logs", &a_run, "--since", "soon"]);
+    assert!(!o.status.success() && err(&o).contains("field `since`"), "{}", err(&o));
+    let h = json_of(&lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["history", "--user", "alice", "--since", "2026-01-01", "-o", "json"],
+    ));
+    assert!(
+        h["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == a_run.as_str()),
+        "{h}"
+    );
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &[
+            "history",
+            "--user",
+            "alice",
+            "--since",
+            "2030-01-02",
+            "--until",
+            "2030-01-01",
+        ],
+    );
+    assert!(!o.status.success() && err(&o).contains("field `since`"), "{}", err(&o));
+    let u = json_of(&lattice_as(&ep, &dir, &alice, &["usage", "-o", "json"]));
+    assert!(u["allocations"].as_u64().unwrap() >= 2, "{u}");
+    let o = lattice_as(&ep, &dir, &alice, &["usage", "--user", "bob"]);
+    assert!(
+        !o.status.success() && err(&o).contains("403"),
+        "another user's usage: {}",
+        err(&o)
+    );
+    let o = lattice_as(&ep, &dir, &alice, &["metrics", &np]);
+    assert!(
+        !o.status.success() && err(&o).contains("no TSDB configured"),
+        "{}",
+        err(&o)
+    );
+    let d = json_of(&lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["diagnostics", &np, "--network", "-o", "json"],
+    ));
+    assert_eq!(d["id"], np.as_str(), "{d}");
+
+    a_rust_program_uses_lattice_client(&ep, &bob, &b_run);
+}
+
+/// A Rust program's use of `lattice-client`: typed calls on the API's own types against the same
+/// runtime, refusals as `Error::Api` naming the field.
+fn a_rust_program_uses_lattice_client(ep: &str, bob: &str, running: &str) {
+    use lattice_client::{Client, Error, ListFilter};
+    let client = Client::connect(ep, Some(bob.to_string()));
+    let request: lattice_client::SubmitRequest = serde_json::from_value(serde_json::json!({
+        "tenant": "physics", "entrypoint": "sleep 1",
+        "resources": {"nodes": 1}, "lifecycle": {"type": "bounded", "walltime": "10m"}
+    }))
+    .unwrap();
+    let id = client.submit(&request).unwrap().id;
+    let ended = client
+        .wait(&id, Duration::from_millis(100), Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(ended.state, "completed");
+    assert!(client.logs(&id, "stdout").is_ok());
+    let mine = client
+        .allocations(&ListFilter {
+            mine: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(mine.iter().all(|a| a.user.as_deref() == Some("bob")), "{mine:?}");
+    assert!(mine.iter().any(|a| a.id == running) && mine.iter().any(|a| a.id == id));
+    assert!(!client.nodes().unwrap().is_empty());
+    let mut bad = request.clone();
+    bad.lifecycle = serde_json::from_value(serde_json::json!({"type": "bounded", "walltime": "-3h"})).unwrap();
+    match client.submit(&bad) {
+        Err(Error::Api { status: 400, field, .. }) => assert_eq!(field.as_deref(), Some("lifecycle.walltime")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(client.cancel(running).unwrap(), "cancelled");
+    let other = Client::connect(ep, None);
+    assert!(matches!(other.allocation(running), Err(Error::NotLoggedIn)));
+}

@@ -294,7 +294,12 @@ pub async fn heartbeat_agents(target: &str, agents: usize, seconds: u64) -> anyh
     let mut client = pb::node_service_client::NodeServiceClient::connect(format!("http://{target}")).await?;
     let names: Vec<String> = (0..agents).map(|i| format!("sim-{i:03}")).collect();
     for n in &names {
-        client.register(pb::NodeRequest { id: n.clone() }).await?;
+        client
+            .register(pb::NodeRequest {
+                id: n.clone(),
+                urgent: false,
+            })
+            .await?;
     }
     let mut senders = Vec::with_capacity(agents);
     let mut calls = tokio::task::JoinSet::new();

@@ -574,7 +574,10 @@ async fn grpc_messages_never_panic_or_break_the_member() {
         .into_inner()
         .id;
     let id = || first.clone();
-    let node = || pb::NodeRequest { id: "sim-003".into() };
+    let node = || pb::NodeRequest {
+        id: "sim-003".into(),
+        urgent: false,
+    };
     let dag = pb::SubmitDagRequest {
         id: "d1".into(),
         allocations: vec![
@@ -645,8 +648,9 @@ async fn grpc_messages_never_panic_or_break_the_member() {
                 pb::ListAllocationsRequest {
                     tenant: "bio".into(),
                     user: "alice".into(),
-                    state: "running".into(),
-                    vcluster: "default".into()
+                    state: "running,pending".into(),
+                    vcluster: "default".into(),
+                    mine: true
                 },
                 |a, m| AllocationService::list(&a, tonic::Request::new(m))
             ),
@@ -750,7 +754,9 @@ async fn grpc_messages_never_panic_or_break_the_member() {
                 pb::UsageRequest {
                     tenant: "bio".into(),
                     user: "alice".into(),
-                    days: 30
+                    days: 30,
+                    since: "2026-03-01".into(),
+                    until: "1767225600000".into()
                 },
                 |a, m| a.usage(tonic::Request::new(m))
             ),

@@ -347,18 +347,36 @@ async fn allocations_nodes_and_admin_over_grpc() {
             .is_empty()
     );
     let e = nodes
-        .drain(authed(pb::NodeRequest { id: "sim-002".into() }, &alice))
+        .drain(authed(
+            pb::NodeRequest {
+                id: "sim-002".into(),
+                urgent: false,
+            },
+            &alice,
+        ))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
     let n = nodes
-        .drain(authed(pb::NodeRequest { id: "sim-002".into() }, &root))
+        .drain(authed(
+            pb::NodeRequest {
+                id: "sim-002".into(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(n.state, "drained");
     let e = nodes
-        .get(authed(pb::NodeRequest { id: "nope".into() }, &root))
+        .get(authed(
+            pb::NodeRequest {
+                id: "nope".into(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
@@ -372,7 +390,13 @@ async fn allocations_nodes_and_admin_over_grpc() {
     let e = nodes.heartbeat(authed(hb(1), &root)).await.unwrap_err();
     assert!(e.message().contains("has not registered"), "{}", e.message());
     nodes
-        .register(authed(pb::NodeRequest { id: "sim-001".into() }, &root))
+        .register(authed(
+            pb::NodeRequest {
+                id: "sim-001".into(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap();
     nodes.heartbeat(authed(hb(1), &root)).await.unwrap();
@@ -384,7 +408,13 @@ async fn allocations_nodes_and_admin_over_grpc() {
     }
     // A restarted agent registers again and its sequence starts over.
     nodes
-        .register(authed(pb::NodeRequest { id: "sim-001".into() }, &root))
+        .register(authed(
+            pb::NodeRequest {
+                id: "sim-001".into(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap();
     nodes.heartbeat(authed(hb(1), &root)).await.unwrap();
@@ -407,7 +437,13 @@ async fn allocations_nodes_and_admin_over_grpc() {
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
     let e = nodes
-        .register(authed(pb::NodeRequest { id: "nid999".into() }, &root))
+        .register(authed(
+            pb::NodeRequest {
+                id: "nid999".into(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
@@ -573,18 +609,36 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
     // Disable the node under it (operators only) → requeued; enable → ready.
     let node = running.nodes[0].clone();
     let e = nodes
-        .disable(authed(pb::NodeRequest { id: node.clone() }, &alice))
+        .disable(authed(
+            pb::NodeRequest {
+                id: node.clone(),
+                urgent: false,
+            },
+            &alice,
+        ))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
     let n = nodes
-        .disable(authed(pb::NodeRequest { id: node.clone() }, &root))
+        .disable(authed(
+            pb::NodeRequest {
+                id: node.clone(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(n.state, "down");
     let n = nodes
-        .enable(authed(pb::NodeRequest { id: node.clone() }, &root))
+        .enable(authed(
+            pb::NodeRequest {
+                id: node.clone(),
+                urgent: false,
+            },
+            &root,
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -1383,7 +1437,13 @@ async fn site_calls(url: &str, base: &str, dir: &std::path::Path, alice: &str, r
     );
     let warmed = doc(site.warm_cache(authed(order, root)).await);
     assert_eq!(warmed["nodes"], serde_json::json!([node0.clone()]));
-    let fp = authed(pb::NodeRequest { id: node0.clone() }, alice);
+    let fp = authed(
+        pb::NodeRequest {
+            id: node0.clone(),
+            urgent: false,
+        },
+        alice,
+    );
     assert_eq!(
         site.request_fingerprint(fp).await.unwrap_err().code(),
         Code::PermissionDenied

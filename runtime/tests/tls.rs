@@ -286,9 +286,18 @@ async fn node_agents_are_identified_by_their_certificate_cn() {
     // gRPC: the same identity and the same check.
     let ch = grpc_channel(rt.grpc_addr, Some("agent-sim-001")).await.unwrap();
     let mut nodes = pb::node_service_client::NodeServiceClient::new(ch);
-    nodes.register(pb::NodeRequest { id: "sim-001".into() }).await.unwrap();
+    nodes
+        .register(pb::NodeRequest {
+            id: "sim-001".into(),
+            urgent: false,
+        })
+        .await
+        .unwrap();
     let e = nodes
-        .register(pb::NodeRequest { id: "sim-000".into() })
+        .register(pb::NodeRequest {
+            id: "sim-000".into(),
+            urgent: false,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{}", e.message());

@@ -187,10 +187,14 @@ class LatticeClient:
         tenant: Optional[str] = None,
         user: Optional[str] = None,
         vcluster: Optional[str] = None,
+        mine: bool = False,
     ) -> List[Allocation]:
-        v = await self._call(
-            "GET", "/v1/allocations", params={"state": state, "tenant": tenant, "user": user, "vcluster": vcluster}
-        )
+        """Allocations the caller sees; ``state`` one or several comma-separated, ``mine`` the
+        caller's own only."""
+        params = {"state": state, "tenant": tenant, "user": user, "vcluster": vcluster}
+        if mine:
+            params["mine"] = "true"
+        v = await self._call("GET", "/v1/allocations", params=params)
         return [Allocation.from_json(a) for a in v["allocations"]]
 
     async def cancel(self, alloc_id: str) -> str:
@@ -392,7 +396,7 @@ class LatticeClient:
         return await self._call("GET", f"/v1/allocations/{_seg(alloc_id)}/diagnostics{tail}")
 
     async def accounting(self, **params: Any) -> Dict[str, Any]:
-        """Usage records (``tenant``, ``user``, ``days``): ``records`` and ``total``."""
+        """Usage records (``tenant``, ``user``, ``days`` or ``since``/``until``): ``records`` and ``total``."""
         return await self._call("GET", "/v1/accounting", params=params)
 
     # -- nodes, tenants, vClusters, usage ----------------------------------------------------
@@ -433,8 +437,11 @@ class LatticeClient:
     async def node(self, name: str) -> Node:
         return Node.from_json(await self._call("GET", f"/v1/nodes/{_seg(name)}"))
 
-    async def drain(self, name: str) -> Dict[str, Any]:
-        return await self._call("POST", f"/v1/nodes/{_seg(name)}/drain")
+    async def drain(self, name: str, urgent: bool = False) -> Dict[str, Any]:
+        """Drains a node; ``urgent``: the allocation on it is asked to checkpoint now (the answer's
+        ``checkpointed`` and ``not_checkpointed``)."""
+        params = {"urgent": "true"} if urgent else None
+        return await self._call("POST", f"/v1/nodes/{_seg(name)}/drain", params=params)
 
     async def undrain(self, name: str) -> Dict[str, Any]:
         return await self._call("POST", f"/v1/nodes/{_seg(name)}/undrain")

@@ -361,6 +361,16 @@ def test_tokens(secured_runtime):
         async with LatticeClient(base_url=secured_runtime.url, token="not-a-jwt") as c:
             with pytest.raises(LatticeAuthError):
                 await c.status(r.id)
+        # `mine`: only the caller's own; several states at once; a usage window by dates.
+        async with LatticeClient(base_url=secured_runtime.url, token=token("bob")) as c:
+            b = await c.submit(spec("true", tenant="physics"))
+            mine = await c.list_allocations(mine=True, state="pending,running,completed,failed")
+            assert [a.id for a in mine] == [b.id], mine
+            u = await c.usage(since="2026-01-01")
+            assert "node_hours" in u, u
+            with pytest.raises(LatticeValidationError) as e:
+                await c.usage(since="2030-01-02", until="2030-01-01")
+            assert e.value.field == "since"
 
     run(main())
 

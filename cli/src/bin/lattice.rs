@@ -31,8 +31,25 @@ struct Cli {
     output: Option<Output>,
     /// Tenant to submit as (default: LATTICE_TENANT or the config file); given here, it also selects
     /// what `nodes`, `dag list` and `audit` show.
-    #[arg(long, global = true)]
+    #[arg(short, long, global = true)]
     tenant: Option<String>,
+    /// vCluster to submit to (default: the config file's `vcluster:`); given here, it also selects
+    /// what `status` and `nodes` show.
+    #[arg(long, global = true)]
+    vcluster: Option<String>,
+    /// Only what scripts need: ids (of what is listed, made or changed), no other text.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Each API request on stderr: method, URL, status and time taken.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    /// The client's configuration file (default: ~/.config/lattice/config.yaml).
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<std::path::PathBuf>,
+    /// No colors in tables (also: the NO_COLOR environment variable, or output that is not a
+    /// terminal).
+    #[arg(long, global = true)]
+    no_color: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -91,11 +108,15 @@ enum Cmd {
     /// Follow an allocation until it ends: a line for each change of state (time, state, nodes,
     /// reason); exits 0 when it completed, 1 when it failed or was cancelled.
     Watch(monitor::WatchArgs),
+    /// An allocation's metrics (from the TSDB): a snapshot of each metric's value and unit, or
+    /// `--stream` for live values and alerts until it ends (the user guide's `lattice metrics`).
+    Metrics(monitor::MetricsArgs),
     /// Why an allocation is where it is: what the scheduler's last pass found (dependencies, staging,
     /// quota, budget, energy window, topology, a reservation, the head of the queue), its place in
     /// its vCluster's queue, a refused start.
     /// With `--network` / `--storage` (or once it runs): the network diagnostics (nodes, dragonfly
     /// groups, network domain) and the storage ones (mounts, throughput against its QoS floor).
+    #[command(alias = "diagnostics")]
     Diag(monitor::DiagArgs),
     /// Allocations' metrics side by side, aligned to each one's start (from the TSDB):
     /// `lattice compare ID ID [--metric gpu_utilization,io_write_bytes]`.
@@ -105,7 +126,8 @@ enum Cmd {
     /// `lattice top ID`: that allocation's metrics from the TSDB (`--per-node`, `--per-gpu`,
     /// `--duration 1h`).
     Top(monitor::TopArgs),
-    /// Node administration (the Operator role): `drain|undrain|disable|enable NODE`.
+    /// Nodes: `list [--state S]`, `status NODE` (its state, allocation and health), and for the
+    /// Operator role `drain [--urgent]|undrain|disable|enable NODE`.
     Node {
         #[command(subcommand)]
         cmd: nodes::NodeCmd,
@@ -117,6 +139,9 @@ enum Cmd {
     /// Usage history (sacct): each allocation's node-hours and GPU-hours, and the totals, of a tenant
     /// (`--tenant`) or a user (`--user`) over the last `--days` (90).
     History(accounting::HistoryArgs),
+    /// Usage totals (allocations, node-hours, GPU-hours) of a tenant (`--tenant`) or a user
+    /// (`--user`, default yourself) over the last `--days` (90) or `--since`/`--until`.
+    Usage(accounting::UsageArgs),
     /// Switch an allocation's telemetry mode: `lattice telemetry ID --mode debug --duration 30m`
     /// (prod | debug | audit; debug reverts to prod after its duration).
     Telemetry(monitor::TelemetryArgs),
@@ -129,9 +154,16 @@ enum Cmd {
         /// OAuth scopes to ask for.
         #[arg(long, default_value = "openid offline_access")]
         scope: String,
+        /// The server to log in to (`cluster.example.com` or a URL; default: the endpoint).
+        #[arg(long)]
+        server: Option<String>,
     },
     /// Forget this server's cached token and revoke it at the IdP (best effort).
-    Logout,
+    Logout {
+        /// The server to log out of (default: the endpoint).
+        #[arg(long)]
+        server: Option<String>,
+    },
     /// The client's effective configuration: each setting and where it comes from.
     Config,
     /// A shell completion script: `lattice completion bash > /etc/bash_completion.d/lattice`.
@@ -157,7 +189,7 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    let fc = file_config()?;
+    let fc = file_config(cli.config.as_deref())?;
     let agent = http_agent(&fc)?;
     // One endpoint or several (a quorum's members, "A,B,C"): requests move on from a member that
     // is down or not the leader.
@@ -176,14 +208,18 @@ fn run() -> Result<()> {
         .clone()
         .or_else(|| std::env::var("LATTICE_TENANT").ok())
         .or(fc.tenant);
-    let default_vcluster = fc.vcluster.clone();
+    let default_vcluster = cli.vcluster.clone().or(fc.vcluster.clone());
+    lattice_cli::client::set_color(
+        !cli.no_color && std::env::var_os("NO_COLOR").is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    );
     let store = lattice_cli::login::tokens_path().map(lattice_cli::login::Store::new);
     match &cli.cmd {
         Cmd::Login {
             flow: Flow::Device,
             scope,
-        } => return auth::login(&agent, &base, store, scope),
-        Cmd::Logout => return auth::logout(&agent, &base, store),
+            server,
+        } => return auth::login(&agent, &server_url(server.as_deref(), &base), store, scope),
+        Cmd::Logout { server } => return auth::logout(&agent, &server_url(server.as_deref(), &base), store),
         _ => {}
     }
     let client = match (std::env::var("LATTICE_TOKEN").ok().or(fc.token.clone()), store) {
@@ -199,29 +235,41 @@ fn run() -> Result<()> {
         }
         (None, None) => Client::new(endpoints, agent, None),
     };
-    let output = cli.output.unwrap_or(Output::Table);
+    let client = client.with_trace(cli.verbose);
+    let output = match (cli.output, cli.quiet) {
+        (Some(o), _) => o,
+        (None, true) => Output::Quiet,
+        (None, false) => Output::Table,
+    };
     match cli.cmd {
-        Cmd::Login { .. } | Cmd::Logout => unreachable!("handled above"),
-        Cmd::Submit(args) => submit::run(&client, output, &tenant, &default_vcluster, args)?,
-        Cmd::Status(args) => status::status(&client, output, &tenant, args)?,
+        Cmd::Login { .. } | Cmd::Logout { .. } => unreachable!("handled above"),
+        Cmd::Submit(args) => submit::run(&client, output, &tenant, (&cli.vcluster, &default_vcluster), args)?,
+        Cmd::Status(args) => status::status(&client, output, &tenant, cli.vcluster.clone(), args)?,
         Cmd::Cancel(args) => status::cancel(&client, output, args)?,
         Cmd::Logs(args) => logs::run(&client, args)?,
         Cmd::Launch(args) => tasks::launch(&client, args)?,
         Cmd::Srun(args) => tasks::srun(&client, args)?,
         Cmd::Attach(args) => interactive::attach(&client, args)?,
-        Cmd::Session(args) => interactive::session(&client, &tenant, args)?,
+        Cmd::Session(args) => interactive::session(&client, &tenant, &default_vcluster, args)?,
         Cmd::Cache { cmd } => cache::run(&client, output, cmd)?,
-        Cmd::Nodes(args) => nodes::list(&client, output, cli.tenant.clone(), args)?,
+        Cmd::Nodes(args) => nodes::list(&client, output, cli.tenant.clone(), cli.vcluster.clone(), args)?,
         Cmd::Dag { cmd } => dag::run(&client, output, &tenant, cli.tenant.clone(), cmd)?,
         Cmd::Watch(args) => monitor::watch(&client, output, args)?,
         Cmd::Diag(args) => monitor::diag(&client, output, args)?,
+        Cmd::Metrics(args) => monitor::metrics(&client, output, args)?,
         Cmd::Compare(args) => monitor::compare(&client, output, args)?,
         Cmd::Top(args) => monitor::top(&client, &tenant, args)?,
-        Cmd::Node { cmd } => nodes::node(&client, output, cmd)?,
+        Cmd::Node { cmd } => nodes::node(&client, output, cli.tenant.clone(), cli.vcluster.clone(), cmd)?,
         Cmd::Audit(args) => accounting::audit(&client, output, cli.tenant.clone(), args)?,
         Cmd::History(args) => accounting::history(&client, output, &tenant, args)?,
+        Cmd::Usage(args) => accounting::usage(&client, output, cli.tenant.clone(), args)?,
         Cmd::Telemetry(args) => monitor::telemetry(&client, output, args)?,
-        Cmd::Config => config::show(&client, &tenant, cli.endpoint.is_some(), cli.tenant.is_some())?,
+        Cmd::Config => config::show(
+            &client,
+            &tenant,
+            (cli.endpoint.is_some(), cli.tenant.is_some()),
+            cli.config.as_deref(),
+        )?,
         Cmd::Completion { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "lattice", &mut std::io::stdout());
@@ -229,4 +277,80 @@ fn run() -> Result<()> {
         Cmd::Admin { cmd } => admin::run(&client, output, cmd)?,
     }
     Ok(())
+}
+
+/// `--server`: a URL as given, a bare host as `https://HOST`; none: the endpoint.
+fn server_url(server: Option<&str>, base: &str) -> String {
+    match server.map(str::trim).filter(|s| !s.is_empty()) {
+        None => base.to_string(),
+        Some(s) if s.contains("://") => s.trim_end_matches('/').to_string(),
+        Some(s) => format!("https://{}", s.trim_end_matches('/')),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        // Duplicate or conflicting argument names (a global flag a subcommand repeats) fail here.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_books_forms_parse() {
+        let cli = Cli::try_parse_from([
+            "lattice",
+            "-t",
+            "physics",
+            "--vcluster",
+            "gpu",
+            "-q",
+            "status",
+            "--count",
+        ])
+        .unwrap();
+        assert_eq!(cli.tenant.as_deref(), Some("physics"));
+        assert_eq!(cli.vcluster.as_deref(), Some("gpu"));
+        assert!(cli.quiet);
+        assert!(
+            Cli::try_parse_from(["lattice", "-q", "-v", "status"]).is_err(),
+            "quiet or verbose"
+        );
+        let Cmd::Attach(a) = Cli::try_parse_from(["lattice", "attach", "a-1", "--", "nvidia-smi", "-l", "1"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("attach")
+        };
+        assert_eq!(a.argv, ["nvidia-smi", "-l", "1"]);
+        let Cmd::Launch(l) = Cli::try_parse_from(["lattice", "launch", "--alloc=a-1", "--pty", "bash"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("launch")
+        };
+        assert!(l.pty && l.command == ["bash"]);
+        assert!(Cli::try_parse_from(["lattice", "launch", "--alloc=a-1", "--pty", "-n", "4", "bash"]).is_err());
+        assert!(
+            Cli::try_parse_from(["lattice", "cancel", "--state=pending"]).is_err(),
+            "--state needs --all-mine"
+        );
+        assert!(Cli::try_parse_from(["lattice", "node", "drain", "n1", "--urgent"]).is_ok());
+        assert!(Cli::try_parse_from(["lattice", "diagnostics", "a-1", "--network"]).is_ok());
+        assert!(Cli::try_parse_from(["lattice", "metrics", "a-1", "--stream"]).is_ok());
+        assert!(Cli::try_parse_from(["lattice", "login", "--server", "cluster.example.com"]).is_ok());
+    }
+
+    #[test]
+    fn a_server_is_a_url_or_a_host() {
+        assert_eq!(server_url(None, "http://127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(
+            server_url(Some("cluster.example.com"), "x"),
+            "https://cluster.example.com"
+        );
+        assert_eq!(server_url(Some("http://m1:8080/"), "x"), "http://m1:8080");
+    }
 }

@@ -67,6 +67,11 @@ pub fn run(client: &Client, output: Output, cmd: CacheCmd) -> Result<()> {
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&v["nodes"])?),
                 Output::Yaml => print!("{}", yaml_serde::to_string(&v["nodes"])?),
+                Output::Quiet => {
+                    for n in v["nodes"].as_object().into_iter().flat_map(|m| m.keys()) {
+                        println!("{n}");
+                    }
+                }
                 Output::Table | Output::Wide => {
                     println!(
                         "{:<16} {:<40} {:>12} {:>15} {:<6} LAST",

@@ -20,15 +20,27 @@ pub struct FileConfig {
     pub client_key: Option<PathBuf>,
 }
 
-/// `~/.config/lattice/config.yaml`; absent is fine, unreadable or invalid is an error naming it.
-pub fn file_config() -> Result<FileConfig> {
-    let Some(home) = std::env::var_os("HOME") else {
-        return Ok(FileConfig::default());
+/// `~/.config/lattice/config.yaml` (absent is fine), or the file `--config` names (it must exist);
+/// unreadable or invalid is an error naming it.
+pub fn file_config(given: Option<&std::path::Path>) -> Result<FileConfig> {
+    let path = match given {
+        Some(p) => {
+            if !p.is_file() {
+                bail!("--config {}: no such file", p.display());
+            }
+            p.to_path_buf()
+        }
+        None => {
+            let Some(home) = std::env::var_os("HOME") else {
+                return Ok(FileConfig::default());
+            };
+            let path = PathBuf::from(home).join(".config/lattice/config.yaml");
+            if !path.exists() {
+                return Ok(FileConfig::default());
+            }
+            path
+        }
     };
-    let path = PathBuf::from(home).join(".config/lattice/config.yaml");
-    if !path.exists() {
-        return Ok(FileConfig::default());
-    }
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     yaml_serde::from_str(&text).with_context(|| format!("{}", path.display()))
 }
@@ -75,11 +87,19 @@ pub fn http_agent(fc: &FileConfig) -> Result<ureq::Agent> {
 }
 
 /// `lattice config`: each setting and where it comes from (`endpoint_flag`, `tenant_flag`: given as
-/// `--endpoint`, `--tenant`).
-pub fn show(client: &Client, tenant: &Option<String>, endpoint_flag: bool, tenant_flag: bool) -> Result<()> {
-    let file = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".config/lattice/config.yaml"))
-        .filter(|p| p.exists());
+/// `--endpoint`, `--tenant`; `given`: the `--config` file).
+pub fn show(
+    client: &Client,
+    tenant: &Option<String>,
+    (endpoint_flag, tenant_flag): (bool, bool),
+    given: Option<&std::path::Path>,
+) -> Result<()> {
+    let file = match given {
+        Some(p) => Some(p.to_path_buf()),
+        None => std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".config/lattice/config.yaml"))
+            .filter(|p| p.exists()),
+    };
     let from = |env: &'static str, flag: bool, in_file: bool| -> &'static str {
         if flag {
             "flag"
@@ -91,7 +111,7 @@ pub fn show(client: &Client, tenant: &Option<String>, endpoint_flag: bool, tenan
             "default"
         }
     };
-    let fc = file_config()?;
+    let fc = file_config(given)?;
     println!(
         "config file: {}",
         file.as_ref().map_or("(none)".into(), |p| p.display().to_string())

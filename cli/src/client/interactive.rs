@@ -10,8 +10,12 @@ pub struct AttachArgs {
     pub id: String,
     #[arg(long)]
     pub node: Option<String>,
-    #[arg(long)]
+    /// What to run instead of a login shell (`sh -c`); or the command after `--`.
+    #[arg(long, conflicts_with = "argv")]
     pub command: Option<String>,
+    /// `lattice attach ID -- CMD ARGS`: run this (quoted as typed) instead of a login shell.
+    #[arg(last = true)]
+    pub argv: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -20,8 +24,8 @@ pub struct SessionArgs {
     pub nodes: u32,
     #[arg(long, default_value = "4h")]
     pub walltime: String,
-    #[arg(long)]
-    pub vcluster: Option<String>,
+    /// A node feature, or `KEY=VALUE` / `KEY:VALUE` for gpu_type, gpu_count, cpu_cores, memory_gb,
+    /// topology (repeatable; `--constraint=gpu_type:GH200`).
     #[arg(long)]
     pub constraint: Vec<String>,
     #[arg(long)]
@@ -32,7 +36,13 @@ pub struct SessionArgs {
 
 /// `lattice attach ID`: exits with the remote exit status.
 pub fn attach(client: &Client, args: AttachArgs) -> Result<()> {
-    let AttachArgs { id, node, command } = args;
+    let AttachArgs {
+        id,
+        node,
+        command,
+        argv,
+    } = args;
+    let command = command.or_else(|| (!argv.is_empty()).then(|| crate::directives::shell_join(&argv)));
     let (rows, cols) = crate::terminal::size().unwrap_or((24, 80));
     let url = crate::terminal::url(client.base(), &id, node.as_deref(), command.as_deref(), rows, cols)?;
     let code = crate::terminal::run(&url, client.token().as_deref())?;
@@ -40,11 +50,11 @@ pub fn attach(client: &Client, args: AttachArgs) -> Result<()> {
 }
 
 /// `lattice session`: exits with the terminal's exit status.
-pub fn session(client: &Client, tenant: &Option<String>, args: SessionArgs) -> Result<()> {
+/// `vcluster`: the global `--vcluster`, else the config file's.
+pub fn session(client: &Client, tenant: &Option<String>, vcluster: &Option<String>, args: SessionArgs) -> Result<()> {
     let SessionArgs {
         nodes,
         walltime,
-        vcluster,
         constraint,
         uenv,
         view,
@@ -60,7 +70,23 @@ pub fn session(client: &Client, tenant: &Option<String>, args: SessionArgs) -> R
         body["vcluster"] = json!(v);
     }
     if !constraint.is_empty() {
-        body["resources"]["constraints"] = json!({"features": constraint});
+        let mut f = crate::directives::SubmitFields::default();
+        for c in &constraint {
+            f.constraint(c).map_err(anyhow::Error::msg)?;
+        }
+        let mut c = json!({"features": f.features});
+        for (k, v) in [
+            ("gpu_type", f.gpu_type.map(|v| json!(v))),
+            ("gpu_count", f.gpu_count.map(|v| json!(v))),
+            ("cpu_cores", f.cpu_cores.map(|v| json!(v))),
+            ("memory_gb", f.memory_gb.map(|v| json!(v))),
+            ("topology", f.topology.map(|v| json!(v))),
+        ] {
+            if let Some(v) = v {
+                c[k] = v;
+            }
+        }
+        body["resources"]["constraints"] = c;
     }
     if let Some(u) = uenv {
         body["environment"] = json!({"uenv": u});

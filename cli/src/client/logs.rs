@@ -26,6 +26,13 @@ pub struct LogsArgs {
     /// Federation: an allocation forwarded to that peer (its stdout, as the peer has it).
     #[arg(long)]
     pub site: Option<String>,
+    /// Only output flushed to the log store at or after this instant (`YYYY-MM-DD` or ms since the
+    /// epoch).
+    #[arg(long, conflicts_with = "follow")]
+    pub since: Option<String>,
+    /// Only output flushed before this instant.
+    #[arg(long, conflicts_with = "follow")]
+    pub until: Option<String>,
 }
 
 /// `lattice logs ID`.
@@ -76,6 +83,8 @@ pub fn run(client: &Client, args: LogsArgs) -> Result<()> {
             node,
             tail,
             stderr,
+            since,
+            until,
             ..
         } => {
             // Both streams by default: the job's stdout to ours, its stderr to ours; `--stderr`: only
@@ -83,10 +92,14 @@ pub fn run(client: &Client, args: LogsArgs) -> Result<()> {
             let streams: &[&str] = if stderr { &["stderr"] } else { &["stdout", "stderr"] };
             let mut any = false;
             for &stream in streams {
-                let mut path = format!("/v1/allocations/{id}/logs?stream={stream}");
-                if let Some(n) = &node {
-                    path.push_str(&format!("&node={n}"));
-                }
+                let stream_name = Some(stream.to_string());
+                let q = super::query(&[
+                    ("stream", &stream_name),
+                    ("node", &node),
+                    ("since", &since),
+                    ("until", &until),
+                ]);
+                let path = format!("/v1/allocations/{id}/logs{q}");
                 let v = client.call("GET", &path, None)?;
                 let nodes = v["nodes"].as_object().cloned().unwrap_or_default();
                 any |= !nodes.is_empty();

@@ -1,6 +1,7 @@
 //! The `lattice` client's commands, one module per command group of its command tree: `bin/lattice.rs`
-//! parses the command line and dispatches to them. [`http`] is the REST client, [`config`] the client's
-//! configuration (and `lattice config`); the output helpers they share are here.
+//! parses the command line and dispatches to them. The REST client is the `lattice-client` crate's
+//! ([`Client`], its transport as [`http`]); [`config`] is the client's configuration (and
+//! `lattice config`); the output helpers they share are here.
 
 pub mod accounting;
 pub mod admin;
@@ -8,7 +9,6 @@ pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod dag;
-pub mod http;
 pub mod interactive;
 pub mod logs;
 pub mod monitor;
@@ -22,7 +22,9 @@ use anyhow::Result;
 use clap::ValueEnum;
 use serde_json::Value;
 
-pub use http::Client;
+pub use lattice_client::Client;
+pub use lattice_client::api::query;
+pub use lattice_client::transport as http;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Output {
@@ -30,24 +32,58 @@ pub enum Output {
     Wide,
     Json,
     Yaml,
+    /// `lattice -q`: only the ids of what is listed, made or changed.
+    #[value(skip)]
+    Quiet,
 }
 
-/// `?k=v&...` of the given (set) parameters, percent-encoded.
-pub fn query(params: &[(&str, &Option<String>)]) -> String {
-    let parts: Vec<String> = params
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", lattice_util::url::component(v))))
-        .collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
+/// Whether tables color their rows by state (`--no-color`, `NO_COLOR`, or output that is not a
+/// terminal: no).
+static COLOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_color(on: bool) {
+    COLOR.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The ANSI color of a row in this state: failures red, waiting yellow, running green.
+fn state_color(state: &str) -> Option<&'static str> {
+    match state {
+        "failed" | "cancelled" | "down" | "timeout" | "node_fail" => Some("31"),
+        "pending" | "queued" | "draining" | "drained" | "suspended" | "booting" => Some("33"),
+        "running" | "ready" | "completed" => Some("32"),
+        _ => None,
     }
+}
+
+/// A table's lines after its header, each colored by its row's state.
+fn colored(table: &str, rows: &[Value]) -> String {
+    let mut out = String::new();
+    for (i, line) in table.lines().enumerate() {
+        let color = i
+            .checked_sub(1)
+            .and_then(|r| rows.get(r))
+            .and_then(|r| state_color(r["state"].as_str().unwrap_or_default()));
+        match color {
+            Some(c) => out.push_str(&format!("\x1b[{c}m{line}\x1b[0m\n")),
+            None => out.push_str(&format!("{line}\n")),
+        }
+    }
+    out
+}
+
+/// What `-q` prints of a row or an answer: its id (or name).
+fn id_of(v: &Value) -> Option<&str> {
+    ["id", "name", "session_id", "node"].iter().find_map(|k| v[*k].as_str())
 }
 
 /// Prints rows as a table (chosen columns), wide (more columns), JSON or YAML.
 pub fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> Result<()> {
     match output {
+        Output::Quiet => {
+            for id in rows.iter().filter_map(id_of) {
+                println!("{id}");
+            }
+        }
         Output::Json => {
             let v = if single && rows.len() == 1 {
                 rows[0].clone()
@@ -96,7 +132,12 @@ pub fn print_rows(rows: &[Value], output: Output, single: bool, kind: &str) -> R
                 .iter()
                 .map(|r| cols.iter().map(|c| cell(&r[*c])).collect())
                 .collect();
-            print!("{}", crate::observe::table(cols, &table));
+            let text = crate::observe::table(cols, &table);
+            if COLOR.load(std::sync::atomic::Ordering::Relaxed) {
+                print!("{}", colored(&text, rows));
+            } else {
+                print!("{text}");
+            }
         }
     }
     Ok(())
@@ -108,6 +149,11 @@ pub fn print_value(v: &Value, output: Output, text: impl FnOnce(&Value) -> Strin
         Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
         Output::Yaml => print!("{}", yaml_serde::to_string(v)?),
         Output::Table | Output::Wide => print!("{}", text(v)),
+        Output::Quiet => {
+            if let Some(id) = id_of(v) {
+                println!("{id}");
+            }
+        }
     }
     Ok(())
 }

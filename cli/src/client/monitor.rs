@@ -1,4 +1,5 @@
-//! Following and inspecting allocations: `lattice watch`, `diag`, `compare`, `top` and `telemetry`.
+//! Following and inspecting allocations: `lattice watch`, `metrics`, `diag`, `compare`, `top` and
+//! `telemetry`.
 
 use super::{Client, Output, print_value, query};
 use anyhow::{Result, bail};
@@ -17,6 +18,25 @@ pub struct WatchArgs {
     /// Seconds between looks.
     #[arg(long, default_value_t = 1.0)]
     pub interval: f64,
+}
+
+#[derive(clap::Args)]
+pub struct MetricsArgs {
+    pub id: String,
+    /// Live values (and alerts) every period of its telemetry mode until it ends.
+    #[arg(long)]
+    pub stream: bool,
+    /// Only these metrics (comma-separated; default: all).
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Per node (`--per-gpu`: per GPU) instead of the allocation's summary.
+    #[arg(long, conflicts_with = "stream")]
+    pub per_node: bool,
+    #[arg(long, conflicts_with = "stream")]
+    pub per_gpu: bool,
+    /// The window (default 5m).
+    #[arg(long, conflicts_with = "stream")]
+    pub duration: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -282,4 +302,41 @@ pub fn telemetry(client: &Client, output: Output, args: TelemetryArgs) -> Result
         format!("{id}: telemetry {}\n", v["telemetry"].as_str().unwrap_or_default())
     })?;
     Ok(())
+}
+
+/// `lattice metrics ID [--stream]`: the snapshot (as `lattice top ID`), or the live stream (as
+/// `lattice watch ID --metrics`).
+pub fn metrics(client: &Client, output: Output, args: MetricsArgs) -> Result<()> {
+    let MetricsArgs {
+        id,
+        stream,
+        metric,
+        per_node,
+        per_gpu,
+        duration,
+    } = args;
+    if stream {
+        let w = WatchArgs {
+            id,
+            metrics: Some(metric.unwrap_or_default()),
+            alerts_only: false,
+            interval: 1.0,
+        };
+        return watch(client, output, w);
+    }
+    let mode = match (per_node, per_gpu) {
+        (_, true) => "per-gpu",
+        (true, false) => "per-node",
+        _ => "summary",
+    };
+    let path = format!(
+        "/v1/allocations/{id}/metrics{}",
+        query(&[
+            ("mode", &Some(mode.to_string())),
+            ("duration", &duration),
+            ("metrics", &metric)
+        ])
+    );
+    let v = client.call("GET", &path, None)?;
+    print_value(&v, output, crate::observe::metrics_view)
 }

@@ -1,6 +1,6 @@
 //! `lattice status` (allocations, `--watch`, forwarded ones with `--site`) and `lattice cancel`.
 
-use super::{Client, Output, print_rows, print_value};
+use super::{Client, Output, print_rows, print_value, query};
 use anyhow::{Result, bail};
 use serde_json::Value;
 
@@ -14,6 +14,12 @@ pub struct StatusArgs {
     /// Every tenant's allocations.
     #[arg(long)]
     pub all: bool,
+    /// Only allocations in this state, or these (`pending,running`).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only how many there are (`lattice status --state=pending --count`).
+    #[arg(long, conflicts_with_all = ["id", "watch"])]
+    pub count: bool,
     /// Federation: allocations this site forwarded to that peer (`all`: to every peer).
     #[arg(long)]
     pub site: Option<String>,
@@ -22,12 +28,25 @@ pub struct StatusArgs {
 #[derive(clap::Args)]
 pub struct CancelArgs {
     pub ids: Vec<String>,
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["state", "all_mine"])]
     pub site: Option<String>,
+    /// With `--all-mine`: only your allocations in this state, or these (`pending,running`).
+    #[arg(long, requires = "all_mine")]
+    pub state: Option<String>,
+    /// Every allocation of yours (still queued or running; `--state` narrows), instead of ids.
+    #[arg(long, conflicts_with = "ids")]
+    pub all_mine: bool,
 }
 
 /// `lattice status [ID]`.
-pub fn status(client: &Client, output: Output, tenant: &Option<String>, args: StatusArgs) -> Result<()> {
+/// `vcluster`: the `--vcluster` given on the command line (only allocations of that vCluster).
+pub fn status(
+    client: &Client,
+    output: Output,
+    tenant: &Option<String>,
+    vcluster: Option<String>,
+    args: StatusArgs,
+) -> Result<()> {
     match args {
         StatusArgs {
             id, site: Some(site), ..
@@ -50,25 +69,35 @@ pub fn status(client: &Client, output: Output, tenant: &Option<String>, args: St
             print_rows(&rows, output, id.is_some(), "allocation")?;
         }
         StatusArgs {
-            id, watch, user, all, ..
+            id,
+            watch,
+            user,
+            all,
+            state,
+            count,
+            ..
         } => loop {
             let mut rows: Vec<Value> = match &id {
                 Some(id) => vec![client.call("GET", &format!("/v1/allocations/{id}"), None)?],
                 None => {
-                    let mut q = Vec::new();
-                    if let (Some(t), false) = (&tenant, all) {
-                        q.push(format!("tenant={t}"));
-                    }
-                    if let Some(u) = &user {
-                        q.push(format!("user={u}"));
-                    }
-                    let path = format!("/v1/allocations{}{}", if q.is_empty() { "" } else { "?" }, q.join("&"));
-                    client.call("GET", &path, None)?["allocations"]
+                    let tenant = tenant.clone().filter(|_| !all);
+                    let q = query(&[
+                        ("tenant", &tenant),
+                        ("user", &user),
+                        ("state", &state),
+                        ("vcluster", &vcluster),
+                    ]);
+                    client.call("GET", &format!("/v1/allocations{q}"), None)?["allocations"]
                         .as_array()
                         .cloned()
                         .unwrap_or_default()
                 }
             };
+            if count {
+                let n = rows.len();
+                print_value(&serde_json::json!({ "count": n }), output, |_| format!("{n}\n"))?;
+                break;
+            }
             if matches!(output, Output::Table | Output::Wide) {
                 crate::status::with_reasons(&mut rows);
             }
@@ -83,11 +112,35 @@ pub fn status(client: &Client, output: Output, tenant: &Option<String>, args: St
     Ok(())
 }
 
-/// `lattice cancel ID...`.
+/// `lattice cancel ID...`, or `lattice cancel --all-mine [--state S]`.
 pub fn cancel(client: &Client, output: Output, args: CancelArgs) -> Result<()> {
-    let CancelArgs { ids, site } = args;
+    let CancelArgs {
+        ids,
+        site,
+        state,
+        all_mine,
+    } = args;
+    if all_mine {
+        // The caller's own (the server knows who that is), still queued or running unless
+        // `--state` says which.
+        let filter = lattice_client::ListFilter {
+            state: state.or(Some("pending,running".into())),
+            mine: true,
+            ..Default::default()
+        };
+        let mine = client.allocations(&filter)?;
+        for a in &mine {
+            let state = client.cancel(&a.id)?;
+            let v = serde_json::json!({"id": a.id, "state": state});
+            print_value(&v, output, |_| format!("cancelled {}\n", a.id))?;
+        }
+        if mine.is_empty() && matches!(output, Output::Table | Output::Wide) {
+            println!("nothing to cancel");
+        }
+        return Ok(());
+    }
     if ids.is_empty() {
-        bail!("which allocation? `lattice cancel ID...`");
+        bail!("which allocation? `lattice cancel ID...` or `lattice cancel --all-mine`");
     }
     for id in ids {
         let path = match &site {

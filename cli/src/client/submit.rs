@@ -11,13 +11,23 @@ pub struct SubmitArgs {
     pub nodes: Option<u32>,
     #[arg(long)]
     pub walltime: Option<String>,
-    #[arg(long)]
-    pub vcluster: Option<String>,
     /// The tenant's project.
     #[arg(long)]
     pub project: Option<String>,
+    /// 0-10 (default 5): higher classes preempt lower ones and are preempted last.
     #[arg(long, alias = "priority")]
     pub preemption_class: Option<i64>,
+    /// Never preempted: no checkpoint, class 7 or more (the default class then 7).
+    #[arg(long, conflicts_with = "checkpoint")]
+    pub no_preempt: bool,
+    /// A sensitive allocation (dedicated nodes claimed at once, audited, wiped after; needs a
+    /// claiming role).
+    #[arg(long)]
+    pub sensitive: bool,
+    /// A port the allocation serves, reachable within its network domain: `[NAME:]PORT[/PROTOCOL]`
+    /// (`8080`, `api:8443/https`; repeatable; protocol tcp, http, https or grpc).
+    #[arg(long, value_name = "[NAME:]PORT[/PROTOCOL]")]
+    pub expose: Vec<String>,
     #[arg(long)]
     pub gpu_type: Option<String>,
     #[arg(long)]
@@ -56,7 +66,8 @@ pub struct SubmitArgs {
     /// The scaling policy's windows, `KEY=VALUE` (`cooldown=5m`, `scale_up_window=2m`, ...).
     #[arg(long)]
     pub scale_policy: Vec<String>,
-    /// `auto`, `manual`, `none`, or a mechanism (`signal`, `grpc`, `shmem`, `dmtcp`: auto by it).
+    /// `signal`, `grpc` or `shmem` (how the application takes checkpoint hints; `dmtcp` too),
+    /// or the strategy: `auto`, `manual`, `none`.
     #[arg(long)]
     pub checkpoint: Option<String>,
     /// The checkpoint write's estimate, minutes.
@@ -115,13 +126,19 @@ pub struct SubmitArgs {
 impl SubmitArgs {
     /// The fields the flags set (over a script's directives), through the same names
     /// `#LATTICE` lines use.
-    pub fn fields(&self, tenant: Option<String>) -> Result<SubmitFields> {
+    /// `vcluster`: the global `--vcluster` given on the command line.
+    pub fn fields(&self, tenant: Option<String>, vcluster: Option<String>) -> Result<SubmitFields> {
+        let class = match (self.no_preempt, self.preemption_class) {
+            (true, Some(c)) if c < 7 => bail!("--no-preempt needs --preemption-class 7 or more (got {c})"),
+            (true, c) => Some(c.unwrap_or(7)),
+            (false, c) => c,
+        };
         let mut f = SubmitFields {
             nodes: self.nodes,
             walltime: self.walltime.clone(),
             tenant,
-            vcluster: self.vcluster.clone(),
-            preemption_class: self.preemption_class,
+            vcluster,
+            preemption_class: class,
             gpu_type: self.gpu_type.clone(),
             gpu_count: self.gpus,
             tags: self
@@ -158,7 +175,10 @@ impl SubmitArgs {
             ("memory-gb", num(self.memory_gb)),
             ("topology", self.topology.clone()),
             ("unified-memory", flag(self.unified_memory)),
-            ("checkpoint", self.checkpoint.clone()),
+            (
+                "checkpoint",
+                self.checkpoint.clone().or(self.no_preempt.then(|| "none".to_string())),
+            ),
             ("checkpoint-minutes", float(self.checkpoint_minutes)),
             ("requeue", self.requeue.clone()),
             ("max-requeues", num(self.max_requeues)),
@@ -177,12 +197,35 @@ impl SubmitArgs {
     }
 }
 
+/// `[NAME:]PORT[/PROTOCOL]` as the request's `expose` entry (the name defaults to `port-PORT`).
+pub fn expose(spec: &str) -> Result<serde_json::Value> {
+    let (rest, protocol) = match spec.rsplit_once('/') {
+        Some((r, p)) => (r, Some(p)),
+        None => (spec, None),
+    };
+    let (name, port) = match rest.rsplit_once(':') {
+        Some((n, p)) => (n.to_string(), p),
+        None => (format!("port-{rest}"), rest),
+    };
+    let port: u32 = match port.parse() {
+        Ok(p) if (1..=65535).contains(&p) => p,
+        _ => bail!("--expose {spec}: the port is a number from 1 to 65535"),
+    };
+    let mut e = json!({"name": name, "port": port});
+    if let Some(p) = protocol {
+        e["protocol"] = json!(p);
+    }
+    Ok(e)
+}
+
 /// `lattice submit`: prints the new allocation's id (`SITE/ID` when it went to a peer site).
+/// `vcluster`: the global `--vcluster` (over a script's directive); `default_vcluster`: where it goes
+/// when neither says (the flag, or the config file's `vcluster:`).
 pub fn run(
     client: &Client,
     output: Output,
     tenant: &Option<String>,
-    default_vcluster: &Option<String>,
+    (vcluster, default_vcluster): (&Option<String>, &Option<String>),
     args: SubmitArgs,
 ) -> Result<()> {
     // A script file: its directives, then the flags on top.
@@ -200,7 +243,7 @@ pub fn run(
         fields = f;
         entrypoint = format!("bash {}", crate::directives::shell_join(&[script]));
     }
-    let flags = args.fields(tenant.clone())?;
+    let flags = args.fields(tenant.clone(), vcluster.clone())?;
     let f = fields.overlay(&flags);
     let Some(tenant) = f.tenant.clone() else {
         bail!("no tenant: pass --tenant, set LATTICE_TENANT, or `tenant:` in ~/.config/lattice/config.yaml");
@@ -214,6 +257,13 @@ pub fn run(
         && let Some(v) = default_vcluster
     {
         body["vcluster"] = json!(v);
+    }
+    if args.sensitive {
+        body["sensitive"] = json!(true);
+    }
+    if !args.expose.is_empty() {
+        let exposed = args.expose.iter().map(|e| expose(e)).collect::<Result<Vec<_>>>()?;
+        body["connectivity"]["expose"] = json!(exposed);
     }
     if let Some(site) = &args.site {
         let v = client.call(

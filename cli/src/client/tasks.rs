@@ -24,6 +24,14 @@ pub struct LaunchArgs {
     /// `RANK: ` before each line of output.
     #[arg(short, long)]
     pub label: bool,
+    /// Interactively, in a terminal (`lattice launch --alloc=ID --pty bash`): the command runs on
+    /// the allocation's first node (`--node`: another) with keys, Ctrl-C and window sizes passed
+    /// through, as `lattice attach ID -- CMD` runs it; exits with its status.
+    #[arg(long, conflicts_with_all = ["ntasks", "tasks_per_node", "pmi", "fence_timeout", "label", "env"])]
+    pub pty: bool,
+    /// With `--pty`: the node to run on.
+    #[arg(long, requires = "pty")]
+    pub node: Option<String>,
     #[arg(trailing_var_arg = true, required = true)]
     pub command: Vec<String>,
 }
@@ -44,8 +52,23 @@ pub fn launch(client: &Client, args: LaunchArgs) -> Result<()> {
         pmi,
         fence_timeout,
         label,
+        pty,
+        node,
         command,
     } = args;
+    if pty {
+        let inside = std::env::var("LATTICE_ALLOC_ID").ok();
+        let Some(id) = alloc.or(inside) else {
+            bail!("--alloc: which allocation? (or run `lattice launch` inside one)");
+        };
+        let attach = super::interactive::AttachArgs {
+            id,
+            node,
+            command: None,
+            argv: command,
+        };
+        return super::interactive::attach(client, attach);
+    }
     let args = crate::launch::LaunchArgs {
         ntasks,
         tasks_per_node,

@@ -126,7 +126,7 @@ pub struct AllocationView {
     pub storage_gbps: Option<f64>,
 }
 
-#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NodeView {
     pub name: String,
     pub state: String,
@@ -165,7 +165,7 @@ pub struct NodeView {
 
 /// A partition an agent lived through: from its first buffered heartbeat to its last (agent clock,
 /// ms since the epoch), and how many it replayed.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Partition {
     pub from_ms: u64,
     pub to_ms: u64,

@@ -130,7 +130,12 @@ pub(super) async fn audit_logs(State(s): S, Extension(p): P, QueryIn(q): QueryIn
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DaysIn {
+    /// The last N days (default 90)…
     days: Option<u32>,
+    /// …or from this instant (`YYYY-MM-DD` or ms since the epoch)…
+    since: Option<String>,
+    /// …to this one (default: now).
+    until: Option<String>,
 }
 
 pub(super) async fn tenant_usage(
@@ -143,6 +148,8 @@ pub(super) async fn tenant_usage(
         tenant: Some(id),
         user: None,
         days: q.days,
+        since: q.since,
+        until: q.until,
     };
     match ops::usage(&s, &p, &q).await {
         Ok(u) => Json(u).into_response(),

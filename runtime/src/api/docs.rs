@@ -214,7 +214,12 @@ fn nodes() -> Vec<Op> {
             "An agent's heartbeat (agents only)",
         ),
         Op::post("/v1/nodes/{id}/work", "agents", "An agent polls for work (agents only)"),
-        Op::post("/v1/nodes/{id}/drain", n, "Drain a node (Operator)"),
+        Op::post(
+            "/v1/nodes/{id}/drain",
+            n,
+            "Drain a node (Operator); `urgent`: its allocation is asked to checkpoint now",
+        )
+        .query::<DrainQuery>(),
         Op::post("/v1/nodes/{id}/undrain", n, "Undrain a node (Operator)"),
         Op::post("/v1/nodes/{id}/disable", n, "Take a node out of service (Operator)"),
         Op::post("/v1/nodes/{id}/enable", n, "Return a node to service (Operator)"),

@@ -68,7 +68,23 @@ pub(super) async fn heartbeat(
     }
 }
 
-pub(super) async fn drain(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
+/// `POST /v1/nodes/{id}/drain`'s parameters.
+#[derive(Deserialize, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DrainQuery {
+    /// `true`: the allocation on it is asked to checkpoint now (`lattice node drain NODE --urgent`).
+    urgent: Option<bool>,
+}
+
+pub(super) async fn drain(
+    State(s): S,
+    Extension(p): P,
+    Path(id): Path<String>,
+    QueryIn(q): QueryIn<DrainQuery>,
+) -> Response {
+    if q.urgent == Some(true) {
+        return answer(ops::drain_urgent(&s, &p, &id).await);
+    }
     set_drain(s, p, id, true).await
 }
 

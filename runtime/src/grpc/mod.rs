@@ -434,6 +434,7 @@ impl AllocationService for Api {
             user: none_if_empty(q.user),
             state: none_if_empty(q.state),
             vcluster: none_if_empty(q.vcluster),
+            mine: q.mine.then_some(true),
         };
         let all = ops::list(&self.shared, &p, &f).await?;
         Ok(Response::new(pb::ListAllocationsResponse {
@@ -682,9 +683,13 @@ impl NodeService for Api {
 
     async fn drain(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
         let p = self.principal(&req)?;
-        let id = req.into_inner().id;
-        ops::set_drain(&self.shared, &p, &id, true).await?;
-        Ok(Response::new(node_pb(ops::node(&self.shared, &id).await?)))
+        let r = req.into_inner();
+        if r.urgent {
+            ops::drain_urgent(&self.shared, &p, &r.id).await?;
+        } else {
+            ops::set_drain(&self.shared, &p, &r.id, true).await?;
+        }
+        Ok(Response::new(node_pb(ops::node(&self.shared, &r.id).await?)))
     }
 
     async fn register(&self, req: Request<pb::NodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -1022,6 +1027,8 @@ impl AdminService for Api {
             tenant: none_if_empty(r.tenant),
             user: none_if_empty(r.user),
             days: (r.days > 0).then_some(r.days),
+            since: none_if_empty(r.since),
+            until: none_if_empty(r.until),
         };
         let u = ops::usage(&self.shared, &p, &q).await?;
         Ok(Response::new(pb::UsageResponse {

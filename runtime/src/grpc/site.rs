@@ -72,6 +72,8 @@ impl SiteService for Api {
             tenant: super::none_if_empty(r.tenant),
             user: super::none_if_empty(r.user),
             days: (r.days > 0).then_some(r.days),
+            since: super::none_if_empty(r.since),
+            until: super::none_if_empty(r.until),
         };
         let (total, records) = ops::accounting(&self.shared, &p, &q).await?;
         document(Ok(json!({"total": total, "records": records})))

@@ -433,7 +433,11 @@ pub async fn audit(
 pub struct UsageQuery {
     pub tenant: Option<String>,
     pub user: Option<String>,
+    /// The window: the last `days` (default 90), or from `since` (`YYYY-MM-DD` or ms since the epoch)
+    /// to `until` (default now).
     pub days: Option<u32>,
+    pub since: Option<String>,
+    pub until: Option<String>,
 }
 
 /// Usage over the last `days` (default 90, the book's budget period): a tenant's for its TenantAdmin,
@@ -477,16 +481,35 @@ pub(super) async fn usage_window(s: &Shared, p: &Principal, q: &UsageQuery) -> R
     let user = q.user.as_deref().filter(|u| !u.is_empty());
     use crate::auth::Role;
     let wide = p.is_admin() || p.has(Role::Operator) || p.has(Role::ReadOnly);
+    // Neither named: the caller's own usage (a wide caller's: everyone's).
+    let user = user.or_else(|| (tenant.is_none() && !wide).then_some(p.user.as_str()));
     let own_tenant = tenant.is_some() && tenant == p.tenant.as_deref() && p.has(Role::TenantAdmin);
     let own_user = user == Some(p.user.as_str()) && tenant.is_none_or(|t| Some(t) == p.tenant.as_deref());
     if !(wide || own_tenant || own_user) {
         return Err(forbidden("usage of other tenants or users"));
     }
-    let until = s.control.lock().await.now();
+    let instant = |f: &str, v: &Option<String>| {
+        v.as_deref()
+            .filter(|v| !v.is_empty())
+            .map(|v| parse_instant(f, v).map(lattice_engine::Time))
+            .transpose()
+    };
+    let (from, to) = (instant("since", &q.since)?, instant("until", &q.until)?);
+    let until = match to {
+        Some(t) => t,
+        None => s.control.lock().await.now(),
+    };
+    let since = from.unwrap_or(lattice_engine::Time(until.0.saturating_sub(days as u64 * 86_400_000)));
+    if since >= until {
+        return Err(ApiError::BadRequest {
+            field: "since".into(),
+            message: "the window is empty: `since` must come before `until`".into(),
+        });
+    }
     Ok(Window {
         tenant: tenant.map(str::to_string),
         user: user.map(str::to_string),
-        since: lattice_engine::Time(until.0.saturating_sub(days as u64 * 86_400_000)),
+        since,
         until,
     })
 }

@@ -160,8 +160,11 @@ pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, 
 pub struct ListFilter {
     pub tenant: Option<String>,
     pub user: Option<String>,
+    /// One state, or several comma-separated (`pending,running`).
     pub state: Option<String>,
     pub vcluster: Option<String>,
+    /// `true`: the caller's own allocations only (`lattice cancel --all-mine`).
+    pub mine: Option<bool>,
 }
 
 pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Result<Vec<AllocationView>, ApiError> {
@@ -175,8 +178,13 @@ pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Result<Vec<Alloc
         .filter(|a| p.can_see(&a.tenant, a.user.as_deref()))
         .filter(|a| keep(&q.tenant, &a.tenant))
         .filter(|a| keep(&q.user, a.user.as_deref().unwrap_or_default()))
-        .filter(|a| keep(&q.state, &a.state))
+        .filter(|a| {
+            q.state
+                .as_deref()
+                .is_none_or(|w| w.is_empty() || w.split(',').any(|s| s.trim() == a.state))
+        })
         .filter(|a| keep(&q.vcluster, &a.vcluster))
+        .filter(|a| q.mine != Some(true) || a.user.as_deref() == Some(p.user.as_str()))
         .collect())
 }
 

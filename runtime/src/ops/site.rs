@@ -2,10 +2,10 @@
 //! usage, the administrative log, staging a restore, quorum membership, a DAG's graph, agents' work
 //! polls and exits, and deleting a session.
 
-use super::allocations::{cancel, session};
+use super::allocations::{cancel, checkpoint, session};
 use super::common::leader_only;
 use super::dags::dag;
-use super::nodes::{agent_exit, work};
+use super::nodes::{agent_exit, node, node_op, work};
 use crate::auth::{Principal, Role};
 use crate::context::Shared;
 use crate::error::{ApiError, forbidden};
@@ -110,6 +110,25 @@ fn membership(s: &Shared, p: &Principal) -> Result<(), ApiError> {
         return Err(forbidden("membership changes need SystemAdmin"));
     }
     leader_only(s)
+}
+
+/// `lattice node drain NODE --urgent`: drains the node, then asks the allocation on it to checkpoint
+/// now (the book: "Drain with checkpoint trigger") — the node's state afterwards, and what was asked
+/// or why it could not be (an allocation that takes no checkpoints).
+pub async fn drain_urgent(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<Value, ApiError> {
+    let state = node_op(s, p, id, lattice_control::NodeOp::Drain).await?;
+    let owner = node(s, id).await?.owner;
+    let mut checkpointed = Vec::new();
+    let mut refused = serde_json::Map::new();
+    if let Some(alloc) = owner {
+        match checkpoint(s, p, &alloc).await {
+            Ok(_) => checkpointed.push(alloc),
+            Err(e) => {
+                refused.insert(alloc, Value::String(e.message()));
+            }
+        }
+    }
+    Ok(json!({"node": id, "state": state, "checkpointed": checkpointed, "not_checkpointed": refused}))
 }
 
 /// A DAG's members (name, id, state) and one edge per dependency between two members, from the

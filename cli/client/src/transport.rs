@@ -1,7 +1,7 @@
-//! The REST client of `lattice-runtime`'s API: requests (retried after a rate limit) and Server-Sent
-//! Events.
+//! The REST transport: requests to the quorum's members in turn (past one that is down or not the
+//! leader, to the leader a member names), retried after a rate limit, and Server-Sent Events.
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Error, Result};
 use serde_json::Value;
 
 pub struct Client {
@@ -21,7 +21,12 @@ pub struct Client {
     /// login`'s refresh); `None`: the token cannot be renewed.
     renew: Option<Renew>,
     renewing: std::sync::Mutex<()>,
+    /// Each request on stderr (`lattice -v`): method, URL, status and time taken.
+    trace: bool,
 }
+
+/// Why an endpoint gave no answer.
+type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// A source of fresh access tokens.
 pub type Renew = Box<dyn Fn() -> Option<String> + Send + Sync>;
@@ -30,9 +35,9 @@ pub type Renew = Box<dyn Fn() -> Option<String> + Send + Sync>;
 enum Attempt {
     Answer(u16, Value),
     /// Not reached: nothing was sent (refused, unknown host) — any request may go elsewhere.
-    NotConnected(anyhow::Error),
+    NotConnected(Cause),
     /// Sent, but no answer came back: only a read may be sent elsewhere.
-    Lost(anyhow::Error),
+    Lost(Cause),
 }
 
 /// The leader's REST URL a 421 names.
@@ -52,7 +57,15 @@ pub fn endpoints(spec: &str) -> Vec<String> {
 }
 
 impl Client {
-    /// A client of `endpoints` (at least one).
+    /// A client of `endpoints` ("A,B,C": the quorum's members) with its own HTTP agent (the system's
+    /// roots for `https://`), and a bearer token when the API wants one.
+    pub fn connect(endpoints: &str, token: Option<String>) -> Client {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        Client::new(self::endpoints(endpoints), agent, token)
+    }
+
+    /// A client of `endpoints` (at least one), over `agent` (which must not turn HTTP statuses into
+    /// errors: refusals are read from the answer).
     pub fn new(endpoints: Vec<String>, agent: ureq::Agent, token: Option<String>) -> Client {
         Client {
             endpoints,
@@ -62,7 +75,14 @@ impl Client {
             token: std::sync::RwLock::new(token),
             renew: None,
             renewing: std::sync::Mutex::new(()),
+            trace: false,
         }
+    }
+
+    /// With `on`, each request is written to stderr: `lattice: GET URL -> 200 (3 ms)`.
+    pub fn with_trace(mut self, on: bool) -> Client {
+        self.trace = on;
+        self
     }
 
     /// The client renews its token with `renew` when a stream ends because its token expired.
@@ -155,15 +175,19 @@ impl Client {
                     }
                     return self.answer(status, v, path);
                 }
-                Attempt::NotConnected(e) if !last => tried.push(format!("{base}: {e:#}")),
-                Attempt::Lost(e) if !last && method == "GET" => tried.push(format!("{base}: {e:#}")),
+                Attempt::NotConnected(e) if !last => tried.push(format!("{base}: {e}")),
+                Attempt::Lost(e) if !last && method == "GET" => tried.push(format!("{base}: {e}")),
                 Attempt::NotConnected(e) | Attempt::Lost(e) => {
-                    let before = if tried.is_empty() {
+                    let tried = if tried.is_empty() {
                         String::new()
                     } else {
                         format!(" (after {})", tried.join("; "))
                     };
-                    return Err(e.context(format!("cannot reach the Lattice API at {base}{before}")));
+                    return Err(Error::Unreachable {
+                        endpoint: base,
+                        tried,
+                        source: e,
+                    });
                 }
             }
         }
@@ -185,6 +209,7 @@ impl Client {
             }};
         }
         let mut tries = 0;
+        let t0 = std::time::Instant::now();
         let (mut resp, status) = loop {
             let resp = match (method, body) {
                 ("GET", _) => authed!(self.agent.get(&url)).call(),
@@ -193,8 +218,14 @@ impl Client {
                 ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
                 ("PUT", Some(b)) => authed!(self.agent.put(&url)).send_json(b),
                 ("PATCH", Some(b)) => authed!(self.agent.patch(&url)).send_json(b),
-                _ => return Attempt::NotConnected(anyhow::anyhow!("unsupported request {method} {path}")),
+                _ => return Attempt::NotConnected(format!("unsupported request {method} {path}").into()),
             };
+            if self.trace {
+                let what = resp
+                    .as_ref()
+                    .map_or_else(|e| e.to_string(), |r| r.status().as_u16().to_string());
+                eprintln!("lattice: {method} {url} -> {what} ({} ms)", t0.elapsed().as_millis());
+            }
             let resp = match resp {
                 Ok(r) => r,
                 Err(e @ (ureq::Error::ConnectionFailed | ureq::Error::HostNotFound | ureq::Error::BadUri(_))) => {
@@ -224,22 +255,16 @@ impl Client {
         Attempt::Answer(status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
-    /// The answer's JSON, or the error it says.
+    /// The answer's JSON, or the refusal it says.
     fn answer(&self, status: u16, v: Value, path: &str) -> Result<Value> {
         if status == 401 && self.token().is_none() {
-            bail!("Not logged in. Run `lattice login` first.");
+            return Err(Error::NotLoggedIn);
         }
         if status == 404 && v.as_str() == Some("") && path.contains("/federation") {
-            bail!(
-                "this site has no federation: its lattice-runtime is built without the `federation` feature (HTTP 404)"
-            );
+            return Err(Error::NoFederation);
         }
         if status >= 400 {
-            let msg = v["error"].as_str().unwrap_or("request failed");
-            match v["field"].as_str() {
-                Some(f) => bail!("{msg} (field `{f}`, HTTP {status})"),
-                None => bail!("{msg} (HTTP {status})"),
-            }
+            return Err(Error::api(status, v));
         }
         Ok(v)
     }
@@ -256,7 +281,7 @@ impl Client {
         let mut seen = std::collections::BTreeSet::new();
         let (mut resp, url) = loop {
             let Some(base) = queue.pop_front() else {
-                bail!("no Lattice API endpoint answered");
+                return Err(Error::Request("no Lattice API endpoint answered".into()));
             };
             if !seen.insert(base.clone()) {
                 continue;
@@ -267,14 +292,26 @@ impl Client {
             if let Some(t) = self.token() {
                 req = req.header("Authorization", format!("Bearer {t}"));
             }
-            match req.call() {
+            let answer = req.call();
+            if self.trace {
+                let what = answer
+                    .as_ref()
+                    .map_or_else(|e| e.to_string(), |r| r.status().as_u16().to_string());
+                eprintln!("lattice: GET {url} (stream) -> {what}");
+            }
+            match answer {
                 Ok(mut r) if r.status().as_u16() == 421 => {
                     let text = r.body_mut().read_to_string().unwrap_or_default();
                     let named = serde_json::from_str(&text).ok().and_then(|v| leader_url(&v));
                     match named.filter(|u| !seen.contains(u)) {
                         Some(u) => queue.push_front(u),
                         None if more => {}
-                        None => bail!("not the quorum leader (HTTP 421) at {base}"),
+                        None => {
+                            return Err(Error::api(
+                                421,
+                                serde_json::json!({"error": format!("not the quorum leader at {base}")}),
+                            ));
+                        }
                     }
                 }
                 Ok(r) => {
@@ -283,8 +320,11 @@ impl Client {
                 }
                 Err(_) if more => continue,
                 Err(e) => {
-                    return Err(anyhow::Error::from(e))
-                        .with_context(|| format!("cannot reach the Lattice API at {base}"));
+                    return Err(Error::Unreachable {
+                        endpoint: base,
+                        tried: String::new(),
+                        source: e.into(),
+                    });
                 }
             }
         };
@@ -293,18 +333,17 @@ impl Client {
             let text = resp.body_mut().read_to_string().unwrap_or_default();
             let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
             if status == 401 && self.token().is_none() {
-                bail!("Not logged in. Run `lattice login` first.");
+                return Err(Error::NotLoggedIn);
             }
-            let msg = v["error"].as_str().unwrap_or("request failed");
-            match v["field"].as_str() {
-                Some(f) => bail!("{msg} (field `{f}`, HTTP {status})"),
-                None => bail!("{msg} (HTTP {status})"),
-            }
+            return Err(Error::api(status, v));
         }
         let reader = std::io::BufReader::new(resp.into_body().into_reader());
         let mut event = String::from("message");
         for line in reader.lines() {
-            let line = line.with_context(|| format!("reading the stream {url}"))?;
+            let line = line.map_err(|source| Error::Stream {
+                url: url.clone(),
+                source,
+            })?;
             if let Some(e) = line.strip_prefix("event:") {
                 event = e.trim().to_string();
             } else if let Some(d) = line.strip_prefix("data:") {
