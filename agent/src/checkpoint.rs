@@ -190,7 +190,16 @@ impl Channel {
         true
     }
 
-    /// Grpc: the endpoint the application registered, if it did.
+    /// Grpc: the loopback port the allocation declared at submission (`--checkpoint-port`) is its
+    /// endpoint until the application writes another.
+    pub fn declare_port(&self, port: u16) -> std::io::Result<()> {
+        if self.mechanism != Mechanism::Grpc {
+            return Ok(());
+        }
+        std::fs::write(self.endpoint_file(), format!("127.0.0.1:{port}\n"))
+    }
+
+    /// Grpc: the endpoint the application registered (or the port it declared), if any.
     pub fn endpoint(&self) -> Option<String> {
         let s = std::fs::read_to_string(self.endpoint_file()).ok()?;
         let s = s.trim();
@@ -282,8 +291,14 @@ mod tests {
         let env: std::collections::BTreeMap<_, _> = g.env().into_iter().collect();
         assert_eq!(env["LATTICE_CHECKPOINT_MECHANISM"], "grpc");
         assert_eq!(g.endpoint(), None);
+        g.declare_port(7777).unwrap();
+        assert_eq!(g.endpoint().as_deref(), Some("127.0.0.1:7777"), "the declared port");
         std::fs::write(&env["LATTICE_CHECKPOINT_ENDPOINT_FILE"], "127.0.0.1:9999\n").unwrap();
-        assert_eq!(g.endpoint().as_deref(), Some("127.0.0.1:9999"));
+        assert_eq!(
+            g.endpoint().as_deref(),
+            Some("127.0.0.1:9999"),
+            "the application's own wins"
+        );
         let s = Channel::create(&dir, "a-3", Mechanism::Signal).unwrap();
         let env: std::collections::BTreeMap<_, _> = s.env().into_iter().collect();
         assert_eq!(env.len(), 3);

@@ -52,6 +52,8 @@ pub struct SubmitFields {
     /// and `--checkpoint-minutes` (the write's estimate).
     pub checkpoint: Option<String>,
     pub checkpoint_minutes: Option<f64>,
+    /// `--checkpoint-port` (with `--checkpoint=grpc`): the application's callback port on loopback.
+    pub checkpoint_port: Option<u16>,
     /// `--requeue=never|on_node_failure|always`, `--max-requeues`, `--mutex`, `--storage-gbps`.
     pub requeue: Option<String>,
     pub max_requeues: Option<u32>,
@@ -231,6 +233,7 @@ impl SubmitFields {
             unified_memory,
             checkpoint,
             checkpoint_minutes,
+            checkpoint_port,
             requeue,
             max_requeues,
             mutex,
@@ -287,6 +290,13 @@ impl SubmitFields {
                 c => return Err(format!("--checkpoint={c}: one of {}", CHECKPOINT.join(", "))),
             },
             "checkpoint-minutes" => self.checkpoint_minutes = Some(number(key, text()?, "minutes")?),
+            "checkpoint-port" => {
+                let t = text()?;
+                match t.parse::<u16>() {
+                    Ok(p) if p > 0 => self.checkpoint_port = Some(p),
+                    _ => return Err(format!("--checkpoint-port={t}: a port from 1 to 65535")),
+                }
+            }
             "requeue" => match text()?.as_str() {
                 r @ ("never" | "on_node_failure" | "always") => self.requeue = Some(r.into()),
                 r => return Err(format!("--requeue={r}: never, on_node_failure or always")),
@@ -434,6 +444,12 @@ impl SubmitFields {
                 body["checkpoint"] = json!({"strategy": "auto"});
             }
             body["checkpoint"]["estimated_minutes"] = json!(m);
+        }
+        if let Some(p) = self.checkpoint_port {
+            if body.get("checkpoint").is_none() {
+                body["checkpoint"] = json!({"strategy": "auto", "mechanism": "grpc"});
+            }
+            body["checkpoint"]["port"] = json!(p);
         }
         if self.image.is_some() {
             body["environment"] = json!({"image": self.image, "uenv": self.uenv});
@@ -676,6 +692,21 @@ mod tests {
             "an unknown key's colon stays a feature"
         );
         assert!(f.constraint("gpu_count:four").is_err());
+    }
+
+    #[test]
+    fn a_checkpoint_port_is_the_grpc_mechanisms() {
+        let mut f = super::SubmitFields::default();
+        f.set("checkpoint-port", Some("9999")).unwrap();
+        let body = f.request("t", "u", "serve");
+        assert_eq!(
+            body["checkpoint"],
+            serde_json::json!({"strategy": "auto", "mechanism": "grpc", "port": 9999})
+        );
+        f.set("checkpoint", Some("grpc")).unwrap();
+        assert_eq!(f.request("t", "u", "serve")["checkpoint"]["port"], 9999);
+        assert!(f.set("checkpoint-port", Some("0")).is_err());
+        assert!(f.set("checkpoint-port", Some("70000")).is_err());
     }
 
     use super::*;

@@ -1036,6 +1036,18 @@ fn the_books_commands_and_flags() {
     );
     let v = json_of(&lattice_as(&ep, &dir, &alice, &["status", &np, "-o", "json"]));
     assert_eq!(v["preemption_class"], 7, "{v}");
+    // A checkpoint port belongs to the grpc mechanism.
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &["submit", "--checkpoint=signal", "--checkpoint-port=9999", "--", "true"],
+    );
+    assert!(
+        !o.status.success() && err(&o).contains("field `checkpoint.port`"),
+        "{}",
+        err(&o)
+    );
     // `KEY:VALUE` is the constraint, not a feature: no node has a GH200 here.
     let o = lattice_as(
         &ep,

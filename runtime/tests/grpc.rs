@@ -1249,6 +1249,30 @@ async fn task_calls(
         .into_inner();
     assert_eq!(ended.state, "cancelled");
 
+    // `mine`: only the caller's own, in the states asked for.
+    let mine = allocs
+        .list(authed(
+            pb::ListAllocationsRequest {
+                mine: true,
+                state: "completed,cancelled".into(),
+                ..Default::default()
+            },
+            alice,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .allocations;
+    let ids: Vec<&str> = mine.iter().map(|a| a.id.as_str()).collect();
+    assert!(
+        ids.contains(&id.as_str()) && ids.contains(&s.session_id.as_str()),
+        "{ids:?}"
+    );
+    assert!(
+        mine.iter()
+            .all(|a| a.user == "alice" && (a.state == "completed" || a.state == "cancelled"))
+    );
+
     // A DAG's graph, as REST draws it.
     let member = |name: &str, deps: &[&str]| dag_member(name, deps, "sleep 0.3");
     let dag = allocs
@@ -1461,6 +1485,56 @@ async fn site_calls(url: &str, base: &str, dir: &std::path::Path, alice: &str, r
     )
     .await;
     assert_eq!(e.code(), code_of(st), "{e:?}");
+    // An urgent drain: the node drains and what runs there is asked to checkpoint (over REST the
+    // answer names it); a User drains nothing.
+    let mut nodes = pb::node_service_client::NodeServiceClient::connect(url.to_string())
+        .await
+        .unwrap();
+    let urgent = |who: &str| {
+        authed(
+            pb::NodeRequest {
+                id: node0.clone(),
+                urgent: true,
+            },
+            who,
+        )
+    };
+    assert_eq!(
+        nodes.drain(urgent(alice)).await.unwrap_err().code(),
+        Code::PermissionDenied
+    );
+    let n = nodes.drain(urgent(root)).await.unwrap().into_inner();
+    assert!(n.state == "draining" || n.state == "drained", "{n:?}");
+    nodes
+        .undrain(authed(
+            pb::NodeRequest {
+                id: node0.clone(),
+                urgent: false,
+            },
+            root,
+        ))
+        .await
+        .unwrap();
+    // A usage window by dates; an empty one is refused naming `since`.
+    let mut admin = pb::admin_service_client::AdminServiceClient::connect(url.to_string())
+        .await
+        .unwrap();
+    let window = |since: &str, until: &str| {
+        authed(
+            pb::UsageRequest {
+                tenant: "physics".into(),
+                since: since.into(),
+                until: until.into(),
+                ..Default::default()
+            },
+            root,
+        )
+    };
+    let u = admin.usage(window("2026-01-01", "")).await.unwrap().into_inner();
+    assert!(u.allocations >= 1, "{u:?}");
+    let e = admin.usage(window("2030-01-02", "2030-01-01")).await.unwrap_err();
+    assert!(e.message().starts_with("since:"), "{}", e.message());
+
     // Agents' calls: a user's token is not an agent's.
     let call = pb::AgentCall {
         id: node0.clone(),

@@ -55,6 +55,10 @@ pub struct Launch {
     /// refusing the whole poll.
     #[serde(default = "signal")]
     pub checkpoint: String,
+    /// `grpc`: the loopback port the application declared for its checkpoint callback (the agent
+    /// calls `127.0.0.1:PORT` unless the application writes another endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_port: Option<u16>,
     /// Its network domain's Slingshot VNI, and the CXI service's auth key (`FI_CXI_AUTH_KEY`).
     #[serde(default)]
     pub vni: Option<u32>,

@@ -16,6 +16,7 @@ fn launch() -> Launch {
         user: None,
         project: Some("qcd".into()),
         checkpoint: "grpc".into(),
+        checkpoint_port: Some(9999),
         vni: None,
         cxi_auth_key: None,
         restart_from_s: None,
@@ -66,7 +67,7 @@ fn a_poll_answer_is_pinned_byte_for_byte() {
     let text = serde_json::to_string(&work).unwrap();
     assert_eq!(
         text,
-        r#"{"launch":[{"id":"a-000007[2]","entrypoint":"sleep 5","nodes":["n1","n2"],"task_index":1,"walltime_s":60.0,"tenant":"physics","user":null,"project":"qcd","checkpoint":"grpc","vni":null,"cxi_auth_key":null,"restart_from_s":null,"task_group":{"group":"a-000007","index":2,"concurrency":4},"image":"busybox:1.36","mounts":[{"source":"/vast/p","target":"/data","read_only":true}],"data_defaults":true,"checkpoints":false}],"kill":["a-000001"],"checkpoint":[],"preempt":[],"wipe":[],"tail":[],"refresh_fingerprint":false,"tasks":[{"launch_id":"l-1","alloc":"a-000007","entrypoint":"./app","env":[],"world_size":2,"node_index":0,"peers":[{"node":"n1","address":null,"first_rank":0,"num_ranks":2}],"token":"t"}]}"#
+        r#"{"launch":[{"id":"a-000007[2]","entrypoint":"sleep 5","nodes":["n1","n2"],"task_index":1,"walltime_s":60.0,"tenant":"physics","user":null,"project":"qcd","checkpoint":"grpc","checkpoint_port":9999,"vni":null,"cxi_auth_key":null,"restart_from_s":null,"task_group":{"group":"a-000007","index":2,"concurrency":4},"image":"busybox:1.36","mounts":[{"source":"/vast/p","target":"/data","read_only":true}],"data_defaults":true,"checkpoints":false}],"kill":["a-000001"],"checkpoint":[],"preempt":[],"wipe":[],"tail":[],"refresh_fingerprint":false,"tasks":[{"launch_id":"l-1","alloc":"a-000007","entrypoint":"./app","env":[],"world_size":2,"node_index":0,"peers":[{"node":"n1","address":null,"first_rank":0,"num_ranks":2}],"token":"t"}]}"#
     );
     assert_eq!(serde_json::from_str::<Work>(&text).unwrap(), work);
 }

@@ -109,7 +109,7 @@ pub(super) fn prepare(
         },
     );
     let data = data.map_err(|e| e.to_string())?;
-    let channel = open_channel(cfg, &l.id, &l.checkpoint);
+    let channel = open_channel(cfg, &l.id, &l.checkpoint, l.checkpoint_port);
     let mut env = environment(l, cfg.slurm_env);
     env.extend(uenv_env);
     env.extend(data.env.iter().cloned());
@@ -197,9 +197,16 @@ fn uenv(
 
 /// The allocation's checkpoint channel by its declared mechanism (`None`, said, when it cannot be
 /// created: its hints will be signals).
-fn open_channel(cfg: &AgentConfig, id: &str, mechanism: &str) -> Option<Channel> {
+fn open_channel(cfg: &AgentConfig, id: &str, mechanism: &str, port: Option<u16>) -> Option<Channel> {
     match Channel::create(&cfg.shm_dir, id, Mechanism::parse(mechanism)) {
-        Ok(c) => Some(c),
+        Ok(c) => {
+            if let Some(p) = port
+                && let Err(e) = c.declare_port(p)
+            {
+                eprintln!("lattice-agent {}: checkpoint port of {id}: {e}", cfg.node);
+            }
+            Some(c)
+        }
         Err(e) => {
             eprintln!(
                 "lattice-agent {}: checkpoint channel of {id} in {}: {e}; hints will be signals",
@@ -314,6 +321,7 @@ mod tests {
             user: None,
             project: None,
             checkpoint: "signal".into(),
+            checkpoint_port: None,
             vni: Some(1042),
             cxi_auth_key: Some("k-1".into()),
             restart_from_s: None,

@@ -113,15 +113,28 @@ pub fn watch(client: &Client, output: Output, args: WatchArgs) -> Result<()> {
             // The server ends the stream when its token expires: with a fresh one it is opened
             // again (a live stream: nothing to resume from).
             let mut expired = true;
+            // Renewals in a row of streams ended at once (a token the server ends at once must
+            // not loop), as `logs --follow` bounds them.
+            let mut renewals = 0;
             while std::mem::take(&mut expired) {
                 let token = client.token();
+                let opened = std::time::Instant::now();
                 client.events(&path, |event, data| {
                     let text = match (event, output) {
                         ("end", _) => {
                             state = data["state"].as_str().unwrap_or_default().to_string();
                             None
                         }
-                        ("error", _) if data["error"] == "token expired" && client.renew_token(token.as_deref()) => {
+                        ("error", _)
+                            if data["error"] == "token expired"
+                                && (renewals < 3 || opened.elapsed() >= std::time::Duration::from_secs(1))
+                                && client.renew_token(token.as_deref()) =>
+                        {
+                            renewals = if opened.elapsed() >= std::time::Duration::from_secs(1) {
+                                1
+                            } else {
+                                renewals + 1
+                            };
                             expired = true;
                             return false;
                         }

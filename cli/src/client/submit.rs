@@ -70,6 +70,10 @@ pub struct SubmitArgs {
     /// or the strategy: `auto`, `manual`, `none`.
     #[arg(long)]
     pub checkpoint: Option<String>,
+    /// With `--checkpoint=grpc`: the loopback port the application serves its checkpoint callback
+    /// on (alone, it implies `--checkpoint=grpc`).
+    #[arg(long)]
+    pub checkpoint_port: Option<u16>,
     /// The checkpoint write's estimate, minutes.
     #[arg(long)]
     pub checkpoint_minutes: Option<f64>,
@@ -180,6 +184,7 @@ impl SubmitArgs {
                 self.checkpoint.clone().or(self.no_preempt.then(|| "none".to_string())),
             ),
             ("checkpoint-minutes", float(self.checkpoint_minutes)),
+            ("checkpoint-port", self.checkpoint_port.map(|p| p.to_string())),
             ("requeue", self.requeue.clone()),
             ("max-requeues", num(self.max_requeues)),
             ("mutex", self.mutex.clone()),

@@ -455,6 +455,7 @@ impl Control {
                     user: m.user.clone(),
                     project: m.project.clone(),
                     checkpoint: a.spec.checkpoint.mechanism.as_str().into(),
+                    checkpoint_port: m.checkpoint_port,
                     vni,
                     cxi_auth_key,
                     restart_from_s: Some(self.ctl.resume_point(id).as_secs_f64()).filter(|s| *s > 0.0),

@@ -302,6 +302,11 @@ pub struct CheckpointIn {
     pub estimated_minutes: Option<f64>,
     #[serde(default)]
     pub mechanism: Option<String>,
+    /// `grpc` only: the loopback port the application serves its checkpoint callback on
+    /// (`lattice submit --checkpoint=grpc --checkpoint-port=9999`); the agent calls
+    /// `127.0.0.1:PORT` unless the application writes another endpoint to its endpoint file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]

@@ -30,6 +30,8 @@ pub(crate) struct Meta {
     /// Its exposed ports and its liveness probe.
     pub(crate) expose: Vec<ExposeIn>,
     pub(crate) liveness: Option<lattice_agent_protocol::ProbeSpec>,
+    /// The loopback port of its gRPC checkpoint callback, when it declared one.
+    pub(crate) checkpoint_port: Option<u16>,
 }
 
 impl Meta {
@@ -51,6 +53,7 @@ impl Meta {
             data: None,
             expose: Vec::new(),
             liveness: None,
+            checkpoint_port: None,
         }
     }
 }

@@ -224,6 +224,17 @@ impl Control {
             None => sleep_seconds(req.entrypoint.as_deref()).unwrap_or(std::time::Duration::from_secs(1)),
         };
         let request = req.request()?;
+        let checkpoint_port = match req.checkpoint.as_ref().and_then(|c| c.port.map(|p| (c, p))) {
+            None => None,
+            Some((_, 0)) => return Err(bad("checkpoint.port", "a port from 1 to 65535")),
+            Some((c, p)) if c.mechanism.as_deref() == Some("grpc") => Some(p),
+            Some(_) => {
+                return Err(bad(
+                    "checkpoint.port",
+                    "the callback port of the `grpc` mechanism: set `mechanism: grpc`",
+                ));
+            }
+        };
         let mut names = ControlNames {
             c: self,
             prior: Vec::new(),
@@ -261,6 +272,7 @@ impl Control {
             data: req.data.clone(),
             expose,
             liveness,
+            checkpoint_port,
             metric: (lifecycle.walltime().is_none() && scale.is_some())
                 .then(|| lc.metric.clone())
                 .flatten(),

@@ -341,11 +341,20 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             })
             .collect(),
         sensitive: r.sensitive,
-        checkpoint: r.checkpoint.map(|c| lattice_control::CheckpointIn {
-            strategy: c.strategy,
-            estimated_minutes: c.estimated_minutes,
-            mechanism: none_if_empty(c.mechanism),
-        }),
+        checkpoint: match r.checkpoint {
+            None => None,
+            Some(c) => Some(lattice_control::CheckpointIn {
+                port: match c.port {
+                    0 => None,
+                    p => Some(u16::try_from(p).map_err(|_| {
+                        Status::invalid_argument(format!("checkpoint.port: {p} is not a port (1 to 65535)"))
+                    })?),
+                },
+                strategy: c.strategy,
+                estimated_minutes: c.estimated_minutes,
+                mechanism: none_if_empty(c.mechanism),
+            }),
+        },
         connectivity: (!r.network_domain.is_empty() || !r.expose.is_empty()).then(|| lattice_control::ConnectivityIn {
             network_domain: none_if_empty(r.network_domain),
             expose: r

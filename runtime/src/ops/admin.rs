@@ -336,6 +336,14 @@ fn path_under(path: &str, under: &str) -> bool {
     path == base || path.strip_prefix(base).is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// Whether an audit entry's detail names a path that is `under` or below it (whole words of the
+/// detail, by whole path components: `/data/a` is not under `/data/ab`).
+fn names_path(detail: &str, under: &str) -> bool {
+    detail
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '(' | ')' | '"' | '\'' | '=' | '[' | ']'))
+        .any(|w| !w.is_empty() && path_under(w, under))
+}
+
 /// `2026-03-01` → ms at UTC midnight; a bare integer is taken as ms.
 pub fn parse_instant(field: &str, v: &str) -> Result<u64, ApiError> {
     let bad = || ApiError::BadRequest {
@@ -421,7 +429,7 @@ pub async fn audit(
         .filter(|e| {
             let (t, paths) = &context[&e.alloc];
             tenant.is_none_or(|w| w == t)
-                && data_path.is_none_or(|d| e.detail.contains(d) || paths.iter().any(|p| path_under(p, d)))
+                && data_path.is_none_or(|d| names_path(&e.detail, d) || paths.iter().any(|p| path_under(p, d)))
         })
         .collect();
     Ok((entries, valid))
@@ -811,4 +819,29 @@ pub async fn delete_tenant(s: &Shared, p: &Principal, name: &str) -> Result<(), 
     committed(s, cmd, name).await?;
     s.control.lock().await.remove_tenant(name);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_paths_match_by_whole_components() {
+        assert!(path_under(
+            "s3://bucket/subject-001/scan.nii",
+            "s3://bucket/subject-001/"
+        ));
+        assert!(path_under("s3://bucket/subject-001", "s3://bucket/subject-001"));
+        assert!(!path_under("s3://bucket/subject-0010/x", "s3://bucket/subject-001"));
+        assert!(names_path(
+            "read s3://bucket/subject-001/a.csv (42 MB)",
+            "s3://bucket/subject-001"
+        ));
+        assert!(names_path("mounts=[/data/p1,/data/p2]", "/data/p2"));
+        assert!(!names_path(
+            "read s3://bucket/subject-0010/a.csv",
+            "s3://bucket/subject-001"
+        ));
+        assert!(!names_path("", "/data"));
+    }
 }
