@@ -255,6 +255,17 @@ fn node_pb(n: NodeView) -> pb::Node {
     }
 }
 
+/// A usage request as the query REST decodes (empty fields are not given).
+pub(crate) fn usage_query(r: pb::UsageRequest) -> ops::UsageQuery {
+    ops::UsageQuery {
+        tenant: none_if_empty(r.tenant),
+        user: none_if_empty(r.user),
+        days: (r.days > 0).then_some(r.days),
+        since: none_if_empty(r.since),
+        until: none_if_empty(r.until),
+    }
+}
+
 pub(crate) fn none_if_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
@@ -1031,14 +1042,7 @@ impl AdminService for Api {
 
     async fn usage(&self, req: Request<pb::UsageRequest>) -> Result<Response<pb::UsageResponse>, Status> {
         let p = self.principal(&req)?;
-        let r = req.into_inner();
-        let q = ops::UsageQuery {
-            tenant: none_if_empty(r.tenant),
-            user: none_if_empty(r.user),
-            days: (r.days > 0).then_some(r.days),
-            since: none_if_empty(r.since),
-            until: none_if_empty(r.until),
-        };
+        let q = usage_query(req.into_inner());
         let u = ops::usage(&self.shared, &p, &q).await?;
         Ok(Response::new(pb::UsageResponse {
             allocations: u.allocations,

@@ -67,14 +67,7 @@ impl SiteService for Api {
 
     async fn accounting(&self, req: Request<pb::UsageRequest>) -> Answer {
         let p = self.principal(&req)?;
-        let r = req.into_inner();
-        let q = ops::UsageQuery {
-            tenant: super::none_if_empty(r.tenant),
-            user: super::none_if_empty(r.user),
-            days: (r.days > 0).then_some(r.days),
-            since: super::none_if_empty(r.since),
-            until: super::none_if_empty(r.until),
-        };
+        let q = super::usage_query(req.into_inner());
         let (total, records) = ops::accounting(&self.shared, &p, &q).await?;
         document(Ok(json!({"total": total, "records": records})))
     }
