@@ -1153,6 +1153,60 @@ fn the_books_commands_and_flags() {
     ));
     assert_eq!(d["id"], np.as_str(), "{d}");
 
+    // admin network set-grace (SystemAdmin; the tenant from -t/LATTICE_TENANT) and domains.
+    let root = physics_token("root", &["SystemAdmin"]);
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &olga,
+        &["admin", "network", "set-grace", "--domain=ml", "--grace=15m"],
+    );
+    assert!(!o.status.success() && err(&o).contains("403"), "{}", err(&o));
+    let key = "network.grace_by_domain.physics/ml";
+    let site = |tok: &str| {
+        json_of(&lattice_as(
+            &ep,
+            &dir,
+            tok,
+            &["admin", "config", "get", "network", "-o", "json"],
+        ))
+    };
+    assert!(site(&root).get(key).is_none(), "refused: nothing set");
+    let set = &["admin", "network", "set-grace", "--domain=ml", "--grace=15m"];
+    let o = lattice_as(&ep, &dir, &root, set);
+    assert!(
+        out(&o).contains("network domain ml of physics: grace period 900s"),
+        "{}{}",
+        out(&o),
+        err(&o)
+    );
+    assert_eq!(site(&root)[key], 900.0);
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &root,
+        &["admin", "network", "set-grace", "--domain=ml", "--grace=soon"],
+    );
+    assert!(!o.status.success() && err(&o).contains(key), "{}", err(&o));
+    assert_eq!(site(&root)[key], 900.0, "a refused change changes nothing");
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &root,
+        &["admin", "network", "set-grace", "--domain=ml", "--grace=default"],
+    );
+    assert!(out(&o).contains("the site's default"), "{}{}", out(&o), err(&o));
+    assert!(site(&root).get(key).is_none(), "back to the default");
+    let d = json_of(&lattice_as(
+        &ep,
+        &dir,
+        &olga,
+        &["admin", "network", "domains", "-o", "json"],
+    ));
+    assert_eq!(d["vni_pool"]["total"], 3096, "{d}");
+    let table = lattice_as(&ep, &dir, &olga, &["admin", "network", "domains"]);
+    assert!(out(&table).contains("VNI pool: "), "{}", out(&table));
+
     a_rust_program_uses_lattice_client(&ep, &bob, &b_run);
 }
 

@@ -142,6 +142,9 @@ pub struct PoolExhausted {
 pub struct NetworkDomains {
     pool: VniPool,
     grace: Duration,
+    /// Named domains' own grace periods (`lattice admin network set-grace`): DAGs whose stages have
+    /// longer gaps keep their domain across them. Kept for a name whether or not its domain exists.
+    grace_by: BTreeMap<DomainKey, Duration>,
     domains: BTreeMap<DomainKey, Domain>,
     /// Allocation → its domain's key (members).
     member_of: BTreeMap<AllocId, DomainKey>,
@@ -157,11 +160,37 @@ impl NetworkDomains {
         NetworkDomains {
             pool,
             grace,
+            grace_by: BTreeMap::new(),
             domains: BTreeMap::new(),
             member_of: BTreeMap::new(),
             reserved: BTreeMap::new(),
             creating: BTreeMap::new(),
         }
+    }
+
+    /// The grace period of domains without one of their own.
+    pub fn default_grace(&self) -> Duration {
+        self.grace
+    }
+
+    pub fn set_default_grace(&mut self, grace: Duration) {
+        self.grace = grace;
+    }
+
+    /// The domains with a grace period of their own.
+    pub fn domain_graces(&self) -> &BTreeMap<DomainKey, Duration> {
+        &self.grace_by
+    }
+
+    /// Replaces the domains' own grace periods as a whole (the others drain for the default). A
+    /// draining domain's release moves with its grace: it counts from when its last member left.
+    pub fn set_domain_graces(&mut self, by: BTreeMap<DomainKey, Duration>) {
+        self.grace_by = by;
+    }
+
+    /// How long `key` keeps its VNI once empty.
+    pub fn grace_of(&self, key: &DomainKey) -> Duration {
+        self.grace_by.get(key).copied().unwrap_or(self.grace)
     }
 
     /// (total, in use) of the pool: VNIs of existing domains and of domains proposals will create.
@@ -282,7 +311,7 @@ impl NetworkDomains {
         let gone: Vec<DomainKey> = self
             .domains
             .iter()
-            .filter(|(k, d)| !held.contains(k) && d.empty_since.is_some_and(|t| now >= t + self.grace))
+            .filter(|(k, d)| !held.contains(k) && d.empty_since.is_some_and(|t| now >= t + self.grace_of(k)))
             .map(|(k, _)| k.clone())
             .collect();
         gone.into_iter()
@@ -297,9 +326,8 @@ impl NetworkDomains {
     /// When the next drained domain gives its VNI back (a start refused for want of one may go then).
     pub fn next_expiry(&self) -> Option<Time> {
         self.domains
-            .values()
-            .filter_map(|d| d.empty_since)
-            .map(|t| t + self.grace)
+            .iter()
+            .filter_map(|(k, d)| Some(d.empty_since? + self.grace_of(k)))
             .min()
     }
 
@@ -364,6 +392,34 @@ mod tests {
         assert_eq!(n.expire(Time(800_000)), [(named(0, "dag"), 1000)]);
         assert_eq!(n.pool().1, 0, "back in the pool");
         assert_eq!(n.vni_of(AllocId(2)), None);
+    }
+
+    /// A domain's own grace (set-grace) holds its VNI longer than the default, counted from when its
+    /// last member left, and only for that tenant's domain of that name; the timer restarts when a
+    /// stage joins.
+    #[test]
+    fn a_domain_of_its_own_grace_drains_for_it() {
+        let mut n = domains(1000, 1009);
+        n.set_domain_graces(BTreeMap::from([(named(0, "dag"), Duration::from_mins(15))]));
+        n.join(AllocId(1), Some(named(0, "dag")));
+        n.join(AllocId(2), Some(named(1, "dag")));
+        n.leave(AllocId(1), Time(0));
+        n.leave(AllocId(2), Time(0));
+        assert_eq!(
+            n.next_expiry(),
+            Some(Time(300_000)),
+            "the other tenant's dag: the default"
+        );
+        assert_eq!(n.expire(Time(300_000)), [(named(1, "dag"), 1001)]);
+        assert_eq!(n.next_expiry(), Some(Time(900_000)));
+        // A stage joins at 14 min and leaves at 20: the 15 minutes count from then.
+        n.join(AllocId(3), Some(named(0, "dag")));
+        n.leave(AllocId(3), Time(1_200_000));
+        assert!(n.expire(Time(1_200_000 + 899_999)).is_empty(), "still in its grace");
+        // Back to the default (a reset): it expires 5 minutes after it emptied.
+        n.set_domain_graces(BTreeMap::new());
+        assert_eq!(n.grace_of(&named(0, "dag")), Duration::from_mins(5));
+        assert_eq!(n.expire(Time(1_500_000)), [(named(0, "dag"), 1000)]);
     }
 
     /// Proposals at the quorum hold the VNIs their new domains need: a third new domain is refused

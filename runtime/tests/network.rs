@@ -157,7 +157,9 @@ async fn domains_share_vnis_exhaustion_waits_and_cxi_services_follow_allocations
 
 /// A leader change changes no running allocation's network: the VNI and the CXI service are
 /// recorded with its start, and a new leader keeps both (it creates no second service, and revokes
-/// the recorded one at the end), though its fresh pool would hand out another VNI first.
+/// the recorded one at the end), though its fresh pool would hand out another VNI first. Nor a
+/// domain's own grace period (`lattice admin network set-grace`): set at the first leader, the new
+/// one keeps the emptied domain's VNI for it while domains on the default grace go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_allocation_keeps_its_vni_and_cxi_service_across_a_fail_over() {
     let (fabric, fabric_url) = fabric_manager().await;
@@ -232,6 +234,10 @@ async fn a_running_allocation_keeps_its_vni_and_cxi_service_across_a_fail_over()
         Some(("ml", 1001))
     );
     let service = held.cxi_service.clone().unwrap();
+    // physics's `ml` keeps its VNI for an hour once empty (the site's default here is 1 s).
+    let key = "network.grace_by_domain.physics/ml";
+    let (s, v) = http("PATCH", format!("{base}/v1/config"), Some(json!({ key: "1h" }))).await;
+    assert_eq!((s, &v[key]), (200, &json!(3600.0)), "{v}");
 
     let killed = rts[first].take().unwrap();
     let killed_at = Instant::now();
@@ -280,6 +286,36 @@ async fn a_running_allocation_keeps_its_vni_and_cxi_service_across_a_fail_over()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // `ml` is empty now. A domain on the default grace, emptied after it, goes first; `ml` stays,
+    // draining, on its VNI.
+    let late = submit(base.clone(), 2, Some("late"), "1s").await;
+    wait_for(base.clone(), late.clone(), |v| v["ended_ms"].is_u64()).await;
+    let t0 = Instant::now();
+    let domains = loop {
+        let (_, domains) = http("GET", format!("{base}/v1/network/domains"), None).await;
+        let names: Vec<&str> = domains["domains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|d| d["name"].as_str())
+            .collect();
+        if !names.contains(&"late") && !names.contains(&"other") {
+            break domains;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{domains}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let ml = domains["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "ml")
+        .unwrap_or_else(|| panic!("ml released on the default grace: {domains}"));
+    assert_eq!(
+        (&ml["vni"], &ml["draining"], &ml["grace_s"]),
+        (&json!(1001), &json!(true), &json!(3600.0)),
+        "{domains}"
+    );
     for r in rts.into_iter().flatten() {
         r.shutdown().await;
     }

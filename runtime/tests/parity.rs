@@ -536,6 +536,47 @@ fn vni_exhaustion_refuses_the_same_in_both_worlds() {
     );
 }
 
+/// A named domain's own grace period (`lattice admin network set-grace`, a quorum setting the
+/// capture records) holds its VNI across a DAG's 15-minute gap between stages, where the default
+/// 5 minutes would have released it: the second stage rejoins VNI 1000 rather than creating the
+/// domain again on 1002, in both worlds and after the round trip (seed 4: a pool of 4 VNIs, no
+/// other model).
+#[test]
+fn a_domains_own_grace_decides_the_same_in_both_worlds() {
+    let stage = |id: &str, ts: u64| {
+        let a = serde_json::json!({"id": id, "tenant": "a", "nodes": 2, "duration": 600, "walltime": 1200,
+                                   "connectivity": {"network_domain": "dag"}});
+        serde_json::json!({"ts": ts, "type": "submit", "alloc": a}).to_string()
+    };
+    let other = serde_json::json!({"ts": 1000, "type": "submit", "alloc": {"id": "x", "tenant": "a", "nodes": 2, "duration": 60, "walltime": 600}});
+    let run = |own_grace: bool| {
+        let mut lines = vec![stage("s1", 0), other.to_string(), stage("s2", 1500)];
+        if own_grace {
+            let settings = serde_json::json!({"ts": 1, "type": "settings",
+                "settings": {"network.grace": "5m", "network.grace_by_domain.a/dag": "1h"}});
+            lines.insert(1, settings.to_string());
+        }
+        generated_case(&lines.join("\n"), 4, false)
+    };
+    let vni_of = |r: &SimResult, job: usize| {
+        let launch = r
+            .decisions
+            .iter()
+            .find(|d| d.contains(&format!("launch {job} on")))
+            .unwrap_or_else(|| panic!("job {job} launched: {:?}", r.decisions));
+        launch.rsplit(' ').next().unwrap().to_string()
+    };
+    let held = run(true);
+    assert_eq!(
+        vni_of(&held, 2),
+        "1000",
+        "the second stage rejoins: {:?}",
+        held.decisions
+    );
+    let released = run(false);
+    assert_eq!(vni_of(&released, 2), "1002", "{:?}", released.decisions);
+}
+
 /// Wipes that outlast the controller's 30-minute wipe timeout (seed 1: wipes of 10-40 minutes)
 /// quarantine their nodes at the deadline in both worlds, alike; the late outcomes change nothing.
 #[test]

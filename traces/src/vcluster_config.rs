@@ -93,18 +93,25 @@ pub fn settings_of(m: &Map<String, Value>) -> Result<std::collections::BTreeMap<
             return Err(refuse(
                 key,
                 format!(
-                    "not a setting; the settings are {} and {}KIND",
+                    "not a setting; the settings are {}, {}, {}KIND and {}TENANT/DOMAIN",
                     lattice_engine::controller::settings::SETTING_KEYS.join(", "),
-                    lattice_engine::controller::settings::BOOT_BY_KIND
+                    lattice_engine::controller::settings::NETWORK_GRACE,
+                    lattice_engine::controller::settings::BOOT_BY_KIND,
+                    lattice_engine::controller::settings::GRACE_BY_DOMAIN,
                 ),
             ));
         }
         let ms = match v {
-            Value::Null if key.starts_with(lattice_engine::controller::settings::BOOT_BY_KIND) => None,
+            Value::Null
+                if key.starts_with(lattice_engine::controller::settings::BOOT_BY_KIND)
+                    || lattice_engine::controller::settings::grace_domain(key).is_some() =>
+            {
+                None
+            }
             Value::Null => {
                 return Err(refuse(
                     key,
-                    "always has a value (only a node kind's timeout can be removed)",
+                    "always has a value (only a node kind's boot timeout and a domain's own grace can be removed)",
                 ));
             }
             v => Some(duration_of(key, v)?.0),

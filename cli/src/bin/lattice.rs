@@ -274,7 +274,7 @@ fn run() -> Result<()> {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "lattice", &mut std::io::stdout());
         }
-        Cmd::Admin { cmd } => admin::run(&client, output, cmd)?,
+        Cmd::Admin { cmd } => admin::run(&client, output, &tenant, cmd)?,
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! `lattice admin`: nodes, the quorum (status, backups), tenants and their projects, vClusters'
-//! configuration ([`super::vcluster`]), the accounting pipeline and federation.
+//! configuration ([`super::vcluster`]), network domains, the accounting pipeline and federation.
 
 use super::{Client, Output, print_value};
 use anyhow::Result;
@@ -59,11 +59,34 @@ pub enum AdminCmd {
         #[command(subcommand)]
         cmd: ProjectCmd,
     },
+    /// Network domains: `domains` (each with its VNI, members and grace period, and the VNI pool),
+    /// `set-grace --domain NAME --grace 15m` (the tenant's domain, `-t`, keeps its VNI that long
+    /// once empty; `--grace default` goes back to the site's; quorum state, SystemAdmin).
+    Network {
+        #[command(subcommand)]
+        cmd: NetworkCmd,
+    },
     /// Federation (SystemAdmin): `status`, `add-peer --name B --endpoint URL --workspace WS`,
     /// `remove-peer NAME`, `revoke-workspace WS` (every peer in it defederated at once).
     Federation {
         #[command(subcommand)]
         cmd: FederationCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NetworkCmd {
+    /// The network domains (every tenant's for operators) and the VNI pool.
+    Domains,
+    /// How long the tenant's (`-t`) domain NAME keeps its VNI once its last allocation ended, so
+    /// DAG stages with longer gaps rejoin it (the timer restarts whenever one joins).
+    SetGrace {
+        /// The domain's name (`connectivity.network_domain`).
+        #[arg(long)]
+        domain: String,
+        /// A duration (`15m`, `2h`, seconds), or `default` for the site's grace period.
+        #[arg(long)]
+        grace: String,
     },
 }
 
@@ -223,9 +246,10 @@ impl QuotaFlags {
     }
 }
 
-/// `lattice admin ...`.
-pub fn run(client: &Client, output: Output, cmd: AdminCmd) -> Result<()> {
+/// `lattice admin ...` (`tenant`: the tenant the global flags select).
+pub fn run(client: &Client, output: Output, selected: &Option<String>, cmd: AdminCmd) -> Result<()> {
     match cmd {
+        AdminCmd::Network { cmd } => network(client, output, selected, cmd)?,
         AdminCmd::Drain { node } => {
             let v = client.call("POST", &format!("/v1/nodes/{node}/drain"), None)?;
             print_value(&v, output, |v| {
@@ -411,4 +435,64 @@ fn project(client: &Client, output: Output, cmd: ProjectCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `lattice admin network domains|set-grace`: the domains' view, and a domain's own grace period as
+/// the site setting `network.grace_by_domain.TENANT/NAME` (committed at the quorum).
+fn network(client: &Client, output: Output, tenant: &Option<String>, cmd: NetworkCmd) -> Result<()> {
+    match cmd {
+        NetworkCmd::Domains => {
+            let v = client.call("GET", "/v1/network/domains", None)?;
+            print_value(&v, output, |v| {
+                let rows: Vec<Vec<String>> = v["domains"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        let members: Vec<&str> = d["allocations"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        vec![
+                            d["tenant"].as_str().unwrap_or_default().to_string(),
+                            d["name"].as_str().unwrap_or_default().to_string(),
+                            d["vni"].to_string(),
+                            if d["draining"] == true { "draining" } else { "active" }.to_string(),
+                            format!("{}s", d["grace_s"]),
+                            members.join(","),
+                        ]
+                    })
+                    .collect();
+                let table = crate::observe::table(&["tenant", "name", "vni", "state", "grace", "allocations"], &rows);
+                format!(
+                    "{table}VNI pool: {} of {} in use\n",
+                    v["vni_pool"]["in_use"], v["vni_pool"]["total"]
+                )
+            })
+        }
+        NetworkCmd::SetGrace { domain, grace } => {
+            anyhow::ensure!(!domain.is_empty(), "--domain: a domain name is needed");
+            let Some(tenant) = tenant.as_deref().filter(|t| !t.is_empty()) else {
+                anyhow::bail!(
+                    "no tenant: network domains are scoped to a tenant; pass --tenant, set LATTICE_TENANT, or `tenant:` in ~/.config/lattice/config.yaml"
+                );
+            };
+            anyhow::ensure!(!tenant.contains('/'), "--tenant: `{tenant}` is not a tenant name");
+            let key = lattice_engine::controller::settings::grace_key(tenant, &domain);
+            let value = if grace == "default" {
+                Value::Null
+            } else {
+                super::vcluster::value_of(&grace)
+            };
+            let v = client.call("PATCH", "/v1/config", Some(&json!({ key.clone(): value })))?;
+            let now = v[&key]
+                .as_f64()
+                .map_or("the site's default".to_string(), |s| format!("{s}s"));
+            print_value(&v, output, |_| {
+                format!("network domain {domain} of {tenant}: grace period {now}; in force at the quorum\n")
+            })
+        }
+    }
 }

@@ -237,13 +237,13 @@ fn split_key(key: &str) -> Result<(&str, Vec<&str>)> {
 }
 
 /// A value as typed on the command line: JSON when it parses as JSON, else a string.
-fn value_of(text: &str) -> Value {
+pub(super) fn value_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::from(text))
 }
 
 /// Whether `key` is a site setting's (or a prefix of them): `agents.…`, `sensitive.…`.
 fn site_key(key: &str) -> bool {
-    ["agents", "sensitive"]
+    ["agents", "sensitive", "network"]
         .iter()
         .any(|p| key == *p || key.starts_with(&format!("{p}.")))
 }

@@ -40,12 +40,13 @@ impl Control {
         };
         let views = n
             .domains()
-            .map(|((tenant, name), d)| crate::network::DomainView {
-                tenant: self.tenant_name(*tenant),
-                name: crate::network::domain_name(name, |a| self.name_of(a)),
+            .map(|(key, d)| crate::network::DomainView {
+                tenant: self.tenant_name(key.0),
+                name: crate::network::domain_name(&key.1, |a| self.name_of(a)),
                 vni: d.vni,
                 allocations: d.members.iter().map(|a| self.name_of(*a)).collect(),
                 draining: d.empty_since.is_some(),
+                grace_s: n.grace_of(key).0 as f64 / 1000.0,
             })
             .collect();
         (views, n.pool())

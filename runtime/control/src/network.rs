@@ -22,7 +22,8 @@ pub struct NetworkConfig {
     pub vni_pool_start: u32,
     #[serde(default = "end_default")]
     pub vni_pool_end: u32,
-    /// How long an empty domain keeps its VNI (DAG stages with gaps rejoin it).
+    /// How long an empty domain keeps its VNI (DAG stages with gaps rejoin it). It seeds the
+    /// quorum's `network.grace` setting; a named domain's own is `network.grace_by_domain.T/NAME`.
     #[serde(default = "grace_default")]
     pub grace: String,
 }
@@ -76,6 +77,9 @@ pub struct DomainView {
     pub vni: u32,
     pub allocations: Vec<String>,
     pub draining: bool,
+    /// How long it keeps its VNI once empty, in seconds: its own (`lattice admin network set-grace`)
+    /// or the site's default.
+    pub grace_s: f64,
 }
 
 #[cfg(test)]
