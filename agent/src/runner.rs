@@ -183,6 +183,9 @@ pub struct Record {
     /// for an agent that took it over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Its tools uenv's cached image (file name), pinned likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_image: Option<String>,
     /// It runs in a mount namespace of its own (a uenv, data mounts): task launches and terminals
     /// join it. (A record from before this field: it had one when it had a uenv.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -200,6 +203,11 @@ pub struct Record {
 }
 
 impl Record {
+    /// The cached images it has mounted (pinned while it runs).
+    pub fn images(&self) -> impl Iterator<Item = &String> {
+        self.image.iter().chain(self.tools_image.iter())
+    }
+
     /// Whether its processes have a mount namespace of their own.
     pub fn has_namespace(&self) -> bool {
         self.namespace || self.image.is_some()
@@ -329,6 +337,11 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         });
     }
     let child = command.spawn()?;
+    // The uenv's image first, then the tools uenv's ([`crate::agent`]'s mount order).
+    let mut squashfs = spec.mounts.iter().filter_map(|m| match m {
+        Mount::Squashfs { image, .. } => image.file_name().map(|f| f.to_string_lossy().into_owned()),
+        Mount::Bind { .. } => None,
+    });
     let record = Record {
         id: spec.id.clone(),
         pid: child.id(),
@@ -341,10 +354,8 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
         checkpoint: spec.checkpoint.clone(),
         tenant: spec.tenant.clone(),
         project: spec.project.clone(),
-        image: spec.mounts.iter().find_map(|m| match m {
-            Mount::Squashfs { image, .. } => image.file_name().map(|f| f.to_string_lossy().into_owned()),
-            Mount::Bind { .. } => None,
-        }),
+        image: squashfs.next(),
+        tools_image: squashfs.next(),
         namespace: !spec.mounts.is_empty(),
         launch_token: None,
         container: None,

@@ -8,6 +8,11 @@
 //! namespace of the allocation's process tree ([`crate::runner`]): its processes see it, no other
 //! process on the node does, and the mount ends with them (also when the agent restarts meanwhile).
 //!
+//! A tools uenv (`environment.tools_uenv`: profilers, debuggers) is pulled the same way and mounted
+//! read-only at the tools mount point (`/user-tools`) in the same namespace, beside the application's;
+//! it changes none of the processes' variables (the application's environment stays as its uenv
+//! makes it), only `LATTICE_TOOLS_UENV` names it.
+//!
 //! A view's environment comes from the image's `meta/env.json`, as uenv images carry it:
 //! `{"views": {"NAME": {"env": {"values": {"list": {"PATH": [{"op": "prepend", "value": [..]}]},
 //! "scalar": {"VAR": "value"}}}}}}` (`op`: prepend, append or set; list values join with `:`).
@@ -26,6 +31,8 @@ pub struct UenvConfig {
     pub cache_dir: PathBuf,
     /// Where the image appears to the allocation's processes (`/user-environment`).
     pub mount_point: PathBuf,
+    /// Where a tools uenv (`environment.tools_uenv`) appears beside it (`/user-tools`).
+    pub tools_mount_point: PathBuf,
     /// The cache's size and watermarks.
     pub limits: crate::cache::Limits,
 }
@@ -36,6 +43,7 @@ impl Default for UenvConfig {
             registry: None,
             cache_dir: PathBuf::from("/var/cache/lattice"),
             mount_point: PathBuf::from("/user-environment"),
+            tools_mount_point: PathBuf::from("/user-tools"),
             limits: crate::cache::Limits::default(),
         }
     }
@@ -272,6 +280,19 @@ pub fn prepare(
     Ok(Prepared { image, env })
 }
 
+/// A tools uenv's cached image, pulled like the application's ([`pull`]), its mount point made.
+pub fn prepare_tools(
+    cfg: &UenvConfig,
+    cache: &mut crate::cache::ImageCache,
+    pinned: &std::collections::BTreeSet<String>,
+    uenv: &str,
+) -> Result<PathBuf, UenvError> {
+    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms())?;
+    std::fs::create_dir_all(&cfg.tools_mount_point)
+        .map_err(|e| UenvError::Io(format!("{}: {e}", cfg.tools_mount_point.display())))?;
+    Ok(image)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +358,7 @@ mod tests {
             registry: Some(format!("file://{}", dir.join("registry").display())),
             cache_dir: dir.join("cache"),
             mount_point: dir.join("mnt"),
+            tools_mount_point: dir.join("tools"),
             limits: crate::cache::Limits::default(),
         };
         let mut cache = open_cache(&cfg);

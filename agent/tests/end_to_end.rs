@@ -1104,6 +1104,21 @@ fn an_agent_cut_off_past_its_lease_stops_its_work_before_it_is_requeued_elsewher
     rt.block_on(running.shutdown());
 }
 
+/// Mount namespaces and loop mounts need root; images are built with squashfs-tools (CI installs
+/// it, and runs as root: there a missing part fails the test instead of skipping it).
+fn can_mount_uenvs() -> bool {
+    let root = unsafe { libc::geteuid() } == 0;
+    let tools = Command::new("mksquashfs").arg("-version").output().is_ok();
+    if !(root && tools) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this as root with squashfs-tools installed (root: {root}, mksquashfs: {tools})"
+        );
+        eprintln!("skipped: needs root and mksquashfs");
+    }
+    root && tools
+}
+
 /// `mksquashfs SRC IMAGE` into the registry layout (`REG/NAME/VERSION/TAG.squashfs` and its SHA-256).
 fn publish_uenv(src: &std::path::Path, registry: &std::path::Path, rel: &str, digest_of: Option<&[u8]>) {
     use sha2::Digest;
@@ -1132,15 +1147,7 @@ fn publish_uenv(src: &std::path::Path, registry: &std::path::Path, rel: &str, di
 /// retried and then failed with the seed's message; nothing of it enters the cache.
 #[test]
 fn a_uenv_job_sees_its_image_and_no_other_process_does() {
-    // Mount namespaces and loop mounts need root; the image is built with squashfs-tools (CI installs it).
-    let root = unsafe { libc::geteuid() } == 0;
-    let tools = Command::new("mksquashfs").arg("-version").output().is_ok();
-    if !(root && tools) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run this as root with squashfs-tools installed (root: {root}, mksquashfs: {tools})"
-        );
-        eprintln!("skipped: needs root and mksquashfs");
+    if !can_mount_uenvs() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("lattice-agent-uenv-{}", std::process::id()));
@@ -1355,6 +1362,123 @@ fn a_uenv_job_sees_its_image_and_no_other_process_does() {
     assert_eq!(o["ok"], false, "{o}");
     assert!(o["detail"].as_str().unwrap().contains("hash mismatch"), "{o}");
     assert!(!cache.join("uenv/broken_1.0_v1.squashfs").exists());
+    rt.block_on(running.shutdown());
+}
+
+/// `environment.tools_uenv` (book: "Application Profiling Integration"): a second image, pulled and
+/// verified like the application's, mounted at the tools mount point beside it for the job's
+/// processes alone. The job runs a tool from it by path while its environment stays the
+/// application uenv's (the tools' bin is not on its PATH); the host sees neither mount; both images
+/// stay pinned in the cache while the job runs; a tools image that fails its digest is a prologue
+/// failure naming it.
+#[test]
+fn a_tools_uenv_mounts_beside_the_application_uenv() {
+    if !can_mount_uenvs() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lattice-agent-tools-uenv-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let (registry, cache) = (dir.join("registry"), dir.join("cache"));
+    let (mnt, tools_mnt) = (dir.join("mnt"), dir.join("tools"));
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(app.join("hello"), "hello from the application\n").unwrap();
+    publish_uenv(&app, &registry, "prgenv-gnu/24.11/v1", None);
+    let prof = dir.join("prof");
+    std::fs::create_dir_all(prof.join("bin")).unwrap();
+    std::fs::write(prof.join("bin/nsys"), "#!/bin/sh\necho \"nsys profiled: $*\"\n").unwrap();
+    std::fs::set_permissions(
+        prof.join("bin/nsys"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    publish_uenv(&prof, &registry, "profiling/2024.1/latest", None);
+    publish_uenv(&prof, &registry, "profiling/broken/latest", Some(b"other bytes"));
+    let mut agent = agent_command("sim-000", &base, &dir);
+    agent
+        .args(["--uenv-registry", &format!("file://{}", registry.display())])
+        .arg("--image-cache")
+        .arg(&cache)
+        .arg("--uenv-mount")
+        .arg(&mnt)
+        .arg("--tools-mount")
+        .arg(&tools_mnt);
+    let _agents = Agents(vec![agent.spawn().unwrap()]);
+    let submit = |env: Value, entrypoint: &str| -> String {
+        let body = json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+                          "environment": env, "entrypoint": entrypoint});
+        let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let log_of = |id: &str| std::fs::read_to_string(dir.join(format!("logs-sim-000/{id}.log"))).unwrap_or_default();
+    let a = submit(
+        json!({"uenv": "prgenv-gnu/24.11:v1", "tools_uenv": "profiling/2024.1"}),
+        &format!(
+            "cat \"$UENV_MOUNT_POINT/hello\"; {}/bin/nsys ./train; command -v nsys || echo nsys-not-on-path; echo tools=$LATTICE_TOOLS_UENV; sleep 2",
+            tools_mnt.display()
+        ),
+    );
+    let t0 = Instant::now();
+    while !log_of(&a).contains("tools=") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the job never ran: {}",
+            log_of(&a)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While it runs: the host sees neither image, and both are in the cache, pinned.
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&tools_mnt).unwrap().count(), 0);
+    for f in ["prgenv-gnu_24.11_v1.squashfs", "profiling_2024.1_latest.squashfs"] {
+        assert!(cache.join("uenv").join(f).is_file(), "{f}");
+    }
+    let state = std::fs::read_to_string(dir.join("state-sim-000.json")).unwrap_or_default();
+    let v = wait_for(&base, &a, |v| v["ended_ms"].is_u64(), Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v} {}", log_of(&a));
+    assert_eq!(v["environment"]["tools_uenv"], "profiling/2024.1", "{v}");
+    let log = log_of(&a);
+    assert!(log.contains("hello from the application"), "{log}");
+    assert!(log.contains("nsys profiled: ./train"), "{log}");
+    assert!(
+        log.contains("nsys-not-on-path"),
+        "the tools stay off the job's PATH: {log}"
+    );
+    assert!(log.contains("tools=profiling/2024.1"), "{log}");
+    let records: Value = serde_json::from_str(&state).unwrap_or_else(|e| panic!("{e}: {state}"));
+    assert_eq!(
+        (&records[0]["image"], &records[0]["tools_image"]),
+        (
+            &json!("prgenv-gnu_24.11_v1.squashfs"),
+            &json!("profiling_2024.1_latest.squashfs")
+        ),
+        "the record pins both: {state}"
+    );
+    // A tools image that fails its digest: a prologue failure naming it; the job never runs.
+    let b = submit(json!({"tools_uenv": "profiling/broken"}), "echo should not run");
+    let v = wait_for(&base, &b, |v| v["ended_ms"].is_u64(), Duration::from_secs(20));
+    assert_eq!(v["end_reason"], "prologue_failure", "{v}");
+    assert!(!log_of(&b).contains("should not run"));
+    let (_, l) = call("GET", &format!("{base}/v1/allocations/{b}/logs?stream=stderr"), None);
+    let err = l["nodes"]["sim-000"].as_str().unwrap_or_default();
+    assert!(err.contains("hash mismatch (profiling/broken"), "{l}");
+    // Refused at submission, nothing queued: a bad name, and tools beside a container image.
+    for env in [
+        json!({"tools_uenv": "../x"}),
+        json!({"image": "busybox:1", "tools_uenv": "profiling/2024.1"}),
+    ] {
+        let body = json!({"tenant": "physics", "resources": {"nodes": 1}, "environment": env, "entrypoint": "true"});
+        let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+        assert_eq!(
+            (status, v["field"].as_str()),
+            (400, Some("environment.tools_uenv")),
+            "{v}"
+        );
+    }
+    let (_, all) = call("GET", &format!("{base}/v1/allocations"), None);
+    assert_eq!(all["allocations"].as_array().map(Vec::len), Some(2), "{all}");
     rt.block_on(running.shutdown());
 }
 

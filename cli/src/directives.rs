@@ -24,6 +24,8 @@ pub struct SubmitFields {
     /// The software environment: `--uenv=prgenv-gnu/24.11:v1` and `--view=default`.
     pub uenv: Option<String>,
     pub view: Option<String>,
+    /// A tools uenv mounted at /user-tools beside it: `--tools-uenv=profiling/2024.1`.
+    pub tools_uenv: Option<String>,
     /// An OCI image instead: `--image=NAME:TAG` (or `--container-image`, pyxis' spelling).
     pub image: Option<String>,
     /// Data mounts: `--data-mount=s3://bucket/dataset:/data[:ro]` (repeatable).
@@ -220,6 +222,7 @@ impl SubmitFields {
             task_group,
             uenv,
             view,
+            tools_uenv,
             image,
             project,
             lifecycle,
@@ -456,6 +459,10 @@ impl SubmitFields {
         } else if self.uenv.is_some() || self.view.is_some() {
             body["environment"] = json!({"uenv": self.uenv, "view": self.view});
         }
+        if let Some(t) = &self.tools_uenv {
+            // (Beside an image too: the server refuses that, naming the field.)
+            body["environment"]["tools_uenv"] = json!(t);
+        }
         if !self.data_mounts.is_empty() || self.data_defaults.is_some() {
             body["data"] = json!({"mounts": self.data_mounts.iter().map(|m| m.to_json()).collect::<Vec<_>>()});
             if let Some(d) = self.data_defaults {
@@ -619,6 +626,7 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                 },
                 "uenv" => f.uenv = Some(val),
                 "view" => f.view = Some(val),
+                "tools-uenv" => f.tools_uenv = Some(val),
                 "image" | "container-image" => f.image = Some(val),
                 "data-mount" => match DataMountSpec::parse(&val) {
                     Ok(m) => f.data_mounts.push(m),
@@ -765,6 +773,26 @@ mod tests {
             parse_script("#!/bin/bash\n#SBATCH --container-image=busybox:1\n#LATTICE --image=busybox:2\nls\n");
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(f.image.as_deref(), Some("busybox:2"));
+    }
+
+    /// `--tools-uenv` (book: "Application Profiling Integration") reaches the request beside the
+    /// uenv, and alone.
+    #[test]
+    fn a_tools_uenv_directive_mounts_beside_the_uenv() {
+        let (f, warnings) = parse_script(
+            "#!/bin/bash\n#LATTICE --uenv=prgenv-gnu/24.11:v1\n#LATTICE --tools-uenv=profiling/2024.1\nnsys profile ./train\n",
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let body = f.request("physics", "alice", "nsys profile ./train");
+        assert_eq!(
+            body["environment"],
+            serde_json::json!({"uenv": "prgenv-gnu/24.11:v1", "view": null, "tools_uenv": "profiling/2024.1"})
+        );
+        let (f, _) = parse_script("#!/bin/bash\n#LATTICE --tools-uenv=profiling/2024.1\nrun\n");
+        assert_eq!(
+            f.request("physics", "alice", "run")["environment"],
+            serde_json::json!({"tools_uenv": "profiling/2024.1"})
+        );
     }
 
     #[test]

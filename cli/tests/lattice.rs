@@ -1024,12 +1024,46 @@ fn the_books_commands_and_flags() {
         "{}",
         err(&o)
     );
+    let o = lattice_as(
+        &ep,
+        &dir,
+        &alice,
+        &[
+            "submit",
+            "--image=busybox:1",
+            "--tools-uenv=profiling/2024.1",
+            "--",
+            "true",
+        ],
+    );
+    assert!(
+        !o.status.success() && err(&o).contains("field `environment.tools_uenv`"),
+        "{}",
+        err(&o)
+    );
     let after = json_of(&lattice_as(&ep, &dir, &olga, &["status", "--all", "-o", "json"]));
     assert_eq!(
         before.as_array().unwrap().len(),
         after.as_array().unwrap().len(),
         "nothing queued"
     );
+    // --tools-uenv beside --uenv (book: "Application Profiling Integration").
+    let tools = submit(
+        &alice,
+        &[
+            "--uenv=prgenv-gnu/24.11:v1",
+            "--tools-uenv=profiling/2024.1",
+            "--",
+            "true",
+        ],
+    );
+    let v = json_of(&lattice_as(&ep, &dir, &alice, &["status", &tools, "-o", "json"]));
+    assert_eq!(
+        v["environment"],
+        serde_json::json!({"uenv": "prgenv-gnu/24.11:v1", "tools_uenv": "profiling/2024.1"}),
+        "{v}"
+    );
+    lattice_as(&ep, &dir, &alice, &["cancel", &tools]);
     let np = submit(
         &alice,
         &["--no-preempt", "--nodes=1", "--walltime=1h", "--", "sleep", "600"],

@@ -76,6 +76,10 @@ pub struct Launch {
     pub uenv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uenv_view: Option<String>,
+    /// A second uenv with the user's tools (profilers, debuggers), mounted at the agent's tools
+    /// mount point (`/user-tools`) beside the application's (book: `environment.tools_uenv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_uenv: Option<String>,
     /// The OCI image its processes run in (a container of the agent's OCI runtime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

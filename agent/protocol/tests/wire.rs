@@ -27,6 +27,7 @@ fn launch() -> Launch {
         }),
         uenv: None,
         uenv_view: None,
+        tools_uenv: None,
         image: Some("busybox:1.36".into()),
         launch_token: None,
         agents: Default::default(),

@@ -167,7 +167,8 @@ pub(super) fn prepare(
 }
 
 /// The launch's uenv, pulled into the node-local cache (opened now if not yet) and mounted at the
-/// uenv mount point, with its view's variables; none without a uenv. `Err`: the prologue failure.
+/// uenv mount point, with its view's variables, and its tools uenv mounted at the tools mount point;
+/// none without either. `Err`: the prologue failure.
 fn uenv(
     cfg: &AgentConfig,
     images: &mut Option<crate::cache::ImageCache>,
@@ -176,21 +177,33 @@ fn uenv(
 ) -> Result<(Vec<runner::Mount>, Env), String> {
     let mut mounts = Vec::new();
     let mut uenv_env = Vec::new();
+    if l.uenv.is_none() && l.tools_uenv.is_none() {
+        return Ok((mounts, uenv_env));
+    }
+    // Images mounted by what runs here (also what a restart took over) stay.
+    let mut pinned: std::collections::BTreeSet<String> =
+        procs.values().flat_map(|r| r.record.images().cloned()).collect();
+    let cache = images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
     if let Some(u) = &l.uenv {
-        // Images mounted by what runs here (also what a restart took over) stay.
-        let pinned: std::collections::BTreeSet<String> =
-            procs.values().filter_map(|r| r.record.image.clone()).collect();
-        let cache = images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
-        match crate::uenv::prepare(&cfg.uenv, cache, &pinned, u, l.uenv_view.as_deref()) {
-            Ok(p) => {
-                mounts.push(runner::Mount::Squashfs {
-                    image: p.image,
-                    at: cfg.uenv.mount_point.clone(),
-                });
-                uenv_env = p.env;
-            }
-            Err(e) => return Err(e.to_string()),
+        let p =
+            crate::uenv::prepare(&cfg.uenv, cache, &pinned, u, l.uenv_view.as_deref()).map_err(|e| e.to_string())?;
+        // Making room for the tools image must not evict this one.
+        if let Some(f) = p.image.file_name() {
+            pinned.insert(f.to_string_lossy().into_owned());
         }
+        mounts.push(runner::Mount::Squashfs {
+            image: p.image,
+            at: cfg.uenv.mount_point.clone(),
+        });
+        uenv_env = p.env;
+    }
+    if let Some(t) = &l.tools_uenv {
+        let image = crate::uenv::prepare_tools(&cfg.uenv, cache, &pinned, t).map_err(|e| e.to_string())?;
+        mounts.push(runner::Mount::Squashfs {
+            image,
+            at: cfg.uenv.tools_mount_point.clone(),
+        });
+        uenv_env.push(("LATTICE_TOOLS_UENV".to_string(), t.clone()));
     }
     Ok((mounts, uenv_env))
 }
@@ -328,6 +341,7 @@ mod tests {
             task_group: None,
             uenv: None,
             uenv_view: None,
+            tools_uenv: None,
             launch_token: None,
             agents: Default::default(),
             image: None,

@@ -713,7 +713,7 @@ impl<'a> Agent<'a> {
         let cfg = self.cfg;
         for o in orders {
             let pinned: std::collections::BTreeSet<String> =
-                self.procs.values().filter_map(|r| r.record.image.clone()).collect();
+                self.procs.values().flat_map(|r| r.record.images().cloned()).collect();
             let cache = self.images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
             let result = cache_order(&cfg.uenv, cache, &pinned, &o);
             if let Err(e) = &result {

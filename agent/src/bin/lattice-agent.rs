@@ -103,6 +103,9 @@ struct Args {
     /// Where an allocation's uenv appears to its processes (and only to them).
     #[arg(long, default_value = "/user-environment")]
     uenv_mount: PathBuf,
+    /// Where an allocation's tools uenv (`environment.tools_uenv`) appears beside it.
+    #[arg(long, default_value = "/user-tools")]
+    tools_mount: PathBuf,
     /// The image cache's size (bytes, or with K/M/G/T): above the high watermark, least-recently-used
     /// images that no running allocation has mounted are evicted down to the low one. Default: no limit.
     #[arg(long, value_parser = parse_size)]
@@ -229,6 +232,7 @@ fn run() -> Result<()> {
             registry: a.uenv_registry,
             cache_dir: a.image_cache,
             mount_point: a.uenv_mount,
+            tools_mount_point: a.tools_mount,
             limits: lattice_agent::cache::Limits {
                 capacity: a.image_cache_size,
                 high: a.cache_high_watermark,

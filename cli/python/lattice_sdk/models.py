@@ -54,6 +54,7 @@ class AllocationSpec:
     vcluster: Optional[str] = None
     uenv: Optional[str] = None
     view: Optional[str] = None
+    tools_uenv: Optional[str] = None
     image: Optional[str] = None
     constraints: Optional[Dict[str, Any]] = None
     preemption_class: Optional[int] = None
@@ -115,7 +116,7 @@ class AllocationSpec:
                 body[k] = getattr(self, k)
         if self.constraints:
             body["resources"]["constraints"] = dict(self.constraints)
-        env = {k: getattr(self, k) for k in ("uenv", "view", "image") if getattr(self, k) is not None}
+        env = {k: getattr(self, k) for k in ("uenv", "view", "tools_uenv", "image") if getattr(self, k) is not None}
         if env:
             body["environment"] = env
         if self.tags:

@@ -420,6 +420,7 @@ def test_the_models_match_the_openapi_document(runtime):
         vcluster="v",
         uenv="a/b:c",
         view="default",
+        tools_uenv="profiling/2024.1",
         constraints={"gpu_type": "GH200", "gpu_count": 4, "features": ["nvme_scratch"]},
         preemption_class=3,
         tags={"k": "v"},
@@ -438,6 +439,7 @@ def test_the_models_match_the_openapi_document(runtime):
     ).to_json()
     assert set(full) <= props("SubmitRequest"), set(full) - props("SubmitRequest")
     assert set(full["lifecycle"]) <= props("LifecycleIn")
+    assert set(full["environment"]) <= props("EnvironmentIn"), full["environment"]
     assert set(full["resources"]) <= props("Resources")
     assert set(full["resources"]["constraints"]) <= props("ConstraintsIn")
     assert set(full["data"]) <= props("DataIn")

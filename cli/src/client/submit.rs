@@ -107,6 +107,10 @@ pub struct SubmitArgs {
     /// The uenv view to activate (its environment variables).
     #[arg(long)]
     pub view: Option<String>,
+    /// A second uenv with your tools (profilers, debuggers), `name/version:tag`: mounted at
+    /// /user-tools beside --uenv, leaving the job's environment as it was.
+    #[arg(long)]
+    pub tools_uenv: Option<String>,
     /// An OCI image instead of a uenv, `NAME[:TAG]` from the nodes' image store (a container).
     #[arg(long)]
     pub image: Option<String>,
@@ -153,6 +157,7 @@ impl SubmitArgs {
             task_group: self.task_group,
             uenv: self.uenv.clone(),
             view: self.view.clone(),
+            tools_uenv: self.tools_uenv.clone(),
             image: self.image.clone(),
             data_mounts: self.data_mount.clone(),
             depends_on: match &self.depends_on {

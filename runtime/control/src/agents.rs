@@ -462,6 +462,7 @@ impl Control {
                     task_group: self.group_view(a),
                     uenv: m.environment.as_ref().and_then(|e| e.uenv.clone()),
                     uenv_view: m.environment.as_ref().and_then(|e| e.view.clone()),
+                    tools_uenv: m.environment.as_ref().and_then(|e| e.tools_uenv.clone()),
                     image: m.environment.as_ref().and_then(|e| e.image.clone()),
                     launch_token: Some(self.launch_token(&self.name_of(id), a.started.map_or(0, |t| t.0))),
                     agents: a

@@ -95,6 +95,11 @@ pub struct EnvironmentIn {
     /// The uenv view to activate (its environment variables); default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<String>,
+    /// A second uenv with the user's tools (profilers such as nsight or darshan), `name/version:tag`,
+    /// mounted read-only at `/user-tools` beside the application's, without touching its
+    /// environment (book: "Application Profiling Integration").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_uenv: Option<String>,
     /// An OCI image reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -111,7 +116,21 @@ pub fn valid_uenv_name(s: &str) -> bool {
 
 /// Refuses an `environment` block this control plane cannot run, naming the field.
 pub(crate) fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
+    if let Some(t) = &e.tools_uenv
+        && !valid_uenv_name(t)
+    {
+        return Err(bad(
+            "environment.tools_uenv",
+            format!("{t:?}: expected name/version:tag (letters, digits, . _ + -)"),
+        ));
+    }
     if let Some(image) = &e.image {
+        if e.tools_uenv.is_some() {
+            return Err(bad(
+                "environment.tools_uenv",
+                "tools mount beside a uenv; a container image brings its own",
+            ));
+        }
         if e.uenv.is_some() {
             return Err(bad("environment", "give either uenv or image, not both"));
         }

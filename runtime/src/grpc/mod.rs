@@ -206,6 +206,7 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
             uenv: e.uenv.unwrap_or_default(),
             view: e.view.unwrap_or_default(),
             image: e.image.unwrap_or_default(),
+            tools_uenv: e.tools_uenv.unwrap_or_default(),
         }),
         constraints: a.constraints.map(|c| pb::Resources {
             nodes: 0,
@@ -417,6 +418,7 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             uenv: none_if_empty(e.uenv),
             view: none_if_empty(e.view),
             image: none_if_empty(e.image),
+            tools_uenv: none_if_empty(e.tools_uenv),
         }),
         requeue: none_if_empty(r.requeue),
         max_requeues: r.max_requeues.map(i64::from),
