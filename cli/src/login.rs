@@ -1,6 +1,8 @@
-//! `lattice login` / `logout` (book: "Login"): the OAuth 2.0 device authorization grant (RFC 8628)
-//! against the IdP the server names at its public `GET /api/v1/auth/discovery`, found through the
-//! IdP's OpenID discovery document; tokens cached per server in `~/.config/lattice/tokens.json` with
+//! `lattice login` / `logout` (book: "Login"): the OAuth 2.0 device authorization grant (RFC 8628),
+//! or the manual paste flow — the authorization code grant with PKCE (RFC 7636) whose redirect the
+//! user copies from the browser's address bar back into the terminal — against the IdP the server
+//! names at its public `GET /api/v1/auth/discovery`, found through the IdP's OpenID discovery
+//! document; tokens cached per server in `~/.config/lattice/tokens.json` with
 //! mode 0600 (a looser mode is warned about and fixed); an expired access token refreshed with the
 //! refresh token before a request; logout forgets the server's tokens and revokes the refresh token
 //! at the IdP (RFC 7009, best effort).
@@ -19,11 +21,20 @@ pub struct Discovery {
     pub issuer: Option<String>,
     pub idp_url: Option<String>,
     pub client_id: Option<String>,
+    /// The manual flow's redirect URI registered at the IdP (default [`DEFAULT_REDIRECT_URI`]).
+    #[serde(default)]
+    pub redirect_uri: Option<String>,
 }
+
+/// The manual flow's redirect URI when the server names none: a loopback address nothing needs to
+/// listen on (the browser shows an error page; its address bar holds the code).
+pub const DEFAULT_REDIRECT_URI: &str = "http://127.0.0.1/lattice/callback";
 
 /// The IdP's endpoints (from `/.well-known/openid-configuration`).
 #[derive(Clone, Debug, Deserialize)]
 pub struct Endpoints {
+    #[serde(default)]
+    pub authorization_endpoint: Option<String>,
     pub device_authorization_endpoint: Option<String>,
     pub token_endpoint: String,
     pub revocation_endpoint: Option<String>,
@@ -261,6 +272,123 @@ pub fn device_login(
     }
 }
 
+/// A manual login under way: the address the user opens, and what the exchange of its code needs.
+#[derive(Clone, Debug)]
+pub struct ManualLogin {
+    pub url: String,
+    pub redirect_uri: String,
+    state: String,
+    verifier: String,
+}
+
+/// Base64url without padding (PKCE and state values).
+fn b64url(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// Starts a manual login: a PKCE verifier and a state from `random` (64 bytes of the OS's entropy),
+/// and the IdP's authorization address asking for `scope` with them.
+pub fn manual_start(
+    ep: &Endpoints,
+    client_id: &str,
+    scope: &str,
+    redirect_uri: &str,
+    random: &[u8; 64],
+) -> Result<ManualLogin> {
+    use sha2::Digest;
+    let auth = ep
+        .authorization_endpoint
+        .as_deref()
+        .context("the IdP offers no authorization endpoint (authorization_endpoint)")?;
+    let verifier = b64url(&random[..32]);
+    let state = b64url(&random[32..48]);
+    let challenge = b64url(&sha2::Sha256::digest(verifier.as_bytes()));
+    let sep = if auth.contains('?') { '&' } else { '?' };
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    // A refresh token (`offline_access`) is granted only on a consent asked for (OpenID Connect
+    // Core 11).
+    if scope.split(' ').any(|s| s == "offline_access") {
+        query.append_pair("prompt", "consent");
+    }
+    let query = query
+        .append_pair("response_type", "code")
+        .append_pair("client_id", client_id)
+        .append_pair("redirect_uri", redirect_uri)
+        .append_pair("scope", scope)
+        .append_pair("state", &state)
+        .append_pair("code_challenge", &challenge)
+        .append_pair("code_challenge_method", "S256")
+        .finish();
+    let url = format!("{auth}{sep}{query}");
+    Ok(ManualLogin {
+        url,
+        redirect_uri: redirect_uri.to_string(),
+        state,
+        verifier,
+    })
+}
+
+/// The code in what the user pasted: the whole address the browser was sent to (its `state` must be
+/// this login's; an `error` the IdP sent is the refusal), or the code alone.
+pub fn pasted_code(m: &ManualLogin, pasted: &str) -> Result<String> {
+    let pasted = pasted.trim();
+    if pasted.is_empty() {
+        bail!("nothing pasted: paste the address your browser was sent to (or the code)");
+    }
+    let Some((_, query)) = pasted.split_once('?') else {
+        return Ok(pasted.to_string());
+    };
+    let query = query.split('#').next().unwrap_or_default();
+    let params: BTreeMap<String, String> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+    if let Some(e) = params.get("error") {
+        bail!(
+            "login refused at the IdP ({e}{})",
+            params
+                .get("error_description")
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        );
+    }
+    if params.get("state") != Some(&m.state) {
+        bail!(
+            "the pasted address belongs to another login (its state differs); run `lattice login --flow manual` again"
+        );
+    }
+    params.get("code").cloned().context("the pasted address has no code")
+}
+
+/// Exchanges the authorization code (with the PKCE verifier) for tokens.
+pub fn manual_finish(
+    agent: &ureq::Agent,
+    ep: &Endpoints,
+    client_id: &str,
+    m: &ManualLogin,
+    code: &str,
+) -> Result<Entry> {
+    let r = agent
+        .post(&ep.token_endpoint)
+        .send_form([
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", m.redirect_uri.as_str()),
+            ("client_id", client_id),
+            ("code_verifier", m.verifier.as_str()),
+        ])
+        .with_context(|| format!("cannot reach {}", ep.token_endpoint))?;
+    let (status, v) = json_of(r, &ep.token_endpoint)?;
+    if status != 200 {
+        bail!(
+            "the IdP refused the code: HTTP {status}: {}",
+            v["error_description"]
+                .as_str()
+                .or(v["error"].as_str())
+                .unwrap_or("refused")
+        );
+    }
+    entry_of(&v, ep, client_id, None)
+}
+
 /// A fresh access token for `e` from its refresh token.
 pub fn refresh(agent: &ureq::Agent, e: &Entry) -> Result<Entry> {
     let rt = e.refresh_token.as_deref().context("no refresh token")?;
@@ -291,6 +419,7 @@ pub fn refresh(agent: &ureq::Agent, e: &Entry) -> Result<Entry> {
         );
     }
     let ep = Endpoints {
+        authorization_endpoint: None,
         device_authorization_endpoint: None,
         token_endpoint: e.token_endpoint.clone(),
         revocation_endpoint: e.revocation_endpoint.clone(),
@@ -376,6 +505,60 @@ pub fn logout(agent: &ureq::Agent, store: &Store, server: &str) -> Result<bool> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 7636 Appendix B: its 32 octets give its verifier and S256 challenge; the address asks for
+    /// them, the state and consent (for the refresh token); a pasted address is read for its code
+    /// only with this login's state; an IdP's error is the refusal; a bare code is taken as is.
+    #[test]
+    fn the_manual_flow_uses_pkce_and_checks_the_pasted_state() {
+        let mut random = [7u8; 64];
+        random[..32].copy_from_slice(&[
+            116, 24, 223, 180, 151, 153, 224, 37, 79, 250, 96, 125, 216, 173, 187, 186, 22, 212, 37, 77, 105, 214, 191,
+            240, 91, 88, 5, 88, 83, 132, 141, 121,
+        ]);
+        let ep = Endpoints {
+            authorization_endpoint: Some("https://idp.example/auth".into()),
+            device_authorization_endpoint: None,
+            token_endpoint: "https://idp.example/token".into(),
+            revocation_endpoint: None,
+        };
+        let m = manual_start(&ep, "lattice", "openid offline_access", DEFAULT_REDIRECT_URI, &random).unwrap();
+        assert_eq!(m.verifier, "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk");
+        let q: BTreeMap<String, String> = form_urlencoded::parse(m.url.split_once('?').unwrap().1.as_bytes())
+            .into_owned()
+            .collect();
+        assert_eq!(q["code_challenge"], "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM");
+        assert_eq!(q["code_challenge_method"], "S256");
+        assert_eq!(q["redirect_uri"], DEFAULT_REDIRECT_URI);
+        assert_eq!(
+            (q["prompt"].as_str(), q["state"].as_str()),
+            ("consent", m.state.as_str())
+        );
+        let back = format!("{DEFAULT_REDIRECT_URI}?code=abc%2Fd&state={}&iss=x", m.state);
+        assert_eq!(pasted_code(&m, &format!("  {back}\n")).unwrap(), "abc/d");
+        assert_eq!(pasted_code(&m, "abc").unwrap(), "abc");
+        let other = format!("{DEFAULT_REDIRECT_URI}?code=abc&state=other");
+        assert!(
+            pasted_code(&m, &other)
+                .unwrap_err()
+                .to_string()
+                .contains("another login")
+        );
+        let denied = format!(
+            "{DEFAULT_REDIRECT_URI}?error=access_denied&error_description=no+way&state={}",
+            m.state
+        );
+        assert_eq!(
+            pasted_code(&m, &denied).unwrap_err().to_string(),
+            "login refused at the IdP (access_denied: no way)"
+        );
+        assert!(pasted_code(&m, " ").is_err());
+        let none = Endpoints {
+            authorization_endpoint: None,
+            ..ep
+        };
+        assert!(manual_start(&none, "lattice", "openid", DEFAULT_REDIRECT_URI, &random).is_err());
+    }
 
     #[test]
     fn the_cache_is_written_0600_and_a_loose_one_is_fixed() {

@@ -1,8 +1,8 @@
 //! `lattice` against a real OpenID provider: `oidc-provider` (the certified Node.js implementation,
 //! `tests/oidc/idp.mjs`, installed from the npm registry) issuing RS256 JWT access tokens with standard
 //! claims only (`preferred_username`, `groups`, `scope`; no `tenant`, no `roles`). The runtime finds
-//! the IdP's keys through its discovery document; `lattice login` runs the device flow while the
-//! test plays the user's browser; the IdP rotates its signing key; tokens live a few seconds, so a
+//! the IdP's keys through its discovery document; `lattice login` runs the device flow and the
+//! manual paste flow (authorization code with PKCE) while the test plays the user's browser; the IdP rotates its signing key; tokens live a few seconds, so a
 //! stream outlives its token.
 
 use lattice_testkit::process::Proc;
@@ -89,38 +89,86 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `lattice login` (device flow) while the user signs in as `login` in a browser: the IdP's
-/// `approve` opens the verification URL the CLI printed, confirms the code and signs in.
-fn login(endpoint: &str, home: &Path, login: &str, scope: &str) -> Output {
-    let mut child = lattice_cmd(endpoint, home, &["login", "--scope", scope])
+/// `lattice ARGS` with its standard streams piped, and what it printed on stderr up to the first
+/// line `until` picks (returned too).
+fn spawn_until(
+    endpoint: &str,
+    home: &Path,
+    args: &[&str],
+    until: impl Fn(&str) -> Option<String>,
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStderr>,
+    String,
+    String,
+) {
+    let mut child = lattice_cmd(endpoint, home, args)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("lattice login runs");
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut shown = String::new();
-    let url = loop {
+    let picked = loop {
         let mut line = String::new();
         assert!(
             err.read_line(&mut line).unwrap() > 0,
-            "lattice login showed no URL: {shown}"
+            "lattice login showed no address: {shown}"
         );
         shown.push_str(&line);
-        if let Some(u) = line.trim().strip_prefix("(or open ").and_then(|u| u.strip_suffix(')')) {
-            break u.to_string();
+        if let Some(p) = until(&line) {
+            break p;
         }
     };
-    assert!(shown.contains("enter the code"), "{shown}");
-    let approved = Command::new("node")
+    (child, err, shown, picked)
+}
+
+/// The IdP's browser (`idp.mjs MODE URL LOGIN`): its output.
+fn browser(mode: &str, url: &str, login: &str) -> String {
+    let o = Command::new("node")
         .arg(idp_dir().join("idp.mjs"))
-        .args(["approve", &url, login])
+        .args([mode, url, login])
         .output()
         .expect("node runs");
+    assert!(o.status.success(), "the browser's sign-in failed: {}", text(&o.stderr));
+    text(&o.stdout)
+}
+
+/// `lattice login` (device flow) while the user signs in as `login` in a browser: the IdP's
+/// `approve` opens the verification URL the CLI printed, confirms the code and signs in.
+fn login(endpoint: &str, home: &Path, login: &str, scope: &str) -> Output {
+    let (child, _err, shown, url) = spawn_until(endpoint, home, &["login", "--scope", scope], |line| {
+        let u = line.trim().strip_prefix("(or open ")?.strip_suffix(')')?;
+        Some(u.to_string())
+    });
+    assert!(shown.contains("enter the code"), "{shown}");
+    browser("approve", &url, login);
+    let out = child.wait_with_output().unwrap();
+    Output {
+        stderr: [shown.into_bytes(), out.stderr].concat(),
+        ..out
+    }
+}
+
+/// `lattice login --flow manual` while the user signs in as `login` in a browser elsewhere: the
+/// IdP's `authorize` opens the address the CLI printed, signs in, and gives back the address the
+/// browser was sent to, which `edit` may change before it is pasted into the CLI.
+fn manual_login(endpoint: &str, home: &Path, login: &str, edit: impl Fn(String) -> String) -> Output {
+    use std::io::Write;
+    let (mut child, mut err, mut shown, url) = spawn_until(endpoint, home, &["login", "--flow", "manual"], |line| {
+        line.starts_with("http").then(|| line.trim().to_string())
+    });
+    assert!(url.contains("code_challenge_method=S256"), "PKCE: {url}");
+    let sent_to = browser("authorize", &url, login).trim().to_string();
     assert!(
-        approved.status.success(),
-        "the browser's sign-in failed: {}",
-        text(&approved.stderr)
+        sent_to.starts_with("http://127.0.0.1/lattice/callback?") && sent_to.contains("code="),
+        "{sent_to}"
     );
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", edit(sent_to)).unwrap();
+    drop(stdin);
+    std::io::Read::read_to_string(&mut err, &mut shown).unwrap();
     let out = child.wait_with_output().unwrap();
     Output {
         stderr: [shown.into_bytes(), out.stderr].concat(),
@@ -285,6 +333,39 @@ fn lattice_login_against_a_real_openid_provider() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let o = lattice(&ep, &olga, &["nodes", "-o", "json"]);
     assert!(text(&o.stdout).contains("drain"), "{}", text(&o.stdout));
+
+    // The manual paste flow: the address the browser was sent to, pasted back, is exchanged for
+    // tokens (PKCE); a pasted address of another login (its state changed) is refused and nothing
+    // is cached.
+    let manual_home = dir.join("alice-manual");
+    let o = manual_login(&ep, &manual_home, "alice", |u| u.replace("state=", "state=x"));
+    assert!(
+        !o.status.success() && text(&o.stderr).contains("belongs to another login"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(
+        !manual_home.join(".config/lattice/tokens.json").exists(),
+        "nothing cached"
+    );
+    let o = manual_login(&ep, &manual_home, "alice", |u| u);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains(&format!("Logged in to {ep}")),
+        "{}",
+        text(&o.stdout)
+    );
+    let entry = cached(&manual_home, &ep);
+    assert!(entry["refresh_token"].is_string(), "{entry}");
+    let (_, claims) = jwt_parts(entry["access_token"].as_str().unwrap());
+    assert!(
+        claims.get("tenant").is_none() && claims.get("roles").is_none(),
+        "{claims}"
+    );
+    let o = lattice(&ep, &manual_home, &["status", &id, "-o", "json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["user"], "alice", "{v}");
 
     // Logout revokes the refresh token at the IdP: it no longer gives tokens.
     let refresh = cached(&alice, &ep)["refresh_token"].as_str().unwrap().to_string();

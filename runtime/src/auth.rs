@@ -50,6 +50,10 @@ pub struct AuthConfig {
     pub client_id: Option<String>,
     /// Where users' browsers and the CLI reach the IdP (default: `issuer`).
     pub idp_url: Option<String>,
+    /// The redirect URI registered at the IdP for the `lattice` client's authorization code flow
+    /// (`lattice login --flow manual`: the user pastes the address the browser was sent to); default
+    /// the CLI's, `http://127.0.0.1/lattice/callback`.
+    pub redirect_uri: Option<String>,
     /// Requests per user per minute before 429.
     #[serde(default = "default_rate")]
     pub rate_limit_per_minute: u32,
@@ -76,6 +80,7 @@ impl Default for AuthConfig {
             audience: None,
             client_id: None,
             idp_url: None,
+            redirect_uri: None,
             rate_limit_per_minute: default_rate(),
         }
     }
@@ -162,8 +167,9 @@ impl Authenticator {
     }
 
     /// What `GET /api/v1/auth/discovery` publishes so `lattice login` can find the IdP: `mode`
-    /// (`none` or `jwt`), and with JWTs `issuer`, `idp_url` (default: the issuer) and `client_id`
-    /// (default: the audience). Public: it holds no secret.
+    /// (`none` or `jwt`), and with JWTs `issuer`, `idp_url` (default: the issuer), `client_id`
+    /// (default: the audience) and the `redirect_uri` of the manual flow when configured. Public: it
+    /// holds no secret.
     pub fn discovery(&self) -> serde_json::Value {
         let c = &self.cfg;
         let mode = match c.mode {
@@ -175,6 +181,7 @@ impl Authenticator {
             "issuer": c.issuer,
             "idp_url": c.idp_url.as_ref().or(c.issuer.as_ref()),
             "client_id": c.client_id.as_ref().or(c.audience.as_ref()),
+            "redirect_uri": c.redirect_uri,
         })
     }
 

@@ -151,7 +151,7 @@ async fn tokens_roles_tenant_scoping_and_rate_limits() {
     assert_eq!(
         d,
         json!({"mode": "jwt", "issuer": null,
-               "idp_url": "https://idp.example.org/realms/hpc", "client_id": "lattice"})
+               "idp_url": "https://idp.example.org/realms/hpc", "client_id": "lattice", "redirect_uri": null})
     );
 
     // Submitting: own tenant only; the submitter is the token's subject.

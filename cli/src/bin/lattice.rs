@@ -10,7 +10,7 @@
 //! `LATTICE_CLIENT_CERT`/`LATTICE_CLIENT_KEY` or `client_cert:`/`client_key:`.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use lattice_cli::client::config::{file_config, http_agent};
 use lattice_cli::client::{
     Client, Output, accounting, admin, auth, cache, config, dag, interactive, logs, monitor, nodes, status, submit,
@@ -145,12 +145,14 @@ enum Cmd {
     /// Switch an allocation's telemetry mode: `lattice telemetry ID --mode debug --duration 30m`
     /// (prod | debug | audit; debug reverts to prod after its duration).
     Telemetry(monitor::TelemetryArgs),
-    /// Log in to the server (OIDC device code flow): the IdP comes from the server's auth discovery;
-    /// open the address shown, enter the code, and the token is cached for this server (0600).
+    /// Log in to the server (OIDC): the IdP comes from the server's auth discovery; the device flow
+    /// (open the address shown anywhere, enter the code) or the manual paste flow (open the address,
+    /// sign in, paste back where the browser was sent); the token is cached for this server (0600).
     Login {
-        /// `device` (the only flow: works over SSH, no browser on this machine needed).
-        #[arg(long, value_enum, default_value = "device")]
-        flow: Flow,
+        /// `auto` (device when the IdP offers it, else manual), `device`, or `manual`; both work
+        /// over SSH, with the browser on another machine.
+        #[arg(long, value_enum, default_value = "auto")]
+        flow: auth::Flow,
         /// OAuth scopes to ask for.
         #[arg(long, default_value = "openid offline_access")]
         scope: String,
@@ -170,14 +172,15 @@ enum Cmd {
     Completion { shell: clap_complete::Shell },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Flow {
-    Device,
-}
-
 /// User errors print `error: <message>` and their causes (exit 1), never a backtrace: those are for
 /// panics. Usage errors are clap's (exit 2).
 fn main() -> std::process::ExitCode {
+    // A reader that stops early (`lattice node list | head -n 1`) ends us quietly, as it ends other
+    // command-line tools, rather than with a panic about a broken pipe.
+    // SAFETY: setting a signal's disposition to the default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -214,11 +217,9 @@ fn run() -> Result<()> {
     );
     let store = lattice_cli::login::tokens_path().map(lattice_cli::login::Store::new);
     match &cli.cmd {
-        Cmd::Login {
-            flow: Flow::Device,
-            scope,
-            server,
-        } => return auth::login(&agent, &server_url(server.as_deref(), &base), store, scope),
+        Cmd::Login { flow, scope, server } => {
+            return auth::login(&agent, &server_url(server.as_deref(), &base), store, scope, *flow);
+        }
         Cmd::Logout { server } => return auth::logout(&agent, &server_url(server.as_deref(), &base), store),
         _ => {}
     }

@@ -82,6 +82,10 @@ pub fn http_agent(fc: &FileConfig) -> Result<ureq::Agent> {
     Ok(ureq::Agent::config_builder()
         .tls_config(tls.build())
         .http_status_as_error(false)
+        // A connection idle longer than common servers keep one (Node.js and Apache close theirs
+        // after 5 s) is not reused: a request on one the server is closing meets an EOF, and a
+        // refresh (the refresh token is spent once sent) cannot be retried after that.
+        .max_idle_age(std::time::Duration::from_secs(4))
         .build()
         .into())
 }

@@ -1,5 +1,6 @@
 // A real OpenID provider for the `lattice` login tests: `oidc-provider` (the certified Node.js
-// implementation) with the device authorization grant, refresh tokens, revocation and RS256 JWT
+// implementation) with the device authorization grant, the authorization code grant with PKCE
+// (a native client redirected to a loopback address), refresh tokens, revocation and RS256 JWT
 // access tokens for the Lattice API (audience `lattice`). Its access tokens carry only standard
 // claims: sub, iss, aud, exp, scope, client_id, and preferred_username and groups as a site's IdP
 // maps them (no `tenant`, no `roles`).
@@ -10,11 +11,15 @@
 //                                     published (a rotation as IdPs do it; sessions and grants kept)
 //   node idp.mjs approve URL LOGIN    the user's browser: opens the device verification URL
 //                                     (verification_uri_complete), confirms the code, signs in as LOGIN
+//   node idp.mjs authorize URL LOGIN  the user's browser: opens the authorization URL, signs in as
+//                                     LOGIN, and prints the address it was sent to (the redirect
+//                                     URI with the code), which nothing listens on
 import http from 'node:http';
 import crypto from 'node:crypto';
 import Provider from 'oidc-provider';
 
 const RESOURCE = 'https://lattice.example/api';
+const REDIRECT = 'http://127.0.0.1/lattice/callback';
 const ACCOUNTS = {
   alice: { groups: ['hpc-users', 'tenant:physics'] },
   olga: { groups: ['tenant:physics', 'lattice-operators'] },
@@ -59,9 +64,10 @@ function provider(issuer, keys, ttl) {
     clients: [{
       client_id: 'lattice',
       token_endpoint_auth_method: 'none',
-      grant_types: ['urn:ietf:params:oauth:grant-type:device_code', 'refresh_token'],
-      response_types: [],
-      redirect_uris: [],
+      application_type: 'native',
+      grant_types: ['urn:ietf:params:oauth:grant-type:device_code', 'authorization_code', 'refresh_token'],
+      response_types: ['code'],
+      redirect_uris: [REDIRECT],
     }],
     jwks: { keys },
     features: {
@@ -150,11 +156,13 @@ async function serve(port, ttl) {
   server.listen(port, '127.0.0.1', () => console.log('ready'));
 }
 
-// A browser: follows redirects, keeps cookies, submits the one form of each page.
-async function approve(start, login) {
+// A browser: follows redirects, keeps cookies, submits the one form of each page; a redirect to
+// the client's redirect URI ends the walk there (nothing listens on it; the address bar keeps it).
+async function browse(start, login) {
   const jar = new Map();
   async function go(url, method = 'GET', form) {
     for (let hops = 0; hops < 20; hops += 1) {
+      if (url.startsWith(REDIRECT)) return { url, status: 0, text: '' };
       const r = await fetch(url, {
         method,
         redirect: 'manual',
@@ -193,18 +201,32 @@ async function approve(start, login) {
   // The code's input and confirmation pages, then the sign-in page, until a page has no form.
   let page = await go(start);
   for (let pages = 0; /<form/.test(page.text); pages += 1) {
-    if (pages > 5) throw new Error(`the device login does not end: ${page.text.slice(0, 300)}`);
+    if (pages > 5) throw new Error(`the login does not end: ${page.text.slice(0, 300)}`);
     const f = formOf(page);
     if (f.fields.has('login')) f.fields.set('login', login);
     page = await go(f.action, 'POST', f.fields);
   }
+  return page;
+}
+
+async function approve(start, login) {
+  const page = await browse(start, login);
   if (page.status !== 200 || !/success|signed in|sign-in/i.test(page.text)) {
     throw new Error(`device login not completed (${page.status}): ${page.text.slice(0, 300)}`);
   }
   console.log('approved');
 }
 
+async function authorize(start, login) {
+  const page = await browse(start, login);
+  if (!page.url.startsWith(REDIRECT)) {
+    throw new Error(`not sent back to the client (${page.status} ${page.url}): ${page.text.slice(0, 300)}`);
+  }
+  console.log(page.url);
+}
+
 const [mode, a, b] = process.argv.slice(2);
 if (mode === 'serve') serve(Number(a), Number(b || 60));
 else if (mode === 'approve') approve(a, b).catch((e) => { console.error(String(e)); process.exit(1); });
-else { console.error('usage: idp.mjs serve PORT TTL | approve URL LOGIN'); process.exit(2); }
+else if (mode === 'authorize') authorize(a, b).catch((e) => { console.error(String(e)); process.exit(1); });
+else { console.error('usage: idp.mjs serve PORT TTL | approve URL LOGIN | authorize URL LOGIN'); process.exit(2); }

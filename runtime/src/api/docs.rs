@@ -28,7 +28,7 @@ fn meta() -> Vec<Op> {
         Op::get(
             "/api/v1/auth/discovery",
             "meta",
-            "Where `lattice login` finds the IdP: mode, issuer, idp_url, client_id",
+            "Where `lattice login` finds the IdP: mode, issuer, idp_url, client_id, redirect_uri",
         )
         .open(),
     ]
