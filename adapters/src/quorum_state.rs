@@ -79,13 +79,16 @@ pub enum QuorumCommand {
     /// Changes nothing: a new leader's first write, which commits (and applies here) everything
     /// earlier leaders committed before it reads the state.
     Barrier,
-    /// An event of a sensitive allocation (claim, release, wipe, attach, ...).
+    /// An event of a sensitive allocation (claim, release, wipe, attach, ...), signed by the member
+    /// that proposed it with the site's audit key (none in an old log, or without a key).
     Audit {
         at_ms: u64,
         user: String,
         alloc: String,
         action: String,
         detail: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signed: Option<lattice_engine::audit::Signed>,
     },
     /// A tenant's contract (hard and soft quotas): created, replaced, or — `Seed`, the runtime's
     /// tenants file at start — created only when the quorum does not know the tenant yet.
@@ -504,8 +507,17 @@ impl QuorumState {
                 alloc,
                 action,
                 detail,
+                signed,
             } => {
-                lattice_engine::audit::append(&mut self.audit, *at_ms, user, alloc, action, detail);
+                lattice_engine::audit::append_signed(
+                    &mut self.audit,
+                    *at_ms,
+                    user,
+                    alloc,
+                    action,
+                    detail,
+                    signed.as_ref(),
+                );
                 QuorumResponse::Applied
             }
             QuorumCommand::SetWeights {
@@ -1380,6 +1392,7 @@ mod tests {
                 alloc: "c1".into(),
                 action: action.to_string(),
                 detail: String::new(),
+                signed: None,
             });
         }
         assert_eq!(s.verify_audit(), Ok(()));

@@ -285,6 +285,7 @@ async fn backup_verify_restore() {
         alloc: "c".into(),
         action: "claim".into(),
         detail: String::new(),
+        signed: None,
     })
     .await
     .unwrap();

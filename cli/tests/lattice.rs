@@ -1279,3 +1279,120 @@ fn a_rust_program_uses_lattice_client(ep: &str, bob: &str, running: &str) {
     let other = Client::connect(ep, None);
     assert!(matches!(other.allocation(running), Err(Error::NotLoggedIn)));
 }
+
+/// The auditor's path (docs/operators.md): the site's Ed25519 audit key made with openssl, a
+/// sensitive claim run and released (claim, release, wipe entries, each signed with that key), a
+/// `lattice audit export` verified offline with `lattice audit verify --key` (no server: the member is
+/// stopped first); then each kind of tampering is named: an entry's content (by its seq), an entry
+/// removed (the bundle's signature), another key.
+#[test]
+fn an_audit_export_verifies_offline_and_names_what_was_tampered_with() {
+    let dir = std::env::temp_dir().join(format!("lattice-cli-audit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("audit.pem");
+    let ssl = |args: &[&str]| Command::new("openssl").args(args).output().expect("openssl runs");
+    assert!(
+        ssl(&["genpkey", "-algorithm", "ed25519", "-out", key.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let der = ssl(&["pkey", "-in", key.to_str().unwrap(), "-pubout", "-outform", "DER"]).stdout;
+    let public: String = der[der.len() - 32..].iter().map(|b| format!("{b:02x}")).collect();
+    let extra = format!(
+        "sensitive:\n  audit_signing_key_path: {}\nagents:\n  simulated_wipe: 200ms\n",
+        key.display()
+    );
+    let (rt, running) = lattice_testkit::control_plane(&dir, 2, &extra);
+    let ep = format!("http://{}", running.rest_addr);
+    let run = |args: &[&str]| lattice(&ep, &dir, args);
+    let o = run(&[
+        "-q",
+        "submit",
+        "--sensitive",
+        "--nodes=1",
+        "--walltime=1h",
+        "--",
+        "sleep",
+        "600",
+    ]);
+    assert!(o.status.success(), "{}", err(&o));
+    let id = out(&o).trim().to_string();
+    let entries = |event: &str| {
+        let o = run(&["audit", "query", "--alloc", &id, "--event", event, "-o", "json"]);
+        serde_json::from_str::<serde_json::Value>(&out(&o)).unwrap_or_default()
+    };
+    lattice_testkit::http::wait_until("the claim", Duration::from_secs(20), || {
+        entries("claim").as_array().is_some_and(|a| !a.is_empty())
+    });
+    // A sensitive allocation's metrics are never compared with another's (while it runs, and after).
+    let o = run(&["-q", "submit", "--nodes=1", "--walltime=1h", "--", "sleep", "600"]);
+    let plain = out(&o).trim().to_string();
+    let refused = |o: &Output| !o.status.success() && err(o).contains(&format!("{id} is sensitive"));
+    let o = run(&["compare", &plain, &id]);
+    assert!(refused(&o), "{}", err(&o));
+    assert!(run(&["cancel", &id]).status.success());
+    lattice_testkit::http::wait_until("the wipe", Duration::from_secs(20), || {
+        entries("wipe").as_array().is_some_and(|a| !a.is_empty())
+    });
+    let o = run(&["compare", &id, &plain]);
+    assert!(refused(&o), "ended, still refused: {}", err(&o));
+    let bundle = dir.join("audit-report.json");
+    let o = run(&["audit", "export", "--alloc", &id, "--out", bundle.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", err(&o));
+    rt.block_on(running.shutdown());
+
+    // Offline: the member is gone.
+    let verify = |file: &std::path::Path, key: &str| {
+        lattice(&ep, &dir, &["audit", "verify", file.to_str().unwrap(), "--key", key])
+    };
+    let o = verify(&bundle, &public);
+    assert!(o.status.success(), "{}{}", out(&o), err(&o));
+    let b: serde_json::Value = serde_json::from_slice(&std::fs::read(&bundle).unwrap()).unwrap();
+    let actions: Vec<&str> = b["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        ["claim", "release", "wipe"].iter().all(|a| actions.contains(a)),
+        "{actions:?}"
+    );
+    assert!(
+        b["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["key"] == public.as_str()),
+        "every entry signed with the site's key: {b}"
+    );
+    assert!(
+        out(&o).contains(&format!("{} entries verified", actions.len())),
+        "{}",
+        out(&o)
+    );
+    let tampered = |name: &str, change: &dyn Fn(&mut serde_json::Value)| {
+        let mut t = b.clone();
+        change(&mut t);
+        let path = dir.join(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(&t).unwrap()).unwrap();
+        let o = verify(&path, &public);
+        assert!(!o.status.success(), "{name} verified");
+        err(&o)
+    };
+    let seq = b["entries"][1]["seq"].as_u64().unwrap();
+    let e = tampered("edited.json", &|t| t["entries"][1]["user"] = "mallory".into());
+    assert!(e.contains(&format!("entry {seq}: its hash does not match")), "{e}");
+    let e = tampered("removed.json", &|t| {
+        t["entries"].as_array_mut().unwrap().remove(1);
+    });
+    assert!(e.contains("the bundle: the signature does not verify"), "{e}");
+    let other = "00".repeat(32);
+    let o = verify(&bundle, &other);
+    assert!(
+        !o.status.success() && err(&o).contains("which is not trusted"),
+        "{}",
+        err(&o)
+    );
+}

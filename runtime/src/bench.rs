@@ -37,6 +37,7 @@ fn audit(i: usize) -> QuorumCommand {
         alloc: format!("a{i}"),
         action: "attach".into(),
         detail: String::new(),
+        signed: None,
     }
 }
 

@@ -139,6 +139,10 @@ pub struct SensitiveConfig {
     /// fails: the node is out (Failed) and the claim fails (the book's boot timeout).
     #[serde(default = "boot_timeout_default")]
     pub boot_timeout: String,
+    /// The Ed25519 key (PKCS#8 PEM) that signs audit entries and exports (book: "Audit Signing Key
+    /// Persistence"); every member gets the same file. Unset: a random key (testing only).
+    #[serde(default)]
+    pub audit_signing_key_path: Option<PathBuf>,
 }
 
 fn boot_timeout_default() -> String {
@@ -154,6 +158,7 @@ impl Default for SensitiveConfig {
         SensitiveConfig {
             wipe_timeout: wipe_timeout_default(),
             boot_timeout: boot_timeout_default(),
+            audit_signing_key_path: None,
         }
     }
 }

@@ -111,16 +111,21 @@ pub struct Shared {
     /// The federation broker (`federation.enabled`, built with the `federation` feature).
     #[cfg(feature = "federation")]
     pub federation: Option<Arc<crate::federation::state::Broker>>,
+    /// Signs the audit entries this member proposes and its exports ([`crate::audit_key`]).
+    pub audit_key: ed25519_dalek::SigningKey,
 }
 
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).
 pub async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
+    let at_ms = shared.clock.now_ms();
+    let signed = lattice_engine::audit::sign(&shared.audit_key, at_ms, user, alloc, action, &detail);
     let cmd = QuorumCommand::Audit {
-        at_ms: shared.clock.now_ms(),
+        at_ms,
         user: user.to_string(),
         alloc: alloc.to_string(),
         action: action.to_string(),
         detail,
+        signed: Some(signed),
     };
     if !propose_retried(shared, cmd).await {
         tracing::error!("could not append {action} of {alloc} to the audit log");

@@ -216,6 +216,10 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         Some(u) => u.trim_end_matches('/').to_string(),
         None => advertised(rest.local_addr()?, cfg.tls.is_some()),
     };
+    let audit_key = crate::audit_key::load(
+        cfg.sensitive.audit_signing_key_path.as_deref(),
+        dial.is_some().then_some(cfg.node_id),
+    )?;
     let shared = Arc::new(Shared {
         rest_url,
         control: ControlLock::new(control),
@@ -249,6 +253,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         openchami_hardened: cfg.services.openchami.as_ref().and_then(|o| o.hardened.clone()),
         #[cfg(feature = "federation")]
         federation,
+        audit_key,
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![

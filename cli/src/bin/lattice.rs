@@ -221,6 +221,7 @@ fn run() -> Result<()> {
             return auth::login(&agent, &server_url(server.as_deref(), &base), store, scope, *flow);
         }
         Cmd::Logout { server } => return auth::logout(&agent, &server_url(server.as_deref(), &base), store),
+        Cmd::Audit(a) if a.verb.as_deref() == Some("verify") => return accounting::verify(a),
         _ => {}
     }
     let client = match (std::env::var("LATTICE_TOKEN").ok().or(fc.token.clone()), store) {

@@ -61,6 +61,14 @@ impl Control {
 
     /// What the API shows of `name`: a live allocation, or the final record of one that ended
     /// before this control plane took over.
+    /// Whether `name` is a sensitive claim the engine still holds.
+    pub fn is_sensitive_named(&self, name: &str) -> bool {
+        self.registry
+            .by_name
+            .get(name)
+            .is_some_and(|&id| self.ctl.engine.is_sensitive(id))
+    }
+
     pub fn view_named(&self, name: &str) -> Option<AllocationView> {
         match self.registry.by_name.get(name) {
             Some(&id) => self.view(id),

@@ -85,6 +85,8 @@ pub struct Checker {
     acked_seen: Option<(u64, u64, u64, usize, usize)>,
     /// The VNI each running allocation's run (by its start) was seen on: a leader change keeps it.
     vnis: BTreeMap<String, (u64, u32, (u64, u64))>,
+    /// The members' audit keys (public, hex): every entry is signed with one of them.
+    audit_keys: Vec<String>,
 }
 
 /// The states the API names: the engine's, and a preempted allocation's (`suspending` while its
@@ -102,8 +104,17 @@ const KNOWN_STATES: [&str; 9] = [
 ];
 
 impl Checker {
-    pub fn new(_members: u64) -> Checker {
-        Checker::default()
+    pub fn new(members: u64) -> Checker {
+        let audit_keys = (1..=members)
+            .map(|id| {
+                let key = lattice_runtime::audit_key::load(None, Some(id)).expect("a derived key");
+                lattice_engine::audit::public_hex(&key)
+            })
+            .collect();
+        Checker {
+            audit_keys,
+            ..Checker::default()
+        }
     }
 
     /// A run keeps its network domain's VNI whoever leads: `run` (its start, its VNI) as the
@@ -167,7 +178,12 @@ impl Checker {
                     return (v, None);
                 }
                 if let Err(i) = q.verify_audit() {
-                    v.push(format!("m{m}: the audit chain breaks at entry {i}"));
+                    v.push(format!(
+                        "m{m}: the audit chain breaks at entry {i} (its hash or its signature)"
+                    ));
+                }
+                if let Err(i) = lattice_engine::audit::signed_by(&q.audit, &self.audit_keys) {
+                    v.push(format!("m{m}: audit entry {i} is not signed with a member's audit key"));
                 }
                 (
                     v,

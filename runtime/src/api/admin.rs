@@ -120,6 +120,14 @@ pub(super) async fn auth_discovery(State(s): S) -> Json<Value> {
     Json(s.auth.discovery())
 }
 
+/// `GET /v1/audit/export`: a signed bundle of the entries the query selects.
+pub(super) async fn audit_export(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::AuditQuery>) -> Response {
+    match ops::audit_export(&s, &p, &q).await {
+        Ok(b) => Json(b).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 pub(super) async fn audit_logs(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::AuditQuery>) -> Response {
     match ops::audit(&s, &p, &q).await {
         Ok((entries, valid)) => Json(json!({"entries": entries, "chain_valid": valid})).into_response(),

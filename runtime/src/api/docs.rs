@@ -259,6 +259,12 @@ fn nodes() -> Vec<Op> {
         )
         .query::<ops::AuditQuery>(),
         Op::get(
+            "/v1/audit/export",
+            "audit",
+            "The entries the query selects as a bundle signed with the site's audit key (lattice audit export)",
+        )
+        .query::<ops::AuditQuery>(),
+        Op::get(
             "/api/v1/audit",
             "audit",
             "The audit log (the admin guide's path: tenant, from, scope=sensitive)",

@@ -81,6 +81,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/nodes/{id}/enable", axum::routing::post(enable))
         .route("/v1/nodes/{id}/wipe", axum::routing::post(retry_wipe))
         .route("/v1/audit/logs", get(audit_logs))
+        .route("/v1/audit/export", get(audit_export))
         .route("/api/v1/audit", get(audit_logs))
         .route("/api/v1/tenants/{id}/usage", get(tenant_usage))
         .route("/api/v1/usage", get(usage))

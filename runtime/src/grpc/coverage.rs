@@ -97,6 +97,7 @@ pub const COVERAGE: &[(&str, &str, Served)] = &[
     ("post", "/v1/nodes/{id}/enable", Rpc(NODE, "Enable")),
     ("post", "/v1/nodes/{id}/wipe", Rpc(SITE, "RetryWipe")),
     ("get", "/v1/audit/logs", Rpc(ADMIN, "QueryAudit")),
+    ("get", "/v1/audit/export", Rpc(SITE, "ExportAudit")),
     ("get", "/api/v1/audit", Rpc(ADMIN, "QueryAudit")),
     ("get", "/api/v1/tenants/{id}/usage", Rpc(ADMIN, "Usage")),
     ("get", "/api/v1/usage", Rpc(ADMIN, "Usage")),

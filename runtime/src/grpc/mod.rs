@@ -267,6 +267,21 @@ pub(crate) fn usage_query(r: pb::UsageRequest) -> ops::UsageQuery {
     }
 }
 
+/// An audit query's filters as REST takes them.
+pub(super) fn audit_query(r: pb::AuditQueryRequest) -> ops::AuditQuery {
+    ops::AuditQuery {
+        user: none_if_empty(r.user),
+        allocation: none_if_empty(r.allocation),
+        node: none_if_empty(r.node),
+        since: none_if_empty(r.since),
+        until: none_if_empty(r.until),
+        event: none_if_empty(r.event),
+        data_path: none_if_empty(r.data_path),
+        tenant: none_if_empty(r.tenant),
+        scope: None,
+    }
+}
+
 pub(crate) fn none_if_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
@@ -889,18 +904,7 @@ impl AdminService for Api {
         req: Request<pb::AuditQueryRequest>,
     ) -> Result<Response<pb::AuditQueryResponse>, Status> {
         let p = self.principal(&req)?;
-        let r = req.into_inner();
-        let q = ops::AuditQuery {
-            user: none_if_empty(r.user),
-            allocation: none_if_empty(r.allocation),
-            node: none_if_empty(r.node),
-            since: none_if_empty(r.since),
-            until: none_if_empty(r.until),
-            event: none_if_empty(r.event),
-            data_path: none_if_empty(r.data_path),
-            tenant: none_if_empty(r.tenant),
-            scope: None,
-        };
+        let q = audit_query(req.into_inner());
         let (entries, chain_valid) = ops::audit(&self.shared, &p, &q).await?;
         Ok(Response::new(pb::AuditQueryResponse {
             entries: entries
@@ -913,6 +917,9 @@ impl AdminService for Api {
                     action: e.action,
                     detail: e.detail,
                     hash: e.hash,
+                    prev: e.prev,
+                    key: e.key,
+                    sig: e.sig,
                 })
                 .collect(),
             chain_valid,

@@ -50,6 +50,12 @@ impl SiteService for Api {
         ))
     }
 
+    async fn export_audit(&self, req: Request<pb::AuditQueryRequest>) -> Answer {
+        let p = self.principal(&req)?;
+        let q = super::audit_query(req.into_inner());
+        document(ops::audit_export(&self.shared, &p, &q).await.and_then(as_value))
+    }
+
     async fn auth_discovery(&self, _req: Request<pb::Empty>) -> Answer {
         document(Ok(self.shared.auth.discovery()))
     }

@@ -435,6 +435,42 @@ pub async fn audit(
     Ok((entries, valid))
 }
 
+/// The filters of `q` as a query string (what an export records it selected).
+fn query_string(q: &AuditQuery) -> String {
+    [
+        ("user", &q.user),
+        ("allocation", &q.allocation),
+        ("node", &q.node),
+        ("since", &q.since),
+        ("until", &q.until),
+        ("event", &q.event),
+        ("data_path", &q.data_path),
+        ("tenant", &q.tenant),
+    ]
+    .iter()
+    .filter_map(|(k, v)| v.as_deref().filter(|v| !v.is_empty()).map(|v| format!("{k}={v}")))
+    .collect::<Vec<_>>()
+    .join("&")
+}
+
+/// `GET /v1/audit/export` (`lattice audit export`): the entries `q` selects, scoped as [`audit`], as
+/// a bundle signed with this member's audit key — for an auditor, verifiable offline.
+pub async fn audit_export(
+    s: &Shared,
+    p: &Principal,
+    q: &AuditQuery,
+) -> Result<lattice_engine::audit::Bundle, ApiError> {
+    let (entries, valid) = audit(s, p, q).await?;
+    Ok(lattice_engine::audit::make_bundle(
+        &s.audit_key,
+        s.clock.now_ms(),
+        &p.user,
+        &query_string(q),
+        valid,
+        entries,
+    ))
+}
+
 /// `GET /api/v1/tenants/{id}/usage?days=N` and `GET /api/v1/usage?user=U&days=N`.
 #[derive(Clone, Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -367,11 +367,38 @@ pub async fn compare_document(s: &Shared, p: &Principal, q: &CompareQuery) -> Re
         None => None,
         Some(v) => Some(seconds("step", Some(v), 0.0)?),
     };
-    let t = tsdb(s)?;
     let mut views = Vec::new();
     for id in ids {
         views.push(get(s, p, id).await?);
     }
+    // Book ("Observability Constraints"): a sensitive allocation's metrics are never shown beside
+    // another's.
+    // A sensitive claim is one the engine holds as such, or one the audit log has entries of (an
+    // ended claim the engine forgot).
+    if views.len() > 1 {
+        let held: Vec<bool> = {
+            let c = s.control.lock().await;
+            views.iter().map(|v| c.is_sensitive_named(&v.id)).collect()
+        };
+        let names: Vec<String> = views.iter().map(|v| v.id.clone()).collect();
+        let audited = s
+            .member
+            .read(move |q| names.into_iter().find(|n| q.audit.iter().any(|e| &e.alloc == n)))
+            .await;
+        if let Some(id) = views
+            .iter()
+            .zip(&held)
+            .find(|(_, h)| **h)
+            .map(|(v, _)| v.id.clone())
+            .or(audited)
+        {
+            return Err(ApiError::BadRequest {
+                field: "ids".into(),
+                message: format!("{id} is sensitive: it is compared with no other allocation"),
+            });
+        }
+    }
+    let t = tsdb(s)?;
     let now = s.control.lock().await.now().0;
     Ok(crate::observe::compare(t, &views, now, metric_names(&q.metrics), relative, step).await?)
 }
