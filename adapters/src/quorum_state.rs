@@ -508,18 +508,7 @@ impl QuorumState {
                 action,
                 detail,
                 signed,
-            } => {
-                lattice_engine::audit::append_signed(
-                    &mut self.audit,
-                    *at_ms,
-                    user,
-                    alloc,
-                    action,
-                    detail,
-                    signed.as_ref(),
-                );
-                QuorumResponse::Applied
-            }
+            } => self.apply_audit(*at_ms, user, alloc, action, detail, signed.as_ref()),
             QuorumCommand::SetWeights {
                 vcluster,
                 weights,
@@ -919,6 +908,63 @@ impl QuorumState {
         );
         self.commits += 1;
         QuorumResponse::Applied
+    }
+
+    /// An audit entry, appended in log order; a second `attach` of a sensitive allocation while one
+    /// is open is rejected.
+    fn apply_audit(
+        &mut self,
+        at_ms: u64,
+        user: &str,
+        alloc: &str,
+        action: &str,
+        detail: &str,
+        signed: Option<&lattice_engine::audit::Signed>,
+    ) -> QuorumResponse {
+        // Book ("Observability Constraints"): one terminal session at a time on a sensitive
+        // allocation — decided here, in log order, so of two opened at once exactly one is.
+        // (Signed entries only: a log written before the rule replays as it applied then.)
+        if action == "attach"
+            && signed.is_some()
+            && let Some(open) = self.open_session(alloc)
+        {
+            return QuorumResponse::Rejected {
+                reason: "session_open".into(),
+                message: format!(
+                    "{alloc} already has a terminal session open ({} by {}, since {} ms): one at a time for a sensitive allocation",
+                    open.detail, open.user, open.at_ms
+                ),
+            };
+        }
+        lattice_engine::audit::append_signed(&mut self.audit, at_ms, user, alloc, action, detail, signed);
+        QuorumResponse::Applied
+    }
+
+    /// The `attach` entry of `alloc`'s terminal session still open (no `attach_end` after it).
+    pub fn open_session(&self, alloc: &str) -> Option<&AuditEntry> {
+        self.audit
+            .iter()
+            .rev()
+            .filter(|e| e.alloc == alloc)
+            .find(|e| e.action == "attach" || e.action.starts_with("attach_end"))
+            .filter(|e| e.action == "attach")
+    }
+
+    /// The open terminal sessions: each allocation with its `attach` entry's detail.
+    pub fn open_sessions(&self) -> Vec<(String, String)> {
+        let mut allocs: Vec<&str> = self
+            .audit
+            .iter()
+            .filter(|e| e.action == "attach")
+            .map(|e| e.alloc.as_str())
+            .collect();
+        allocs.sort_unstable();
+        allocs.dedup();
+        allocs
+            .into_iter()
+            .filter_map(|a| self.open_session(a))
+            .map(|e| (e.alloc.clone(), e.detail.clone()))
+            .collect()
     }
 
     /// Re-derives every audit hash: `Err(seq)` names the first entry that does not chain.
@@ -1380,6 +1426,57 @@ mod tests {
         assert!(
             matches!(s.apply(&claim("c3", "n3")), QuorumResponse::Rejected { ref reason, .. } if reason == "sensitive_pool_size")
         );
+    }
+
+    /// One terminal session at a time on a sensitive allocation: a second `attach` while one is open
+    /// is rejected (nothing appended); after its `attach_end` the next opens; other allocations are
+    /// not held up; the open sessions are listed (a new leader ends them).
+    #[test]
+    fn one_terminal_session_at_a_time_on_a_sensitive_allocation() {
+        let mut s = QuorumState::default();
+        let key = lattice_engine::audit::SigningKey::from_bytes(&[3; 32]);
+        let attach = |alloc: &str, action: &str, via: u64| {
+            let detail = format!("terminal on n1 via m{via}");
+            QuorumCommand::Audit {
+                at_ms: 1,
+                user: "dr-x".into(),
+                alloc: alloc.into(),
+                action: action.into(),
+                signed: Some(lattice_engine::audit::sign(&key, 1, "dr-x", alloc, action, &detail)),
+                detail,
+            }
+        };
+        assert_eq!(s.apply(&attach("c1", "attach", 1)), QuorumResponse::Applied);
+        let r = s.apply(&attach("c1", "attach", 2));
+        assert!(
+            matches!(r, QuorumResponse::Rejected { ref reason, .. } if reason == "session_open"),
+            "{r:?}"
+        );
+        assert_eq!(s.audit.len(), 1, "nothing appended");
+        assert_eq!(s.apply(&attach("c2", "attach", 11)), QuorumResponse::Applied);
+        assert_eq!(
+            s.open_sessions(),
+            [
+                ("c1".to_string(), "terminal on n1 via m1".to_string()),
+                ("c2".to_string(), "terminal on n1 via m11".to_string())
+            ]
+        );
+        assert_eq!(
+            s.apply(&attach("c1", "attach_end (client left)", 1)),
+            QuorumResponse::Applied
+        );
+        assert_eq!(s.open_sessions().len(), 1);
+        assert_eq!(s.apply(&attach("c1", "attach", 2)), QuorumResponse::Applied); // An unsigned entry (a log from before the rule) applies as it did then.
+        let old = QuorumCommand::Audit {
+            at_ms: 1,
+            user: "dr-x".into(),
+            alloc: "c1".into(),
+            action: "attach".into(),
+            detail: String::new(),
+            signed: None,
+        };
+        assert_eq!(s.apply(&old), QuorumResponse::Applied);
+        assert_eq!(s.verify_audit(), Ok(()));
     }
 
     #[test]

@@ -2533,3 +2533,73 @@ fn a_service_is_discoverable_while_it_runs_and_fails_when_its_liveness_probe_doe
     drop(_agent);
     rt.block_on(running.shutdown());
 }
+
+/// A sensitive allocation takes one terminal session at a time (book: "Observability
+/// Constraints"): two `lattice attach` started at once on a running claim, through a real agent —
+/// exactly one runs its command, the other is refused (409, naming the open session) and opened
+/// nothing; once the first ended, the next attach opens. The audit log holds one `attach` and one
+/// `attach_end` per session that ran, and its chain (with every signature) verifies.
+#[test]
+fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
+    let lattice = std::path::Path::new(env!("CARGO_BIN_EXE_lattice-agent")).with_file_name("lattice");
+    assert!(lattice.is_file(), "the lattice client is built beside lattice-agent");
+    let dir = std::env::temp_dir().join(format!("lattice-agent-one-session-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    let _agents = Agents(vec![agent_command("sim-000", &base, &dir).spawn().unwrap()]);
+    let (status, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(
+            json!({"tenant": "physics", "sensitive": true, "resources": {"nodes": 1},
+                    "lifecycle": {"walltime": "5m"}, "entrypoint": "sleep 300"}),
+        ),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(20));
+    let attach = |command: &str| {
+        Command::new(&lattice)
+            .args(["attach", &id, "--command", command])
+            .env("LATTICE_ENDPOINT", &base)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let both = [attach("sleep 3; echo first-done"), attach("sleep 3; echo first-done")];
+    let outs: Vec<std::process::Output> = both.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let ran: Vec<&std::process::Output> = outs.iter().filter(|o| o.status.success()).collect();
+    assert_eq!(ran.len(), 1, "exactly one session: {outs:?}");
+    assert!(
+        String::from_utf8_lossy(&ran[0].stdout).contains("first-done"),
+        "{outs:?}"
+    );
+    let refused = outs.iter().find(|o| !o.status.success()).unwrap();
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("already has a terminal session open"),
+        "{refused:?}"
+    );
+    // The first ended: the next opens.
+    let o = attach("echo again").wait_with_output().unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("again"),
+        "{o:?}"
+    );
+    let (_, a) = call("GET", &format!("{base}/v1/audit/logs?allocation={id}"), None);
+    let actions: Vec<&str> = a["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .filter(|a| a.starts_with("attach"))
+        .collect();
+    assert_eq!(
+        actions,
+        ["attach", "attach_end (exited)", "attach", "attach_end (exited)"],
+        "{a}"
+    );
+    assert_eq!(a["chain_valid"], true, "{a}");
+    rt.block_on(running.shutdown());
+}

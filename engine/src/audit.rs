@@ -14,6 +14,9 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// The audit key's type (the runtime reads it from its PEM file; tests make one from bytes).
+pub use ed25519_dalek::SigningKey;
+
 /// One audit entry (claim, release, wipe, quarantine); `hash` = SHA-256(prev ‖ the entry's fields).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {

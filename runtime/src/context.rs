@@ -117,18 +117,23 @@ pub struct Shared {
 
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).
 pub async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
+    let cmd = audit_command(shared, user, alloc, action, detail);
+    if !propose_retried(shared, cmd).await {
+        tracing::error!("could not append {action} of {alloc} to the audit log");
+    }
+}
+
+/// An audit entry to propose, stamped with the member's clock and signed with its audit key.
+pub fn audit_command(shared: &Shared, user: &str, alloc: &str, action: &str, detail: String) -> QuorumCommand {
     let at_ms = shared.clock.now_ms();
     let signed = lattice_engine::audit::sign(&shared.audit_key, at_ms, user, alloc, action, &detail);
-    let cmd = QuorumCommand::Audit {
+    QuorumCommand::Audit {
         at_ms,
         user: user.to_string(),
         alloc: alloc.to_string(),
         action: action.to_string(),
         detail,
         signed: Some(signed),
-    };
-    if !propose_retried(shared, cmd).await {
-        tracing::error!("could not append {action} of {alloc} to the audit log");
     }
 }
 

@@ -79,6 +79,7 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
         };
         shared.member.propose(cmd).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     }
+    end_open_sessions(shared).await;
     let copies = crate::mirror::net::fetch_all(shared, term, std::time::Duration::from_secs(1))
         .await
         .map_err(anyhow::Error::msg)?;
@@ -257,6 +258,19 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
 /// What decisions read that the quorum holds, into a new leader's control plane: operators'
 /// standing orders, tenants' and projects' contracts, vClusters' weights and configurations, the
 /// site settings, and the capabilities agents discovered.
+/// At a take-over: the sensitive terminal sessions still open in the audit log are ended there
+/// (`attach_end (leader changed)`). Sensitive sessions are opened at the leader and end when their
+/// member stops leading, so none of them still runs; the allocations can be attached to again.
+async fn end_open_sessions(s: &Shared) {
+    let open = s.member.read(|q| q.open_sessions()).await;
+    for (alloc, detail) in open {
+        let cmd = crate::context::audit_command(s, "lattice", &alloc, "attach_end (leader changed)", detail);
+        if let Err(e) = s.member.propose(cmd).await {
+            tracing::warn!("could not end {alloc}'s terminal session in the audit log: {e}");
+        }
+    }
+}
+
 async fn adopt_decision_state(shared: &Shared, control: &mut Control) {
     // Operators' standing orders (drains, disables) live at the quorum: a fail-over keeps them.
     let orders = shared.member.read(|q| q.node_admin.clone()).await;

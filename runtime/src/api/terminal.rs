@@ -60,10 +60,6 @@ pub(super) async fn attach(
     ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     let node = q.node.clone();
-    let (start, addr, node, sensitive) = match ops::attach_target(&s, &p, &id, node.as_deref(), q).await {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
     let Ok(ws) = ws else {
         return (
             StatusCode::BAD_REQUEST,
@@ -71,7 +67,20 @@ pub(super) async fn attach(
         )
             .into_response();
     };
-    ws.on_upgrade(move |socket| relay_terminal(s, p, id, node, start, addr, sensitive, socket))
+    // (A sensitive allocation's session is opened at the quorum here: refused while another is.)
+    let (start, addr, node, sensitive) = match ops::attach_target(&s, &p, &id, node.as_deref(), q).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let (fs, fp, fid, fnode) = (s.clone(), p.clone(), id.clone(), node.clone());
+    ws.on_failed_upgrade(move |_| {
+        if sensitive {
+            tokio::spawn(async move {
+                ops::audit_attach(&fs, &fp, &fid, &fnode, "attach_end (upgrade failed)").await;
+            });
+        }
+    })
+    .on_upgrade(move |socket| relay_terminal(s, p, id, node, start, addr, sensitive, socket))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -98,13 +107,14 @@ pub(super) async fn relay_terminal(
                 .send(Message::Text(json!({"error": e.to_string()}).to_string().into()))
                 .await;
             let _ = sink.close().await;
+            if sensitive {
+                ops::audit_attach(&s, &p, &id, &node, "attach_end (node unreachable)").await;
+            }
             return;
         }
     };
-    if sensitive {
-        ops::audit_attach(&s, &p, &id, &node, "attach").await;
-    }
     let mut how = "client left";
+    let mut leading = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             // The token it was opened with expired: the session ends (re-attach with a fresh one).
@@ -112,6 +122,14 @@ pub(super) async fn relay_terminal(
                 how = "token expired";
                 let _ = sink.send(Message::Text(json!({"error": "token expired"}).to_string().into())).await;
                 break;
+            }
+            // A sensitive session lives on the leader: it ends when this member stops leading.
+            _ = leading.tick(), if sensitive => {
+                if ops::session_must_end(&s, sensitive) {
+                    how = "leader changed";
+                    let _ = sink.send(Message::Text(json!({"error": "the control plane's leader changed: attach again"}).to_string().into())).await;
+                    break;
+                }
             }
             m = stream.next() => match m {
                 Some(Ok(Message::Binary(b))) => {

@@ -513,18 +513,23 @@ impl AllocationService for Api {
         let (start, addr, node, sensitive) =
             ops::attach_target(&self.shared, &p, &id, node.as_deref(), terminal).await?;
         let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
-        let mut out = lattice_adapters::peer::attach(&addr, start, in_rx)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        if sensitive {
-            ops::audit_attach(&self.shared, &p, &id, &node, "attach").await;
-        }
+        // (A sensitive allocation's session was opened at the quorum by `attach_target`.)
+        let mut out = match lattice_adapters::peer::attach(&addr, start, in_rx).await {
+            Ok(o) => o,
+            Err(e) => {
+                if sensitive {
+                    ops::audit_attach(&self.shared, &p, &id, &node, "attach_end (node unreachable)").await;
+                }
+                return Err(Status::unavailable(e.to_string()));
+            }
+        };
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let shared = self.shared.clone();
         let open = crate::metrics::StreamGuard::open(&shared.metrics, "attach");
         tokio::spawn(async move {
             let _open = open;
             let mut how = "client left";
+            let mut leading = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
                 tokio::select! {
                     // The token it was opened with expired: the session ends.
@@ -532,6 +537,14 @@ impl AllocationService for Api {
                         how = "token expired";
                         let _ = tx.send(Err(Status::unauthenticated("token expired"))).await;
                         break;
+                    }
+                    // A sensitive session lives on the leader: it ends when this member stops leading.
+                    _ = leading.tick(), if sensitive => {
+                        if ops::session_must_end(&shared, sensitive) {
+                            how = "leader changed";
+                            let _ = tx.send(Err(Status::unavailable("the control plane's leader changed: attach again"))).await;
+                            break;
+                        }
                     }
                     m = inbound.message() => match m {
                         Ok(Some(pb::AttachRequest { msg: Some(m) })) => {

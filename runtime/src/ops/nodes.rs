@@ -279,6 +279,9 @@ pub async fn attach_target(
             r => break r.map_err(bad_request)?,
         }
     };
+    if sensitive {
+        open_sensitive_session(s, p, id, &node).await?;
+    }
     let start = lattice_adapters::peer::AttachStart {
         alloc: id.to_string(),
         token,
@@ -290,9 +293,29 @@ pub async fn attach_target(
     Ok((start, addr, node, sensitive))
 }
 
-/// A sensitive allocation's attach, in the quorum's audit log (start and end).
+/// A sensitive allocation's terminal session as its audit entries name it: the node, and the member
+/// that serves it (whose restart ends the sessions it served).
+fn session_detail(s: &Shared, node: &str) -> String {
+    format!("terminal on {node} via m{}", s.member.id)
+}
+
+/// Opens a sensitive allocation's terminal session at the quorum (its `attach` entry) before it
+/// starts: refused (409, nothing started) while another is open — one at a time, decided at the
+/// quorum, so of two opened at once exactly one is.
+pub async fn open_sensitive_session(s: &Shared, p: &Principal, id: &str, node: &str) -> Result<(), ApiError> {
+    let cmd = crate::context::audit_command(s, &p.user, id, "attach", session_detail(s, node));
+    committed(s, cmd, "attach").await
+}
+
+/// A sensitive allocation's session ended (`attach_end (how)`), in the quorum's audit log.
 pub async fn audit_attach(s: &Arc<Shared>, p: &Principal, id: &str, node: &str, what: &str) {
-    crate::context::audit(s, &p.user, id, what, format!("terminal on {node}")).await;
+    crate::context::audit(s, &p.user, id, what, session_detail(s, node)).await;
+}
+
+/// Whether a sensitive session relayed here must end: its member no longer leads (the new leader
+/// ends it in the audit log).
+pub fn session_must_end(s: &Shared, sensitive: bool) -> bool {
+    sensitive && !s.member.is_leader()
 }
 
 /// Orders a cache `op` (`warm`, `evict`) on nodes (operators and admins); the node names.
