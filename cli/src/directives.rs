@@ -482,6 +482,16 @@ impl SubmitFields {
 }
 
 /// The migration chapter's default QOS → preemption class mapping.
+/// `--preemption-class` / `--priority` (the book's Slurm table: `--qos=high` is `--priority=high`):
+/// a class 0-10, or a QOS name (low, normal, high, urgent).
+pub fn parse_class(v: &str) -> Result<i64, String> {
+    match (v.parse::<i64>(), qos_class(v)) {
+        (Ok(c), _) if (0..=10).contains(&c) => Ok(c),
+        (_, Some(c)) => Ok(c),
+        _ => Err(format!("`{v}`: expected a class 0-10, or low, normal, high or urgent")),
+    }
+}
+
 pub fn qos_class(qos: &str) -> Option<i64> {
     match qos {
         "low" => Some(1),
@@ -608,7 +618,10 @@ pub fn parse_script(text: &str) -> (SubmitFields, Vec<String>) {
                     Some(c) => f.preemption_class = Some(c),
                     None => warnings.push(format!("--qos={val}: no QOS mapping; default class kept")),
                 },
-                "preemption-class" | "priority" => f.preemption_class = val.parse().ok(),
+                "preemption-class" | "priority" => match parse_class(&val) {
+                    Ok(c) => f.preemption_class = Some(c),
+                    Err(e) => warnings.push(format!("--{k}: {e}; default class kept")),
+                },
                 "exclusive" => {}
                 "mem" | "mem-per-cpu" | "mem-per-gpu" => warnings.push(format!(
                     "Warning: #SBATCH --{k}={val} ignored (Lattice uses full-node scheduling, memory is not constrainable)"
@@ -908,6 +921,12 @@ mod tests {
         assert_eq!(f.node_count(), 4);
         assert_eq!(f.walltime.as_deref(), Some("72h"));
         assert_eq!(f.preemption_class, Some(2));
+        let (f, w) = parse_script("#LATTICE --priority=high\n");
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(f.preemption_class, Some(7), "the book's --priority=high");
+        let (f, w) = parse_script("#LATTICE --priority=11\n");
+        assert_eq!((f.preemption_class, w.len()), (None, 1), "{w:?}");
+        assert_eq!((parse_class("0"), parse_class("urgent")), (Ok(0), Ok(9)));
         let (f, _) = parse_script("#SBATCH --time=2-00\n");
         assert_eq!(f.walltime.as_deref(), Some("172800s"));
         assert_eq!(slurm_time("30"), Some("1800s".into()));

@@ -1070,6 +1070,17 @@ fn the_books_commands_and_flags() {
     );
     let v = json_of(&lattice_as(&ep, &dir, &alice, &["status", &np, "-o", "json"]));
     assert_eq!(v["preemption_class"], 7, "{v}");
+    // The book's Slurm table: `--qos=high` is `--priority=high`.
+    let hi = submit(&alice, &["--priority=high", "--nodes=1", "--", "true"]);
+    let v = json_of(&lattice_as(&ep, &dir, &alice, &["status", &hi, "-o", "json"]));
+    assert_eq!(v["preemption_class"], 7, "{v}");
+    lattice_as(&ep, &dir, &alice, &["cancel", &hi]);
+    let o = lattice_as(&ep, &dir, &alice, &["submit", "--priority=11", "--", "true"]);
+    assert!(
+        !o.status.success() && err(&o).contains("expected a class 0-10"),
+        "{}",
+        err(&o)
+    );
     // A checkpoint port belongs to the grpc mechanism.
     let o = lattice_as(
         &ep,

@@ -14,8 +14,9 @@ pub struct SubmitArgs {
     /// The tenant's project.
     #[arg(long)]
     pub project: Option<String>,
-    /// 0-10 (default 5): higher classes preempt lower ones and are preempted last.
-    #[arg(long, alias = "priority")]
+    /// 0-10 (default 5): higher classes preempt lower ones and are preempted last. Also
+    /// `--priority`, which takes a QOS name too (low 1, normal 4, high 7, urgent 9).
+    #[arg(long, visible_alias = "priority", value_parser = crate::directives::parse_class)]
     pub preemption_class: Option<i64>,
     /// Never preempted: no checkpoint, class 7 or more (the default class then 7).
     #[arg(long, conflicts_with = "checkpoint")]

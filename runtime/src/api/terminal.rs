@@ -60,6 +60,10 @@ pub(super) async fn attach(
     ws: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     let node = q.node.clone();
+    let (start, addr, node, sensitive) = match ops::attach_target(&s, &p, &id, node.as_deref(), q).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     let Ok(ws) = ws else {
         return (
             StatusCode::BAD_REQUEST,
@@ -67,11 +71,10 @@ pub(super) async fn attach(
         )
             .into_response();
     };
-    // (A sensitive allocation's session is opened at the quorum here: refused while another is.)
-    let (start, addr, node, sensitive) = match ops::attach_target(&s, &p, &id, node.as_deref(), q).await {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
+    // A sensitive allocation's session is opened at the quorum first: refused while another is.
+    if sensitive && let Err(e) = ops::open_sensitive_session(&s, &p, &id, &node).await {
+        return e.into_response();
+    }
     let (fs, fp, fid, fnode) = (s.clone(), p.clone(), id.clone(), node.clone());
     ws.on_failed_upgrade(move |_| {
         if sensitive {

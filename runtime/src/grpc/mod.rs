@@ -512,8 +512,11 @@ impl AllocationService for Api {
         let node = terminal.node.clone();
         let (start, addr, node, sensitive) =
             ops::attach_target(&self.shared, &p, &id, node.as_deref(), terminal).await?;
+        // A sensitive allocation's session is opened at the quorum first: refused while another is.
+        if sensitive {
+            ops::open_sensitive_session(&self.shared, &p, &id, &node).await?;
+        }
         let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
-        // (A sensitive allocation's session was opened at the quorum by `attach_target`.)
         let mut out = match lattice_adapters::peer::attach(&addr, start, in_rx).await {
             Ok(o) => o,
             Err(e) => {

@@ -279,9 +279,6 @@ pub async fn attach_target(
             r => break r.map_err(bad_request)?,
         }
     };
-    if sensitive {
-        open_sensitive_session(s, p, id, &node).await?;
-    }
     let start = lattice_adapters::peer::AttachStart {
         alloc: id.to_string(),
         token,
