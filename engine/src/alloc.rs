@@ -359,6 +359,8 @@ pub enum EndReason {
     PreemptionKilled,
     /// Its prologue (uenv pull/mount) failed on more nodes than the retry limit allows.
     PrologueFailure,
+    /// A sensitive claim its pool could not give the nodes at once (no queue for claims).
+    ClaimRefused,
 }
 
 impl EndReason {
@@ -373,6 +375,7 @@ impl EndReason {
             EndReason::UserCancelled => "user_cancelled",
             EndReason::PreemptionKilled => "preemption_killed",
             EndReason::PrologueFailure => "prologue_failure",
+            EndReason::ClaimRefused => "claim_refused",
         }
     }
 }

@@ -185,6 +185,8 @@ pub struct Engine {
     pub(crate) unbounded_holding: BTreeSet<AllocId>,
     pub(crate) proposals: VecDeque<Proposal>,
     pub(crate) commands: VecDeque<Command>,
+    /// Sensitive claims refused since [`Engine::take_claim_refusals`] last took them.
+    pub(crate) claim_refusals: Vec<(AllocId, crate::refusal::ClaimRefusal)>,
     /// Running (or proposed) elements per task group, and holders of mutex names.
     pub(crate) group_running: BTreeMap<u64, u32>,
     pub(crate) mutex_held: BTreeMap<String, AllocId>,
@@ -356,6 +358,7 @@ impl Engine {
             consumed_gpu_s: Vec::new(),
             outstanding: Vec::new(),
             sensitive_nodes: 0,
+            claim_refusals: Vec::new(),
             vclusters: Registry::default(),
             gpu_hours_committed: Vec::new(),
             power_used_w: 0,

@@ -180,6 +180,8 @@ impl Engine {
         if scored && self.pools.len() > 1 && !rest.is_empty() {
             self.borrow_phase(now, key, &mut rest, &scores, rules, &mut stats);
         }
+        // Claims are immediate or refused: none stays queued.
+        self.refuse_unplaced_claims(now, &mut rest);
         if scored {
             rest.sort_unstable();
         }
@@ -245,7 +247,10 @@ impl Engine {
                 pool.due_at = Some(pool.due_at.map_or(next, |d| d.min(next)));
                 continue;
             }
+            // A claim is immediate or refused: it never waits for a cheaper window or a tighter fit.
+            let claim = self.allocs[id.index()].spec.sensitive_claim;
             if let Some(ctx) = ctx
+                && !claim
                 && self.defer_for_energy(now, id, ctx)
             {
                 self.meta[id.index()].waiting = Some(Waiting::EnergyWindow);
@@ -264,7 +269,6 @@ impl Engine {
             } else {
                 Waiting::Resources
             };
-            let claim = self.allocs[id.index()].spec.sensitive_claim;
             let start_rules = PickRules {
                 power_cap_w: self.power_headroom(),
                 conformance_hard: rules.conformance_hard || claim,
@@ -282,7 +286,7 @@ impl Engine {
                             self.place_now(id, best, start_rules, &mut placement);
                         }
                     }
-                    if self.defer_for_topology(now, id, placement.groups) {
+                    if !claim && self.defer_for_topology(now, id, placement.groups) {
                         self.meta[id.index()].waiting = Some(Waiting::Topology);
                         stats.deferred_topology += 1;
                         keep.push(id);
@@ -295,12 +299,20 @@ impl Engine {
                     continue;
                 }
                 // A sensitive claim takes its nodes at once: non-sensitive occupants are preempted.
-                if budget_ok && self.allocs[id.index()].spec.sensitive_claim {
-                    let hard = PickRules {
-                        conformance_hard: true,
-                        ..rules
-                    };
-                    stats.preemptions += self.try_preempt_for_claim(now, id, key, hard);
+                // One that cannot have them now blocks nobody: it is refused after the pass.
+                if claim {
+                    if budget_ok {
+                        let hard = PickRules {
+                            conformance_hard: true,
+                            ..rules
+                        };
+                        stats.preemptions += self.try_preempt_for_claim(now, id, key, hard);
+                    }
+                    if self.meta[id.index()].awaiting_victims == 0 {
+                        self.meta[id.index()].waiting = Some(held);
+                        keep.push(id);
+                        continue;
+                    }
                 }
                 // The head (highest priority) is blocked: does the pool want lent nodes back, or may it
                 // preempt lower classes?
@@ -369,7 +381,7 @@ impl Engine {
                     debug_assert!(ok.is_ok());
                 }
             }
-            if fit && self.defer_for_topology(now, id, placement.groups) {
+            if fit && !claim && self.defer_for_topology(now, id, placement.groups) {
                 self.meta[id.index()].waiting = Some(Waiting::Topology);
                 stats.deferred_topology += 1;
                 keep.push(id);

@@ -298,6 +298,7 @@ impl Engine {
                     && self.meta[v.index()].proposed_at.is_none()
                     && !self.meta[v.index()].preempting
                     && !self.is_sensitive(v)
+                    && self.allocs[v.index()].spec.preemption_class.get() < 10
                     && self.meta[v.index()].held.iter().any(|h| eligible.contains(&h.0))
             })
             .map(|v| (self.preemption_cost(v, now), v))
@@ -355,6 +356,7 @@ impl Engine {
                     && self.meta[v.index()].proposed_at.is_none()
                     && !self.meta[v.index()].preempting
                     && !self.is_sensitive(v)
+                    && self.allocs[v.index()].spec.preemption_class.get() < 10
                     && self.meta[v.index()].held.iter().any(|h| eligible.contains(&h.0))
             })
             .map(|v| (self.preemption_cost(v, now), v))

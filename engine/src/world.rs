@@ -34,6 +34,8 @@ pub enum AuditEvent {
     Boot,
     /// An operator retries a quarantined node's wipe.
     WipeRetry,
+    /// The claim was refused: its nodes were held (by whom, in the entry's nodes) or out.
+    ClaimRefused,
 }
 
 impl AuditEvent {
@@ -45,6 +47,7 @@ impl AuditEvent {
             AuditEvent::Quarantine => "quarantine",
             AuditEvent::Boot => "boot",
             AuditEvent::WipeRetry => "wipe_retry",
+            AuditEvent::ClaimRefused => "claim_refused",
         }
     }
 }
@@ -107,6 +110,9 @@ pub enum Refusal {
     /// Records it waits for are not yet on a majority of the quorum members' disks (its
     /// submission; a dependency's end): proposed again at the next pass.
     NotDurable { awaiting: Vec<Durable> },
+    /// A sensitive claim its pool could not give the nodes at once: unlike the others, it does not
+    /// stay Pending — it ended, refused (claims are immediate or refused).
+    Claim(crate::refusal::ClaimRefusal),
 }
 
 /// One decision the controller carries out through a port.
@@ -116,7 +122,8 @@ pub enum Decision {
     Propose(Proposal),
     /// The controller refused a proposal before it reached the quorum (its network domain would
     /// need a VNI the pool has not; a record it waits for is not durable yet): the allocation
-    /// stays Pending and the world tells its owner why.
+    /// stays Pending and the world tells its owner why. A refused sensitive claim
+    /// ([`Refusal::Claim`]) has ended instead.
     Refuse { alloc: AllocId, why: Refusal },
     /// Quorum: put the record on a majority of the members' disks (a start waits for it); the
     /// world reports [`Input::Durable`](crate::controller::Input) when it is.
@@ -338,6 +345,7 @@ impl std::fmt::Display for Decision {
                     let list: Vec<String> = awaiting.iter().map(|r| r.to_string()).collect();
                     write!(f, "refuse {alloc} not_durable [{}]", list.join(", "))
                 }
+                Refusal::Claim(why) => write!(f, "refuse {alloc} {why}"),
             },
             Decision::Persist(record) => write!(f, "persist {record}"),
             Decision::Stop { alloc, why } => match why {

@@ -797,6 +797,74 @@ async fn update_checkpoint_disable_audit_and_usage() {
         assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{ended}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    // Two concurrent claims of 3 of the 4 nodes: exactly one wins, the other is refused at once
+    // with an OwnershipConflict naming the winner's nodes and user — and holds nothing, queues
+    // nothing, is audited (book: "Concurrent Sensitive Claims").
+    let t0 = Instant::now();
+    while !(rt.shared.member.state().await.owners.is_empty()
+        && api.get("/v1/nodes").await["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["state"] == "ready"))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{}", api.get("/v1/nodes").await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let api = std::sync::Arc::new(api);
+    let claims: Vec<_> = ["carol", "dave"]
+        .into_iter()
+        .map(|user| {
+            let api = api.clone();
+            let mut c = job("bio", 3, 30.0);
+            c["user"] = json!(user);
+            c["sensitive"] = json!(true);
+            tokio::spawn(async move { (user, api.call("POST", "/v1/allocations", Some(c)).await) })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for c in claims {
+        answers.push(c.await.unwrap());
+    }
+    answers.sort_by_key(|(_, (status, _))| *status);
+    let [(winner, (201, won)), (loser, (409, lost))] = &answers[..] else {
+        panic!("one claim wins, one is refused: {answers:?}");
+    };
+    let won_id = won["id"].as_str().unwrap().to_string();
+    let held = api.wait_state(&won_id, "running", Duration::from_secs(5)).await;
+    let message = lost["error"].as_str().unwrap();
+    assert!(message.starts_with("OwnershipConflict"), "{message}");
+    for n in held["nodes"].as_array().unwrap() {
+        assert!(message.contains(n.as_str().unwrap()), "{message} names {n}");
+    }
+    assert!(
+        message.contains(&format!("claimed by user {winner} ({won_id})")),
+        "{message}"
+    );
+    // The refused claim ended, holds no node at the quorum and is the only refusal in the log.
+    let mine = api.get(&format!("/v1/allocations?user={loser}")).await;
+    let mine = mine["allocations"].as_array().unwrap();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert_eq!(
+        (mine[0]["state"].as_str(), mine[0]["end_reason"].as_str()),
+        (Some("cancelled"), Some("claim_refused"))
+    );
+    let lost_id = mine[0]["id"].as_str().unwrap();
+    let owners = rt.shared.member.state().await.owners;
+    assert!(owners.values().all(|o| o != lost_id), "{owners:?}");
+    let t0 = Instant::now();
+    while api
+        .get(&format!("/v1/audit/logs?allocation={lost_id}&event=claim_refused"))
+        .await["entries"]
+        .as_array()
+        .unwrap()
+        .len()
+        != 1
+    {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    api.call("DELETE", &format!("/v1/allocations/{won_id}"), None).await;
     // Auth discovery is public: with `mode: none` it says so.
     let disc = api.get("/api/v1/auth/discovery").await;
     assert_eq!(disc["mode"], "none", "{disc}");

@@ -689,3 +689,38 @@ proptest! {
 fn a_preemption_that_cannot_place_its_preemptor_ends() {
     generated_case(include_str!("fixtures/parity-preemption-ping-pong.jsonl"), 659, true);
 }
+
+/// Claims are immediate or refused, in both worlds alike: of two claims at one second on 16 nodes,
+/// the second finds 4 free and is refused (audited with the nodes the first holds); a smaller one
+/// then fits; one made while the first's nodes are still being wiped is refused too.
+#[test]
+fn refused_claims_decide_the_same_in_both_worlds() {
+    let claim = |ts: u32, id: &str, nodes: u32, run: u32| {
+        serde_json::json!({"ts": ts, "type": "claim", "claim": {
+            "id": id, "tenant": "c", "project": "z", "user": "dr-who", "nodes": nodes,
+            "duration": run, "walltime": run * 2,
+        }})
+        .to_string()
+    };
+    let text = [
+        claim(10, "c1", 12, 3000),
+        claim(10, "c2", 8, 3000),
+        claim(20, "c3", 4, 600),
+        claim(3020, "c4", 16, 600),
+        serde_json::json!({"ts": 40, "type": "submit", "alloc": {"id": "j1", "tenant": "b", "project": "y", "nodes": 2, "duration": 100, "walltime": 200, "priority": 3}}).to_string(),
+    ]
+    .join("\n");
+    for seed in [1, 2] {
+        let r = generated_case(&text, seed, false);
+        assert_eq!(r.summary.claims_refused, 2, "{:?}", r.decisions);
+        let conflicts = r
+            .decisions
+            .iter()
+            .filter(|d| d.contains(" refuse ") && d.contains("ownership_conflict"));
+        assert_eq!(conflicts.count(), 2, "{:?}", r.decisions);
+        assert_eq!(
+            r.audit.entries().iter().filter(|e| e.action == "claim_refused").count(),
+            2
+        );
+    }
+}

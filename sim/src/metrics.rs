@@ -393,6 +393,10 @@ pub struct Summary {
     /// network domains are modelled).
     #[serde(skip_serializing_if = "is_zero")]
     pub vni_refusals: u64,
+    /// Sensitive claims refused because their pool could not give them the nodes at once (claims
+    /// never queue).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub claims_refused: u64,
     /// Nodes quarantined because their wipe was not confirmed within the wipe timeout (only with one).
     #[serde(skip_serializing_if = "is_zero")]
     pub wipe_timeouts: u64,

@@ -78,6 +78,7 @@ pub(crate) fn controller_stats(summary: &mut Summary, ctl: &Controller) {
     summary.hardened_boots = stats.hardened_boots;
     summary.boot_failures = stats.boot_failures;
     summary.vni_refusals = stats.vni_refusals;
+    summary.claims_refused = stats.claims_refused;
     summary.wipe_timeouts = stats.wipe_timeouts;
     summary.preemption_report_timeouts = stats.preemption_report_timeouts;
     summary.durability_holds = stats.durability_holds;
@@ -629,6 +630,7 @@ fn summarize<R: JobFields>(
         hardened_boots: 0,
         boot_failures: 0,
         vni_refusals: 0,
+        claims_refused: 0,
         durability_holds: 0,
         wipe_timeouts: 0,
         preemption_report_timeouts: 0,

@@ -131,13 +131,50 @@ fn a_wipe_not_confirmed_in_time_quarantines_at_the_deadline() {
     assert_eq!(start_of(&r, "J"), 1500.0);
 }
 
-/// Sensitive allocations are never preempted, not even by another claim.
+/// Sensitive allocations are never preempted, not even by another claim; and a claim never
+/// queues (book: "they are immediate or rejected"): C2, submitted while C1 holds every node, is
+/// refused at once — it never runs, even after C1's nodes return — and the refusal is audited with
+/// the nodes C1 holds.
 #[test]
-fn claims_never_preempt_claims() {
+fn claims_never_preempt_claims_and_a_claim_without_nodes_is_refused_at_once() {
     let w = workload(vec![claim("C1", 0, 4, 300), claim("C2", 10, 2, 300)]);
     let r = run_with(&w, 4, fixed_wipe(10, 0.0));
     assert_eq!(r.summary.preemptions, 0);
-    assert_eq!(start_of(&r, "C2"), (300 + 600) as f64, "after C1's release and wipe");
+    let c2 = r.jobs.iter().find(|j| j.id == "C2").unwrap();
+    assert_eq!((c2.start_s, c2.state, c2.reason), (None, "cancelled", "claim_refused"));
+    assert_eq!(r.summary.claims_refused, 1);
+    let refusal: Vec<_> = r
+        .audit
+        .entries()
+        .iter()
+        .filter(|e| e.action == "claim_refused")
+        .collect();
+    assert_eq!(refusal.len(), 1);
+    assert_eq!((refusal[0].alloc.as_str(), refusal[0].at_ms), ("C2", 10_000));
+    let claimed = r.audit.entries().iter().find(|e| e.action == "claim").unwrap();
+    assert_eq!(refusal[0].detail, claimed.detail, "the nodes C1 holds");
+    assert!(r.summary.audit_chain_valid);
+}
+
+/// A refused claim blocks nobody: C1 (3 nodes) cannot have them while J holds 2 of 4 nodes at
+/// class 10 (not preemptible); C2 (2 nodes), submitted at the same second behind it, takes the two
+/// free ones at once. A job behind both starts when it fits, as before.
+#[test]
+fn a_refused_claim_does_not_hold_up_the_claims_behind_it() {
+    let mut j = job("J", 0, 2, 1000, 1000);
+    j.spec_mut().preemption_class = PreemptionClass::new(10).unwrap();
+    let w = workload(vec![
+        j,
+        claim("C1", 5, 3, 300),
+        claim("C2", 5, 2, 300),
+        job("K", 6, 1, 50, 50),
+    ]);
+    let r = run_with(&w, 4, fixed_wipe(10, 0.0));
+    let c1 = r.jobs.iter().find(|j| j.id == "C1").unwrap();
+    assert_eq!((c1.start_s, c1.reason), (None, "claim_refused"));
+    assert_eq!(start_of(&r, "C2"), 5.0);
+    assert_eq!(r.summary.claims_refused, 1);
+    assert_eq!(r.summary.sensitive_wait_max_s, 0.0);
 }
 
 /// A claim is immediate even where the pool schedules on a cycle tick: with a 5 s cycle, a job

@@ -195,6 +195,8 @@ pub struct ControlStats {
     pub boot_failures: u64,
     /// Proposals refused before the quorum: their network domain needed a VNI the pool had not.
     pub vni_refusals: u64,
+    /// Sensitive claims refused: their pool could not give them the nodes at once.
+    pub claims_refused: u64,
     /// Nodes whose wipe was not confirmed within the wipe timeout (quarantined, like a failure).
     pub wipe_timeouts: u64,
     /// Preemptions the world did not report within the order's limit and the report grace: taken
@@ -810,6 +812,28 @@ impl Controller {
         // Every proposal of the pass holds its network domain's VNI before the quorum answers any
         // (the runtime's quorum answers after the pass; a fake one that answers at once must not
         // free a VNI a later proposal of the same pass would then get).
+        // Claims the passes refused have ended: audited (the nodes in their way), their owners told.
+        for (id, why) in self.engine.take_claim_refusals() {
+            self.stats.claims_refused += 1;
+            let nodes = why.nodes();
+            self.emit(
+                world,
+                now,
+                Decision::Audit {
+                    alloc: id,
+                    event: AuditEvent::ClaimRefused,
+                    nodes,
+                },
+            );
+            self.emit(
+                world,
+                now,
+                Decision::Refuse {
+                    alloc: id,
+                    why: crate::world::Refusal::Claim(why),
+                },
+            );
+        }
         let mut proposals = Vec::new();
         while let Some(p) = self.engine.poll_proposal() {
             let id = p.alloc;

@@ -30,7 +30,73 @@ impl Control {
                     )
                 }
             }
+            lattice_engine::Refusal::Claim(why) => self.claim_refusal_message(why),
         }
+    }
+
+    /// A refused claim's message (book: an `OwnershipConflict` "identifying which nodes are already
+    /// claimed and by which user"): the nodes other claims hold, by claim and user, then those
+    /// other allocations hold and those out of service.
+    fn claim_refusal_message(&self, why: &lattice_engine::ClaimRefusal) -> String {
+        use lattice_engine::ClaimRefusal;
+        let ClaimRefusal::OwnershipConflict {
+            needed,
+            free,
+            held,
+            out,
+        } = why
+        else {
+            return "claim refused: it would exceed a hard quota (its tenant's or project's max_nodes or \
+                    max_concurrent_allocations, or the site's sensitive_pool_size) or a budget"
+                .to_string();
+        };
+        let node = |n: lattice_engine::NodeId| self.registry.node_names[n.index()].clone();
+        // Holders in the order their first node comes, each with its nodes.
+        let mut holders: Vec<(AllocId, Vec<String>)> = Vec::new();
+        for &(n, a) in held {
+            match holders.iter_mut().find(|h| h.0 == a) {
+                Some(h) => h.1.push(node(n)),
+                None => holders.push((a, vec![node(n)])),
+            }
+        }
+        let mut parts = Vec::new();
+        for (a, nodes) in &holders {
+            let user = self
+                .registry
+                .meta
+                .get(a.index())
+                .and_then(|m| m.user.clone())
+                .unwrap_or_else(|| "unknown".into());
+            let verb = if self.ctl.engine.is_sensitive(*a) {
+                "claimed"
+            } else {
+                "held"
+            };
+            parts.push(format!(
+                "{} {verb} by user {user} ({})",
+                nodes.join(","),
+                self.name_of(*a)
+            ));
+        }
+        if !out.is_empty() {
+            let nodes: Vec<String> = out.iter().map(|&n| node(n)).collect();
+            parts.push(format!(
+                "{} out of service (down, draining, being wiped or booting)",
+                nodes.join(",")
+            ));
+        }
+        let free = if *free >= *needed {
+            format!("{free} are free but not {needed} of one conformance fingerprint")
+        } else {
+            format!("{free} free")
+        };
+        let mut msg = format!("OwnershipConflict: the claim needs {needed} nodes now and its pool has {free}");
+        if !parts.is_empty() {
+            msg.push_str("; ");
+            msg.push_str(&parts.join("; "));
+        }
+        msg.push_str(" — claims do not queue: choose fewer nodes or claim again once they are released");
+        msg
     }
 
     /// The network domains (the controller's) as the API shows them, and the pool's (total, in use).

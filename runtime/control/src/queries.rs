@@ -59,8 +59,6 @@ impl Control {
             .unwrap_or_default()
     }
 
-    /// What the API shows of `name`: a live allocation, or the final record of one that ended
-    /// before this control plane took over.
     /// Whether `name` is a sensitive claim the engine still holds.
     pub fn is_sensitive_named(&self, name: &str) -> bool {
         self.registry
@@ -69,6 +67,29 @@ impl Control {
             .is_some_and(|&id| self.ctl.engine.is_sensitive(id))
     }
 
+    /// What became of sensitive claim `name` (claims are immediate or refused): `None` while its
+    /// pool's pass has not yet placed or refused it; `Ok` once its nodes are coming (proposed,
+    /// committed, or freed by victims it preempts) or it ended otherwise; `Err` with the refusal
+    /// (the `OwnershipConflict` naming nodes and holders) when it was refused.
+    pub fn claim_outcome(&self, name: &str) -> Option<Result<(), String>> {
+        let Some(&id) = self.registry.by_name.get(name) else {
+            return Some(Err(format!("{name}: not known to this control plane")));
+        };
+        let a = self.ctl.engine.allocation(id)?;
+        if a.end_reason == Some(lattice_engine::EndReason::ClaimRefused) {
+            let why = self
+                .registry
+                .meta
+                .get(id.index())
+                .and_then(|m| m.last_rejection.clone());
+            return Some(Err(why.unwrap_or_else(|| "claim refused".into())));
+        }
+        let undecided = a.state == lattice_engine::AllocState::Pending && !self.ctl.engine.claim_in_hand(id);
+        (!undecided).then_some(Ok(()))
+    }
+
+    /// What the API shows of `name`: a live allocation, or the final record of one that ended
+    /// before this control plane took over.
     pub fn view_named(&self, name: &str) -> Option<AllocationView> {
         match self.registry.by_name.get(name) {
             Some(&id) => self.view(id),

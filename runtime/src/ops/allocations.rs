@@ -50,6 +50,7 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
             }
         }
     }
+    let sensitive = req.sensitive;
     let key = req.idempotency_key.clone().map(|k| (req.tenant.clone(), k));
     let (answer, recorded) = {
         // Queued and mirrored locally under one lock (a leadership change adopts one or the other).
@@ -138,7 +139,34 @@ pub async fn submit(s: &Arc<Shared>, p: &Principal, mut req: SubmitRequest) -> R
     let n = answer.elements.len().max(1) as u64;
     s.metrics.submitted.inc_by(n);
     s.wake.notify_one();
+    if sensitive {
+        claim_decided(s, &answer.id).await?;
+    }
     Ok(answer)
+}
+
+/// How long a claim's submitter waits for its pool's pass to place or refuse it before the answer
+/// says only that it was accepted (a pass runs as soon as the claim is acknowledged).
+const CLAIM_DECISION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until sensitive claim `id` is placed (its nodes committed or coming) or refused: a refusal
+/// is the submitter's answer, `409 OwnershipConflict` naming the nodes and who holds them (book:
+/// "Concurrent Sensitive Claims" — immediate or rejected, never queued).
+async fn claim_decided(s: &Arc<Shared>, id: &str) -> Result<(), ApiError> {
+    let deadline = tokio::time::Instant::now() + CLAIM_DECISION_WAIT;
+    loop {
+        match s.control.lock().await.claim_outcome(id) {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(message)) => return Err(ApiError::Conflict { message }),
+            None => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("{id}: its claim was neither placed nor refused within {CLAIM_DECISION_WAIT:?}");
+            return Ok(());
+        }
+        s.wake.notify_one();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
