@@ -40,6 +40,28 @@ impl Disk {
         }
     }
 
+    /// Sets the database `name` aside (a damaged file: renamed `NAME.damaged-N` in a directory,
+    /// forgotten on a simulated disk) so that the next [`Disk::database`] makes it anew.
+    pub fn set_aside(&self, name: &str) -> std::io::Result<()> {
+        match self {
+            Disk::Dir(dir) => {
+                let from = dir.join(name);
+                if !from.exists() {
+                    return Ok(());
+                }
+                let mut n = 0;
+                while dir.join(format!("{name}.damaged-{n}")).exists() {
+                    n += 1;
+                }
+                std::fs::rename(from, dir.join(format!("{name}.damaged-{n}")))
+            }
+            Disk::Sim(d) => {
+                lock(&d.files).remove(name);
+                Ok(())
+            }
+        }
+    }
+
     /// How to name it in errors.
     pub fn describe(&self) -> String {
         match self {

@@ -17,7 +17,9 @@ pub mod openchami;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;
+pub mod snapshots;
 pub mod spool;
+mod store_meta;
 pub mod tsdb;
 pub mod vast;
 pub mod waldur;
@@ -86,6 +88,9 @@ pub struct MemberOptions {
     pub tls: Option<raft_net::PeerTls>,
     pub dial: Option<raft_net::Dialer>,
     pub config: Option<openraft::Config>,
+    /// The other members' Raft addresses: where a member whose own snapshots all fail their
+    /// checksums fetches a verified one (see [`crate::snapshots`]).
+    pub peers: Vec<String>,
 }
 
 /// Raft timings for members on one site network (heartbeat 100 ms, election 400-800 ms), a snapshot
@@ -97,12 +102,72 @@ pub fn raft_config() -> openraft::Config {
         election_timeout_min: 400,
         election_timeout_max: 800,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(raft_store::SNAPSHOT_EVERY),
-        max_in_snapshot_log_to_keep: 100,
+        // The log reaches back past the previous snapshot: a member whose latest snapshot fails
+        // its checksum starts from the previous one and re-applies the log after it.
+        max_in_snapshot_log_to_keep: raft_store::SNAPSHOT_EVERY + raft_store::SNAPSHOT_EVERY / 10 + 1,
         ..Default::default()
     }
 }
 
+/// A member none of whose snapshots verifies and reaches its log takes a peer's latest instead: one
+/// whose checksum, state and audit chain verify and which reaches at least as far as this member's
+/// log was purged (committed entries are the same on every member, so the log after it re-applies
+/// on top). The log and the vote are kept.
+async fn recover_from_peers(
+    db: &Arc<redb::Database>,
+    disk: &disk::Disk,
+    options: &MemberOptions,
+    why: &str,
+) -> Result<(), StartError> {
+    let last_purged: Option<openraft::LogId<NodeId>> =
+        store_meta::meta_get(db, "last_purged").map_err(|e| StartError::Raft(e.to_string()))?;
+    let mut tried = vec![format!("own snapshots: {why}")];
+    for addr in &options.peers {
+        match raft_net::fetch_snapshot(addr, options.tls.as_ref(), options.dial.as_ref()).await {
+            Ok(Some(snap)) => {
+                let checked = serde_json::from_slice::<raft_store::SmData>(&snap.data)
+                    .map_err(|e| format!("{addr}: its snapshot does not parse: {e}"))
+                    .and_then(|sm| {
+                        sm.state
+                            .verify_audit()
+                            .map_err(|seq| format!("{addr}: its snapshot's audit chain breaks at entry {seq}"))
+                    })
+                    .and_then(|()| {
+                        (snap.meta.last_log_id >= last_purged)
+                            .then_some(())
+                            .ok_or_else(|| format!("{addr}: its snapshot ends before this member's log begins"))
+                    });
+                match checked {
+                    Ok(()) => {
+                        snapshots::Snapshots::new(disk.clone(), db.clone())
+                            .adopt(&snap)
+                            .map_err(|e| StartError::Raft(e.to_string()))?;
+                        tracing::warn!(
+                            "quorum store: {why}; took snapshot {} from peer {addr}",
+                            snap.meta.snapshot_id
+                        );
+                        return Ok(());
+                    }
+                    Err(e) => tried.push(e),
+                }
+            }
+            Ok(None) => tried.push(format!("{addr}: has no snapshot")),
+            Err(e) => tried.push(e),
+        }
+    }
+    Err(StartError::Raft(format!(
+        "no usable snapshot, and none from a peer ({}); restore a backup (lattice-runtime --restore) \
+         or start the member afresh",
+        tried.join("; ")
+    )))
+}
+
 impl Member {
+    /// The Raft gRPC service this member serves to its peers.
+    pub fn raft_service(&self) -> raft_net::pb::raft_service_server::RaftServiceServer<raft_net::RaftService> {
+        raft_net::server(self.raft.clone(), self.sm.snaps.clone())
+    }
+
     /// Opens the member's store in `dir` (restoring its state from disk) and starts Raft. The Raft
     /// gRPC service is served by the caller ([`raft_net::server`]) on the member's address.
     pub async fn start(id: NodeId, dir: &Path) -> Result<Member, StartError> {
@@ -124,7 +189,17 @@ impl Member {
             dir: disk.describe(),
             source,
         })?;
-        let sm = raft_store::StateMachine::load(db.clone()).map_err(|e| StartError::Raft(e.to_string()))?;
+        let sm = match raft_store::StateMachine::load_on(db.clone(), disk) {
+            Err(raft_store::LoadError::NoSnapshot(why)) => {
+                recover_from_peers(&db, disk, &options, &why).await?;
+                raft_store::StateMachine::load_on(db.clone(), disk)
+            }
+            loaded => loaded,
+        }
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        for problem in sm.snaps.problems.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            tracing::warn!("quorum store: {problem}; started from an earlier snapshot and the log");
+        }
         let config = options
             .config
             .unwrap_or_else(raft_config)
@@ -165,7 +240,7 @@ impl Member {
     /// Starts a member serving its Raft service on an already bound listener.
     pub async fn start_on(id: NodeId, dir: &Path, listener: tokio::net::TcpListener) -> Result<Member, StartError> {
         let m = Member::start(id, dir).await?;
-        let svc = raft_net::server(m.raft.clone());
+        let svc = m.raft_service();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -368,10 +443,12 @@ impl Member {
         }
     }
 
-    /// Open handles on the member's database (this `Member` and its clones hold one each); the file
-    /// can be reopened once the last is dropped.
+    /// Open handles on the member's database (this `Member` and its clones hold one each; so do
+    /// the log store and the Raft service, through the snapshot files); the files can be reopened
+    /// once only this one is left (1).
     pub fn store_handles(&self) -> usize {
-        Arc::strong_count(&self.sm.db)
+        // The snapshot files hold one handle on the database themselves, for as long as they live.
+        (Arc::strong_count(&self.sm.db) - 1).max(Arc::strong_count(&self.sm.snaps))
     }
 }
 

@@ -237,6 +237,8 @@ impl RaftNetwork<TypeConfig> for Conn {
 /// The gRPC service a member serves to its peers.
 pub struct RaftService {
     pub raft: Raft,
+    /// This member's snapshot files (a peer recovering from damaged ones fetches the latest).
+    pub snaps: std::sync::Arc<crate::snapshots::Snapshots>,
 }
 
 fn reply<T: Serialize, E: Serialize>(r: Result<T, E>) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
@@ -276,6 +278,44 @@ impl pb::raft_service_server::RaftService for RaftService {
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
         reply(self.raft.install_snapshot(decode(r)?).await)
     }
+
+    async fn fetch_snapshot(
+        &self,
+        _: tonic::Request<pb::RaftRequest>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        let latest = self.snaps.latest().map_err(|e| e.to_string());
+        reply(latest)
+    }
+}
+
+/// A peer's latest snapshot, for a member whose own snapshots all fail their checksums: fetched
+/// over the Raft service at `addr` (with this member's TLS and dialer), `None` when it has none.
+pub async fn fetch_snapshot(
+    addr: &str,
+    tls: Option<&PeerTls>,
+    dial_with: Option<&Dialer>,
+) -> Result<Option<crate::snapshots::StoredSnapshot>, String> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .and_then(|e| match tls {
+            Some(t) => e.tls_config(t.client_config(host_of(addr))),
+            None => Ok(e),
+        })
+        .map_err(|e| format!("{addr}: {e}"))?
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .timeout(std::time::Duration::from_secs(30));
+    let mut client = pb::raft_service_client::RaftServiceClient::new(dial(endpoint, dial_with))
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    let r = client
+        .fetch_snapshot(pb::RaftRequest { data: Vec::new() })
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?
+        .into_inner();
+    if !r.error.is_empty() {
+        return Err(format!("{addr}: {}", r.error));
+    }
+    serde_json::from_slice(&r.data).map_err(|e| format!("{addr}: not a snapshot: {e}"))
 }
 
 /// Accepted connections with Nagle's algorithm off: Raft's small messages must not wait for the
@@ -293,8 +333,11 @@ pub fn nodelay(
 }
 
 /// The tonic server for a member's Raft service, with the message size limits raised.
-pub fn server(raft: Raft) -> pb::raft_service_server::RaftServiceServer<RaftService> {
-    pb::raft_service_server::RaftServiceServer::new(RaftService { raft })
+pub fn server(
+    raft: Raft,
+    snaps: std::sync::Arc<crate::snapshots::Snapshots>,
+) -> pb::raft_service_server::RaftServiceServer<RaftService> {
+    pb::raft_service_server::RaftServiceServer::new(RaftService { raft, snaps })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
 }

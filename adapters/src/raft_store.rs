@@ -51,7 +51,7 @@ type SE = StorageError<NodeId>;
 pub const SNAPSHOT_EVERY: u64 = 1000;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+use crate::store_meta::{META, meta_get, meta_put};
 
 /// Opens (or creates) the member's database in `dir`.
 pub fn open(dir: &Path) -> Result<Arc<Database>, std::io::Error> {
@@ -67,28 +67,6 @@ pub fn open_on(disk: &crate::disk::Disk) -> Result<Arc<Database>, std::io::Error
     tx.open_table(META).map_err(std::io::Error::other)?;
     tx.commit().map_err(std::io::Error::other)?;
     Ok(Arc::new(db))
-}
-
-fn meta_get<T: for<'a> Deserialize<'a>>(db: &Database, key: &str) -> Result<Option<T>, SE> {
-    let tx = db.begin_read().map_err(|e| StorageIOError::read(&e))?;
-    let t = tx.open_table(META).map_err(|e| StorageIOError::read(&e))?;
-    let Some(v) = t.get(key).map_err(|e| StorageIOError::read(&e))? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(v.value())
-        .map(Some)
-        .map_err(|e| StorageIOError::read(&e).into())
-}
-
-fn meta_put<T: Serialize>(db: &Database, key: &str, value: &T) -> Result<(), SE> {
-    let bytes = serde_json::to_vec(value).map_err(|e| StorageIOError::write(&e))?;
-    let tx = db.begin_write().map_err(|e| StorageIOError::write(&e))?;
-    {
-        let mut t = tx.open_table(META).map_err(|e| StorageIOError::write(&e))?;
-        t.insert(key, bytes.as_slice()).map_err(|e| StorageIOError::write(&e))?;
-    }
-    tx.commit().map_err(|e| StorageIOError::write(&e))?;
-    Ok(())
 }
 
 /// The log store (log, vote, committed index, last purged id).
@@ -231,6 +209,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
+/// Why a member's state could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    Store(String),
+    /// Snapshots were taken but none verifies and reaches the log: the state must come from a
+    /// peer's snapshot (or a backup).
+    #[error("no usable snapshot: {0}")]
+    NoSnapshot(String),
+}
+
 /// The state machine and what it has applied.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SmData {
@@ -239,12 +228,7 @@ pub struct SmData {
     pub state: QuorumState,
 }
 
-/// A stored snapshot: its metadata and the serialised [`SmData`].
-#[derive(Clone, Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
-}
+use crate::snapshots::{Snapshots, StoredSnapshot};
 
 /// Snapshots built and installed by every state machine of this process (the deterministic
 /// simulation reports them, so a run shows the snapshot path was exercised).
@@ -256,6 +240,8 @@ pub static SNAPSHOTS_INSTALLED: std::sync::atomic::AtomicU64 = std::sync::atomic
 #[derive(Clone)]
 pub struct StateMachine {
     pub(crate) db: Arc<Database>,
+    /// The snapshot files (the latest two, checksummed).
+    pub snaps: Arc<Snapshots>,
     pub data: Arc<RwLock<SmData>>,
     /// The latest snapshot's size (bytes), and how long the ones built since they were last taken
     /// took (seconds, at most 256): `lattice_raft_snapshot_*`.
@@ -270,17 +256,27 @@ pub struct SnapshotStats {
 }
 
 impl StateMachine {
-    /// Loads the latest snapshot (if any) as the starting state.
-    pub fn load(db: Arc<Database>) -> Result<StateMachine, SE> {
-        let stored = meta_get::<StoredSnapshot>(&db, "snapshot")?;
+    /// Loads the latest snapshot that verifies and reaches the log as the starting state (see
+    /// [`crate::snapshots`]); the member's data directory is `dir`.
+    pub fn load(db: Arc<Database>, dir: &Path) -> Result<StateMachine, LoadError> {
+        StateMachine::load_on(db, &crate::disk::Disk::Dir(dir.to_path_buf()))
+    }
+
+    /// [`StateMachine::load`] on `disk`.
+    pub fn load_on(db: Arc<Database>, disk: &crate::disk::Disk) -> Result<StateMachine, LoadError> {
+        let snaps = Arc::new(Snapshots::new(disk.clone(), db.clone()));
+        let last_purged: Option<LogId<NodeId>> =
+            meta_get(&db, "last_purged").map_err(|e| LoadError::Store(e.to_string()))?;
+        let stored = snaps.for_start(last_purged).map_err(LoadError::NoSnapshot)?;
         let bytes = stored.as_ref().map_or(0, |s| s.data.len() as u64);
         let data = match stored {
             Some(s) => serde_json::from_slice(&s.data)
-                .map_err(|e| StorageIOError::read_snapshot(Some(s.meta.signature()), &e))?,
+                .map_err(|e| LoadError::Store(format!("snapshot {}: {e}", s.meta.snapshot_id)))?,
             None => SmData::default(),
         };
         Ok(StateMachine {
             db,
+            snaps,
             data: Arc::new(RwLock::new(data)),
             snapshots: Arc::new(std::sync::Mutex::new(SnapshotStats {
                 bytes,
@@ -304,14 +300,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 None => "empty".into(),
             },
         };
-        meta_put(
-            &self.db,
-            "snapshot",
-            &StoredSnapshot {
-                meta: meta.clone(),
-                data: data.clone(),
-            },
-        )?;
+        self.snaps.save(&StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        })?;
         {
             let mut st = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
             st.bytes = data.len() as u64;
@@ -375,21 +367,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let sm: SmData =
             serde_json::from_slice(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         self.snapshots.lock().unwrap_or_else(|p| p.into_inner()).bytes = data.len() as u64;
-        meta_put(
-            &self.db,
-            "snapshot",
-            &StoredSnapshot {
-                meta: meta.clone(),
-                data,
-            },
-        )?;
+        self.snaps.save(&StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        })?;
         *self.data.write().await = sm;
         SNAPSHOTS_INSTALLED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, SE> {
-        Ok(meta_get::<StoredSnapshot>(&self.db, "snapshot")?.map(|s| Snapshot {
+        Ok(self.snaps.latest()?.map(|s| Snapshot {
             meta: s.meta,
             snapshot: Box::new(Cursor::new(s.data)),
         }))
@@ -462,7 +450,9 @@ pub fn restore(dir: &Path, backup: &Backup) -> Result<(), String> {
         snapshot_id: format!("restore-{}", backup.created_ms),
     };
     let data = serde_json::to_vec(&backup.data).map_err(|e| e.to_string())?;
-    meta_put(&db, "snapshot", &StoredSnapshot { meta, data }).map_err(|e| e.to_string())?;
+    Snapshots::new(crate::disk::Disk::Dir(dir.to_path_buf()), db.clone())
+        .save(&StoredSnapshot { meta, data })
+        .map_err(|e| e.to_string())?;
     meta_put(&db, "last_purged", &backup.data.last_applied).map_err(|e| e.to_string())?;
     meta_put(&db, "committed", &backup.data.last_applied).map_err(|e| e.to_string())?;
     let tx = db.begin_write().map_err(|e| e.to_string())?;

@@ -29,7 +29,9 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, PathBuf> for Builder {
     async fn build(&self) -> Result<(PathBuf, LogStore, StateMachine), StorageError<NodeId>> {
         let dir = scratch("suite");
         let db = open(&dir).expect("store opens");
-        Ok((dir, LogStore::new(db.clone()), StateMachine::load(db)?))
+        let sm =
+            StateMachine::load(db.clone(), &dir).map_err(|e| StorageError::from(openraft::StorageIOError::read(&e)))?;
+        Ok((dir, LogStore::new(db), sm))
     }
 }
 

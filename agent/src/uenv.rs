@@ -35,6 +35,10 @@ pub struct UenvConfig {
     pub tools_mount_point: PathBuf,
     /// The cache's size and watermarks.
     pub limits: crate::cache::Limits,
+    /// The site's uenv signing key, its Ed25519 public half in hex: an allocation with
+    /// `environment.sign_required` mounts only images whose signature (`TAG.squashfs.sig` beside the
+    /// image) verifies with it.
+    pub signing_key: Option<String>,
 }
 
 impl Default for UenvConfig {
@@ -45,6 +49,7 @@ impl Default for UenvConfig {
             mount_point: PathBuf::from("/user-environment"),
             tools_mount_point: PathBuf::from("/user-tools"),
             limits: crate::cache::Limits::default(),
+            signing_key: None,
         }
     }
 }
@@ -72,6 +77,10 @@ pub enum UenvError {
     BadMeta { uenv: String, message: String },
     #[error("uenv pull failed: {0}")]
     CacheFull(#[from] crate::cache::CacheFull),
+    /// `sign_required` and the image is not signed, or not by the site's key (book: "Software
+    /// Delivery": "image signature verified before mount").
+    #[error("uenv signature: {0}")]
+    Unsigned(String),
 }
 
 /// `name/version:tag` → the registry's relative path without extension (`name/version/tag`) and the
@@ -93,6 +102,32 @@ pub fn open_cache(cfg: &UenvConfig) -> crate::cache::ImageCache {
     crate::cache::ImageCache::open(&cfg.cache_dir.join("uenv"), cfg.limits)
 }
 
+/// With `sign_required`, whether `sig` (the image's signature file, hex) is the site key's
+/// signature of the image's SHA-256 digest `digest` (hex), as `openssl pkeyutl -sign -rawin` makes
+/// it over `openssl dgst -sha256 -binary`.
+pub fn check_signed(cfg: &UenvConfig, uenv: &str, digest: &str, sig: Option<&str>) -> Result<(), UenvError> {
+    let Some(key) = &cfg.signing_key else {
+        return Err(UenvError::Unsigned(format!(
+            "{uenv}: the allocation requires a signed image and this agent has no signing key (--uenv-signing-key)"
+        )));
+    };
+    let Some(sig) = sig else {
+        return Err(UenvError::Unsigned(format!(
+            "{uenv} is not signed (no .sig beside the image)"
+        )));
+    };
+    let bytes: [u8; 32] = hex::decode(digest.trim())
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| UenvError::Unsigned(format!("{uenv}: its digest {digest:?} is not a SHA-256")))?;
+    let signed = lattice_engine::audit::Signed {
+        key: key.clone(),
+        sig: sig.split_whitespace().collect(),
+    };
+    lattice_engine::audit::check_digest(&signed, &bytes)
+        .map_err(|e| UenvError::Unsigned(format!("{uenv}: {e} (the site's uenv signing key)")))
+}
+
 /// The image of `uenv` in the cache, pulled and verified first when it is not there (or its recorded
 /// digest differs from the registry's), after making room for it (LRU, sparing `pinned` images).
 /// Returns the cached image's path; the cache records the use (hit or miss) at `now_ms`.
@@ -102,15 +137,26 @@ pub fn pull(
     pinned: &std::collections::BTreeSet<String>,
     uenv: &str,
     now_ms: u64,
+    sign_required: bool,
 ) -> Result<PathBuf, UenvError> {
     let (rel, file) = layout(uenv)?;
     let dir = cache.dir().to_path_buf();
     let cached = dir.join(&file);
     let recorded = dir.join(format!("{file}.sha256"));
+    let cached_sig = dir.join(format!("{file}.sig"));
+    // A signed image is checked at every mount, against the digest it was verified with.
+    let signed = |digest: &str, sig: Option<String>| -> Result<(), UenvError> {
+        if sign_required {
+            check_signed(cfg, uenv, digest, sig.as_deref())?;
+        }
+        Ok(())
+    };
     let io = |e: std::io::Error| UenvError::Io(e.to_string());
     let Some(registry) = &cfg.registry else {
         // No registry: what was verified into the cache earlier runs.
         return if cached.is_file() && recorded.is_file() {
+            let digest = std::fs::read_to_string(&recorded).map_err(io)?;
+            signed(&digest, std::fs::read_to_string(&cached_sig).ok())?;
             cache.used_image(&file, true, now_ms);
             Ok(cached)
         } else {
@@ -118,8 +164,10 @@ pub fn pull(
         };
     };
     let reg = registry_dir(registry);
-    let source = reg.join(&rel).with_extension("squashfs");
-    let digest_file = reg.join(&rel).with_extension("squashfs.sha256");
+    // `TAG.squashfs` and its neighbours, appended to the tag (a tag such as `2024.1` keeps its dot).
+    let beside = |suffix: &str| reg.join(format!("{}.{suffix}", rel.display()));
+    let source = beside("squashfs");
+    let digest_file = beside("squashfs.sha256");
     let expected = match std::fs::read_to_string(&digest_file) {
         Ok(t) => t.split_whitespace().next().unwrap_or_default().to_ascii_lowercase(),
         Err(_) => return Err(UenvError::NotFound(uenv.to_string(), registry.clone())),
@@ -127,11 +175,26 @@ pub fn pull(
     if !source.is_file() {
         return Err(UenvError::NotFound(uenv.to_string(), registry.clone()));
     }
+    // The registry's signature (if any) is kept beside the cached image.
+    let sig = std::fs::read_to_string(beside("squashfs.sig")).ok();
+    let keep_sig = |sig: &Option<String>| -> Result<(), UenvError> {
+        match sig {
+            Some(s) => std::fs::write(&cached_sig, s).map_err(io),
+            None => match std::fs::remove_file(&cached_sig) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+                _ => Ok(()),
+            },
+        }
+    };
     // A hit: the cached image was verified against this digest when it was pulled.
     if cached.is_file() && std::fs::read_to_string(&recorded).is_ok_and(|r| r.trim() == expected) {
+        signed(&expected, sig.clone())?;
+        keep_sig(&sig)?;
         cache.used_image(&file, true, now_ms);
         return Ok(cached);
     }
+    // Not signed as required: refused before anything is copied.
+    signed(&expected, sig.clone())?;
     let size = std::fs::metadata(&source).map_err(io)?.len();
     let mut pinned = pinned.clone();
     pinned.remove(&file); // a stale copy of this very image is replaced, not kept
@@ -163,6 +226,7 @@ pub fn pull(
     }
     std::fs::rename(&partial, &cached).map_err(io)?;
     std::fs::write(&recorded, format!("{expected}\n")).map_err(io)?;
+    keep_sig(&sig)?;
     cache.used_image(&file, false, now_ms);
     Ok(cached)
 }
@@ -265,8 +329,9 @@ pub fn prepare(
     pinned: &std::collections::BTreeSet<String>,
     uenv: &str,
     view: Option<&str>,
+    sign_required: bool,
 ) -> Result<Prepared, UenvError> {
-    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms())?;
+    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms(), sign_required)?;
     let mut env = vec![
         ("LATTICE_UENV".to_string(), uenv.to_string()),
         ("UENV_MOUNT_POINT".to_string(), cfg.mount_point.display().to_string()),
@@ -286,8 +351,9 @@ pub fn prepare_tools(
     cache: &mut crate::cache::ImageCache,
     pinned: &std::collections::BTreeSet<String>,
     uenv: &str,
+    sign_required: bool,
 ) -> Result<PathBuf, UenvError> {
-    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms())?;
+    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms(), sign_required)?;
     std::fs::create_dir_all(&cfg.tools_mount_point)
         .map_err(|e| UenvError::Io(format!("{}: {e}", cfg.tools_mount_point.display())))?;
     Ok(image)
@@ -360,10 +426,11 @@ mod tests {
             mount_point: dir.join("mnt"),
             tools_mount_point: dir.join("tools"),
             limits: crate::cache::Limits::default(),
+            signing_key: None,
         };
         let mut cache = open_cache(&cfg);
         let none = std::collections::BTreeSet::new();
-        let mut pull = |cfg: &UenvConfig, u: &str| pull(cfg, &mut cache, &none, u, 1);
+        let mut pull = |cfg: &UenvConfig, u: &str| pull(cfg, &mut cache, &none, u, 1, false);
         let image = pull(&cfg, "app/1.0:v1").unwrap();
         assert_eq!(std::fs::read(&image).unwrap(), b"image bytes");
         // A hit: the registry's image may change bytes, the verified copy is used.
@@ -390,6 +457,65 @@ mod tests {
         assert!(matches!(pull(&offline, "other/1:v1"), Err(UenvError::NoRegistry(_))));
         // One miss (the first pull), then hits: the cached copy, and again offline.
         assert_eq!((cache.stats.misses, cache.stats.hits), (1, 2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `sign_required`: an image is mounted only with the site key's signature of its digest beside
+    /// it — refused unsigned, signed by another key, or without a key on the agent, before anything
+    /// is copied; a signed one is pulled, and its cached signature checked again at every hit.
+    #[test]
+    fn signed_images_only_when_sign_required() {
+        use lattice_engine::audit::{SigningKey, public_hex, sign_digest};
+        let dir = std::env::temp_dir().join(format!("lattice-uenv-signed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let reg = dir.join("registry/sensitive/validated");
+        std::fs::create_dir_all(&reg).unwrap();
+        std::fs::write(reg.join("2024.1.squashfs"), b"validated stack").unwrap();
+        let digest: [u8; 32] = Sha256::digest(b"validated stack").into();
+        std::fs::write(reg.join("2024.1.squashfs.sha256"), format!("{}\n", hex(&digest))).unwrap();
+        let site = SigningKey::from_bytes(&[7; 32]);
+        let other = SigningKey::from_bytes(&[8; 32]);
+        let cfg = UenvConfig {
+            registry: Some(dir.join("registry").display().to_string()),
+            cache_dir: dir.join("cache"),
+            signing_key: Some(public_hex(&site)),
+            ..UenvConfig::default()
+        };
+        let mut cache = open_cache(&cfg);
+        let none = std::collections::BTreeSet::new();
+        let mut pull =
+            |cfg: &UenvConfig, signed: bool| pull(cfg, &mut cache, &none, "sensitive/validated:2024.1", 1, signed);
+        let cached = cfg.cache_dir.join("uenv/sensitive_validated_2024.1.squashfs");
+        let unsigned = pull(&cfg, true).unwrap_err();
+        assert!(
+            matches!(unsigned, UenvError::Unsigned(_)) && unsigned.to_string().contains("is not signed"),
+            "{unsigned}"
+        );
+        assert!(!cached.exists(), "nothing copied");
+        std::fs::write(reg.join("2024.1.squashfs.sig"), sign_digest(&other, &digest).sig).unwrap();
+        let wrong = pull(&cfg, true).unwrap_err().to_string();
+        assert!(wrong.contains("does not verify"), "{wrong}");
+        let keyless = UenvConfig {
+            signing_key: None,
+            ..cfg.clone()
+        };
+        assert!(pull(&keyless, true).unwrap_err().to_string().contains("no signing key"));
+        std::fs::write(reg.join("2024.1.squashfs.sig"), sign_digest(&site, &digest).sig).unwrap();
+        assert_eq!(std::fs::read(pull(&cfg, true).unwrap()).unwrap(), b"validated stack");
+        // A hit checks the kept signature again: offline with it altered, the image is refused.
+        let offline = UenvConfig {
+            registry: None,
+            ..cfg.clone()
+        };
+        assert!(pull(&offline, true).is_ok());
+        std::fs::write(
+            cfg.cache_dir.join("uenv/sensitive_validated_2024.1.squashfs.sig"),
+            sign_digest(&other, &digest).sig,
+        )
+        .unwrap();
+        assert!(matches!(pull(&offline, true), Err(UenvError::Unsigned(_))));
+        // Without sign_required the same image mounts as any other.
+        assert!(pull(&offline, false).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -25,6 +25,21 @@ fn wait_for(base: &str, id: &str, pred: impl Fn(&Value) -> bool, within: Duratio
     }
 }
 
+/// Waits until each of `nodes` is ready (a sensitive claim takes ready nodes at once or is refused).
+fn wait_ready(base: &str, nodes: &[&str], within: Duration) {
+    let t0 = Instant::now();
+    for n in nodes {
+        loop {
+            let (_, v) = call("GET", &format!("{base}/v1/nodes/{n}"), None);
+            if v["state"] == "ready" {
+                break;
+            }
+            assert!(t0.elapsed() < within, "{n}: {v}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 #[test]
 fn two_agents_run_real_jobs() {
     let dir = std::env::temp_dir().join(format!("lattice-agent-e2e-{}", std::process::id()));
@@ -876,6 +891,7 @@ fn preemption_and_wipes_through_real_agents() {
                 .unwrap()
                 .iter()
                 .map(|e| e["action"].as_str().unwrap().to_string())
+                .filter(|a| a != "api_call")
                 .collect();
             if actions.len() >= n {
                 return actions;
@@ -885,7 +901,7 @@ fn preemption_and_wipes_through_real_agents() {
         }
     };
     // One wipe entry per node: each agent reports its own node's outcome.
-    assert_eq!(audit(&claim, 4), ["claim", "release", "wipe", "wipe"]);
+    assert_eq!(audit(&claim, 5), ["claim", "start", "release", "wipe", "wipe"]);
     for n in ["sim-000", "sim-001"] {
         assert_eq!(
             std::fs::read_to_string(work.join(format!("wiped-{n}"))).unwrap(),
@@ -899,14 +915,15 @@ fn preemption_and_wipes_through_real_agents() {
     agents.0[1].kill().unwrap();
     agents.0[1].wait().unwrap();
     agents.0[1] = spawn("sim-001", None);
+    wait_ready(&base, &["sim-000", "sim-001"], Duration::from_secs(10));
     let claim = submit(
         json!({"tenant": "bio", "resources": {"nodes": 2}, "lifecycle": {"walltime": "1m"},
                               "sensitive": true, "entrypoint": "true"}),
     );
     wait_for(&base, &claim, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
-    let mut actions = audit(&claim, 4);
-    actions[2..].sort();
-    assert_eq!(actions, ["claim", "release", "quarantine", "wipe"]);
+    let mut actions = audit(&claim, 5);
+    actions[3..].sort();
+    assert_eq!(actions, ["claim", "start", "release", "quarantine", "wipe"]);
     let (_, v) = call("GET", &format!("{base}/v1/audit/logs?allocation={claim}"), None);
     let by_action: std::collections::BTreeMap<String, String> = v["entries"]
         .as_array()
@@ -1395,6 +1412,19 @@ fn a_tools_uenv_mounts_beside_the_application_uenv() {
     .unwrap();
     publish_uenv(&prof, &registry, "profiling/2024.1/latest", None);
     publish_uenv(&prof, &registry, "profiling/broken/latest", Some(b"other bytes"));
+    // The site's uenv signing key: the tools image gets a signature under another key, the
+    // application image its own.
+    let site = lattice_engine::audit::SigningKey::from_bytes(&[11; 32]);
+    let other = lattice_engine::audit::SigningKey::from_bytes(&[12; 32]);
+    let sign = |rel: &str, key: &lattice_engine::audit::SigningKey| {
+        use sha2::Digest;
+        let digest: [u8; 32] =
+            sha2::Sha256::digest(std::fs::read(registry.join(format!("{rel}.squashfs"))).unwrap()).into();
+        let sig = lattice_engine::audit::sign_digest(key, &digest).sig;
+        std::fs::write(registry.join(format!("{rel}.squashfs.sig")), sig).unwrap();
+    };
+    sign("prgenv-gnu/24.11/v1", &site);
+    sign("profiling/2024.1/latest", &other);
     let mut agent = agent_command("sim-000", &base, &dir);
     agent
         .args(["--uenv-registry", &format!("file://{}", registry.display())])
@@ -1403,7 +1433,8 @@ fn a_tools_uenv_mounts_beside_the_application_uenv() {
         .arg("--uenv-mount")
         .arg(&mnt)
         .arg("--tools-mount")
-        .arg(&tools_mnt);
+        .arg(&tools_mnt)
+        .args(["--uenv-signing-key", &lattice_engine::audit::public_hex(&site)]);
     let _agents = Agents(vec![agent.spawn().unwrap()]);
     let submit = |env: Value, entrypoint: &str| -> String {
         let body = json!({"tenant": "physics", "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
@@ -1479,6 +1510,49 @@ fn a_tools_uenv_mounts_beside_the_application_uenv() {
     }
     let (_, all) = call("GET", &format!("{base}/v1/allocations"), None);
     assert_eq!(all["allocations"].as_array().map(Vec::len), Some(2), "{all}");
+
+    // sign_required: the site-signed application image mounts; …
+    let c = submit(
+        json!({"uenv": "prgenv-gnu/24.11:v1", "sign_required": true}),
+        "cat \"$UENV_MOUNT_POINT/hello\"",
+    );
+    let v = wait_for(&base, &c, |v| v["ended_ms"].is_u64(), Duration::from_secs(15));
+    assert_eq!(v["end_reason"], "success", "{v} {}", log_of(&c));
+    assert!(log_of(&c).contains("hello from the application"));
+    wait_ready(&base, &["sim-000"], Duration::from_secs(10));
+    // … a sensitive allocation whose tools image is signed by another key fails its prologue before
+    // anything runs, and the audit log says why (last: the node is then quarantined, having no
+    // wipe command).
+    let body = json!({"tenant": "physics", "user": "dr-x", "sensitive": true, "resources": {"nodes": 1},
+                      "lifecycle": {"walltime": "1m"}, "entrypoint": "echo should not run",
+                      "environment": {"uenv": "prgenv-gnu/24.11:v1", "tools_uenv": "profiling/2024.1", "sign_required": true}});
+    let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+    assert_eq!(status, 201, "{v}");
+    let d = v["id"].as_str().unwrap().to_string();
+    let v = wait_for(&base, &d, |v| v["ended_ms"].is_u64(), Duration::from_secs(20));
+    assert_eq!(v["end_reason"], "prologue_failure", "{v}");
+    assert!(!log_of(&d).contains("should not run"));
+    let (_, audit) = call(
+        "GET",
+        &format!("{base}/v1/audit/logs?allocation={d}&event=prologue_failure"),
+        None,
+    );
+    let entries = audit["entries"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{audit}");
+    let detail = entries[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("sim-000 reason=uenv signature: profiling/2024.1") && detail.contains("does not verify"),
+        "{detail}"
+    );
+    assert_eq!(audit["chain_valid"], true);
+    // Without a uenv, sign_required is refused at submission.
+    let body = json!({"tenant": "physics", "resources": {"nodes": 1}, "environment": {"sign_required": true}, "entrypoint": "true"});
+    let (status, v) = call("POST", &format!("{base}/v1/allocations"), Some(body));
+    assert_eq!(
+        (status, v["field"].as_str()),
+        (400, Some("environment.sign_required")),
+        "{v}"
+    );
     rt.block_on(running.shutdown());
 }
 
@@ -2534,29 +2608,100 @@ fn a_service_is_discoverable_while_it_runs_and_fails_when_its_liveness_probe_doe
     rt.block_on(running.shutdown());
 }
 
-/// A sensitive allocation takes one terminal session at a time (book: "Observability
-/// Constraints"): two `lattice attach` started at once on a running claim, through a real agent —
-/// exactly one runs its command, the other is refused (409, naming the open session) and opened
-/// nothing; once the first ended, the next attach opens. The audit log holds one `attach` and one
-/// `attach_end` per session that ran, and its chain (with every signature) verifies.
+/// A sensitive allocation takes one terminal session at a time, and only when it runs a signed
+/// uenv (book: "Observability Constraints", "Session recorded, audit trail, signed uenv only"): a
+/// claim without a signed uenv is not attached to (403, nothing opened); on one running a signed
+/// uenv, two `lattice attach` started at once through a real agent — exactly one runs its command,
+/// the other is refused (409, naming the open session) and opened nothing; once the first ended,
+/// the next attach opens. Each session is recorded (what was typed and shown, asciicast), the
+/// recording named by its `attach` and `attach_end` entries with its SHA-256; the audit chain (with
+/// every signature) verifies.
 #[test]
 fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
+    if !can_mount_uenvs() {
+        return;
+    }
     let lattice = std::path::Path::new(env!("CARGO_BIN_EXE_lattice-agent")).with_file_name("lattice");
     assert!(lattice.is_file(), "the lattice client is built beside lattice-agent");
     let dir = std::env::temp_dir().join(format!("lattice-agent-one-session-{}", std::process::id()));
     let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
     let base = format!("http://{}", running.rest_addr);
-    let _agents = Agents(vec![agent_command("sim-000", &base, &dir).spawn().unwrap()]);
-    let (status, v) = call(
-        "POST",
-        &format!("{base}/v1/allocations"),
-        Some(
-            json!({"tenant": "physics", "sensitive": true, "resources": {"nodes": 1},
-                    "lifecycle": {"walltime": "5m"}, "entrypoint": "sleep 300"}),
-        ),
+    let (registry, app) = (dir.join("registry"), dir.join("app"));
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(app.join("README"), "validated stack\n").unwrap();
+    publish_uenv(&app, &registry, "sensitive/validated/2024.1", None);
+    let site = lattice_engine::audit::SigningKey::from_bytes(&[21; 32]);
+    {
+        use sha2::Digest;
+        let image = registry.join("sensitive/validated/2024.1.squashfs");
+        let digest: [u8; 32] = sha2::Sha256::digest(std::fs::read(&image).unwrap()).into();
+        std::fs::write(
+            registry.join("sensitive/validated/2024.1.squashfs.sig"),
+            lattice_engine::audit::sign_digest(&site, &digest).sig,
+        )
+        .unwrap();
+    }
+    let mut agent = agent_command("sim-000", &base, &dir);
+    agent
+        .args(["--uenv-registry", &registry.display().to_string()])
+        .arg("--image-cache")
+        .arg(dir.join("cache"))
+        .arg("--uenv-mount")
+        .arg(dir.join("mnt"))
+        .args(["--uenv-signing-key", &lattice_engine::audit::public_hex(&site)])
+        .args(["--wipe-command", "true"]);
+    let _agents = Agents(vec![agent.spawn().unwrap()]);
+    wait_ready(&base, &["sim-000"], Duration::from_secs(20));
+    let claim = |environment: Value| {
+        let (status, v) = call(
+            "POST",
+            &format!("{base}/v1/allocations"),
+            Some(
+                json!({"tenant": "physics", "sensitive": true, "resources": {"nodes": 1},
+                        "lifecycle": {"walltime": "5m"}, "entrypoint": "sleep 300", "environment": environment}),
+            ),
+        );
+        assert_eq!(status, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    // Without a signed uenv: no session.
+    let unsigned = claim(json!({}));
+    wait_for(&base, &unsigned, |v| v["state"] == "running", Duration::from_secs(20));
+    let o = Command::new(&lattice)
+        .args(["attach", &unsigned, "--command", "echo opened"])
+        .env("LATTICE_ENDPOINT", &base)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("opened"),
+        "{o:?}"
     );
-    assert_eq!(status, 201, "{v}");
-    let id = v["id"].as_str().unwrap().to_string();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("signed uenv"), "{o:?}");
+    let (_, a) = call(
+        "GET",
+        &format!("{base}/v1/audit/logs?allocation={unsigned}&event=attach"),
+        None,
+    );
+    assert_eq!(a["entries"], json!([]), "nothing opened: {a}");
+    call("DELETE", &format!("{base}/v1/allocations/{unsigned}"), None);
+    wait_for(&base, &unsigned, |v| v["ended_ms"].is_u64(), Duration::from_secs(10));
+    // Its node is wiped (the site's wipe command) and back before the next claim.
+    let t0 = Instant::now();
+    while call(
+        "GET",
+        &format!("{base}/v1/audit/logs?allocation={unsigned}&event=wipe"),
+        None,
+    )
+    .1["entries"]
+        .as_array()
+        .is_none_or(|e| e.is_empty())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the node's wipe");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_ready(&base, &["sim-000"], Duration::from_secs(20));
+    let id = claim(json!({"uenv": "sensitive/validated:2024.1", "sign_required": true}));
     wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(20));
     let attach = |command: &str| {
         Command::new(&lattice)
@@ -2587,7 +2732,23 @@ fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
         o.status.success() && String::from_utf8_lossy(&o.stdout).contains("again"),
         "{o:?}"
     );
-    let (_, a) = call("GET", &format!("{base}/v1/audit/logs?allocation={id}"), None);
+    // The session's end is written once its relay closes: after the client saw the exit.
+    let ended = |a: &Value| {
+        a["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action"].as_str().unwrap().starts_with("attach_end"))
+            .count()
+    };
+    let t0 = Instant::now();
+    let a = loop {
+        let (_, a) = call("GET", &format!("{base}/v1/audit/logs?allocation={id}"), None);
+        if ended(&a) >= 2 || t0.elapsed() > Duration::from_secs(10) {
+            break a;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let actions: Vec<&str> = a["entries"]
         .as_array()
         .unwrap()
@@ -2601,5 +2762,36 @@ fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
         "{a}"
     );
     assert_eq!(a["chain_valid"], true, "{a}");
+    // Each session's recording: named when it opened, and with its size and digest when it ended.
+    let details: Vec<&str> = a["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"].as_str().unwrap().starts_with("attach"))
+        .map(|e| e["detail"].as_str().unwrap())
+        .collect();
+    let name = |d: &str| {
+        d.split_whitespace()
+            .find_map(|w| w.strip_prefix("recording="))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(name(details[0]), name(details[1]), "{details:?}");
+    let end = details[3];
+    let file = dir.join("q").join(name(end));
+    let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    use sha2::Digest;
+    let digest: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        end.contains(&format!("sha256={digest}")) && end.contains(&format!("bytes={}", bytes.len())),
+        "{end}"
+    );
+    assert!(
+        String::from_utf8_lossy(&bytes).contains("again"),
+        "the output is recorded"
+    );
     rt.block_on(running.shutdown());
 }

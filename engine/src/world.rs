@@ -36,6 +36,11 @@ pub enum AuditEvent {
     WipeRetry,
     /// The claim was refused: its nodes were held (by whom, in the entry's nodes) or out.
     ClaimRefused,
+    /// It starts on its nodes (what runs there: the world's note names its software and data).
+    Start,
+    /// Its prologue failed on the node (an image that could not be pulled, or is not signed as
+    /// `sign_required` asks): the world's note says why.
+    PrologueFailure,
 }
 
 impl AuditEvent {
@@ -48,6 +53,8 @@ impl AuditEvent {
             AuditEvent::Boot => "boot",
             AuditEvent::WipeRetry => "wipe_retry",
             AuditEvent::ClaimRefused => "claim_refused",
+            AuditEvent::PrologueFailure => "prologue_failure",
+            AuditEvent::Start => "start",
         }
     }
 }

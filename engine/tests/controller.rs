@@ -477,7 +477,7 @@ fn a_claim_boots_its_nodes_into_the_hardened_image_before_it_launches() {
     c.apply(Time(1500), Input::Booted(id, NodeId(0), true), &mut w).unwrap();
     c.apply(Time(2000), Input::Booted(id, NodeId(1), true), &mut w).unwrap();
     assert!(launched(&w, id));
-    assert_eq!(audited(&w, id), ["claim", "boot"]);
+    assert_eq!(audited(&w, id), ["claim", "boot", "start"]);
     assert!(c.is_hardened(NodeId(0)) && c.is_hardened(NodeId(1)));
     assert_eq!(c.stats.hardened_boots, 2);
     // It ends, its nodes are wiped; the next claim launches without booting.
@@ -611,6 +611,7 @@ fn a_quarantined_node_is_wiped_again_on_an_operators_retry() {
         audited(&w, id),
         [
             "claim",
+            "start",
             "release",
             "quarantine",
             "wipe_retry",

@@ -24,6 +24,11 @@ pub struct RuntimeConfig {
     /// Where the quorum keeps its durable log, vote and snapshots.
     #[serde(default = "data_default")]
     pub data_dir: PathBuf,
+    /// Raft log entries between snapshots of the quorum's state (default 1000). The log is kept back
+    /// past the previous snapshot, so a member whose latest snapshot is damaged starts from the
+    /// previous one.
+    #[serde(default)]
+    pub raft_snapshot_every: Option<u64>,
     /// Every quorum member (this one included): id → gRPC address. Empty = a single member.
     #[serde(default)]
     pub members: BTreeMap<u64, String>,
@@ -400,6 +405,9 @@ impl RuntimeConfig {
             .map_err(|m| err(format!("agents.preemption_report_grace: {m}")))?;
         lattice_traces::parse_duration(&c.agents.simulated_wipe)
             .map_err(|m| err(format!("agents.simulated_wipe: {m}")))?;
+        if c.raft_snapshot_every == Some(0) {
+            return Err(err("raft_snapshot_every: at least 1 entry between snapshots".into()));
+        }
         lattice_traces::parse_duration(&c.network.grace).map_err(|m| err(format!("network.grace: {m}")))?;
         lattice_adapters::fabric::VniPool::new(c.network.vni_pool_start, c.network.vni_pool_end)
             .map_err(|e| err(format!("network: {e}")))?;

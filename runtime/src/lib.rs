@@ -39,6 +39,7 @@ pub mod openchami;
 pub mod ops;
 pub mod pb;
 pub mod principal;
+pub mod recording;
 pub mod replay;
 pub mod server;
 pub mod storage_probe;

@@ -176,7 +176,19 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
     let options = lattice_adapters::MemberOptions {
         tls: tls.as_ref().map(|t| t.peer()),
         dial: dial.clone(),
-        config: raft,
+        config: raft.or_else(|| {
+            cfg.raft_snapshot_every.map(|n| lattice_adapters::openraft::Config {
+                snapshot_policy: lattice_adapters::openraft::SnapshotPolicy::LogsSinceLast(n),
+                max_in_snapshot_log_to_keep: n + n / 10 + 1,
+                ..lattice_adapters::raft_config()
+            })
+        }),
+        peers: cfg
+            .quorum_members()
+            .into_iter()
+            .filter(|(id, _)| *id != cfg.node_id)
+            .map(|(_, addr)| addr)
+            .collect(),
     };
     let member = Member::start_with(cfg.node_id, &disk, options).await?;
     if bootstrap {
@@ -352,7 +364,7 @@ fn serve_grpc(
         builder = builder.tls_config(t.grpc()).context("gRPC TLS")?;
     }
     let grpc_server = builder
-        .add_service(lattice_adapters::raft_net::server(shared.member.raft.clone()))
+        .add_service(shared.member.raft_service())
         .add_service(crate::pb::allocation_service_server::AllocationServiceServer::new(
             api.clone(),
         ))

@@ -690,7 +690,9 @@ async fn update_checkpoint_disable_audit_and_usage() {
     api.wait_state(&c, "completed", Duration::from_secs(5)).await;
     let t0 = Instant::now();
     let log = loop {
-        let v = api.get(&format!("/v1/audit/logs?allocation={c}")).await;
+        let v = api
+            .get(&format!("/v1/audit/logs?allocation={c}&event=claim,release"))
+            .await;
         if v["entries"].as_array().unwrap().len() == 2 {
             break v;
         }

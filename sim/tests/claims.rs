@@ -73,7 +73,7 @@ fn release_wipes_nodes_and_audits() {
     // J needs all 4 nodes: the claim's 2 come back at 300 + 1200.
     assert_eq!(start_of(&r, "J"), 1500.0);
     let events: Vec<&str> = r.audit.entries().iter().map(|e| e.action.as_str()).collect();
-    assert_eq!(events, ["claim", "release", "wipe"]);
+    assert_eq!(events, ["claim", "start", "release", "wipe"]);
     assert!(r.audit.entries().iter().all(|e| e.user == "dr-x" && e.alloc == "C"));
     // The nodes by name, as the quorum's log names them.
     assert_eq!(
@@ -240,9 +240,11 @@ fn a_claim_boots_the_hardened_image_before_its_work_runs() {
         [
             ("C", "claim"),
             ("C", "boot"),
+            ("C", "start"),
             ("C", "release"),
             ("C", "wipe"),
             ("D", "claim"),
+            ("D", "start"),
             ("D", "release"),
             ("D", "wipe")
         ]
@@ -304,7 +306,7 @@ fn a_wipe_retry_in_the_trace_wipes_a_quarantined_node_again() {
         .map(|e| (e.action.as_str(), e.detail.as_str()))
         .collect();
     assert_eq!(
-        events[3..],
+        events[4..],
         [("wipe_retry", claimed[0].as_str()), ("quarantine", claimed[0].as_str())],
         "{events:?}"
     );

@@ -80,6 +80,10 @@ pub struct Launch {
     /// mount point (`/user-tools`) beside the application's (book: `environment.tools_uenv`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools_uenv: Option<String>,
+    /// `environment.sign_required`: the uenvs are mounted only when their signatures verify with
+    /// the site's uenv signing key; an unsigned or wrongly signed image is a prologue failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uenv_sign_required: bool,
     /// The OCI image its processes run in (a container of the agent's OCI runtime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -28,6 +28,7 @@ fn launch() -> Launch {
         uenv: None,
         uenv_view: None,
         tools_uenv: None,
+        uenv_sign_required: false,
         image: Some("busybox:1.36".into()),
         launch_token: None,
         agents: Default::default(),

@@ -185,8 +185,15 @@ fn uenv(
         procs.values().flat_map(|r| r.record.images().cloned()).collect();
     let cache = images.get_or_insert_with(|| crate::uenv::open_cache(&cfg.uenv));
     if let Some(u) = &l.uenv {
-        let p =
-            crate::uenv::prepare(&cfg.uenv, cache, &pinned, u, l.uenv_view.as_deref()).map_err(|e| e.to_string())?;
+        let p = crate::uenv::prepare(
+            &cfg.uenv,
+            cache,
+            &pinned,
+            u,
+            l.uenv_view.as_deref(),
+            l.uenv_sign_required,
+        )
+        .map_err(|e| e.to_string())?;
         // Making room for the tools image must not evict this one.
         if let Some(f) = p.image.file_name() {
             pinned.insert(f.to_string_lossy().into_owned());
@@ -198,7 +205,8 @@ fn uenv(
         uenv_env = p.env;
     }
     if let Some(t) = &l.tools_uenv {
-        let image = crate::uenv::prepare_tools(&cfg.uenv, cache, &pinned, t).map_err(|e| e.to_string())?;
+        let image = crate::uenv::prepare_tools(&cfg.uenv, cache, &pinned, t, l.uenv_sign_required)
+            .map_err(|e| e.to_string())?;
         mounts.push(runner::Mount::Squashfs {
             image,
             at: cfg.uenv.tools_mount_point.clone(),
@@ -342,6 +350,7 @@ mod tests {
             uenv: None,
             uenv_view: None,
             tools_uenv: None,
+            uenv_sign_required: false,
             launch_token: None,
             agents: Default::default(),
             image: None,

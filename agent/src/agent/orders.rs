@@ -80,7 +80,7 @@ pub(super) fn cache_order(
     let (_, file) = crate::uenv::layout(&o.image).map_err(|e| e.to_string())?;
     match o.op.as_str() {
         "warm" => {
-            crate::uenv::pull(cfg, cache, pinned, &o.image, runner::wall_ms()).map_err(|e| e.to_string())?;
+            crate::uenv::pull(cfg, cache, pinned, &o.image, runner::wall_ms(), false).map_err(|e| e.to_string())?;
             if o.sticky {
                 cache.set_sticky(&file, true);
             }

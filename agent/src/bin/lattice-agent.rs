@@ -106,6 +106,11 @@ struct Args {
     /// Where an allocation's tools uenv (`environment.tools_uenv`) appears beside it.
     #[arg(long, default_value = "/user-tools")]
     tools_mount: PathBuf,
+    /// The site's uenv signing key (its Ed25519 public half, hex): allocations with
+    /// `environment.sign_required` mount only images whose `TAG.squashfs.sig` (hex, the key's
+    /// signature of the image's SHA-256 digest) verifies with it.
+    #[arg(long, env = "LATTICE_UENV_SIGNING_KEY")]
+    uenv_signing_key: Option<String>,
     /// The image cache's size (bytes, or with K/M/G/T): above the high watermark, least-recently-used
     /// images that no running allocation has mounted are evicted down to the low one. Default: no limit.
     #[arg(long, value_parser = parse_size)]
@@ -233,6 +238,7 @@ fn run() -> Result<()> {
             cache_dir: a.image_cache,
             mount_point: a.uenv_mount,
             tools_mount_point: a.tools_mount,
+            signing_key: a.uenv_signing_key,
             limits: lattice_agent::cache::Limits {
                 capacity: a.image_cache_size,
                 high: a.cache_high_watermark,

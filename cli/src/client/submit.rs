@@ -25,6 +25,10 @@ pub struct SubmitArgs {
     /// claiming role).
     #[arg(long)]
     pub sensitive: bool,
+    /// Mount the uenvs only when their images are signed with the site's uenv signing key
+    /// (`environment.sign_required`; an unsigned image fails the prologue).
+    #[arg(long)]
+    pub sign_required: bool,
     /// A port the allocation serves, reachable within its network domain: `[NAME:]PORT[/PROTOCOL]`
     /// (`8080`, `api:8443/https`; repeatable; protocol tcp, http, https or grpc).
     #[arg(long, value_name = "[NAME:]PORT[/PROTOCOL]")]
@@ -271,6 +275,9 @@ pub fn run(
     }
     if args.sensitive {
         body["sensitive"] = json!(true);
+    }
+    if args.sign_required {
+        body["environment"]["sign_required"] = json!(true);
     }
     if !args.expose.is_empty() {
         let exposed = args.expose.iter().map(|e| expose(e)).collect::<Result<Vec<_>>>()?;

@@ -511,6 +511,7 @@ impl Controller {
             }
             Input::PrologueFailed(id, node) => {
                 let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                self.audit_sensitive(world, now, id, AuditEvent::PrologueFailure, vec![node]);
                 self.emit(world, now, Decision::Release { alloc: id, nodes });
                 self.engine.handle_prologue_failure(now, id, node)?;
                 self.lost_run(id);
@@ -765,6 +766,28 @@ impl Controller {
     }
 
     /// The committed allocation runs from its resume point.
+    /// An audit entry of `id`'s, when it is a sensitive allocation.
+    fn audit_sensitive(
+        &mut self,
+        world: &mut dyn World,
+        now: Time,
+        id: AllocId,
+        event: AuditEvent,
+        nodes: Vec<NodeId>,
+    ) {
+        if self.engine.is_sensitive(id) {
+            self.emit(
+                world,
+                now,
+                Decision::Audit {
+                    alloc: id,
+                    event,
+                    nodes,
+                },
+            );
+        }
+    }
+
     fn launch(&mut self, now: Time, id: AllocId, nodes: Vec<NodeId>, staging_remaining_s: f64, world: &mut dyn World) {
         let r = self.run(id);
         r.start = now;
@@ -772,6 +795,8 @@ impl Controller {
         r.pending = None;
         let resume_from = r.base;
         let vni = self.vni_of(id);
+        // What starts on a sensitive allocation's nodes is audited first.
+        self.audit_sensitive(world, now, id, AuditEvent::Start, nodes.clone());
         self.emit(
             world,
             now,

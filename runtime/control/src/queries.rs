@@ -67,6 +67,15 @@ impl Control {
             .is_some_and(|&id| self.ctl.engine.is_sensitive(id))
     }
 
+    /// Whether `name` runs a uenv whose signature its agents check (`environment.uenv` with
+    /// `sign_required`).
+    pub fn runs_signed_uenv(&self, name: &str) -> bool {
+        self.id_of(name)
+            .and_then(|id| self.registry.meta.get(id.index()))
+            .and_then(|m| m.environment.as_ref())
+            .is_some_and(|e| e.sign_required && e.uenv.is_some())
+    }
+
     /// What became of sensitive claim `name` (claims are immediate or refused): `None` while its
     /// pool's pass has not yet placed or refused it; `Ok` once its nodes are coming (proposed,
     /// committed, or freed by victims it preempts) or it ended otherwise; `Err` with the refusal

@@ -103,6 +103,11 @@ pub struct EnvironmentIn {
     /// An OCI image reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The uenvs are mounted only when their images' signatures verify with the site's uenv
+    /// signing key (book: "Software Delivery", `sign_required: true`); an unsigned or wrongly
+    /// signed image is a prologue failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sign_required: bool,
 }
 
 /// Longest uenv name.
@@ -116,6 +121,12 @@ pub fn valid_uenv_name(s: &str) -> bool {
 
 /// Refuses an `environment` block this control plane cannot run, naming the field.
 pub(crate) fn check_environment(e: &EnvironmentIn) -> Result<(), FieldError> {
+    if e.sign_required && e.uenv.is_none() && e.tools_uenv.is_none() {
+        return Err(bad(
+            "environment.sign_required",
+            "signatures are checked on uenv images: name one (environment.uenv)",
+        ));
+    }
     if let Some(t) = &e.tools_uenv
         && !valid_uenv_name(t)
     {

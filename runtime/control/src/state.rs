@@ -194,7 +194,8 @@ pub(crate) struct Wipes {
     /// Real agents: per released sensitive claim, the nodes still to wipe (not yet told, told) and
     /// each node's outcome.
     pub(crate) wiping: BTreeMap<AllocId, Wiping>,
-    /// Per (claim, node): when its wipe started and why it failed, for the audit entry.
+    /// Per (claim, node): when its wipe started and why it failed, or why its prologue failed,
+    /// for the audit entry.
     pub(crate) wipe_notes: BTreeMap<(AllocId, u32), String>,
 }
 

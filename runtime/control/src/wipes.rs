@@ -158,12 +158,64 @@ impl Control {
     /// An audit entry's note: for a wipe or quarantine, each node's wipe start and why it failed —
     /// a node whose outcome never came failed for the controller's wipe timeout. A wipe all of whose
     /// outcomes are in is forgotten here too.
+    /// What a sensitive allocation runs, for its `start` entry: the entrypoint, its software
+    /// (`uenv=NAME[@view]`, `tools_uenv=…`, `image=…`, `signed` when `sign_required`) and the data
+    /// paths it mounts.
+    fn start_note(&self, alloc: AllocId) -> String {
+        let Some(m) = self.registry.meta.get(alloc.index()) else {
+            return String::new();
+        };
+        let mut parts = Vec::new();
+        if let Some(e) = &m.environment {
+            if let Some(u) = &e.uenv {
+                parts.push(match &e.view {
+                    Some(v) => format!("uenv={u}@{v}"),
+                    None => format!("uenv={u}"),
+                });
+            }
+            if let Some(t) = &e.tools_uenv {
+                parts.push(format!("tools_uenv={t}"));
+            }
+            if let Some(i) = &e.image {
+                parts.push(format!("image={i}"));
+            }
+            if e.sign_required {
+                parts.push("signed".into());
+            }
+        }
+        if let Some(d) = &m.data {
+            let sources: Vec<&str> = d.mounts.iter().map(|x| x.source.as_str()).collect();
+            if !sources.is_empty() {
+                parts.push(format!("data={}", sources.join(",")));
+            }
+        }
+        if let Some(e) = m.entrypoint.as_deref().filter(|e| !e.is_empty()) {
+            let short: String = e.chars().take(200).collect();
+            parts.push(format!("entrypoint={short:?}"));
+        }
+        parts.join(" ")
+    }
+
+    /// Why `name`'s prologue failed on `node` (the agent's last line of stderr), for the audit
+    /// entry of a sensitive allocation's prologue failure.
+    pub fn note_prologue_failure(&mut self, name: &str, node: &str, why: &str) {
+        if let (Some(id), Some(n)) = (self.id_of(name), self.node_index(node)) {
+            self.wipes.wipe_notes.insert((id, n.0), why.to_string());
+        }
+    }
+
     pub(super) fn audit_note(&mut self, alloc: AllocId, event: AuditEvent, nodes: &[lattice_engine::NodeId]) -> String {
+        if event == AuditEvent::Start {
+            return self.start_note(alloc);
+        }
         let started_ms = self.wipes.wiping.get(&alloc).map_or(0, |w| w.started_ms);
         let timeout_s = self.ctl.wipe_timeout.map_or(0, |t| t.0 / 1000);
         let note = nodes
             .iter()
             .filter_map(|n| match self.wipes.wipe_notes.remove(&(alloc, n.0)) {
+                Some(note) if event == AuditEvent::PrologueFailure => {
+                    Some(format!("{} reason={note}", self.registry.node_names[n.index()]))
+                }
                 Some(note) => Some(note),
                 None if event == AuditEvent::Quarantine => {
                     self.tally.wipe_failures += 1;

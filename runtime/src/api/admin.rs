@@ -522,5 +522,8 @@ pub(super) async fn raft_status(State(s): S) -> Json<Value> {
         "rejections": q.rejections,
         "audit_entries": q.audit.len(),
         "audit_chain_valid": q.verify_audit().is_ok(),
+        "owners": q.owners.len(),
+        // This member's own applied state, digested: equal on members that applied the same log.
+        "state_sha256": serde_json::to_vec(&q).map(|b| lattice_adapters::snapshots::sha256_hex(&b)).unwrap_or_default(),
     }))
 }

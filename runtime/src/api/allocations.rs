@@ -29,7 +29,7 @@ pub(super) async fn list(State(s): S, Extension(p): P, QueryIn(q): QueryIn<ops::
 }
 
 pub(super) async fn get_one(State(s): S, Extension(p): P, Path(id): Path<String>) -> Response {
-    match ops::get(&s, &p, &id).await {
+    match ops::get_audited(&s, &p, &id).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }

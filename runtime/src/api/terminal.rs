@@ -71,19 +71,25 @@ pub(super) async fn attach(
         )
             .into_response();
     };
-    // A sensitive allocation's session is opened at the quorum first: refused while another is.
-    if sensitive && let Err(e) = ops::open_sensitive_session(&s, &p, &id, &node).await {
-        return e.into_response();
-    }
-    let (fs, fp, fid, fnode) = (s.clone(), p.clone(), id.clone(), node.clone());
+    // A sensitive allocation's session is opened at the quorum first (refused while another is),
+    // and recorded.
+    let rec = if sensitive {
+        match ops::open_sensitive_session(&s, &p, &id, &node, (start.rows, start.cols)).await {
+            Ok(r) => Some(r),
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        None
+    };
+    let (fs, fp, fid, fnode, frec) = (s.clone(), p.clone(), id.clone(), node.clone(), rec.clone());
     ws.on_failed_upgrade(move |_| {
-        if sensitive {
+        if let Some(rec) = frec {
             tokio::spawn(async move {
-                ops::audit_attach(&fs, &fp, &fid, &fnode, "attach_end (upgrade failed)").await;
+                ops::audit_attach(&fs, &fp, &fid, &fnode, "attach_end (upgrade failed)", &rec).await;
             });
         }
     })
-    .on_upgrade(move |socket| relay_terminal(s, p, id, node, start, addr, sensitive, socket))
+    .on_upgrade(move |socket| relay_terminal(s, p, id, node, start, addr, rec, socket))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -94,9 +100,10 @@ pub(super) async fn relay_terminal(
     node: String,
     start: lattice_adapters::peer::AttachStart,
     addr: String,
-    sensitive: bool,
+    rec: Option<crate::recording::Recording>,
     socket: axum::extract::ws::WebSocket,
 ) {
+    let sensitive = rec.is_some();
     use axum::extract::ws::Message;
     use futures_util::{SinkExt, StreamExt};
     use lattice_adapters::peer::{AttachInput, AttachOutput};
@@ -110,8 +117,8 @@ pub(super) async fn relay_terminal(
                 .send(Message::Text(json!({"error": e.to_string()}).to_string().into()))
                 .await;
             let _ = sink.close().await;
-            if sensitive {
-                ops::audit_attach(&s, &p, &id, &node, "attach_end (node unreachable)").await;
+            if let Some(rec) = &rec {
+                ops::audit_attach(&s, &p, &id, &node, "attach_end (node unreachable)", rec).await;
             }
             return;
         }
@@ -136,6 +143,9 @@ pub(super) async fn relay_terminal(
             }
             m = stream.next() => match m {
                 Some(Ok(Message::Binary(b))) => {
+                    if let Some(r) = &rec {
+                        r.input(&b);
+                    }
                     if in_tx.send(AttachInput::Stdin(b.to_vec())).await.is_err() {
                         break;
                     }
@@ -152,6 +162,9 @@ pub(super) async fn relay_terminal(
                     } else {
                         v["stdin"].as_str().map(|d| AttachInput::Stdin(d.as_bytes().to_vec()))
                     };
+                    if let (Some(r), Some(AttachInput::Stdin(b))) = (&rec, &input) {
+                        r.input(b);
+                    }
                     if let Some(i) = input && in_tx.send(i).await.is_err() {
                         break;
                     }
@@ -161,6 +174,9 @@ pub(super) async fn relay_terminal(
             },
             o = out.recv() => match o {
                 Some(AttachOutput::Stdout(b)) => {
+                    if let Some(r) = &rec {
+                        r.output(&b);
+                    }
                     if sink.send(Message::Binary(b.into())).await.is_err() {
                         break;
                     }
@@ -182,7 +198,7 @@ pub(super) async fn relay_terminal(
     // Dropping the input hangs the terminal up (SIGHUP to its session) if it still runs.
     drop(in_tx);
     let _ = sink.close().await;
-    if sensitive {
-        ops::audit_attach(&s, &p, &id, &node, &format!("attach_end ({how})")).await;
+    if let Some(rec) = &rec {
+        ops::audit_attach(&s, &p, &id, &node, &format!("attach_end ({how})"), rec).await;
     }
 }

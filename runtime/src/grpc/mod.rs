@@ -207,6 +207,7 @@ fn to_pb(a: AllocationView) -> pb::Allocation {
             view: e.view.unwrap_or_default(),
             image: e.image.unwrap_or_default(),
             tools_uenv: e.tools_uenv.unwrap_or_default(),
+            sign_required: e.sign_required,
         }),
         constraints: a.constraints.map(|c| pb::Resources {
             nodes: 0,
@@ -434,6 +435,7 @@ pub fn from_pb(r: pb::AllocationRequest) -> Result<SubmitRequest, Status> {
             view: none_if_empty(e.view),
             image: none_if_empty(e.image),
             tools_uenv: none_if_empty(e.tools_uenv),
+            sign_required: e.sign_required,
         }),
         requeue: none_if_empty(r.requeue),
         max_requeues: r.max_requeues.map(i64::from),
@@ -456,7 +458,7 @@ impl AllocationService for Api {
 
     async fn get(&self, req: Request<pb::GetAllocationRequest>) -> Result<Response<pb::Allocation>, Status> {
         let p = self.principal(&req)?;
-        let v = ops::get(&self.shared, &p, &req.into_inner().id).await?;
+        let v = ops::get_audited(&self.shared, &p, &req.into_inner().id).await?;
         Ok(Response::new(to_pb(v)))
     }
 
@@ -513,15 +515,17 @@ impl AllocationService for Api {
         let (start, addr, node, sensitive) =
             ops::attach_target(&self.shared, &p, &id, node.as_deref(), terminal).await?;
         // A sensitive allocation's session is opened at the quorum first: refused while another is.
-        if sensitive {
-            ops::open_sensitive_session(&self.shared, &p, &id, &node).await?;
-        }
+        let rec = if sensitive {
+            Some(ops::open_sensitive_session(&self.shared, &p, &id, &node, (start.rows, start.cols)).await?)
+        } else {
+            None
+        };
         let (in_tx, in_rx) = tokio::sync::mpsc::channel(64);
         let mut out = match lattice_adapters::peer::attach(&addr, start, in_rx).await {
             Ok(o) => o,
             Err(e) => {
-                if sensitive {
-                    ops::audit_attach(&self.shared, &p, &id, &node, "attach_end (node unreachable)").await;
+                if let Some(rec) = &rec {
+                    ops::audit_attach(&self.shared, &p, &id, &node, "attach_end (node unreachable)", rec).await;
                 }
                 return Err(Status::unavailable(e.to_string()));
             }
@@ -552,7 +556,12 @@ impl AllocationService for Api {
                     m = inbound.message() => match m {
                         Ok(Some(pb::AttachRequest { msg: Some(m) })) => {
                             let i = match m {
-                                pb::attach_request::Msg::Stdin(b) => AttachInput::Stdin(b),
+                                pb::attach_request::Msg::Stdin(b) => {
+                                    if let Some(r) = &rec {
+                                        r.input(&b);
+                                    }
+                                    AttachInput::Stdin(b)
+                                }
                                 pb::attach_request::Msg::Resize(r) => AttachInput::Resize {
                                     rows: r.rows.min(u16::MAX as u32) as u16,
                                     cols: r.cols.min(u16::MAX as u32) as u16,
@@ -569,7 +578,12 @@ impl AllocationService for Api {
                     },
                     o = out.recv() => {
                         let (msg, end) = match o {
-                            Some(AttachOutput::Stdout(b)) => (pb::attach_response::Msg::Stdout(b), false),
+                            Some(AttachOutput::Stdout(b)) => {
+                                if let Some(r) = &rec {
+                                    r.output(&b);
+                                }
+                                (pb::attach_response::Msg::Stdout(b), false)
+                            }
                             Some(AttachOutput::Exit(c)) => {
                                 how = "exited";
                                 (pb::attach_response::Msg::ExitCode(c), true)
@@ -587,8 +601,8 @@ impl AllocationService for Api {
                 }
             }
             drop(in_tx);
-            if sensitive {
-                ops::audit_attach(&shared, &p, &id, &node, &format!("attach_end ({how})")).await;
+            if let Some(rec) = &rec {
+                ops::audit_attach(&shared, &p, &id, &node, &format!("attach_end ({how})"), rec).await;
             }
         });
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))

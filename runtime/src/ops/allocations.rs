@@ -169,6 +169,14 @@ async fn claim_decided(s: &Arc<Shared>, id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// `GET /v1/allocations/{id}` (gRPC `GetAllocation`): [`get`], the read of a sensitive allocation
+/// audited ([`audit_access`]).
+pub async fn get_audited(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
+    let v = get(s, p, id).await?;
+    audit_access(s, p, id, "api_call", "get").await?;
+    Ok(v)
+}
+
 pub async fn get(s: &Shared, p: &Principal, id: &str) -> Result<AllocationView, ApiError> {
     readable(s).await?;
     let found = s
@@ -409,6 +417,14 @@ pub async fn logs(
     range: &lattice_adapters::logstore::Range,
 ) -> Result<(&'static str, BTreeMap<String, String>), ApiError> {
     get(s, p, id).await?;
+    audit_access(
+        s,
+        p,
+        id,
+        "log_access",
+        &format!("{} {}", stream.as_str(), node.unwrap_or("all nodes")),
+    )
+    .await?;
     let c = s.control.lock().await;
     let tails = c.logs(id, stream).ok_or_else(|| not_found("allocation", id))?;
     let owner = c.log_owner(id);
@@ -450,6 +466,10 @@ pub async fn live_logs(
     after: &BTreeMap<String, u64>,
 ) -> Result<BTreeMap<String, lattice_control::LiveOutput>, ApiError> {
     get(s, p, id).await?;
+    // Following the output is one access: audited when it starts (no offsets yet), not per poll.
+    if after.is_empty() {
+        audit_access(s, p, id, "log_access", &format!("{} live", stream.as_str())).await?;
+    }
     let mut c = s.control.lock().await;
     c.follow(id, stream, after).ok_or_else(|| not_found("allocation", id))
 }

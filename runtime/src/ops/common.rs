@@ -156,16 +156,43 @@ pub(super) async fn absent_as(s: &Shared, kind: &str, id: &str) -> ApiError {
 pub(super) async fn may_change(s: &Shared, p: &Principal, id: &str, what: &str) -> Result<(), ApiError> {
     let owner = {
         let c = s.control.lock().await;
-        c.view_named(id).map(|v| (v.tenant, v.user))
+        c.view_named(id).map(|v| (v.tenant, v.user, c.is_sensitive_named(id)))
     };
     match owner {
-        Some((t, u)) if p.can_cancel(&t, u.as_deref()) => Ok(()),
-        Some((t, u)) if p.can_see(&t, u.as_deref()) => Err(ApiError::Forbidden {
+        Some((t, u, sensitive)) if p.can_cancel(&t, u.as_deref()) => {
+            if sensitive {
+                audit_committed(s, p, id, "api_call", what).await?;
+            }
+            Ok(())
+        }
+        Some((t, u, _)) if p.can_see(&t, u.as_deref()) => Err(ApiError::Forbidden {
             field: None,
             message: format!("forbidden: {what} this allocation"),
         }),
         _ => Err(absent(s, id).await),
     }
+}
+
+/// Book ("Sensitive Workload Design": "All access was logged with user identity and timestamp"):
+/// a call about a sensitive allocation — reading it, its logs or its metrics, changing it — is
+/// in the quorum's audit log before it is answered (`action`: `api_call`, `log_access`,
+/// `metrics_query`; `detail` what was asked). A call whose entry cannot be committed is refused.
+pub(crate) async fn audit_access(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    action: &str,
+    detail: &str,
+) -> Result<(), ApiError> {
+    if !s.control.lock().await.is_sensitive_named(id) {
+        return Ok(());
+    }
+    audit_committed(s, p, id, action, detail).await
+}
+
+async fn audit_committed(s: &Shared, p: &Principal, id: &str, action: &str, detail: &str) -> Result<(), ApiError> {
+    let cmd = crate::context::audit_command(s, &p.user, id, action, detail.to_string());
+    committed(s, cmd, action).await
 }
 
 pub(super) fn bad_request(e: lattice_control::FieldError) -> ApiError {

@@ -279,6 +279,15 @@ pub async fn attach_target(
             r => break r.map_err(bad_request)?,
         }
     };
+    // Book: a sensitive allocation is attached to only when it runs a signed uenv.
+    if sensitive && !s.control.lock().await.runs_signed_uenv(id) {
+        return Err(ApiError::Forbidden {
+            field: Some("environment.sign_required".into()),
+            message: format!(
+                "{id} is sensitive: attach only to one that runs a signed uenv (environment.uenv with sign_required: true)"
+            ),
+        });
+    }
     let start = lattice_adapters::peer::AttachStart {
         alloc: id.to_string(),
         token,
@@ -299,14 +308,48 @@ fn session_detail(s: &Shared, node: &str) -> String {
 /// Opens a sensitive allocation's terminal session at the quorum (its `attach` entry) before it
 /// starts: refused (409, nothing started) while another is open — one at a time, decided at the
 /// quorum, so of two opened at once exactly one is.
-pub async fn open_sensitive_session(s: &Shared, p: &Principal, id: &str, node: &str) -> Result<(), ApiError> {
-    let cmd = crate::context::audit_command(s, &p.user, id, "attach", session_detail(s, node));
-    committed(s, cmd, "attach").await
+///
+/// The session is recorded ([`crate::recording`]): the recording is started first, so the `attach`
+/// entry names it; a session that cannot be recorded is not opened. The terminal's `size`
+/// (rows, cols) heads the recording.
+pub async fn open_sensitive_session(
+    s: &Shared,
+    p: &Principal,
+    id: &str,
+    node: &str,
+    size: (u16, u16),
+) -> Result<crate::recording::Recording, ApiError> {
+    let rec =
+        crate::recording::Recording::start(&s.data_dir, id, (&p.user, node), size, s.clock.now_ms()).map_err(|e| {
+            ApiError::Unavailable {
+                message: format!("{id}: its session cannot be recorded ({e}), so it is not opened"),
+            }
+        })?;
+    let detail = format!("{} recording={}", session_detail(s, node), rec.name);
+    let cmd = crate::context::audit_command(s, &p.user, id, "attach", detail);
+    if let Err(e) = committed(s, cmd, "attach").await {
+        let _ = rec.finish();
+        let _ = std::fs::remove_file(s.data_dir.join(&rec.name));
+        return Err(e);
+    }
+    Ok(rec)
 }
 
 /// A sensitive allocation's session ended (`attach_end (how)`), in the quorum's audit log.
-pub async fn audit_attach(s: &Arc<Shared>, p: &Principal, id: &str, node: &str, what: &str) {
-    crate::context::audit(s, &p.user, id, what, session_detail(s, node)).await;
+/// The entry names the session's recording, ended: its name, size and SHA-256.
+pub async fn audit_attach(
+    s: &Arc<Shared>,
+    p: &Principal,
+    id: &str,
+    node: &str,
+    what: &str,
+    rec: &crate::recording::Recording,
+) {
+    let recorded = match rec.finish() {
+        Ok(r) => r.to_string(),
+        Err(e) => format!("recording={} unreadable: {e}", rec.name),
+    };
+    crate::context::audit(s, &p.user, id, what, format!("{} {recorded}", session_detail(s, node))).await;
 }
 
 /// Whether a sensitive session relayed here must end: its member no longer leads (the new leader
@@ -449,6 +492,14 @@ pub async fn agent_exit(
     let mut c = s.control.lock().await;
     for (stream, t) in tails {
         c.add_log(id, node, *stream, t);
+    }
+    if kind == lattice_control::ExitKind::Prologue
+        && let Some(why) = tails
+            .iter()
+            .filter(|(stream, _)| *stream == Stream::Stderr)
+            .find_map(|(_, t)| t.lines().rev().find(|l| !l.trim().is_empty()))
+    {
+        c.note_prologue_failure(id, node, why.trim());
     }
     let r = c.agent_exit(id, node, kind, code);
     let ended = r.map_err(|e| {

@@ -4,6 +4,7 @@
 
 use super::admin::parse_instant;
 use super::allocations::{get, live_logs, logs};
+use super::common::audit_access;
 use crate::auth::Principal;
 use crate::context::Shared;
 use crate::error::ApiError;
@@ -243,6 +244,14 @@ fn metric_names(m: &Option<String>) -> Option<&str> {
 /// An allocation's metrics from the TSDB over the last `duration`.
 pub async fn metrics_document(s: &Shared, p: &Principal, id: &str, q: &MetricsQuery) -> Result<Value, ApiError> {
     let v = get(s, p, id).await?;
+    audit_access(
+        s,
+        p,
+        id,
+        "metrics_query",
+        q.mode.as_deref().filter(|m| !m.is_empty()).unwrap_or("summary"),
+    )
+    .await?;
     let t = tsdb(s)?;
     let d = seconds("duration", q.duration.as_deref(), 300.0)?;
     let now = s.control.lock().await.now().0;
@@ -253,6 +262,7 @@ pub async fn metrics_document(s: &Shared, p: &Principal, id: &str, q: &MetricsQu
 /// Checks a metrics stream may open: the caller sees the allocation and a TSDB is configured.
 pub async fn open_metrics_stream(s: &Shared, p: &Principal, id: &str) -> Result<(), ApiError> {
     get(s, p, id).await?;
+    audit_access(s, p, id, "metrics_query", "stream").await?;
     tsdb(s).map(|_| ())
 }
 
@@ -320,6 +330,7 @@ pub async fn diagnostics_document(
         });
     }
     let v = get(s, p, id).await?;
+    audit_access(s, p, id, "api_call", &format!("diagnostics {}", part.unwrap_or("all"))).await?;
     let d = seconds("duration", q.duration.as_deref(), 300.0)?;
     let (facts, now) = {
         let c = s.control.lock().await;
