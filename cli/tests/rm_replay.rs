@@ -395,7 +395,7 @@ fn tenants_quotas_and_claims_end_to_end() {
     let b = csv.lines().find(|l| l.starts_with("b,")).unwrap();
     assert!(b.starts_with("b,1,3600,"), "max_nodes 4 holds b until a ends: {b}");
     let audit = std::fs::read_to_string(out.join("audit.jsonl")).unwrap();
-    assert_eq!(audit.lines().count(), 3, "{audit}");
+    assert_eq!(audit.lines().count(), 4, "claim, start, release, wipe: {audit}");
     assert!(audit.lines().next().unwrap().contains("\"action\":\"claim\""));
     let bad = dir.join("bad.yaml");
     std::fs::write(&bad, "physics:\n  max_gpus: 1\n").unwrap();
