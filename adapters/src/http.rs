@@ -79,27 +79,32 @@ pub struct Http {
     cfg: HttpConfig,
 }
 
+/// A reqwest client on rustls with ring and the system's roots, answering within `timeout`.
+pub fn tls_client(timeout: Duration) -> Result<reqwest::Client, HttpError> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    // The system's roots where there are any; a site CA can be appended by the caller's config.
+    if let Ok(pem) = std::fs::read("/etc/ssl/certs/ca-certificates.crt") {
+        use rustls::pki_types::pem::PemObject;
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
+            let _ = roots.add(c);
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| HttpError::Setup(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(timeout)
+        .build()
+        .map_err(|e| HttpError::Setup(e.to_string()))
+}
+
 impl Http {
     pub fn new(cfg: HttpConfig) -> Result<Http, HttpError> {
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        // The system's roots where there are any; a site CA can be appended by the caller's config.
-        if let Ok(pem) = std::fs::read("/etc/ssl/certs/ca-certificates.crt") {
-            use rustls::pki_types::pem::PemObject;
-            for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
-                let _ = roots.add(c);
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| HttpError::Setup(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .timeout(cfg.timeout)
-            .build()
-            .map_err(|e| HttpError::Setup(e.to_string()))?;
+        let client = tls_client(cfg.timeout)?;
         Ok(Http { client, cfg })
     }
 

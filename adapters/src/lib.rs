@@ -10,6 +10,7 @@
 //! group commit ([`alloc_store`]). (GPU discovery lives in `lattice-agent`.)
 
 pub mod alloc_store;
+pub mod audit_archive;
 pub mod disk;
 pub mod fabric;
 pub mod http;
@@ -17,6 +18,7 @@ pub mod openchami;
 pub mod quorum_state;
 pub mod raft_net;
 pub mod raft_store;
+pub mod s3;
 pub mod snapshots;
 pub mod spool;
 mod store_meta;

@@ -90,6 +90,11 @@ pub enum QuorumCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signed: Option<lattice_engine::audit::Signed>,
     },
+    /// The held audit log's oldest entries are in the S3 archive now, in this object: they leave the
+    /// state (rejected, changing nothing, unless they are exactly the held log's start).
+    AuditArchived {
+        segment: crate::audit_archive::ArchivedSegment,
+    },
     /// A tenant's contract (hard and soft quotas): created, replaced, or — `Seed`, the runtime's
     /// tenants file at start — created only when the quorum does not know the tenant yet.
     PutTenant {
@@ -369,6 +374,12 @@ pub struct QuorumState {
     /// ([`QuorumCommand::FederatedEnd`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub federated_ends: BTreeMap<String, FederatedEnd>,
+    /// Where the held audit log starts: entries before it are in the archive ([`Self::audit_archive`]).
+    #[serde(default, skip_serializing_if = "lattice_engine::audit::Anchor::is_start")]
+    pub audit_base: lattice_engine::audit::Anchor,
+    /// The archived runs of the audit chain, oldest first ([`QuorumCommand::AuditArchived`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audit_archive: Vec<crate::audit_archive::ArchivedSegment>,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -509,6 +520,7 @@ impl QuorumState {
                 detail,
                 signed,
             } => self.apply_audit(*at_ms, user, alloc, action, detail, signed.as_ref()),
+            QuorumCommand::AuditArchived { segment } => self.apply_audit_archived(segment),
             QuorumCommand::SetWeights {
                 vcluster,
                 weights,
@@ -936,7 +948,16 @@ impl QuorumState {
                 ),
             };
         }
-        lattice_engine::audit::append_signed(&mut self.audit, at_ms, user, alloc, action, detail, signed);
+        lattice_engine::audit::append_after(
+            &mut self.audit,
+            &self.audit_base,
+            at_ms,
+            user,
+            alloc,
+            action,
+            detail,
+            signed,
+        );
         QuorumResponse::Applied
     }
 
@@ -967,9 +988,62 @@ impl QuorumState {
             .collect()
     }
 
-    /// Re-derives every audit hash: `Err(seq)` names the first entry that does not chain.
+    /// Re-derives every held audit hash from where the held log starts (the archive's end), and
+    /// checks the archive's manifest leads there: `Err(seq)` names the first entry that does not chain.
     pub fn verify_audit(&self) -> Result<(), u64> {
-        lattice_engine::audit::verify(&self.audit)
+        crate::audit_archive::check_manifest(&self.audit_archive, &self.audit_base).map_err(|_| self.audit_base.seq)?;
+        lattice_engine::audit::verify_from(&self.audit, &self.audit_base)
+    }
+}
+
+/// The audit log's cold tier, as the state records it ([`crate::audit_archive`]).
+impl QuorumState {
+    /// How many entries the chain holds, archived ones included.
+    pub fn audit_total(&self) -> u64 {
+        self.audit_base.seq + self.audit.len() as u64
+    }
+
+    /// The entries the archive may take now: the oldest held ones with `at_ms` before `before_ms`,
+    /// at most `max`, stopping at an open terminal session's `attach` (the one-session rule reads
+    /// it from the held log).
+    pub fn archive_cut(&self, before_ms: u64, max: usize) -> &[AuditEntry] {
+        let open: Vec<u64> = self
+            .open_sessions()
+            .iter()
+            .filter_map(|(a, _)| self.open_session(a).map(|e| e.seq))
+            .collect();
+        let n = self
+            .audit
+            .iter()
+            .take(max)
+            .take_while(|e| e.at_ms < before_ms && !open.contains(&e.seq))
+            .count();
+        &self.audit[..n]
+    }
+
+    /// [`QuorumCommand::AuditArchived`]: the held log's first
+    /// entries are in the archive's object now — drops them and records the segment, when the
+    /// segment is exactly the log's start; otherwise rejected and nothing changes.
+    pub(crate) fn apply_audit_archived(&mut self, seg: &crate::audit_archive::ArchivedSegment) -> QuorumResponse {
+        let fits = seg.first_seq == self.audit_base.seq
+            && seg.prev == self.audit_base.prev
+            && seg.last_seq >= seg.first_seq
+            && ((seg.last_seq - seg.first_seq) as usize) < self.audit.len()
+            && self.audit[(seg.last_seq - seg.first_seq) as usize].hash == seg.last_hash;
+        if !fits {
+            return QuorumResponse::Rejected {
+                reason: "archive_stale".into(),
+                message: format!(
+                    "{}: entries {}..={} are not the held log's start (entry {})",
+                    seg.key, seg.first_seq, seg.last_seq, self.audit_base.seq
+                ),
+            };
+        }
+        let n = (seg.last_seq - seg.first_seq + 1) as usize;
+        let last = self.audit.drain(..n).next_back().expect("n >= 1");
+        self.audit_base = lattice_engine::audit::Anchor::after(&last);
+        self.audit_archive.push(seg.clone());
+        QuorumResponse::Applied
     }
 }
 
@@ -1610,5 +1684,122 @@ mod tests {
         assert_eq!(s.assignments["a"].nodes, vec!["n2".to_string(), "n3".to_string()]);
         s.apply(&QuorumCommand::Release { alloc: "a".into() });
         assert!(!s.owners.contains_key("n3"), "a release frees the nodes it grew onto");
+    }
+
+    fn state_with(n: u64) -> QuorumState {
+        let mut s = QuorumState::default();
+        for i in 0..n {
+            s.apply(&QuorumCommand::Audit {
+                at_ms: 1000 + i,
+                user: "dr-x".into(),
+                alloc: format!("a-{}", i % 3),
+                action: "claim".into(),
+                detail: "n1".into(),
+                signed: None,
+            });
+        }
+        s
+    }
+
+    fn archive(
+        s: &mut QuorumState,
+        key: &str,
+        before_ms: u64,
+        max: usize,
+    ) -> (crate::audit_archive::ArchivedSegment, Vec<u8>) {
+        let cut = s.archive_cut(before_ms, max).to_vec();
+        let bytes = crate::audit_archive::encode(&cut);
+        let seg = crate::audit_archive::ArchivedSegment::of(key, &cut, &bytes).unwrap();
+        assert_eq!(
+            s.apply(&QuorumCommand::AuditArchived { segment: seg.clone() }),
+            QuorumResponse::Applied
+        );
+        (seg, bytes)
+    }
+
+    #[test]
+    fn archived_segments_and_the_held_log_verify_as_one_chain() {
+        let mut s = state_with(10);
+        let whole = s.audit.clone();
+        let (a, a_bytes) = archive(&mut s, "k/0", 1004, 100);
+        assert_eq!((a.first_seq, a.last_seq), (0, 3));
+        let (b, b_bytes) = archive(&mut s, "k/1", 2000, 3);
+        assert_eq!((b.first_seq, b.last_seq), (4, 6));
+        assert_eq!(s.audit.len(), 3);
+        assert_eq!(s.audit_total(), 10);
+        assert_eq!(s.verify_audit(), Ok(()));
+        assert_eq!(
+            crate::audit_archive::check_manifest(&s.audit_archive, &s.audit_base),
+            Ok(())
+        );
+        // Appends go on the same chain the whole log would have.
+        s.apply(&QuorumCommand::Audit {
+            at_ms: 3000,
+            user: "dr-x".into(),
+            alloc: "a-0".into(),
+            action: "release".into(),
+            detail: "n1".into(),
+            signed: None,
+        });
+        let mut all = crate::audit_archive::decode(&a, &a_bytes).unwrap();
+        all.extend(crate::audit_archive::decode(&b, &b_bytes).unwrap());
+        all.extend(s.audit.iter().cloned());
+        assert_eq!(&all[..10], &whole[..]);
+        assert_eq!(lattice_engine::audit::verify(&all), Ok(()));
+    }
+
+    #[test]
+    fn a_stale_or_wrong_segment_changes_nothing() {
+        let mut s = state_with(6);
+        let cut = s.archive_cut(1003, 100).to_vec();
+        let bytes = crate::audit_archive::encode(&cut);
+        let seg = crate::audit_archive::ArchivedSegment::of("k/0", &cut, &bytes).unwrap();
+        let before = s.clone();
+        // Not ending where the log says.
+        let mut wrong = seg.clone();
+        wrong.last_hash = "00".into();
+        assert!(matches!(
+            s.apply(&QuorumCommand::AuditArchived { segment: wrong }),
+            QuorumResponse::Rejected { .. }
+        ));
+        assert_eq!(s, before);
+        assert_eq!(
+            s.apply(&QuorumCommand::AuditArchived { segment: seg.clone() }),
+            QuorumResponse::Applied
+        );
+        // The same segment again (a second leader's): no longer the log's start.
+        let after = s.clone();
+        assert!(matches!(
+            s.apply(&QuorumCommand::AuditArchived { segment: seg }),
+            QuorumResponse::Rejected { .. }
+        ));
+        assert_eq!(s, after);
+    }
+
+    #[test]
+    fn an_open_session_stays_held() {
+        let mut s = state_with(2);
+        let attach = |s: &mut QuorumState, action: &str, at_ms: u64| {
+            s.apply(&QuorumCommand::Audit {
+                at_ms,
+                user: "dr-x".into(),
+                alloc: "a-9".into(),
+                action: action.into(),
+                detail: "n1".into(),
+                signed: None,
+            })
+        };
+        attach(&mut s, "attach", 1002);
+        s.apply(&QuorumCommand::Audit {
+            at_ms: 1003,
+            user: "dr-x".into(),
+            alloc: "a-1".into(),
+            action: "release".into(),
+            detail: "n1".into(),
+            signed: None,
+        });
+        assert_eq!(s.archive_cut(5000, 100).len(), 2, "stops at the open attach");
+        attach(&mut s, "attach_end", 1004);
+        assert_eq!(s.archive_cut(5000, 100).len(), 5);
     }
 }

@@ -164,6 +164,30 @@ pub fn append<'a>(
     append_signed(log, at_ms, user, alloc, action, detail, None)
 }
 
+/// Where a log held in memory starts: the seq of its first entry and the hash of the entry before
+/// it (empty at the chain's start). Entries before it live elsewhere (the quorum's S3 archive), so
+/// the chain held still verifies on its own, from here.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Anchor {
+    pub seq: u64,
+    pub prev: String,
+}
+
+impl Anchor {
+    /// The default anchor: the chain's start (what a log without archive has).
+    pub fn is_start(&self) -> bool {
+        self.seq == 0 && self.prev.is_empty()
+    }
+
+    /// The anchor just after `e` (where the log goes on once everything up to `e` is elsewhere).
+    pub fn after(e: &AuditEntry) -> Anchor {
+        Anchor {
+            seq: e.seq + 1,
+            prev: e.hash.clone(),
+        }
+    }
+}
+
 /// Appends an entry with its signature (made by the proposing member, [`sign`]) to `log`, chained
 /// to the last one.
 pub fn append_signed<'a>(
@@ -175,8 +199,23 @@ pub fn append_signed<'a>(
     detail: &str,
     signed: Option<&Signed>,
 ) -> &'a AuditEntry {
+    append_after(log, &Anchor::default(), at_ms, user, alloc, action, detail, signed)
+}
+
+/// [`append_signed`] to a log that starts at `anchor`.
+#[allow(clippy::too_many_arguments)]
+pub fn append_after<'a>(
+    log: &'a mut Vec<AuditEntry>,
+    anchor: &Anchor,
+    at_ms: u64,
+    user: &str,
+    alloc: &str,
+    action: &str,
+    detail: &str,
+    signed: Option<&Signed>,
+) -> &'a AuditEntry {
     let mut e = AuditEntry {
-        seq: log.len() as u64,
+        seq: anchor.seq + log.len() as u64,
         at_ms,
         user: user.to_string(),
         alloc: alloc.to_string(),
@@ -184,7 +223,7 @@ pub fn append_signed<'a>(
         detail: detail.to_string(),
         key: signed.map(|s| s.key.clone()).unwrap_or_default(),
         sig: signed.map(|s| s.sig.clone()).unwrap_or_default(),
-        prev: log.last().map(|e| e.hash.clone()).unwrap_or_default(),
+        prev: log.last().map_or_else(|| anchor.prev.clone(), |e| e.hash.clone()),
         hash: String::new(),
     };
     e.hash = e.own_digest();
@@ -195,10 +234,16 @@ pub fn append_signed<'a>(
 /// Re-derives every hash and checks every signature: `Err(seq)` names the first entry that does
 /// not chain or whose signature does not verify with the key it names.
 pub fn verify(log: &[AuditEntry]) -> Result<(), u64> {
-    let mut prev = "";
+    verify_from(log, &Anchor::default())
+}
+
+/// [`verify`] for a log (or a piece of one) that starts at `anchor`; `Err` names the entry's seq.
+pub fn verify_from(log: &[AuditEntry], anchor: &Anchor) -> Result<(), u64> {
+    let mut prev = anchor.prev.as_str();
     for (i, e) in log.iter().enumerate() {
-        if e.seq != i as u64 || e.prev != prev || e.hash != e.own_digest() || check_signature(e).is_err() {
-            return Err(i as u64);
+        let seq = anchor.seq + i as u64;
+        if e.seq != seq || e.prev != prev || e.hash != e.own_digest() || check_signature(e).is_err() {
+            return Err(seq);
         }
         prev = &e.hash;
     }
@@ -476,6 +521,26 @@ mod tests {
 
     /// Entries written before this module existed (the quorum's format) still verify: the digest
     /// is unchanged.
+    #[test]
+    fn a_log_held_from_an_anchor_verifies_on_its_own() {
+        let mut whole = Vec::new();
+        for i in 0..6u64 {
+            append(&mut whole, i, "u", "a", "claim", "n1");
+        }
+        let anchor = Anchor::after(&whole[2]);
+        let mut tail = whole[3..].to_vec();
+        assert_eq!(verify_from(&tail, &anchor), Ok(()));
+        // Appending to the held tail continues the same chain the whole log would.
+        append_after(&mut tail, &anchor, 6, "u", "a", "release", "n1", None);
+        append(&mut whole, 6, "u", "a", "release", "n1");
+        assert_eq!(tail.last(), whole.last());
+        // The tail does not verify from the start, nor from another anchor.
+        assert_eq!(verify(&tail), Err(0));
+        assert_eq!(verify_from(&tail, &Anchor::after(&whole[1])), Err(2));
+        tail[1].detail = "n2".into();
+        assert_eq!(verify_from(&tail, &anchor), Err(4));
+    }
+
     #[test]
     fn the_digest_is_the_quorum_format() {
         let h = AuditEntry::digest("", 0, 1, "u", "a", "claim", "n1");

@@ -98,6 +98,9 @@ pub struct ServicesConfig {
     /// removed); `failures` failed probes in a row are a checkpoint-storage outage for the engine
     /// (and `lattice_checkpoint_storage_unavailable`), one good probe ends it.
     pub checkpoint_store: Option<crate::storage_probe::ProbeConfig>,
+    /// The S3-compatible cold tier: audit entries past the hot window and every backup, as
+    /// write-once objects ([`crate::archive`]).
+    pub archive: Option<crate::archive::ArchiveConfig>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

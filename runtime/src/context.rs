@@ -113,6 +113,8 @@ pub struct Shared {
     pub federation: Option<Arc<crate::federation::state::Broker>>,
     /// Signs the audit entries this member proposes and its exports ([`crate::audit_key`]).
     pub audit_key: ed25519_dalek::SigningKey,
+    /// The S3 archive (`services.archive`): old audit entries and backups.
+    pub archive: Option<Arc<crate::archive::Archive>>,
 }
 
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).

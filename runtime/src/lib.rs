@@ -17,6 +17,7 @@
 
 pub mod accounting;
 pub mod api;
+pub mod archive;
 pub mod audit_key;
 pub mod auth;
 pub mod bench;

@@ -232,6 +232,10 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         cfg.sensitive.audit_signing_key_path.as_deref(),
         dial.is_some().then_some(cfg.node_id),
     )?;
+    let archive = match &cfg.services.archive {
+        Some(a) => Some(Arc::new(crate::archive::Archive::from_config(a)?)),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         rest_url,
         control: ControlLock::new(control),
@@ -266,6 +270,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         #[cfg(feature = "federation")]
         federation,
         audit_key,
+        archive: archive.clone(),
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![
@@ -289,6 +294,13 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         tasks.push(tokio::spawn(crate::federation::sync::run(
             shared.clone(),
             b,
+            stopped.clone(),
+        )));
+    }
+    if let Some(a) = archive {
+        tasks.push(tokio::spawn(crate::archive::service::run(
+            shared.clone(),
+            a,
             stopped.clone(),
         )));
     }

@@ -887,6 +887,32 @@ async fn dags_updates_nodes_and_admin_calls_over_grpc() {
         .unwrap()
         .into_inner();
     assert!(mine.entries.is_empty(), "alice sees only her own entries");
+    // The tenant's compliance reviewer (its TenantAdmin) sees every entry about the tenant's
+    // allocations; another tenant's admin sees none of them.
+    let of_claim = || pb::AuditQueryRequest {
+        allocation: c.clone(),
+        ..Default::default()
+    };
+    let reviewer = token("rita", Some("physics"), &["TenantAdmin"]);
+    let reviewed = admin
+        .query_audit(authed(of_claim(), &reviewer))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        reviewed
+            .entries
+            .iter()
+            .any(|e| e.action == "claim" && e.user == "carol"),
+        "{reviewed:?}"
+    );
+    let outsider = token("otto", Some("bio"), &["TenantAdmin"]);
+    let other = admin
+        .query_audit(authed(of_claim(), &outsider))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(other.entries.is_empty(), "another tenant's admin: {other:?}");
 
     // Usage: alice may read hers, not another tenant's.
     let u = admin

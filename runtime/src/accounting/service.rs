@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 /// Every event at or after `since_ms` (and, with `until_ms`, before it), oldest first.
 async fn generate(s: &Shared, since_ms: u64, until_ms: Option<u64>) -> (Vec<AccountingEvent>, u64) {
-    let audit = s.member.read(|q| q.audit.clone()).await;
+    let audit: Vec<_> = s
+        .member
+        .read(|q| q.audit.iter().filter(|e| e.at_ms >= since_ms).cloned().collect())
+        .await;
     let c = s.control.lock().await;
     let now = c.now().0;
     let mut evs: Vec<AccountingEvent> = c.accounting_rows(since_ms).iter().flat_map(events_of).collect();

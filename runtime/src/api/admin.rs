@@ -104,7 +104,7 @@ pub(super) async fn metrics(State(s): S) -> Response {
         m.accounting_delivered
             .inc_by(st.delivered_total.saturating_sub(m.accounting_delivered.get()));
     }
-    if let Some(entries) = s.member.try_read(|q| q.audit.len() as u64) {
+    if let Some(entries) = s.member.try_read(|q| q.audit_total()) {
         let seen = m.audit_entries.get();
         m.audit_entries.inc_by(entries.saturating_sub(seen));
     }
@@ -464,7 +464,9 @@ pub(super) async fn backup(State(s): S, Extension(p): P) -> Response {
             "sha256": b.backup.sha256,
             "last_applied": b.backup.data.last_applied.map(|l| l.index),
             "assignments": b.backup.data.state.assignments.len(),
-            "audit_entries": b.backup.data.state.audit.len(),
+            "audit_entries": b.backup.data.state.audit_total(),
+            "archived": b.archived.as_ref().and_then(|a| a.as_ref().ok()),
+            "archive_error": b.archived.as_ref().and_then(|a| a.as_ref().err()),
         }))
         .into_response(),
         Err(e) => e.into_response(),
@@ -520,7 +522,9 @@ pub(super) async fn raft_status(State(s): S) -> Json<Value> {
         "assignments": q.assignments.len(),
         "commits": q.commits,
         "rejections": q.rejections,
-        "audit_entries": q.audit.len(),
+        "audit_entries": q.audit_total(),
+        "audit_held": q.audit.len(),
+        "audit_archived_objects": q.audit_archive.len(),
         "audit_chain_valid": q.verify_audit().is_ok(),
         "owners": q.owners.len(),
         // This member's own applied state, digested: equal on members that applied the same log.

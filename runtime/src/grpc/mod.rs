@@ -832,7 +832,7 @@ impl AdminService for Api {
             assignments: q.assignments.len() as u64,
             commits: q.commits,
             rejections: q.rejections,
-            audit_entries: q.audit.len() as u64,
+            audit_entries: q.audit_total(),
             audit_chain_valid: q.verify_audit().is_ok(),
         }))
     }

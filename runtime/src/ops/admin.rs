@@ -265,6 +265,9 @@ pub async fn put_settings(
 pub struct BackupMade {
     pub path: std::path::PathBuf,
     pub backup: lattice_adapters::raft_store::Backup,
+    /// With `services.archive`: the object it was archived as, or why it was not (the local file
+    /// stands either way).
+    pub archived: Option<Result<String, String>>,
 }
 
 /// Writes a backup of the applied quorum state under `DATA_DIR/backups` (`name`, or a timestamped one).
@@ -284,7 +287,13 @@ pub async fn backup(s: &Shared, p: &Principal, name: Option<&str>) -> Result<Bac
     };
     let path = s.data_dir.join("backups").join(file);
     match s.member.backup(&path).await {
-        Ok(backup) => Ok(BackupMade { path, backup }),
+        Ok(backup) => {
+            let archived = match &s.archive {
+                Some(a) => Some(a.archive_backup(&path).await),
+                None => None,
+            };
+            Ok(BackupMade { path, backup, archived })
+        }
         Err(e) => Err(ApiError::BadRequest {
             field: "name".into(),
             message: e,
@@ -376,8 +385,9 @@ pub fn parse_instant(field: &str, v: &str) -> Result<u64, ApiError> {
     Ok(days as u64 * 86_400_000)
 }
 
-/// The audit entries matching `q` and whether the whole chain verifies. SystemAdmin and Operator see
-/// every entry; anyone else only their own.
+/// The audit entries matching `q` and whether the whole chain verifies, scoped as the book's table
+/// says: SystemAdmin (and Operator) see every entry, a TenantAdmin — the tenant's compliance
+/// reviewer — every entry about its tenant's allocations, anyone else only their own.
 pub async fn audit(
     s: &Shared,
     p: &Principal,
@@ -392,35 +402,64 @@ pub async fn audit(
         });
     }
     let all = p.is_admin() || p.can_operate();
+    // A compliance reviewer's scope is decided per allocation, below; the quorum read keeps every
+    // entry it might see.
+    let reviewer = p
+        .tenant
+        .as_deref()
+        .filter(|_| !all && p.has(crate::principal::Role::TenantAdmin));
     let want = |w: &Option<String>, have: &str| selects(w, Some(have));
     let events: Option<Vec<&str>> = q
         .event
         .as_deref()
         .filter(|e| !e.is_empty())
         .map(|e| e.split(',').map(str::trim).collect());
-    let (entries, valid) = s
+    let keep = |e: &lattice_adapters::AuditEntry| {
+        (all || reviewer.is_some() || e.user == p.user)
+            && want(&q.user, &e.user)
+            && want(&q.allocation, &e.alloc)
+            && q.node
+                .as_deref()
+                .is_none_or(|n| n.is_empty() || e.detail.split(',').any(|d| d == n))
+            && since.is_none_or(|t| e.at_ms >= t)
+            && until.is_none_or(|t| e.at_ms < t)
+            && events.as_ref().is_none_or(|ev| ev.contains(&e.action.as_str()))
+    };
+    let (mut entries, mut valid, manifest) = s
         .member
         .read(|st| {
-            let e: Vec<_> = st
-                .audit
-                .iter()
-                .filter(|e| all || e.user == p.user)
-                .filter(|e| want(&q.user, &e.user) && want(&q.allocation, &e.alloc))
-                .filter(|e| {
-                    q.node
-                        .as_deref()
-                        .is_none_or(|n| n.is_empty() || e.detail.split(',').any(|d| d == n))
-                })
-                .filter(|e| since.is_none_or(|t| e.at_ms >= t) && until.is_none_or(|t| e.at_ms < t))
-                .filter(|e| events.as_ref().is_none_or(|ev| ev.contains(&e.action.as_str())))
-                .cloned()
-                .collect();
-            (e, st.verify_audit().is_ok())
+            let e: Vec<_> = st.audit.iter().filter(|e| keep(e)).cloned().collect();
+            let reaches_archive = since.is_none_or(|t| st.audit.first().is_none_or(|h| t < h.at_ms));
+            let manifest = if reaches_archive {
+                st.audit_archive.clone()
+            } else {
+                Vec::new()
+            };
+            (e, st.verify_audit().is_ok(), manifest)
         })
         .await;
+    // A range reaching before the held log reads the archive back (book: "Queries spanning more
+    // than 90 days may be served from cold tier"); an object missing or failing its checks makes
+    // the answer's chain not valid.
+    if !manifest.is_empty() {
+        let read = match &s.archive {
+            Some(a) => a.read(&manifest, since, until).await,
+            None => crate::archive::ArchiveRead {
+                problems: vec!["services.archive is not configured: the archived entries cannot be read".into()],
+                ..Default::default()
+            },
+        };
+        for m in &read.problems {
+            tracing::warn!("audit query: {m}");
+        }
+        valid &= read.problems.is_empty();
+        let mut old: Vec<_> = read.entries.into_iter().filter(|e| keep(e)).collect();
+        old.append(&mut entries);
+        entries = old;
+    }
     let tenant = q.tenant.as_deref().filter(|t| !t.is_empty());
     let data_path = q.data_path.as_deref().filter(|d| !d.is_empty());
-    if tenant.is_none() && data_path.is_none() {
+    if tenant.is_none() && data_path.is_none() && reviewer.is_none() {
         return Ok((entries, valid));
     }
     let context = audit_context(&*s.control.lock().await, &entries);
@@ -428,7 +467,8 @@ pub async fn audit(
         .into_iter()
         .filter(|e| {
             let (t, paths) = &context[&e.alloc];
-            tenant.is_none_or(|w| w == t)
+            reviewer.is_none_or(|r| r == t || e.user == p.user)
+                && tenant.is_none_or(|w| w == t)
                 && data_path.is_none_or(|d| names_path(&e.detail, d) || paths.iter().any(|p| path_under(p, d)))
         })
         .collect();

@@ -16,5 +16,6 @@ pub mod process;
 pub use http::{call, free_port, http, serve_on_thread, serve_stand_in, wait_until};
 pub use member::{control_plane, start_leader, start_quorum};
 pub use process::{
-    Agents, Proc, agent_binary, agent_command, agent_process, bin, runtime_process, runtime_process_with,
+    Agents, Proc, agent_binary, agent_command, agent_process, bin, runtime_process, runtime_process_env,
+    runtime_process_with,
 };

@@ -92,6 +92,11 @@ pub fn runtime_process(config: &Path, log: &Path) -> Proc {
 
 /// [`runtime_process`], bootstrapping the quorum or not.
 pub fn runtime_process_with(config: &Path, log: &Path, bootstrap: bool) -> Proc {
+    runtime_process_env(config, log, bootstrap, &[])
+}
+
+/// [`runtime_process_with`] with environment variables of its own (credentials a config names).
+pub fn runtime_process_env(config: &Path, log: &Path, bootstrap: bool, env: &[(&str, &str)]) -> Proc {
     let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
     Proc(
         Command::new(bin("lattice-runtime"))
@@ -99,6 +104,7 @@ pub fn runtime_process_with(config: &Path, log: &Path, bootstrap: bool) -> Proc 
             .arg(config)
             .args(bootstrap.then_some("--bootstrap"))
             .env("RUST_LOG", "info,openraft=warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
