@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(decode(&b, &encode(&l[3..5])).unwrap(), l[3..5].to_vec());
         assert_eq!(check_manifest(&[a.clone(), b.clone()], &Anchor::after(&l[4])), Ok(()));
         assert!(
-            check_manifest(&[b.clone()], &Anchor::after(&l[4]))
+            check_manifest(std::slice::from_ref(&b), &Anchor::after(&l[4]))
                 .unwrap_err()
                 .contains("k/1")
         );

@@ -948,6 +948,14 @@ impl QuorumState {
                 ),
             };
         }
+        // A claim is written once: a deposed leader's late entry for a claim the next leader
+        // already recorded (at its take-over) is refused.
+        if action == "claim" && signed.is_some() && self.audit.iter().any(|e| e.alloc == alloc && e.action == "claim") {
+            return QuorumResponse::Rejected {
+                reason: "claim_recorded".into(),
+                message: format!("{alloc}'s claim is already in the audit log"),
+            };
+        }
         lattice_engine::audit::append_after(
             &mut self.audit,
             &self.audit_base,

@@ -118,10 +118,22 @@ pub struct Shared {
 }
 
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).
+/// Retried until the quorum answers (an entry is never given up while the member runs: a
+/// partition longer than a few seconds must not lose it).
 pub async fn audit(shared: &Arc<Shared>, user: &str, alloc: &str, action: &str, detail: String) {
     let cmd = audit_command(shared, user, alloc, action, detail);
-    if !propose_retried(shared, cmd).await {
-        tracing::error!("could not append {action} of {alloc} to the audit log");
+    let mut wait = std::time::Duration::from_millis(100);
+    let mut stopped = shared.stopped.clone();
+    loop {
+        match shared.member.propose(cmd.clone()).await {
+            Ok(_) => return,
+            Err(e) => tracing::debug!("{action} of {alloc} not in the audit log yet: {e}"),
+        }
+        if !sleep_unless_stopped(&mut stopped, wait).await {
+            tracing::error!("stopped before {action} of {alloc} reached the audit log");
+            return;
+        }
+        wait = (wait * 2).min(std::time::Duration::from_secs(1));
     }
 }
 

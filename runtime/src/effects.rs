@@ -56,6 +56,9 @@ pub fn execute(
                     note,
                     ..
                 } => {
+                    if shared.bugs.audit_drops_release && event == lattice_engine::AuditEvent::Release {
+                        continue;
+                    }
                     let mut detail = nodes.join(",");
                     if !note.is_empty() {
                         detail = format!("{detail}; {note}");

@@ -10,6 +10,8 @@ pub struct Bugs {
     pub agent_no_fence: bool,
     /// A vCluster's weights change in the leader's memory only, never at the quorum.
     pub weights_leader_local: bool,
+    /// A sensitive allocation's `release` is never written to the audit log.
+    pub audit_drops_release: bool,
 }
 
 impl Bugs {
@@ -27,8 +29,12 @@ impl Bugs {
                 weights_leader_local: true,
                 ..Bugs::default()
             }),
+            "audit-drops-release" => Ok(Bugs {
+                audit_drops_release: true,
+                ..Bugs::default()
+            }),
             other => Err(format!(
-                "--bug: unknown `{other}` (known: ack-without-majority, agent-no-fence, weights-leader-local)"
+                "--bug: unknown `{other}` (known: ack-without-majority, agent-no-fence, weights-leader-local, audit-drops-release)"
             )),
         }
     }
@@ -41,6 +47,8 @@ impl Bugs {
             Some("agent-no-fence")
         } else if self.weights_leader_local {
             Some("weights-leader-local")
+        } else if self.audit_drops_release {
+            Some("audit-drops-release")
         } else {
             None
         }

@@ -239,6 +239,7 @@ async fn leadership_changed(shared: &Shared, leader: bool) -> Result<()> {
     settle_keys(&mut control, &keyed);
     control.await_agents();
     adopt_decision_state(shared, &mut control).await;
+    record_missing_claims(shared, &control, &held, &attached).await;
     control.adopted_term = Some(term);
     // Nodes held for allocations that are not running here any more are freed (not `release`: that
     // reads the control plane, whose lock is held here).
@@ -267,6 +268,59 @@ async fn end_open_sessions(s: &Shared) {
         let cmd = crate::context::audit_command(s, "lattice", &alloc, "attach_end (leader changed)", detail);
         if let Err(e) = s.member.propose(cmd).await {
             tracing::warn!("could not end {alloc}'s terminal session in the audit log: {e}");
+        }
+    }
+}
+
+/// At a take-over: a sensitive claim running on its nodes whose `claim` entry is not in the audit
+/// log yet (the leader that placed it stopped leading before the entry committed) gets it now,
+/// stamped with when the quorum gave it its nodes — before this leader can audit its release, so
+/// the trail reads claim before release (found by DST). The old leader's entry, should it still
+/// arrive, is refused by the quorum as a second claim.
+async fn record_missing_claims(
+    shared: &Shared,
+    control: &Control,
+    held: &BTreeMap<String, lattice_adapters::quorum_state::Assignment>,
+    attached: &std::collections::BTreeSet<String>,
+) {
+    let claims: Vec<(&String, &lattice_adapters::quorum_state::Assignment)> = held
+        .iter()
+        .filter(|(id, a)| a.sensitive && attached.contains(*id))
+        .collect();
+    if claims.is_empty() {
+        return;
+    }
+    let missing: Vec<(String, u64, String)> = shared
+        .member
+        .read(|q| {
+            // Entries older than the held log are in the archive: a claim that old was written.
+            let held_from = if q.audit_archive.is_empty() {
+                0
+            } else {
+                q.audit.first().map_or(u64::MAX, |e| e.at_ms)
+            };
+            claims
+                .iter()
+                .filter(|(id, a)| {
+                    a.since_ms >= held_from && !q.audit.iter().any(|e| &e.alloc == *id && e.action == "claim")
+                })
+                .map(|(id, a)| ((*id).clone(), a.since_ms, a.nodes.join(",")))
+                .collect()
+        })
+        .await;
+    for (id, since_ms, nodes) in missing {
+        let user = control.view_named(&id).and_then(|v| v.user).unwrap_or_default();
+        let signed = lattice_engine::audit::sign(&shared.audit_key, since_ms, &user, &id, "claim", &nodes);
+        let cmd = QuorumCommand::Audit {
+            at_ms: since_ms,
+            user,
+            alloc: id.clone(),
+            action: "claim".into(),
+            detail: nodes,
+            signed: Some(signed),
+        };
+        if !propose_retried(shared, cmd).await {
+            tracing::error!("could not record {id}'s claim in the audit log");
         }
     }
 }

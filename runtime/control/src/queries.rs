@@ -80,9 +80,15 @@ impl Control {
     /// pool's pass has not yet placed or refused it; `Ok` once its nodes are coming (proposed,
     /// committed, or freed by victims it preempts) or it ended otherwise; `Err` with the refusal
     /// (the `OwnershipConflict` naming nodes and holders) when it was refused.
+    /// An ended claim this control plane only has the final record of is decided by that record;
+    /// one it does not know at all (a leadership change replaced it) is `None`.
     pub fn claim_outcome(&self, name: &str) -> Option<Result<(), String>> {
         let Some(&id) = self.registry.by_name.get(name) else {
-            return Some(Err(format!("{name}: not known to this control plane")));
+            let v = self.registry.history.get(name)?;
+            return Some(match v.end_reason.as_deref() {
+                Some("claim_refused") => Err(v.last_rejection.clone().unwrap_or_else(|| "claim refused".into())),
+                _ => Ok(()),
+            });
         };
         let a = self.ctl.engine.allocation(id)?;
         if a.end_reason == Some(lattice_engine::EndReason::ClaimRefused) {

@@ -1,8 +1,9 @@
 //! The safety checks run after every step, and the liveness condition after the faults heal.
 //!
 //! Safety, on every live member's applied quorum state: no node owned by two allocations, owners
-//! and assignments agree, hard quotas never exceeded, the sensitive audit chain verifies and no
-//! entry once seen ever changes. On the serving leader (the newest term's, once it has adopted the
+//! and assignments agree, hard quotas never exceeded, the sensitive audit chain verifies (hashes and
+//! signatures), no entry once seen ever changes, and each sensitive allocation's trail is in order
+//! ([`audit_gap`]). On the serving leader (the newest term's, once it has adopted the
 //! queue): every acknowledged allocation is known, an ended allocation never changes state again,
 //! and no idempotency key has two live allocations. The clients check that ids are never reused
 //! and a key is never acknowledged twice ([`crate::client`]).
@@ -177,14 +178,11 @@ impl Checker {
                 if seen.as_ref() == Some(&now) {
                     return (v, None);
                 }
-                if let Err(i) = q.verify_audit() {
-                    v.push(format!(
-                        "m{m}: the audit chain breaks at entry {i} (its hash or its signature)"
-                    ));
-                }
-                if let Err(i) = lattice_engine::audit::signed_by(&q.audit, &self.audit_keys) {
-                    v.push(format!("m{m}: audit entry {i} is not signed with a member's audit key"));
-                }
+                v.extend(
+                    audit_problems(q, &self.audit_keys)
+                        .into_iter()
+                        .map(|p| format!("m{m}: {p}")),
+                );
                 (
                     v,
                     Some((now, q.audit.iter().map(|e| e.hash.clone()).collect::<Vec<_>>())),
@@ -494,4 +492,51 @@ impl Checker {
             nodes.join(", ")
         )
     }
+}
+
+/// What is wrong with a member's audit log: its chain (hashes, signatures), an entry not signed by
+/// a member's key, a trail out of order ([`audit_gap`]).
+fn audit_problems(q: &lattice_adapters::QuorumState, keys: &[String]) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Err(i) = q.verify_audit() {
+        v.push(format!(
+            "the audit chain breaks at entry {i} (its hash or its signature)"
+        ));
+    }
+    if let Err(i) = lattice_engine::audit::signed_by(&q.audit, keys) {
+        v.push(format!("audit entry {i} is not signed with a member's audit key"));
+    }
+    v.extend(audit_gap(&q.audit));
+    v
+}
+
+/// The first entry of a sensitive allocation's audit trail that an entry it needs does not precede
+/// (book: claim, release with wipe confirmation): its release or its start without its claim, a
+/// node's wipe or quarantine without its release. A lifecycle event the log dropped shows here.
+pub fn audit_gap(log: &[lattice_engine::audit::AuditEntry]) -> Option<String> {
+    let mut seen: std::collections::BTreeMap<&str, (bool, bool)> = std::collections::BTreeMap::new();
+    for e in log {
+        let (claimed, released) = seen.entry(e.alloc.as_str()).or_default();
+        let needs = match e.action.as_str() {
+            "claim" => {
+                *claimed = true;
+                None
+            }
+            "release" => {
+                let n = (!*claimed).then_some("claim");
+                *released = true;
+                n
+            }
+            "start" | "boot" => (!*claimed).then_some("claim"),
+            "wipe" | "quarantine" => (!*released).then_some("release"),
+            _ => None,
+        };
+        if let Some(n) = needs {
+            return Some(format!(
+                "audit entry {} ({} of {}) has no {n} before it in the audit log",
+                e.seq, e.action, e.alloc
+            ));
+        }
+    }
+    None
 }

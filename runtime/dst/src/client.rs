@@ -19,9 +19,31 @@ pub enum Op {
         tenant: String,
         nodes: u32,
         run_ms: u64,
+        /// A sensitive claim: placed at once or refused (`OwnershipConflict`), both final.
+        sensitive: bool,
     },
     /// Cancels the allocation acknowledged for this key (if any).
     Cancel { key: String },
+}
+
+/// A claimant's plan (its own stream, so the other clients' plans stay as the seed made them):
+/// sensitive claims of one node running 0.1–1 s, spread over the faulty phase.
+pub fn claims_plan(rng: &mut ChaCha8Rng, steps: u64, client: &str) -> Vec<Timed> {
+    let span_ms = (steps * obs::TICK.as_millis() as u64).max(1000);
+    let mut ops: Vec<Timed> = (0..(steps / 200).clamp(2, 12))
+        .map(|j| Timed {
+            at_ms: rng.next_u64() % (span_ms * 9 / 10),
+            op: Op::Submit {
+                key: format!("{client}-claim{j}"),
+                tenant: "physics".into(),
+                nodes: 1,
+                run_ms: 100 + rng.next_u64() % 900,
+                sensitive: true,
+            },
+        })
+        .collect();
+    ops.sort_by_key(|t| t.at_ms);
+    ops
 }
 
 /// An op and when (simulated ms) the client starts it.
@@ -61,6 +83,7 @@ pub fn plan(rng: &mut ChaCha8Rng, steps: u64) -> Vec<Vec<Timed>> {
                         },
                         nodes: 1 + (rng.next_u64() % 3) as u32,
                         run_ms: 100 + rng.next_u64() % 1900,
+                        sensitive: false,
                     }
                 };
                 ops.push(Timed { at_ms, op });
@@ -118,9 +141,11 @@ pub async fn run(name: String, ops: Vec<Timed>, n: u64, obs: SharedObs) -> turmo
                     tenant,
                     nodes,
                     run_ms,
+                    sensitive,
                 } => {
                     let req = pb::AllocationRequest {
                         tenant: tenant.clone(),
+                        sensitive: *sensitive,
                         resources: Some(pb::Resources {
                             nodes: *nodes,
                             ..Default::default()
@@ -140,6 +165,14 @@ pub async fn run(name: String, ops: Vec<Timed>, n: u64, obs: SharedObs) -> turmo
                     match tokio::time::timeout(Duration::from_secs(3), c.submit(req)).await {
                         Ok(Ok(r)) => {
                             acknowledged(&obs, &name, key, &r.into_inner().id, target);
+                            Outcome::Done
+                        }
+                        Ok(Err(s))
+                            if *sensitive
+                                && s.code() == tonic::Code::AlreadyExists
+                                && s.message().starts_with("OwnershipConflict") =>
+                        {
+                            lock(&obs).event(format!("{name} claim {key} refused: {}", s.message()));
                             Outcome::Done
                         }
                         Ok(Err(s)) => Outcome::Refused(s),

@@ -39,7 +39,8 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Workload {
     /// Two gRPC clients submitting (with idempotency keys) and cancelling; a REST client submitting
-    /// DAGs (retried under their id) and cancelling them; with agent hosts, an operator draining and
+    /// DAGs (retried under their id) and cancelling them; without agent hosts, a claimant of
+    /// sensitive nodes; with agent hosts, an operator draining and
     /// undraining nodes.
     #[default]
     Full,
@@ -473,6 +474,14 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedReport {
             let obs = obs.clone();
             sim.client("c3", client::run_dags("c3".into(), ops, n, obs));
             clients.push("c3".into());
+        }
+        // A claimant of sensitive nodes, with the runtime's simulated agents (which wipe).
+        if full && opts.agents == 0 {
+            let mut claims_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x636c_6169_6d73);
+            let ops = client::claims_plan(&mut claims_rng, opts.steps, "c4");
+            let obs = obs.clone();
+            sim.client("c4", client::run("c4".into(), ops, n, obs));
+            clients.push("c4".into());
         }
         if full && opts.agents > 0 {
             clients.push("operator".into());

@@ -286,6 +286,37 @@ fn weights_kept_only_by_the_leader_are_caught_after_a_fail_over() {
     assert_eq!(code, 0, "{}", last_line(&out));
 }
 
+/// A sensitive allocation's `release` never written to the audit log (a test-only switch) is
+/// caught by the checker's reading of the audit trail after each step (a wipe with no release
+/// before it), with the sensitive claimant and every fault; without the bug the same seed passes,
+/// its claims claimed, released and wiped through fail-overs.
+#[test]
+fn an_audit_log_that_drops_releases_is_caught() {
+    let args = [
+        "--seeds", "10", "--seed", "1", "--steps", "2000", "--faults", "all", "--agents", "0",
+    ];
+    let (code, out) = dst(&[
+        &args[..],
+        &["--bug", "audit-drops-release", "--fail-fast", "--threads", "1"],
+    ]
+    .concat());
+    assert_eq!(code, 1, "{out}");
+    let fail = out
+        .lines()
+        .find(|l| l.starts_with("FAIL seed "))
+        .expect("a failing seed");
+    assert!(fail.contains("has no release before it in the audit log"), "{fail}");
+    let seed = fail["FAIL seed ".len()..].split(':').next().unwrap();
+    let (code, out) = dst(&[
+        "--seeds", "1", "--seed", seed, "--steps", "2000", "--faults", "all", "--agents", "0", "--log",
+    ]);
+    assert_eq!(code, 0, "{}", last_line(&out));
+    assert!(
+        out.contains(" c4 ack c4-claim"),
+        "the claimant's claims were acknowledged"
+    );
+}
+
 #[test]
 fn bad_arguments_are_refused_naming_the_flag() {
     let (code, out) = dst(&["--faults", "meteor"]);

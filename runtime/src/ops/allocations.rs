@@ -154,12 +154,22 @@ const CLAIM_DECISION_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// "Concurrent Sensitive Claims" — immediate or rejected, never queued).
 async fn claim_decided(s: &Arc<Shared>, id: &str) -> Result<(), ApiError> {
     let deadline = tokio::time::Instant::now() + CLAIM_DECISION_WAIT;
+    let incarnation = s.control.lock().await.incarnation;
     loop {
-        match s.control.lock().await.claim_outcome(id) {
+        let c = s.control.lock().await;
+        match c.claim_outcome(id) {
             Some(Ok(())) => return Ok(()),
             Some(Err(message)) => return Err(ApiError::Conflict { message }),
+            // Another control plane now (this member stopped leading): the submission is durable
+            // and the next leader decides; the client asks again with its idempotency key.
+            None if c.incarnation != incarnation => {
+                return Err(ApiError::Unavailable {
+                    message: format!("{id}: the leadership changed while its claim was decided; ask again"),
+                });
+            }
             None => {}
         }
+        drop(c);
         if tokio::time::Instant::now() >= deadline {
             tracing::warn!("{id}: its claim was neither placed nor refused within {CLAIM_DECISION_WAIT:?}");
             return Ok(());

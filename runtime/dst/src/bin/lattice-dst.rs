@@ -31,12 +31,13 @@ struct Args {
     #[arg(long, default_value_t = 6)]
     agents: usize,
     /// What the clients do: `full` (gRPC clients submitting and cancelling, a REST client
-    /// submitting and cancelling DAGs, and with agents an operator draining nodes) or `basic`
+    /// submitting and cancelling DAGs, with agents an operator draining nodes, without them a
+    /// claimant of sensitive nodes) or `basic`
     /// (the gRPC clients only: the workload the earliest regression seeds were found with).
     #[arg(long, default_value = "full")]
     workload: String,
     /// A test-only injected bug the run must catch: ack-without-majority, agent-no-fence,
-    /// weights-leader-local.
+    /// weights-leader-local, audit-drops-release (needs `--agents 0`: the sensitive claimant).
     #[arg(long)]
     bug: Option<String>,
     /// Seeds run in parallel (default: the machine's cores).
