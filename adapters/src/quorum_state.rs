@@ -312,6 +312,9 @@ pub struct Assignment {
     /// Its CXI service at the fabric manager, once created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cxi_service: Option<String>,
+    /// A sensitive claim whose `claim` entry is in the audit log (a second one is refused).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub claim_audited: bool,
 }
 
 impl Assignment {
@@ -916,6 +919,7 @@ impl QuorumState {
                 project: project.map(str::to_string),
                 network: network.clone(),
                 cxi_service: None,
+                claim_audited: false,
             },
         );
         self.commits += 1;
@@ -950,11 +954,17 @@ impl QuorumState {
         }
         // A claim is written once: a deposed leader's late entry for a claim the next leader
         // already recorded (at its take-over) is refused.
-        if action == "claim" && signed.is_some() && self.audit.iter().any(|e| e.alloc == alloc && e.action == "claim") {
-            return QuorumResponse::Rejected {
-                reason: "claim_recorded".into(),
-                message: format!("{alloc}'s claim is already in the audit log"),
-            };
+        if action == "claim"
+            && signed.is_some()
+            && let Some(a) = self.assignments.get_mut(alloc)
+        {
+            if a.claim_audited {
+                return QuorumResponse::Rejected {
+                    reason: "claim_recorded".into(),
+                    message: format!("{alloc}'s claim is already in the audit log"),
+                };
+            }
+            a.claim_audited = true;
         }
         lattice_engine::audit::append_after(
             &mut self.audit,

@@ -139,6 +139,24 @@ pub fn pull(
     now_ms: u64,
     sign_required: bool,
 ) -> Result<PathBuf, UenvError> {
+    pull_used(cfg, cache, pinned, uenv, now_ms, sign_required).map(|(path, _)| path)
+}
+
+/// [`pull`], also saying what was used: the image's name, the digest it was verified against, and
+/// whether it was pulled now (a sensitive allocation's audit trail records both).
+pub fn pull_used(
+    cfg: &UenvConfig,
+    cache: &mut crate::cache::ImageCache,
+    pinned: &std::collections::BTreeSet<String>,
+    uenv: &str,
+    now_ms: u64,
+    sign_required: bool,
+) -> Result<(PathBuf, crate::client::ImageUse), UenvError> {
+    let used = |sha256: &str, pulled: bool| crate::client::ImageUse {
+        image: uenv.to_string(),
+        sha256: sha256.trim().to_string(),
+        pulled,
+    };
     let (rel, file) = layout(uenv)?;
     let dir = cache.dir().to_path_buf();
     let cached = dir.join(&file);
@@ -158,7 +176,7 @@ pub fn pull(
             let digest = std::fs::read_to_string(&recorded).map_err(io)?;
             signed(&digest, std::fs::read_to_string(&cached_sig).ok())?;
             cache.used_image(&file, true, now_ms);
-            Ok(cached)
+            Ok((cached, used(&digest, false)))
         } else {
             Err(UenvError::NoRegistry(uenv.to_string()))
         };
@@ -191,7 +209,7 @@ pub fn pull(
         signed(&expected, sig.clone())?;
         keep_sig(&sig)?;
         cache.used_image(&file, true, now_ms);
-        return Ok(cached);
+        return Ok((cached, used(&expected, false)));
     }
     // Not signed as required: refused before anything is copied.
     signed(&expected, sig.clone())?;
@@ -228,7 +246,7 @@ pub fn pull(
     std::fs::write(&recorded, format!("{expected}\n")).map_err(io)?;
     keep_sig(&sig)?;
     cache.used_image(&file, false, now_ms);
-    Ok(cached)
+    Ok((cached, used(&expected, true)))
 }
 
 /// The environment variables of `view` in `image` (its `meta/env.json`, read with `unsquashfs`),
@@ -321,6 +339,8 @@ pub fn apply_view(
 pub struct Prepared {
     pub image: PathBuf,
     pub env: Vec<(String, String)>,
+    /// What was mounted ([`pull_used`]).
+    pub used: crate::client::ImageUse,
 }
 
 pub fn prepare(
@@ -331,7 +351,7 @@ pub fn prepare(
     view: Option<&str>,
     sign_required: bool,
 ) -> Result<Prepared, UenvError> {
-    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms(), sign_required)?;
+    let (image, used) = pull_used(cfg, cache, pinned, uenv, crate::runner::wall_ms(), sign_required)?;
     let mut env = vec![
         ("LATTICE_UENV".to_string(), uenv.to_string()),
         ("UENV_MOUNT_POINT".to_string(), cfg.mount_point.display().to_string()),
@@ -342,7 +362,7 @@ pub fn prepare(
     }
     std::fs::create_dir_all(&cfg.mount_point)
         .map_err(|e| UenvError::Io(format!("{}: {e}", cfg.mount_point.display())))?;
-    Ok(Prepared { image, env })
+    Ok(Prepared { image, env, used })
 }
 
 /// A tools uenv's cached image, pulled like the application's ([`pull`]), its mount point made.
@@ -352,11 +372,11 @@ pub fn prepare_tools(
     pinned: &std::collections::BTreeSet<String>,
     uenv: &str,
     sign_required: bool,
-) -> Result<PathBuf, UenvError> {
-    let image = pull(cfg, cache, pinned, uenv, crate::runner::wall_ms(), sign_required)?;
+) -> Result<(PathBuf, crate::client::ImageUse), UenvError> {
+    let pulled = pull_used(cfg, cache, pinned, uenv, crate::runner::wall_ms(), sign_required)?;
     std::fs::create_dir_all(&cfg.tools_mount_point)
         .map_err(|e| UenvError::Io(format!("{}: {e}", cfg.tools_mount_point.display())))?;
-    Ok(image)
+    Ok(pulled)
 }
 
 #[cfg(test)]

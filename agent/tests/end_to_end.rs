@@ -2631,7 +2631,7 @@ fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
     std::fs::write(app.join("README"), "validated stack\n").unwrap();
     publish_uenv(&app, &registry, "sensitive/validated/2024.1", None);
     let site = lattice_engine::audit::SigningKey::from_bytes(&[21; 32]);
-    {
+    let image_digest = {
         use sha2::Digest;
         let image = registry.join("sensitive/validated/2024.1.squashfs");
         let digest: [u8; 32] = sha2::Sha256::digest(std::fs::read(&image).unwrap()).into();
@@ -2640,7 +2640,8 @@ fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
             lattice_engine::audit::sign_digest(&site, &digest).sig,
         )
         .unwrap();
-    }
+        digest.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
     let mut agent = agent_command("sim-000", &base, &dir);
     agent
         .args(["--uenv-registry", &registry.display().to_string()])
@@ -2703,6 +2704,25 @@ fn a_sensitive_allocation_takes_one_terminal_session_at_a_time() {
     wait_ready(&base, &["sim-000"], Duration::from_secs(20));
     let id = claim(json!({"uenv": "sensitive/validated:2024.1", "sign_required": true}));
     wait_for(&base, &id, |v| v["state"] == "running", Duration::from_secs(20));
+    // The image it runs, pulled for it, is in its audit trail with the digest it was verified against.
+    let t0 = Instant::now();
+    let pull = loop {
+        let (_, a) = call(
+            "GET",
+            &format!("{base}/v1/audit/logs?allocation={id}&event=image_pull"),
+            None,
+        );
+        if let Some(e) = a["entries"].as_array().and_then(|e| e.first()) {
+            break e["detail"].as_str().unwrap().to_string();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no image_pull entry: {a}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        pull,
+        format!("sim-000 image=sensitive/validated:2024.1 sha256={image_digest} pulled"),
+        "{pull}"
+    );
     let attach = |command: &str| {
         Command::new(&lattice)
             .args(["attach", &id, "--command", command])

@@ -41,6 +41,11 @@ pub enum AuditEvent {
     /// Its prologue failed on the node (an image that could not be pulled, or is not signed as
     /// `sign_required` asks): the world's note says why.
     PrologueFailure,
+    /// The checkpoint broker asked it to write a checkpoint.
+    Checkpoint,
+    /// Its checkpoint was written (the next run resumes there), or failed.
+    CheckpointDone,
+    CheckpointFailed,
 }
 
 impl AuditEvent {
@@ -55,6 +60,9 @@ impl AuditEvent {
             AuditEvent::ClaimRefused => "claim_refused",
             AuditEvent::PrologueFailure => "prologue_failure",
             AuditEvent::Start => "start",
+            AuditEvent::Checkpoint => "checkpoint",
+            AuditEvent::CheckpointDone => "checkpoint_done",
+            AuditEvent::CheckpointFailed => "checkpoint_failed",
         }
     }
 }

@@ -115,6 +115,8 @@ pub struct Shared {
     pub audit_key: ed25519_dalek::SigningKey,
     /// The S3 archive (`services.archive`): old audit entries and backups.
     pub archive: Option<Arc<crate::archive::Archive>>,
+    /// How far this member's audit queries have verified the held chain.
+    pub audit_verified: crate::audit_verified::Verified,
 }
 
 /// Appends to the quorum's hash-chained audit log (book: sensitive workloads).

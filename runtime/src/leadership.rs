@@ -285,7 +285,7 @@ async fn record_missing_claims(
 ) {
     let claims: Vec<(&String, &lattice_adapters::quorum_state::Assignment)> = held
         .iter()
-        .filter(|(id, a)| a.sensitive && attached.contains(*id))
+        .filter(|(id, a)| a.sensitive && !a.claim_audited && attached.contains(*id))
         .collect();
     if claims.is_empty() {
         return;

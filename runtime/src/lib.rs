@@ -19,6 +19,7 @@ pub mod accounting;
 pub mod api;
 pub mod archive;
 pub mod audit_key;
+pub mod audit_verified;
 pub mod auth;
 pub mod bench;
 pub mod config;

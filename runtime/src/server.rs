@@ -271,6 +271,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
         federation,
         audit_key,
         archive: archive.clone(),
+        audit_verified: Default::default(),
     });
     // Quotas and the sensitive pool go to the quorum once a leader exists.
     let mut tasks = vec![

@@ -87,6 +87,48 @@ fn release_wipes_nodes_and_audits() {
     assert_eq!(r.summary.wipes, 1);
 }
 
+/// A claim that checkpoints (book: the audit trail holds checkpoint events): the broker's requests
+/// and their outcomes are audited between its start and its release, on its nodes, in the chain.
+#[test]
+fn a_claims_checkpoints_are_audited() {
+    // A day on 3 nodes with no estimate: the broker checkpoints it every few hours (tests/broker.rs).
+    let mut c = claim("C", 1, 3, 24 * 3600);
+    c.spec_mut().lifecycle = lattice_engine::Lifecycle::Bounded {
+        walltime: Duration::from_secs(25 * 3600),
+    };
+    c.spec_mut().checkpoint = CheckpointSpec {
+        kind: CheckpointKind::Auto,
+        estimated_minutes: None,
+        mechanism: Default::default(),
+    };
+    // A job scheduled before it: the scheduler scored (the broker runs once it has).
+    let w = workload(vec![job("Q", 0, 1, 100, 100), c]);
+    let mut cfg = weighted(Policy::EASY, lattice_engine::CostWeights::default());
+    cfg.wipe = fixed_wipe(20, 0.0);
+    let r = simulate(&w, &nodes(4), &cfg, &mut |_, _| {}).unwrap();
+    let events: Vec<&str> = r.audit.entries().iter().map(|e| e.action.as_str()).collect();
+    let asked = events.iter().filter(|e| **e == "checkpoint").count();
+    let done = events.iter().filter(|e| **e == "checkpoint_done").count();
+    assert!(
+        asked >= 1 && done >= 1,
+        "{events:?} hints {}",
+        r.summary.checkpoint_hints
+    );
+    assert_eq!(r.summary.broker_checkpoints as usize, done, "{events:?}");
+    let start = events.iter().position(|e| *e == "start").unwrap();
+    let release = events.iter().position(|e| *e == "release").unwrap();
+    let first = events.iter().position(|e| *e == "checkpoint").unwrap();
+    assert!(start < first && first < release, "{events:?}");
+    let e = r
+        .audit
+        .entries()
+        .iter()
+        .find(|e| e.action == "checkpoint_done")
+        .unwrap();
+    assert_eq!(e.detail.split(',').count(), 3, "{e:?}");
+    assert_eq!(AuditLog::verify(r.audit.entries()), Ok(()));
+}
+
 /// A failed wipe quarantines the nodes (treated as Down): they never return to the pool.
 #[test]
 fn failed_wipe_quarantines() {

@@ -157,4 +157,17 @@ pub struct CachedImage {
 pub struct Startup {
     pub id: String,
     pub seconds: f64,
+    /// The images its prologue mounted (uenv and tools uenv): for a sensitive allocation's audit
+    /// trail (what ran, with its hash; whether it was pulled now).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageUse>,
+}
+
+/// One image a prologue mounted: its name, the SHA-256 it was verified against, and whether it was
+/// pulled from the registry for this start (or found in the node's cache).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImageUse {
+    pub image: String,
+    pub sha256: String,
+    pub pulled: bool,
 }

@@ -79,6 +79,8 @@ pub(super) struct Prepared {
     pub(super) spec: RunSpec,
     pub(super) container: Option<String>,
     pub(super) channel: Option<Channel>,
+    /// The images its prologue mounted (reported with its start).
+    pub(super) images: Vec<crate::client::ImageUse>,
 }
 
 /// Prepares `l` in the order its parts depend on each other: the uenv, the data, the checkpoint
@@ -93,7 +95,7 @@ pub(super) fn prepare(
     let cfg = ctx.cfg;
     // Its software environment first: a uenv that cannot be pulled or read is a prologue
     // failure (the control plane retries it on other nodes), the reason as its output.
-    let (mut mounts, uenv_env) = uenv(cfg, images, procs, l)?;
+    let (mut mounts, uenv_env, used) = uenv(cfg, images, procs, l)?;
     // Its data: declared mounts and the defaults (a source this node cannot provide is
     // a prologue failure too).
     let data = crate::data::plan(
@@ -163,6 +165,7 @@ pub(super) fn prepare(
         spec,
         container,
         channel,
+        images: used,
     })
 }
 
@@ -174,11 +177,12 @@ fn uenv(
     images: &mut Option<crate::cache::ImageCache>,
     procs: &BTreeMap<String, runner::Running>,
     l: &Launch,
-) -> Result<(Vec<runner::Mount>, Env), String> {
+) -> Result<(Vec<runner::Mount>, Env, Vec<crate::client::ImageUse>), String> {
     let mut mounts = Vec::new();
     let mut uenv_env = Vec::new();
+    let mut used = Vec::new();
     if l.uenv.is_none() && l.tools_uenv.is_none() {
-        return Ok((mounts, uenv_env));
+        return Ok((mounts, uenv_env, used));
     }
     // Images mounted by what runs here (also what a restart took over) stay.
     let mut pinned: std::collections::BTreeSet<String> =
@@ -203,17 +207,19 @@ fn uenv(
             at: cfg.uenv.mount_point.clone(),
         });
         uenv_env = p.env;
+        used.push(p.used);
     }
     if let Some(t) = &l.tools_uenv {
-        let image = crate::uenv::prepare_tools(&cfg.uenv, cache, &pinned, t, l.uenv_sign_required)
+        let (image, tools) = crate::uenv::prepare_tools(&cfg.uenv, cache, &pinned, t, l.uenv_sign_required)
             .map_err(|e| e.to_string())?;
+        used.push(tools);
         mounts.push(runner::Mount::Squashfs {
             image,
             at: cfg.uenv.tools_mount_point.clone(),
         });
         uenv_env.push(("LATTICE_TOOLS_UENV".to_string(), t.clone()));
     }
-    Ok((mounts, uenv_env))
+    Ok((mounts, uenv_env, used))
 }
 
 /// The allocation's checkpoint channel by its declared mechanism (`None`, said, when it cannot be

@@ -663,6 +663,7 @@ impl<'a> Agent<'a> {
             spec,
             container,
             channel,
+            images,
         } = p;
         let task_env = spec.env.clone();
         match runner::start(spec) {
@@ -687,6 +688,7 @@ impl<'a> Agent<'a> {
                 self.reports.startups.push(crate::client::Startup {
                     id: l.id.clone(),
                     seconds: assigned.elapsed().as_secs_f64(),
+                    images,
                 });
                 self.procs.insert(l.id.clone(), r);
                 if let Some(c) = channel {

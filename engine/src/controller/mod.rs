@@ -532,6 +532,13 @@ impl Controller {
             }
             Input::Checkpointed(id, ok) => {
                 self.engine.handle_checkpointed(now, id, ok)?;
+                let nodes = self.engine.allocation(id).map(|a| a.nodes.clone()).unwrap_or_default();
+                let event = if ok {
+                    AuditEvent::CheckpointDone
+                } else {
+                    AuditEvent::CheckpointFailed
+                };
+                self.audit_sensitive(world, now, id, event, nodes);
                 let r = self.run(id);
                 let kept = r.hinted.take();
                 if ok && let Some(k) = kept {
@@ -894,6 +901,12 @@ impl Controller {
             match cmd {
                 Command::Checkpoint { alloc } => {
                     self.stats.broker_hints += 1;
+                    let nodes = self
+                        .engine
+                        .allocation(alloc)
+                        .map(|a| a.nodes.clone())
+                        .unwrap_or_default();
+                    self.audit_sensitive(world, now, alloc, AuditEvent::Checkpoint, nodes);
                     let progress = self.run(alloc).progress(now);
                     self.run(alloc).hinted = Some(progress);
                     if self.emit(world, now, Decision::Checkpoint { alloc }) == Some(false) {

@@ -20,11 +20,12 @@ struct Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Measure: `raft` (commit latency p50/p99 on 3 local members, commits/s), `submit` / `submit3`
-    /// (submissions/s through REST and gRPC to a 1- / 3-member quorum's leader) or `heartbeats` (N
-    /// agents every 10 s from another process: the server's CPU share).
+    /// (submissions/s through REST and gRPC to a 1- / 3-member quorum's leader), `heartbeats` (N
+    /// agents every 10 s from another process: the server's CPU share) or `audit` (queries on a
+    /// held audit log of N entries).
     Bench {
         kind: String,
-        /// Proposals, requests or agents.
+        /// Proposals, requests, agents or audit entries.
         #[arg(long, default_value_t = 2000)]
         n: usize,
         /// `heartbeats`: how long the agents heartbeat.
@@ -68,13 +69,14 @@ async fn run() -> Result<()> {
             "submit" => lattice_runtime::bench::submit(n, 1).await?,
             "submit3" => lattice_runtime::bench::submit(n, 3).await?,
             "heartbeats" => lattice_runtime::bench::heartbeats(n, seconds).await?,
+            "audit" => lattice_runtime::bench::audit_queries(n)?,
             "heartbeat-agents" => {
                 let Some(t) = target else {
                     anyhow::bail!("bench heartbeat-agents needs --target HOST:PORT");
                 };
                 lattice_runtime::bench::heartbeat_agents(&t, n, seconds).await?
             }
-            other => anyhow::bail!("bench {other}: raft, submit, submit3 or heartbeats"),
+            other => anyhow::bail!("bench {other}: raft, submit, submit3, heartbeats or audit"),
         };
         println!("{line}");
         return Ok(());

@@ -273,3 +273,35 @@ pub fn random_secret() -> [u8; 32] {
     }
     b
 }
+
+/// `2026-03-01` → ms at UTC midnight; a bare integer is taken as ms.
+pub fn parse_instant(field: &str, v: &str) -> Result<u64, ApiError> {
+    let bad = || ApiError::BadRequest {
+        field: field.into(),
+        message: format!("`{v}`: expected YYYY-MM-DD or milliseconds since the epoch"),
+    };
+    if let Ok(ms) = v.parse::<u64>() {
+        return Ok(ms);
+    }
+    let parts: Vec<&str> = v.split('-').collect();
+    let [y, m, d] = parts[..] else { return Err(bad()) };
+    let (y, m, d) = (
+        y.parse::<i64>().map_err(|_| bad())?,
+        m.parse::<i64>().map_err(|_| bad())?,
+        d.parse::<i64>().map_err(|_| bad())?,
+    );
+    // Years past 9999 are refused too: the day arithmetic below would overflow (a fuzzed query
+    // string found it: `since=9223372036854775807-01-01` panicked the handler).
+    if !(1970..=9999).contains(&y) || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return Err(bad());
+    }
+    // Days from civil (proleptic Gregorian), Howard Hinnant's algorithm.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok(days as u64 * 86_400_000)
+}

@@ -3,6 +3,7 @@
 
 mod admin;
 mod allocations;
+mod audit;
 mod common;
 mod dags;
 mod nodes;
@@ -12,6 +13,7 @@ mod site;
 pub use crate::error::{ApiError, forbidden};
 pub use admin::*;
 pub use allocations::*;
+pub use audit::*;
 pub use common::*;
 pub use dags::*;
 pub use nodes::*;

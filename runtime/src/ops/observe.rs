@@ -2,9 +2,9 @@
 //! diagnostics and comparisons as the API's JSON documents, and the log and metrics streams as
 //! relays of named events (REST sends them as Server-Sent Events, gRPC as a message stream).
 
-use super::admin::parse_instant;
 use super::allocations::{get, live_logs, logs};
 use super::common::audit_access;
+use super::common::parse_instant;
 use crate::auth::Principal;
 use crate::context::Shared;
 use crate::error::ApiError;

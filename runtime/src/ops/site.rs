@@ -158,6 +158,40 @@ pub async fn delete_session(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<
     Ok(json!({"session_id": id, "state": state}))
 }
 
+/// The images a sensitive allocation's prologue mounted on `node` (book: the audit trail holds
+/// image pulls and what ran with its hash): an `image_pull` entry each, `NODE image=NAME
+/// sha256=HEX pulled|cached`, written in the background (the agent's poll does not wait on the
+/// quorum).
+async fn audit_image_uses(s: &Arc<Shared>, node: &str, startups: &[lattice_agent_protocol::Startup]) {
+    let with_images: Vec<&lattice_agent_protocol::Startup> =
+        startups.iter().filter(|st| !st.images.is_empty()).collect();
+    if with_images.is_empty() {
+        return;
+    }
+    let entries: Vec<(String, String, String)> = {
+        let c = s.control.lock().await;
+        with_images
+            .iter()
+            .filter(|st| c.is_sensitive_named(&st.id))
+            .flat_map(|st| {
+                let user = c.view_named(&st.id).and_then(|v| v.user).unwrap_or_default();
+                st.images.iter().map(move |i| {
+                    let how = if i.pulled { "pulled" } else { "cached" };
+                    (
+                        user.clone(),
+                        st.id.clone(),
+                        format!("{node} image={} sha256={} {how}", i.image, i.sha256),
+                    )
+                })
+            })
+            .collect()
+    };
+    for (user, alloc, detail) in entries {
+        let s = s.clone();
+        tokio::spawn(async move { crate::context::audit(&s, &user, &alloc, "image_pull", detail).await });
+    }
+}
+
 /// An agent's work poll: its overhead and startup figures go to the metrics, its reports to the
 /// quorum; the answer is its work.
 pub async fn work_poll(s: &Arc<Shared>, p: &Principal, id: &str, w: WorkPoll) -> Result<Value, ApiError> {
@@ -169,6 +203,7 @@ pub async fn work_poll(s: &Arc<Shared>, p: &Principal, id: &str, w: WorkPoll) ->
             s.metrics.agent_startup.with_label_values(&[id]).observe(st.seconds);
         }
     }
+    audit_image_uses(s, id, &w.startups).await;
     let reports = lattice_control::AgentReports {
         checkpointed: w.checkpointed,
         wiped: w.wiped,
