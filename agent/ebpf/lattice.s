@@ -7,9 +7,15 @@
 # tracepoint/block/block_bio_queue: block I/O per process, in the submitter's context: nr_sector * 512
 #   bytes (format offset 24) added to `io_bytes[tgid]` (HASH u32 -> {read u64, write u64}) by the first
 #   character of rwbs (offset 28): 'R' read, 'W' write; others (flush, discard) are not counted.
+# tracepoint/syscalls/sys_enter_openat: audit mode (sensitive allocations). A task whose cgroup (v2 id,
+#   helper 80) is in `watched` (HASH u64 -> u32 slot, filled by the agent for each sensitive allocation's
+#   own cgroup) has each openat recorded into the ring buffer `opens` (RINGBUF, helper 130 output):
+#   {slot u32, flags u32 (format offset 32), tgid u32, pad u32, filename [256] (offset 24, read with
+#   helper 114 probe_read_user_str)} — 272 bytes.
 # Maps use the legacy `maps` section (struct bpf_map_def: type, key_size, value_size, max_entries,
 #   flags), which aya loads without BTF. Helpers: 1 map_lookup_elem, 2 map_update_elem,
-#   5 ktime_get_ns, 14 get_current_pid_tgid. Map types: 1 HASH, 6 PERCPU_ARRAY.
+#   5 ktime_get_ns, 14 get_current_pid_tgid, 80 get_current_cgroup_id, 114 probe_read_user_str,
+#   130 ringbuf_output. Map types: 1 HASH, 6 PERCPU_ARRAY, 27 RINGBUF.
 
 	.text
 	.section	"tracepoint/sched/sched_switch","ax",@progbits
@@ -99,6 +105,45 @@ LBB1_out:
 .Lfunc_end1:
 	.size	block_bio_queue, .Lfunc_end1-block_bio_queue
 
+	.section	"tracepoint/syscalls/sys_enter_openat","ax",@progbits
+	.globl	sys_enter_openat
+	.p2align	3
+	.type	sys_enter_openat,@function
+sys_enter_openat:
+	r6 = r1
+	call 80
+	*(u64 *)(r10 - 280) = r0
+	r2 = r10
+	r2 += -280
+	r1 = watched ll
+	call 1
+	if r0 == 0 goto LBB2_out
+	r7 = *(u32 *)(r0 + 0)
+	*(u32 *)(r10 - 272) = r7
+	r1 = *(u64 *)(r6 + 32)
+	*(u32 *)(r10 - 268) = r1
+	call 14
+	r0 >>= 32
+	*(u32 *)(r10 - 264) = r0
+	r1 = 0
+	*(u32 *)(r10 - 260) = r1
+	r1 = r10
+	r1 += -256
+	r2 = 256
+	r3 = *(u64 *)(r6 + 24)
+	call 114
+	r1 = opens ll
+	r2 = r10
+	r2 += -272
+	r3 = 272
+	r4 = 0
+	call 130
+LBB2_out:
+	r0 = 0
+	exit
+.Lfunc_end2:
+	.size	sys_enter_openat, .Lfunc_end2-sys_enter_openat
+
 	.type	last_switch,@object
 	.section	maps,"aw",@progbits
 	.globl	last_switch
@@ -132,6 +177,28 @@ io_bytes:
 	.long	65536
 	.long	0
 	.size	io_bytes, 20
+
+	.type	watched,@object
+	.globl	watched
+	.p2align	2
+watched:
+	.long	1
+	.long	8
+	.long	4
+	.long	1024
+	.long	0
+	.size	watched, 20
+
+	.type	opens,@object
+	.globl	opens
+	.p2align	2
+opens:
+	.long	27
+	.long	0
+	.long	0
+	.long	262144
+	.long	0
+	.size	opens, 20
 
 	.type	_license,@object
 	.section	license,"aw",@progbits

@@ -28,8 +28,8 @@ impl ClientError {
 
 /// The wire types (declared once, with the control plane: `lattice-agent-protocol`).
 pub use lattice_agent_protocol::{
-    Buffered, CacheOrder, CacheOutcome, CachedImage, ExitKind, ImageUse, Launch, Metric, Outcome, Output, PreemptWork,
-    RankEnd, Startup, TaskEnd, TaskGroup, TaskLaunch, TaskPeer, Work,
+    Buffered, CacheOrder, CacheOutcome, CachedImage, DataAccess, ExitKind, ImageUse, Launch, Metric, Outcome, Output,
+    PreemptWork, RankEnd, Startup, TaskEnd, TaskGroup, TaskLaunch, TaskPeer, Work,
 };
 
 /// What the protocol keeps between polls and heartbeats ([`crate::protocol`]).

@@ -7,6 +7,10 @@
 //! - `block/block_bio_queue` (runs in the submitter's context): bytes queued to block devices, read or
 //!   written (`io_bytes`).
 //!
+//! - audit mode, `syscalls/sys_enter_openat`: every file a process in a watched cgroup (a sensitive
+//!   allocation's own, [`crate::cgroup`]) opens, with its flags, into a ring buffer the agent drains
+//!   ([`Probes::drain_opens`]) and reports, batched, for the quorum's audit log.
+//!
 //! aya loads them when the kernel allows (root or CAP_BPF + CAP_PERFMON, tracefs mounted — the agent
 //! mounts it when it runs as root); otherwise [`load`] says "eBPF unavailable: <reason>" and the agent
 //! keeps its /proc sampler. The agent sums the counters over the processes of each allocation's
@@ -21,6 +25,30 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/la
 /// The loaded programs and their maps.
 pub struct Probes {
     bpf: aya::Ebpf,
+    /// Audit mode's ring buffer of opens (`None`: its program could not attach here; the reason
+    /// is in `audit_error`).
+    opens: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    pub audit_error: Option<String>,
+}
+
+/// One file open in a watched cgroup (audit mode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Open {
+    /// The slot the agent watched the cgroup under.
+    pub slot: u32,
+    /// `openat`'s flags (`O_ACCMODE` bits: read, write, both; `O_CREAT`, `O_TRUNC`, …).
+    pub flags: u32,
+    pub tgid: u32,
+    /// The path as the process passed it (relative ones are relative to its working directory).
+    pub path: String,
+}
+
+impl Open {
+    /// Whether the open may write (write or read-write access, or create/truncate).
+    pub fn writes(&self) -> bool {
+        let f = self.flags as i32;
+        f & libc::O_ACCMODE != libc::O_RDONLY || f & (libc::O_CREAT | libc::O_TRUNC) != 0
+    }
 }
 
 /// One process's counters.
@@ -72,7 +100,28 @@ pub fn load() -> Result<Probes, String> {
         p.attach(category, name)
             .map_err(|e| format!("{prog}: attach to {category}/{name}: {e}"))?;
     }
-    Ok(Probes { bpf })
+    // Audit mode: optional (the counters run without it).
+    let audit = (|| -> Result<aya::maps::RingBuf<aya::maps::MapData>, String> {
+        let p: &mut aya::programs::TracePoint = bpf
+            .program_mut("sys_enter_openat")
+            .ok_or("program sys_enter_openat missing from the object")?
+            .try_into()
+            .map_err(|e| format!("sys_enter_openat: {e}"))?;
+        p.load().map_err(|e| format!("sys_enter_openat: load: {e}"))?;
+        p.attach("syscalls", "sys_enter_openat")
+            .map_err(|e| format!("sys_enter_openat: attach: {e}"))?;
+        let map = bpf.take_map("opens").ok_or("map opens missing from the object")?;
+        aya::maps::RingBuf::try_from(map).map_err(|e| format!("opens: {e}"))
+    })();
+    let (opens, audit_error) = match audit {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e)),
+    };
+    Ok(Probes {
+        bpf,
+        opens,
+        audit_error,
+    })
 }
 
 impl Probes {
@@ -94,6 +143,44 @@ impl Probes {
                 c.read_bytes = r;
                 c.write_bytes = w;
             }
+        }
+        out
+    }
+
+    /// Audit mode: records every file its processes open from now on for the cgroup (v2) with id
+    /// `cgroup` (its directory's inode number), under `slot`.
+    pub fn watch(&mut self, cgroup: u64, slot: u32) -> Result<(), String> {
+        let m = self.bpf.map_mut("watched").ok_or("map watched missing")?;
+        let mut h = aya::maps::HashMap::<_, u64, u32>::try_from(m).map_err(|e| e.to_string())?;
+        h.insert(cgroup, slot, 0).map_err(|e| e.to_string())
+    }
+
+    pub fn unwatch(&mut self, cgroup: u64) {
+        if let Some(m) = self.bpf.map_mut("watched")
+            && let Ok(mut h) = aya::maps::HashMap::<_, u64, u32>::try_from(m)
+        {
+            let _ = h.remove(&cgroup);
+        }
+    }
+
+    /// The opens recorded since the last call (at most `max`; the rest wait for the next).
+    pub fn drain_opens(&mut self, max: usize) -> Vec<Open> {
+        let mut out = Vec::new();
+        let Some(ring) = self.opens.as_mut() else { return out };
+        while out.len() < max {
+            let Some(item) = ring.next() else { break };
+            if item.len() < 16 {
+                continue;
+            }
+            let word = |i: usize| u32::from_ne_bytes(item[i..i + 4].try_into().expect("4 bytes"));
+            let name = &item[16..];
+            let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+            out.push(Open {
+                slot: word(0),
+                flags: word(4),
+                tgid: word(8),
+                path: String::from_utf8_lossy(&name[..end]).into_owned(),
+            });
         }
         out
     }
@@ -171,5 +258,56 @@ mod tests {
         assert!(c.write_bytes >= 4 << 20, "dd's 4 MiB of direct writes: {c:?}");
         probes.forget(&[pid].into_iter().collect());
         assert!(!probes.read().contains_key(&pid), "forgotten");
+    }
+
+    /// Audit mode: the opens of a process in a watched cgroup are recorded — path, read or write —
+    /// and an unwatched cgroup's are not.
+    #[test]
+    fn opens_in_a_watched_cgroup_are_recorded_with_their_access() {
+        let mut probes = match load() {
+            Ok(p) => p,
+            Err(why) => {
+                assert!(environmental(&why), "eBPF failed for a reason of ours: {why}");
+                eprintln!("eBPF unavailable here: {why}");
+                return;
+            }
+        };
+        if let Some(why) = &probes.audit_error {
+            assert!(environmental(why) || why.contains("attach"), "audit mode failed: {why}");
+            eprintln!("audit mode unavailable here: {why}");
+            return;
+        }
+        let Some(group) = crate::cgroup::Group::create("lattice-ebpf-test").ok() else {
+            eprintln!("no cgroup v2 to test in");
+            return;
+        };
+        probes.watch(group.id(), 7).unwrap();
+        let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let written = dir.join(format!("lattice-audit-{}.txt", std::process::id()));
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(format!("cat /etc/hostname > /dev/null; echo x > {}", written.display()));
+        group.enter_on_exec(&mut cmd);
+        assert!(cmd.status().unwrap().success());
+        // Opens outside the cgroup: not recorded.
+        std::fs::read("/etc/hostname").unwrap();
+        let opens = probes.drain_opens(10_000);
+        let _ = std::fs::remove_file(&written);
+        probes.unwatch(group.id());
+        assert!(opens.iter().all(|o| o.slot == 7), "{opens:?}");
+        let read = opens.iter().find(|o| o.path == "/etc/hostname").expect("the read open");
+        assert!(!read.writes(), "{read:?}");
+        let write = opens
+            .iter()
+            .find(|o| o.path == written.display().to_string())
+            .unwrap_or_else(|| panic!("the write open: {opens:?}"));
+        assert!(write.writes(), "{write:?}");
+        let agent = std::process::id();
+        assert!(
+            opens.iter().all(|o| o.tgid != agent),
+            "the test's own open is not in: {opens:?}"
+        );
     }
 }

@@ -33,11 +33,13 @@
 //! service ([`tasks`]). Terminals inside running allocations (`lattice attach`, `lattice session`): a
 //! PTY with the allocation's environment, relayed by the control plane ([`attach`]).
 //! With the `ebpf` feature, CPU time and block I/O per allocation come from tracepoint programs
-//! ([`ebpf`]); the /proc sampler is the fallback.
+//! ([`ebpf`]); the /proc sampler is the fallback. A sensitive allocation runs in a cgroup of its own
+//! ([`cgroup`]) whose file opens under its data paths an `openat` program records (audit mode).
 
 pub mod agent;
 pub mod attach;
 pub mod cache;
+pub mod cgroup;
 pub mod checkpoint;
 pub mod client;
 pub mod data;

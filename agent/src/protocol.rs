@@ -12,8 +12,8 @@
 //! Unix epoch and only stamps buffered heartbeats.
 
 use lattice_agent_protocol::{
-    Buffered, CacheOutcome, CachedImage, ExitKind, ExitReport, HeartbeatBody, Metric, Outcome, Output, RegisterBody,
-    Startup, TaskEnd, Work, WorkPoll,
+    Buffered, CacheOutcome, CachedImage, DataAccess, ExitKind, ExitReport, HeartbeatBody, Metric, Outcome, Output,
+    RegisterBody, Startup, TaskEnd, Work, WorkPoll,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -39,6 +39,8 @@ pub struct Reports {
     pub startups: Vec<Startup>,
     /// The last telemetry collection's CPU time over its period, percent of one core.
     pub collection_overhead_pct: Option<f64>,
+    /// Audit mode: opens under sensitive allocations' data mounts since the last poll.
+    pub data_access: Vec<DataAccess>,
 }
 
 /// What a heartbeat answered: the node's state and the agent's lease — how long it may keep running
@@ -146,6 +148,7 @@ pub fn work(node: &str, running: &[String], output: &[Output], reports: &Reports
         cache: reports.cache.clone(),
         startups: reports.startups.clone(),
         collection_overhead_pct: reports.collection_overhead_pct,
+        data_access: reports.data_access.clone(),
     };
     Request {
         path: format!("/v1/nodes/{node}/work"),

@@ -35,6 +35,8 @@ pub struct RunSpec {
     /// What to mount in a private mount namespace of the process tree before the task starts: a uenv
     /// (see [`crate::uenv`]), data mounts (see [`crate::data`]). None: no namespace of its own.
     pub mounts: Vec<Mount>,
+    /// Audit mode: the cgroup its process tree runs in (entered before exec).
+    pub cgroup: Option<std::sync::Arc<crate::cgroup::Group>>,
 }
 
 /// One mount in an allocation's mount namespace.
@@ -336,6 +338,9 @@ pub fn start(spec: RunSpec) -> std::io::Result<Running> {
             Ok(())
         });
     }
+    if let Some(g) = &spec.cgroup {
+        g.enter_on_exec(&mut command);
+    }
     let child = command.spawn()?;
     // The uenv's image first, then the tools uenv's ([`crate::agent`]'s mount order).
     let mut squashfs = spec.mounts.iter().filter_map(|m| match m {
@@ -478,6 +483,7 @@ mod tests {
             tenant: "physics".into(),
             project: None,
             mounts: Vec::new(),
+            cgroup: None,
         }
     }
 

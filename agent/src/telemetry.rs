@@ -344,6 +344,11 @@ pub struct Telemetry {
     probes: Option<crate::ebpf::Probes>,
     #[cfg(feature = "ebpf")]
     seen: BTreeMap<String, std::collections::BTreeSet<u32>>,
+    /// Audit mode: each watched allocation by its slot — its cgroup id and data paths.
+    #[cfg(feature = "ebpf")]
+    audited: BTreeMap<u32, (String, u64, Vec<std::path::PathBuf>)>,
+    #[cfg(feature = "ebpf")]
+    next_slot: u32,
     status: String,
     window: std::collections::VecDeque<GpuReport>,
     firing: Vec<Alert>,
@@ -393,6 +398,99 @@ impl Telemetry {
     }
 }
 
+/// Whether `path` is `under` or below it, by whole components.
+pub fn path_under(path: &str, under: &Path) -> bool {
+    Path::new(path).starts_with(under)
+}
+
+/// Opens counted per (allocation, path, write) into `into` (audit mode's batch).
+pub fn count_access(into: &mut Vec<lattice_agent_protocol::DataAccess>, id: &str, path: &str, write: bool) {
+    match into
+        .iter_mut()
+        .find(|d| d.id == id && d.path == path && d.write == write)
+    {
+        Some(d) => d.count = d.count.saturating_add(1),
+        None => into.push(lattice_agent_protocol::DataAccess {
+            id: id.to_string(),
+            path: path.to_string(),
+            write,
+            count: 1,
+        }),
+    }
+}
+
+#[cfg(feature = "ebpf")]
+impl Telemetry {
+    /// Audit mode: records what `alloc`'s processes (in `group`) open under `paths` from now on.
+    /// `false` where audit mode is not available (no eBPF, or its program did not attach).
+    pub fn audit_watch(&mut self, alloc: &str, group: &crate::cgroup::Group, paths: Vec<std::path::PathBuf>) -> bool {
+        let Some(p) = self.probes.as_mut().filter(|p| p.audit_error.is_none()) else {
+            return false;
+        };
+        let slot = self.next_slot;
+        if p.watch(group.id(), slot).is_err() {
+            return false;
+        }
+        self.next_slot = self.next_slot.wrapping_add(1);
+        self.audited.insert(slot, (alloc.to_string(), group.id(), paths));
+        true
+    }
+
+    /// Stops watching `alloc` (it ended here).
+    pub fn audit_unwatch(&mut self, alloc: &str) {
+        let slots: Vec<u32> = self
+            .audited
+            .iter()
+            .filter(|(_, a)| a.0 == alloc)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in slots {
+            if let Some((_, cgroup, _)) = self.audited.remove(&s)
+                && let Some(p) = self.probes.as_mut()
+            {
+                p.unwatch(cgroup);
+            }
+        }
+    }
+
+    /// The watched allocations' opens since the last call, under their data paths, counted into
+    /// `into`.
+    pub fn audit_drain(&mut self, into: &mut Vec<lattice_agent_protocol::DataAccess>) {
+        let Some(p) = self.probes.as_mut() else { return };
+        for o in p.drain_opens(100_000) {
+            let Some((alloc, _, paths)) = self.audited.get(&o.slot) else {
+                continue;
+            };
+            if paths.iter().any(|d| path_under(&o.path, d)) {
+                count_access(into, alloc, &o.path, o.writes());
+            }
+        }
+    }
+
+    /// The allocations audit mode watches.
+    pub fn audited(&self) -> Vec<String> {
+        self.audited.values().map(|a| a.0.clone()).collect()
+    }
+}
+
+#[cfg(not(feature = "ebpf"))]
+impl Telemetry {
+    /// Audit mode needs the `ebpf` feature.
+    pub fn audit_watch(
+        &mut self,
+        _alloc: &str,
+        _group: &crate::cgroup::Group,
+        _paths: Vec<std::path::PathBuf>,
+    ) -> bool {
+        false
+    }
+    pub fn audit_unwatch(&mut self, _alloc: &str) {}
+    pub fn audit_drain(&mut self, _into: &mut Vec<lattice_agent_protocol::DataAccess>) {}
+    pub fn audited(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
 /// What one telemetry tick produced.
 pub struct Tick {
     pub series: Vec<Series>,
@@ -418,6 +516,10 @@ impl Telemetry {
             probes,
             #[cfg(feature = "ebpf")]
             seen: BTreeMap::new(),
+            #[cfg(feature = "ebpf")]
+            audited: BTreeMap::new(),
+            #[cfg(feature = "ebpf")]
+            next_slot: 0,
             status,
             window: Default::default(),
             firing: Vec::new(),

@@ -3,7 +3,8 @@
 //! entries past its hot window to write-once objects and drops them from the quorum's state; a
 //! query reaching back reads them from the bucket, the chain verifying across archive and held
 //! log; after a SIGKILL and restart the archived entries are read back unchanged; an object changed
-//! in the bucket makes the chain not valid; a backup is archived beside them, byte for byte.
+//! in the bucket makes the chain not valid; a backup and a session recording are archived beside
+//! them, byte for byte, never replaced.
 
 mod common;
 use common::{Proc, call, free_port, runtime_process_env, wait_until};
@@ -192,6 +193,35 @@ fn old_audit_entries_and_backups_live_in_the_s3_archive_and_read_back_verified()
     let local = std::fs::read(b["path"].as_str().unwrap()).unwrap();
     assert_eq!(object(s3, key), local);
     assert_eq!(b["audit_entries"].as_u64(), Some(total), "{b}");
+
+    // A sensitive session's recording goes beside them (what a session's end does), write-once.
+    let archive = {
+        // SAFETY: set before any thread of this test reads the environment.
+        unsafe {
+            std::env::set_var("ARCHIVE_KEY", "testing");
+            std::env::set_var("ARCHIVE_SECRET", "testing");
+        }
+        let cfg: lattice_runtime::archive::ArchiveConfig = serde_json::from_value(json!({
+            "endpoint": format!("http://127.0.0.1:{s3}"), "bucket": BUCKET, "prefix": "site-a",
+            "access_key_env": "ARCHIVE_KEY", "secret_key_env": "ARCHIVE_SECRET"}))
+        .unwrap();
+        lattice_runtime::archive::Archive::from_config(&cfg).unwrap()
+    };
+    let cast = dir.join("a-000001-1-0.cast");
+    std::fs::write(&cast, "{\"version\": 2}\n[0.1, \"o\", \"$ \"]\n").unwrap();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let key = tokio
+        .block_on(archive.archive_recording(&cast, "physics", &ids[0]))
+        .unwrap();
+    assert_eq!(
+        key,
+        format!("site-a/recordings/physics/{}/sessions/a-000001-1-0.cast", ids[0])
+    );
+    assert_eq!(object(s3, &key), std::fs::read(&cast).unwrap());
+    std::fs::write(&cast, "other bytes").unwrap();
+    let again = tokio.block_on(archive.archive_recording(&cast, "physics", &ids[0]));
+    assert!(again.unwrap_err().contains("never replaced"), "write-once");
+    assert_ne!(object(s3, &key), b"other bytes".to_vec());
 
     // SIGKILLed and restarted: the archived entries read back from the bucket, unchanged.
     drop(rt);

@@ -19,7 +19,8 @@ mod work;
 pub use names::{BadImageRef, BadUenvName, parse_image_ref, uenv_layout, valid_target};
 pub use node::{Buffered, ExitKind, ExitReport, HeartbeatBody, RegisterBody};
 pub use poll::{
-    CacheOutcome, CachedImage, ImageUse, Metric, Outcome, Output, RankEnd, Startup, Stream, TaskEnd, WorkPoll,
+    CacheOutcome, CachedImage, DataAccess, ImageUse, Metric, Outcome, Output, RankEnd, Startup, Stream, TaskEnd,
+    WorkPoll,
 };
 pub use spec::{DataMount, ProbeSpec};
 pub use work::{CacheOrder, Launch, PreemptWork, TaskGroup, TaskLaunch, TaskPeer, Work};

@@ -40,6 +40,20 @@ pub struct WorkPoll {
     /// The agent's last telemetry collection: CPU time over its period, percent of one core.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collection_overhead_pct: Option<f64>,
+    /// Audit mode: files sensitive allocations' processes opened under their data mounts since the
+    /// last poll, counted per path and access.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_access: Vec<DataAccess>,
+}
+
+/// Opens of one path by one allocation's processes (audit mode), batched between polls.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DataAccess {
+    pub id: String,
+    pub path: String,
+    /// Opened for writing (write or read-write access, or create/truncate); else for reading.
+    pub write: bool,
+    pub count: u32,
 }
 
 /// One of a process's two output streams.

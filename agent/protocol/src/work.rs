@@ -84,6 +84,10 @@ pub struct Launch {
     /// the site's uenv signing key; an unsigned or wrongly signed image is a prologue failure.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub uenv_sign_required: bool,
+    /// A sensitive allocation: audit mode — the agent records the files its processes open under
+    /// its data mounts (eBPF, where the kernel allows) and reports them for the audit log.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sensitive: bool,
     /// The OCI image its processes run in (a container of the agent's OCI runtime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -29,6 +29,7 @@ fn launch() -> Launch {
         uenv_view: None,
         tools_uenv: None,
         uenv_sign_required: false,
+        sensitive: false,
         image: Some("busybox:1.36".into()),
         launch_token: None,
         agents: Default::default(),

@@ -149,6 +149,8 @@ pub(super) fn prepare(
         grace: cfg.grace,
         log_dir: cfg.log_dir.clone(),
         ring_bytes: cfg.ring_bytes,
+        // Audit mode's cgroup, when the agent watches it ([`super::Agent::start`]).
+        cgroup: None,
         // In a container the data mounts are the container's.
         mounts: if container.is_some() {
             mounts
@@ -357,6 +359,7 @@ mod tests {
             uenv_view: None,
             tools_uenv: None,
             uenv_sign_required: false,
+            sensitive: false,
             launch_token: None,
             agents: Default::default(),
             image: None,

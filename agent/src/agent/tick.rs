@@ -471,6 +471,14 @@ impl<'a> Agent<'a> {
         while let Ok(o) = self.wiped_rx.try_recv() {
             self.reports.wiped.push(o);
         }
+        // Audit mode: what the watched allocations opened, batched into this poll; allocations
+        // that ended here are no longer watched.
+        self.telemetry.audit_drain(&mut self.reports.data_access);
+        for id in self.telemetry.audited() {
+            if !self.procs.contains_key(&id) {
+                self.telemetry.audit_unwatch(&id);
+            }
+        }
         // What runs first, then what ended (a launch is listed ended before it stops being listed
         // running): every launch handed here is in one or the other.
         self.reports.tasks_running = self.tasks.running();
@@ -660,11 +668,40 @@ impl<'a> Agent<'a> {
     /// even start is a failure, reported like any other.
     fn start(&mut self, l: &Launch, p: launch::Prepared, assigned: Instant) {
         let launch::Prepared {
-            spec,
+            mut spec,
             container,
             channel,
             images,
         } = p;
+        // Audit mode (a sensitive allocation): its processes in a cgroup of their own, whose opens
+        // under its data mounts are recorded (eBPF, where the kernel allows).
+        if l.sensitive {
+            // Its data paths: the data mounts, and its output and checkpoint directories.
+            let mut paths: Vec<std::path::PathBuf> = spec
+                .mounts
+                .iter()
+                .filter_map(|m| match m {
+                    crate::runner::Mount::Bind { at, .. } => Some(at.clone()),
+                    crate::runner::Mount::Squashfs { .. } => None,
+                })
+                .collect();
+            paths.extend(
+                spec.env
+                    .iter()
+                    .filter(|(k, _)| k == "LATTICE_OUTPUT_DIR" || k == "LATTICE_CHECKPOINT_DIR")
+                    .map(|(_, v)| std::path::PathBuf::from(v)),
+            );
+            // Named for this agent too: an id is unique at its site, not on a host running
+            // several agents (tests), and a restarted agent starts its own.
+            let name = format!("{}.{}.{}", self.cfg.node, std::process::id(), l.id);
+            match crate::cgroup::Group::create(&name) {
+                Ok(g) if !paths.is_empty() && self.telemetry.audit_watch(&l.id, &g, paths) => {
+                    spec.cgroup = Some(std::sync::Arc::new(g));
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("lattice-agent {}: audit mode for {}: {e}", self.cfg.node, l.id),
+            }
+        }
         let task_env = spec.env.clone();
         match runner::start(spec) {
             Ok(mut r) => {

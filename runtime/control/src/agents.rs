@@ -464,6 +464,7 @@ impl Control {
                     uenv_view: m.environment.as_ref().and_then(|e| e.view.clone()),
                     tools_uenv: m.environment.as_ref().and_then(|e| e.tools_uenv.clone()),
                     uenv_sign_required: m.environment.as_ref().is_some_and(|e| e.sign_required),
+                    sensitive: self.ctl.engine.is_sensitive(id),
                     image: m.environment.as_ref().and_then(|e| e.image.clone()),
                     launch_token: Some(self.launch_token(&self.name_of(id), a.started.map_or(0, |t| t.0))),
                     agents: a

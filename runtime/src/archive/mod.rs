@@ -4,7 +4,8 @@
 //! each run of them one write-once object, recorded at the quorum before the entries leave it
 //! ([`lattice_adapters::audit_archive`]) — and every member reads the objects back for a query whose
 //! time range reaches before the held log, each checked against the quorum's record (checksum,
-//! hashes, signatures, chain). Backups made with `lattice admin backup` are archived there too.
+//! hashes, signatures, chain). Backups made with `lattice admin backup` and sensitive sessions'
+//! recordings are archived there too.
 //!
 //! The credentials come from the environment (`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
 //! unless the config names other variables), never from the file.
@@ -213,6 +214,20 @@ impl Archive {
             out.entries.extend(entries.iter().cloned());
         }
         out
+    }
+
+    /// Archives a sensitive session's recording (book: `sensitive-audit/{tenant}/{alloc_id}/sessions/`):
+    /// `PREFIX/recordings/TENANT/ALLOC/sessions/NAME`, never replaced; its key.
+    pub async fn archive_recording(&self, path: &std::path::Path, tenant: &str, alloc: &str) -> Result<String, String> {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.ready().await.map_err(|e| e.to_string())?;
+        let key = format!("{}/recordings/{tenant}/{alloc}/sessions/{name}", self.prefix);
+        self.store.put_once(&key, bytes).await.map_err(|e| e.to_string())?;
+        Ok(key)
     }
 
     /// Archives a backup file written by this member (`PREFIX/backups/NAME`, never replaced): its key.

@@ -346,6 +346,22 @@ pub async fn audit_attach(
     rec: &crate::recording::Recording,
 ) {
     let recorded = match rec.finish() {
+        // At the session's end its recording goes to the archive too (when there is one), named
+        // in the entry.
+        Ok(r) if what.starts_with("attach_end") && s.archive.is_some() => {
+            let tenant = s
+                .control
+                .lock()
+                .await
+                .view_named(id)
+                .map(|v| v.tenant)
+                .unwrap_or_default();
+            let archive = s.archive.as_ref().expect("checked");
+            match archive.archive_recording(&s.data_dir.join(&r.name), &tenant, id).await {
+                Ok(key) => format!("{r} archived={key}"),
+                Err(e) => format!("{r} archive_error={e:?}"),
+            }
+        }
         Ok(r) => r.to_string(),
         Err(e) => format!("recording={} unreadable: {e}", rec.name),
     };

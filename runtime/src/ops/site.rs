@@ -192,6 +192,55 @@ async fn audit_image_uses(s: &Arc<Shared>, node: &str, startups: &[lattice_agent
     }
 }
 
+/// Most paths one `data_access` entry names (the rest are counted).
+const ACCESS_PATHS_PER_ENTRY: usize = 32;
+
+/// One `data_access` entry's detail: `NODE read PATH ×N, write PATH ×M, …` (paths in order, at
+/// most [`ACCESS_PATHS_PER_ENTRY`], then `and K more paths (C opens)`).
+pub fn data_access_detail(node: &str, accesses: &[&lattice_agent_protocol::DataAccess]) -> String {
+    let mut sorted: Vec<&&lattice_agent_protocol::DataAccess> = accesses.iter().collect();
+    sorted.sort_by(|a, b| (&a.path, a.write).cmp(&(&b.path, b.write)));
+    let mut parts: Vec<String> = sorted
+        .iter()
+        .take(ACCESS_PATHS_PER_ENTRY)
+        .map(|d| format!("{} {} ×{}", if d.write { "write" } else { "read" }, d.path, d.count))
+        .collect();
+    if sorted.len() > ACCESS_PATHS_PER_ENTRY {
+        let rest = &sorted[ACCESS_PATHS_PER_ENTRY..];
+        let opens: u64 = rest.iter().map(|d| u64::from(d.count)).sum();
+        parts.push(format!("and {} more paths ({opens} opens)", rest.len()));
+    }
+    format!("{node} {}", parts.join(", "))
+}
+
+/// Audit mode's report (book: data access under a sensitive allocation's data paths, from the
+/// agent's eBPF telemetry, batched): one `data_access` entry per allocation and poll, written in
+/// the background.
+async fn audit_data_access(s: &Arc<Shared>, node: &str, accesses: &[lattice_agent_protocol::DataAccess]) {
+    if accesses.is_empty() {
+        return;
+    }
+    let mut by_alloc: std::collections::BTreeMap<&str, Vec<&lattice_agent_protocol::DataAccess>> = Default::default();
+    for a in accesses {
+        by_alloc.entry(a.id.as_str()).or_default().push(a);
+    }
+    let entries: Vec<(String, String, String)> = {
+        let c = s.control.lock().await;
+        by_alloc
+            .into_iter()
+            .filter(|(id, _)| c.is_sensitive_named(id))
+            .map(|(id, list)| {
+                let user = c.view_named(id).and_then(|v| v.user).unwrap_or_default();
+                (user, id.to_string(), data_access_detail(node, &list))
+            })
+            .collect()
+    };
+    for (user, alloc, detail) in entries {
+        let s = s.clone();
+        tokio::spawn(async move { crate::context::audit(&s, &user, &alloc, "data_access", detail).await });
+    }
+}
+
 /// An agent's work poll: its overhead and startup figures go to the metrics, its reports to the
 /// quorum; the answer is its work.
 pub async fn work_poll(s: &Arc<Shared>, p: &Principal, id: &str, w: WorkPoll) -> Result<Value, ApiError> {
@@ -204,6 +253,7 @@ pub async fn work_poll(s: &Arc<Shared>, p: &Principal, id: &str, w: WorkPoll) ->
         }
     }
     audit_image_uses(s, id, &w.startups).await;
+    audit_data_access(s, id, &w.data_access).await;
     let reports = lattice_control::AgentReports {
         checkpointed: w.checkpointed,
         wiped: w.wiped,
@@ -225,4 +275,27 @@ pub async fn exit_report(s: &Arc<Shared>, p: &Principal, id: &str, x: &ExitRepor
         .collect();
     let ended = agent_exit(s, p, id, &x.node, x.kind, x.exit_code, &tails).await?;
     Ok(json!({"id": id, "ended": ended}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_access_entry_names_each_path_and_counts_the_rest() {
+        let d = |path: &str, write: bool, count: u32| lattice_agent_protocol::DataAccess {
+            id: "a-1".into(),
+            path: path.into(),
+            write,
+            count,
+        };
+        let list = [d("/data/b", true, 2), d("/data/a", false, 5)];
+        let refs: Vec<_> = list.iter().collect();
+        assert_eq!(data_access_detail("x1", &refs), "x1 read /data/a ×5, write /data/b ×2");
+        let many: Vec<_> = (0..40).map(|i| d(&format!("/data/f{i:02}"), false, 3)).collect();
+        let refs: Vec<_> = many.iter().collect();
+        let detail = data_access_detail("x1", &refs);
+        assert!(detail.ends_with("and 8 more paths (24 opens)"), "{detail}");
+        assert_eq!(detail.matches("read ").count(), 32);
+    }
 }
