@@ -502,11 +502,22 @@ impl Telemetry {
     pub fn new(gpu: Box<dyn GpuProvider>, mode: Mode) -> Telemetry {
         #[cfg(feature = "ebpf")]
         let (probes, status) = match crate::ebpf::load() {
-            Ok(p) => (
-                Some(p),
-                "eBPF telemetry loaded: CPU time (sched/sched_switch) and block I/O (block/block_bio_queue) per allocation".to_string(),
+            Ok(p) => {
+                let audit = match &p.audit_error {
+                    None => "; audit mode ready (syscalls/sys_enter_openat)".to_string(),
+                    Some(why) => format!("; audit mode unavailable: {why}"),
+                };
+                (
+                    Some(p),
+                    format!(
+                        "eBPF telemetry loaded: CPU time (sched/sched_switch) and block I/O (block/block_bio_queue) per allocation{audit}"
+                    ),
+                )
+            }
+            Err(why) => (
+                None,
+                format!("eBPF unavailable: {why}; per-allocation counters come from /proc"),
             ),
-            Err(why) => (None, format!("eBPF unavailable: {why}; per-allocation counters come from /proc")),
         };
         #[cfg(not(feature = "ebpf"))]
         let status = ebpf_status();

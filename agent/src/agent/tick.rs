@@ -698,7 +698,10 @@ impl<'a> Agent<'a> {
                 Ok(g) if !paths.is_empty() && self.telemetry.audit_watch(&l.id, &g, paths) => {
                     spec.cgroup = Some(std::sync::Arc::new(g));
                 }
-                Ok(_) => {}
+                Ok(_) => eprintln!(
+                    "lattice-agent {}: {}: no data-access audit (no data paths, or audit mode unavailable)",
+                    self.cfg.node, l.id
+                ),
                 Err(e) => eprintln!("lattice-agent {}: audit mode for {}: {e}", self.cfg.node, l.id),
             }
         }

@@ -158,6 +158,29 @@ pub async fn delete_session(s: &Arc<Shared>, p: &Principal, id: &str) -> Result<
     Ok(json!({"session_id": id, "state": state}))
 }
 
+/// Which of `ids` are sensitive: held as such by the engine, or — one that ended before its
+/// agent's report arrived — with a `claim` in the quorum's audit log.
+async fn sensitive_of(s: &Shared, ids: &[&str]) -> std::collections::BTreeSet<String> {
+    let (mut known, unknown): (Vec<&str>, Vec<&str>) = {
+        let c = s.control.lock().await;
+        ids.iter().partition(|id| c.is_sensitive_named(id))
+    };
+    if !unknown.is_empty() {
+        let claimed: Vec<&str> = s
+            .member
+            .read(|q| {
+                unknown
+                    .iter()
+                    .copied()
+                    .filter(|id| q.audit.iter().rev().any(|e| e.alloc == *id && e.action == "claim"))
+                    .collect()
+            })
+            .await;
+        known.extend(claimed);
+    }
+    known.into_iter().map(str::to_string).collect()
+}
+
 /// The images a sensitive allocation's prologue mounted on `node` (book: the audit trail holds
 /// image pulls and what ran with its hash): an `image_pull` entry each, `NODE image=NAME
 /// sha256=HEX pulled|cached`, written in the background (the agent's poll does not wait on the
@@ -168,11 +191,13 @@ async fn audit_image_uses(s: &Arc<Shared>, node: &str, startups: &[lattice_agent
     if with_images.is_empty() {
         return;
     }
+    let ids: Vec<&str> = with_images.iter().map(|st| st.id.as_str()).collect();
+    let sensitive = sensitive_of(s, &ids).await;
     let entries: Vec<(String, String, String)> = {
         let c = s.control.lock().await;
         with_images
             .iter()
-            .filter(|st| c.is_sensitive_named(&st.id))
+            .filter(|st| sensitive.contains(&st.id))
             .flat_map(|st| {
                 let user = c.view_named(&st.id).and_then(|v| v.user).unwrap_or_default();
                 st.images.iter().map(move |i| {
@@ -224,11 +249,13 @@ async fn audit_data_access(s: &Arc<Shared>, node: &str, accesses: &[lattice_agen
     for a in accesses {
         by_alloc.entry(a.id.as_str()).or_default().push(a);
     }
+    let ids: Vec<&str> = by_alloc.keys().copied().collect();
+    let sensitive = sensitive_of(s, &ids).await;
     let entries: Vec<(String, String, String)> = {
         let c = s.control.lock().await;
         by_alloc
             .into_iter()
-            .filter(|(id, _)| c.is_sensitive_named(id))
+            .filter(|(id, _)| sensitive.contains(*id))
             .map(|(id, list)| {
                 let user = c.view_named(id).and_then(|v| v.user).unwrap_or_default();
                 (user, id.to_string(), data_access_detail(node, &list))
