@@ -11,11 +11,12 @@
 #   helper 80) is in `watched` (HASH u64 -> u32 slot, filled by the agent for each sensitive allocation's
 #   own cgroup) has each openat recorded into the ring buffer `opens` (RINGBUF, helper 130 output):
 #   {slot u32, flags u32 (format offset 32), tgid u32, pad u32, filename [256] (offset 24, read with
-#   helper 114 probe_read_user_str)} — 272 bytes.
+#   helper 114 probe_read_user_str)} — 272 bytes. A record the ring has no room for is counted in
+#   `lost` (ARRAY, one u64), which the agent reports.
 # Maps use the legacy `maps` section (struct bpf_map_def: type, key_size, value_size, max_entries,
 #   flags), which aya loads without BTF. Helpers: 1 map_lookup_elem, 2 map_update_elem,
 #   5 ktime_get_ns, 14 get_current_pid_tgid, 80 get_current_cgroup_id, 114 probe_read_user_str,
-#   130 ringbuf_output. Map types: 1 HASH, 6 PERCPU_ARRAY, 27 RINGBUF.
+#   130 ringbuf_output. Map types: 1 HASH, 2 ARRAY, 6 PERCPU_ARRAY, 27 RINGBUF.
 
 	.text
 	.section	"tracepoint/sched/sched_switch","ax",@progbits
@@ -138,6 +139,16 @@ sys_enter_openat:
 	r3 = 272
 	r4 = 0
 	call 130
+	if r0 == 0 goto LBB2_out
+	r1 = 0
+	*(u32 *)(r10 - 280) = r1
+	r2 = r10
+	r2 += -280
+	r1 = lost ll
+	call 1
+	if r0 == 0 goto LBB2_out
+	r1 = 1
+	lock *(u64 *)(r0 + 0) += r1
 LBB2_out:
 	r0 = 0
 	exit
@@ -196,9 +207,20 @@ opens:
 	.long	27
 	.long	0
 	.long	0
-	.long	262144
+	.long	4194304
 	.long	0
 	.size	opens, 20
+
+	.type	lost,@object
+	.globl	lost
+	.p2align	2
+lost:
+	.long	2
+	.long	4
+	.long	8
+	.long	1
+	.long	0
+	.size	lost, 20
 
 	.type	_license,@object
 	.section	license,"aw",@progbits

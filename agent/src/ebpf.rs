@@ -8,8 +8,10 @@
 //!   written (`io_bytes`).
 //!
 //! - audit mode, `syscalls/sys_enter_openat`: every file a process in a watched cgroup (a sensitive
-//!   allocation's own, [`crate::cgroup`]) opens, with its flags, into a ring buffer the agent drains
-//!   ([`Probes::drain_opens`]) and reports, batched, for the quorum's audit log.
+//!   allocation's own, [`crate::cgroup`]) opens, with its flags, into a ring buffer a thread of the
+//!   agent empties as it fills; the agent takes them at each poll ([`Probes::drain_opens`]) and
+//!   reports them, batched, for the quorum's audit log — and how many could not be recorded
+//!   ([`Probes::opens_lost`]: a full ring or queue), never dropping them silently.
 //!
 //! aya loads them when the kernel allows (root or CAP_BPF + CAP_PERFMON, tracefs mounted — the agent
 //! mounts it when it runs as root); otherwise [`load`] says "eBPF unavailable: <reason>" and the agent
@@ -25,10 +27,89 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/la
 /// The loaded programs and their maps.
 pub struct Probes {
     bpf: aya::Ebpf,
-    /// Audit mode's ring buffer of opens (`None`: its program could not attach here; the reason
-    /// is in `audit_error`).
-    opens: Option<aya::maps::RingBuf<aya::maps::MapData>>,
+    /// Audit mode's opens, taken off the ring buffer as they come by a thread of its own (`None`:
+    /// its program could not attach here; the reason is in `audit_error`).
+    opens: Option<Drainer>,
     pub audit_error: Option<String>,
+}
+
+/// The thread that empties the ring buffer as it fills (a process's start alone — the dynamic
+/// loader trying each library directory — can open hundreds of files within a millisecond), into a
+/// bounded queue the agent's poll takes from.
+struct Drainer {
+    queue: std::sync::Arc<std::sync::Mutex<Queue>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Tests hold the ring full with it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Opens waiting for the agent's poll, and those that did not fit.
+#[derive(Default)]
+struct Queue {
+    opens: std::collections::VecDeque<Open>,
+    overflow: u64,
+}
+
+/// At most this many opens wait between two polls; more are counted as not recorded.
+const QUEUE_MAX: usize = 1_000_000;
+
+impl Drainer {
+    fn start(mut ring: aya::maps::RingBuf<aya::maps::MapData>) -> std::io::Result<Drainer> {
+        use std::os::fd::AsRawFd;
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(Queue::default()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (q, halt, hold) = (queue.clone(), stop.clone(), paused.clone());
+        let thread = std::thread::Builder::new().name("audit-opens".into()).spawn(move || {
+            let fd = ring.as_raw_fd();
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the ring's fd lives as long as `ring`.
+                unsafe { libc::poll(&mut pfd, 1, 50) };
+                if hold.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                let mut batch = Vec::new();
+                while let Some(item) = ring.next() {
+                    if let Some(o) = Open::parse(&item) {
+                        batch.push(o);
+                    }
+                }
+                if !batch.is_empty() {
+                    let mut q = q.lock().unwrap_or_else(|e| e.into_inner());
+                    for o in batch {
+                        if q.opens.len() < QUEUE_MAX {
+                            q.opens.push_back(o);
+                        } else {
+                            q.overflow += 1;
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(Drainer {
+            queue,
+            stop,
+            paused,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// One file open in a watched cgroup (audit mode).
@@ -44,6 +125,22 @@ pub struct Open {
 }
 
 impl Open {
+    /// One ring buffer record: slot, flags, tgid, padding (4 bytes each), the NUL-terminated path.
+    fn parse(item: &[u8]) -> Option<Open> {
+        if item.len() < 16 {
+            return None;
+        }
+        let word = |i: usize| u32::from_ne_bytes(item[i..i + 4].try_into().expect("4 bytes"));
+        let name = &item[16..];
+        let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+        Some(Open {
+            slot: word(0),
+            flags: word(4),
+            tgid: word(8),
+            path: String::from_utf8_lossy(&name[..end]).into_owned(),
+        })
+    }
+
     /// Whether the open may write (write or read-write access, or create/truncate).
     pub fn writes(&self) -> bool {
         let f = self.flags as i32;
@@ -101,7 +198,7 @@ pub fn load() -> Result<Probes, String> {
             .map_err(|e| format!("{prog}: attach to {category}/{name}: {e}"))?;
     }
     // Audit mode: optional (the counters run without it).
-    let audit = (|| -> Result<aya::maps::RingBuf<aya::maps::MapData>, String> {
+    let audit = (|| -> Result<Drainer, String> {
         let p: &mut aya::programs::TracePoint = bpf
             .program_mut("sys_enter_openat")
             .ok_or("program sys_enter_openat missing from the object")?
@@ -111,7 +208,8 @@ pub fn load() -> Result<Probes, String> {
         p.attach("syscalls", "sys_enter_openat")
             .map_err(|e| format!("sys_enter_openat: attach: {e}"))?;
         let map = bpf.take_map("opens").ok_or("map opens missing from the object")?;
-        aya::maps::RingBuf::try_from(map).map_err(|e| format!("opens: {e}"))
+        let ring = aya::maps::RingBuf::try_from(map).map_err(|e| format!("opens: {e}"))?;
+        Drainer::start(ring).map_err(|e| format!("opens: a thread to drain them: {e}"))
     })();
     let (opens, audit_error) = match audit {
         Ok(r) => (Some(r), None),
@@ -165,24 +263,28 @@ impl Probes {
 
     /// The opens recorded since the last call (at most `max`; the rest wait for the next).
     pub fn drain_opens(&mut self, max: usize) -> Vec<Open> {
-        let mut out = Vec::new();
-        let Some(ring) = self.opens.as_mut() else { return out };
-        while out.len() < max {
-            let Some(item) = ring.next() else { break };
-            if item.len() < 16 {
-                continue;
-            }
-            let word = |i: usize| u32::from_ne_bytes(item[i..i + 4].try_into().expect("4 bytes"));
-            let name = &item[16..];
-            let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
-            out.push(Open {
-                slot: word(0),
-                flags: word(4),
-                tgid: word(8),
-                path: String::from_utf8_lossy(&name[..end]).into_owned(),
-            });
-        }
-        out
+        let Some(d) = self.opens.as_ref() else {
+            return Vec::new();
+        };
+        let mut q = d.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let n = q.opens.len().min(max);
+        q.opens.drain(..n).collect()
+    }
+
+    /// How many opens of watched cgroups could not be recorded so far (the kernel's ring buffer or
+    /// the agent's queue was full).
+    pub fn opens_lost(&self) -> u64 {
+        let in_kernel = self
+            .bpf
+            .map("lost")
+            .and_then(|m| aya::maps::Array::<_, u64>::try_from(m).ok())
+            .and_then(|a| a.get(&0, 0).ok())
+            .unwrap_or(0);
+        let queued = self
+            .opens
+            .as_ref()
+            .map_or(0, |d| d.queue.lock().unwrap_or_else(|e| e.into_inner()).overflow);
+        in_kernel + queued
     }
 
     /// Removes the entries of `tgids` (processes gone that no allocation needs).
@@ -293,7 +395,13 @@ mod tests {
         assert!(cmd.status().unwrap().success());
         // Opens outside the cgroup: not recorded.
         std::fs::read("/etc/hostname").unwrap();
-        let opens = probes.drain_opens(10_000);
+        let want = written.display().to_string();
+        let mut opens = Vec::new();
+        let t0 = std::time::Instant::now();
+        while !opens.iter().any(|o: &Open| o.path == want) && t0.elapsed() < std::time::Duration::from_secs(5) {
+            opens.extend(probes.drain_opens(10_000));
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let _ = std::fs::remove_file(&written);
         probes.unwatch(group.id());
         assert!(opens.iter().all(|o| o.slot == 7), "{opens:?}");
@@ -309,5 +417,43 @@ mod tests {
             opens.iter().all(|o| o.tgid != agent),
             "the test's own open is not in: {opens:?}"
         );
+    }
+
+    /// Audit mode never drops an open silently: with the ring held full, the opens it has no room
+    /// for are counted, and every open is either recorded or counted.
+    #[test]
+    fn opens_the_ring_has_no_room_for_are_counted() {
+        let Ok(mut probes) = load() else { return };
+        if probes.audit_error.is_some() {
+            return;
+        }
+        let Some(group) = crate::cgroup::Group::create("lattice-ebpf-lost-test").ok() else {
+            return;
+        };
+        probes.watch(group.id(), 3).unwrap();
+        let paused = probes.opens.as_ref().expect("audit mode").paused.clone();
+        paused.store(true, std::sync::atomic::Ordering::Relaxed);
+        // 20,000 opens of 280 bytes each: more than the 4 MiB ring holds.
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg("i=0; while [ $i -lt 20000 ]; do : < /etc/hostname; i=$((i+1)); done");
+        group.enter_on_exec(&mut cmd);
+        assert!(cmd.status().unwrap().success());
+        probes.unwatch(group.id());
+        let lost = probes.opens_lost();
+        assert!(lost > 0, "a full ring loses opens, and counts them");
+        paused.store(false, std::sync::atomic::Ordering::Relaxed);
+        let mut recorded = 0;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(2) {
+            recorded += probes
+                .drain_opens(100_000)
+                .iter()
+                .filter(|o| o.path == "/etc/hostname")
+                .count() as u64;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(recorded > 0);
+        assert!(recorded + lost >= 20_000, "recorded {recorded} + lost {lost}");
     }
 }

@@ -344,15 +344,29 @@ pub struct Telemetry {
     probes: Option<crate::ebpf::Probes>,
     #[cfg(feature = "ebpf")]
     seen: BTreeMap<String, std::collections::BTreeSet<u32>>,
-    /// Audit mode: each watched allocation by its slot — its cgroup id and data paths.
+    /// Audit mode: each watched allocation by its slot.
     #[cfg(feature = "ebpf")]
-    audited: BTreeMap<u32, (String, u64, Vec<std::path::PathBuf>)>,
+    audited: BTreeMap<u32, Audited>,
     #[cfg(feature = "ebpf")]
     next_slot: u32,
+    /// Opens the probes could not record, as of the last drain.
+    #[cfg(feature = "ebpf")]
+    lost_seen: u64,
     status: String,
     window: std::collections::VecDeque<GpuReport>,
     firing: Vec<Alert>,
     period: Duration,
+}
+
+/// One allocation audit mode watches: its cgroup id, its data paths and what its processes
+/// opened so far (all opens, and those under its data paths).
+#[cfg(feature = "ebpf")]
+struct Audited {
+    alloc: String,
+    cgroup: u64,
+    paths: Vec<std::path::PathBuf>,
+    opens: u64,
+    under: u64,
 }
 
 #[cfg(feature = "ebpf")]
@@ -432,25 +446,38 @@ impl Telemetry {
             return false;
         }
         self.next_slot = self.next_slot.wrapping_add(1);
-        self.audited.insert(slot, (alloc.to_string(), group.id(), paths));
+        self.audited.insert(
+            slot,
+            Audited {
+                alloc: alloc.to_string(),
+                cgroup: group.id(),
+                paths,
+                opens: 0,
+                under: 0,
+            },
+        );
         true
     }
 
-    /// Stops watching `alloc` (it ended here).
-    pub fn audit_unwatch(&mut self, alloc: &str) {
+    /// Stops watching `alloc` (it ended here): how many opens its processes made, and how many of
+    /// them under its data paths.
+    pub fn audit_unwatch(&mut self, alloc: &str) -> (u64, u64) {
         let slots: Vec<u32> = self
             .audited
             .iter()
-            .filter(|(_, a)| a.0 == alloc)
+            .filter(|(_, a)| a.alloc == alloc)
             .map(|(s, _)| *s)
             .collect();
+        let mut seen = (0, 0);
         for s in slots {
-            if let Some((_, cgroup, _)) = self.audited.remove(&s)
-                && let Some(p) = self.probes.as_mut()
-            {
-                p.unwatch(cgroup);
+            if let Some(a) = self.audited.remove(&s) {
+                seen = (seen.0 + a.opens, seen.1 + a.under);
+                if let Some(p) = self.probes.as_mut() {
+                    p.unwatch(a.cgroup);
+                }
             }
         }
+        seen
     }
 
     /// The watched allocations' opens since the last call, under their data paths, counted into
@@ -458,18 +485,35 @@ impl Telemetry {
     pub fn audit_drain(&mut self, into: &mut Vec<lattice_agent_protocol::DataAccess>) {
         let Some(p) = self.probes.as_mut() else { return };
         for o in p.drain_opens(100_000) {
-            let Some((alloc, _, paths)) = self.audited.get(&o.slot) else {
+            let Some(a) = self.audited.get_mut(&o.slot) else {
                 continue;
             };
-            if paths.iter().any(|d| path_under(&o.path, d)) {
-                count_access(into, alloc, &o.path, o.writes());
+            a.opens += 1;
+            if a.paths.iter().any(|d| path_under(&o.path, d)) {
+                a.under += 1;
+                count_access(into, &a.alloc, &o.path, o.writes());
+            }
+        }
+        // Opens that could not be recorded: every watched allocation is told (an empty path).
+        let lost = p.opens_lost();
+        let new = lost.saturating_sub(self.lost_seen);
+        self.lost_seen = lost;
+        if new > 0 {
+            let ids: std::collections::BTreeSet<&str> = self.audited.values().map(|a| a.alloc.as_str()).collect();
+            for id in ids {
+                into.push(lattice_agent_protocol::DataAccess {
+                    id: id.to_string(),
+                    path: String::new(),
+                    write: false,
+                    count: u32::try_from(new).unwrap_or(u32::MAX),
+                });
             }
         }
     }
 
     /// The allocations audit mode watches.
     pub fn audited(&self) -> Vec<String> {
-        self.audited.values().map(|a| a.0.clone()).collect()
+        self.audited.values().map(|a| a.alloc.clone()).collect()
     }
 }
 
@@ -484,7 +528,9 @@ impl Telemetry {
     ) -> bool {
         false
     }
-    pub fn audit_unwatch(&mut self, _alloc: &str) {}
+    pub fn audit_unwatch(&mut self, _alloc: &str) -> (u64, u64) {
+        (0, 0)
+    }
     pub fn audit_drain(&mut self, _into: &mut Vec<lattice_agent_protocol::DataAccess>) {}
     pub fn audited(&self) -> Vec<String> {
         Vec::new()
@@ -529,6 +575,8 @@ impl Telemetry {
             seen: BTreeMap::new(),
             #[cfg(feature = "ebpf")]
             audited: BTreeMap::new(),
+            #[cfg(feature = "ebpf")]
+            lost_seen: 0,
             #[cfg(feature = "ebpf")]
             next_slot: 0,
             status,

@@ -1596,6 +1596,80 @@ fn scratch_is_the_jobs_own_and_removed_when_it_ends() {
     rt.block_on(running.shutdown());
 }
 
+/// Audit mode (book: data access under a sensitive allocation's data paths, from the agent's eBPF
+/// telemetry, batched): a sensitive claim's job reads its declared data mount and writes its output
+/// directory; the quorum's audit log gets `data_access` entries naming each path with read or
+/// write, from the real kernel's `openat` tracepoint — where the kernel allows eBPF (the agent says
+/// so at start; elsewhere the test ends there).
+#[test]
+fn a_sensitive_jobs_data_access_is_audited_from_ebpf() {
+    let dir = std::env::temp_dir().join(format!("lattice-agent-data-audit-{}", std::process::id()));
+    let (rt, running) = control_plane(&dir, 1, "agents:\n  heartbeat_timeout: 5s\n  grace: 5s\n");
+    let base = format!("http://{}", running.rest_addr);
+    std::fs::create_dir_all(dir.join("s3/datasets/in")).unwrap();
+    std::fs::write(dir.join("s3/datasets/in/subject-001.csv"), "id,value\n").unwrap();
+    let log = dir.join("agent.log");
+    let mut agent = agent_command("sim-000", &base, &dir);
+    agent
+        .arg("--data-root")
+        .arg(format!("s3={}", dir.join("s3").display()))
+        .args(["--wipe-command", "true"])
+        .stderr(std::fs::File::create(&log).unwrap());
+    let _agents = Agents(vec![agent.spawn().unwrap()]);
+    wait_ready(&base, &["sim-000"], Duration::from_secs(20));
+    let status = std::fs::read_to_string(&log).unwrap_or_default();
+    if !status.contains("eBPF telemetry loaded") {
+        eprintln!("eBPF unavailable here: {status}");
+        rt.block_on(running.shutdown());
+        return;
+    }
+    let target = dir.join("mnt/input");
+    let (code, v) = call(
+        "POST",
+        &format!("{base}/v1/allocations"),
+        Some(json!({"tenant": "physics", "project": "trial", "sensitive": true,
+            "resources": {"nodes": 1}, "lifecycle": {"walltime": "1m"},
+            "data": {"mounts": [{"source": "s3://datasets/in", "target": target, "access": "read-only"}]},
+            "entrypoint": format!("cat {}/subject-001.csv > /dev/null; echo done > $LATTICE_OUTPUT_DIR/result.txt; sleep 1",
+                target.display())})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let v = wait_for(&base, &id, |v| v["ended_ms"].is_u64(), Duration::from_secs(20));
+    assert_eq!(v["end_reason"], "success", "{v}");
+    let read = format!("read {}/subject-001.csv ×1", target.display());
+    let t0 = Instant::now();
+    let details = loop {
+        let (_, a) = call(
+            "GET",
+            &format!("{base}/v1/audit/logs?allocation={id}&event=data_access"),
+            None,
+        );
+        let details: Vec<String> = a["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["detail"].as_str().unwrap().to_string())
+            .collect();
+        if details.iter().any(|d| d.contains(&read)) && details.iter().any(|d| d.contains("result.txt")) {
+            break details;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{a}\nagent log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let all = details.join(" | ");
+    assert!(all.starts_with("sim-000 "), "{all}");
+    assert!(all.contains("write ") && all.contains("/result.txt ×1"), "{all}");
+    assert!(!all.contains("/etc/"), "only paths under its data mounts: {all}");
+    let (_, a) = call("GET", &format!("{base}/v1/audit/logs?allocation={id}"), None);
+    assert_eq!(a["chain_valid"], true, "{a}");
+    rt.block_on(running.shutdown());
+}
+
 /// Data mounts and the defaults: a declared read-only mount from the site's S3 root, the home
 /// directory from its NFS root and the output and checkpoint directories — seen by the job alone (its
 /// own mount namespace), the output kept after it ends; a source the node lacks is a prologue failure

@@ -50,6 +50,8 @@ pub struct WorkPoll {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DataAccess {
     pub id: String,
+    /// Empty: `count` opens on the node that could not be recorded (its buffers were full) while
+    /// this allocation was watched — some of them may have been this allocation's.
     pub path: String,
     /// Opened for writing (write or read-write access, or create/truncate); else for reading.
     pub write: bool,

@@ -476,7 +476,11 @@ impl<'a> Agent<'a> {
         self.telemetry.audit_drain(&mut self.reports.data_access);
         for id in self.telemetry.audited() {
             if !self.procs.contains_key(&id) {
-                self.telemetry.audit_unwatch(&id);
+                let (opens, under) = self.telemetry.audit_unwatch(&id);
+                eprintln!(
+                    "lattice-agent {}: {id}: audit mode saw {opens} opens, {under} under its data paths",
+                    cfg.node
+                );
             }
         }
         // What runs first, then what ended (a launch is listed ended before it stops being listed

@@ -223,7 +223,13 @@ const ACCESS_PATHS_PER_ENTRY: usize = 32;
 /// One `data_access` entry's detail: `NODE read PATH ×N, write PATH ×M, …` (paths in order, at
 /// most [`ACCESS_PATHS_PER_ENTRY`], then `and K more paths (C opens)`).
 pub fn data_access_detail(node: &str, accesses: &[&lattice_agent_protocol::DataAccess]) -> String {
-    let mut sorted: Vec<&&lattice_agent_protocol::DataAccess> = accesses.iter().collect();
+    let lost: u64 = accesses
+        .iter()
+        .filter(|d| d.path.is_empty())
+        .map(|d| u64::from(d.count))
+        .sum();
+    let mut sorted: Vec<&&lattice_agent_protocol::DataAccess> =
+        accesses.iter().filter(|d| !d.path.is_empty()).collect();
     sorted.sort_by(|a, b| (&a.path, a.write).cmp(&(&b.path, b.write)));
     let mut parts: Vec<String> = sorted
         .iter()
@@ -234,6 +240,11 @@ pub fn data_access_detail(node: &str, accesses: &[&lattice_agent_protocol::DataA
         let rest = &sorted[ACCESS_PATHS_PER_ENTRY..];
         let opens: u64 = rest.iter().map(|d| u64::from(d.count)).sum();
         parts.push(format!("and {} more paths ({opens} opens)", rest.len()));
+    }
+    if lost > 0 {
+        parts.push(format!(
+            "{lost} opens on the node not recorded while it was watched (audit buffer full)"
+        ));
     }
     format!("{node} {}", parts.join(", "))
 }
@@ -324,5 +335,12 @@ mod tests {
         let detail = data_access_detail("x1", &refs);
         assert!(detail.ends_with("and 8 more paths (24 opens)"), "{detail}");
         assert_eq!(detail.matches("read ").count(), 32);
+        // Opens the node could not record are said, not dropped.
+        let list = [d("/data/a", false, 1), d("", false, 7)];
+        let refs: Vec<_> = list.iter().collect();
+        assert_eq!(
+            data_access_detail("x1", &refs),
+            "x1 read /data/a ×1, 7 opens on the node not recorded while it was watched (audit buffer full)"
+        );
     }
 }
