@@ -23,6 +23,10 @@ use std::collections::BTreeMap;
 /// A command proposed to the quorum (the Raft log's application data).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum QuorumCommand {
+    /// Several commands in one log entry (group commit: one append, one fsync and one replication
+    /// for all), applied in order as if each were its own entry; answered with
+    /// [`QuorumResponse::Batch`], one answer each. A batch inside a batch is rejected.
+    Batch { commands: Vec<QuorumCommand> },
     /// Hard quotas of a tenant (replaces earlier ones).
     SetQuota {
         tenant: String,
@@ -281,6 +285,8 @@ pub enum QuorumResponse {
     /// Rejected at apply time; `reason` is stable (`node_conflict`, `max_nodes`, ...), `message` is the
     /// seed's wording.
     Rejected { reason: String, message: String },
+    /// A [`QuorumCommand::Batch`]'s answers, in its commands' order.
+    Batch(Vec<QuorumResponse>),
 }
 
 pub use lattice_engine::audit::AuditEntry;
@@ -393,6 +399,15 @@ impl QuorumState {
     /// Applies one command; deterministic.
     pub fn apply(&mut self, cmd: &QuorumCommand) -> QuorumResponse {
         match cmd {
+            QuorumCommand::Batch { commands } => QuorumResponse::Batch(
+                commands
+                    .iter()
+                    .map(|c| match c {
+                        QuorumCommand::Batch { .. } => rejected("nested_batch", "a batch inside a batch".to_string()),
+                        c => self.apply(c),
+                    })
+                    .collect(),
+            ),
             QuorumCommand::SetQuota {
                 tenant,
                 max_nodes,
@@ -1073,6 +1088,39 @@ mod tests {
         assign_to(alloc, tenant, None, nodes)
     }
 
+    /// A batch applies its commands in order, as separate entries would, and answers each: a start
+    /// on a node an earlier command of the same batch took is refused, a release frees it for a
+    /// later one; a batch inside a batch is refused, and changes nothing.
+    #[test]
+    fn a_batch_applies_each_command_in_order_and_answers_each() {
+        let mut s = QuorumState::default();
+        let r = s.apply(&QuorumCommand::Batch {
+            commands: vec![
+                assign("a1", "t", &["n1"]),
+                assign("a2", "t", &["n1"]),
+                QuorumCommand::Release { alloc: "a1".into() },
+                assign("a3", "t", &["n1"]),
+                QuorumCommand::Batch {
+                    commands: vec![assign("a4", "t", &["n2"])],
+                },
+            ],
+        });
+        let QuorumResponse::Batch(answers) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(answers.len(), 5);
+        assert_eq!(answers[0], QuorumResponse::Applied);
+        assert!(
+            matches!(&answers[1], QuorumResponse::Rejected { .. }),
+            "{:?}",
+            answers[1]
+        );
+        assert_eq!(answers[2], QuorumResponse::Applied);
+        assert_eq!(answers[3], QuorumResponse::Applied);
+        assert!(matches!(&answers[4], QuorumResponse::Rejected { reason, .. } if reason == "nested_batch"));
+        assert_eq!(s.assignments.keys().collect::<Vec<_>>(), ["a3"]);
+    }
+
     fn assign_in(alloc: &str, tenant: &str, project: &str, nodes: &[&str]) -> QuorumCommand {
         assign_to(alloc, tenant, Some(project), nodes)
     }
@@ -1104,6 +1152,7 @@ mod tests {
         match r {
             QuorumResponse::Rejected { reason, .. } => reason,
             QuorumResponse::Applied => "applied".into(),
+            QuorumResponse::Batch(_) => "batch".into(),
         }
     }
 

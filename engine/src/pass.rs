@@ -40,6 +40,20 @@ use crate::weights::CostWeights;
 /// Preemption classes up to this are time-flexible for energy deferral.
 pub const FLEXIBLE_CLASS_MAX: u8 = 3;
 
+/// What the cost function's topology (f4) and conformance (f9) terms read of the free nodes for a
+/// request's shape.
+#[derive(Clone, Copy, Debug)]
+struct TopologyInputs {
+    groups_needed: u32,
+    max_groups_available: u32,
+    largest_conformance_group: u32,
+}
+
+/// One pass's [`TopologyInputs`] by shape (nodes, eligible classes): the free counts do not change
+/// while the queue is scored.
+#[derive(Default)]
+struct TopologyMemo<'a>(std::collections::BTreeMap<(u32, &'a [u16]), TopologyInputs>);
+
 impl Engine {
     /// Runs a pass for every pool whose cycle is due at `now`. Proposals are then available from
     /// [`Engine::poll_proposal`].
@@ -126,9 +140,22 @@ impl Engine {
         if let Some(ctx) = &ctx {
             let t0 = self.stopwatch.map(|f| f());
             scores.reserve(queue.len());
+            // Jobs of one shape (eligible classes, nodes) share their topology inputs: computed
+            // once per shape, so scoring a long queue costs little more than its arithmetic.
+            let mut memo = TopologyMemo::default();
             for &id in &queue {
                 let w = self.vc_config[self.allocs[id.index()].spec.vcluster.index()].weights;
-                scores.push((id, w.map(|w| self.score_of(id, &w, ctx))));
+                scores.push((
+                    id,
+                    w.map(|w| {
+                        let (eligible, k) = (&self.meta[id.index()].eligible, self.allocs[id.index()].spec.nodes.min);
+                        let topo = *memo
+                            .0
+                            .entry((k, eligible.as_slice()))
+                            .or_insert_with(|| self.topology_inputs(eligible, k));
+                        self.score_with(id, &w, ctx, topo)
+                    }),
+                ));
             }
             if let (Some(f), Some(t0)) = (self.stopwatch, t0) {
                 self.cost_ns.push((key, f().saturating_sub(t0)));
@@ -838,18 +865,16 @@ impl Engine {
     /// `Score(j)` with its breakdown.
     fn score_of(&self, id: AllocId, w: &CostWeights, ctx: &ScoreContext) -> ScoreBreakdown {
         let a = &self.allocs[id.index()];
-        let m = &self.meta[id.index()];
-        let vc = &self.vc_config[a.spec.vcluster.index()];
-        let pool_policy = self.pools[&self.pool_key_of(id)].config.policy;
-        let k = a.spec.nodes.min;
-        let t = a.spec.tenant.index();
-        // f4/f9 from the free nodes (or, when the job cannot fit now, from the eligible capacity).
-        let free: Picks = m
-            .eligible
-            .iter()
-            .map(|&c| (c, self.free_by_class[c as usize]))
-            .collect();
-        let total: Picks = m.eligible.iter().map(|&c| (c, self.class_total[c as usize])).collect();
+        let topo = self.topology_inputs(&self.meta[id.index()].eligible, a.spec.nodes.min);
+        self.score_with(id, w, ctx, topo)
+    }
+
+    /// f4's and f9's inputs for a request of `k` nodes over the classes `eligible`: from the free
+    /// nodes, or — when it cannot fit now — from the eligible capacity. A function of the request's
+    /// shape and the free counts alone, so a pass computes it once per shape ([`TopologyMemo`]).
+    fn topology_inputs(&self, eligible: &[u16], k: u32) -> TopologyInputs {
+        let free: Picks = eligible.iter().map(|&c| (c, self.free_by_class[c as usize])).collect();
+        let total: Picks = eligible.iter().map(|&c| (c, self.class_total[c as usize])).collect();
         let rules = PickRules::default();
         let (basis, placement) = match pick(&self.class_info, &free, k, rules) {
             Some(p) => (&free, Some(p)),
@@ -870,7 +895,20 @@ impl Engine {
                 None => by_fp.push((fp, n)),
             }
         }
-        let largest_fp = by_fp.iter().map(|x| x.1).max().unwrap_or(0);
+        TopologyInputs {
+            groups_needed: placement.as_ref().map_or(groups.len() as u32, |p| p.groups),
+            max_groups_available: groups.len() as u32,
+            largest_conformance_group: by_fp.iter().map(|x| x.1).max().unwrap_or(0),
+        }
+    }
+
+    /// The score of `id` with its topology inputs already known.
+    fn score_with(&self, id: AllocId, w: &CostWeights, ctx: &ScoreContext, topo: TopologyInputs) -> ScoreBreakdown {
+        let a = &self.allocs[id.index()];
+        let vc = &self.vc_config[a.spec.vcluster.index()];
+        let pool_policy = self.pools[&self.pool_key_of(id)].config.policy;
+        let k = a.spec.nodes.min;
+        let t = a.spec.tenant.index();
         let inputs = CostInputs {
             priority_class: if pool_policy == Policy::Reservation {
                 10
@@ -881,8 +919,8 @@ impl Engine {
             reference_wait_s: vc.reference_wait.as_secs_f64(),
             target_share: ctx.targets.get(t).copied().unwrap_or(0.0),
             actual_share: ctx.shares.get(t).copied().unwrap_or(0.0),
-            groups_needed: placement.as_ref().map_or(groups.len() as u32, |p| p.groups),
-            max_groups_available: groups.len() as u32,
+            groups_needed: topo.groups_needed,
+            max_groups_available: topo.max_groups_available,
             hot_data_fraction: self.data_readiness(id),
             queued_gpu_hours: 0.0,
             running_gpu_hours: 0.0,
@@ -891,7 +929,7 @@ impl Engine {
                 crate::alloc::CheckpointKind::None => None,
                 _ => Some(a.spec.checkpoint.estimated_minutes.unwrap_or(0.0)),
             },
-            largest_conformance_group: largest_fp,
+            largest_conformance_group: topo.largest_conformance_group,
             requested_nodes: k,
         };
         let mut s = score(w, &inputs);

@@ -3,10 +3,15 @@
 //! - `raft`: three quorum members on loopback (real gRPC, real redb fsyncs); N proposals one after
 //!   another give the commit latency distribution (goal p99 < 10 ms), then N proposals with 64 in
 //!   flight give commits per second.
-//! - `submit`: a single-member runtime with simulated agents; N submissions through the REST API and
-//!   N through gRPC, each from 8 concurrent clients, give submissions per second (goal > 5,000/s);
-//!   `submit3` does the same against the leader of a 3-member quorum, where every submission is
-//!   mirrored to a majority before it is acknowledged.
+//! - `submit`: a single-member runtime with simulated agents; N submissions through gRPC and N
+//!   through the REST API, from each of the given client counts (8, 64, 256 by default), give
+//!   submissions per second and the acknowledgment latency p50/p99 (goal > 10,000/s with 64 clients,
+//!   p99 < 50 ms); `submit3` does the same against the leader of a 3-member quorum, where every
+//!   submission is mirrored to a majority before it is acknowledged; `--array K` submits task groups
+//!   of K elements (counted per element).
+//! - `htc`: the end-to-end high-throughput run — N `sleep 0` jobs through the leader of 3 members
+//!   with simulated agents (`--nodes`, `--clients`): the submit, start and completion rates (goal
+//!   > 5,000 jobs/s end to end on 100,000).
 //! - `heartbeats`: N agents (default 10,000) heartbeating every 10 s for 20 s, each on its own gRPC
 //!   `HeartbeatStream`, run by a
 //!   child process (`bench heartbeat-agents`): the server process's own CPU share of one core (goal
@@ -111,7 +116,12 @@ pub async fn raft(proposals: usize) -> anyhow::Result<String> {
 /// Runtimes for the submission benchmark: one member, or three (the first bootstrapping) with the
 /// leader first in the returned list.
 async fn bench_cluster(members: usize) -> anyhow::Result<Vec<crate::Running>> {
-    let dir = scratch(&format!("submit{members}"));
+    bench_cluster_of(members, 64, "submit").await
+}
+
+/// [`bench_cluster`] with `nodes` simulated nodes, its data under `name`.
+async fn bench_cluster_of(members: usize, nodes: usize, name: &str) -> anyhow::Result<Vec<crate::Running>> {
+    let dir = scratch(&format!("{name}{members}"));
     let ports: Vec<u16> = (0..members)
         .map(|_| lattice_adapters::raft_net::loopback_port())
         .collect::<Result<_, _>>()?;
@@ -128,7 +138,7 @@ async fn bench_cluster(members: usize) -> anyhow::Result<Vec<crate::Running>> {
             String::new()
         };
         let text = format!(
-            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: 64\ncycle: 1s\nauth:\n  rate_limit_per_minute: 100000000\n{members_block}",
+            "node_id: {id}\nrest_listen: 127.0.0.1:0\ngrpc_listen: 127.0.0.1:{p}\ndata_dir: {d}/m{id}\nsimulated_nodes: {nodes}\ncycle: 1s\nauth:\n  rate_limit_per_minute: 100000000\n{members_block}",
             id = i + 1,
             d = dir.display()
         );
@@ -145,45 +155,80 @@ async fn bench_cluster(members: usize) -> anyhow::Result<Vec<crate::Running>> {
     }
 }
 
-/// Submissions per second through the REST API and through gRPC (8 concurrent clients each), on
-/// the leader of `members` members.
-pub async fn submit(requests: usize, members: usize) -> anyhow::Result<String> {
-    // A fresh quorum per transport: the second must not queue behind the first's backlog.
-    let rts = bench_cluster(members).await?;
-    let url = format!("http://{}/v1/allocations", rts[0].rest_addr);
-    let body = serde_json::json!({
+/// What one run of the submission benchmark measured.
+struct Rate {
+    accepted: usize,
+    per_s: f64,
+    /// Acknowledgment latencies of the accepted submissions, ms, sorted.
+    lat: Vec<f64>,
+}
+
+impl Rate {
+    fn line(&self, what: &str, requests: usize, elements: u32) -> String {
+        format!(
+            "{what}: {}/{requests} accepted, submissions_per_s={:.0} elements_per_s={:.0} ack_p50_ms={:.2} ack_p99_ms={:.2} ack_max_ms={:.2}",
+            self.accepted,
+            self.per_s,
+            self.per_s * f64::from(elements),
+            pct(&self.lat, 50.0),
+            pct(&self.lat, 99.0),
+            self.lat.last().copied().unwrap_or(0.0)
+        )
+    }
+}
+
+/// `requests` submissions spread over `clients` concurrent clients, one request in flight each;
+/// `one` makes a client's next submission and says whether it was accepted.
+async fn drive<C, F>(requests: usize, clients: Vec<C>, one: F) -> anyhow::Result<Rate>
+where
+    C: Send + 'static,
+    F: Fn(&mut C) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> + Send + Sync + 'static,
+{
+    let n = clients.len();
+    let share = |c: usize| requests / n + usize::from(c < requests % n);
+    let one = std::sync::Arc::new(one);
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for (c, mut client) in clients.into_iter().enumerate() {
+        let (k, one) = (share(c), one.clone());
+        set.spawn(async move {
+            let mut lat = Vec::with_capacity(k);
+            for _ in 0..k {
+                let t = Instant::now();
+                if one(&mut client).await {
+                    lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+            lat
+        });
+    }
+    let mut lat = Vec::with_capacity(requests);
+    while let Some(r) = set.join_next().await {
+        lat.extend(r?);
+    }
+    let per_s = lat.len() as f64 / t.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    Ok(Rate {
+        accepted: lat.len(),
+        per_s,
+        lat,
+    })
+}
+
+/// Submissions per second and their acknowledgment latency (p50/p99) through gRPC and the REST
+/// API, on the leader of `members` members, for each client count in `clients` (each client one
+/// request in flight, on its own connection); `array` elements per submission (a task group, one
+/// durable record for all its elements; 1: plain allocations). Every run starts a fresh quorum, so
+/// none queues behind another's backlog.
+pub async fn submit(requests: usize, members: usize, clients: &[usize], array: u32) -> anyhow::Result<String> {
+    let array = array.max(1);
+    let group = (array > 1).then(|| serde_json::json!({"range": {"start": 0, "end": array - 1}}));
+    let mut body = serde_json::json!({
         "tenant": "bench", "entrypoint": "sleep 3600", "resources": {"nodes": 1}, "lifecycle": {"walltime": "2h"}
     });
-    let clients = 8;
-    let share = |c: usize| requests / clients + usize::from(c < requests % clients);
-    let t = Instant::now();
-    let handles: Vec<_> = (0..clients)
-        .map(|c| {
-            let (url, body, n) = (url.clone(), body.clone(), share(c));
-            tokio::task::spawn_blocking(move || {
-                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-                let mut ok = 0usize;
-                for _ in 0..n {
-                    if agent.post(&url).send_json(&body).is_ok_and(|r| r.status() == 201) {
-                        ok += 1;
-                    }
-                }
-                ok
-            })
-        })
-        .collect();
-    let mut ok = 0;
-    for h in handles {
-        ok += h.await?;
+    if let Some(g) = &group {
+        body["task_group"] = g.clone();
     }
-    let rest_per_s = ok as f64 / t.elapsed().as_secs_f64();
-    for r in rts {
-        r.shutdown().await;
-    }
-    let rts = bench_cluster(members).await?;
-
-    // gRPC: 8 clients, each on its own HTTP/2 connection, one request in flight each.
-    let grpc_url = format!("http://{}", rts[0].grpc_addr);
     let request = crate::pb::AllocationRequest {
         tenant: "bench".into(),
         entrypoint: "sleep 3600".into(),
@@ -196,34 +241,149 @@ pub async fn submit(requests: usize, members: usize) -> anyhow::Result<String> {
             walltime: "2h".into(),
             ..Default::default()
         }),
+        task_group: (array > 1).then_some(crate::pb::TaskGroup {
+            start: 0,
+            end: array - 1,
+            concurrency: 0,
+        }),
+        ..Default::default()
+    };
+    let mut lines = Vec::new();
+    for &n in clients {
+        let n = n.max(1);
+        // gRPC: each client its own HTTP/2 connection.
+        let rts = bench_cluster(members).await?;
+        let grpc_url = format!("http://{}", rts[0].grpc_addr);
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            let ch = tonic::transport::Endpoint::from_shared(grpc_url.clone())?
+                .connect()
+                .await?;
+            conns.push(crate::pb::allocation_service_client::AllocationServiceClient::new(ch));
+        }
+        let req = request.clone();
+        let grpc = drive(requests, conns, move |c| {
+            let req = req.clone();
+            Box::pin(async move { c.submit(req).await.is_ok() })
+        })
+        .await?;
+        for r in rts {
+            r.shutdown().await;
+        }
+        lines.push(grpc.line(
+            &format!("gRPC, leader of {members} member(s), {n} clients, {array} element(s) each"),
+            requests,
+            array,
+        ));
+        // REST: each client its own keep-alive connection.
+        let rts = bench_cluster(members).await?;
+        let url = format!("http://{}/v1/allocations", rts[0].rest_addr);
+        let conns: Vec<(ureq::Agent, String, serde_json::Value)> = (0..n)
+            .map(|_| {
+                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+                (agent, url.clone(), body.clone())
+            })
+            .collect();
+        let rest = drive(requests, conns, |(agent, url, body)| {
+            let (agent, url, body) = (agent.clone(), url.clone(), body.clone());
+            Box::pin(async move {
+                tokio::task::spawn_blocking(move || agent.post(&url).send_json(&body).is_ok_and(|r| r.status() == 201))
+                    .await
+                    .unwrap_or(false)
+            })
+        })
+        .await?;
+        for r in rts {
+            r.shutdown().await;
+        }
+        lines.push(rest.line(
+            &format!("REST, leader of {members} member(s), {n} clients, {array} element(s) each"),
+            requests,
+            array,
+        ));
+    }
+    Ok(lines.join("\n"))
+}
+
+/// The end-to-end high-throughput run (Flux's schedbench): `jobs` `sleep 0` allocations of one
+/// node submitted through gRPC by `clients` clients to the leader of 3 members with `nodes`
+/// simulated nodes; each is acknowledged (on a majority's disks), scheduled, started (committed at
+/// the quorum), run by its simulated agent and ended (its end on a majority, its node released at
+/// the quorum). Reports how long until every submission was acknowledged, every job started and
+/// every job ended, each as a rate from the first submission.
+pub async fn htc(jobs: usize, nodes: usize, clients: usize) -> anyhow::Result<String> {
+    let rts = bench_cluster_of(3, nodes, "htc").await?;
+    let shared = rts[0].shared.clone();
+    let grpc_url = format!("http://{}", rts[0].grpc_addr);
+    let request = crate::pb::AllocationRequest {
+        tenant: "bench".into(),
+        entrypoint: "sleep 0".into(),
+        resources: Some(crate::pb::Resources {
+            nodes: 1,
+            ..Default::default()
+        }),
+        lifecycle: Some(crate::pb::Lifecycle {
+            r#type: "bounded".into(),
+            walltime: "1m".into(),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let mut conns = Vec::new();
-    for _ in 0..clients {
-        conns.push(crate::pb::allocation_service_client::AllocationServiceClient::connect(grpc_url.clone()).await?);
+    for _ in 0..clients.max(1) {
+        let ch = tonic::transport::Endpoint::from_shared(grpc_url.clone())?
+            .connect()
+            .await?;
+        conns.push(crate::pb::allocation_service_client::AllocationServiceClient::new(ch));
     }
-    let t = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for (c, mut client) in conns.into_iter().enumerate() {
-        let (request, n) = (request.clone(), share(c));
-        set.spawn(async move {
-            let mut ok = 0usize;
-            for _ in 0..n {
-                ok += usize::from(client.submit(request.clone()).await.is_ok());
-            }
-            ok
-        });
+    let placed0 = shared.metrics.placements.get();
+    let t0 = Instant::now();
+    let mut submitting = Some(tokio::spawn(drive(jobs, conns, move |c| {
+        let req = request.clone();
+        Box::pin(async move { c.submit(req).await.is_ok() })
+    })));
+    // Watched every 50 ms: started (committed at the quorum) and still live (queued or running).
+    let (mut started_at, mut ended_at) = (None, None);
+    let mut submitted: Option<(Rate, f64)> = None;
+    while ended_at.is_none() {
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(1800),
+            "the run did not finish in 30 min"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Some(h) = submitting.take_if(|h| h.is_finished()) {
+            submitted = Some((h.await??, t0.elapsed().as_secs_f64()));
+        }
+        let placed = shared.metrics.placements.get() - placed0;
+        let live = {
+            let c = shared.control.lock().await;
+            c.ctl.engine.queue().len() as i64 + shared.metrics.allocations_active.get()
+        };
+        if started_at.is_none() && placed as usize >= jobs {
+            started_at = Some(t0.elapsed().as_secs_f64());
+        }
+        if let Some((rate, _)) = &submitted
+            && live == 0
+            && placed as usize >= rate.accepted
+        {
+            ended_at = Some(t0.elapsed().as_secs_f64());
+            started_at.get_or_insert(t0.elapsed().as_secs_f64());
+        }
     }
-    let mut grpc_ok = 0;
-    while let Some(r) = set.join_next().await {
-        grpc_ok += r?;
-    }
-    let grpc_per_s = grpc_ok as f64 / t.elapsed().as_secs_f64();
+    let (rate, submit_s) = submitted.expect("set before the end");
+    let (start_s, end_s) = (started_at.unwrap_or_default(), ended_at.unwrap_or_default());
     for r in rts {
         r.shutdown().await;
     }
+    let n = rate.accepted as f64;
     Ok(format!(
-        "submissions to the leader of {members} member(s) ({clients} clients each): REST {ok}/{requests} accepted, submissions_per_s={rest_per_s:.0}; gRPC {grpc_ok}/{requests} accepted, submissions_per_s={grpc_per_s:.0}"
+        "HTC end to end ({jobs} `sleep 0` jobs, 3 members, {nodes} simulated nodes, {clients} gRPC clients): {} acknowledged in {submit_s:.1} s (submit_per_s={:.0}, ack_p50_ms={:.2} ack_p99_ms={:.2}); all started after {start_s:.1} s (start_per_s={:.0}); all ended after {end_s:.1} s (jobs_per_s={:.0})",
+        rate.accepted,
+        n / submit_s,
+        pct(&rate.lat, 50.0),
+        pct(&rate.lat, 99.0),
+        n / start_s.max(1e-9),
+        n / end_s.max(1e-9)
     ))
 }
 

@@ -81,6 +81,8 @@ pub struct Shared {
     /// This member's copy of the leader's queue ([`crate::mirror`]).
     pub mirror: std::sync::Mutex<crate::mirror::Mirror>,
     pub peers: std::sync::Mutex<crate::mirror::Peers>,
+    /// The mirror rounds waiting to go to the other members ([`crate::mirror::net::replicate`]).
+    pub rounds: crate::mirror::Rounds,
     /// How peers are reached when the gRPC port runs TLS.
     pub peer_tls: Option<lattice_adapters::raft_net::PeerTls>,
     /// A fresh control plane (the engine as configured): a member that gains or loses leadership

@@ -22,7 +22,21 @@ pub fn execute(
         let mut queue: std::collections::VecDeque<Action> = actions.into();
         while let Some(a) = queue.pop_front() {
             match a {
-                Action::Propose(p) => queue.extend(propose_start(&shared, p).await),
+                Action::Propose(p) => {
+                    // Consecutive starts go to the quorum together, in one log entry.
+                    let mut starts = vec![p];
+                    while starts.len() < START_BATCH {
+                        match queue.pop_front() {
+                            Some(Action::Propose(p)) => starts.push(p),
+                            Some(other) => {
+                                queue.push_front(other);
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                    queue.extend(propose_starts(&shared, starts).await)
+                }
                 // The owner reads why in the allocation's `last_rejection` (set by the control plane).
                 Action::Refuse { name, message, .. } => tracing::debug!("{name}: {message}"),
                 // The loop's `settle_ends` records it on a majority: wake it for that.
@@ -41,7 +55,7 @@ pub fn execute(
                         added,
                     };
                     match shared.member.propose(cmd).await {
-                        Ok(QuorumResponse::Applied) => {}
+                        Ok(QuorumResponse::Applied | QuorumResponse::Batch(_)) => {}
                         Ok(QuorumResponse::Rejected { message, .. }) => {
                             tracing::warn!("{name}: scaling by {node} rejected: {message}")
                         }
@@ -312,24 +326,50 @@ pub(crate) async fn settle_ends(shared: &Arc<Shared>) {
     }
 }
 
-/// Proposes a start to the quorum and tells the controller its answer; what that causes (the launch,
-/// a claim's audit entry) is returned to be carried out next.
-async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> {
-    let cmd = QuorumCommand::Assign {
-        alloc: p.name.clone(),
-        tenant: p.tenant.clone(),
-        nodes: p.nodes.clone(),
-        sensitive: p.sensitive,
-        at_ms: shared.control.lock().await.now().0,
-        project: p.project.clone(),
-        network: p
-            .network
-            .clone()
-            .map(|(domain, vni)| lattice_adapters::NetworkGrant { domain, vni }),
-    };
+/// Starts proposed in one quorum log entry at most (a pass's starts, group-committed).
+const START_BATCH: usize = 512;
+
+/// Proposes starts to the quorum — several as one [`QuorumCommand::Batch`], one commit for all —
+/// and tells the controller each answer in order; what those cause (launches, a claim's audit
+/// entry) is returned to be carried out next.
+async fn propose_starts(shared: &Arc<Shared>, starts: Vec<PendingProposal>) -> Vec<Action> {
+    let at_ms = shared.control.lock().await.now().0;
+    let mut cmds: Vec<QuorumCommand> = starts
+        .iter()
+        .map(|p| QuorumCommand::Assign {
+            alloc: p.name.clone(),
+            tenant: p.tenant.clone(),
+            nodes: p.nodes.clone(),
+            sensitive: p.sensitive,
+            at_ms,
+            project: p.project.clone(),
+            network: p
+                .network
+                .clone()
+                .map(|(domain, vni)| lattice_adapters::NetworkGrant { domain, vni }),
+        })
+        .collect();
+    let n = cmds.len();
     let t0 = std::time::Instant::now();
-    let r = shared.member.propose(cmd).await;
+    let answers: Vec<Result<QuorumResponse, String>> = if n == 1 {
+        vec![shared.member.propose(cmds.remove(0)).await.map_err(|e| e.to_string())]
+    } else {
+        match shared.member.propose(QuorumCommand::Batch { commands: cmds }).await {
+            Ok(QuorumResponse::Batch(rs)) if rs.len() == n => rs.into_iter().map(Ok).collect(),
+            Ok(other) => vec![Err(format!("the quorum answered a batch of {n} starts with {other:?}")); n],
+            Err(e) => vec![Err(e.to_string()); n],
+        }
+    };
     shared.metrics.commit(t0.elapsed());
+    let mut next = Vec::new();
+    for (p, r) in starts.into_iter().zip(answers) {
+        next.extend(start_answered(shared, p, r).await);
+    }
+    next
+}
+
+/// Tells the controller the quorum's answer `r` to the start `p`; what that causes.
+async fn start_answered(shared: &Arc<Shared>, p: PendingProposal, r: Result<QuorumResponse, String>) -> Vec<Action> {
     let mut c = shared.control.lock().await;
     tracing::trace!(
         "m{}: start of {} on {:?}: {r:?} (incarnation {} now {})",
@@ -357,6 +397,7 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
             shared.metrics.proposals.with_label_values(&["accepted"]).inc();
             c.committed(p.alloc);
         }
+        Ok(QuorumResponse::Batch(_)) => c.rejected(p.alloc, "the quorum answered a start with a batch".into()),
         Ok(QuorumResponse::Rejected { reason, message }) => {
             shared.metrics.proposals.with_label_values(&["rejected"]).inc();
             tracing::info!("quorum rejected {} ({reason}): {message}", p.name);
@@ -370,7 +411,7 @@ async fn propose_start(shared: &Arc<Shared>, p: PendingProposal) -> Vec<Action> 
                 return shared.control.lock().await.take_actions();
             }
         }
-        Err(e) => c.rejected(p.alloc, e.to_string()),
+        Err(e) => c.rejected(p.alloc, e),
     }
     c.take_actions()
 }

@@ -255,6 +255,7 @@ pub async fn start_wired(cfg: RuntimeConfig, bootstrap: bool, wiring: Wiring) ->
             crate::mirror::Mirror::open_on(&disk).context("opening the durable allocation records")?,
         ),
         peers: Default::default(),
+        rounds: Default::default(),
         peer_tls: tls.as_ref().map(|t| t.peer()),
         fresh_control,
         joined: Default::default(),

@@ -768,10 +768,21 @@ async fn grpc_messages_never_panic_or_break_the_member() {
                 } else {
                     mirror_update
                 };
-                let valid = mpb::MirrorRequest {
-                    from: 2,
-                    op: mutate(op, rng).into_bytes(),
-                    term,
+                // Every third case a round of several operations (`ops`).
+                let valid = if case % 3 == 0 {
+                    mpb::MirrorRequest {
+                        from: 2,
+                        op: Vec::new(),
+                        term,
+                        ops: vec![mutate(op, rng).into_bytes(), mutate(mirror_update, rng).into_bytes()],
+                    }
+                } else {
+                    mpb::MirrorRequest {
+                        from: 2,
+                        op: mutate(op, rng).into_bytes(),
+                        term,
+                        ops: Vec::new(),
+                    }
                 };
                 let bytes = lattice_traces::fuzz::mutate_bytes(&valid.encode_to_vec(), rng);
                 match mpb::MirrorRequest::decode(bytes.as_slice()) {
@@ -1089,6 +1100,7 @@ async fn a_mirror_message_from_a_term_raft_never_saw_is_refused() {
             from: 2,
             op: Vec::new(),
             term: ahead,
+            ops: Vec::new(),
         }))
         .await;
     assert_eq!(fetched.unwrap_err().code(), tonic::Code::Unavailable);
@@ -1101,6 +1113,7 @@ async fn a_mirror_message_from_a_term_raft_never_saw_is_refused() {
             from: 2,
             op: op.into_bytes(),
             term: ahead,
+            ops: Vec::new(),
         }))
         .await;
     assert_eq!(applied.unwrap_err().code(), tonic::Code::Unavailable);

@@ -20,7 +20,9 @@ struct Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Measure: `raft` (commit latency p50/p99 on 3 local members, commits/s), `submit` / `submit3`
-    /// (submissions/s through REST and gRPC to a 1- / 3-member quorum's leader), `heartbeats` (N
+    /// (submissions/s and acknowledgment latency through gRPC and REST to a 1- / 3-member quorum's
+    /// leader, per client count), `htc` (N `sleep 0` jobs end to end through 3 members: submit, start
+    /// and completion rates; `--clients` its first count), `heartbeats` (N
     /// agents every 10 s from another process: the server's CPU share) or `audit` (queries on a
     /// held audit log of N entries).
     Bench {
@@ -34,6 +36,15 @@ enum Cmd {
         /// `heartbeat-agents` (the child process of `heartbeats`): the server's gRPC address.
         #[arg(long)]
         target: Option<String>,
+        /// `submit`, `submit3`: the concurrent client counts to measure, each on a fresh quorum.
+        #[arg(long, value_delimiter = ',', default_value = "8,64,256")]
+        clients: Vec<usize>,
+        /// `submit`, `submit3`: elements per submission (a task group; 1: plain allocations).
+        #[arg(long, default_value_t = 1)]
+        array: u32,
+        /// `htc`: simulated nodes.
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
     },
 }
 
@@ -62,12 +73,16 @@ async fn run() -> Result<()> {
         n,
         seconds,
         target,
+        clients,
+        array,
+        nodes,
     }) = args.cmd
     {
         let line = match kind.as_str() {
             "raft" => lattice_runtime::bench::raft(n).await?,
-            "submit" => lattice_runtime::bench::submit(n, 1).await?,
-            "submit3" => lattice_runtime::bench::submit(n, 3).await?,
+            "submit" => lattice_runtime::bench::submit(n, 1, &clients, array).await?,
+            "submit3" => lattice_runtime::bench::submit(n, 3, &clients, array).await?,
+            "htc" => lattice_runtime::bench::htc(n, nodes, clients.first().copied().unwrap_or(64)).await?,
             "heartbeats" => lattice_runtime::bench::heartbeats(n, seconds).await?,
             "audit" => lattice_runtime::bench::audit_queries(n)?,
             "heartbeat-agents" => {
@@ -76,7 +91,7 @@ async fn run() -> Result<()> {
                 };
                 lattice_runtime::bench::heartbeat_agents(&t, n, seconds).await?
             }
-            other => anyhow::bail!("bench {other}: raft, submit, submit3, heartbeats or audit"),
+            other => anyhow::bail!("bench {other}: raft, submit, submit3, htc, heartbeats or audit"),
         };
         println!("{line}");
         return Ok(());

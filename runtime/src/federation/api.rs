@@ -977,7 +977,9 @@ async fn commit(s: &Shared, p: &Principal, cmd: QuorumCommand, what: &str) -> Re
         return forbidden(format!("{} may not manage federation (SystemAdmin)", p.user));
     }
     match s.member.propose(cmd).await {
-        Ok(lattice_adapters::QuorumResponse::Applied) => Json(json!({"ok": what})).into_response(),
+        Ok(lattice_adapters::QuorumResponse::Applied | lattice_adapters::QuorumResponse::Batch(_)) => {
+            Json(json!({"ok": what})).into_response()
+        }
         Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => {
             let status = if reason == "no_peer" {
                 StatusCode::NOT_FOUND

@@ -101,6 +101,28 @@ impl Entry {
     }
 }
 
+/// Mirror rounds — group commit across the members: the operations that arrive while a round is
+/// out go to each other member together in the next one (one RPC per member, one transaction on its
+/// disk), each answered when a majority holds its round.
+#[derive(Default)]
+pub struct Rounds {
+    state: std::sync::Mutex<RoundState>,
+}
+
+#[derive(Default)]
+struct RoundState {
+    queue: std::collections::VecDeque<Queued>,
+    /// A task is sending rounds (it stops when the queue is empty).
+    sending: bool,
+}
+
+struct Queued {
+    op: Vec<u8>,
+    term: u64,
+    within: Duration,
+    done: tokio::sync::oneshot::Sender<bool>,
+}
+
 /// One mirrored change.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MirrorOp {

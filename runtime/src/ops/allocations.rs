@@ -235,7 +235,7 @@ pub async fn list(s: &Shared, p: &Principal, q: &ListFilter) -> Result<Vec<Alloc
 }
 
 /// `PATCH /v1/allocations/{id}`: walltime, tags, telemetry mode; the allocation afterwards.
-pub async fn update(s: &Shared, p: &Principal, id: &str, req: &UpdateRequest) -> Result<AllocationView, ApiError> {
+pub async fn update(s: &Arc<Shared>, p: &Principal, id: &str, req: &UpdateRequest) -> Result<AllocationView, ApiError> {
     writable(s).await?;
     may_change(s, p, id, "updating").await?;
     let (view, durable) = {

@@ -204,7 +204,7 @@ pub(super) fn bad_request(e: lattice_control::FieldError) -> ApiError {
 
 /// Waits until `op` (applied to this member's copy, `local` its write) is on this member's disk, while
 /// the other members are sent it too (best effort: the next leader merges what it missed).
-pub(super) async fn on_disk(s: &Shared, (op, term, local): Recorded) -> Result<(), String> {
+pub(super) async fn on_disk(s: &Arc<Shared>, (op, term, local): Recorded) -> Result<(), String> {
     let (disk, _) = tokio::join!(
         local.wait(),
         crate::mirror::net::replicate(s, &op, term, std::time::Duration::from_secs(2))
@@ -215,7 +215,8 @@ pub(super) async fn on_disk(s: &Shared, (op, term, local): Recorded) -> Result<(
 /// Proposes `cmd` and waits for its commit; a rejection at apply time is the caller's error.
 pub(super) async fn committed(s: &Shared, cmd: lattice_adapters::QuorumCommand, what: &str) -> Result<(), ApiError> {
     match s.member.propose(cmd).await {
-        Ok(lattice_adapters::QuorumResponse::Applied) => Ok(()),
+        // (A single command is never answered with a batch's answers.)
+        Ok(lattice_adapters::QuorumResponse::Applied | lattice_adapters::QuorumResponse::Batch(_)) => Ok(()),
         Ok(lattice_adapters::QuorumResponse::Rejected { reason, message }) => Err(match reason.as_str() {
             "no_tenant" => not_found("tenant", what),
             "no_vcluster" => not_found("vcluster", what),
