@@ -45,7 +45,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Why a proposal did not commit.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ProposeError {
     /// This member is not the leader; the leader's Raft address when known.
     #[error("not the quorum leader (leader: {})", leader.as_deref().unwrap_or("unknown"))]
@@ -81,7 +81,25 @@ pub struct Member {
     sm: raft_store::StateMachine,
     /// Stops the member's Raft gRPC server (when it serves one).
     server: Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+    /// Proposals waiting for the next log entry ([`Member::propose`]).
+    proposals: Arc<std::sync::Mutex<Proposals>>,
 }
+
+/// Group commit at the quorum: the commands proposed while an entry is being committed go together
+/// in the next one (a [`QuorumCommand::Batch`]: one append, one fsync, one replication), each
+/// caller answered with its own command's response.
+#[derive(Default)]
+struct Proposals {
+    queue: Vec<(
+        QuorumCommand,
+        tokio::sync::oneshot::Sender<Result<QuorumResponse, ProposeError>>,
+    )>,
+    /// A task is committing entries (it stops when the queue is empty).
+    sending: bool,
+}
+
+/// Commands in one log entry at most (a caller's own batch counts whole).
+const ENTRY_COMMANDS: usize = 1024;
 
 /// How a member reaches its peers and with which Raft timings (all default: TCP, plaintext,
 /// [`raft_config`]).
@@ -225,6 +243,7 @@ impl Member {
             raft,
             sm,
             server: Arc::new(std::sync::Mutex::new(None)),
+            proposals: Default::default(),
         })
     }
 
@@ -270,9 +289,97 @@ impl Member {
     }
 
     /// Proposes a command and waits until it is committed and applied; the state machine's response.
+    /// Commands proposed while an entry is being committed share the next entry (group commit).
     /// No answer within [`PROPOSE_WITHIN`] is an error whose outcome is unknown (the entry may still
     /// commit), as a lost answer is: callers already treat every error so.
     pub async fn propose(&self, cmd: QuorumCommand) -> Result<QuorumResponse, ProposeError> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut p = self.proposals.lock().unwrap_or_else(|e| e.into_inner());
+            p.queue.push((cmd, done));
+            !std::mem::replace(&mut p.sending, true)
+        };
+        if start {
+            tokio::spawn(self.clone().commit_proposals());
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(ProposeError::Raft("the proposal was dropped".into())))
+    }
+
+    /// Commits the queued proposals, an entry at a time, until none is left: one command alone, or
+    /// several as a [`QuorumCommand::Batch`] (a caller's own batch flattened into it).
+    async fn commit_proposals(self) {
+        loop {
+            let waiting = {
+                let mut p = self.proposals.lock().unwrap_or_else(|e| e.into_inner());
+                if p.queue.is_empty() {
+                    p.sending = false;
+                    return;
+                }
+                let mut n = 0;
+                let mut commands = 0;
+                for (c, _) in &p.queue {
+                    let k = match c {
+                        QuorumCommand::Batch { commands } => commands.len(),
+                        _ => 1,
+                    };
+                    if n > 0 && commands + k > ENTRY_COMMANDS {
+                        break;
+                    }
+                    commands += k;
+                    n += 1;
+                }
+                p.queue.drain(..n).collect::<Vec<_>>()
+            };
+            if waiting.len() == 1 {
+                let (cmd, done) = waiting.into_iter().next().expect("one");
+                let _ = done.send(self.propose_entry(cmd).await);
+                continue;
+            }
+            // Each caller's span of the flattened batch: (first, length, its own command a batch).
+            let mut commands = Vec::new();
+            let mut spans = Vec::with_capacity(waiting.len());
+            let mut dones = Vec::with_capacity(waiting.len());
+            for (cmd, done) in waiting {
+                let first = commands.len();
+                let batch = matches!(cmd, QuorumCommand::Batch { .. });
+                match cmd {
+                    QuorumCommand::Batch { commands: cs } => commands.extend(cs),
+                    c => commands.push(c),
+                }
+                spans.push((first, commands.len() - first, batch));
+                dones.push(done);
+            }
+            let total = commands.len();
+            match self.propose_entry(QuorumCommand::Batch { commands }).await {
+                Ok(QuorumResponse::Batch(rs)) if rs.len() == total => {
+                    for ((first, len, batch), done) in spans.into_iter().zip(dones) {
+                        let r = if batch {
+                            QuorumResponse::Batch(rs[first..first + len].to_vec())
+                        } else {
+                            rs[first].clone()
+                        };
+                        let _ = done.send(Ok(r));
+                    }
+                }
+                Ok(other) => {
+                    let e = ProposeError::Raft(format!("a batch of {total} commands was answered with {other:?}"));
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One log entry, committed and applied.
+    async fn propose_entry(&self, cmd: QuorumCommand) -> Result<QuorumResponse, ProposeError> {
         let Ok(written) = tokio::time::timeout(PROPOSE_WITHIN, self.raft.client_write(cmd)).await else {
             return Err(ProposeError::Raft(format!(
                 "no answer within {} s; the outcome is unknown",

@@ -315,3 +315,67 @@ async fn backup_verify_restore() {
     assert_eq!(s.audit.len(), 1);
     r.shutdown().await;
 }
+
+/// Group commit at the quorum: 300 concurrent proposals — one-node starts, pairs of them wanting the
+/// same node, and a caller's own batch among them — each get their own command's answer: of each
+/// pair exactly one holds the node, the batch's answers are its own commands', and the state holds
+/// exactly what was answered applied. They took far fewer log entries than commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_proposals_share_entries_and_each_gets_its_own_answer() {
+    let mut c = Cluster::start("group", 20).await;
+    let leader = c.leader(&c.ids, Duration::from_secs(10)).await;
+    let m = c.members[&leader].clone();
+    let before = m.raft.metrics().borrow().last_log_index.unwrap_or(0);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..300u32 {
+        let m = m.clone();
+        set.spawn(async move {
+            // a{i} and a{i+150} want the same node.
+            let node = format!("n{}", i % 150);
+            (i, m.propose(assign(&format!("a{i}"), "t", &[&node])).await)
+        });
+    }
+    let batch = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            m.propose(QuorumCommand::Batch {
+                commands: vec![
+                    assign("b1", "t", &["x1"]),
+                    assign("b2", "t", &["x1"]),
+                    assign("b3", "t", &["x2"]),
+                ],
+            })
+            .await
+        })
+    };
+    let mut applied = BTreeMap::new();
+    while let Some(r) = set.join_next().await {
+        let (i, r) = r.unwrap();
+        match r.unwrap() {
+            QuorumResponse::Applied => {
+                assert!(
+                    applied.insert(i % 150, i).is_none(),
+                    "two starts answered applied on n{}",
+                    i % 150
+                );
+            }
+            QuorumResponse::Rejected { reason, .. } => assert_eq!(reason, "node_conflict", "a{i}"),
+            QuorumResponse::Batch(b) => panic!("a{i}: a single command answered with {b:?}"),
+        }
+    }
+    assert_eq!(applied.len(), 150, "one start per node");
+    let QuorumResponse::Batch(b) = batch.await.unwrap().unwrap() else {
+        panic!("a batch is answered with its commands' answers")
+    };
+    assert_eq!(b.len(), 3);
+    assert_eq!((&b[0], &b[2]), (&QuorumResponse::Applied, &QuorumResponse::Applied));
+    assert!(matches!(&b[1], QuorumResponse::Rejected { .. }), "{b:?}");
+    let state = m.state().await;
+    for (node, i) in &applied {
+        assert_eq!(state.assignments[&format!("a{i}")].nodes, vec![format!("n{node}")]);
+    }
+    assert_eq!(state.assignments.len(), 152, "the 150 applied starts and b1, b3");
+    let entries = m.raft.metrics().borrow().last_log_index.unwrap_or(0) - before;
+    assert!(entries < 100, "301 proposals took {entries} log entries");
+    c.shutdown().await;
+}
