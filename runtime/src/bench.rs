@@ -215,6 +215,38 @@ where
     })
 }
 
+/// A bounded one-node allocation of tenant `bench` running `entrypoint`.
+fn one_node(entrypoint: &str, walltime: &str) -> crate::pb::AllocationRequest {
+    crate::pb::AllocationRequest {
+        tenant: "bench".into(),
+        entrypoint: entrypoint.into(),
+        resources: Some(crate::pb::Resources {
+            nodes: 1,
+            ..Default::default()
+        }),
+        lifecycle: Some(crate::pb::Lifecycle {
+            r#type: "bounded".into(),
+            walltime: walltime.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+type AllocationClient = crate::pb::allocation_service_client::AllocationServiceClient<tonic::transport::Channel>;
+
+/// `n` gRPC clients of the allocation service at `url`, each on its own HTTP/2 connection.
+async fn connect(url: &str, n: usize) -> anyhow::Result<Vec<AllocationClient>> {
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let ch = tonic::transport::Endpoint::from_shared(url.to_string())?
+            .connect()
+            .await?;
+        conns.push(AllocationClient::new(ch));
+    }
+    Ok(conns)
+}
+
 /// Submissions per second and their acknowledgment latency (p50/p99) through gRPC and the REST
 /// API, on the leader of `members` members, for each client count in `clients` (each client one
 /// request in flight, on its own connection); `array` elements per submission (a task group, one
@@ -230,23 +262,12 @@ pub async fn submit(requests: usize, members: usize, clients: &[usize], array: u
         body["task_group"] = g.clone();
     }
     let request = crate::pb::AllocationRequest {
-        tenant: "bench".into(),
-        entrypoint: "sleep 3600".into(),
-        resources: Some(crate::pb::Resources {
-            nodes: 1,
-            ..Default::default()
-        }),
-        lifecycle: Some(crate::pb::Lifecycle {
-            r#type: "bounded".into(),
-            walltime: "2h".into(),
-            ..Default::default()
-        }),
         task_group: (array > 1).then_some(crate::pb::TaskGroup {
             start: 0,
             end: array - 1,
             concurrency: 0,
         }),
-        ..Default::default()
+        ..one_node("sleep 3600", "2h")
     };
     let mut lines = Vec::new();
     for &n in clients {
@@ -254,13 +275,7 @@ pub async fn submit(requests: usize, members: usize, clients: &[usize], array: u
         // gRPC: each client its own HTTP/2 connection.
         let rts = bench_cluster(members).await?;
         let grpc_url = format!("http://{}", rts[0].grpc_addr);
-        let mut conns = Vec::new();
-        for _ in 0..n {
-            let ch = tonic::transport::Endpoint::from_shared(grpc_url.clone())?
-                .connect()
-                .await?;
-            conns.push(crate::pb::allocation_service_client::AllocationServiceClient::new(ch));
-        }
+        let conns = connect(&grpc_url, n).await?;
         let req = request.clone();
         let grpc = drive(requests, conns, move |c| {
             let req = req.clone();
@@ -315,27 +330,8 @@ pub async fn htc(jobs: usize, nodes: usize, clients: usize) -> anyhow::Result<St
     let rts = bench_cluster_of(3, nodes, "htc").await?;
     let shared = rts[0].shared.clone();
     let grpc_url = format!("http://{}", rts[0].grpc_addr);
-    let request = crate::pb::AllocationRequest {
-        tenant: "bench".into(),
-        entrypoint: "sleep 0".into(),
-        resources: Some(crate::pb::Resources {
-            nodes: 1,
-            ..Default::default()
-        }),
-        lifecycle: Some(crate::pb::Lifecycle {
-            r#type: "bounded".into(),
-            walltime: "1m".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut conns = Vec::new();
-    for _ in 0..clients.max(1) {
-        let ch = tonic::transport::Endpoint::from_shared(grpc_url.clone())?
-            .connect()
-            .await?;
-        conns.push(crate::pb::allocation_service_client::AllocationServiceClient::new(ch));
-    }
+    let request = one_node("sleep 0", "1m");
+    let conns = connect(&grpc_url, clients.max(1)).await?;
     let placed0 = shared.metrics.placements.get();
     let t0 = Instant::now();
     let mut submitting = Some(tokio::spawn(drive(jobs, conns, move |c| {

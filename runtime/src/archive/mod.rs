@@ -219,26 +219,24 @@ impl Archive {
     /// Archives a sensitive session's recording (book: `sensitive-audit/{tenant}/{alloc_id}/sessions/`):
     /// `PREFIX/recordings/TENANT/ALLOC/sessions/NAME`, never replaced; its key.
     pub async fn archive_recording(&self, path: &std::path::Path, tenant: &str, alloc: &str) -> Result<String, String> {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| format!("{}: not a file name", path.display()))?;
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        self.ready().await.map_err(|e| e.to_string())?;
-        let key = format!("{}/recordings/{tenant}/{alloc}/sessions/{name}", self.prefix);
-        self.store.put_once(&key, bytes).await.map_err(|e| e.to_string())?;
-        Ok(key)
+        self.archive_file(path, |name| format!("recordings/{tenant}/{alloc}/sessions/{name}"))
+            .await
     }
 
     /// Archives a backup file written by this member (`PREFIX/backups/NAME`, never replaced): its key.
     pub async fn archive_backup(&self, path: &std::path::Path) -> Result<String, String> {
+        self.archive_file(path, |name| format!("backups/{name}")).await
+    }
+
+    /// Writes the file at `path` under `PREFIX/` + `key(its file name)`, never replacing: its key.
+    async fn archive_file(&self, path: &std::path::Path, key: impl FnOnce(&str) -> String) -> Result<String, String> {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
             .ok_or_else(|| format!("{}: not a file name", path.display()))?;
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
         self.ready().await.map_err(|e| e.to_string())?;
-        let key = format!("{}/backups/{name}", self.prefix);
+        let key = format!("{}/{}", self.prefix, key(name));
         self.store.put_once(&key, bytes).await.map_err(|e| e.to_string())?;
         Ok(key)
     }
